@@ -1,0 +1,135 @@
+// Buffer: the communication memory of one rank, and the dispatch/combine calls on it.
+//
+// Semantics (DESIGN.md §2): rank r owns experts [r*E/R, (r+1)*E/R). dispatch sends each token
+// to the ranks of its selected experts (topk_idx, -1 = not selected); combine brings expert
+// outputs back to the owner and reduces them in a fixed order, accumulating in fp32, so results
+// are bit-identical across algorithms, runs and arrival orders.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "ubep/group.hpp"
+#include "ubep/types.hpp"
+
+namespace ubep {
+
+enum class Algorithm : uint8_t {
+  kBsp,   // staged, barrier-separated pipeline (the CANN EP / DeepEP-normal baseline)
+  kUbep,  // decomposed, barrier-free, epoch-tagged data-as-flag messages
+};
+const char* algorithm_name(Algorithm a);
+Algorithm parse_algorithm(const std::string& name);  // "bsp" | "ubep"
+
+enum class Layout : uint8_t {
+  kThroughput,  // DeepEP "normal": one row per (token, destination rank)
+  kLatency,     // DeepEP "low latency": recv_x[local_expert, slot, hidden]
+};
+const char* layout_name(Layout l);
+Layout parse_layout(const std::string& name);  // "throughput" | "latency"
+
+// How the ubep algorithm tells a reader that a message is complete (the sync ablation).
+enum class SyncMode : uint8_t {
+  kFused,        // token-flag fusion: epoch tag inside the message, written last (default)
+  kStopAndWait,  // data, then a fence, then a separate flag per message
+};
+const char* sync_mode_name(SyncMode m);
+SyncMode parse_sync_mode(const std::string& name);  // "fused" | "stop-and-wait"
+
+struct BufferConfig {
+  int64_t max_tokens_per_rank = 128;
+  int64_t hidden = 7168;
+  DType dtype = DType::kBF16;
+  int num_experts = 256;
+  int max_topk = 8;
+  Algorithm algorithm = Algorithm::kUbep;
+  SyncMode sync = SyncMode::kFused;
+  // Worker threads per rank for the ubep roles, besides the caller. -1: sized for the machine
+  // (cores / ranks on this host, minus the caller).
+  int num_workers = -1;
+  // Allocate the combine staging for the latency layout (max_tokens * max_topk rows).
+  bool enable_latency_layout = true;
+  // First epoch number (tests start near the 32-bit wrap-around).
+  uint64_t initial_epoch = 0;
+};
+
+// Inputs of one dispatch, per rank.
+struct DispatchArgs {
+  TensorView x;             // [num_tokens, hidden] bf16|fp32 (the buffer's dtype)
+  TensorView topk_idx;      // [num_tokens, k] int64, global expert id or -1
+  TensorView topk_weights;  // [num_tokens, k] fp32
+  Layout layout = Layout::kThroughput;
+};
+
+// Outputs of one dispatch. Views into memory owned by the Buffer: valid until the next dispatch
+// on the same Buffer.
+struct DispatchResult {
+  Layout layout = Layout::kThroughput;
+  int64_t num_recv_rows = 0;  // throughput: rows of recv_x
+  // Throughput layout: recv_x [rows, hidden], recv_topk_idx [rows, k] int32 local expert id or
+  // -1, recv_topk_weights [rows, k] fp32 (0 where not local), recv_src [rows, 2] int64
+  // (source rank, source token). Rows grouped by source rank, in source token order.
+  // Latency layout: recv_x [local_experts, max_tokens*ranks, hidden], recv_src
+  // [local_experts, max_tokens*ranks, 2]; per expert, rows by source rank then token.
+  TensorView recv_x;
+  TensorView recv_topk_idx;
+  TensorView recv_topk_weights;
+  TensorView recv_src;
+  TensorView recv_count;  // [local_experts] int64: rows received per local expert
+  uint64_t handle = 0;    // identifies this dispatch for combine
+};
+
+// Inputs of one combine: one row per received row (throughput layout, already weighted and
+// reduced over the rank's local experts) or per (local expert, slot) (latency layout; combine
+// applies the weights). Same shape and dtype as the dispatch's recv_x.
+struct CombineArgs {
+  TensorView x;
+  uint64_t handle = 0;
+};
+
+// Instrumentation of the last call: barriers it made and time per stage.
+struct CallStats {
+  uint64_t barriers = 0;
+  std::vector<std::pair<const char*, double>> stage_us;  // (stage, microseconds), in order
+};
+
+class Buffer {
+ public:
+  // Collective over the group: every rank passes the same config.
+  Buffer(Group& group, BufferConfig config);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  DispatchResult dispatch(const DispatchArgs& args);
+  // y [num_tokens, hidden] in the buffer's dtype, for the tokens of the matching dispatch.
+  // A view into Buffer memory, valid until the next combine.
+  TensorView combine(const CombineArgs& args);
+
+  // Split-phase form (ubep algorithm): *_send starts the call and returns as soon as this
+  // rank's messages are written; *_recv completes it. The caller may compute in between.
+  // One call may be outstanding per Buffer.
+  void dispatch_send(const DispatchArgs& args);
+  DispatchResult dispatch_recv();
+  void combine_send(const CombineArgs& args);
+  TensorView combine_recv();
+
+  const BufferConfig& config() const;
+  Group& group();
+  int num_local_experts() const;
+  int num_workers() const;  // worker threads per rank used by the ubep roles
+  void set_algorithm(Algorithm a);
+  void set_sync_mode(SyncMode m);
+  const CallStats& last_stats() const;
+  size_t shared_bytes() const;  // shared memory this rank contributes
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ubep

@@ -1,0 +1,110 @@
+// A Group is the set of ranks that exchange tokens.
+//
+// Two ways to make one, behind the same interface:
+//  * ranks as threads in one process (ThreadGroup, the embedded default: no launcher, no service);
+//  * ranks as processes started by mpirun (see ubep/mpi_group.hpp), which map each other's
+//    shared-memory segments at set-up and write into them directly afterwards.
+// Ranks on the same host share memory: windows give each rank a pointer into every local
+// peer's memory, so the data path is plain loads and stores, one copy, no MPI call.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace ubep {
+
+struct GroupOptions {
+  // How long any wait on a peer may last before a TimeoutError names the peer.
+  std::chrono::milliseconds timeout{60000};
+};
+
+// Memory that every rank of a host contributes and every local peer can address.
+class SharedWindow {
+ public:
+  virtual ~SharedWindow() = default;
+  size_t bytes() const { return bytes_; }
+  // Base address of `rank`'s region in this process, or nullptr if `rank` is on another host.
+  void* base(int rank) const { return bases_[static_cast<size_t>(rank)]; }
+  void* local() const { return local_; }
+
+ protected:
+  size_t bytes_ = 0;
+  void* local_ = nullptr;
+  std::vector<void*> bases_;
+};
+
+class Group {
+ public:
+  virtual ~Group() = default;
+  Group(const Group&) = delete;
+  Group& operator=(const Group&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const GroupOptions& options() const { return options_; }
+
+  // Host of every rank (ranks on one host share memory). Ids are dense, 0..num_hosts-1.
+  int host_of(int rank) const { return host_of_[static_cast<size_t>(rank)]; }
+  int num_hosts() const { return num_hosts_; }
+  bool same_host(int a, int b) const { return host_of(a) == host_of(b); }
+  bool single_host() const { return num_hosts_ == 1; }
+
+  // Group-wide barrier. Counted, so algorithms can prove how many they make.
+  void barrier();
+  uint64_t barrier_count() const { return barriers_; }
+
+  // Collective: every rank passes the same byte count; returns zero-filled memory that every
+  // rank of the same host can write. Not for the hot path.
+  virtual std::unique_ptr<SharedWindow> allocate_window(size_t bytes) = 0;
+
+  // Collective gather of `bytes` from every rank into out[size * bytes]. Set-up path only.
+  virtual void allgather(const void* in, void* out, size_t bytes) = 0;
+
+  // Variable all-to-all of bytes (the primitive the MPI baseline is built on). On process
+  // groups this is MPI_Alltoallv; on thread groups an equivalent bulk exchange through memory.
+  virtual void alltoallv(const void* send, const int64_t* send_bytes, const int64_t* send_offsets,
+                         void* recv, const int64_t* recv_bytes, const int64_t* recv_offsets) = 0;
+
+  // Short description for logs and benchmark tables, e.g. "threads(4)" or "mpi(2 ranks, 1 host)".
+  virtual const char* kind() const = 0;
+
+ protected:
+  Group(int rank, int size, GroupOptions options);
+  virtual void barrier_impl() = 0;
+  void set_hosts(std::vector<int> host_of);
+
+ private:
+  int rank_;
+  int size_;
+  GroupOptions options_;
+  std::vector<int> host_of_;
+  int num_hosts_ = 1;
+  uint64_t barriers_ = 0;
+};
+
+// Runs fn(group) on `ranks` threads, one Group per thread (gloo's spawn). Rethrows the first
+// exception any rank raised, after every thread has finished.
+void run_on_threads(int ranks, const std::function<void(Group&)>& fn,
+                    GroupOptions options = {});
+
+// Lower-level form: a shared world that hands out one Group per rank; the caller runs the threads.
+class ThreadWorld {
+ public:
+  explicit ThreadWorld(int ranks, GroupOptions options = {});
+  ~ThreadWorld();
+  // Each rank index may be taken once; the Group must only be used from one thread at a time.
+  std::unique_ptr<Group> group(int rank);
+  // Pretend the ranks live on hosts of `ranks_per_host` ranks each (for topology tests).
+  void set_ranks_per_host(int ranks_per_host);
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace ubep

@@ -1,0 +1,40 @@
+// Element types and non-owning tensor views used at the API boundary.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <string>
+
+namespace ubep {
+
+enum class DType : uint8_t { kBF16, kFP32, kInt32, kInt64 };
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+DType parse_dtype(const std::string& name);  // "bf16" | "fp32"; throws InvalidArgument
+
+// A non-owning view of a dense, row-major tensor of up to 3 dimensions.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::kFP32;
+  std::array<int64_t, 3> shape{0, 0, 0};
+  int ndim = 0;
+
+  TensorView() = default;
+  TensorView(void* d, DType t, std::initializer_list<int64_t> dims);
+  TensorView(const void* d, DType t, std::initializer_list<int64_t> dims)
+      : TensorView(const_cast<void*>(d), t, dims) {}
+
+  int64_t numel() const;
+  size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+  int64_t dim(int i) const { return shape[static_cast<size_t>(i)]; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
+  std::string describe() const;  // e.g. "bf16[128, 7168]"
+};
+
+}  // namespace ubep

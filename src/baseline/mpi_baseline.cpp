@@ -1,0 +1,308 @@
+#include <cstring>
+#include <string>
+
+#include "core/bf16.hpp"
+#include "core/local_array.hpp"
+#include "core/stage_timer.hpp"
+#include "ep/protocol.hpp"
+#include "ep/routing.hpp"
+#include "ubep/baseline.hpp"
+#include "ubep/error.hpp"
+
+namespace ubep {
+
+void write_row(char* dst, const float* acc, DType t, int64_t hidden);  // ep/buffer.cpp
+
+struct AlltoallBaseline::Impl {
+  Group& group;
+  BufferConfig cfg;
+  int rank, ranks, El;
+  int64_t T;
+  size_t RB, meta_bytes, rec_bytes;
+  ep::Routing routing;
+  CallStats stats;
+  Layout layout = Layout::kThroughput;
+  uint64_t seq = 0;
+  int64_t num_recv_rows = 0;
+
+  // Count exchange: [R][1 + El] int32 (rows, then rows per local expert).
+  std::vector<int32_t> send_counts, recv_counts;
+  std::vector<int64_t> sb, so, rb, ro;  // alltoallv bytes / offsets
+  LocalArray send_buf, recv_buf;
+  LocalArray recv_x, recv_idx, recv_w, recv_src, recv_count, lat_x, lat_src, lat_k, y;
+  LocalArray comb_send, comb_recv;
+  std::vector<int64_t> expert_offset;  // [El, R]
+  std::vector<int32_t> comb_meta_send, comb_meta_recv;  // latency combine: (token, k) per row
+  std::vector<float> acc;
+
+  Impl(Group& g, const BufferConfig& c)
+      : group(g), cfg(c), rank(g.rank()), ranks(g.size()), El(c.num_experts / g.size()),
+        T(c.max_tokens_per_rank), RB(static_cast<size_t>(c.hidden) * dtype_size(c.dtype)),
+        meta_bytes(ep::round_up(8 + 12 * static_cast<size_t>(c.max_topk), 16)), rec_bytes(RB + meta_bytes),
+        routing(g.size(), c.num_experts, c.max_tokens_per_rank, c.max_topk) {
+    UBEP_CHECK_ARG(c.num_experts % g.size() == 0, "num_experts ", c.num_experts,
+                   " must be a multiple of the group size ", g.size());
+    const auto R = static_cast<size_t>(ranks), Tz = static_cast<size_t>(T), K = static_cast<size_t>(c.max_topk);
+    send_counts.resize(R * (1 + static_cast<size_t>(El)));
+    recv_counts.resize(send_counts.size());
+    sb.resize(R); so.resize(R); rb.resize(R); ro.resize(R);
+    send_buf = LocalArray(R * Tz * rec_bytes);
+    recv_buf = LocalArray(R * Tz * rec_bytes);
+    recv_x = LocalArray(R * Tz * RB);
+    recv_idx = LocalArray(R * Tz * K * 4);
+    recv_w = LocalArray(R * Tz * K * 4);
+    recv_src = LocalArray(R * Tz * 16);
+    recv_count = LocalArray(static_cast<size_t>(El) * 8);
+    if (c.enable_latency_layout) {
+      lat_x = LocalArray(static_cast<size_t>(El) * R * Tz * RB);
+      lat_src = LocalArray(static_cast<size_t>(El) * R * Tz * 16);
+      lat_k = LocalArray(static_cast<size_t>(El) * R * Tz);
+    }
+    y = LocalArray(Tz * RB);
+    comb_send = LocalArray(R * Tz * K * RB);
+    comb_recv = LocalArray(R * Tz * K * RB);
+    comb_meta_send.resize(R * Tz * K * 2);
+    comb_meta_recv.resize(R * Tz * K * 2);
+    expert_offset.resize(static_cast<size_t>(El) * R);
+    acc.resize(static_cast<size_t>(c.hidden));
+    stats.stage_us.reserve(8);
+  }
+
+  void exchange_fixed(const void* send, void* recv, size_t bytes_each) {
+    for (int p = 0; p < ranks; ++p) {
+      sb[p] = rb[p] = static_cast<int64_t>(bytes_each);
+      so[p] = ro[p] = static_cast<int64_t>(bytes_each) * p;
+    }
+    group.alltoallv(send, sb.data(), so.data(), recv, rb.data(), ro.data());
+  }
+
+  void add_row(const char* row, const float* w) {
+    const int64_t H = cfg.hidden;
+    float* a = acc.data();
+    if (cfg.dtype == DType::kBF16) {
+      const auto* v = reinterpret_cast<const uint16_t*>(row);
+      for (int64_t h = 0; h < H; ++h) a[h] += w ? *w * bf16_to_float(v[h]) : bf16_to_float(v[h]);
+    } else {
+      const auto* v = reinterpret_cast<const float*>(row);
+      for (int64_t h = 0; h < H; ++h) a[h] += w ? *w * v[h] : v[h];
+    }
+  }
+};
+
+AlltoallBaseline::AlltoallBaseline(Group& g, BufferConfig c) : impl_(std::make_unique<Impl>(g, c)) {}
+AlltoallBaseline::~AlltoallBaseline() = default;
+const CallStats& AlltoallBaseline::last_stats() const { return impl_->stats; }
+const char* AlltoallBaseline::name() const {
+  return std::string(impl_->group.kind()) == "mpi" ? "mpi" : "a2a";
+}
+
+DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
+  Impl& b = *impl_;
+  UBEP_CHECK_ARG(a.layout == Layout::kThroughput || b.cfg.enable_latency_layout,
+                 "dispatch: latency layout needs enable_latency_layout");
+  b.routing.build(a, b.cfg);
+  StageTimer timer(b.stats);
+  b.layout = a.layout;
+  ++b.seq;
+  const int R = b.ranks, El = b.El, K = b.routing.topk;
+  // Pack per destination.
+  int64_t off = 0;
+  for (int d = 0; d < R; ++d) {
+    const int32_t n = b.routing.dest_rows[static_cast<size_t>(d)];
+    int32_t* c = &b.send_counts[static_cast<size_t>(d * (1 + El))];
+    c[0] = n;
+    std::memcpy(c + 1, &b.routing.dest_expert_rows[static_cast<size_t>(d * El)], static_cast<size_t>(El) * 4);
+    b.sb[d] = n * static_cast<int64_t>(b.rec_bytes);
+    b.so[d] = off;
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t t = b.routing.dest_token(d, i);
+      char* rec = b.send_buf.get() + off + i * static_cast<int64_t>(b.rec_bytes);
+      std::memcpy(rec, static_cast<const char*>(a.x.data) + static_cast<size_t>(t) * b.RB, b.RB);
+      auto* meta = reinterpret_cast<int32_t*>(rec + b.RB);
+      meta[0] = t;
+      for (int j = 0; j < K; ++j) {
+        const size_t tk = static_cast<size_t>(t) * static_cast<size_t>(K) + static_cast<size_t>(j);
+        const int32_t e = b.routing.topk_idx[tk];
+        const bool here = e >= 0 && e / El == d;
+        meta[1 + j] = here ? e % El : -1;
+        meta[1 + K + j] = here ? b.routing.expert_slot[tk] : -1;
+        reinterpret_cast<float*>(meta)[1 + 2 * K + j] = here ? b.routing.topk_weights[tk] : 0.0f;
+      }
+    }
+    off += b.sb[d];
+  }
+  timer.lap("pack");
+  // Sizes first (like MPI_Alltoall of counts), then the tokens and metadata.
+  std::vector<int64_t> sb = b.sb, so = b.so;  // keep the token exchange's sizes
+  b.exchange_fixed(b.send_counts.data(), b.recv_counts.data(), static_cast<size_t>(1 + El) * 4);
+  timer.lap("count alltoall");
+  int64_t roff = 0;
+  auto* counts = b.recv_count.get<int64_t>();
+  std::fill(counts, counts + El, 0);
+  for (int s = 0; s < R; ++s) {
+    const int32_t* c = &b.recv_counts[static_cast<size_t>(s * (1 + El))];
+    b.rb[s] = c[0] * static_cast<int64_t>(b.rec_bytes);
+    b.ro[s] = roff;
+    roff += b.rb[s];
+    for (int e = 0; e < El; ++e) {
+      b.expert_offset[static_cast<size_t>(e * R + s)] = counts[e];
+      counts[e] += c[1 + e];
+    }
+  }
+  b.group.alltoallv(b.send_buf.get(), sb.data(), so.data(), b.recv_buf.get(), b.rb.data(), b.ro.data());
+  timer.lap("token alltoallv");
+  // Unpack.
+  const int64_t rows = roff / static_cast<int64_t>(b.rec_bytes);
+  b.num_recv_rows = rows;
+  const int64_t RT = static_cast<int64_t>(R) * b.T;
+  int64_t pos = 0;
+  for (int s = 0; s < R; ++s) {
+    const int64_t n = b.recv_counts[static_cast<size_t>(s * (1 + El))];
+    for (int64_t i = 0; i < n; ++i, ++pos) {
+      const char* rec = b.recv_buf.get() + pos * static_cast<int64_t>(b.rec_bytes);
+      const auto* meta = reinterpret_cast<const int32_t*>(rec + b.RB);
+      if (b.layout == Layout::kThroughput) {
+        std::memcpy(b.recv_x.get() + pos * static_cast<int64_t>(b.RB), rec, b.RB);
+        b.recv_src.get<int64_t>()[2 * pos] = s;
+        b.recv_src.get<int64_t>()[2 * pos + 1] = meta[0];
+        for (int j = 0; j < K; ++j) {
+          b.recv_idx.get<int32_t>()[pos * K + j] = meta[1 + j];
+          b.recv_w.get<float>()[pos * K + j] = reinterpret_cast<const float*>(meta)[1 + 2 * K + j];
+        }
+      } else {
+        for (int j = 0; j < K; ++j) {
+          const int32_t e = meta[1 + j];
+          if (e < 0) continue;
+          const int64_t p = e * RT + b.expert_offset[static_cast<size_t>(e * R + s)] + meta[1 + K + j];
+          std::memcpy(b.lat_x.get() + p * static_cast<int64_t>(b.RB), rec, b.RB);
+          b.lat_src.get<int64_t>()[2 * p] = s;
+          b.lat_src.get<int64_t>()[2 * p + 1] = meta[0];
+          b.lat_k.get<int8_t>()[p] = static_cast<int8_t>(j);
+        }
+      }
+    }
+  }
+  timer.lap("unpack");
+  DispatchResult r;
+  r.layout = b.layout;
+  r.handle = b.seq;
+  r.recv_count = TensorView(b.recv_count.get(), DType::kInt64, {El});
+  if (b.layout == Layout::kThroughput) {
+    r.num_recv_rows = rows;
+    r.recv_x = TensorView(b.recv_x.get(), b.cfg.dtype, {rows, b.cfg.hidden});
+    r.recv_topk_idx = TensorView(b.recv_idx.get(), DType::kInt32, {rows, K});
+    r.recv_topk_weights = TensorView(b.recv_w.get(), DType::kFP32, {rows, K});
+    r.recv_src = TensorView(b.recv_src.get(), DType::kInt64, {rows, 2});
+  } else {
+    r.recv_x = TensorView(b.lat_x.get(), b.cfg.dtype, {El, RT, b.cfg.hidden});
+    r.recv_src = TensorView(b.lat_src.get(), DType::kInt64, {El, RT, 2});
+  }
+  return r;
+}
+
+TensorView AlltoallBaseline::combine(const CombineArgs& a) {
+  Impl& b = *impl_;
+  UBEP_CHECK_ARG(a.handle == b.seq && b.seq != 0, "combine: handle ", a.handle,
+                 " does not belong to the last dispatch (", b.seq, ")");
+  UBEP_CHECK_ARG(a.x.dtype == b.cfg.dtype, "combine: x dtype ", dtype_name(a.x.dtype),
+                 " does not match the buffer's ", dtype_name(b.cfg.dtype));
+  StageTimer timer(b.stats);
+  const int R = b.ranks, El = b.El, K = b.routing.topk, Kmax = b.cfg.max_topk;
+  const int64_t RT = static_cast<int64_t>(R) * b.T;
+  const auto RB = static_cast<int64_t>(b.RB);
+  const int64_t N = b.routing.num_tokens;
+  std::fill(b.acc.begin(), b.acc.end(), 0.0f);
+  if (b.layout == Layout::kThroughput) {
+    UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == b.num_recv_rows && a.x.dim(1) == b.cfg.hidden,
+                   "combine: x must be [", b.num_recv_rows, ", ", b.cfg.hidden, "], got ", a.x.describe());
+    // Rows are already grouped by source rank: send straight from x, no pack needed.
+    int64_t off = 0, roff = 0;
+    for (int p = 0; p < R; ++p) {
+      const int64_t n_back = b.recv_counts[static_cast<size_t>(p * (1 + El))];
+      b.sb[p] = n_back * RB;
+      b.so[p] = off;
+      off += b.sb[p];
+      b.rb[p] = b.routing.dest_rows[static_cast<size_t>(p)] * RB;
+      b.ro[p] = roff;
+      roff += b.rb[p];
+    }
+    b.group.alltoallv(a.x.data, b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(), b.ro.data());
+    timer.lap("row alltoallv");
+    // Unpack + reduce: the i-th row from rank p is token dest_tokens[p][i]. Accumulate per token
+    // in ascending rank order.
+    std::vector<int64_t>& cursor = b.so;  // reuse: next row index per rank
+    std::fill(cursor.begin(), cursor.end(), 0);
+    for (int64_t t = 0; t < N; ++t) {
+      std::fill(b.acc.begin(), b.acc.end(), 0.0f);
+      for (int p = 0; p < R; ++p) {
+        if (!b.routing.sent(t, p)) continue;
+        b.add_row(b.comb_recv.get() + b.ro[p] + cursor[p]++ * RB, nullptr);
+      }
+      write_row(b.y.get() + t * RB, b.acc.data(), b.cfg.dtype, b.cfg.hidden);
+    }
+  } else {
+    UBEP_CHECK_ARG(a.x.ndim == 3 && a.x.dim(0) == El && a.x.dim(1) == RT && a.x.dim(2) == b.cfg.hidden,
+                   "combine: x must be [", El, ", ", RT, ", ", b.cfg.hidden, "], got ", a.x.describe());
+    // Pack rows per owner with their (token, k).
+    const auto* counts = b.recv_count.get<int64_t>();
+    std::vector<int64_t> per_owner(static_cast<size_t>(R), 0);
+    for (int e = 0; e < El; ++e)
+      for (int64_t p = 0; p < counts[e]; ++p) ++per_owner[static_cast<size_t>(b.lat_src.get<int64_t>()[2 * (e * RT + p)])];
+    int64_t off = 0;
+    for (int p = 0; p < R; ++p) { b.so[p] = off; off += per_owner[static_cast<size_t>(p)]; }
+    std::vector<int64_t> fill(b.so.begin(), b.so.end());
+    for (int e = 0; e < El; ++e) {
+      for (int64_t p = 0; p < counts[e]; ++p) {
+        const int64_t row = e * RT + p;
+        const int owner = static_cast<int>(b.lat_src.get<int64_t>()[2 * row]);
+        const int64_t i = fill[static_cast<size_t>(owner)]++;
+        std::memcpy(b.comb_send.get() + i * RB, static_cast<const char*>(a.x.data) + row * RB, b.RB);
+        b.comb_meta_send[static_cast<size_t>(2 * i)] = static_cast<int32_t>(b.lat_src.get<int64_t>()[2 * row + 1]);
+        b.comb_meta_send[static_cast<size_t>(2 * i + 1)] = b.lat_k.get<int8_t>()[row];
+      }
+    }
+    timer.lap("pack");
+    // Expected rows from each expert rank: my (token, k) pairs whose expert lives there.
+    std::vector<int64_t> expect(static_cast<size_t>(R), 0);
+    for (int64_t t = 0; t < N; ++t)
+      for (int j = 0; j < K; ++j) {
+        const int32_t e = b.routing.topk_idx[static_cast<size_t>(t * K + j)];
+        if (e >= 0) ++expect[static_cast<size_t>(e / El)];
+      }
+    int64_t roff = 0;
+    for (int p = 0; p < R; ++p) {
+      b.sb[p] = per_owner[static_cast<size_t>(p)] * RB;
+      b.so[p] *= RB;
+      b.rb[p] = expect[static_cast<size_t>(p)] * RB;
+      b.ro[p] = roff;
+      roff += b.rb[p];
+    }
+    b.group.alltoallv(b.comb_send.get(), b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(), b.ro.data());
+    for (int p = 0; p < R; ++p) {
+      b.sb[p] = per_owner[static_cast<size_t>(p)] * 8;
+      b.so[p] = b.so[p] / RB * 8;
+      b.rb[p] = expect[static_cast<size_t>(p)] * 8;
+      b.ro[p] = b.ro[p] / RB * 8;
+    }
+    b.group.alltoallv(b.comb_meta_send.data(), b.sb.data(), b.so.data(), b.comb_meta_recv.data(), b.rb.data(), b.ro.data());
+    timer.lap("row alltoallv");
+    // Unpack into (token, k) order, then reduce in ascending k.
+    const int64_t total = roff / RB;
+    std::vector<int64_t> where(static_cast<size_t>(N * Kmax), -1);
+    for (int64_t i = 0; i < total; ++i)
+      where[static_cast<size_t>(b.comb_meta_recv[static_cast<size_t>(2 * i)] * Kmax + b.comb_meta_recv[static_cast<size_t>(2 * i + 1)])] = i;
+    for (int64_t t = 0; t < N; ++t) {
+      std::fill(b.acc.begin(), b.acc.end(), 0.0f);
+      for (int j = 0; j < K; ++j) {
+        const size_t tk = static_cast<size_t>(t * K + j);
+        if (b.routing.topk_idx[tk] < 0) continue;
+        b.add_row(b.comb_recv.get() + where[static_cast<size_t>(t * Kmax + j)] * RB, &b.routing.topk_weights[tk]);
+      }
+      write_row(b.y.get() + t * RB, b.acc.data(), b.cfg.dtype, b.cfg.hidden);
+    }
+  }
+  timer.lap("unpack + reduce");
+  return TensorView(b.y.get(), b.cfg.dtype, {N, b.cfg.hidden});
+}
+
+}  // namespace ubep

@@ -1,0 +1,46 @@
+// Bounded waiting: spin, then yield, then fail with a clear TimeoutError.
+//
+// Ranks can outnumber cores (8 thread ranks on a 2-core machine), so a waiter must give its
+// core away quickly; and a dead peer must never hang the caller.
+#pragma once
+
+#include <chrono>
+#include <thread>
+
+#include "ubep/error.hpp"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define UBEP_CPU_RELAX() _mm_pause()
+#else
+#define UBEP_CPU_RELAX() std::this_thread::yield()
+#endif
+
+namespace ubep {
+
+struct WaitPolicy {
+  std::chrono::nanoseconds timeout{std::chrono::seconds(60)};
+  int spins_before_yield = 256;
+};
+
+// Waits until ready() is true. describe() is only called on timeout, to name what was awaited.
+template <typename Ready, typename Describe>
+void wait_until(Ready&& ready, const WaitPolicy& policy, Describe&& describe) {
+  for (int i = 0; i < policy.spins_before_yield; ++i) {
+    if (ready()) return;
+    UBEP_CPU_RELAX();
+  }
+  const auto deadline = std::chrono::steady_clock::now() + policy.timeout;
+  for (unsigned n = 0;; ++n) {
+    if (ready()) return;
+    std::this_thread::yield();
+    if ((n & 63u) == 0 && std::chrono::steady_clock::now() > deadline) {
+      if (ready()) return;
+      throw TimeoutError(detail::concat("timed out after ",
+                                        std::chrono::duration<double>(policy.timeout).count(),
+                                        " s waiting for ", describe()));
+    }
+  }
+}
+
+}  // namespace ubep

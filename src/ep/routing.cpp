@@ -1,0 +1,88 @@
+#include "ep/routing.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ubep/error.hpp"
+
+namespace ubep::ep {
+
+Routing::Routing(int r, int num_experts, int64_t t, int k)
+    : ranks(r), local_experts(num_experts / r), max_tokens(t), max_topk(k) {
+  const auto T = static_cast<size_t>(t), R = static_cast<size_t>(r), K = static_cast<size_t>(k);
+  topk_idx.resize(T * K);
+  topk_weights.resize(T * K);
+  expert_slot.resize(T * K);
+  sent_to.resize(T * R);
+  dest_rows.resize(R);
+  dest_tokens.resize(R * T);
+  dest_expert_rows.resize(R * static_cast<size_t>(local_experts));
+}
+
+void validate_dispatch(const DispatchArgs& a, const BufferConfig& cfg) {
+  UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "dispatch: x has no data");
+  UBEP_CHECK_ARG(a.x.ndim == 2, "dispatch: x must be [num_tokens, hidden], got ", a.x.describe());
+  const int64_t n = a.x.dim(0);
+  UBEP_CHECK_ARG(a.x.dtype == cfg.dtype, "dispatch: x dtype ", dtype_name(a.x.dtype),
+                 " does not match the buffer's ", dtype_name(cfg.dtype));
+  UBEP_CHECK_ARG(a.x.dim(1) == cfg.hidden, "dispatch: x hidden size ", a.x.dim(1),
+                 " does not match the buffer's hidden ", cfg.hidden);
+  UBEP_CHECK_ARG(n >= 0 && n <= cfg.max_tokens_per_rank, "dispatch: num_tokens ", n,
+                 " exceeds the buffer's capacity max_tokens_per_rank=", cfg.max_tokens_per_rank);
+  UBEP_CHECK_ARG(a.topk_idx.ndim == 2 && a.topk_idx.dtype == DType::kInt64,
+                 "dispatch: topk_idx must be int64 [num_tokens, k], got ", a.topk_idx.describe());
+  UBEP_CHECK_ARG(a.topk_idx.dim(0) == n, "dispatch: topk_idx has ", a.topk_idx.dim(0),
+                 " rows but x has ", n, " tokens");
+  const int64_t k = a.topk_idx.dim(1);
+  UBEP_CHECK_ARG(k >= 1 && k <= cfg.max_topk, "dispatch: topk ", k,
+                 " outside [1, max_topk=", cfg.max_topk, "]");
+  UBEP_CHECK_ARG(a.topk_weights.ndim == 2 && a.topk_weights.dtype == DType::kFP32,
+                 "dispatch: topk_weights must be fp32 [num_tokens, k], got ",
+                 a.topk_weights.describe());
+  UBEP_CHECK_ARG(a.topk_weights.dim(0) == n && a.topk_weights.dim(1) == k,
+                 "dispatch: topk_weights shape ", a.topk_weights.describe(),
+                 " does not match topk_idx ", a.topk_idx.describe());
+  const auto* idx = a.topk_idx.as<const int64_t>();
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = idx[t * k + j];
+      UBEP_CHECK_ARG(e >= -1 && e < cfg.num_experts, "dispatch: expert id ", e, " at token ", t,
+                     ", k ", j, " is outside [-1, num_experts=", cfg.num_experts, ")");
+      if (e < 0) continue;
+      for (int64_t j2 = 0; j2 < j; ++j2)
+        UBEP_CHECK_ARG(idx[t * k + j2] != e, "dispatch: expert id ", e, " appears twice for token ",
+                       t, " (k ", j2, " and ", j, ")");
+    }
+  }
+}
+
+void Routing::build(const DispatchArgs& a, const BufferConfig& cfg) {
+  validate_dispatch(a, cfg);
+  num_tokens = a.x.dim(0);
+  topk = static_cast<int>(a.topk_idx.dim(1));
+  const auto* idx = a.topk_idx.as<const int64_t>();
+  const auto* w = a.topk_weights.as<const float>();
+  std::fill(dest_rows.begin(), dest_rows.end(), 0);
+  std::fill(dest_expert_rows.begin(), dest_expert_rows.end(), 0);
+  const int K = topk;
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    uint8_t* sent_row = &sent_to[static_cast<size_t>(t * ranks)];
+    std::memset(sent_row, 0, static_cast<size_t>(ranks));
+    for (int j = 0; j < K; ++j) {
+      const auto e = static_cast<int32_t>(idx[t * K + j]);
+      const size_t tk = static_cast<size_t>(t * K + j);
+      topk_idx[tk] = e;
+      topk_weights[tk] = w[t * K + j];
+      expert_slot[tk] = -1;
+      if (e < 0) continue;
+      const int r = e / local_experts;
+      expert_slot[tk] = dest_expert_rows[static_cast<size_t>(r * local_experts + e % local_experts)]++;
+      sent_row[r] = 1;
+    }
+    for (int r = 0; r < ranks; ++r)
+      if (sent_row[r]) dest_tokens[static_cast<size_t>(r * max_tokens + dest_rows[static_cast<size_t>(r)]++)] =
+          static_cast<int32_t>(t);
+  }
+}
+
+}  // namespace ubep::ep

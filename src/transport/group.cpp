@@ -1,0 +1,24 @@
+#include <algorithm>
+
+#include "ubep/error.hpp"
+#include "ubep/group.hpp"
+
+namespace ubep {
+
+Group::Group(int rank, int size, GroupOptions options)
+    : rank_(rank), size_(size), options_(options), host_of_(static_cast<size_t>(size), 0) {
+  UBEP_CHECK_ARG(size >= 1, "group size must be >= 1, got ", size);
+  UBEP_CHECK_ARG(rank >= 0 && rank < size, "rank ", rank, " out of range [0, ", size, ")");
+}
+
+void Group::barrier() {
+  ++barriers_;
+  barrier_impl();
+}
+
+void Group::set_hosts(std::vector<int> host_of) {
+  host_of_ = std::move(host_of);
+  num_hosts_ = 1 + *std::max_element(host_of_.begin(), host_of_.end());
+}
+
+}  // namespace ubep

@@ -1,0 +1,155 @@
+#include "harness.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <sstream>
+
+namespace ubep::test {
+
+const char* impl_name(Impl i) {
+  switch (i) {
+    case Impl::kBsp: return "bsp";
+    case Impl::kUbep: return "ubep";
+    case Impl::kBaseline: return "baseline";
+  }
+  return "?";
+}
+
+std::string Case::describe() const {
+  std::ostringstream os;
+  os << "experts=" << experts << " hidden=" << hidden << " dtype=" << dtype_name(dtype)
+     << " capacity=" << capacity << " topk=" << topk << " routing=" << static_cast<int>(routing)
+     << " layout=" << layout_name(layout) << " seed=" << seed << " tokens=[";
+  for (auto t : tokens) os << t << " ";
+  os << "]";
+  return os.str();
+}
+
+BufferConfig config_for(const Case& c, Algorithm algo) {
+  BufferConfig cfg;
+  cfg.max_tokens_per_rank = c.capacity;
+  cfg.hidden = c.hidden;
+  cfg.dtype = c.dtype;
+  cfg.num_experts = c.experts;
+  cfg.max_topk = std::max(c.topk, 1);
+  cfg.algorithm = algo;
+  return cfg;
+}
+
+// Records the first mismatch and stops checking, but keeps the rank communicating so peers
+// are not left waiting.
+#define UBEP_TEST_EQ(a, b, ...)                                                         \
+  do {                                                                                  \
+    if (!bad && !((a) == (b))) {                                                        \
+      ADD_FAILURE() << #a " == " #b ": " << (a) << " vs " << (b) << " " << __VA_ARGS__;  \
+      bad = true;                                                                       \
+    }                                                                                   \
+  } while (0)
+
+namespace {
+float load(const char* base, int64_t i, DType dt) {
+  if (dt == DType::kBF16) {
+    uint16_t v;
+    std::memcpy(&v, base + i * 2, 2);
+    return bf16_to_float(v);
+  }
+  float v;
+  std::memcpy(&v, base + i * 4, 4);
+  return v;
+}
+void store(char* base, int64_t i, float v, DType dt) {
+  if (dt == DType::kBF16) {
+    const uint16_t b = float_to_bf16(v);
+    std::memcpy(base + i * 2, &b, 2);
+  } else {
+    std::memcpy(base + i * 4, &v, 4);
+  }
+}
+}  // namespace
+
+std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffer* buffer,
+                                AlltoallBaseline* baseline) {
+  const int me = g.rank();
+  const int El = c.experts / g.size();
+  const int64_t H = c.hidden;
+  const size_t es = dtype_size(c.dtype);
+  const RankInput& in = p.inputs[static_cast<size_t>(me)];
+  DispatchArgs args = in.args(c.dtype, H, c.layout);
+  DispatchResult r = buffer ? buffer->dispatch(args) : baseline->dispatch(args);
+  ExpectedDispatch exp = expected_dispatch(p, me);
+  SCOPED_TRACE(c.describe() + " rank " + std::to_string(me));
+  bool bad = false;
+
+  const auto* counts = r.recv_count.as<const int64_t>();
+  for (int e = 0; e < El; ++e)
+    EXPECT_EQ(counts[e], static_cast<int64_t>(exp.expert_rows[static_cast<size_t>(e)].size())) << "expert " << e;
+
+  std::vector<char> comb_in;
+  if (c.layout == Layout::kThroughput) {
+    EXPECT_EQ(r.num_recv_rows, static_cast<int64_t>(exp.src.size()));
+    bad = r.num_recv_rows != static_cast<int64_t>(exp.src.size());
+    const auto* src = r.recv_src.as<const int64_t>();
+    const auto* idx = r.recv_topk_idx.as<const int32_t>();
+    const auto* w = r.recv_topk_weights.as<const float>();
+    const auto* x = static_cast<const char*>(r.recv_x.data);
+    for (int64_t row = 0; row < r.num_recv_rows && !bad; ++row) {
+      const auto& es_ = exp.src[static_cast<size_t>(row)];
+      UBEP_TEST_EQ(src[2 * row], es_[0], "" << "row " << row);
+      UBEP_TEST_EQ(src[2 * row + 1], es_[1], "" << "row " << row);
+      for (int j = 0; j < c.topk; ++j) {
+        UBEP_TEST_EQ(idx[row * c.topk + j], exp.local_idx[static_cast<size_t>(row)][static_cast<size_t>(j)], "" << "row " << row);
+        UBEP_TEST_EQ(w[row * c.topk + j], exp.weights[static_cast<size_t>(row)][static_cast<size_t>(j)], "" << "row " << row);
+      }
+      for (int64_t h = 0; h < H; ++h)
+        UBEP_TEST_EQ(load(x, row * H + h, c.dtype), p.value(static_cast<int>(es_[0]), es_[1], h), "" << "row " << row << " h " << h);
+    }
+    comb_in.resize(static_cast<size_t>(r.num_recv_rows * H) * es);
+    for (int64_t i = 0; i < r.num_recv_rows * H; ++i)
+      store(comb_in.data(), i, expert_fn(load(x, i, c.dtype), me), c.dtype);
+  } else {
+    const int64_t RT = r.recv_x.dim(1);
+    EXPECT_EQ(RT, c.capacity * g.size());
+    const auto* src = r.recv_src.as<const int64_t>();
+    const auto* x = static_cast<const char*>(r.recv_x.data);
+    comb_in.assign(static_cast<size_t>(El * RT * H) * es, 0);
+    for (int e = 0; e < El; ++e) {
+      const auto& rows = exp.expert_rows[static_cast<size_t>(e)];
+      for (size_t p_ = 0; p_ < rows.size() && !bad; ++p_) {
+        const int64_t pos = e * RT + static_cast<int64_t>(p_);
+        UBEP_TEST_EQ(src[2 * pos], rows[p_][0], "" << "expert " << e << " slot " << p_);
+        UBEP_TEST_EQ(src[2 * pos + 1], rows[p_][1], "" << "expert " << e << " slot " << p_);
+        for (int64_t h = 0; h < H; ++h) {
+          const float v = load(x, pos * H + h, c.dtype);
+          UBEP_TEST_EQ(v, p.value(static_cast<int>(rows[p_][0]), rows[p_][1], h), "");
+          store(comb_in.data(), pos * H + h, expert_fn(v, static_cast<int64_t>(me) * El + e), c.dtype);
+        }
+      }
+    }
+  }
+
+  CombineArgs ca;
+  ca.handle = r.handle;
+  if (c.layout == Layout::kThroughput)
+    ca.x = TensorView(comb_in.data(), c.dtype, {r.num_recv_rows, H});
+  else
+    ca.x = TensorView(comb_in.data(), c.dtype, {El, r.recv_x.dim(1), H});
+  TensorView y = buffer ? buffer->combine(ca) : baseline->combine(ca);
+  EXPECT_EQ(y.dim(0), in.tokens);
+  std::vector<float> want = expected_combine(p, me, c.layout);
+  const auto* yb = static_cast<const char*>(y.data);
+  for (int64_t i = 0; i < in.tokens * H; ++i) {
+    const float got = load(yb, i, c.dtype);
+    const float w = want[static_cast<size_t>(i)];
+    uint32_t gb, wb;
+    std::memcpy(&gb, &got, 4);
+    std::memcpy(&wb, &w, 4);
+    if (gb != wb) {
+      ADD_FAILURE() << "combine mismatch at token " << i / H << " h " << i % H << ": got " << got << " want " << w;
+      break;
+    }
+  }
+  return std::vector<char>(yb, yb + in.tokens * H * static_cast<int64_t>(es));
+}
+
+}  // namespace ubep::test
