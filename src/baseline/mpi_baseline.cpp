@@ -76,15 +76,18 @@ struct AlltoallBaseline::Impl {
     group.alltoallv(send, sb.data(), so.data(), recv, rb.data(), ro.data());
   }
 
-  void add_row(const char* row, const float* w) {
+  void add_row(const char* row, const float* wp) {
     const int64_t H = cfg.hidden;
     float* a = acc.data();
+    const float w = wp ? *wp : 1.0f;
     if (cfg.dtype == DType::kBF16) {
       const auto* v = reinterpret_cast<const uint16_t*>(row);
-      for (int64_t h = 0; h < H; ++h) a[h] += w ? *w * bf16_to_float(v[h]) : bf16_to_float(v[h]);
+      if (wp) for (int64_t h = 0; h < H; ++h) a[h] += w * bf16_to_float(v[h]);
+      else for (int64_t h = 0; h < H; ++h) a[h] += bf16_to_float(v[h]);
     } else {
       const auto* v = reinterpret_cast<const float*>(row);
-      for (int64_t h = 0; h < H; ++h) a[h] += w ? *w * v[h] : v[h];
+      if (wp) for (int64_t h = 0; h < H; ++h) a[h] += w * v[h];
+      else for (int64_t h = 0; h < H; ++h) a[h] += v[h];
     }
   }
 };

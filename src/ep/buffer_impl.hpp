@@ -91,18 +91,22 @@ template <typename Ready>
 void Buffer::Impl::reduce_token(int64_t t, float* a, Ready&& ready) {
   const int64_t H = cfg.hidden;
   std::fill(a, a + H, 0.0f);
-  auto add = [&](const char* row, const float* w) {
+  // The weight is copied into a local so the compiler knows it cannot alias the accumulator
+  // (and vectorises the loop).
+  auto add = [&](const char* row, const float* wp) {
+    const bool weighted = wp != nullptr;
+    const float w = weighted ? *wp : 1.0f;
     if (cfg.dtype == DType::kBF16) {
       const auto* v = reinterpret_cast<const uint16_t*>(row);
-      if (w) {
-        for (int64_t h = 0; h < H; ++h) a[h] += *w * bf16_to_float(v[h]);
+      if (weighted) {
+        for (int64_t h = 0; h < H; ++h) a[h] += w * bf16_to_float(v[h]);
       } else {
         for (int64_t h = 0; h < H; ++h) a[h] += bf16_to_float(v[h]);
       }
     } else {
       const auto* v = reinterpret_cast<const float*>(row);
-      if (w) {
-        for (int64_t h = 0; h < H; ++h) a[h] += *w * v[h];
+      if (weighted) {
+        for (int64_t h = 0; h < H; ++h) a[h] += w * v[h];
       } else {
         for (int64_t h = 0; h < H; ++h) a[h] += v[h];
       }

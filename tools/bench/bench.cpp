@@ -1,0 +1,385 @@
+#include "bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "core/bf16.hpp"
+#include "npy.hpp"
+#include "ubep/baseline.hpp"
+#include "ubep/error.hpp"
+
+namespace ubep::tools {
+
+void BenchOptions::apply_workload(const std::string& name) {
+  workload = name;
+  hidden = 7168;
+  topk = 8;
+  experts = 256;
+  dtype = DType::kBF16;
+  if (name == "decode") {
+    tokens = 128;
+    layout = Layout::kLatency;
+  } else if (name == "prefill") {
+    tokens = 4096;
+    layout = Layout::kThroughput;
+    iters = 10;
+    warmup = 2;
+  } else if (name == "tiny") {
+    tokens = 1;
+    layout = Layout::kLatency;
+    iters = 500;
+    warmup = 50;
+  } else {
+    throw InvalidArgument("unknown workload '" + name + "' (expected decode, prefill or tiny)");
+  }
+}
+
+void make_routing(int64_t tokens, int topk, int experts, const std::string& routing, uint64_t seed,
+                  std::vector<int64_t>* idx, std::vector<float>* weights) {
+  UBEP_CHECK_ARG(routing == "uniform" || routing == "hot", "unknown routing '", routing,
+                 "' (expected uniform or hot)");
+  UBEP_CHECK_ARG(topk <= experts, "topk ", topk, " exceeds the number of experts ", experts);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> w(0.05f, 1.0f);
+  idx->clear();
+  weights->clear();
+  const int hot = std::min(8, experts);
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::vector<int64_t> chosen;
+    while (static_cast<int>(chosen.size()) < topk) {
+      int64_t e = static_cast<int64_t>(rng() % static_cast<uint64_t>(experts));
+      // "hot": half of the picks go to 8 hot experts spread over the ranks.
+      if (routing == "hot" && rng() % 2 == 0) e = static_cast<int64_t>(rng() % static_cast<uint64_t>(hot)) * (experts / hot);
+      if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
+    }
+    for (int64_t e : chosen) {
+      idx->push_back(e);
+      weights->push_back(w(rng));
+    }
+  }
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double us_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+struct Input {
+  std::vector<char> x;
+  std::vector<int64_t> idx;
+  std::vector<float> w;
+  DispatchArgs args;
+};
+
+Input make_input(const Group& g, const BenchOptions& o) {
+  Input in;
+  const size_t es = dtype_size(o.dtype);
+  in.x.resize(static_cast<size_t>(o.tokens * o.hidden) * es);
+  std::mt19937 rng(static_cast<unsigned>(o.seed * 977 + static_cast<uint64_t>(g.rank())));
+  std::uniform_real_distribution<float> v(-1.0f, 1.0f);
+  for (int64_t i = 0; i < o.tokens * o.hidden; ++i) {
+    const float f = v(rng);
+    if (o.dtype == DType::kBF16) {
+      const uint16_t b = float_to_bf16(f);
+      std::memcpy(&in.x[static_cast<size_t>(i) * 2], &b, 2);
+    } else {
+      std::memcpy(&in.x[static_cast<size_t>(i) * 4], &f, 4);
+    }
+  }
+  make_routing(o.tokens, o.topk, o.experts, o.routing, o.seed * 131 + static_cast<uint64_t>(g.rank()), &in.idx, &in.w);
+  in.args.x = TensorView(in.x.data(), o.dtype, {o.tokens, o.hidden});
+  in.args.topk_idx = TensorView(in.idx.data(), DType::kInt64, {o.tokens, o.topk});
+  in.args.topk_weights = TensorView(in.w.data(), DType::kFP32, {o.tokens, o.topk});
+  in.args.layout = o.layout;
+  return in;
+}
+
+// Combine input for a dispatch result: the received rows themselves (identity expert).
+CombineArgs combine_args(const DispatchResult& r) { return CombineArgs{r.recv_x, r.handle}; }
+
+double dispatch_bytes(const DispatchResult& r, size_t row_bytes) {
+  if (r.layout == Layout::kThroughput) return static_cast<double>(r.num_recv_rows) * static_cast<double>(row_bytes);
+  double rows = 0;
+  for (int64_t e = 0; e < r.recv_count.dim(0); ++e) rows += static_cast<double>(r.recv_count.as<int64_t>()[e]);
+  return rows * static_cast<double>(row_bytes);
+}
+
+double combine_bytes(const Input& in, const BenchOptions& o, int ranks, size_t row_bytes) {
+  // Rows coming back to this rank: one per (token, destination rank) or per selected (token, k).
+  const int El = o.experts / ranks;
+  double rows = 0;
+  for (int64_t t = 0; t < o.tokens; ++t) {
+    std::vector<bool> seen(static_cast<size_t>(ranks), false);
+    for (int j = 0; j < o.topk; ++j) {
+      const int64_t e = in.idx[static_cast<size_t>(t * o.topk + j)];
+      if (e < 0) continue;
+      if (o.layout == Layout::kLatency) rows += 1;
+      else if (!seen[static_cast<size_t>(e / El)]) { seen[static_cast<size_t>(e / El)] = true; rows += 1; }
+    }
+  }
+  return rows * static_cast<double>(row_bytes);
+}
+
+// Gathers per-iteration times from every rank; the call time of an iteration is the slowest rank's.
+std::vector<double> slowest_per_iter(Group& g, const std::vector<double>& mine) {
+  std::vector<double> all(mine.size() * static_cast<size_t>(g.size()));
+  g.allgather(mine.data(), all.data(), mine.size() * sizeof(double));
+  std::vector<double> out(mine.size(), 0.0);
+  for (int r = 0; r < g.size(); ++r)
+    for (size_t i = 0; i < mine.size(); ++i) out[i] = std::max(out[i], all[static_cast<size_t>(r) * mine.size() + i]);
+  return out;
+}
+
+double mean_over_ranks(Group& g, double v) {
+  std::vector<double> all(static_cast<size_t>(g.size()));
+  g.allgather(&v, all.data(), sizeof v);
+  double s = 0;
+  for (double x : all) s += x;
+  return s / static_cast<double>(g.size());
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(std::ceil(p * static_cast<double>(v.size()))) - (p > 0 ? 1 : 0));
+  return v[i];
+}
+
+class Progress {
+ public:
+  Progress(const Group& g, bool quiet) : on_(g.rank() == 0 && !quiet), start_(Clock::now()) {}
+  void update(const std::string& what, int i, int n) {
+    if (!on_) return;
+    const double s = us_since(start_) / 1e6;
+    if (s < 3.0 || s - last_ < 1.0) return;
+    last_ = s;
+    std::fprintf(stderr, "\r[ubep-bench %5.1fs] %s %d/%d   ", s, what.c_str(), i, n);
+    shown_ = true;
+  }
+  ~Progress() {
+    if (shown_) std::fprintf(stderr, "\r%60s\r", "");
+  }
+
+ private:
+  bool on_;
+  Clock::time_point start_;
+  double last_ = 0;
+  bool shown_ = false;
+};
+
+BenchRow make_row(Group& g, const std::string& impl, const std::string& variant, const std::string& op,
+                  const std::vector<double>& times, double bytes) {
+  BenchRow r;
+  r.impl = impl;
+  r.variant = variant;
+  r.op = op;
+  const auto slow = slowest_per_iter(g, times);
+  r.median_us = percentile(slow, 0.5);
+  r.p99_us = percentile(slow, 0.99);
+  r.bytes = mean_over_ranks(g, bytes);
+  r.gbps = r.median_us > 0 ? r.bytes / (r.median_us * 1e3) : 0;
+  return r;
+}
+
+void dump_call(Group& g, const BenchOptions& o, const Input& in, const DispatchResult& r,
+               const TensorView& y, const std::string& impl) {
+  namespace fs = std::filesystem;
+  fs::create_directories(o.dump);
+  const std::string p = o.dump + "/rank" + std::to_string(g.rank()) + "_";
+  const bool bf = o.dtype == DType::kBF16;
+  const std::string xd = bf ? "<u2" : "<f4";
+  const size_t es = dtype_size(o.dtype);
+  write_npy(p + "x.npy", in.x.data(), xd, {o.tokens, o.hidden}, es);
+  write_npy(p + "topk_idx.npy", in.idx.data(), "<i8", {o.tokens, o.topk}, 8);
+  write_npy(p + "topk_weights.npy", in.w.data(), "<f4", {o.tokens, o.topk}, 4);
+  std::vector<int64_t> xs(r.recv_x.shape.begin(), r.recv_x.shape.begin() + r.recv_x.ndim);
+  write_npy(p + "recv_x.npy", r.recv_x.data, xd, xs, es);
+  std::vector<int64_t> ss(r.recv_src.shape.begin(), r.recv_src.shape.begin() + r.recv_src.ndim);
+  write_npy(p + "recv_src.npy", r.recv_src.data, "<i8", ss, 8);
+  if (r.layout == Layout::kThroughput) {
+    write_npy(p + "recv_topk_idx.npy", r.recv_topk_idx.data, "<i4", {r.num_recv_rows, o.topk}, 4);
+    write_npy(p + "recv_topk_weights.npy", r.recv_topk_weights.data, "<f4", {r.num_recv_rows, o.topk}, 4);
+  }
+  write_npy(p + "recv_count.npy", r.recv_count.data, "<i8", {r.recv_count.dim(0)}, 8);
+  write_npy(p + "combine_in.npy", r.recv_x.data, xd, xs, es);  // identity expert
+  write_npy(p + "y.npy", y.data, xd, {y.dim(0), y.dim(1)}, es);
+  if (g.rank() == 0) {
+    std::ofstream m(o.dump + "/meta.json");
+    m << "{\"ranks\": " << g.size() << ", \"tokens\": " << o.tokens << ", \"hidden\": " << o.hidden
+      << ", \"topk\": " << o.topk << ", \"experts\": " << o.experts << ", \"dtype\": \"" << dtype_name(o.dtype)
+      << "\", \"bf16_as\": \"uint16 bit patterns\", \"layout\": \"" << layout_name(o.layout)
+      << "\", \"impl\": \"" << impl << "\", \"expert\": \"identity (combine_in = recv_x)\""
+      << ", \"latency_layout_rows\": \"recv_x[e, :recv_count[e]] are valid\"}\n";
+  }
+}
+
+}  // namespace
+
+std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
+  UBEP_CHECK_ARG(o.iters >= 1, "--iters must be >= 1, got ", o.iters);
+  UBEP_CHECK_ARG(o.experts % g.size() == 0, "--experts ", o.experts, " must be a multiple of the rank count ", g.size());
+  Input in = make_input(g, o);
+  BufferConfig cfg;
+  cfg.max_tokens_per_rank = std::max<int64_t>(o.tokens, 1);
+  cfg.hidden = o.hidden;
+  cfg.dtype = o.dtype;
+  cfg.num_experts = o.experts;
+  cfg.max_topk = o.topk;
+  cfg.num_workers = o.workers;
+  cfg.enable_latency_layout = o.layout == Layout::kLatency;
+  const size_t row_bytes = static_cast<size_t>(o.hidden) * dtype_size(o.dtype);
+  const double cbytes = combine_bytes(in, o, g.size(), row_bytes);
+  const int total = o.warmup + o.iters;
+  std::vector<BenchRow> rows;
+  Progress progress(g, o.quiet);
+  double dbytes_any = 0;
+  bool dumped = o.dump.empty();
+
+  auto measure = [&](const std::string& impl, const std::string& variant, auto&& dispatch, auto&& combine,
+                     auto&& stats) {
+    std::vector<double> td, tc;
+    std::map<std::string, double> stage_sum;
+    std::vector<std::string> stage_order;
+    double barriers = 0, dbytes = 0;
+    for (int i = 0; i < total; ++i) {
+      auto t0 = Clock::now();
+      DispatchResult r = dispatch();
+      const double d = us_since(t0);
+      dbytes = dispatch_bytes(r, row_bytes);
+      const CallStats* sd = stats();
+      if (i >= o.warmup && sd) {
+        barriers += static_cast<double>(sd->barriers);
+        for (auto& [name, us] : sd->stage_us) {
+          if (!stage_sum.count(name)) stage_order.push_back(name);
+          stage_sum[name] += us;
+        }
+      }
+      t0 = Clock::now();
+      TensorView y = combine(combine_args(r));
+      const double c = us_since(t0);
+      if (i >= o.warmup) {
+        td.push_back(d);
+        tc.push_back(c);
+      }
+      if (!dumped && i == 0) {
+        dump_call(g, o, in, r, y, impl);
+        dumped = true;
+      }
+      progress.update(impl + (variant.empty() ? "" : "/" + variant), i + 1, total);
+    }
+    dbytes_any = dbytes;
+    BenchRow rd = make_row(g, impl, variant, "dispatch", td, dbytes);
+    rd.barriers = barriers / o.iters;
+    for (auto& n : stage_order) rd.stages.emplace_back(n, stage_sum[n] / o.iters);
+    rows.push_back(rd);
+    rows.push_back(make_row(g, impl, variant, "combine", tc, cbytes));
+  };
+
+  for (const std::string& a : o.algos) {
+    if (a == "mpi") {
+      AlltoallBaseline base(g, cfg);
+      measure(base.name(), "", [&] { return base.dispatch(in.args); },
+              [&](const CombineArgs& c) { return base.combine(c); }, [] { return (const CallStats*)nullptr; });
+    } else if (a == "bsp" || a == "ubep") {
+      const Algorithm algo = parse_algorithm(a);
+      cfg.algorithm = algo;
+      Buffer buf(g, cfg);
+      const std::vector<SyncMode> modes = algo == Algorithm::kUbep ? o.syncs : std::vector<SyncMode>{SyncMode::kFused};
+      for (SyncMode m : modes) {
+        buf.set_sync_mode(m);
+        measure(a, algo == Algorithm::kUbep && o.syncs.size() > 1 ? sync_mode_name(m) : "",
+                [&] { return buf.dispatch(in.args); }, [&](const CombineArgs& c) { return buf.combine(c); },
+                [&] { return &buf.last_stats(); });
+      }
+    } else {
+      throw InvalidArgument("unknown --algo entry '" + a + "' (expected mpi, bsp or ubep)");
+    }
+  }
+
+  // Copy bound: one plain memcpy of the same bytes, on every rank at once, in the same run.
+  if (dbytes_any == 0 && !o.algos.empty()) dbytes_any = 0;
+  for (const char* op : {"dispatch", "combine"}) {
+    const double bytes = std::string(op) == "dispatch" ? dbytes_any : cbytes;
+    std::vector<char> src(static_cast<size_t>(bytes) + 1, 1), dst(static_cast<size_t>(bytes) + 1, 0);
+    std::vector<double> t;
+    for (int i = 0; i < total; ++i) {
+      auto t0 = Clock::now();
+      std::memcpy(dst.data(), src.data(), static_cast<size_t>(bytes));
+      const double us = us_since(t0);
+      if (i >= o.warmup) t.push_back(us);
+    }
+    rows.push_back(make_row(g, "copy", "", op, t, bytes));
+  }
+  return rows;
+}
+
+void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchRow>& rows) {
+  if (g.rank() != 0) return;
+  std::printf("ubep-bench: %s on %s(%d ranks), tokens=%lld hidden=%lld topk=%d experts=%d %s layout=%s routing=%s iters=%d\n",
+              o.workload.c_str(), g.kind(), g.size(), static_cast<long long>(o.tokens),
+              static_cast<long long>(o.hidden), o.topk, o.experts, dtype_name(o.dtype), layout_name(o.layout),
+              o.routing.c_str(), o.iters);
+  std::printf("%-22s %-9s %11s %11s %9s %10s %9s\n", "impl", "op", "median_us", "p99_us", "GB/s", "MB/rank", "barriers");
+  for (const auto& r : rows) {
+    const std::string name = r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")");
+    std::printf("%-22s %-9s %11.1f %11.1f %9.2f %10.2f", name.c_str(), r.op.c_str(), r.median_us, r.p99_us, r.gbps,
+                r.bytes / 1e6);
+    if (r.op == "dispatch" && (r.impl == "bsp" || r.impl == "ubep")) std::printf(" %9.1f", r.barriers);
+    std::printf("\n");
+  }
+  // Dispatch + combine ratios against the baseline (medians).
+  std::map<std::string, double> total;
+  for (const auto& r : rows) total[r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")] += r.median_us;
+  const std::string base = total.count("mpi") ? "mpi" : (total.count("a2a") ? "a2a" : "");
+  std::printf("dispatch+combine median:");
+  for (auto& [k, v] : total) {
+    std::printf("  %s %.1f us", k.c_str(), v);
+    if (!base.empty() && k != base) std::printf(" (%.2fx %s)", v / total[base], base.c_str());
+  }
+  std::printf("\n");
+  for (const auto& r : rows) {
+    if (r.stages.empty() || r.op != "dispatch") continue;
+    std::printf("%s dispatch stages (mean us):", (r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")).c_str());
+    for (auto& [n, us] : r.stages) std::printf("  %s %.1f", n.c_str(), us);
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+}
+
+void write_json(const Group& g, const BenchOptions& o, const std::vector<BenchRow>& rows) {
+  if (g.rank() != 0 || o.json.empty()) return;
+  std::ofstream f(o.json);
+  if (!f) throw SystemError("cannot write " + o.json);
+  f << "{\"config\": {\"workload\": \"" << o.workload << "\", \"group\": \"" << g.kind() << "\", \"ranks\": " << g.size()
+    << ", \"tokens\": " << o.tokens << ", \"hidden\": " << o.hidden << ", \"topk\": " << o.topk
+    << ", \"experts\": " << o.experts << ", \"dtype\": \"" << dtype_name(o.dtype) << "\", \"layout\": \""
+    << layout_name(o.layout) << "\", \"routing\": \"" << o.routing << "\", \"iters\": " << o.iters
+    << ", \"warmup\": " << o.warmup << "},\n \"results\": [";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
+    f << (i ? ",\n  " : "\n  ") << "{\"impl\": \"" << r.impl << "\", \"op\": \"" << r.op << "\", \"median_us\": " << r.median_us
+      << ", \"p99_us\": " << r.p99_us << ", \"gbps\": " << r.gbps << ", \"bytes_per_rank\": " << r.bytes;
+    if (!r.variant.empty()) f << ", \"sync\": \"" << r.variant << "\"";
+    if (r.impl == "bsp" || r.impl == "ubep") f << ", \"barriers\": " << r.barriers;
+    if (!r.stages.empty()) {
+      f << ", \"stages_us\": {";
+      for (size_t s = 0; s < r.stages.size(); ++s)
+        f << (s ? ", " : "") << "\"" << r.stages[s].first << "\": " << r.stages[s].second;
+      f << "}";
+    }
+    f << "}";
+  }
+  f << "\n]}\n";
+}
+
+}  // namespace ubep::tools
