@@ -1,0 +1,208 @@
+// Hop-aware scheduler: splits one source rank's send work for one call over its workers.
+//
+// The UBEP paper found that treating 1-hop and 2-hop peers alike makes the worker that drew the
+// far peers the straggler. The scheduler takes the call's send work (rows per destination rank,
+// or per destination expert), a worker count and a policy, and returns a Plan: for each worker
+// an ordered list of items (destination, expert, slice of rows) with their predicted cost.
+//
+// Cost of an item (docs/SCHEDULING.md, "cost model"): every worker of the source rank holds an
+// equal 1/W share of each of the rank's links, so an item of b bytes at level l costs
+//     latency(l) + b / (bandwidth(l) / W)
+// and a worker's cost is the sum of its items' costs (a worker finishes one item before it
+// starts the next). simulate_sharing() evaluates the same plan with a work-conserving link
+// instead (idle workers' share goes to the busy ones).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ubep/topology.hpp"
+
+namespace ubep::sched {
+
+enum class Policy : uint8_t {
+  // CANN-EP-like: units (destinations or experts, in id order) are cut into W contiguous runs of
+  // equal unit count; worker w sends run w whole. Blind to both hops and row counts.
+  kNaive,
+  // UBEP's (worker x expert) remap: unit u goes to worker u mod W, so every worker gets an even
+  // mix of near and far destinations; when workers outnumber units, each unit is cut into
+  // W / U equal row slices on consecutive workers. Far destinations first within a worker.
+  kColumnMajor,
+  // Cost-aware: units are cut into slices so that no slice dominates, then placed longest
+  // first on the least-loaded worker (LPT); the best of several slice granularities (including
+  // none) is kept. Far destinations first within a worker. Bound: see scheduler.cpp.
+  kBalanced,
+};
+
+const char* policy_name(Policy policy);  // "naive", "column_major", "balanced"
+// Accepts "naive", "column_major" / "column-major", "balanced"; throws InvalidArgument otherwise.
+Policy parse_policy(const std::string& name);
+
+// One source rank's send work for one call.
+struct SendWork {
+  int src_rank = 0;
+  // 0: one unit per destination rank (throughput layout: a token travels to a rank once).
+  // E > 0: one unit per global expert (latency layout), E experts per rank; expert e lives on
+  // rank e / E, as in DESIGN §2.
+  int experts_per_rank = 0;
+  // Rows to send per unit, indexed by destination rank (size = ranks) or by global expert id
+  // (size = ranks * experts_per_rank). A unit's rows are its row list in the caller's order
+  // (e.g. source token order); plan items name slices [row_begin, row_end) of it.
+  std::span<const int64_t> rows;
+  int64_t row_bytes = 0;  // bytes of one row on the wire (> 0)
+};
+
+struct PlanItem {
+  int32_t dest_rank = 0;
+  int32_t expert = -1;  // global expert id; -1 for a per-destination unit
+  int32_t level = 0;    // topology level between source and destination
+  int64_t row_begin = 0;
+  int64_t row_end = 0;
+  double bytes = 0;     // (row_end - row_begin) * row_bytes
+  double cost_ns = 0;   // latency(level) + bytes / (bandwidth(level) / workers)
+  int64_t rows() const { return row_end - row_begin; }
+};
+
+struct Plan {
+  Policy policy = Policy::kBalanced;
+  int src_rank = 0;
+  int workers = 0;
+  // Items of every worker, grouped by worker in execution order: worker w runs
+  // items[worker_begin[w] .. worker_begin[w+1]).
+  std::vector<PlanItem> items;
+  std::vector<int32_t> worker_begin;    // workers + 1 entries
+  std::vector<double> worker_cost_ns;   // sum of the worker's item costs
+  double total_ns = 0;                  // sum over all items
+  double slowest_ns = 0;                // max over workers
+  double mean_ns = 0;                   // total_ns / workers (idle workers count)
+  double imbalance = 1;                 // slowest / mean (1 when there is no work)
+
+  std::span<const PlanItem> worker_items(int worker) const;
+  int64_t total_rows() const;
+  // Multi-line human-readable listing, for logs and tests' failure messages.
+  std::string describe() const;
+};
+
+struct SchedulerOptions {
+  int workers = 1;
+  Policy policy = Policy::kBalanced;
+};
+
+// Reusable planner for one rank. plan() keeps its scratch and the Plan's storage between calls,
+// so in steady state (same or smaller work) it does not allocate. Not thread-safe: one per rank.
+class Scheduler {
+ public:
+  Scheduler(Topology topology, SchedulerOptions options);
+
+  const Topology& topology() const { return topology_; }
+  const SchedulerOptions& options() const { return options_; }
+  void set_policy(Policy policy) { options_.policy = policy; }
+
+  // Plans `work` into `out`. Throws InvalidArgument (naming the value) for a bad source rank,
+  // a rows span of the wrong size, a negative row count or row_bytes <= 0.
+  void plan(const SendWork& work, Plan& out);
+  Plan plan(const SendWork& work);
+
+  // Predicted cost of sending `rows` rows of `row_bytes` from src to dest as one item.
+  double item_cost_ns(int src, int dest, int64_t rows, int64_t row_bytes) const;
+
+ private:
+  struct Unit {
+    int32_t dest_rank;
+    int32_t expert;
+    int32_t level;
+    int32_t index;  // unit index in SendWork::rows
+    int64_t rows;
+  };
+  struct Piece {  // a slice of a unit before it is given a worker
+    int32_t unit;
+    int32_t worker;
+    int64_t row_begin;
+    int64_t row_end;
+    double cost_ns;
+  };
+
+  void collect_units(const SendWork& work);
+  double slice_cost(const Unit& unit, int64_t rows) const;
+  void plan_naive();
+  void plan_column_major();
+  void plan_balanced();
+  // LPT over pieces_ sliced so that no slice costs more than max_slice_ns; returns the makespan
+  // and leaves the assignment in pieces_.
+  double lpt(double max_slice_ns);
+  void emit(Plan& out, bool far_first);
+
+  Topology topology_;
+  SchedulerOptions options_;
+  int src_rank_ = 0;
+  int64_t row_bytes_ = 0;
+  std::vector<Unit> units_;          // non-empty units of the current call
+  std::vector<Piece> pieces_;        // current assignment
+  std::vector<Piece> best_pieces_;   // best assignment found by plan_balanced
+  std::vector<double> load_;         // per-worker load during LPT
+  std::vector<int32_t> order_;       // sort scratch
+};
+
+// ---- Link sharing: evaluating a plan with a work-conserving link -----------------------------
+
+// Finish time of every worker when all of them start together and run their items in order:
+// an item first waits its level's latency, then moves its bytes through the source rank's link
+// of that level, shared max-min fairly by the workers using it at that moment (each at most
+// worker_cap_gbps; 0 = uncapped). Unlike the plan's additive cost, a worker's share grows when
+// others are idle, so out[w] <= plan.worker_cost_ns[w]. out.size() must equal plan.workers.
+void simulate_sharing(const Plan& plan, const Topology& topology, double worker_cap_gbps,
+                      std::span<double> out);
+
+// ---- The paper's scheduling ablation ---------------------------------------------------------
+
+// Random top-k routing with hot experts. Each token draws topk distinct experts without
+// replacement; a hot expert is hot_weight times as likely to be drawn as a cold one.
+struct RoutingConfig {
+  int ranks = 64;
+  int experts = 256;
+  int topk = 8;
+  int hot_experts = 8;
+  double hot_weight = 4;
+  int tokens_per_rank = 128;
+  uint64_t seed = 1;
+};
+// The hot experts' ids, drawn from the seed (ascending).
+std::vector<int32_t> hot_expert_ids(const RoutingConfig& config);
+// topk expert ids of every token of `rank`: [tokens_per_rank * topk], token-major.
+// Deterministic in (config, rank).
+std::vector<int32_t> draw_routing(const RoutingConfig& config, int rank);
+// Rows per global expert (latency layout) of one rank's routing; -1 entries are skipped.
+std::vector<int64_t> rows_per_expert(std::span<const int32_t> topk_ids, int experts);
+// Rows per destination rank (throughput layout: a token counts once per rank it goes to).
+std::vector<int64_t> rows_per_destination(std::span<const int32_t> topk_ids, int topk, int ranks,
+                                          int experts);
+
+struct AblationConfig {
+  std::string topology = "cm384";
+  RoutingConfig routing;
+  int hidden = 7168;
+  int elem_bytes = 2;      // bf16
+  int workers = 48;        // AIV vector cores of one Ascend 910C die
+  bool per_expert = true;  // latency layout: one unit per (destination, expert)
+};
+
+struct PolicyFigures {
+  Policy policy = Policy::kNaive;
+  double slowest_ns = 0;         // max over source ranks of the plan's slowest worker
+  double mean_slowest_ns = 0;    // mean over source ranks of the plan's slowest worker
+  double mean_imbalance = 0;     // mean over source ranks of slowest / mean
+  double shared_slowest_ns = 0;  // like slowest_ns, evaluated with simulate_sharing (uncapped)
+};
+
+struct AblationResult {
+  AblationConfig config;
+  PolicyFigures naive, column_major, balanced;
+  std::string describe() const;  // a table, one line per policy
+};
+
+// Plans every source rank's routing with each policy and reports the predicted slowest worker.
+AblationResult scheduling_ablation(const AblationConfig& config = {});
+
+}  // namespace ubep::sched
