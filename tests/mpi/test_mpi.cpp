@@ -1,0 +1,126 @@
+// The multi-process suite: run under mpirun (ctest does, with 2 and 4 processes). Every process
+// builds the same random problem, runs its rank's part, and checks it against the reference.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "harness.hpp"
+#include "ubep/error.hpp"
+#include "ubep/mpi_group.hpp"
+
+namespace ubep::test {
+namespace {
+
+Group* g_group = nullptr;
+
+struct Param {
+  int topk;
+  DType dtype;
+  Layout layout;
+  Routing routing;
+};
+
+class ProcessRanks : public ::testing::TestWithParam<Param> {};
+
+TEST_P(ProcessRanks, AllImplementationsMatchReferenceAndEachOther) {
+  Group& g = *g_group;
+  const Param pr = GetParam();
+  Case c;
+  c.experts = 4 * g.size();
+  c.hidden = 40;
+  c.dtype = pr.dtype;
+  c.capacity = 11;
+  c.topk = pr.topk;
+  c.layout = pr.layout;
+  c.routing = pr.routing;
+  Buffer bsp(g, config_for(c, Algorithm::kBsp));
+  Buffer ubep(g, config_for(c, Algorithm::kUbep));
+  AlltoallBaseline base(g, config_for(c, Algorithm::kBsp));
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    std::vector<int64_t> tokens;
+    for (int r = 0; r < g.size(); ++r) tokens.push_back(static_cast<int64_t>((seed * 7 + static_cast<uint64_t>(r) * 5) % 12));
+    c.seed = seed;
+    const Problem p = make_problem(g.size(), c.experts, c.hidden, c.dtype, tokens, c.topk, c.routing, seed * 31);
+    auto a = run_and_check(g, c, p, &bsp, nullptr);
+    auto b = run_and_check(g, c, p, &ubep, nullptr);
+    auto d = run_and_check(g, c, p, nullptr, &base);
+    EXPECT_EQ(a, b);
+    EXPECT_EQ(a, d);
+  }
+  EXPECT_EQ(bsp.last_stats().barriers, 3u);  // bsp combine
+  EXPECT_EQ(ubep.last_stats().barriers, 0u);
+}
+
+std::vector<Param> params() {
+  std::vector<Param> ps;
+  for (int k : {1, 2, 8})
+    for (DType dt : {DType::kBF16, DType::kFP32})
+      for (Layout l : {Layout::kThroughput, Layout::kLatency})
+        ps.push_back({k, dt, l, k == 8 ? Routing::kHot : Routing::kWithDrops});
+  return ps;
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, ProcessRanks, ::testing::ValuesIn(params()), [](const auto& i) {
+  return "top" + std::to_string(i.param.topk) + "_" + dtype_name(i.param.dtype) + "_" + layout_name(i.param.layout);
+});
+
+TEST(ProcessRanksStress, BackToBackUbepCalls) {
+  Group& g = *g_group;
+  Case c;
+  c.experts = 3 * g.size();
+  c.hidden = 8;
+  c.capacity = 6;
+  c.topk = 2;
+  BufferConfig cfg = config_for(c, Algorithm::kUbep);
+  cfg.initial_epoch = 0xFFFFFFFFull - 50;
+  Buffer b(g, cfg);
+  for (int i = 0; i < 300; ++i) {
+    std::vector<int64_t> tokens;
+    for (int r = 0; r < g.size(); ++r) tokens.push_back(static_cast<int64_t>((i + r * 3) % 7));
+    c.layout = i % 2 ? Layout::kLatency : Layout::kThroughput;
+    const Problem p = make_problem(g.size(), c.experts, c.hidden, c.dtype, tokens, c.topk, Routing::kWithDrops, 500 + static_cast<uint64_t>(i));
+    run_and_check(g, c, p, &b, nullptr);
+    if (::testing::Test::HasFailure()) break;
+  }
+}
+
+TEST(ProcessRanksErrors, BadInputThenValidCall) {
+  Group& g = *g_group;
+  Case c;
+  c.experts = 2 * g.size();
+  c.capacity = 4;
+  c.topk = 1;
+  c.tokens.assign(static_cast<size_t>(g.size()), 4);
+  const Problem p = make_problem(g.size(), c.experts, c.hidden, c.dtype, c.tokens, c.topk, Routing::kUniform, 9);
+  Buffer b(g, config_for(c, Algorithm::kUbep));
+  std::vector<int64_t> idx = p.inputs[static_cast<size_t>(g.rank())].topk_idx;
+  idx[0] = c.experts;
+  DispatchArgs a = p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout);
+  a.topk_idx = TensorView(idx.data(), DType::kInt64, {4, 1});
+  EXPECT_THROW(b.dispatch(a), InvalidArgument);
+  run_and_check(g, c, p, &b, nullptr);
+}
+
+}  // namespace
+}  // namespace ubep::test
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  ::testing::InitGoogleTest(&argc, argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+  }
+  int rc = 0;
+  {
+    auto group = ubep::make_mpi_group();
+    ubep::test::g_group = group.get();
+    rc = RUN_ALL_TESTS();
+  }
+  int worst = 0;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return worst;
+}

@@ -1,0 +1,129 @@
+// Bad input gets a clear InvalidArgument naming the bad value; the group and buffer stay usable.
+// A peer that never arrives gives a TimeoutError, not a hang.
+#include <gtest/gtest.h>
+
+#include "harness.hpp"
+#include "ubep/error.hpp"
+#include "ubep/group.hpp"
+
+namespace ubep::test {
+namespace {
+
+template <typename F>
+void expect_invalid(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected InvalidArgument mentioning '" << needle << "'";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+class BadInput : public ::testing::TestWithParam<Impl> {};
+
+TEST_P(BadInput, RejectedWithTheValueAndBufferStaysUsable) {
+  const Impl impl = GetParam();
+  Case c;
+  c.experts = 8;
+  c.hidden = 16;
+  c.capacity = 4;
+  c.topk = 2;
+  c.tokens = {4, 4};
+  const Problem p = make_problem(2, c.experts, c.hidden, c.dtype, c.tokens, c.topk, c.routing, 11);
+  run_on_threads(2, [&](Group& g) {
+    std::unique_ptr<Buffer> buf;
+    std::unique_ptr<AlltoallBaseline> base;
+    if (impl == Impl::kBaseline) base = std::make_unique<AlltoallBaseline>(g, config_for(c, Algorithm::kBsp));
+    else buf = std::make_unique<Buffer>(g, config_for(c, impl == Impl::kBsp ? Algorithm::kBsp : Algorithm::kUbep));
+    auto dispatch = [&](const DispatchArgs& a) { return buf ? buf->dispatch(a) : base->dispatch(a); };
+    const RankInput& in = p.inputs[static_cast<size_t>(g.rank())];
+    const DispatchArgs good = in.args(c.dtype, c.hidden, c.layout);
+
+    auto with_expert = [&](int64_t e) {
+      std::vector<int64_t> idx = in.topk_idx;
+      idx[3] = e;
+      DispatchArgs a = good;
+      a.topk_idx = TensorView(idx.data(), DType::kInt64, {4, 2});
+      dispatch(a);
+    };
+    expect_invalid([&] { with_expert(8); }, "expert id 8");
+    expect_invalid([&] { with_expert(-2); }, "expert id -2");
+    run_and_check(g, c, p, buf.get(), base.get());  // still usable
+
+    std::vector<float> big_x(5 * 16, 0.0f);
+    std::vector<int64_t> big_idx(5 * 2, 0);
+    std::vector<float> big_w(5 * 2, 0.0f);
+    DispatchArgs a = good;
+    a.x = TensorView(big_x.data(), DType::kFP32, {5, 16});
+    a.topk_idx = TensorView(big_idx.data(), DType::kInt64, {5, 2});
+    a.topk_weights = TensorView(big_w.data(), DType::kFP32, {5, 2});
+    expect_invalid([&] { dispatch(a); }, "num_tokens 5");
+
+    a = good;
+    a.x = TensorView(in.x_f32.data(), DType::kFP32, {2, 32});
+    expect_invalid([&] { dispatch(a); }, "hidden size 32");
+    a = good;
+    a.x = TensorView(in.x_f32.data(), DType::kBF16, {4, 16});
+    expect_invalid([&] { dispatch(a); }, "dtype bf16");
+    a = good;
+    a.topk_weights = TensorView(in.topk_weights.data(), DType::kFP32, {4, 1});
+    expect_invalid([&] { dispatch(a); }, "topk_weights shape");
+    a = good;
+    std::vector<int64_t> dup = in.topk_idx;
+    dup[0] = dup[1] = 5;
+    a.topk_idx = TensorView(dup.data(), DType::kInt64, {4, 2});
+    expect_invalid([&] { dispatch(a); }, "appears twice");
+    run_and_check(g, c, p, buf.get(), base.get());
+
+    // Combine with the wrong shape or a stale handle.
+    DispatchResult r = dispatch(good);
+    std::vector<float> wrong(static_cast<size_t>(r.num_recv_rows + 1) * 16, 0.0f);
+    auto combine = [&](const CombineArgs& ca) { return buf ? buf->combine(ca) : base->combine(ca); };
+    expect_invalid([&] { combine({TensorView(wrong.data(), DType::kFP32, {r.num_recv_rows + 1, 16}), r.handle}); }, "combine: x");
+    expect_invalid([&] { combine({TensorView(wrong.data(), DType::kFP32, {r.num_recv_rows, 16}), r.handle + 7}); }, "handle");
+    run_and_check(g, c, p, buf.get(), base.get());
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(All, BadInput, ::testing::Values(Impl::kBsp, Impl::kUbep, Impl::kBaseline),
+                         [](const auto& i) { return std::string(impl_name(i.param)); });
+
+TEST(BadConfig, RejectedWithTheValue) {
+  run_on_threads(2, [&](Group& g) {
+    BufferConfig cfg;
+    cfg.num_experts = 7;
+    expect_invalid([&] { Buffer b(g, cfg); }, "num_experts 7");
+    cfg.num_experts = 8;
+    cfg.max_tokens_per_rank = 0;
+    expect_invalid([&] { Buffer b(g, cfg); }, "max_tokens_per_rank must be >= 1, got 0");
+  });
+}
+
+TEST(Timeout, MissingPeerGivesTimeoutErrorNotAHang) {
+  for (Algorithm algo : {Algorithm::kBsp, Algorithm::kUbep}) {
+    Case c;
+    c.tokens = {4, 4};
+    c.capacity = 4;
+    const Problem p = make_problem(2, c.experts, c.hidden, c.dtype, c.tokens, c.topk, c.routing, 3);
+    GroupOptions opts;
+    opts.timeout = std::chrono::milliseconds(300);
+    std::atomic<bool> timed_out{false};
+    run_on_threads(
+        2,
+        [&](Group& g) {
+          Buffer b(g, config_for(c, algo));
+          if (g.rank() == 1) return;  // never arrives
+          try {
+            b.dispatch(p.inputs[0].args(c.dtype, c.hidden, c.layout));
+          } catch (const TimeoutError& e) {
+            timed_out = true;
+            EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
+          }
+        },
+        opts);
+    EXPECT_TRUE(timed_out) << algorithm_name(algo);
+  }
+}
+
+}  // namespace
+}  // namespace ubep::test
