@@ -64,8 +64,8 @@ struct DispatchArgs {
   Layout layout = Layout::kThroughput;
 };
 
-// Outputs of one dispatch. Views into memory owned by the Buffer: valid until the next dispatch
-// on the same Buffer.
+// Outputs of one dispatch. Views into memory owned by the Buffer (shared memory, written in
+// place by the senders): valid until the next dispatch on the same Buffer.
 struct DispatchResult {
   Layout layout = Layout::kThroughput;
   int64_t num_recv_rows = 0;  // throughput: rows of recv_x
@@ -116,6 +116,11 @@ class Buffer {
   DispatchResult dispatch_recv();
   void combine_send(const CombineArgs& args);
   TensorView combine_recv();
+
+  // Zero-copy combine input for the last dispatch, shaped like its recv_x, in shared memory.
+  // Experts that write their output here save combine a copy (the owners read it in place).
+  // Valid until the next dispatch.
+  TensorView combine_buffer() const;
 
   const BufferConfig& config() const;
   Group& group();

@@ -3,6 +3,7 @@
 
 #include "core/bf16.hpp"
 #include "core/local_array.hpp"
+#include "core/row_kernels.hpp"
 #include "core/stage_timer.hpp"
 #include "ep/protocol.hpp"
 #include "ep/routing.hpp"
@@ -11,7 +12,6 @@
 
 namespace ubep {
 
-void write_row(char* dst, const float* acc, DType t, int64_t hidden);  // ep/buffer.cpp
 
 struct AlltoallBaseline::Impl {
   Group& group;
@@ -28,6 +28,7 @@ struct AlltoallBaseline::Impl {
   // Count exchange: [R][1 + El] int32 (rows, then rows per local expert).
   std::vector<int32_t> send_counts, recv_counts;
   std::vector<int64_t> sb, so, rb, ro;  // alltoallv bytes / offsets
+  std::vector<int64_t> tok_sb, tok_so;
   LocalArray send_buf, recv_buf;
   LocalArray recv_x, recv_idx, recv_w, recv_src, recv_count, lat_x, lat_src, lat_k, y;
   LocalArray comb_send, comb_recv;
@@ -77,18 +78,8 @@ struct AlltoallBaseline::Impl {
   }
 
   void add_row(const char* row, const float* wp) {
-    const int64_t H = cfg.hidden;
-    float* a = acc.data();
-    const float w = wp ? *wp : 1.0f;
-    if (cfg.dtype == DType::kBF16) {
-      const auto* v = reinterpret_cast<const uint16_t*>(row);
-      if (wp) for (int64_t h = 0; h < H; ++h) a[h] += w * bf16_to_float(v[h]);
-      else for (int64_t h = 0; h < H; ++h) a[h] += bf16_to_float(v[h]);
-    } else {
-      const auto* v = reinterpret_cast<const float*>(row);
-      if (wp) for (int64_t h = 0; h < H; ++h) a[h] += w * v[h];
-      else for (int64_t h = 0; h < H; ++h) a[h] += v[h];
-    }
+    if (wp) kernels::accumulate_row_weighted(acc.data(), row, cfg.dtype, cfg.hidden, *wp);
+    else kernels::accumulate_row(acc.data(), row, cfg.dtype, cfg.hidden);
   }
 };
 
@@ -136,7 +127,8 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
   }
   timer.lap("pack");
   // Sizes first (like MPI_Alltoall of counts), then the tokens and metadata.
-  std::vector<int64_t> sb = b.sb, so = b.so;  // keep the token exchange's sizes
+  b.tok_sb = b.sb;  // keep the token exchange's sizes (no reallocation: same size)
+  b.tok_so = b.so;
   b.exchange_fixed(b.send_counts.data(), b.recv_counts.data(), static_cast<size_t>(1 + El) * 4);
   timer.lap("count alltoall");
   int64_t roff = 0;
@@ -152,7 +144,7 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
       counts[e] += c[1 + e];
     }
   }
-  b.group.alltoallv(b.send_buf.get(), sb.data(), so.data(), b.recv_buf.get(), b.rb.data(), b.ro.data());
+  b.group.alltoallv(b.send_buf.get(), b.tok_sb.data(), b.tok_so.data(), b.recv_buf.get(), b.rb.data(), b.ro.data());
   timer.lap("token alltoallv");
   // Unpack.
   const int64_t rows = roff / static_cast<int64_t>(b.rec_bytes);
@@ -241,7 +233,7 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
         if (!b.routing.sent(t, p)) continue;
         b.add_row(b.comb_recv.get() + b.ro[p] + cursor[p]++ * RB, nullptr);
       }
-      write_row(b.y.get() + t * RB, b.acc.data(), b.cfg.dtype, b.cfg.hidden);
+      kernels::store_row(b.y.get() + t * RB, b.acc.data(), b.cfg.dtype, b.cfg.hidden);
     }
   } else {
     UBEP_CHECK_ARG(a.x.ndim == 3 && a.x.dim(0) == El && a.x.dim(1) == RT && a.x.dim(2) == b.cfg.hidden,
@@ -301,7 +293,7 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
         if (b.routing.topk_idx[tk] < 0) continue;
         b.add_row(b.comb_recv.get() + where[static_cast<size_t>(t * Kmax + j)] * RB, &b.routing.topk_weights[tk]);
       }
-      write_row(b.y.get() + t * RB, b.acc.data(), b.cfg.dtype, b.cfg.hidden);
+      kernels::store_row(b.y.get() + t * RB, b.acc.data(), b.cfg.dtype, b.cfg.hidden);
     }
   }
   timer.lap("unpack + reduce");

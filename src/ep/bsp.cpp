@@ -1,9 +1,12 @@
 // The bsp algorithm: the staged pipeline of CANN EP and DeepEP's normal mode, with a group-wide
-// barrier after every stage. Dispatch: layout -> count exchange -> token send -> set-flag &
-// verify -> prefix sum -> reorder. Combine: row send -> set-flag & verify -> reduce.
-// It writes the same records into the same staging memory as ubep (one copy through shared
-// memory), so the two differ only in orchestration: this is the fair baseline ubep is measured
-// against. The barriers make every stage's writes visible before the next stage reads them.
+// barrier after every communication stage.
+//   dispatch: layout -> count exchange | token send | set-flag & verify | prefix sum   (3 barriers)
+//   combine:  row send to the owners' staging | set-flag & verify | reduce            (2 barriers)
+// It is a fair baseline: the count exchange gives every sender its rows' final offsets, so token
+// rows make one copy, straight into the receiver's output in shared memory (the reorder stage has
+// nothing left to move). The barriers make each stage's writes visible to the next stage; the
+// flags are the separate "done" round the staged design pays for. Outputs are double-buffered
+// by call parity (protocol.hpp), so no barrier is needed after the last stage.
 #include "core/stage_timer.hpp"
 #include "ep/buffer_impl.hpp"
 
@@ -13,9 +16,9 @@ namespace {
 constexpr int kDispatchOp = 0, kCombineOp = 1;
 
 void set_flags_and_verify(Buffer::Impl& b, int op) {
-  for (int d = 0; d < b.ranks; ++d) publish(b.staging.stage_flag(b.peer(d), op, b.rank), b.tag());
+  for (int d = 0; d < b.ranks; ++d) publish(b.win.stage_flag(b.peer(d), op, b.rank), b.tag());
   for (int s = 0; s < b.ranks; ++s) {
-    const Tag* f = b.staging.stage_flag(b.local(), op, s);
+    const Tag* f = b.win.stage_flag(b.local(), op, s);
     wait_until([&] { return arrived(f, b.tag()); }, b.wait,
                [&] { return detail::concat("bsp flag of rank ", s); });
   }
@@ -28,40 +31,42 @@ void bsp_dispatch(Buffer::Impl& b, const DispatchArgs& a) {
   for (int d = 0; d < b.ranks; ++d) b.fill_count(d);
   b.group.barrier();
   timer.lap("count exchange");
-  for (int d = 0; d < b.ranks; ++d)
-    for (int64_t i = 0; i < b.routing.dest_rows[static_cast<size_t>(d)]; ++i) b.fill_token(a, d, i);
+  for (int d = 0; d < b.ranks; ++d) {
+    b.compute_offsets(d);
+    for (int64_t i = 0; i < b.routing.dest_rows[static_cast<size_t>(d)]; ++i) b.send_rows(a, d, i, [](Tag*) {});
+  }
   b.group.barrier();
   timer.lap("token send");
   set_flags_and_verify(b, kDispatchOp);
   b.group.barrier();
   timer.lap("set-flag & verify");
-  b.prefix_sum();
+  b.receive_counts();
   timer.lap("prefix sum");
-  for (int s = 0; s < b.ranks; ++s)
-    for (int64_t i = 0; i < b.src_rows[static_cast<size_t>(s)]; ++i) b.consume_token(s, i);
-  b.group.barrier();  // staging may be rewritten only after every rank has read it
-  timer.lap("reorder");
 }
 
 void bsp_combine(Buffer::Impl& b, const CombineArgs& a) {
   StageTimer timer(b.stats);
-  const int64_t rows = b.combine_row_count();
+  const int64_t rows = b.output_rows();
   for (int64_t row = 0; row < rows; ++row) {
+    if (!b.row_valid(row)) continue;
     int owner;
     int64_t slot;
-    const char* data;
-    b.combine_target(row, &owner, &slot, &data, a);
-    if (owner < 0) continue;
-    std::memcpy(b.staging.combine(b.peer(owner), b.half(), slot).row(), data, b.row_bytes());
+    b.row_owner(row, &owner, &slot);
+    std::memcpy(b.at<char>(owner, b.win.push) + static_cast<size_t>(slot) * b.row_bytes(),
+                static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes(), b.row_bytes());
   }
   b.group.barrier();
-  timer.lap("token send");
+  timer.lap("row send");
   set_flags_and_verify(b, kCombineOp);
   b.group.barrier();
   timer.lap("set-flag & verify");
-  for (int64_t t = 0; t < b.routing.num_tokens; ++t)
-    b.reduce_token(t, b.acc.data(), [](int64_t, int) {});
-  b.group.barrier();
+  const char* push = b.at<char>(b.rank, b.win.push);
+  for (int64_t t = 0; t < b.routing.num_tokens; ++t) {
+    b.reduce_token(t, b.acc.data(), [&](int64_t tok, int j) {
+      const int64_t slot = b.layout == Layout::kThroughput ? j * b.T + tok : tok * b.cfg.max_topk + j;
+      return push + static_cast<size_t>(slot) * b.row_bytes();
+    });
+  }
   timer.lap("reduce");
 }
 

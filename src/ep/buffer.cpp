@@ -58,149 +58,76 @@ Buffer::Impl::Impl(Group& g, const BufferConfig& c)
       ranks(g.size()),
       local_experts(cfg.num_experts / g.size()),
       T(cfg.max_tokens_per_rank),
-      fmt{static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dtype), cfg.max_topk,
-          cfg.num_experts / g.size()},
-      staging(fmt, g.size(), cfg.max_tokens_per_rank, cfg.enable_latency_layout),
+      win(static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dtype), g.size(), cfg.num_experts / g.size(),
+          cfg.max_topk, cfg.max_tokens_per_rank, cfg.enable_latency_layout),
       routing(g.size(), cfg.num_experts, cfg.max_tokens_per_rank, cfg.max_topk),
       wait{std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout)},
       next_seq(cfg.initial_epoch) {
-  const auto R = static_cast<size_t>(ranks), El = static_cast<size_t>(local_experts);
-  const auto Tz = static_cast<size_t>(T), K = static_cast<size_t>(cfg.max_topk);
-  const size_t RB = fmt.row_bytes;
-  window = g.allocate_window(staging.total);
+  for (int r = 0; r < ranks; ++r)
+    UBEP_CHECK_ARG(g.same_host(r, rank), "Buffer: rank ", r, " is on another host than rank ", rank,
+                   "; cross-host groups are not supported by this buffer yet");
+  window = g.allocate_window(win.total);
   team = std::make_unique<ep::WorkerTeam>(cfg.num_workers);
-  src_rows.resize(R);
-  src_offset.resize(R);
-  src_expert_rows.resize(R * El);
-  expert_offset.resize(El * R);
-  recv_x = LocalArray(R * Tz * RB);
-  recv_topk_idx = LocalArray(R * Tz * K * 4);
-  recv_topk_weights = LocalArray(R * Tz * K * 4);
-  recv_src = LocalArray(R * Tz * 16);
-  recv_count = LocalArray(El * 8);
-  if (cfg.enable_latency_layout) {
-    lat_x = LocalArray(El * R * Tz * RB);
-    lat_src = LocalArray(El * R * Tz * 16);
-    lat_k = LocalArray(El * R * Tz);
-  }
-  y = LocalArray(Tz * RB);
+  row_offset_at.resize(static_cast<size_t>(ranks));
+  expert_offset_at.resize(static_cast<size_t>(ranks) * static_cast<size_t>(local_experts));
+  offsets_ready = std::vector<std::atomic<uint64_t>>(static_cast<size_t>(ranks));
+  recv_count = LocalArray(static_cast<size_t>(local_experts) * 8);
+  y = LocalArray(static_cast<size_t>(T) * row_bytes());
   acc.resize(static_cast<size_t>(team->size()) * static_cast<size_t>(cfg.hidden));
-  cursors.resize(static_cast<size_t>(team->size()) * R);
   stats.stage_us.reserve(16);
-  log::info("rank ", rank, ": buffer with ", staging.total, " shared bytes, ", cfg.num_workers,
+  log::info("rank ", rank, ": buffer with ", win.total, " shared bytes, ", cfg.num_workers,
             " workers, algorithm ", algorithm_name(cfg.algorithm));
 }
 
 ep::CountRecord Buffer::Impl::fill_count(int dest) {
-  ep::CountRecord rec = staging.count(peer(dest), half(), rank);
+  ep::CountRecord rec = win.count(peer(dest), half(), rank);
   *rec.rows() = routing.dest_rows[static_cast<size_t>(dest)];
+  *rec.topk() = routing.topk;
   std::memcpy(rec.expert_rows(), &routing.dest_expert_rows[static_cast<size_t>(dest * local_experts)],
               static_cast<size_t>(local_experts) * 4);
   return rec;
 }
 
-ep::TokenRecord Buffer::Impl::fill_token(const DispatchArgs& a, int dest, int64_t i) {
-  const int32_t t = routing.dest_token(dest, i);
-  ep::TokenRecord rec = staging.token(peer(dest), half(), rank, i);
-  std::memcpy(rec.row(), static_cast<const char*>(a.x.data) + static_cast<size_t>(t) * row_bytes(),
-              row_bytes());
-  *rec.src_token() = t;
-  *rec.topk() = routing.topk;
-  const int K = routing.topk;
-  for (int j = 0; j < K; ++j) {
-    const size_t tk = static_cast<size_t>(t) * static_cast<size_t>(K) + static_cast<size_t>(j);
-    const int32_t e = routing.topk_idx[tk];
-    const bool here = e >= 0 && e / local_experts == dest;
-    rec.local_expert()[j] = here ? e % local_experts : -1;
-    rec.expert_slot()[j] = here ? routing.expert_slot[tk] : -1;
-    rec.weight()[j] = here ? routing.topk_weights[tk] : 0.0f;
+void Buffer::Impl::compute_offsets(int dest) {
+  int64_t rows = 0;
+  int64_t* eo = &expert_offset_at[static_cast<size_t>(dest * local_experts)];
+  std::fill(eo, eo + local_experts, 0);
+  for (int s = 0; s < rank; ++s) {
+    ep::CountRecord rec = win.count(peer(dest), half(), s);
+    rows += *rec.rows();
+    if (layout == Layout::kLatency)
+      for (int e = 0; e < local_experts; ++e) eo[e] += rec.expert_rows()[e];
   }
-  return rec;
+  row_offset_at[static_cast<size_t>(dest)] = rows;
 }
 
-void Buffer::Impl::prefix_sum() {
+void Buffer::Impl::receive_counts() {
   int64_t rows = 0;
   auto* counts = recv_count.get<int64_t>();
   std::fill(counts, counts + local_experts, 0);
   for (int s = 0; s < ranks; ++s) {
-    ep::CountRecord rec = staging.count(local(), half(), s);
-    src_rows[static_cast<size_t>(s)] = *rec.rows();
-    src_offset[static_cast<size_t>(s)] = rows;
+    ep::CountRecord rec = win.count(local(), half(), s);
+    if (*rec.topk() != routing.topk) topk_mismatch.store(s, std::memory_order_relaxed);
     rows += *rec.rows();
-    for (int e = 0; e < local_experts; ++e) {
-      const int32_t n = rec.expert_rows()[e];
-      src_expert_rows[static_cast<size_t>(s * local_experts + e)] = n;
-      expert_offset[static_cast<size_t>(e * ranks + s)] = counts[e];
-      counts[e] += n;
-    }
+    for (int e = 0; e < local_experts; ++e) counts[e] += rec.expert_rows()[e];
   }
   num_recv_rows = rows;
 }
 
-void Buffer::Impl::consume_token(int src, int64_t i) {
-  ep::TokenRecord rec = staging.token(local(), half(), src, i);
-  const int K = routing.topk;
-  if (*rec.topk() != K) topk_mismatch.store(src, std::memory_order_relaxed);
-  const int32_t t = *rec.src_token();
+bool Buffer::Impl::row_valid(int64_t row) const {
+  if (layout == Layout::kThroughput) return row < num_recv_rows;
+  return row % RT() < recv_count.get<int64_t>()[row / RT()];
+}
+
+void Buffer::Impl::row_owner(int64_t row, int* owner, int64_t* push_slot) const {
   if (layout == Layout::kThroughput) {
-    const int64_t pos = src_offset[static_cast<size_t>(src)] + i;
-    std::memcpy(recv_x.get() + static_cast<size_t>(pos) * row_bytes(), rec.row(), row_bytes());
-    auto* srcp = recv_src.get<int64_t>() + 2 * pos;
-    srcp[0] = src;
-    srcp[1] = t;
-    auto* idx = recv_topk_idx.get<int32_t>() + pos * K;
-    auto* w = recv_topk_weights.get<float>() + pos * K;
-    for (int j = 0; j < K; ++j) {
-      idx[j] = rec.local_expert()[j];
-      w[j] = rec.weight()[j];
-    }
-  } else {
-    for (int j = 0; j < K; ++j) {
-      const int32_t e = rec.local_expert()[j];
-      if (e < 0) continue;
-      const int64_t pos = e * lat_rows() + expert_offset[static_cast<size_t>(e * ranks + src)] +
-                          rec.expert_slot()[j];
-      std::memcpy(lat_x.get() + static_cast<size_t>(pos) * row_bytes(), rec.row(), row_bytes());
-      auto* srcp = lat_src.get<int64_t>() + 2 * pos;
-      srcp[0] = src;
-      srcp[1] = t;
-      lat_k.get<int8_t>()[pos] = static_cast<int8_t>(j);
-    }
-  }
-}
-
-int64_t Buffer::Impl::combine_row_count() const {
-  if (layout == Layout::kThroughput) return num_recv_rows;
-  return static_cast<int64_t>(local_experts) * lat_rows();
-}
-
-void Buffer::Impl::combine_target(int64_t row, int* owner, int64_t* slot, const char** data,
-                                  const CombineArgs& a) const {
-  // Latency layout: `row` walks [expert, slot]; slots past the expert's count are skipped
-  // (owner < 0).
-  if (layout == Layout::kThroughput) {
-    const auto* s = recv_src.get<int64_t>() + 2 * row;
+    const int64_t* s = at<int64_t>(rank, win.tp_src) + 2 * row;
     *owner = static_cast<int>(s[0]);
-    *slot = static_cast<int64_t>(rank) * T + s[1];
+    *push_slot = static_cast<int64_t>(rank) * T + s[1];
   } else {
-    const int64_t e = row / lat_rows(), p = row % lat_rows();
-    if (p >= recv_count.get<int64_t>()[e]) {
-      *owner = -1;
-      return;
-    }
-    const auto* s = lat_src.get<int64_t>() + 2 * row;
+    const int64_t* s = at<int64_t>(rank, win.lat_src) + 2 * row;
     *owner = static_cast<int>(s[0]);
-    *slot = s[1] * routing.max_topk + lat_k.get<int8_t>()[row];
-  }
-  *data = static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * row_bytes();
-}
-
-void write_row(char* dst, const float* acc, DType t, int64_t hidden) {
-  if (t == DType::kBF16) {
-    auto* o = reinterpret_cast<uint16_t*>(dst);
-    for (int64_t h = 0; h < hidden; ++h) o[h] = float_to_bf16(acc[h]);
-  } else {
-    std::memcpy(dst, acc, static_cast<size_t>(hidden) * 4);
+    *push_slot = s[1] * cfg.max_topk + at<int8_t>(rank, win.lat_k)[row];
   }
 }
 
@@ -212,15 +139,21 @@ DispatchResult Buffer::Impl::result() const {
   r.recv_count = TensorView(recv_count.get(), DType::kInt64, {local_experts});
   if (layout == Layout::kThroughput) {
     r.num_recv_rows = num_recv_rows;
-    r.recv_x = TensorView(recv_x.get(), cfg.dtype, {num_recv_rows, cfg.hidden});
-    r.recv_topk_idx = TensorView(recv_topk_idx.get(), DType::kInt32, {num_recv_rows, K});
-    r.recv_topk_weights = TensorView(recv_topk_weights.get(), DType::kFP32, {num_recv_rows, K});
-    r.recv_src = TensorView(recv_src.get(), DType::kInt64, {num_recv_rows, 2});
+    r.recv_x = TensorView(at<char>(rank, win.tp_x), cfg.dtype, {num_recv_rows, cfg.hidden});
+    r.recv_topk_idx = TensorView(at<char>(rank, win.tp_idx), DType::kInt32, {num_recv_rows, K});
+    r.recv_topk_weights = TensorView(at<char>(rank, win.tp_w), DType::kFP32, {num_recv_rows, K});
+    r.recv_src = TensorView(at<char>(rank, win.tp_src), DType::kInt64, {num_recv_rows, 2});
   } else {
-    r.recv_x = TensorView(lat_x.get(), cfg.dtype, {local_experts, lat_rows(), cfg.hidden});
-    r.recv_src = TensorView(lat_src.get(), DType::kInt64, {local_experts, lat_rows(), 2});
+    r.recv_x = TensorView(at<char>(rank, win.lat_x), cfg.dtype, {local_experts, RT(), cfg.hidden});
+    r.recv_src = TensorView(at<char>(rank, win.lat_src), DType::kInt64, {local_experts, RT(), 2});
   }
   return r;
+}
+
+TensorView Buffer::Impl::combine_input_view() const {
+  char* base = at<char>(rank, win.comb_x);
+  if (layout == Layout::kThroughput) return TensorView(base, cfg.dtype, {num_recv_rows, cfg.hidden});
+  return TensorView(base, cfg.dtype, {local_experts, RT(), cfg.hidden});
 }
 
 TensorView Buffer::Impl::y_view() const {
@@ -251,9 +184,9 @@ void Buffer::Impl::check_combine(const CombineArgs& a) const {
                    "combine: x must be [", num_recv_rows, ", ", cfg.hidden, "] (one row per received row), got ",
                    a.x.describe());
   } else {
-    UBEP_CHECK_ARG(a.x.ndim == 3 && a.x.dim(0) == local_experts && a.x.dim(1) == lat_rows() &&
+    UBEP_CHECK_ARG(a.x.ndim == 3 && a.x.dim(0) == local_experts && a.x.dim(1) == RT() &&
                        a.x.dim(2) == cfg.hidden,
-                   "combine: x must be [", local_experts, ", ", lat_rows(), ", ", cfg.hidden,
+                   "combine: x must be [", local_experts, ", ", RT(), ", ", cfg.hidden,
                    "] (latency layout), got ", a.x.describe());
   }
   UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine: x has no data");
@@ -351,6 +284,10 @@ void Buffer::set_sync_mode(SyncMode m) {
   impl_->cfg.sync = m;
 }
 const CallStats& Buffer::last_stats() const { return impl_->stats; }
-size_t Buffer::shared_bytes() const { return impl_->staging.total; }
+size_t Buffer::shared_bytes() const { return impl_->win.total; }
+TensorView Buffer::combine_buffer() const {
+  UBEP_CHECK_ARG(impl_->have_dispatch, "combine_buffer: no dispatch on this buffer yet");
+  return impl_->combine_input_view();
+}
 
 }  // namespace ubep

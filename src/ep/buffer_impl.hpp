@@ -1,5 +1,5 @@
 // State of one Buffer and the message-level steps both algorithms are built from. The
-// algorithms (bsp.cpp, ubep.cpp) differ only in how they order and synchronise these steps.
+// algorithms (bsp.cpp, ubep.cpp) differ in how they order and synchronise these steps.
 #pragma once
 
 #include <atomic>
@@ -7,8 +7,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/bf16.hpp"
 #include "core/local_array.hpp"
+#include "core/row_kernels.hpp"
 #include "core/wait.hpp"
 #include "ep/protocol.hpp"
 #include "ep/routing.hpp"
@@ -22,117 +22,143 @@ struct Buffer::Impl {
   BufferConfig cfg;
   int rank, ranks, local_experts;
   int64_t T;  // max tokens per rank
-  ep::RecordFormat fmt;
-  ep::StagingLayout staging;
+  ep::WindowLayout win;
   std::unique_ptr<SharedWindow> window;
   ep::Routing routing;
   WaitPolicy wait;
   std::unique_ptr<ep::WorkerTeam> team;
 
-  // Sequence numbers: the next dispatch, and the dispatch in flight / last completed.
-  uint64_t next_seq;
-  uint64_t seq = 0;
+  uint64_t next_seq;  // sequence number of the next dispatch
+  uint64_t seq = 0;   // the dispatch in flight / last completed (combine uses it too)
   Layout layout = Layout::kThroughput;
   enum class Phase { kIdle, kDispatchSent, kCombineSent } phase = Phase::kIdle;
   bool have_dispatch = false;
 
-  // Receive side of the last dispatch.
-  std::vector<int32_t> src_rows;         // [R]
-  std::vector<int64_t> src_offset;       // [R] first output row of each source (throughput)
-  std::vector<int32_t> src_expert_rows;  // [R, E_local]
-  std::vector<int64_t> expert_offset;    // [E_local, R] first row of each source per expert (latency)
+  // Sender side: where this rank's rows start in each destination's outputs (from the count
+  // records of the lower-ranked sources). Kept for combine, which reads the rows back there.
+  std::vector<int64_t> row_offset_at;     // [R] throughput
+  std::vector<int64_t> expert_offset_at;  // [R, El] latency
+  std::vector<std::atomic<uint64_t>> offsets_ready;  // [R] seq+1 once the offsets for a destination are known
+
+  // Receiver side.
+  LocalArray recv_count;  // [El] int64
   int64_t num_recv_rows = 0;
-  std::atomic<int> topk_mismatch{-1};
-  std::atomic<uint64_t> prefix_ready{0};  // seq+1 once prefix_sum() is done (ubep's p2p signal)
-  std::vector<int64_t> cursors;            // [members, R] ubep reorder progress  // a source whose topk differs from ours (detected, reported after the call)
+  std::atomic<int> topk_mismatch{-1};     // a source whose topk differs from ours
 
-  // Outputs (local memory, sized once).
-  LocalArray recv_x, recv_topk_idx, recv_topk_weights, recv_src, recv_count;
-  LocalArray lat_x, lat_src, lat_k;
-  LocalArray y;
-  std::vector<float> acc;  // [workers+1, hidden] fp32 accumulators for combine
-
+  LocalArray y;            // [T, row] combine output
+  std::vector<float> acc;  // [members, hidden] fp32 accumulators
   CallStats stats;
 
   Impl(Group& g, const BufferConfig& c);
 
   int half() const { return ep::half_of(seq); }
   uint32_t tag() const { return ep::tag_of(seq); }
-  size_t row_bytes() const { return fmt.row_bytes; }
-  int64_t lat_rows() const { return static_cast<int64_t>(ranks) * T; }  // slots per expert
+  size_t row_bytes() const { return win.row_bytes; }
+  int64_t RT() const { return win.tp_rows(); }
   void* peer(int r) const { return window->base(r); }
   void* local() const { return window->local(); }
+  template <typename T>
+  T* at(int r, size_t region) const {
+    return win.at<T>(peer(r), half(), region);
+  }
 
   // --- steps shared by the algorithms ---
-  // Sender: fill the count record for `dest` (no tag) / one token record (no tag).
-  ep::CountRecord fill_count(int dest);
-  ep::TokenRecord fill_token(const DispatchArgs& a, int dest, int64_t i);
+  void begin_dispatch(const DispatchArgs& a);
+  ep::CountRecord fill_count(int dest);  // body only; the caller completes it
+  // Reads the count records of sources below this rank at `dest` (they must be visible).
+  void compute_offsets(int dest);
+  // Writes the rows of token slot i for `dest` into dest's outputs; calls done(tag) per message.
+  template <typename Done>
+  void send_rows(const DispatchArgs& a, int dest, int64_t i, Done&& done);
   // Receiver: after every count record of this call is visible.
-  void prefix_sum();
-  // Receiver: move one token record from `src` (slot i) into the outputs.
-  void consume_token(int src, int64_t i);
-  // Combine sender: the rows this rank sends back, and where each goes.
-  int64_t combine_row_count() const;
-  void combine_target(int64_t row, int* owner, int64_t* slot, const char** data,
-                      const CombineArgs& a) const;
-  // Combine receiver: reduce token t from arrived records, waiting on each with `ready`.
-  template <typename Ready>
-  void reduce_token(int64_t t, float* acc_row, Ready&& ready);
+  void receive_counts();
+  // Receiver: the tag of every expected row, in order; visit(tag, description-index).
+  template <typename Visit>
+  void for_each_expected_row(Visit&& visit) const;
+
+  // Combine: expert side rows (row index into the dispatch output), and their owner/slot.
+  int64_t output_rows() const { return layout == Layout::kThroughput ? num_recv_rows : win.lat_rows(); }
+  bool row_valid(int64_t row) const;
+  void row_owner(int64_t row, int* owner, int64_t* push_slot) const;
+  // Owner side: reduce token t; locate(t, j) -> (row pointer) for the j-th contribution.
+  template <typename Locate>
+  void reduce_token(int64_t t, float* acc_row, Locate&& locate);
 
   DispatchResult result() const;
+  TensorView combine_input_view() const;
   TensorView y_view() const;
-  void begin_dispatch(const DispatchArgs& a);
   void check_combine(const CombineArgs& a) const;
 };
 
-void write_row(char* dst, const float* acc, DType t, int64_t hidden);
+template <typename Done>
+void Buffer::Impl::send_rows(const DispatchArgs& a, int dest, int64_t i, Done&& done) {
+  const int32_t t = routing.dest_token(dest, i);
+  const char* row = static_cast<const char*>(a.x.data) + static_cast<size_t>(t) * row_bytes();
+  const int K = routing.topk;
+  const size_t tK = static_cast<size_t>(t) * static_cast<size_t>(K);
+  if (layout == Layout::kThroughput) {
+    const int64_t pos = row_offset_at[static_cast<size_t>(dest)] + i;
+    std::memcpy(at<char>(dest, win.tp_x) + static_cast<size_t>(pos) * row_bytes(), row, row_bytes());
+    int64_t* src = at<int64_t>(dest, win.tp_src) + 2 * pos;
+    src[0] = rank;
+    src[1] = t;
+    int32_t* idx = at<int32_t>(dest, win.tp_idx) + pos * K;
+    float* w = at<float>(dest, win.tp_w) + pos * K;
+    for (int j = 0; j < K; ++j) {
+      const int32_t e = routing.topk_idx[tK + static_cast<size_t>(j)];
+      const bool here = e >= 0 && e / local_experts == dest;
+      idx[j] = here ? e % local_experts : -1;
+      w[j] = here ? routing.topk_weights[tK + static_cast<size_t>(j)] : 0.0f;
+    }
+    done(at<ep::Tag>(dest, win.tp_tag) + pos);
+  } else {
+    for (int j = 0; j < K; ++j) {
+      const int32_t e = routing.topk_idx[tK + static_cast<size_t>(j)];
+      if (e < 0 || e / local_experts != dest) continue;
+      const int le = e % local_experts;
+      const int64_t pos = le * RT() + expert_offset_at[static_cast<size_t>(dest * local_experts + le)] +
+                          routing.expert_slot[tK + static_cast<size_t>(j)];
+      std::memcpy(at<char>(dest, win.lat_x) + static_cast<size_t>(pos) * row_bytes(), row, row_bytes());
+      int64_t* src = at<int64_t>(dest, win.lat_src) + 2 * pos;
+      src[0] = rank;
+      src[1] = t;
+      at<int8_t>(dest, win.lat_k)[pos] = static_cast<int8_t>(j);
+      done(at<ep::Tag>(dest, win.lat_tag) + pos);
+    }
+  }
+}
 
-template <typename Ready>
-void Buffer::Impl::reduce_token(int64_t t, float* a, Ready&& ready) {
+template <typename Visit>
+void Buffer::Impl::for_each_expected_row(Visit&& visit) const {
+  if (layout == Layout::kThroughput) {
+    ep::Tag* tags = at<ep::Tag>(rank, win.tp_tag);
+    for (int64_t pos = 0; pos < num_recv_rows; ++pos) visit(tags + pos, pos);
+  } else {
+    ep::Tag* tags = at<ep::Tag>(rank, win.lat_tag);
+    const auto* counts = recv_count.get<int64_t>();
+    for (int e = 0; e < local_experts; ++e)
+      for (int64_t p = 0; p < counts[e]; ++p) visit(tags + e * RT() + p, e * RT() + p);
+  }
+}
+
+template <typename Locate>
+void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
   const int64_t H = cfg.hidden;
   std::fill(a, a + H, 0.0f);
-  // The weight is copied into a local so the compiler knows it cannot alias the accumulator
-  // (and vectorises the loop).
-  auto add = [&](const char* row, const float* wp) {
-    const bool weighted = wp != nullptr;
-    const float w = weighted ? *wp : 1.0f;
-    if (cfg.dtype == DType::kBF16) {
-      const auto* v = reinterpret_cast<const uint16_t*>(row);
-      if (weighted) {
-        for (int64_t h = 0; h < H; ++h) a[h] += w * bf16_to_float(v[h]);
-      } else {
-        for (int64_t h = 0; h < H; ++h) a[h] += bf16_to_float(v[h]);
-      }
-    } else {
-      const auto* v = reinterpret_cast<const float*>(row);
-      if (weighted) {
-        for (int64_t h = 0; h < H; ++h) a[h] += w * v[h];
-      } else {
-        for (int64_t h = 0; h < H; ++h) a[h] += v[h];
-      }
-    }
-  };
   if (layout == Layout::kThroughput) {
     // Sum over the ranks the token went to, in ascending rank order.
-    for (int r = 0; r < ranks; ++r) {
-      if (!routing.sent(t, r)) continue;
-      const int64_t slot = static_cast<int64_t>(r) * T + t;
-      ready(slot, r);
-      add(staging.combine(local(), half(), slot).row(), nullptr);
-    }
+    for (int r = 0; r < ranks; ++r)
+      if (routing.sent(t, r)) kernels::accumulate_row(a, locate(t, r), cfg.dtype, H);
   } else {
     // Weighted sum over the selected experts, in ascending k.
     const int K = routing.topk;
     for (int j = 0; j < K; ++j) {
       const size_t tk = static_cast<size_t>(t * K + j);
-      const int32_t e = routing.topk_idx[tk];
-      if (e < 0) continue;
-      const int64_t slot = t * routing.max_topk + j;
-      ready(slot, e / local_experts);
-      add(staging.combine(local(), half(), slot).row(), &routing.topk_weights[tk]);
+      if (routing.topk_idx[tk] < 0) continue;
+      kernels::accumulate_row_weighted(a, locate(t, j), cfg.dtype, H, routing.topk_weights[tk]);
     }
   }
-  write_row(y.get() + static_cast<size_t>(t) * row_bytes(), a, cfg.dtype, H);
+  kernels::store_row(y.get() + static_cast<size_t>(t) * row_bytes(), a, cfg.dtype, H);
 }
 
 namespace ep {

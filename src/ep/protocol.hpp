@@ -1,11 +1,17 @@
-// Message formats and epoch tags shared by the algorithms (the protocol, kept apart from the
-// algorithms that use it, like NCCL's LL/Simple protocols).
+// Message formats, epoch tags and the map of one rank's shared window (the protocol, kept apart
+// from the algorithms that use it, like NCCL's LL/Simple protocols).
 //
-// Every message ends with a 32-bit epoch tag. A writer fills the body with plain stores, then
-// stores the tag with release order; a reader that loads the current tag with acquire order owns
-// the whole message (data-as-flag). Tags are derived from a per-buffer call sequence number:
-// they change every call, never take the value 0 (fresh memory), and wrap around after 2^32-1
-// calls; staging is double-buffered by sequence parity.
+// Data-as-flag: every message is completed by a 32-bit epoch tag stored after its body with
+// release order; a reader that loads the current tag with acquire order owns the whole message.
+// Count records carry the tag inside the record. Token rows are written straight into their
+// final place in the receiver's output tensors, which must stay dense (a user-facing
+// [rows, hidden] tensor has no room for a tag), so a row's tag lives in the row's metadata slot
+// and is written after the row and its metadata: still one release store per message, no fence,
+// no separate flag round.
+//
+// Tags are derived from a per-buffer call sequence number: they change every call, never take
+// the value 0 (fresh memory) and wrap around after 2^32-1 calls. Everything is double-buffered by
+// sequence parity ("halves"); see ubep.cpp for why that is enough.
 #pragma once
 
 #include <algorithm>
@@ -30,124 +36,85 @@ inline bool arrived(const Tag* tag, uint32_t value) {
   return tag->load(std::memory_order_acquire) == value;
 }
 
-// Sizes of the three record kinds for a given buffer shape.
-struct RecordFormat {
-  size_t row_bytes = 0;   // hidden * dtype size
-  int max_topk = 0;
-  int local_experts = 0;
-
-  // Token record: [row][src_token, topk][local_expert x K][expert_slot x K][weight x K][tag].
-  size_t token_meta_offset() const { return round_up(row_bytes, 16); }
-  size_t token_tag_offset() const {
-    return round_up(token_meta_offset() + 8 + 12 * static_cast<size_t>(max_topk), 8);
-  }
-  size_t token_bytes() const { return round_up(token_tag_offset() + sizeof(Tag), kCacheLine); }
-
-  // Count record: [rows][rows per local expert x E_local][tag].
-  size_t count_tag_offset() const { return round_up(4 + 4 * static_cast<size_t>(local_experts), 8); }
-  size_t count_bytes() const { return round_up(count_tag_offset() + sizeof(Tag), kCacheLine); }
-
-  // Combine record: [row][tag].
-  size_t combine_tag_offset() const { return round_up(row_bytes, 8); }
-  size_t combine_bytes() const { return round_up(combine_tag_offset() + sizeof(Tag), kCacheLine); }
-};
-
-// Typed access to one token record.
-struct TokenRecord {
-  char* base;
-  const RecordFormat* fmt;
-  char* row() const { return base; }
-  int32_t* src_token() const { return reinterpret_cast<int32_t*>(base + fmt->token_meta_offset()); }
-  int32_t* topk() const { return src_token() + 1; }
-  int32_t* local_expert() const { return src_token() + 2; }
-  int32_t* expert_slot() const { return local_expert() + fmt->max_topk; }
-  float* weight() const { return reinterpret_cast<float*>(expert_slot() + fmt->max_topk); }
-  Tag* tag() const { return reinterpret_cast<Tag*>(base + fmt->token_tag_offset()); }
-};
-
+// Count record, one per (source, destination) per call: [rows, topk, rows per local expert][tag].
 struct CountRecord {
   char* base;
-  const RecordFormat* fmt;
+  int local_experts;
   int32_t* rows() const { return reinterpret_cast<int32_t*>(base); }
-  int32_t* expert_rows() const { return rows() + 1; }
-  Tag* tag() const { return reinterpret_cast<Tag*>(base + fmt->count_tag_offset()); }
+  int32_t* topk() const { return rows() + 1; }
+  int32_t* expert_rows() const { return rows() + 2; }
+  Tag* tag() const { return reinterpret_cast<Tag*>(base + tag_offset(local_experts)); }
+  static size_t tag_offset(int el) { return round_up(8 + 4 * static_cast<size_t>(el), 8); }
+  static size_t bytes(int el) { return round_up(tag_offset(el) + sizeof(Tag), kCacheLine); }
 };
 
-struct CombineRecord {
-  char* base;
-  const RecordFormat* fmt;
-  char* row() const { return base; }
-  Tag* tag() const { return reinterpret_cast<Tag*>(base + fmt->combine_tag_offset()); }
-};
-
-// Where everything lives inside one rank's shared window (the receiving side of each message).
-struct StagingLayout {
-  RecordFormat fmt;
-  int ranks = 0;
+// One rank's shared window. Each half holds, for the dispatch of that parity:
+//   counts     [R] count records (from every source)
+//   tp_*       throughput outputs: x [R*T, row], src [R*T, 2] i64, idx [R*T, K] i32, w [R*T, K] f32,
+//              tag [R*T] -- written by the senders at their final row
+//   lat_*      latency outputs: x [El, R*T, row], src [El, R*T, 2] i64, k [El, R*T] i8, tag [El, R*T]
+//   comb_*     the combine input of this rank (ubep reads it in place from the owners): rows shaped
+//              like the dispatch output, tag per row
+//   push       bsp's combine staging on the owner: [max(R*T, T*K)] rows
+// plus separate flags: count-record flags for the stop-and-wait sync mode and bsp's stage flags.
+struct WindowLayout {
+  size_t row_bytes = 0;
+  int ranks = 0, local_experts = 0, max_topk = 0;
   int64_t max_tokens = 0;
-  int64_t combine_slots = 0;  // per half: max(ranks*max_tokens, max_tokens*max_topk)
+  bool latency = false;
 
-  size_t count_off = 0, token_off = 0, combine_off = 0;
-  size_t count_flag_off = 0, token_flag_off = 0, combine_flag_off = 0, stage_flag_off = 0;
-  size_t total = 0;
+  int64_t tp_rows() const { return static_cast<int64_t>(ranks) * max_tokens; }
+  int64_t lat_rows() const { return latency ? static_cast<int64_t>(local_experts) * tp_rows() : 0; }
+  int64_t comb_rows() const { return std::max(tp_rows(), lat_rows()); }
+  int64_t push_rows() const { return std::max(tp_rows(), max_tokens * max_topk); }
 
-  StagingLayout(const RecordFormat& f, int r, int64_t t, bool latency) : fmt(f), ranks(r), max_tokens(t) {
-    const auto R = static_cast<size_t>(r);
-    const auto T = static_cast<size_t>(t);
-    combine_slots = static_cast<int64_t>(std::max(R * T, latency ? T * static_cast<size_t>(f.max_topk) : 0));
+  size_t counts = 0, tp_x = 0, tp_src = 0, tp_idx = 0, tp_w = 0, tp_tag = 0;
+  size_t lat_x = 0, lat_src = 0, lat_k = 0, lat_tag = 0, comb_x = 0, comb_tag = 0, push = 0;
+  size_t half_bytes = 0, count_flags = 0, stage_flags = 0, total = 0;
+
+  WindowLayout(size_t rb, int r, int el, int k, int64_t t, bool lat)
+      : row_bytes(rb), ranks(r), local_experts(el), max_topk(k), max_tokens(t), latency(lat) {
     size_t off = 0;
-    count_off = off;
-    off += 2 * R * f.count_bytes();
-    token_off = off;
-    off += 2 * R * T * f.token_bytes();
-    combine_off = off;
-    off += 2 * static_cast<size_t>(combine_slots) * f.combine_bytes();
-    // Separate flags, used by the stop-and-wait sync mode and by bsp's set-flag stage.
-    count_flag_off = off;
-    off += round_up(2 * R * sizeof(Tag), kCacheLine);
-    token_flag_off = off;
-    off += round_up(2 * R * T * sizeof(Tag), kCacheLine);
-    combine_flag_off = off;
-    off += round_up(2 * static_cast<size_t>(combine_slots) * sizeof(Tag), kCacheLine);
-    stage_flag_off = off;
-    off += 2 * R * kCacheLine;
+    auto take = [&](size_t bytes) {
+      const size_t at = off;
+      off = round_up(off + bytes, kCacheLine);
+      return at;
+    };
+    const auto R = static_cast<size_t>(r), TP = static_cast<size_t>(tp_rows()), LAT = static_cast<size_t>(lat_rows());
+    counts = take(R * CountRecord::bytes(el));
+    tp_x = take(TP * rb);
+    tp_src = take(TP * 16);
+    tp_idx = take(TP * static_cast<size_t>(k) * 4);
+    tp_w = take(TP * static_cast<size_t>(k) * 4);
+    tp_tag = take(TP * sizeof(Tag));
+    lat_x = take(LAT * rb);
+    lat_src = take(LAT * 16);
+    lat_k = take(LAT);
+    lat_tag = take(LAT * sizeof(Tag));
+    comb_x = take(static_cast<size_t>(comb_rows()) * rb);
+    comb_tag = take(static_cast<size_t>(comb_rows()) * sizeof(Tag));
+    push = take(static_cast<size_t>(push_rows()) * rb);
+    half_bytes = round_up(off, 4096);
+    off = 2 * half_bytes;
+    count_flags = take(2 * R * sizeof(Tag));
+    stage_flags = take(2 * R * kCacheLine);
     total = off;
   }
 
-  // Record `slot` from source `src` in half `half`, inside the window based at `base`.
-  CountRecord count(void* base, int half, int src) const {
-    return {static_cast<char*>(base) + count_off +
-                (static_cast<size_t>(half) * static_cast<size_t>(ranks) + static_cast<size_t>(src)) *
-                    fmt.count_bytes(),
-            &fmt};
+  char* half(void* base, int h) const { return static_cast<char*>(base) + static_cast<size_t>(h) * half_bytes; }
+  template <typename T>
+  T* at(void* base, int h, size_t region) const {
+    return reinterpret_cast<T*>(half(base, h) + region);
   }
-  size_t token_index(int half, int src, int64_t slot) const {
-    return (static_cast<size_t>(half) * static_cast<size_t>(ranks) + static_cast<size_t>(src)) *
-               static_cast<size_t>(max_tokens) +
-           static_cast<size_t>(slot);
+  CountRecord count(void* base, int h, int src) const {
+    return {half(base, h) + counts + static_cast<size_t>(src) * CountRecord::bytes(local_experts), local_experts};
   }
-  TokenRecord token(void* base, int half, int src, int64_t slot) const {
-    return {static_cast<char*>(base) + token_off + token_index(half, src, slot) * fmt.token_bytes(), &fmt};
-  }
-  size_t combine_index(int half, int64_t slot) const {
-    return static_cast<size_t>(half) * static_cast<size_t>(combine_slots) + static_cast<size_t>(slot);
-  }
-  CombineRecord combine(void* base, int half, int64_t slot) const {
-    return {static_cast<char*>(base) + combine_off + combine_index(half, slot) * fmt.combine_bytes(), &fmt};
-  }
-  Tag* count_flag(void* base, int half, int src) const {
-    return reinterpret_cast<Tag*>(static_cast<char*>(base) + count_flag_off) +
-           static_cast<size_t>(half) * static_cast<size_t>(ranks) + static_cast<size_t>(src);
-  }
-  Tag* token_flag(void* base, int half, int src, int64_t slot) const {
-    return reinterpret_cast<Tag*>(static_cast<char*>(base) + token_flag_off) + token_index(half, src, slot);
-  }
-  Tag* combine_flag(void* base, int half, int64_t slot) const {
-    return reinterpret_cast<Tag*>(static_cast<char*>(base) + combine_flag_off) + combine_index(half, slot);
+  Tag* count_flag(void* base, int h, int src) const {
+    return reinterpret_cast<Tag*>(static_cast<char*>(base) + count_flags) + static_cast<size_t>(h) * static_cast<size_t>(ranks) + static_cast<size_t>(src);
   }
   // bsp's per-stage "done" flags: op 0 = dispatch, 1 = combine.
   Tag* stage_flag(void* base, int op, int src) const {
-    return reinterpret_cast<Tag*>(static_cast<char*>(base) + stage_flag_off +
+    return reinterpret_cast<Tag*>(static_cast<char*>(base) + stage_flags +
                                   (static_cast<size_t>(op) * static_cast<size_t>(ranks) + static_cast<size_t>(src)) * kCacheLine);
   }
 };

@@ -14,6 +14,7 @@ Routing::Routing(int r, int num_experts, int64_t t, int k)
   topk_weights.resize(T * K);
   expert_slot.resize(T * K);
   sent_to.resize(T * R);
+  dest_slot.resize(T * R);
   dest_rows.resize(R);
   dest_tokens.resize(R * T);
   dest_expert_rows.resize(R * static_cast<size_t>(local_experts));
@@ -79,9 +80,13 @@ void Routing::build(const DispatchArgs& a, const BufferConfig& cfg) {
       expert_slot[tk] = dest_expert_rows[static_cast<size_t>(r * local_experts + e % local_experts)]++;
       sent_row[r] = 1;
     }
-    for (int r = 0; r < ranks; ++r)
-      if (sent_row[r]) dest_tokens[static_cast<size_t>(r * max_tokens + dest_rows[static_cast<size_t>(r)]++)] =
-          static_cast<int32_t>(t);
+    int32_t* slot_row = &dest_slot[static_cast<size_t>(t * ranks)];
+    for (int r = 0; r < ranks; ++r) {
+      slot_row[r] = -1;
+      if (!sent_row[r]) continue;
+      slot_row[r] = dest_rows[static_cast<size_t>(r)]++;
+      dest_tokens[static_cast<size_t>(r * max_tokens + slot_row[r])] = static_cast<int32_t>(t);
+    }
   }
 }
 

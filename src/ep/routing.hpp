@@ -21,6 +21,7 @@ struct Routing {
   std::vector<float> topk_weights;    // [T, K]
   std::vector<int32_t> expert_slot;   // [T, K] index of the token among this rank's tokens for that expert
   std::vector<uint8_t> sent_to;       // [T, R] 1 if the token goes to rank r
+  std::vector<int32_t> dest_slot;     // [T, R] index of the token among those going to rank r (-1: not sent)
   std::vector<int32_t> dest_rows;     // [R] tokens going to rank r
   std::vector<int32_t> dest_tokens;   // [R, T] which tokens, in token order
   std::vector<int32_t> dest_expert_rows;  // [R, E_local] rows for each (rank, local expert)
@@ -32,6 +33,7 @@ struct Routing {
   void build(const DispatchArgs& args, const BufferConfig& cfg);
 
   bool sent(int64_t t, int r) const { return sent_to[static_cast<size_t>(t * ranks + r)] != 0; }
+  int32_t slot_at(int64_t t, int r) const { return dest_slot[static_cast<size_t>(t * ranks + r)]; }
   int32_t dest_token(int r, int64_t i) const { return dest_tokens[static_cast<size_t>(r * max_tokens + i)]; }
 };
 

@@ -1,25 +1,29 @@
 // The ubep algorithm: decomposed, barrier-free dispatch and combine.
 //
-// Roles (run concurrently by the rank's WorkerTeam; member 0 is the caller):
-//  * token senders: every member writes a slice of each destination's token records;
-//  * count sender: member 0 writes one count record to every destination, before its tokens
-//    (counts travel with the data, never in a round of their own);
-//  * prefix sum: member 0 waits for the count records, computes the output offsets and raises
-//    the point-to-point signal `prefix_ready` (the one real dependency; no barrier);
-//  * reorderers: every member consumes records of its slice as they arrive (streaming).
-//
-// Completion is data-as-flag: each record ends with the call's epoch tag (protocol.hpp), or, in
-// the stop-and-wait ablation, a separate flag written after a full fence.
+// Roles, run concurrently by the rank's WorkerTeam (member 0 is the caller):
+//  * count sender (member 0): one count record to every destination first -- counts travel with
+//    the data, never in a round of their own;
+//  * offset role (member 0): for each destination, waits for the count records of the lower
+//    ranks there and computes where this rank's rows go, then raises a point-to-point signal
+//    (offsets_ready) for that destination -- the one real dependency, no barrier;
+//  * token senders (all members): write their slice of each destination's rows straight into
+//    the final place of the receiver's output (one copy) and complete each with its epoch tag;
+//  * receiver (member 0 of the receiving rank): waits for the count records, computes the
+//    per-expert counts (prefix sum), then waits for every expected row's tag. Nothing is copied
+//    on the receive side: the reorder of the staged design is done by the senders' placement.
+// Combine: the expert side marks each row of its combine input complete (tag per row; zero-copy
+// when the experts wrote into combine_buffer()); each owner reads the rows of its tokens in place
+// from the expert ranks and reduces them in the fixed order (ascending rank or ascending k).
 //
 // Why no buffer is ever cleaned and a fast rank can never overwrite what a slow rank reads:
-// call n writes the staging half n%2 of its receivers. A sender S starts call n only after it
-// has finished call n-1, whose receive side waited for the count record of call n-1 from every
-// rank R. R writes that record at the start of its call n-1, i.e. after R finished call n-2 --
-// the last call that read half n%2 on R. So when S writes R's half n%2 in call n, R is done
-// reading it. Combine for dispatch n uses combine half n%2 and the same chain (R sends its
-// dispatch n count record only after finishing combine n-2). Tags differ between calls of the
-// same half, so stale records are never mistaken for new ones. This needs each rank to finish
-// its calls in order, which the Buffer enforces (one outstanding split-phase call).
+// call n uses half n%2 of every window. A rank S writes into R's half n%2 during call n only
+// after finishing call n-1, whose dispatch waited for R's count record of call n-1; R writes that
+// record at the start of its call n-1, after R finished every use of call n-2 -- the last call
+// that used half n%2 (R's dispatch outputs and its combine, which S reads in place, included).
+// So when S writes R's half n%2, R is done with it; and R's dispatch outputs of call n stay
+// intact until R itself starts call n+1. Tags differ between calls of the same half, so stale
+// data is never mistaken for new. This needs each rank to finish its calls in order, which the
+// Buffer enforces (one outstanding split-phase call, combine only for the last dispatch).
 #include <atomic>
 
 #include "core/stage_timer.hpp"
@@ -35,18 +39,19 @@ inline void slice(int64_t n, int m, int members, int64_t* begin, int64_t* end) {
   *end = n * (m + 1) / members;
 }
 
-// Marks a filled message complete, in the buffer's sync mode.
-inline void complete(const Buffer::Impl& b, Tag* fused_tag, Tag* separate_flag) {
-  if (b.cfg.sync == SyncMode::kFused) {
-    publish(fused_tag, b.tag());
-  } else {
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // the fence of stop-and-wait
-    publish(separate_flag, b.tag());
-  }
+// Marks a written message complete, in the buffer's sync mode: token-flag fusion (a release
+// store of the tag, the default) or stop-and-wait (a full fence, then the flag).
+inline void complete(const Buffer::Impl& b, Tag* tag) {
+  if (b.cfg.sync == SyncMode::kStopAndWait) std::atomic_thread_fence(std::memory_order_seq_cst);
+  publish(tag, b.tag());
 }
 
-inline bool is_complete(const Buffer::Impl& b, const Tag* fused_tag, const Tag* separate_flag) {
-  return arrived(b.cfg.sync == SyncMode::kFused ? fused_tag : separate_flag, b.tag());
+void wait_count(const Buffer::Impl& b, void* base, int src, int at_rank) {
+  CountRecord rec = b.win.count(base, b.half(), src);
+  const Tag* tag = b.cfg.sync == SyncMode::kFused ? rec.tag() : b.win.count_flag(base, b.half(), src);
+  wait_until([&] { return arrived(tag, b.tag()); }, b.wait, [&] {
+    return detail::concat("count record of rank ", src, " at rank ", at_rank, " (epoch tag ", b.tag(), ")");
+  });
 }
 
 }  // namespace
@@ -54,102 +59,74 @@ inline bool is_complete(const Buffer::Impl& b, const Tag* fused_tag, const Tag* 
 void ubep_dispatch_send(Buffer::Impl& b, const DispatchArgs& a) {
   StageTimer timer(b.stats);
   const int members = b.team->size();
+  const uint64_t signal = b.seq + 1;
+  // offsets_ready[d] (local, one writer: member 0) tells the other senders that
+  // row_offset_at/expert_offset_at for d are computed (release/acquire).
+  static_assert(sizeof(std::atomic<uint64_t>) == 8);
+  std::vector<std::atomic<uint64_t>>& ready = b.offsets_ready;
   b.team->run([&](int m) {
-    // Destinations in rotated order, starting after ourselves, so senders spread over receivers.
     if (m == 0) {
       for (int k = 1; k <= b.ranks; ++k) {
         const int d = (b.rank + k) % b.ranks;
         CountRecord rec = b.fill_count(d);
-        complete(b, rec.tag(), b.staging.count_flag(b.peer(d), b.half(), b.rank));
+        if (b.cfg.sync == SyncMode::kFused) {
+          publish(rec.tag(), b.tag());
+        } else {
+          std::atomic_thread_fence(std::memory_order_seq_cst);
+          publish(b.win.count_flag(b.peer(d), b.half(), b.rank), b.tag());
+        }
       }
     }
+    // Destinations in rotated order, starting after ourselves, so senders spread over receivers.
     for (int k = 1; k <= b.ranks; ++k) {
       const int d = (b.rank + k) % b.ranks;
+      if (m == 0) {
+        for (int s = 0; s < b.rank; ++s) wait_count(b, b.peer(d), s, d);
+        b.compute_offsets(d);
+        ready[static_cast<size_t>(d)].store(signal, std::memory_order_release);
+      } else {
+        wait_until([&] { return ready[static_cast<size_t>(d)].load(std::memory_order_acquire) == signal; }, b.wait,
+                   [&] { return detail::concat("offsets for rank ", d); });
+      }
       int64_t i0, i1;
       slice(b.routing.dest_rows[static_cast<size_t>(d)], m, members, &i0, &i1);
-      for (int64_t i = i0; i < i1; ++i) {
-        TokenRecord rec = b.fill_token(a, d, i);
-        complete(b, rec.tag(), b.staging.token_flag(b.peer(d), b.half(), b.rank, i));
-      }
+      for (int64_t i = i0; i < i1; ++i) b.send_rows(a, d, i, [&](Tag* tag) { complete(b, tag); });
     }
   });
   timer.lap("send");
 }
 
 void ubep_dispatch_recv(Buffer::Impl& b) {
-  const uint64_t signal = b.seq + 1;
-  const int members = b.team->size();
   const double send_us = b.stats.stage_us.empty() ? 0.0 : b.stats.stage_us.back().second;
   StageTimer timer(b.stats);
-  b.team->run([&](int m) {
-    if (m == 0) {
-      for (int s = 0; s < b.ranks; ++s) {
-        CountRecord rec = b.staging.count(b.local(), b.half(), s);
-        const Tag* flag = b.staging.count_flag(b.local(), b.half(), s);
-        wait_until([&] { return is_complete(b, rec.tag(), flag); }, b.wait,
-                   [&] { return detail::concat("count record of rank ", s, " (epoch tag ", b.tag(), ")"); });
-      }
-      b.prefix_sum();
-      b.prefix_ready.store(signal, std::memory_order_release);
-    } else {
-      wait_until([&] { return b.prefix_ready.load(std::memory_order_acquire) == signal; }, b.wait,
-                 [] { return std::string("the prefix-sum role"); });
-    }
-    // Stream: poll every source, consume whatever has arrived, in slot order per source.
-    int64_t* cursor = &b.cursors[static_cast<size_t>(m) * static_cast<size_t>(b.ranks)];
-    int64_t remaining = 0;
-    for (int s = 0; s < b.ranks; ++s) {
-      int64_t i0, i1;
-      slice(b.src_rows[static_cast<size_t>(s)], m, members, &i0, &i1);
-      cursor[s] = i0;
-      remaining += i1 - i0;
-    }
-    auto progress = [&] {
-      for (int s = 0; s < b.ranks; ++s) {
-        int64_t i0, i1;
-        slice(b.src_rows[static_cast<size_t>(s)], m, members, &i0, &i1);
-        while (cursor[s] < i1) {
-          const int64_t i = cursor[s];
-          TokenRecord rec = b.staging.token(b.local(), b.half(), s, i);
-          if (!is_complete(b, rec.tag(), b.staging.token_flag(b.local(), b.half(), s, i))) break;
-          b.consume_token(s, i);
-          ++cursor[s];
-          --remaining;
-        }
-      }
-      return remaining == 0;
-    };
-    wait_until(progress, b.wait, [&] {
-      for (int s = 0; s < b.ranks; ++s) {
-        int64_t i0, i1;
-        slice(b.src_rows[static_cast<size_t>(s)], m, members, &i0, &i1);
-        if (cursor[s] < i1)
-          return detail::concat("token record ", cursor[s], " of ", b.src_rows[static_cast<size_t>(s)],
-                                " from rank ", s);
-      }
-      return std::string("token records");
+  for (int s = 0; s < b.ranks; ++s) wait_count(b, b.local(), s, b.rank);
+  b.receive_counts();
+  timer.lap("counts + prefix sum");
+  b.for_each_expected_row([&](const Tag* tag, int64_t row) {
+    wait_until([&] { return arrived(tag, b.tag()); }, b.wait, [&] {
+      return detail::concat("dispatch row ", row, " (epoch tag ", b.tag(), ")");
     });
   });
   b.stats.stage_us.insert(b.stats.stage_us.begin(), {"send", send_us});
-  timer.lap("receive + reorder");
+  timer.lap("receive");
 }
 
 void ubep_combine_send(Buffer::Impl& b, const CombineArgs& a) {
   StageTimer timer(b.stats);
   const int members = b.team->size();
-  const int64_t rows = b.combine_row_count();
+  const int64_t rows = b.output_rows();
+  char* comb = b.at<char>(b.rank, b.win.comb_x);
+  Tag* tags = b.at<Tag>(b.rank, b.win.comb_tag);
+  const bool zero_copy = a.x.data == comb;
   b.team->run([&](int m) {
     int64_t r0, r1;
     slice(rows, m, members, &r0, &r1);
     for (int64_t row = r0; row < r1; ++row) {
-      int owner;
-      int64_t slot;
-      const char* data;
-      b.combine_target(row, &owner, &slot, &data, a);
-      if (owner < 0) continue;
-      CombineRecord rec = b.staging.combine(b.peer(owner), b.half(), slot);
-      std::memcpy(rec.row(), data, b.row_bytes());
-      complete(b, rec.tag(), b.staging.combine_flag(b.peer(owner), b.half(), slot));
+      if (!b.row_valid(row)) continue;
+      if (!zero_copy)
+        std::memcpy(comb + static_cast<size_t>(row) * b.row_bytes(),
+                    static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes(), b.row_bytes());
+      complete(b, tags + row);
     }
   });
   timer.lap("send");
@@ -159,17 +136,29 @@ void ubep_combine_recv(Buffer::Impl& b) {
   const int members = b.team->size();
   const double send_us = b.stats.stage_us.empty() ? 0.0 : b.stats.stage_us.back().second;
   StageTimer timer(b.stats);
+  const int El = b.local_experts;
   b.team->run([&](int m) {
     float* acc = &b.acc[static_cast<size_t>(m) * static_cast<size_t>(b.cfg.hidden)];
     int64_t t0, t1;
     slice(b.routing.num_tokens, m, members, &t0, &t1);
     for (int64_t t = t0; t < t1; ++t) {
-      b.reduce_token(t, acc, [&](int64_t slot, int from) {
-        CombineRecord rec = b.staging.combine(b.local(), b.half(), slot);
-        const Tag* flag = b.staging.combine_flag(b.local(), b.half(), slot);
-        wait_until([&] { return is_complete(b, rec.tag(), flag); }, b.wait, [&] {
-          return detail::concat("combine row of token ", t, " from rank ", from, " (epoch tag ", b.tag(), ")");
+      b.reduce_token(t, acc, [&](int64_t tok, int j) -> const char* {
+        int r;
+        int64_t pos;
+        if (b.layout == Layout::kThroughput) {
+          r = j;
+          pos = b.row_offset_at[static_cast<size_t>(r)] + b.routing.slot_at(tok, r);
+        } else {
+          const size_t tk = static_cast<size_t>(tok * b.routing.topk + j);
+          const int e = b.routing.topk_idx[tk];
+          r = e / El;
+          pos = (e % El) * b.RT() + b.expert_offset_at[static_cast<size_t>(r * El + e % El)] + b.routing.expert_slot[tk];
+        }
+        const Tag* tag = b.at<Tag>(r, b.win.comb_tag) + pos;
+        wait_until([&] { return arrived(tag, b.tag()); }, b.wait, [&] {
+          return detail::concat("combine row of token ", tok, " at rank ", r, " (epoch tag ", b.tag(), ")");
         });
+        return b.at<char>(r, b.win.comb_x) + static_cast<size_t>(pos) * b.row_bytes();
       });
     }
   });

@@ -1,0 +1,17 @@
+// The per-row arithmetic of combine, shared by every implementation so their results agree bit
+// for bit: acc[h] += w * row[h] (or acc[h] += row[h]) in fp32, then one rounding to the dtype.
+// Built for several instruction sets (target_clones); contraction into FMA is disabled
+// project-wide, so every variant rounds exactly like the scalar reference.
+#pragma once
+
+#include <cstdint>
+
+#include "ubep/types.hpp"
+
+namespace ubep::kernels {
+
+void accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden);
+void accumulate_row_weighted(float* acc, const void* row, DType dtype, int64_t hidden, float weight);
+void store_row(void* dst, const float* acc, DType dtype, int64_t hidden);
+
+}  // namespace ubep::kernels
