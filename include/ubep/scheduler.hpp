@@ -5,12 +5,17 @@
 // or per destination expert), a worker count and a policy, and returns a Plan: for each worker
 // an ordered list of items (destination, expert, slice of rows) with their predicted cost.
 //
-// Cost of an item (docs/SCHEDULING.md, "cost model"): every worker of the source rank holds an
-// equal 1/W share of each of the rank's links, so an item of b bytes at level l costs
-//     latency(l) + b / (bandwidth(l) / W)
-// and a worker's cost is the sum of its items' costs (a worker finishes one item before it
-// starts the next). simulate_sharing() evaluates the same plan with a work-conserving link
-// instead (idle workers' share goes to the busy ones).
+// Cost model (docs/SCHEDULING.md, "cost model"). Every worker of the source rank holds an
+// equal 1/W share of each of the rank's links (one link per topology level). A worker issues
+// its items back to back: item i's bytes take issue_i = bytes_i / (bandwidth(level_i) / W),
+// and the item is complete latency(level_i) after its last byte left, at
+//     finish_i = issue_1 + ... + issue_i + latency(level_i).
+// Stores are posted (UB and NVLink load/store, RDMA writes), so a worker does not wait for one
+// item to land before it issues the next: latencies overlap with later issues. The worker is
+// done when its last item lands, at max_i finish_i. A single item costs latency + bytes /
+// bandwidth, as the topology's cost model says. Ordering a worker's items far first (largest
+// latency first) minimises max_i finish_i (Jackson's rule), which is why the UBEP policies do.
+// simulate_sharing() evaluates a plan with a work-conserving link instead of fixed shares.
 #pragma once
 
 #include <cstdint>
@@ -26,13 +31,18 @@ enum class Policy : uint8_t {
   // CANN-EP-like: units (destinations or experts, in id order) are cut into W contiguous runs of
   // equal unit count; worker w sends run w whole. Blind to both hops and row counts.
   kNaive,
-  // UBEP's (worker x expert) remap: unit u goes to worker u mod W, so every worker gets an even
-  // mix of near and far destinations; when workers outnumber units, each unit is cut into
-  // W / U equal row slices on consecutive workers. Far destinations first within a worker.
+  // UBEP's (worker x expert) remap: instead of giving each worker a run of experts (naive),
+  // cut the token sequence into W equal slices and give slice w of every destination to worker
+  // w, so every worker gets an even mix of near and far destinations and an equal share of
+  // rows, hot experts included. The scheduler sees row counts, not token ids: a unit's n rows
+  // are taken as spread evenly over the sequence (slice s holds rows [n*s/W, n*(s+1)/W)), and
+  // slice s of unit u goes to worker (s + u) mod W, so that the few rows of small units do not
+  // all land on the same workers. Blind to costs. Far destinations first within a worker.
   kColumnMajor,
   // Cost-aware: units are cut into slices so that no slice dominates, then placed longest
-  // first on the least-loaded worker (LPT); the best of several slice granularities (including
-  // none) is kept. Far destinations first within a worker. Bound: see scheduler.cpp.
+  // first on the least-loaded worker (LPT on issue time); the best of several slice
+  // granularities (including none), and of the two static policies, is kept. Far destinations
+  // first within a worker. Bound: see scheduler.cpp.
   kBalanced,
 };
 
@@ -60,8 +70,10 @@ struct PlanItem {
   int32_t level = 0;    // topology level between source and destination
   int64_t row_begin = 0;
   int64_t row_end = 0;
-  double bytes = 0;     // (row_end - row_begin) * row_bytes
-  double cost_ns = 0;   // latency(level) + bytes / (bandwidth(level) / workers)
+  double bytes = 0;      // (row_end - row_begin) * row_bytes
+  double issue_ns = 0;   // bytes / (bandwidth(level) / workers): the worker's time to issue it
+  double latency_ns = 0; // latency(level): flight time after the last byte left
+  double finish_ns = 0;  // when it lands: issue times of the worker's items so far + latency
   int64_t rows() const { return row_end - row_begin; }
 };
 
@@ -73,11 +85,11 @@ struct Plan {
   // items[worker_begin[w] .. worker_begin[w+1]).
   std::vector<PlanItem> items;
   std::vector<int32_t> worker_begin;    // workers + 1 entries
-  std::vector<double> worker_cost_ns;   // sum of the worker's item costs
-  double total_ns = 0;                  // sum over all items
+  std::vector<double> worker_cost_ns;   // when the worker's last item lands (max finish_ns)
   double slowest_ns = 0;                // max over workers
-  double mean_ns = 0;                   // total_ns / workers (idle workers count)
+  double mean_ns = 0;                   // mean over workers (idle workers count as 0)
   double imbalance = 1;                 // slowest / mean (1 when there is no work)
+  double total_issue_ns = 0;            // sum of issue_ns over items
 
   std::span<const PlanItem> worker_items(int worker) const;
   int64_t total_rows() const;
@@ -105,7 +117,8 @@ class Scheduler {
   void plan(const SendWork& work, Plan& out);
   Plan plan(const SendWork& work);
 
-  // Predicted cost of sending `rows` rows of `row_bytes` from src to dest as one item.
+  // Predicted cost of sending `rows` rows of `row_bytes` from src to dest as a worker's only
+  // item: latency + bytes / (bandwidth / workers).
   double item_cost_ns(int src, int dest, int64_t rows, int64_t row_bytes) const;
 
  private:
@@ -121,37 +134,41 @@ class Scheduler {
     int32_t worker;
     int64_t row_begin;
     int64_t row_end;
-    double cost_ns;
+    double issue_ns;
   };
 
   void collect_units(const SendWork& work);
-  double slice_cost(const Unit& unit, int64_t rows) const;
+  double issue_ns(const Unit& unit, int64_t rows) const;
   void plan_naive();
   void plan_column_major();
   void plan_balanced();
-  // LPT over pieces_ sliced so that no slice costs more than max_slice_ns; returns the makespan
-  // and leaves the assignment in pieces_.
+  // LPT over the units cut into slices of at most max_slice_ns issue time; leaves the
+  // assignment in pieces_ and returns its makespan.
   double lpt(double max_slice_ns);
+  double makespan();  // slowest worker of the assignment in pieces_, items far first
   void emit(Plan& out, bool far_first);
 
   Topology topology_;
   SchedulerOptions options_;
   int src_rank_ = 0;
   int64_t row_bytes_ = 0;
+  int units_per_rank_ = 0;           // SendWork::experts_per_rank of the current call
   std::vector<Unit> units_;          // non-empty units of the current call
   std::vector<Piece> pieces_;        // current assignment
   std::vector<Piece> best_pieces_;   // best assignment found by plan_balanced
-  std::vector<double> load_;         // per-worker load during LPT
+  std::vector<double> load_;         // per-worker issue time during LPT
+  std::vector<double> level_load_;   // [worker][level] issue time, for makespan()
   std::vector<int32_t> order_;       // sort scratch
 };
 
 // ---- Link sharing: evaluating a plan with a work-conserving link -----------------------------
 
-// Finish time of every worker when all of them start together and run their items in order:
-// an item first waits its level's latency, then moves its bytes through the source rank's link
-// of that level, shared max-min fairly by the workers using it at that moment (each at most
-// worker_cap_gbps; 0 = uncapped). Unlike the plan's additive cost, a worker's share grows when
-// others are idle, so out[w] <= plan.worker_cost_ns[w]. out.size() must equal plan.workers.
+// Finish time of every worker when all of them start together and issue their items in order:
+// an item's bytes go through the source rank's link of its level, shared max-min fairly by the
+// workers issuing on it at that moment (each at most worker_cap_gbps; 0 = uncapped), and it
+// lands its level's latency later. Unlike the plan's fixed 1/W shares, a worker's share grows
+// when others are idle, so with no cap out[w] <= plan.worker_cost_ns[w]; with a cap of
+// bandwidth / W on a one-level topology the two agree. out.size() must equal plan.workers.
 void simulate_sharing(const Plan& plan, const Topology& topology, double worker_cap_gbps,
                       std::span<double> out);
 

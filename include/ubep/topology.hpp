@@ -127,17 +127,18 @@ Topology discover(const Group& group, const DiscoverOptions& options = {});
 
 // ---- Link sharing -----------------------------------------------------------------------------
 
-// One transfer from a sender: first `latency_ns` during which it uses no bandwidth (the
-// request travelling, the remote write landing), then `bytes` through the sender's link.
+// One transfer from a sender: `bytes` go out through the sender's link, and the transfer is
+// complete `latency_ns` after the last byte left (the flight to the destination). Alone on a
+// link of bandwidth B it takes bytes / B + latency_ns, the cost model above.
 struct Flow {
   double latency_ns = 0;
   double bytes = 0;
 };
 
-// Finish times of flows that start together on one link of `link_gbps`. While k flows are in
-// their byte phase each gets min(flow_cap_gbps, link_gbps / k) (max-min fair share; a cap of 0
-// means uncapped), so the link is work-conserving: when one flow ends the others speed up.
-// Writes out[i] for flows[i]; out.size() must equal flows.size().
+// Completion times of flows that start together on one link of `link_gbps`. While k flows are
+// issuing bytes each gets min(flow_cap_gbps, link_gbps / k) (max-min fair share; a cap of 0
+// means uncapped), so the link is work-conserving: when one flow's bytes are out the others
+// speed up. Writes out[i] for flows[i]; out.size() must equal flows.size().
 void concurrent_finish_ns(std::span<const Flow> flows, double link_gbps, double flow_cap_gbps,
                           std::span<double> out);
 

@@ -1,0 +1,349 @@
+// Hop-aware scheduler. The cost model and the policies are described in ubep/scheduler.hpp and
+// docs/SCHEDULING.md; this file holds the algorithms and the proof of the balanced bound.
+//
+// ---- Bound of the balanced policy -------------------------------------------------------------
+// Notation: the non-empty units, unsplit, have issue times b_1..b_n (bytes / (bandwidth / W)),
+// B = sum b_i, b_max = max b_i; lat_min and lat_max are the smallest and largest latency among
+// their levels. A worker that issues items i = 1..m finishes at max_i (S_i + lat_i), with S_i
+// the issue time of items 1..i (see ubep/scheduler.hpp).
+//  (a) Lower bound, any policy: cutting a unit into slices keeps its bytes, so the workers'
+//      issue times always sum to B. Some worker issues at least B / W, and its last item lands
+//      at least lat_min after that:                    slowest >= B / W + lat_min.
+//  (b) Upper bound: one candidate plan_balanced() evaluates is LPT on the unsplit units by
+//      issue time (largest first, each onto the worker with the least issue time so far). Let
+//      item j be the last one placed on the worker that ends up with the most issue time. When
+//      j was placed that worker had the least load, at most (B - b_j) / W, so its issue time is
+//      at most (B - b_j) / W + b_j <= B / W + (1 - 1/W) b_max (Graham 1966; LPT is also within
+//      4/3 - 1/(3W) of the best unsplit packing, Graham 1969). Every worker finishes at most
+//      lat_max after its issue time. plan_balanced() keeps the candidate with the smallest
+//      slowest worker, so
+//          B / W + lat_min  <=  balanced.slowest  <=  B / W + (1 - 1/W) b_max + lat_max.
+//      With c_i = lat_i + b_i the cost of unit i alone and T = sum c_i, this gives the bound in
+//      the issue (issue 4): balanced.slowest <= max(T / W, c_max) + c_max, since T >= B and
+//      c_max >= b_max and c_max >= lat_max.
+//      Since the naive and column-major assignments are candidates too, balanced is never
+//      slower than either. tests/sched/test_scheduler.cpp checks all of this on random inputs.
+#include "ubep/scheduler.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "fluid.hpp"
+#include "ubep/error.hpp"
+
+namespace ubep::sched {
+
+const char* policy_name(Policy policy) {
+  switch (policy) {
+    case Policy::kNaive: return "naive";
+    case Policy::kColumnMajor: return "column_major";
+    case Policy::kBalanced: return "balanced";
+  }
+  return "?";
+}
+
+Policy parse_policy(const std::string& name) {
+  if (name == "naive") return Policy::kNaive;
+  if (name == "column_major" || name == "column-major") return Policy::kColumnMajor;
+  if (name == "balanced") return Policy::kBalanced;
+  UBEP_CHECK_ARG(false, "unknown scheduling policy '", name,
+                 "': expected naive, column_major or balanced");
+  return Policy::kNaive;  // unreachable
+}
+
+std::span<const PlanItem> Plan::worker_items(int worker) const {
+  UBEP_CHECK_ARG(worker >= 0 && worker < workers, "plan worker ", worker, " out of range [0, ",
+                 workers, ")");
+  const auto b = static_cast<size_t>(worker_begin[static_cast<size_t>(worker)]);
+  const auto e = static_cast<size_t>(worker_begin[static_cast<size_t>(worker) + 1]);
+  return std::span<const PlanItem>(items).subspan(b, e - b);
+}
+
+int64_t Plan::total_rows() const {
+  int64_t n = 0;
+  for (const PlanItem& it : items) n += it.rows();
+  return n;
+}
+
+std::string Plan::describe() const {
+  std::ostringstream os;
+  os << policy_name(policy) << " plan of rank " << src_rank << ": " << workers << " workers, "
+     << items.size() << " items, slowest " << slowest_ns << " ns, mean " << mean_ns
+     << " ns, imbalance " << imbalance << "\n";
+  for (int w = 0; w < workers; ++w) {
+    os << "  worker " << w << " (lands at " << worker_cost_ns[static_cast<size_t>(w)] << " ns):";
+    for (const PlanItem& it : worker_items(w)) {
+      os << " r" << it.dest_rank;
+      if (it.expert >= 0) os << "/e" << it.expert;
+      os << "[" << it.row_begin << "," << it.row_end << ")L" << it.level;
+    }
+    os << "\n";
+  }
+  return os.str();
+}
+
+Scheduler::Scheduler(Topology topology, SchedulerOptions options)
+    : topology_(std::move(topology)), options_(options) {
+  UBEP_CHECK_ARG(options_.workers >= 1, "scheduler: workers must be >= 1, got ", options_.workers);
+  load_.resize(static_cast<size_t>(options_.workers));
+  level_load_.resize(static_cast<size_t>(options_.workers) *
+                     static_cast<size_t>(topology_.num_levels()));
+}
+
+double Scheduler::item_cost_ns(int src, int dest, int64_t rows, int64_t row_bytes) const {
+  UBEP_CHECK_ARG(rows >= 0, "item of ", rows, " rows: must be >= 0");
+  UBEP_CHECK_ARG(row_bytes > 0, "row_bytes must be > 0, got ", row_bytes);
+  const Level& lv = topology_.level(topology_.level_between(src, dest));
+  // Each of the W workers holds 1/W of the link: GB/s = bytes per ns.
+  return lv.latency_ns + static_cast<double>(rows) * static_cast<double>(row_bytes) *
+                             options_.workers / lv.bandwidth_gbps;
+}
+
+double Scheduler::issue_ns(const Unit& unit, int64_t rows) const {
+  const Level& lv = topology_.levels()[static_cast<size_t>(unit.level)];
+  return static_cast<double>(rows) * static_cast<double>(row_bytes_) * options_.workers /
+         lv.bandwidth_gbps;
+}
+
+void Scheduler::collect_units(const SendWork& work) {
+  const int ranks = topology_.ranks();
+  UBEP_CHECK_ARG(work.src_rank >= 0 && work.src_rank < ranks, "scheduler: source rank ",
+                 work.src_rank, " out of range [0, ", ranks, ")");
+  UBEP_CHECK_ARG(work.experts_per_rank >= 0, "scheduler: experts_per_rank must be >= 0, got ",
+                 work.experts_per_rank);
+  UBEP_CHECK_ARG(work.row_bytes > 0, "scheduler: row_bytes must be > 0, got ", work.row_bytes);
+  const int per_rank = std::max(work.experts_per_rank, 1);
+  const size_t expect = static_cast<size_t>(ranks) * static_cast<size_t>(per_rank);
+  UBEP_CHECK_ARG(work.rows.size() == expect, "scheduler: rows has ", work.rows.size(),
+                 " entries, expected ", expect, " (", ranks, " ranks x ", per_rank,
+                 work.experts_per_rank ? " experts)" : " unit per rank)");
+  src_rank_ = work.src_rank;
+  row_bytes_ = work.row_bytes;
+  units_per_rank_ = work.experts_per_rank;
+  units_.clear();
+  for (size_t u = 0; u < expect; ++u) {
+    const int64_t n = work.rows[u];
+    UBEP_CHECK_ARG(n >= 0, "scheduler: ", work.experts_per_rank ? "expert " : "destination rank ",
+                   u, " has a negative row count ", n);
+    if (n == 0) continue;
+    Unit unit;
+    unit.dest_rank = static_cast<int32_t>(u / static_cast<size_t>(per_rank));
+    unit.expert = work.experts_per_rank ? static_cast<int32_t>(u) : -1;
+    unit.level = static_cast<int32_t>(topology_.level_between(src_rank_, unit.dest_rank));
+    unit.index = static_cast<int32_t>(u);
+    unit.rows = n;
+    units_.push_back(unit);
+  }
+}
+
+// CANN-EP-like: the unit id space [0, U) (every destination or expert, empty or not, as a
+// static kernel sees it) is cut into W contiguous runs; each unit goes whole to its run's
+// worker. A worker thus serves a few neighbouring ranks: all near or all far, and all of a hot
+// expert's rows.
+void Scheduler::plan_naive() {
+  const int64_t W = options_.workers;
+  const int64_t U = static_cast<int64_t>(topology_.ranks()) * std::max(units_per_rank_, 1);
+  pieces_.clear();
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const Unit& u = units_[i];
+    pieces_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(u.index * W / U), 0, u.rows,
+                       issue_ns(u, u.rows)});
+  }
+}
+
+// UBEP's (worker x expert) remap, column-major: worker w takes slice w of the token sequence
+// for every destination, instead of every token for a run of destinations. The scheduler sees
+// counts, not token ids, so a unit's n rows stand for rows spread evenly over the sequence:
+// slice s holds rows [n*s/W, n*(s+1)/W). The rotation by the unit id (slice s of unit u ->
+// worker (s + u) mod W) stands in for where a small unit's few rows really fall; without it
+// every 1-row unit would land on the same worker.
+void Scheduler::plan_column_major() {
+  const int64_t W = options_.workers;
+  pieces_.clear();
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const Unit& u = units_[i];
+    for (int64_t s = 0; s < W; ++s) {
+      const int64_t b = u.rows * s / W, e = u.rows * (s + 1) / W;
+      if (b == e) continue;
+      pieces_.push_back({static_cast<int32_t>(i), static_cast<int32_t>((s + u.index) % W), b, e,
+                         issue_ns(u, e - b)});
+    }
+  }
+}
+
+double Scheduler::lpt(double max_slice_ns) {
+  pieces_.clear();
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const Unit& u = units_[i];
+    const double whole = issue_ns(u, u.rows);
+    int64_t k = 1;
+    if (whole > max_slice_ns)
+      k = std::min<int64_t>(u.rows, static_cast<int64_t>(std::ceil(whole / max_slice_ns)));
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t b = u.rows * j / k, e = u.rows * (j + 1) / k;
+      pieces_.push_back({static_cast<int32_t>(i), -1, b, e, issue_ns(u, e - b)});
+    }
+  }
+  // Largest first; among equals, farther first (a far item placed early tends to be issued
+  // early, where its latency hides), then by position so that plans are deterministic.
+  std::sort(pieces_.begin(), pieces_.end(), [&](const Piece& a, const Piece& b) {
+    if (a.issue_ns != b.issue_ns) return a.issue_ns > b.issue_ns;
+    const int32_t la = units_[static_cast<size_t>(a.unit)].level;
+    const int32_t lb = units_[static_cast<size_t>(b.unit)].level;
+    if (la != lb) return la > lb;
+    if (a.unit != b.unit) return a.unit < b.unit;
+    return a.row_begin < b.row_begin;
+  });
+  std::fill(load_.begin(), load_.end(), 0.0);
+  // W <= a few hundred and pieces <= a few thousand: a linear scan for the least-loaded worker
+  // is cheaper than maintaining a heap at this size.
+  for (Piece& p : pieces_) {
+    size_t best = 0;
+    for (size_t w = 1; w < load_.size(); ++w)
+      if (load_[w] < load_[best]) best = w;
+    p.worker = static_cast<int32_t>(best);
+    load_[best] += p.issue_ns;
+  }
+  return makespan();
+}
+
+double Scheduler::makespan() {
+  // Far first: a worker issues its level-(L-1) items, then level L-2, ... The items of one
+  // level share a latency, so the worker lands its last item at
+  //   max over levels l it uses of (issue time of its items at levels >= l) + latency(l).
+  const size_t L = static_cast<size_t>(topology_.num_levels());
+  std::fill(level_load_.begin(), level_load_.end(), 0.0);
+  for (const Piece& p : pieces_)
+    level_load_[static_cast<size_t>(p.worker) * L +
+                static_cast<size_t>(units_[static_cast<size_t>(p.unit)].level)] += p.issue_ns;
+  double span = 0;
+  for (size_t w = 0; w < static_cast<size_t>(options_.workers); ++w) {
+    double issued = 0;
+    for (size_t l = L; l-- > 0;) {
+      const double x = level_load_[w * L + l];
+      if (x <= 0) continue;
+      issued += x;
+      span = std::max(span, issued + topology_.levels()[l].latency_ns);
+    }
+  }
+  return span;
+}
+
+void Scheduler::plan_balanced() {
+  double total = 0;
+  for (const Unit& u : units_) total += issue_ns(u, u.rows);
+  const double mean = total / options_.workers;
+  // Candidates, coarse to fine: unsplit LPT (carries the bound), then slices of at most the
+  // mean issue time, a half and a quarter of it (finer slices pack better; they cost nothing
+  // in this model since latencies overlap, but make more items for the transport). Then the two
+  // static assignments, so balanced is never worse than either. Only a strictly better
+  // candidate replaces the incumbent, which favours fewer, larger items.
+  const double targets[] = {std::numeric_limits<double>::infinity(), mean, mean / 2, mean / 4};
+  double best = std::numeric_limits<double>::infinity();
+  auto keep_if_better = [&](double span) {
+    if (span < best) {
+      best = span;
+      best_pieces_.assign(pieces_.begin(), pieces_.end());
+    }
+  };
+  for (double t : targets) keep_if_better(lpt(t));
+  plan_column_major();
+  keep_if_better(makespan());
+  plan_naive();
+  keep_if_better(makespan());
+  pieces_.swap(best_pieces_);
+}
+
+void Scheduler::emit(Plan& out, bool far_first) {
+  const int W = options_.workers;
+  // Group by worker; within a worker, far levels first when asked (Jackson's rule: issuing the
+  // longest latencies first minimises when the last item lands), then in unit and row order.
+  std::sort(pieces_.begin(), pieces_.end(), [&](const Piece& a, const Piece& b) {
+    if (a.worker != b.worker) return a.worker < b.worker;
+    if (far_first) {
+      const int32_t la = units_[static_cast<size_t>(a.unit)].level;
+      const int32_t lb = units_[static_cast<size_t>(b.unit)].level;
+      if (la != lb) return la > lb;
+    }
+    if (a.unit != b.unit) return a.unit < b.unit;
+    return a.row_begin < b.row_begin;
+  });
+  out.policy = options_.policy;
+  out.src_rank = src_rank_;
+  out.workers = W;
+  out.items.clear();
+  out.worker_begin.assign(static_cast<size_t>(W) + 1, 0);
+  out.worker_cost_ns.assign(static_cast<size_t>(W), 0.0);
+  out.total_issue_ns = 0;
+  std::vector<double>& issued = load_;  // per-worker issue time so far
+  std::fill(issued.begin(), issued.end(), 0.0);
+  for (const Piece& p : pieces_) {
+    const Unit& u = units_[static_cast<size_t>(p.unit)];
+    const auto w = static_cast<size_t>(p.worker);
+    PlanItem it;
+    it.dest_rank = u.dest_rank;
+    it.expert = u.expert;
+    it.level = u.level;
+    it.row_begin = p.row_begin;
+    it.row_end = p.row_end;
+    it.bytes = static_cast<double>(p.row_end - p.row_begin) * static_cast<double>(row_bytes_);
+    it.issue_ns = p.issue_ns;
+    it.latency_ns = topology_.levels()[static_cast<size_t>(u.level)].latency_ns;
+    issued[w] += p.issue_ns;
+    it.finish_ns = issued[w] + it.latency_ns;
+    out.items.push_back(it);
+    ++out.worker_begin[w + 1];
+    out.worker_cost_ns[w] = std::max(out.worker_cost_ns[w], it.finish_ns);
+    out.total_issue_ns += p.issue_ns;
+  }
+  double sum = 0;
+  for (int w = 0; w < W; ++w) {
+    out.worker_begin[static_cast<size_t>(w) + 1] += out.worker_begin[static_cast<size_t>(w)];
+    sum += out.worker_cost_ns[static_cast<size_t>(w)];
+  }
+  out.slowest_ns = *std::max_element(out.worker_cost_ns.begin(), out.worker_cost_ns.end());
+  out.mean_ns = sum / W;
+  out.imbalance = out.mean_ns > 0 ? out.slowest_ns / out.mean_ns : 1.0;
+}
+
+void Scheduler::plan(const SendWork& work, Plan& out) {
+  collect_units(work);
+  switch (options_.policy) {
+    case Policy::kNaive: plan_naive(); break;
+    case Policy::kColumnMajor: plan_column_major(); break;
+    case Policy::kBalanced: plan_balanced(); break;
+  }
+  emit(out, options_.policy != Policy::kNaive);
+}
+
+Plan Scheduler::plan(const SendWork& work) {
+  Plan p;
+  plan(work, p);
+  return p;
+}
+
+void simulate_sharing(const Plan& plan, const Topology& topology, double worker_cap_gbps,
+                      std::span<double> out) {
+  UBEP_CHECK_ARG(out.size() == static_cast<size_t>(plan.workers), "simulate_sharing: out has ",
+                 out.size(), " entries for ", plan.workers, " workers");
+  UBEP_CHECK_ARG(plan.worker_begin.size() == static_cast<size_t>(plan.workers) + 1,
+                 "simulate_sharing: the plan is not filled in (", plan.worker_begin.size(),
+                 " worker offsets for ", plan.workers, " workers)");
+  std::vector<detail::FluidItem> items(plan.items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const PlanItem& it = plan.items[i];
+    UBEP_CHECK_ARG(it.level >= 0 && it.level < topology.num_levels(), "simulate_sharing: item ",
+                   i, " has level ", it.level, " but topology '", topology.name(), "' has ",
+                   topology.num_levels());
+    // The sender has one link per level (its memory, its UB/NVLink port, its NIC...).
+    items[i] = {it.level, topology.level(it.level).latency_ns, it.bytes};
+  }
+  std::vector<double> links(static_cast<size_t>(topology.num_levels()));
+  for (int l = 0; l < topology.num_levels(); ++l)
+    links[static_cast<size_t>(l)] = topology.level(l).bandwidth_gbps;
+  detail::fluid_finish(items, plan.worker_begin, links, worker_cap_gbps, out);
+}
+
+}  // namespace ubep::sched

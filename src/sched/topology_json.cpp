@@ -1,0 +1,199 @@
+// Topology files. Format (docs/SCHEDULING.md has the full description):
+//
+//   {
+//     "name": "two-racks",                 optional; default: the file name
+//     "ranks": 8,                          optional if the caller gives the rank count or a
+//                                          level gives "domain_of"
+//     "levels": [                          closest first; at least 2
+//       {"name": "self", "latency_ns": 100, "bandwidth_gbps": 20},
+//       {"name": "rack", "latency_ns": 900, "bandwidth_gbps": 100, "group_size": 4},
+//       {"name": "net",  "latency_ns": 5000, "bandwidth_gbps": 25}
+//     ]
+//   }
+//
+// The first level is "same rank" and the last joins every rank; each middle level places the
+// ranks with exactly one of "group_size": n (ranks r with equal r / n share a domain) or
+// "domain_of": [id per rank].
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "json.hpp"
+#include "ubep/error.hpp"
+#include "ubep/topology.hpp"
+
+namespace ubep::sched {
+
+namespace {
+
+using detail::JsonValue;
+
+class Reader {
+ public:
+  explicit Reader(const std::string& origin) : origin_(origin) {}
+
+  template <typename... Args>
+  [[noreturn]] void fail(const JsonValue& at, const Args&... args) const {
+    throw InvalidArgument(::ubep::detail::concat(origin_, ":", at.line, ":", at.col, ": ", args...));
+  }
+
+  void need(const JsonValue& v, JsonValue::Kind kind, const std::string& what) const {
+    if (v.kind != kind) {
+      JsonValue want;
+      want.kind = kind;
+      fail(v, what, " must be ", want.kind_name(), ", got ", v.kind_name(),
+           v.kind == JsonValue::Kind::kNumber || v.kind == JsonValue::Kind::kString
+               ? " '" + v.text + "'"
+               : std::string());
+    }
+  }
+  double number(const JsonValue& v, const std::string& what) const {
+    need(v, JsonValue::Kind::kNumber, what);
+    if (!std::isfinite(v.number)) fail(v, what, " is out of range: ", v.text);
+    return v.number;
+  }
+  int integer(const JsonValue& v, const std::string& what, int min) const {
+    const double d = number(v, what);
+    if (d != std::floor(d) || d < min || d > 1e9)
+      fail(v, what, " must be an integer >= ", min, ", got ", v.text);
+    return static_cast<int>(d);
+  }
+  void only_keys(const JsonValue& obj, std::initializer_list<const char*> allowed,
+                 const std::string& what) const {
+    for (const auto& [key, val] : obj.object) {
+      bool ok = false;
+      for (const char* a : allowed) ok = ok || key == a;
+      if (!ok) {
+        std::string list;
+        for (const char* a : allowed) list += std::string(list.empty() ? "" : ", ") + a;
+        fail(val, "unknown key \"", key, "\" in ", what, " (allowed: ", list, ")");
+      }
+    }
+  }
+  static const JsonValue* find(const JsonValue& obj, const char* key) {
+    for (const auto& kv : obj.object)
+      if (kv.first == key) return &kv.second;
+    return nullptr;
+  }
+
+ private:
+  const std::string& origin_;
+};
+
+std::string stem(const std::string& path) {
+  size_t b = path.find_last_of('/');
+  b = b == std::string::npos ? 0 : b + 1;
+  std::string s = path.substr(b);
+  if (const size_t dot = s.rfind('.'); dot != std::string::npos && dot > 0) s.resize(dot);
+  return s.empty() ? "topology" : s;
+}
+
+}  // namespace
+
+Topology from_json_text(const std::string& text, int ranks, const std::string& origin) {
+  UBEP_CHECK_ARG(ranks >= 0, origin, ": ranks must be >= 0 (0 = from the file), got ", ranks);
+  const JsonValue doc = detail::parse_json(text, origin);
+  const Reader rd(origin);
+  rd.need(doc, JsonValue::Kind::kObject, "the top-level value");
+  rd.only_keys(doc, {"name", "ranks", "levels"}, "the topology");
+
+  std::string name = stem(origin);
+  if (const JsonValue* v = Reader::find(doc, "name")) {
+    rd.need(*v, JsonValue::Kind::kString, "\"name\"");
+    if (v->text.empty()) rd.fail(*v, "\"name\" must not be empty");
+    name = v->text;
+  }
+
+  const JsonValue* lv = Reader::find(doc, "levels");
+  if (!lv) rd.fail(doc, "missing key \"levels\"");
+  rd.need(*lv, JsonValue::Kind::kArray, "\"levels\"");
+  if (lv->array.size() < 2)
+    rd.fail(*lv, "\"levels\" needs at least 2 levels (same rank, and one joining all ranks), got ",
+            lv->array.size());
+
+  // Rank count: the file's "ranks", else the length of a domain_of list, else the caller's.
+  int file_ranks = 0;
+  const JsonValue* ranks_at = Reader::find(doc, "ranks");
+  if (ranks_at) file_ranks = rd.integer(*ranks_at, "\"ranks\"", 1);
+  for (const JsonValue& l : lv->array) {
+    if (l.kind != JsonValue::Kind::kObject) continue;  // reported below
+    if (const JsonValue* d = Reader::find(l, "domain_of")) {
+      rd.need(*d, JsonValue::Kind::kArray, "\"domain_of\"");
+      const int n = static_cast<int>(d->array.size());
+      if (file_ranks && n != file_ranks)
+        rd.fail(*d, "\"domain_of\" places ", n, " ranks but the topology has ", file_ranks);
+      file_ranks = n;
+      ranks_at = d;
+    }
+  }
+  if (file_ranks && ranks && file_ranks != ranks)
+    rd.fail(*ranks_at, "the file describes ", file_ranks, " ranks but the group has ", ranks);
+  const int n = file_ranks ? file_ranks : ranks;
+  if (n < 1) rd.fail(doc, "the rank count is unknown: add \"ranks\" or pass it");
+
+  std::vector<Level> levels;
+  std::vector<std::vector<int>> domains;
+  const size_t last = lv->array.size() - 1;
+  for (size_t i = 0; i <= last; ++i) {
+    const JsonValue& l = lv->array[i];
+    const std::string what = "levels[" + std::to_string(i) + "]";
+    rd.need(l, JsonValue::Kind::kObject, what);
+    const bool middle = i > 0 && i < last;
+    if (middle)
+      rd.only_keys(l, {"name", "latency_ns", "bandwidth_gbps", "group_size", "domain_of"}, what);
+    else
+      rd.only_keys(l, {"name", "latency_ns", "bandwidth_gbps"},
+                   what + (i == 0 ? " (the same-rank level)" : " (the top level, joins all ranks)"));
+    Level level;
+    const JsonValue* nm = Reader::find(l, "name");
+    if (!nm) rd.fail(l, what, ": missing \"name\"");
+    rd.need(*nm, JsonValue::Kind::kString, what + ".name");
+    if (nm->text.empty()) rd.fail(*nm, what, ".name must not be empty");
+    level.name = nm->text;
+    const JsonValue* lat = Reader::find(l, "latency_ns");
+    if (!lat) rd.fail(l, what, " ('", level.name, "'): missing \"latency_ns\"");
+    level.latency_ns = rd.number(*lat, what + ".latency_ns");
+    if (level.latency_ns < 0)
+      rd.fail(*lat, what, ".latency_ns must be >= 0, got ", lat->text);
+    const JsonValue* bw = Reader::find(l, "bandwidth_gbps");
+    if (!bw) rd.fail(l, what, " ('", level.name, "'): missing \"bandwidth_gbps\"");
+    level.bandwidth_gbps = rd.number(*bw, what + ".bandwidth_gbps");
+    if (level.bandwidth_gbps <= 0)
+      rd.fail(*bw, what, ".bandwidth_gbps must be > 0, got ", bw->text);
+    levels.push_back(level);
+    if (!middle) continue;
+
+    const JsonValue* gs = Reader::find(l, "group_size");
+    const JsonValue* dm = Reader::find(l, "domain_of");
+    if (!gs == !dm)
+      rd.fail(l, what, " ('", level.name, "') needs exactly one of \"group_size\" and \"domain_of\"");
+    std::vector<int> d(static_cast<size_t>(n));
+    if (gs) {
+      const int g = rd.integer(*gs, what + ".group_size", 1);
+      for (int r = 0; r < n; ++r) d[static_cast<size_t>(r)] = r / g;
+    } else {
+      for (int r = 0; r < n; ++r)
+        d[static_cast<size_t>(r)] =
+            rd.integer(dm->array[static_cast<size_t>(r)],
+                       what + ".domain_of[" + std::to_string(r) + "]", 0);
+    }
+    domains.push_back(std::move(d));
+  }
+  try {
+    return Topology(name, std::move(levels), n, std::move(domains));
+  } catch (const InvalidArgument& e) {
+    // Nesting errors and the like: say which file they come from.
+    throw InvalidArgument(origin + ": " + e.what());
+  }
+}
+
+Topology from_json(const std::string& path, int ranks) {
+  std::ifstream in(path, std::ios::binary);
+  UBEP_CHECK_ARG(in.good(), "cannot open topology file '", path, "'");
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  UBEP_CHECK_ARG(!in.bad(), "cannot read topology file '", path, "'");
+  return from_json_text(ss.str(), ranks, path);
+}
+
+}  // namespace ubep::sched
