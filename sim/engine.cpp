@@ -1,0 +1,129 @@
+#include "sim/engine.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include "ubep/error.hpp"
+
+namespace ubep::sim {
+
+void EventQueue::at(double t, Action action) {
+  UBEP_CHECK_ARG(t >= now_, "event scheduled in the past: t=", t, " ns < now=", now_, " ns");
+  heap_.push(Event{t, seq_++, std::move(action)});
+}
+
+double EventQueue::run() {
+  while (!heap_.empty()) {
+    // priority_queue::top is const; move the action out through a copy of the small header.
+    Event e = std::move(const_cast<Event&>(heap_.top()));
+    heap_.pop();
+    now_ = e.time;
+    ++executed_;
+    e.action();
+  }
+  return now_;
+}
+
+int Network::add_link(double capacity) {
+  UBEP_CHECK_ARG(capacity > 0, "link capacity must be > 0 bytes/ns, got ", capacity);
+  links_.push_back(Link{capacity});
+  return static_cast<int>(links_.size()) - 1;
+}
+
+double Network::fair_rate(const Flow& f) const {
+  double r = std::numeric_limits<double>::infinity();
+  for (int h = 0; h < f.hops; ++h) {
+    const Link& l = links_[static_cast<size_t>(f.path[h])];
+    r = std::min(r, l.capacity / static_cast<double>(l.flows.size()));
+  }
+  return r;
+}
+
+void Network::settle(Flow& f) {
+  const double dt = q_.now() - f.since;
+  if (dt > 0) {
+    const double moved = std::min(f.remaining, f.rate * dt);
+    f.remaining -= moved;
+    for (int h = 0; h < f.hops; ++h) links_[static_cast<size_t>(f.path[h])].bytes += moved;
+  }
+  f.since = q_.now();
+}
+
+void Network::reschedule(int id) {
+  Flow& f = flows_[static_cast<size_t>(id)];
+  const double rate = fair_rate(f);
+  if (rate == f.rate) return;  // bottleneck elsewhere did not move: the pending finish stands
+  settle(f);
+  f.rate = rate;
+  const uint64_t v = ++f.version;
+  q_.at(q_.now() + f.remaining / rate, [this, id, v] { finish(id, v); });
+}
+
+void Network::touch_links(const Flow& f, int except) {
+  for (int h = 0; h < f.hops; ++h)
+    for (int other : links_[static_cast<size_t>(f.path[h])].flows)
+      if (other != except) reschedule(other);
+}
+
+void Network::start_flow(const std::vector<int>& path, double bytes, double latency_ns, Action done) {
+  UBEP_CHECK_ARG(path.size() <= 4, "flow path longer than 4 links: ", path.size());
+  UBEP_CHECK_ARG(bytes >= 0 && latency_ns >= 0, "negative flow bytes ", bytes, " or latency ", latency_ns);
+  ++started_;
+  if (bytes == 0 || path.empty()) {
+    q_.after(latency_ns, std::move(done));
+    return;
+  }
+  int id;
+  if (!free_ids_.empty()) {
+    id = free_ids_.back();
+    free_ids_.pop_back();
+  } else {
+    id = static_cast<int>(flows_.size());
+    flows_.emplace_back();
+  }
+  Flow& f = flows_[static_cast<size_t>(id)];
+  f.hops = static_cast<int>(path.size());
+  for (int h = 0; h < f.hops; ++h) {
+    UBEP_CHECK_ARG(path[static_cast<size_t>(h)] >= 0 && path[static_cast<size_t>(h)] < link_count(),
+                   "unknown link ", path[static_cast<size_t>(h)]);
+    f.path[h] = path[static_cast<size_t>(h)];
+  }
+  f.remaining = bytes;
+  f.rate = 0;
+  f.since = q_.now();
+  f.latency = latency_ns;
+  f.active = true;
+  f.done = std::move(done);
+  ++active_;
+  // Settle the flows already on these links at their old rates before the share changes.
+  for (int h = 0; h < f.hops; ++h)
+    for (int other : links_[static_cast<size_t>(f.path[h])].flows) settle(flows_[static_cast<size_t>(other)]);
+  for (int h = 0; h < f.hops; ++h) links_[static_cast<size_t>(f.path[h])].flows.push_back(id);
+  touch_links(flows_[static_cast<size_t>(id)], id);
+  reschedule(id);
+}
+
+void Network::finish(int id, uint64_t version) {
+  Flow& f = flows_[static_cast<size_t>(id)];
+  if (!f.active || f.version != version) return;  // superseded by a rate change
+  settle(f);
+  f.active = false;
+  --active_;
+  for (int h = 0; h < f.hops; ++h) {
+    auto& v = links_[static_cast<size_t>(f.path[h])].flows;
+    auto it = std::find(v.begin(), v.end(), id);
+    *it = v.back();
+    v.pop_back();
+  }
+  // Flows that shared a link speed up from now on.
+  for (int h = 0; h < f.hops; ++h)
+    for (int other : links_[static_cast<size_t>(f.path[h])].flows) settle(flows_[static_cast<size_t>(other)]);
+  Action done = std::move(f.done);
+  const double latency = f.latency;
+  const Flow copy = f;
+  free_ids_.push_back(id);
+  touch_links(copy, -1);
+  q_.after(latency, std::move(done));
+}
+
+}  // namespace ubep::sim

@@ -1,0 +1,195 @@
+// The presets: every cost parameter of ubep-sim is set here, with its source. Topology figures
+// (level latencies and bandwidths) come from the library's presets in src/sched (derived in
+// docs/SCHEDULING.md); the `local` preset replaces them with this machine's measurements.
+//
+// Source tags used below:
+//   [UBEP]   the UBEP paper (SIGCOMM'26), as summarised in DESIGN.md §1 and issue 5
+//   [CMI]    "Serving Large Language Models on Huawei CloudMatrix384" (arXiv 2506.12708)
+//   [DS]     DeepEP README / DeepSeek-V3 technical report (model shape, measured NVLink/RDMA GB/s)
+//   [SPEC]   vendor datasheets (HBM bandwidth, SM / core counts)
+//   [MEAS]   measured on this machine by `ubep-sim calibrate`
+//   [ASSUME] an engineering estimate with no published figure; named so it can be varied
+#include <cmath>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "sim/machine.hpp"
+#include "ubep/error.hpp"
+
+namespace ubep::sim {
+
+namespace {
+
+void src(CostParams& c, const char* name, const char* text) { c.sources.emplace_back(name, text); }
+
+// Values shared by the accelerator presets; each preset overrides what differs.
+CostParams accelerator_common(const char* name) {
+  CostParams c;
+  c.preset = name;
+  c.window = 1;
+  src(c, "window", "1 [UBEP/scheduler]: a worker finishes one item before the next, the scheduler's cost model "
+                   "(a core waits for its DMA copy); this is what makes far peers create stragglers");
+  c.issue_ns = 50;
+  src(c, "issue_ns", "50 ns [ASSUME]: a DMA descriptor / a few scalar instructions per message");
+  c.local_row_ns = 20;
+  src(c, "local_row_ns", "20 ns [ASSUME]: index lookup + loop overhead per copied row");
+  c.fence_ns = 100;
+  src(c, "fence_ns", "100 ns [ASSUME] on top of waiting for the write's acknowledgment (one latency back)");
+  c.barrier_round_extra_ns = 0;
+  src(c, "barrier_round_extra_ns", "0 [ASSUME]: a dissemination-barrier round = farthest latency + one poll");
+  c.layout_ns_per_entry = 2;
+  src(c, "layout_ns_per_entry", "2 ns [ASSUME]: routing metadata per (token, k), spread over the workers");
+  c.prefix_ns_per_entry = 1;
+  src(c, "prefix_ns_per_entry", "1 ns [ASSUME]: one add per (source rank, local expert) count");
+  c.fused_payload_bytes = 480;
+  c.fused_unit_bytes = 512;
+  src(c, "fused_payload/unit", "480/512 B [UBEP]: UB 512 B atomic write = 480 B payload + 32 B flag");
+  c.flag_bytes = 32;
+  src(c, "flag_bytes", "32 B [UBEP]: the flag part of a UB atomic write");
+  return c;
+}
+
+CostParams cm384_cost() {
+  CostParams c = accelerator_common("cm384");
+  c.workers_per_rank = 48;
+  src(c, "workers_per_rank", "48 [SPEC]: AIV vector cores of one Ascend 910C die (same as the scheduler ablation)");
+  c.worker_GBps = 1600.0 / 48;
+  src(c, "worker_GBps", "33.3 GB/s [SPEC]: a die's 1.6 TB/s HBM shared by its 48 AIV cores");
+  c.local_copy_GBps = c.worker_GBps;
+  src(c, "local_copy_GBps", "33.3 GB/s [SPEC]: as worker_GBps (reorder/reduce copies are HBM to HBM)");
+  c.poll_ns = 218;
+  src(c, "poll_ns", "218 ns [UBEP]: one local memory access per flag read");
+  c.ubep_reorder_workers = 12;
+  src(c, "ubep_reorder_workers", "12 of 48 [ASSUME]: the paper splits roles but does not publish the split");
+  c.attention_us = 400;
+  src(c, "attention_us", "400 us/layer [ASSUME from CMI]: non-MoE decode compute so a step is ~tens of ms, "
+                         "the range CMI reports for DeepSeek decode on CM384 (TPOT ~50 ms)");
+  c.expert_weight_us = 44.0 * 1024 * 1024 / 1.6e3 / 1e3;  // 44 MB int8 weights / 1.6 TB/s
+  src(c, "expert_weight_us", "27.5 us [DS+SPEC]: one expert = 3 x 7168 x 2048 int8 weights (44 MB) at 1.6 TB/s");
+  c.expert_ns_per_row = 300;
+  src(c, "expert_ns_per_row", "300 ns [SPEC]: 88 MFLOP per row at ~300 TFLOPS int8 per die");
+  c.compute_jitter = 0.03;
+  src(c, "compute_jitter", "3% sigma [ASSUME]: per-rank, per-layer compute noise (clocks, OS, HBM refresh)");
+  return c;
+}
+
+CostParams gpu_cost(const char* name, int sms, double hbm_GBps, int comm_sms) {
+  CostParams c = accelerator_common(name);
+  c.workers_per_rank = comm_sms;
+  src(c, "workers_per_rank", "SMs given to communication [DS]: DeepEP's default 24 (H800) / 24 (B200)");
+  c.worker_GBps = hbm_GBps / sms;
+  src(c, "worker_GBps", "HBM bandwidth / SM count [SPEC]: H800 3.35 TB/s / 132, B200 8 TB/s / 148");
+  c.local_copy_GBps = c.worker_GBps;
+  src(c, "local_copy_GBps", "as worker_GBps [SPEC]");
+  c.poll_ns = 500;
+  src(c, "poll_ns", "500 ns [ASSUME]: an uncached global-memory read on a GPU (~600-800 cycles)");
+  c.fence_ns = 500;
+  src(c, "fence_ns", "500 ns [ASSUME]: __threadfence_system on top of the acknowledgment");
+  c.ubep_reorder_workers = comm_sms / 4;
+  src(c, "ubep_reorder_workers", "a quarter of the communication SMs [ASSUME]");
+  c.fused_payload_bytes = 480;
+  c.fused_unit_bytes = 512;
+  src(c, "fused_payload/unit", "480/512 [UBEP], kept on GPUs so the comparison isolates orchestration");
+  c.attention_us = 150;
+  src(c, "attention_us", "150 us/layer [ASSUME]: faster GPUs than CM384 dies");
+  c.expert_weight_us = 44.0 * 1024 * 1024 / hbm_GBps / 1e3;
+  src(c, "expert_weight_us", "44 MB of fp8/int8 expert weights / HBM bandwidth [DS+SPEC]");
+  c.expert_ns_per_row = 100;
+  src(c, "expert_ns_per_row", "100 ns [SPEC]: 88 MFLOP per row at ~1 PFLOPS fp8");
+  c.compute_jitter = 0.03;
+  src(c, "compute_jitter", "3% sigma [ASSUME]");
+  return c;
+}
+
+// Keys of the calibration file written by `ubep-sim calibrate`.
+struct Calibration {
+  double memcpy_GBps = 0;       // one core copying 14 KB rows, alone
+  double memcpy_both_GBps = 0;  // per core, when both cores copy at once
+  double handoff_ns = 0;        // one-way cross-core latency of a flag (ping-pong / 2)
+  double row_overhead_ns = 0;   // fixed cost of one row copy beyond bytes/bandwidth
+};
+
+Calibration read_calibration(const std::string& path) {
+  std::ifstream in(path);
+  UBEP_CHECK_ARG(in.good(), "cannot read calibration file '", path,
+                 "': run `ubep-sim calibrate --out ", path, "` first");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  Calibration cal;
+  auto get = [&](const char* key) {
+    std::smatch m;
+    const std::regex re(std::string("\"") + key + "\"\\s*:\\s*([-+0-9.eE]+)");
+    UBEP_CHECK_ARG(std::regex_search(text, m, re), "calibration file '", path, "' has no \"", key, "\"");
+    const double v = std::stod(m[1].str());
+    UBEP_CHECK_ARG(std::isfinite(v) && v >= 0, "calibration file '", path, "': bad ", key, " = ", v);
+    return v;
+  };
+  cal.memcpy_GBps = get("memcpy_GBps");
+  cal.memcpy_both_GBps = get("memcpy_both_GBps");
+  cal.handoff_ns = get("handoff_ns");
+  cal.row_overhead_ns = get("row_overhead_ns");
+  return cal;
+}
+
+Preset local_preset(int ranks, const std::string& file) {
+  const Calibration cal = read_calibration(file.empty() ? "sim-calibration.json" : file);
+  CostParams c;
+  c.preset = "local";
+  // Thread ranks of one process: 2 cores, so at most 2 ranks copy at once.
+  const double per_core = ranks >= 2 ? cal.memcpy_both_GBps : cal.memcpy_GBps;
+  sched::Topology topo("local",
+                       {sched::Level{"self", 0, per_core}, sched::Level{"shm", cal.handoff_ns, per_core}},
+                       ranks);
+  c.workers_per_rank = 1;
+  src(c, "workers_per_rank", "1 [MEAS]: ubep-bench's default on 2 cores (cores / ranks - 1 helpers + the caller)");
+  c.worker_GBps = per_core;
+  src(c, "worker_GBps", "[MEAS] per-core memcpy GB/s of 14 KB rows while both cores copy");
+  c.local_copy_GBps = per_core;
+  src(c, "local_copy_GBps", "[MEAS] same as worker_GBps (reorder is a memcpy)");
+  c.window = 1;
+  src(c, "window", "1: a CPU memcpy completes before the next starts");
+  c.issue_ns = cal.row_overhead_ns;
+  c.local_row_ns = cal.row_overhead_ns;
+  src(c, "issue_ns/local_row_ns", "[MEAS] fixed cost per row copy (calibrate: 14 KB copies vs bulk)");
+  c.fence_ns = 20;
+  src(c, "fence_ns", "20 ns [ASSUME]: an mfence on x86");
+  c.poll_ns = 5;
+  src(c, "poll_ns", "5 ns [ASSUME]: a flag read that hits in cache (a miss is the handoff latency)");
+  c.barrier_round_extra_ns = 0;
+  src(c, "barrier", "log2(R) rounds x handoff latency [MEAS]");
+  c.layout_ns_per_entry = 2;
+  src(c, "layout_ns_per_entry", "2 ns [ASSUME]");
+  c.prefix_ns_per_entry = 1;
+  src(c, "prefix_ns_per_entry", "1 ns [ASSUME]");
+  c.fused_payload_bytes = 1;  // the CPU build writes the tag after the row: no framing loss
+  c.fused_unit_bytes = 1;
+  src(c, "fused_payload/unit", "1/1: on CPU the epoch tag is a word after the row (protocol.hpp), no 480/512 framing");
+  c.flag_bytes = 4;
+  c.ubep_reorder_workers = 0;
+  src(c, "ubep_reorder_workers", "0: the CPU ubep runs send then receive roles on the same thread (ubep.cpp)");
+  src(c, "calibration", file.empty() ? "sim-calibration.json" : file.c_str());
+  return Preset{std::move(topo), c, {0, 1}};
+}
+
+}  // namespace
+
+Preset make_preset(const std::string& name, int ranks, const std::string& calibration_file) {
+  UBEP_CHECK_ARG(ranks >= 1, "ranks must be >= 1, got ", ranks);
+  if (name == "cm384") {
+    // One-hop and two-hop UB traffic leave a die through the same UB links: one port.
+    return Preset{sched::cm384(ranks), cm384_cost(), {0, 1, 1}};
+  }
+  if (name == "nvl72") {
+    return Preset{sched::nvl72(ranks), gpu_cost("nvl72", 148, 8000, 24), {0, 1}};
+  }
+  if (name == "h800") {
+    // NVLink and the InfiniBand NIC are separate ports.
+    return Preset{sched::h800(ranks), gpu_cost("h800", 132, 3350, 24), {0, 1, 2}};
+  }
+  if (name == "local") return local_preset(ranks, calibration_file);
+  throw InvalidArgument(detail::concat("unknown preset '", name, "' (cm384 | nvl72 | h800 | local)"));
+}
+
+}  // namespace ubep::sim

@@ -1,0 +1,131 @@
+// ubep-sim executes exactly the scheduler's plan: every planned item is simulated once, by
+// the worker the plan gave it to, in the plan's order; and orchestration-level sanity.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "sim/call.hpp"
+#include "ubep/error.hpp"
+
+using namespace ubep;
+using namespace ubep::sim;
+
+namespace {
+
+using Key = std::tuple<int, int, int, int64_t, int64_t>;  // src, dest, expert, row_begin, row_end
+
+void expect_plan_executed_once(Algo algo, Op op, sched::Policy policy, bool latency_layout) {
+  const Preset p = make_preset("cm384", 32);
+  const Traffic t = draw_traffic(32, 256, 8, 64, 8, 4.0, 7);
+  CallConfig cfg;
+  cfg.algo = algo;
+  cfg.op = op;
+  cfg.policy = policy;
+  cfg.latency_layout = latency_layout;
+  cfg.record_transfers = true;
+  const CallResult r = simulate_call(p, cfg, t);
+  ASSERT_EQ(r.plans.size(), 32u);
+  std::map<Key, int> planned;
+  std::map<std::pair<int, int>, std::vector<Key>> planned_order;  // (src, worker) -> items in order
+  uint64_t n = 0;
+  for (const auto& plan : r.plans) {
+    for (int w = 0; w < plan.workers; ++w)
+      for (const auto& it : plan.worker_items(w)) {
+        const Key k{plan.src_rank, it.dest_rank, it.expert, it.row_begin, it.row_end};
+        ++planned[k];
+        planned_order[{plan.src_rank, w}].push_back(k);
+        ++n;
+      }
+  }
+  EXPECT_EQ(r.planned_items, n);
+  EXPECT_EQ(r.simulated_items, n);
+  ASSERT_EQ(r.transfers.size(), n);
+  std::map<Key, int> simulated;
+  std::map<std::pair<int, int>, std::vector<std::pair<double, Key>>> issued;
+  for (const auto& tr : r.transfers) {
+    const Key k{tr.src, tr.dest, tr.expert, tr.row_begin, tr.row_end};
+    ++simulated[k];
+    issued[{tr.src, tr.worker}].push_back({tr.issue_ns, k});
+    EXPECT_GE(tr.visible_ns, tr.issue_ns);
+  }
+  EXPECT_EQ(simulated, planned);  // every planned item exactly once, nothing else
+  for (auto& [key, v] : issued) {  // each worker ran its own items, in the plan's order (window 1)
+    std::stable_sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.first < b.first; });
+    std::vector<Key> got;
+    for (auto& [tm, k] : v) got.push_back(k);
+    EXPECT_EQ(got, planned_order[key]) << "src " << key.first << " worker " << key.second;
+  }
+}
+
+}  // namespace
+
+TEST(SimCall, ExecutesThePlanOnceUbepDispatchLatencyLayout) {
+  expect_plan_executed_once(Algo::kUbep, Op::kDispatch, sched::Policy::kColumnMajor, true);
+}
+TEST(SimCall, ExecutesThePlanOnceBspDispatchThroughput) {
+  expect_plan_executed_once(Algo::kBsp, Op::kDispatch, sched::Policy::kNaive, false);
+}
+TEST(SimCall, ExecutesThePlanOnceUbepCombineBalanced) {
+  expect_plan_executed_once(Algo::kUbep, Op::kCombine, sched::Policy::kBalanced, true);
+}
+
+// Rows on the wire add up to the routing: a token goes once per (token, expert) in the latency
+// layout and once per (token, destination rank) in the throughput layout.
+TEST(SimCall, RowsMatchTheRouting) {
+  const Preset p = make_preset("cm384", 16);
+  const Traffic t = draw_traffic(16, 64, 4, 32, 0, 1.0, 3);
+  for (bool latency : {true, false}) {
+    CallConfig cfg;
+    cfg.latency_layout = latency;
+    const CallResult r = simulate_call(p, cfg, t);
+    double rows = 0;
+    for (double x : r.recv_rows) rows += x;
+    double expect = 0;
+    for (const auto& ids : t.ids) {
+      if (latency) {
+        for (int32_t e : ids) expect += e >= 0;
+      } else {
+        for (size_t tok = 0; tok < ids.size() / 4; ++tok) {
+          std::vector<int> ranks;
+          for (int k = 0; k < 4; ++k)
+            if (ids[tok * 4 + k] >= 0) ranks.push_back(ids[tok * 4 + k] / 4);
+          std::sort(ranks.begin(), ranks.end());
+          expect += static_cast<double>(std::unique(ranks.begin(), ranks.end()) - ranks.begin());
+        }
+      }
+    }
+    EXPECT_EQ(rows, expect) << (latency ? "latency" : "throughput");
+  }
+}
+
+// Orchestration sanity: bsp pays barriers, so with everything else equal ubep is faster; a
+// late rank delays a ubep call by no more than its lateness, and bsp by at least it.
+TEST(SimCall, BarriersAndLateRanks) {
+  const Preset p = make_preset("cm384", 64);
+  const Traffic t = draw_traffic(64, 256, 8, 32, 0, 1.0, 5);
+  CallConfig bsp, ub;
+  bsp.algo = Algo::kBsp;
+  bsp.policy = ub.policy = sched::Policy::kColumnMajor;
+  const double tb = simulate_call(p, bsp, t).makespan_ns;
+  const double tu = simulate_call(p, ub, t).makespan_ns;
+  EXPECT_LT(tu, tb);
+  std::vector<double> start(64, 0.0);
+  start[5] = 20000;  // rank 5 arrives 20 us late
+  const CallResult lu = simulate_call(p, ub, t, start);
+  const CallResult lb = simulate_call(p, bsp, t, start);
+  EXPECT_LE(lu.makespan_ns, tu + 20000 + 1);
+  EXPECT_GE(lb.makespan_ns, tb + 20000 - 1);
+  // In ubep a rank that receives nothing from rank 5 before... every rank receives from 5 in
+  // the count exchange, so every rank waits for it; but rank 5's own finish is the latest.
+  EXPECT_GE(lu.finish_ns[5], *std::min_element(lu.finish_ns.begin(), lu.finish_ns.end()));
+}
+
+TEST(SimCall, RejectsBadInput) {
+  const Preset p = make_preset("cm384", 8);
+  const Traffic t = draw_traffic(16, 64, 4, 8, 0, 1.0, 1);
+  EXPECT_THROW(simulate_call(p, CallConfig{}, t), InvalidArgument);  // 16-rank traffic on 8 ranks
+  EXPECT_THROW(make_preset("nope", 8), InvalidArgument);
+  EXPECT_THROW(parse_sync("maybe"), InvalidArgument);
+}
