@@ -169,8 +169,9 @@ class ExpertLayer {
   int num_local_experts() const;
   size_t shared_bytes() const;
 
-  // Test hook: called by communication workers before shipping each segment (random delays).
-  void set_ship_delay_hook(std::function<void(int comm_worker)> hook);
+  // Hook called by a communication worker before it ships a segment of `rows` rows to another
+  // rank: random delays in tests, an emulated link (sleep for the transfer time) in the bench.
+  void set_ship_delay_hook(std::function<void(int comm_worker, int64_t rows)> hook);
   // Test hook: called by compute workers before each tile.
   void set_compute_delay_hook(std::function<void(int compute_worker)> hook);
 

@@ -146,7 +146,8 @@ struct ExpertLayer::Impl {
   LayerStats stats;
   std::vector<float> acc;  // per member [H]
   LocalArray y;
-  std::function<void(int)> ship_hook, compute_hook;
+  std::function<void(int, int64_t)> ship_hook;
+  std::function<void(int)> compute_hook;
   const TileFn* current_tile_fn = nullptr;
 
   Impl(Group& g, const ExpertLayerConfig& c)
@@ -195,6 +196,11 @@ struct ExpertLayer::Impl {
   int half() const { return ep::half_of(seq); }
 
   void plan(const DispatchResult& d);
+  int64_t rows_of(int first, int n) const {
+    int64_t r = 0;
+    for (int i = first; i < first + n; ++i) r += tiles[static_cast<size_t>(i)].rows;
+    return r;
+  }
   void gather_tile(const Tile& t);
   void ship(int first_tile, int num_tiles, int owner, MemberStats& ms, std::vector<char>& checked_owner);
   void compute_role(int m, bool overlapped);
@@ -419,7 +425,7 @@ void ExpertLayer::Impl::comm_role(int m, int first_member, int members, bool ove
   const int me = m - first_member;
   if (!overlapped) {
     for (size_t g = static_cast<size_t>(me); g < groups.size(); g += static_cast<size_t>(members)) {
-      if (ship_hook) ship_hook(me);
+      if (ship_hook) ship_hook(me, rows_of(groups[g].first_tile, groups[g].num_tiles));
       ship(groups[g].first_tile, groups[g].num_tiles, groups[g].owner, ms, checked_owner);
       ++ms.segments;
     }
@@ -449,7 +455,7 @@ void ExpertLayer::Impl::comm_role(int m, int first_member, int members, bool ove
       int n = 0;
       while (c + n < g.num_tiles && ep::arrived(&ready[static_cast<size_t>(g.first_tile + c + n)], tg)) ++n;
       if (n == 0) continue;
-      if (ship_hook) ship_hook(me);
+      if (ship_hook) ship_hook(me, rows_of(g.first_tile + c, n));
       ship(g.first_tile + c, n, g.owner, ms, checked_owner);
       ++ms.segments;
       c += n;
@@ -516,7 +522,7 @@ const ExpertLayerConfig& ExpertLayer::config() const { return impl_->cfg; }
 const LayerStats& ExpertLayer::last_stats() const { return impl_->stats; }
 int ExpertLayer::num_local_experts() const { return impl_->local_experts; }
 size_t ExpertLayer::shared_bytes() const { return impl_->window->bytes(); }
-void ExpertLayer::set_ship_delay_hook(std::function<void(int)> hook) { impl_->ship_hook = std::move(hook); }
+void ExpertLayer::set_ship_delay_hook(std::function<void(int, int64_t)> hook) { impl_->ship_hook = std::move(hook); }
 void ExpertLayer::set_compute_delay_hook(std::function<void(int)> hook) { impl_->compute_hook = std::move(hook); }
 
 TensorView ExpertLayer::run(const DispatchResult& d, const TensorView& topk_idx, const TensorView& topk_weights,

@@ -174,7 +174,7 @@ void run_case(const Case& c) {
         else if (r % 4 == 1) std::this_thread::yield();
       };
       layer.set_compute_delay_hook(delay);
-      layer.set_ship_delay_hook(delay);
+      layer.set_ship_delay_hook([delay](int w, int64_t) { delay(w); });
     }
     const TileFn fn = test_tile_fn(g.rank(), El, c.H);
     for (int call = 0; call < c.calls; ++call) {
@@ -362,7 +362,8 @@ TEST(ExpertFfnTest, GatedAndSingleMatchReference) {
     for (int r = 0; r < ranks; ++r)
       all.push_back(make_rank(RouterMode::kModerateSkew, experts, K, cap - r, H, dt, 5 + static_cast<uint64_t>(r)));
     // Reference FFN weights from a full-size ExpertFfn holding every global expert.
-    ExpertFfn ref_ffn(kind, experts, 0, H, I, 1, 1, 77);
+    // One scratch per rank thread (worker = rank): the FFN is called from both at once.
+    ExpertFfn ref_ffn(kind, experts, 0, H, I, ranks, 1, 77);
     run_on_threads(ranks, [&](Group& g) {
       BufferConfig bc;
       bc.max_tokens_per_rank = cap;
@@ -408,6 +409,7 @@ TEST(ExpertFfnTest, GatedAndSingleMatchReference) {
           tt.in_ld = H;
           tt.out = out.data();
           tt.out_ld = H;
+          tt.worker = g.rank();
           ref_ffn(tt);
           for (int64_t h = 0; h < H; ++h)
             acc[static_cast<size_t>(h)] += me.w[static_cast<size_t>(t * K + k)] * out[static_cast<size_t>(h)];
