@@ -69,7 +69,7 @@ void store(char* base, int64_t i, float v, DType dt) {
 }  // namespace
 
 std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffer* buffer,
-                                AlltoallBaseline* baseline) {
+                                AlltoallBaseline* baseline, bool zero_copy_combine) {
   const int me = g.rank();
   const int El = c.experts / g.size();
   const int64_t H = c.hidden;
@@ -134,6 +134,13 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
     ca.x = TensorView(comb_in.data(), c.dtype, {r.num_recv_rows, H});
   else
     ca.x = TensorView(comb_in.data(), c.dtype, {El, r.recv_x.dim(1), H});
+  if (zero_copy_combine && buffer) {
+    // The experts write straight into the buffer's shared combine input.
+    TensorView zc = buffer->combine_buffer();
+    EXPECT_EQ(zc.bytes(), comb_in.size());
+    std::memcpy(zc.data, comb_in.data(), std::min(zc.bytes(), comb_in.size()));
+    ca.x = zc;
+  }
   TensorView y = buffer ? buffer->combine(ca) : baseline->combine(ca);
   EXPECT_EQ(y.dim(0), in.tokens);
   std::vector<float> want = expected_combine(p, me, c.layout);

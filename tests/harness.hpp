@@ -33,7 +33,7 @@ std::vector<char> expert_outputs(const DispatchResult& r, const Buffer* buf_or_n
 // One rank's part of a case: dispatch, check, expert, combine, check; returns y's bytes.
 // Uses `buffer` (bsp/ubep) or `baseline`. Failures are reported through GoogleTest.
 std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffer* buffer,
-                                AlltoallBaseline* baseline);
+                                AlltoallBaseline* baseline, bool zero_copy_combine = false);
 
 BufferConfig config_for(const Case& c, Algorithm algo);
 
