@@ -12,14 +12,19 @@ void EventQueue::at(double t, Action action) {
   heap_.push(Event{t, seq_++, std::move(action)});
 }
 
+void EventQueue::at_flow_check(double t, Network* net, int flow, uint64_t version) {
+  UBEP_CHECK_ARG(t >= now_, "event scheduled in the past: t=", t, " ns < now=", now_, " ns");
+  heap_.push(Event{t, seq_++, Action{}, net, flow, version});
+}
+
 double EventQueue::run() {
   while (!heap_.empty()) {
-    // priority_queue::top is const; move the action out through a copy of the small header.
+    // priority_queue::top is const; the element is popped right after, so moving from it is safe.
     Event e = std::move(const_cast<Event&>(heap_.top()));
     heap_.pop();
     now_ = e.time;
     ++executed_;
-    e.action();
+    if (e.net) e.net->check(e.flow, e.version); else e.action();
   }
   return now_;
 }
@@ -49,14 +54,32 @@ void Network::settle(Flow& f) {
   f.since = q_.now();
 }
 
+// Lazy rescheduling: a rate change that makes the flow finish later keeps the pending (now
+// early) event, which re-checks and re-arms itself when it fires; only a flow that speeds up
+// needs a new event. Under churn this avoids one heap push per flow per change.
 void Network::reschedule(int id) {
   Flow& f = flows_[static_cast<size_t>(id)];
   const double rate = fair_rate(f);
   if (rate == f.rate) return;  // bottleneck elsewhere did not move: the pending finish stands
   settle(f);
   f.rate = rate;
-  const uint64_t v = ++f.version;
-  q_.at(q_.now() + f.remaining / rate, [this, id, v] { finish(id, v); });
+  const double due = q_.now() + f.remaining / rate;
+  if (f.version != 0 && due >= f.due) return;
+  f.due = due;
+  q_.at_flow_check(due, this, id, ++f.version);
+}
+
+void Network::check(int id, uint64_t version) {
+  Flow& f = flows_[static_cast<size_t>(id)];
+  if (!f.active || f.version != version) return;  // superseded by an earlier event
+  settle(f);
+  // Relative tolerance: floating-point residue of a flow that is, in fact, done.
+  if (f.remaining / f.rate > 1e-6) {
+    f.due = q_.now() + f.remaining / f.rate;
+    q_.at_flow_check(f.due, this, id, ++f.version);
+    return;
+  }
+  finish(id, version);
 }
 
 void Network::touch_links(const Flow& f, int except) {
@@ -90,6 +113,8 @@ void Network::start_flow(const std::vector<int>& path, double bytes, double late
   }
   f.remaining = bytes;
   f.rate = 0;
+  f.version = 0;
+  f.due = 0;
   f.since = q_.now();
   f.latency = latency_ns;
   f.active = true;
@@ -103,10 +128,8 @@ void Network::start_flow(const std::vector<int>& path, double bytes, double late
   reschedule(id);
 }
 
-void Network::finish(int id, uint64_t version) {
+void Network::finish(int id, uint64_t) {
   Flow& f = flows_[static_cast<size_t>(id)];
-  if (!f.active || f.version != version) return;  // superseded by a rate change
-  settle(f);
   f.active = false;
   --active_;
   for (int h = 0; h < f.hops; ++h) {

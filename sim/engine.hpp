@@ -23,6 +23,8 @@ namespace ubep::sim {
 
 using Action = std::function<void()>;
 
+class Network;
+
 class EventQueue {
  public:
   double now() const { return now_; }
@@ -32,12 +34,17 @@ class EventQueue {
   // Runs events until none is left. Returns the time of the last one.
   double run();
   uint64_t executed() const { return executed_; }
+  // A flow's finish check, without allocating a closure (the hot event of large runs).
+  void at_flow_check(double at, Network* net, int flow, uint64_t version);
 
  private:
   struct Event {
     double time;
     uint64_t seq;
-    Action action;
+    Action action;  // empty for a flow check
+    Network* net = nullptr;
+    int flow = 0;
+    uint64_t version = 0;
   };
   struct Later {
     bool operator()(const Event& a, const Event& b) const {
@@ -82,13 +89,16 @@ class Network {
     double rate = 0;       // bytes / ns
     double since = 0;      // time `remaining` was last brought up to date
     double latency = 0;
-    uint64_t version = 0;  // bumps when the rate changes; stale finish events are ignored
+    uint64_t version = 0;  // bumps when an earlier finish event replaces the pending one
+    double due = 0;        // time of the pending finish event
     bool active = false;
     Action done;
   };
   double fair_rate(const Flow& f) const;
   void settle(Flow& f);              // bring `remaining` up to now at the old rate
   void reschedule(int id);           // recompute rate and finish event
+  friend class EventQueue;
+  void check(int id, uint64_t version);  // a flow's pending finish event fired
   void finish(int id, uint64_t version);
   void touch_links(const Flow& f, int except);
 
