@@ -129,9 +129,9 @@ Topology from_json_text(const std::string& text, int ranks, const std::string& o
   if (file_ranks && ranks && file_ranks != ranks)
     rd.fail(*ranks_at, "the file describes ", file_ranks, " ranks but the group has ", ranks);
   const int n = file_ranks ? file_ranks : ranks;
-  if (n < 1) rd.fail(doc, "the rank count is unknown: add \"ranks\" or pass it");
 
   std::vector<Level> levels;
+  std::vector<const JsonValue*> placements;  // per middle level: its group_size or domain_of
   std::vector<std::vector<int>> domains;
   const size_t last = lv->array.size() - 1;
   for (size_t i = 0; i <= last; ++i) {
@@ -167,15 +167,21 @@ Topology from_json_text(const std::string& text, int ranks, const std::string& o
     const JsonValue* dm = Reader::find(l, "domain_of");
     if (!gs == !dm)
       rd.fail(l, what, " ('", level.name, "') needs exactly one of \"group_size\" and \"domain_of\"");
+    placements.push_back(gs ? gs : dm);
+  }
+  // Placements need the rank count, known once every level has been read.
+  if (n < 1) rd.fail(doc, "the rank count is unknown: add \"ranks\" or pass it");
+  for (size_t m = 0; m < placements.size(); ++m) {
+    const JsonValue& p = *placements[m];
+    const std::string what = "levels[" + std::to_string(m + 1) + "]";
     std::vector<int> d(static_cast<size_t>(n));
-    if (gs) {
-      const int g = rd.integer(*gs, what + ".group_size", 1);
+    if (p.kind != JsonValue::Kind::kArray) {
+      const int g = rd.integer(p, what + ".group_size", 1);
       for (int r = 0; r < n; ++r) d[static_cast<size_t>(r)] = r / g;
     } else {
       for (int r = 0; r < n; ++r)
-        d[static_cast<size_t>(r)] =
-            rd.integer(dm->array[static_cast<size_t>(r)],
-                       what + ".domain_of[" + std::to_string(r) + "]", 0);
+        d[static_cast<size_t>(r)] = rd.integer(p.array[static_cast<size_t>(r)],
+                                               what + ".domain_of[" + std::to_string(r) + "]", 0);
     }
     domains.push_back(std::move(d));
   }

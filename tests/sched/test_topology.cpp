@@ -238,7 +238,7 @@ TEST(Discover, HostsFromTheCallerNumaFromTheMachine) {
   EXPECT_EQ(discover(host_of, o).level_between(0, 1), 1);
   o.numa_of = {0, 0, 0, 999};
   expect_invalid([&] { discover(host_of, o); }, {"999", "rank 3"});
-  expect_invalid([] { discover(std::vector<int>{0, 2}); }, {"dense", "host 1"});
+  expect_invalid([] { discover(std::vector<int>{0, 2, 2}); }, {"dense", "host 1"});
   expect_invalid([] { discover(std::vector<int>{0, -1}); }, {"-1", "rank 1"});
   expect_invalid([] { discover(std::vector<int>{}); }, {"at least one rank"});
 }
