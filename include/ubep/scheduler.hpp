@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ubep/topology.hpp"
@@ -158,7 +159,8 @@ class Scheduler {
   std::vector<Piece> best_pieces_;   // best assignment found by plan_balanced
   std::vector<double> load_;         // per-worker issue time during LPT
   std::vector<double> level_load_;   // [worker][level] issue time, for makespan()
-  std::vector<int32_t> order_;       // sort scratch
+  std::vector<int32_t> order_;       // per-worker offsets scratch in emit()
+  std::vector<std::pair<double, int32_t>> heap_;  // (load, worker) min-heap of LPT
 };
 
 // ---- Link sharing: evaluating a plan with a work-conserving link -----------------------------

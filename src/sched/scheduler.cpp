@@ -88,6 +88,7 @@ Scheduler::Scheduler(Topology topology, SchedulerOptions options)
     : topology_(std::move(topology)), options_(options) {
   UBEP_CHECK_ARG(options_.workers >= 1, "scheduler: workers must be >= 1, got ", options_.workers);
   load_.resize(static_cast<size_t>(options_.workers));
+  heap_.reserve(static_cast<size_t>(options_.workers));
   level_load_.resize(static_cast<size_t>(options_.workers) *
                      static_cast<size_t>(topology_.num_levels()));
 }
@@ -164,11 +165,17 @@ void Scheduler::plan_column_major() {
   pieces_.clear();
   for (size_t i = 0; i < units_.size(); ++i) {
     const Unit& u = units_[i];
-    for (int64_t s = 0; s < W; ++s) {
-      const int64_t b = u.rows * s / W, e = u.rows * (s + 1) / W;
-      if (b == e) continue;
+    auto add = [&](int64_t s, int64_t b, int64_t e) {
       pieces_.push_back({static_cast<int32_t>(i), static_cast<int32_t>((s + u.index) % W), b, e,
                          issue_ns(u, e - b)});
+    };
+    if (u.rows >= W) {
+      for (int64_t s = 0; s < W; ++s) add(s, u.rows * s / W, u.rows * (s + 1) / W);
+    } else {
+      // Fewer rows than slices: each non-empty slice holds one row, and row j lies in slice
+      // ceil((j + 1) W / n) - 1 (the s with floor(n s / W) <= j < floor(n (s + 1) / W)).
+      // Visiting only those keeps the cost O(rows) instead of O(W) per unit.
+      for (int64_t j = 0; j < u.rows; ++j) add(((j + 1) * W + u.rows - 1) / u.rows - 1, j, j + 1);
     }
   }
 }
@@ -196,15 +203,18 @@ double Scheduler::lpt(double max_slice_ns) {
     if (a.unit != b.unit) return a.unit < b.unit;
     return a.row_begin < b.row_begin;
   });
-  std::fill(load_.begin(), load_.end(), 0.0);
-  // W <= a few hundred and pieces <= a few thousand: a linear scan for the least-loaded worker
-  // is cheaper than maintaining a heap at this size.
+  // Least-loaded worker from a min-heap of (load, worker): ties go to the lowest worker id,
+  // so plans are deterministic.
+  heap_.clear();
+  for (int32_t w = 0; w < options_.workers; ++w) heap_.push_back({0.0, w});
+  const auto greater = [](const std::pair<double, int32_t>& a, const std::pair<double, int32_t>& b) {
+    return a > b;
+  };
   for (Piece& p : pieces_) {
-    size_t best = 0;
-    for (size_t w = 1; w < load_.size(); ++w)
-      if (load_[w] < load_[best]) best = w;
-    p.worker = static_cast<int32_t>(best);
-    load_[best] += p.issue_ns;
+    std::pop_heap(heap_.begin(), heap_.end(), greater);
+    p.worker = heap_.back().second;
+    heap_.back().first += p.issue_ns;
+    std::push_heap(heap_.begin(), heap_.end(), greater);
   }
   return makespan();
 }
@@ -258,10 +268,18 @@ void Scheduler::plan_balanced() {
 
 void Scheduler::emit(Plan& out, bool far_first) {
   const int W = options_.workers;
-  // Group by worker; within a worker, far levels first when asked (Jackson's rule: issuing the
-  // longest latencies first minimises when the last item lands), then in unit and row order.
-  std::sort(pieces_.begin(), pieces_.end(), [&](const Piece& a, const Piece& b) {
-    if (a.worker != b.worker) return a.worker < b.worker;
+  // Group by worker with a counting pass (pieces can number a thousand; W buckets are cheaper
+  // than one big sort), then order each worker's few items: far levels first when asked
+  // (Jackson's rule: issuing the longest latencies first minimises when the last item lands),
+  // then unit and row order.
+  std::vector<int32_t>& start = order_;
+  start.assign(static_cast<size_t>(W) + 1, 0);
+  for (const Piece& p : pieces_) ++start[static_cast<size_t>(p.worker) + 1];
+  for (int w = 0; w < W; ++w) start[static_cast<size_t>(w) + 1] += start[static_cast<size_t>(w)];
+  best_pieces_.resize(pieces_.size());
+  for (const Piece& p : pieces_) best_pieces_[static_cast<size_t>(start[static_cast<size_t>(p.worker)]++)] = p;
+  pieces_.swap(best_pieces_);
+  const auto by_position = [&](const Piece& a, const Piece& b) {
     if (far_first) {
       const int32_t la = units_[static_cast<size_t>(a.unit)].level;
       const int32_t lb = units_[static_cast<size_t>(b.unit)].level;
@@ -269,7 +287,13 @@ void Scheduler::emit(Plan& out, bool far_first) {
     }
     if (a.unit != b.unit) return a.unit < b.unit;
     return a.row_begin < b.row_begin;
-  });
+  };
+  for (size_t b = 0, e; b < pieces_.size(); b = e) {
+    e = b;
+    while (e < pieces_.size() && pieces_[e].worker == pieces_[b].worker) ++e;
+    std::sort(pieces_.begin() + static_cast<std::ptrdiff_t>(b),
+              pieces_.begin() + static_cast<std::ptrdiff_t>(e), by_position);
+  }
   out.policy = options_.policy;
   out.src_rank = src_rank_;
   out.workers = W;
@@ -277,7 +301,7 @@ void Scheduler::emit(Plan& out, bool far_first) {
   out.worker_begin.assign(static_cast<size_t>(W) + 1, 0);
   out.worker_cost_ns.assign(static_cast<size_t>(W), 0.0);
   out.total_issue_ns = 0;
-  std::vector<double>& issued = load_;  // per-worker issue time so far
+  std::vector<double>& issued = load_;  // per-worker issue time so far (scratch reuse)
   std::fill(issued.begin(), issued.end(), 0.0);
   for (const Piece& p : pieces_) {
     const Unit& u = units_[static_cast<size_t>(p.unit)];
