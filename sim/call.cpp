@@ -14,8 +14,8 @@
 // Small messages (counts, flags) are posted stores: the worker pays issue_ns per store and
 // moves on; they are visible after the pair's latency and are not routed through the link
 // model (a few dozen bytes next to multi-kilobyte items). Data items are the scheduler's plan
-// items, each one flow through (worker engine, sender port, receiver port); a worker runs
-// `window` items at a time (1 = the scheduler's model: one item to completion, then the next).
+// items, each one flow through (worker engine, sender port, receiver port); a worker pushes
+// `window` items at a time (1 = the scheduler's model: issue back to back, latencies overlap).
 #include "sim/call.hpp"
 
 #include <algorithm>
@@ -79,12 +79,6 @@ double wire_bytes(double payload, Algo algo, Sync sync, const CostParams& c) {
 }
 
 namespace {
-
-int ceil_log2(int n) {
-  int r = 0;
-  while ((1 << r) < n) ++r;
-  return r;
-}
 
 // A group barrier: releases every rank `cost` after the last one arrives.
 class Barrier {
@@ -167,8 +161,12 @@ class CallSim {
   // ---- orchestrations ----
   void run_bsp();
   void run_ubep();
+  // An all-to-all flag barrier (DeepEP's barrier_block, our FlagBarrier, the bsp flag stage):
+  // every rank posts a flag to every peer, spread over its workers, and polls every peer's
+  // flag; it grows with R through the posts and polls, plus the farthest latency once.
   double barrier_cost() const {
-    return ceil_log2(R_) * (machine_->max_latency_ns() + c_.poll_ns + c_.barrier_round_extra_ns);
+    return posted_ns(R_, W_) + machine_->max_latency_ns() + std::ceil(static_cast<double>(R_) / W_) * c_.poll_ns +
+           c_.barrier_round_extra_ns;
   }
   double layout_ns() const {
     return cfg_.op == Op::kDispatch ? static_cast<double>(tr_.tokens_per_rank) * tr_.topk * c_.layout_ns_per_entry / W_
@@ -197,6 +195,7 @@ class CallSim {
     int next = 0, end = 0, outstanding = 0;
     std::function<void()> on_done;
     double done_at = 0;
+    double last_land = 0;  // when the worker's last item becomes visible at its receiver
     bool finished = false;
   };
   std::vector<WorkerState> workers_;      // [r * senders + w]
@@ -267,13 +266,17 @@ void CallSim::start_worker(int r, int w, double at, std::function<void()> on_don
   q_.at(at, [this, r, w] { issue_next(r, w); });
 }
 
+// Posted stores, as the scheduler's cost model has them: a worker pushes an item's bytes
+// through its links (sharing them with every other flow), then moves on; the item lands one
+// latency later. Stop-and-wait instead holds the worker until the data's acknowledgment is back
+// (a fence), then posts the separate flag, which lands one more latency later.
 void CallSim::issue_next(int r, int w) {
   auto& ws = workers_[static_cast<size_t>(r * senders_ + w)];
   if (ws.finished) return;
   if (ws.next >= ws.end && ws.outstanding == 0) {
     ws.finished = true;
     ws.done_at = q_.now();
-    res_.slowest_sender_ns = std::max(res_.slowest_sender_ns, q_.now() - start_[static_cast<size_t>(r)]);
+    res_.slowest_sender_ns = std::max(res_.slowest_sender_ns, ws.last_land - start_[static_cast<size_t>(r)]);
     auto done = std::move(ws.on_done);
     if (done) done();
     return;
@@ -281,44 +284,36 @@ void CallSim::issue_next(int r, int w) {
   while (ws.outstanding < std::max(1, c_.window) && ws.next < ws.end) {
     const int idx = ws.next++;
     ++ws.outstanding;
-    const auto& item = plans_[static_cast<size_t>(r)].items[static_cast<size_t>(idx)];
     const double issue = q_.now() + c_.issue_ns;
     q_.at(issue, [this, r, w, idx, issue] {
       const auto& it = plans_[static_cast<size_t>(r)].items[static_cast<size_t>(idx)];
-      const int dst = it.dest_rank;
-      const double lat = machine_->latency_ns(r, dst);
       ++res_.simulated_items;
       res_.wire_bytes += it.bytes;
-      net_.start_flow(machine_->path(r, w, dst), it.bytes, lat, [this, r, w, idx, dst, lat, issue] {
-        const auto& item2 = plans_[static_cast<size_t>(r)].items[static_cast<size_t>(idx)];
-        const double rows = static_cast<double>(item2.rows());
-        auto visible = [this, r, w, idx, dst, rows, issue] {
+      net_.start_flow(machine_->path(r, w, it.dest_rank), it.bytes, 0.0, [this, r, w, idx, issue] {
+        const auto& item = plans_[static_cast<size_t>(r)].items[static_cast<size_t>(idx)];
+        const int dst = item.dest_rank;
+        const double lat = machine_->latency_ns(r, dst);
+        const double rows = static_cast<double>(item.rows());
+        auto& ws2 = workers_[static_cast<size_t>(r * senders_ + w)];
+        double visible_at = q_.now() + lat, resume_at = q_.now();
+        if (cfg_.algo == Algo::kUbep && cfg_.sync == Sync::kStopAndWait) {
+          resume_at = q_.now() + 2 * lat + c_.fence_ns + c_.issue_ns;  // data lands, ack returns, flag posted
+          visible_at = resume_at + lat;
+        }
+        ws2.last_land = std::max(ws2.last_land, visible_at);
+        q_.at(visible_at, [this, r, w, idx, dst, rows, issue] {
           if (cfg_.record_transfers) {
             const auto& i3 = plans_[static_cast<size_t>(r)].items[static_cast<size_t>(idx)];
             res_.transfers.push_back(Transfer{r, w, dst, i3.expert, i3.row_begin, i3.row_end, issue, q_.now()});
           }
           item_visible(dst, rows);
-        };
-        auto& ws2 = workers_[static_cast<size_t>(r * senders_ + w)];
-        if (cfg_.algo == Algo::kUbep && cfg_.sync == Sync::kStopAndWait) {
-          // The fence waits for the data's acknowledgment to come back, then the flag is
-          // written as a second blocking transfer; the item is visible when the flag lands.
-          const double flag_at = q_.now() + lat + c_.fence_ns + c_.issue_ns;
-          q_.at(flag_at + lat, [this, r, w, visible] {
-            visible();
-            auto& ws3 = workers_[static_cast<size_t>(r * senders_ + w)];
-            --ws3.outstanding;
-            issue_next(r, w);
-          });
-          (void)ws2;
-        } else {
-          visible();
-          --ws2.outstanding;
+        });
+        q_.at(resume_at, [this, r, w] {
+          --workers_[static_cast<size_t>(r * senders_ + w)].outstanding;
           issue_next(r, w);
-        }
+        });
       });
     });
-    (void)item;
   }
 }
 
@@ -370,17 +365,20 @@ void CallSim::check_rank_done(int r) {
 
 void CallSim::run_ubep() {
   const bool dispatch = cfg_.op == Op::kDispatch;
-  // Count records: posted by sender 0 of each rank before its items, to every rank (itself
-  // included). The receiver's prefix sum waits for all of them: a point-to-point dependency.
+  // Count records: the count-sender role (spread over the senders, like bsp's count stage)
+  // posts one record to every rank before the tokens; a receiver's prefix sum waits for all of
+  // them: a point-to-point dependency, polled by its workers in parallel as bsp verifies flags.
   double sw_extra = 0;  // stop-and-wait: each count record is fenced and flagged too
   if (cfg_.sync == Sync::kStopAndWait) sw_extra = c_.fence_ns + c_.issue_ns;
+  const int per_sender = (R_ + senders_ - 1) / senders_;
   std::vector<double> counts_ready(static_cast<size_t>(R_), 0.0);
   for (int s = 0; s < R_ && dispatch; ++s) {
     const double t0 = start_[static_cast<size_t>(s)] + layout_ns();
     for (int k = 1; k <= R_; ++k) {
       const int d = (s + k) % R_;
       const double lat = machine_->latency_ns(s, d);
-      const double land = t0 + k * c_.issue_ns + lat + (sw_extra > 0 ? sw_extra + 2 * lat : 0.0);
+      const double posted = t0 + ((k - 1) % per_sender + 1) * c_.issue_ns;
+      const double land = posted + lat + (sw_extra > 0 ? sw_extra + 2 * lat : 0.0);
       counts_ready[static_cast<size_t>(d)] = std::max(counts_ready[static_cast<size_t>(d)], land);
     }
   }
@@ -388,14 +386,15 @@ void CallSim::run_ubep() {
     const double s = start_[static_cast<size_t>(r)];
     auto& pool = pools_[static_cast<size_t>(r)];
     pool.expected = recv_items_[static_cast<size_t>(r)];
-    const double gate = dispatch ? std::max(counts_ready[static_cast<size_t>(r)], s) + R_ * c_.poll_ns +
+    const double gate = dispatch ? std::max(counts_ready[static_cast<size_t>(r)], s) +
+                                       std::ceil(static_cast<double>(R_) / W_) * c_.poll_ns +
                                        static_cast<double>(R_) * El_ * c_.prefix_ns_per_entry
                                  : s;
     q_.at(gate, [this, r] { open_gate(r); });
     if (split_) q_.at(s, [this, r] { pool_add_server(r, c_.ubep_reorder_workers); });
     const double t0 = s + layout_ns();
     for (int w = 0; w < senders_; ++w) {
-      const double begin = t0 + (dispatch && w == 0 ? R_ * c_.issue_ns : 0.0);
+      const double begin = t0 + (dispatch ? per_sender * c_.issue_ns : 0.0);
       start_worker(r, w, begin, [this, r] {
         // Shared roles: a worker that has sent everything turns to receiving.
         if (!split_) pool_add_server(r, 1);
@@ -448,8 +447,12 @@ void CallSim::run_bsp() {
       for (int w = 0; w < senders_; ++w)
         start_worker(r, w, q_.now(), [this, r, after_send] {
           if (--senders_left_[static_cast<size_t>(r)] == 0) {
-            send_done_[static_cast<size_t>(r)] = q_.now();
-            after_send();
+            // Posted stores: the stage ends when the rank's last item has landed.
+            double land = q_.now();
+            for (int v = 0; v < senders_; ++v)
+              land = std::max(land, workers_[static_cast<size_t>(r * senders_ + v)].last_land);
+            send_done_[static_cast<size_t>(r)] = land;
+            q_.at(land, after_send);
           }
         });
     };

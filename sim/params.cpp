@@ -28,8 +28,8 @@ CostParams accelerator_common(const char* name) {
   CostParams c;
   c.preset = name;
   c.window = 1;
-  src(c, "window", "1 [UBEP/scheduler]: a worker finishes one item before the next, the scheduler's cost model "
-                   "(a core waits for its DMA copy); this is what makes far peers create stragglers");
+  src(c, "window", "1 [scheduler]: a worker pushes one item's bytes at a time, back to back; stores are posted, "
+                   "so latencies overlap (the scheduler's cost model)");
   c.issue_ns = 50;
   src(c, "issue_ns", "50 ns [ASSUME]: a DMA descriptor / a few scalar instructions per message");
   c.local_row_ns = 20;
@@ -37,7 +37,7 @@ CostParams accelerator_common(const char* name) {
   c.fence_ns = 100;
   src(c, "fence_ns", "100 ns [ASSUME] on top of waiting for the write's acknowledgment (one latency back)");
   c.barrier_round_extra_ns = 0;
-  src(c, "barrier_round_extra_ns", "0 [ASSUME]: a dissemination-barrier round = farthest latency + one poll");
+  src(c, "barrier_round_extra_ns", "0 [ASSUME]: barrier = R flag posts + farthest latency + R polls, over W workers");
   c.layout_ns_per_entry = 2;
   src(c, "layout_ns_per_entry", "2 ns [ASSUME]: routing metadata per (token, k), spread over the workers");
   c.prefix_ns_per_entry = 1;
@@ -149,7 +149,7 @@ Preset local_preset(int ranks, const std::string& file) {
   c.local_copy_GBps = per_core;
   src(c, "local_copy_GBps", "[MEAS] same as worker_GBps (reorder is a memcpy)");
   c.window = 1;
-  src(c, "window", "1: a CPU memcpy completes before the next starts");
+  src(c, "window", "1: a CPU thread copies one row at a time");
   c.issue_ns = cal.row_overhead_ns;
   c.local_row_ns = cal.row_overhead_ns;
   src(c, "issue_ns/local_row_ns", "[MEAS] fixed cost per row copy (calibrate: 14 KB copies vs bulk)");
@@ -158,7 +158,7 @@ Preset local_preset(int ranks, const std::string& file) {
   c.poll_ns = 5;
   src(c, "poll_ns", "5 ns [ASSUME]: a flag read that hits in cache (a miss is the handoff latency)");
   c.barrier_round_extra_ns = 0;
-  src(c, "barrier", "log2(R) rounds x handoff latency [MEAS]");
+  src(c, "barrier", "flag posts + handoff latency [MEAS] + polls");
   c.layout_ns_per_entry = 2;
   src(c, "layout_ns_per_entry", "2 ns [ASSUME]");
   c.prefix_ns_per_entry = 1;

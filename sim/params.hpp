@@ -35,8 +35,8 @@ struct CostParams {
   double fence_ns = 0;
   // Reading one peer's flag while verifying (bsp) or polling (ubep).
   double poll_ns = 0;
-  // One round of a group barrier; a barrier over R ranks takes ceil(log2 R) rounds
-  // (dissemination barrier), each costing the farthest level's latency plus this.
+  // A group barrier is an all-to-all flag exchange: R posted flags and R polls spread over the
+  // workers, plus the farthest level's latency, plus this.
   double barrier_round_extra_ns = 0;
   // Layout (routing metadata) cost per (token, k) entry, and prefix sum cost per count entry.
   double layout_ns_per_entry = 0;
