@@ -100,26 +100,38 @@ std::vector<float> expected_combine(const Problem& p, int me, Layout layout) {
   for (int64_t t = 0; t < in.tokens; ++t) {
     for (int64_t h = 0; h < p.hidden; ++h) {
       const float v = p.value(me, t, h);
-      float acc = 0.0f;
-      if (layout == Layout::kThroughput) {
-        for (int r = 0; r < p.ranks; ++r) {
-          bool sent = false;
+      float total = 0.0f;
+      bool first = true;
+      for (int host = 0; host < p.num_hosts(); ++host) {
+        float partial = 0.0f;
+        bool any = false;
+        if (layout == Layout::kThroughput) {
+          for (int r = 0; r < p.ranks; ++r) {
+            if (p.host_of(r) != host) continue;
+            bool sent = false;
+            for (int j = 0; j < in.topk; ++j) {
+              const int64_t e = in.topk_idx[static_cast<size_t>(t * in.topk + j)];
+              sent = sent || (e >= 0 && e / El == r);
+            }
+            if (!sent) continue;
+            partial += stored(expert_fn(v, r), p.dtype);
+            any = true;
+          }
+        } else {
           for (int j = 0; j < in.topk; ++j) {
             const int64_t e = in.topk_idx[static_cast<size_t>(t * in.topk + j)];
-            sent = sent || (e >= 0 && e / El == r);
+            if (e < 0 || p.host_of(static_cast<int>(e / El)) != host) continue;
+            const float w = in.topk_weights[static_cast<size_t>(t * in.topk + j)];
+            const float prod = w * stored(expert_fn(v, e), p.dtype);
+            partial += prod;
+            any = true;
           }
-          if (sent) acc += stored(expert_fn(v, r), p.dtype);
         }
-      } else {
-        for (int j = 0; j < in.topk; ++j) {
-          const int64_t e = in.topk_idx[static_cast<size_t>(t * in.topk + j)];
-          if (e < 0) continue;
-          const float w = in.topk_weights[static_cast<size_t>(t * in.topk + j)];
-          const float prod = w * stored(expert_fn(v, e), p.dtype);
-          acc += prod;
-        }
+        if (!any) continue;
+        total = first ? partial : total + partial;
+        first = false;
       }
-      y[static_cast<size_t>(t * p.hidden + h)] = stored(acc, p.dtype);
+      y[static_cast<size_t>(t * p.hidden + h)] = stored(total, p.dtype);
     }
   }
   return y;

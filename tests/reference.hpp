@@ -29,7 +29,10 @@ struct Problem {
   int experts = 8;
   int64_t hidden = 16;
   DType dtype = DType::kFP32;
+  int ranks_per_host = 0;  // 0: one host
   std::vector<RankInput> inputs;
+  int host_of(int rank) const { return ranks_per_host ? rank / ranks_per_host : 0; }
+  int num_hosts() const { return ranks_per_host ? (ranks + ranks_per_host - 1) / ranks_per_host : 1; }
   float value(int rank, int64_t t, int64_t h) const;  // x[rank][t][h] as float
 };
 
@@ -55,7 +58,9 @@ struct ExpectedDispatch {
 ExpectedDispatch expected_dispatch(const Problem& p, int me);
 
 // Expected combine output of rank `me` (as floats rounded to the dtype), when every expert rank
-// feeds combine with expert_fn applied to its received rows.
+// feeds combine with expert_fn applied to its received rows. The order of the fp32 sum is
+// DESIGN §2's, per host: each host's contributions from 0 in ascending rank (or k), then the
+// host partials in ascending host order, the first taken as is (on one host: the plain order).
 std::vector<float> expected_combine(const Problem& p, int me, Layout layout);
 
 }  // namespace ubep::test

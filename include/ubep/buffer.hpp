@@ -94,6 +94,10 @@ struct CombineArgs {
 struct CallStats {
   uint64_t barriers = 0;
   std::vector<std::pair<const char*, double>> stage_us;  // (stage, microseconds), in order
+  // Across hosts (0 on one host): bytes this rank sent over the network in the call, and token
+  // rows among them (dispatch: one per (token, destination host)).
+  uint64_t network_bytes = 0;
+  uint64_t network_rows = 0;
 };
 
 class Buffer {

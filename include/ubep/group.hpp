@@ -17,9 +17,17 @@
 
 namespace ubep {
 
+namespace transport {
+class Remote;
+}
+
 struct GroupOptions {
   // How long any wait on a peer may last before a TimeoutError names the peer.
   std::chrono::milliseconds timeout{60000};
+  // 0: ranks on one host share memory (threads), or hosts are discovered (mpirun). N > 0: pretend
+  // every N consecutive ranks form a host, so the cross-host paths (relay over the transport
+  // between hosts) can be tested on one machine.
+  int ranks_per_host = 0;
 };
 
 // Memory that every rank of a host contributes and every local peer can address.
@@ -69,6 +77,10 @@ class Group {
   virtual void alltoallv(const void* send, const int64_t* send_bytes, const int64_t* send_offsets,
                          void* recv, const int64_t* recv_bytes, const int64_t* recv_offsets) = 0;
 
+  // Point-to-point transport to ranks on other hosts; nullptr on a single host. Internal: used
+  // by the cross-host relay of the EP algorithms, from one thread at a time.
+  virtual transport::Remote* remote() { return nullptr; }
+
   // Short description for logs and benchmark tables, e.g. "threads(4)" or "mpi(2 ranks, 1 host)".
   virtual const char* kind() const = 0;
 
@@ -98,8 +110,6 @@ class ThreadWorld {
   ~ThreadWorld();
   // Each rank index may be taken once; the Group must only be used from one thread at a time.
   std::unique_ptr<Group> group(int rank);
-  // Pretend the ranks live on hosts of `ranks_per_host` ranks each (for topology tests).
-  void set_ranks_per_host(int ranks_per_host);
 
   struct State;
 

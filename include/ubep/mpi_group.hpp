@@ -9,11 +9,8 @@
 
 namespace ubep {
 
-struct MpiGroupOptions : GroupOptions {
-  // 0: discover hosts (MPI_COMM_TYPE_SHARED). N > 0: pretend every N consecutive ranks form a
-  // host, so multi-host code paths can be tested on one machine.
-  int ranks_per_host = 0;
-};
+// ranks_per_host = 0 discovers hosts (MPI_COMM_TYPE_SHARED).
+using MpiGroupOptions = GroupOptions;
 
 // Collective over `comm` (which must outlive the group). MPI must be initialised; ubep needs
 // MPI_THREAD_MULTIPLE only if several threads call MPI at once (the library does not).

@@ -14,6 +14,11 @@ namespace ubep {
 
 
 struct AlltoallBaseline::Impl {
+  struct Contribution {
+    int rank;
+    const char* row;
+    const float* weight;
+  };
   Group& group;
   BufferConfig cfg;
   int rank, ranks, El;
@@ -34,7 +39,8 @@ struct AlltoallBaseline::Impl {
   LocalArray comb_send, comb_recv;
   std::vector<int64_t> expert_offset;  // [El, R]
   std::vector<int32_t> comb_meta_send, comb_meta_recv;  // latency combine: (token, k) per row
-  std::vector<float> acc;
+  std::vector<float> acc, part;
+  std::vector<Contribution> contrib;
 
   Impl(Group& g, const BufferConfig& c)
       : group(g), cfg(c), rank(g.rank()), ranks(g.size()), El(c.num_experts / g.size()),
@@ -66,6 +72,8 @@ struct AlltoallBaseline::Impl {
     comb_meta_recv.resize(R * Tz * K * 2);
     expert_offset.resize(static_cast<size_t>(El) * R);
     acc.resize(static_cast<size_t>(c.hidden));
+    part.resize(static_cast<size_t>(c.hidden));
+    contrib.reserve(static_cast<size_t>(std::max(ranks, c.max_topk)));
     stats.stage_us.reserve(8);
   }
 
@@ -77,9 +85,31 @@ struct AlltoallBaseline::Impl {
     group.alltoallv(send, sb.data(), so.data(), recv, rb.data(), ro.data());
   }
 
-  void add_row(const char* row, const float* wp) {
-    if (wp) kernels::accumulate_row_weighted(acc.data(), row, cfg.dtype, cfg.hidden, *wp);
-    else kernels::accumulate_row(acc.data(), row, cfg.dtype, cfg.hidden);
+  // Reduces one token's contributions, given in the fixed order (ascending rank or k) with the
+  // rank that computed each: per host from 0, then host partials in ascending host order (the
+  // first taken as is) -- on one host simply the sum in the given order. Same order as ubep.
+  void reduce(char* out, const std::vector<Contribution>& cs) {
+    const int64_t H = cfg.hidden;
+    bool first = true;
+    for (int h = 0; h < group.num_hosts(); ++h) {
+      float* p = group.num_hosts() == 1 ? acc.data() : part.data();
+      std::fill(p, p + H, 0.0f);
+      bool any = false;
+      for (const Contribution& c : cs) {
+        if (group.host_of(c.rank) != h) continue;
+        if (c.weight) kernels::accumulate_row_weighted(p, c.row, cfg.dtype, H, *c.weight);
+        else kernels::accumulate_row(p, c.row, cfg.dtype, H);
+        any = true;
+      }
+      if (!any) continue;
+      if (p != acc.data()) {
+        if (first) std::copy(p, p + H, acc.data());
+        else for (int64_t i = 0; i < H; ++i) acc[static_cast<size_t>(i)] += p[i];
+      }
+      first = false;
+    }
+    if (first) std::fill(acc.begin(), acc.end(), 0.0f);
+    kernels::store_row(out, acc.data(), cfg.dtype, H);
   }
 };
 
@@ -206,7 +236,6 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
   const int64_t RT = static_cast<int64_t>(R) * b.T;
   const auto RB = static_cast<int64_t>(b.RB);
   const int64_t N = b.routing.num_tokens;
-  std::fill(b.acc.begin(), b.acc.end(), 0.0f);
   if (b.layout == Layout::kThroughput) {
     UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == b.num_recv_rows && a.x.dim(1) == b.cfg.hidden,
                    "combine: x must be [", b.num_recv_rows, ", ", b.cfg.hidden, "], got ", a.x.describe());
@@ -228,12 +257,12 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
     std::vector<int64_t>& cursor = b.so;  // reuse: next row index per rank
     std::fill(cursor.begin(), cursor.end(), 0);
     for (int64_t t = 0; t < N; ++t) {
-      std::fill(b.acc.begin(), b.acc.end(), 0.0f);
+      b.contrib.clear();
       for (int p = 0; p < R; ++p) {
         if (!b.routing.sent(t, p)) continue;
-        b.add_row(b.comb_recv.get() + b.ro[p] + cursor[p]++ * RB, nullptr);
+        b.contrib.push_back({p, b.comb_recv.get() + b.ro[p] + cursor[p]++ * RB, nullptr});
       }
-      kernels::store_row(b.y.get() + t * RB, b.acc.data(), b.cfg.dtype, b.cfg.hidden);
+      b.reduce(b.y.get() + t * RB, b.contrib);
     }
   } else {
     UBEP_CHECK_ARG(a.x.ndim == 3 && a.x.dim(0) == El && a.x.dim(1) == RT && a.x.dim(2) == b.cfg.hidden,
@@ -287,13 +316,14 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
     for (int64_t i = 0; i < total; ++i)
       where[static_cast<size_t>(b.comb_meta_recv[static_cast<size_t>(2 * i)] * Kmax + b.comb_meta_recv[static_cast<size_t>(2 * i + 1)])] = i;
     for (int64_t t = 0; t < N; ++t) {
-      std::fill(b.acc.begin(), b.acc.end(), 0.0f);
+      b.contrib.clear();
       for (int j = 0; j < K; ++j) {
         const size_t tk = static_cast<size_t>(t * K + j);
         if (b.routing.topk_idx[tk] < 0) continue;
-        b.add_row(b.comb_recv.get() + where[static_cast<size_t>(t * Kmax + j)] * RB, &b.routing.topk_weights[tk]);
+        b.contrib.push_back({b.routing.topk_idx[tk] / El, b.comb_recv.get() + where[static_cast<size_t>(t * Kmax + j)] * RB,
+                             &b.routing.topk_weights[tk]});
       }
-      kernels::store_row(b.y.get() + t * RB, b.acc.data(), b.cfg.dtype, b.cfg.hidden);
+      b.reduce(b.y.get() + t * RB, b.contrib);
     }
   }
   timer.lap("unpack + reduce");

@@ -9,6 +9,7 @@
 // by call parity (protocol.hpp), so no barrier is needed after the last stage.
 #include "core/stage_timer.hpp"
 #include "ep/buffer_impl.hpp"
+#include "ep/relay.hpp"
 
 namespace ubep::ep {
 
@@ -16,8 +17,11 @@ namespace {
 constexpr int kDispatchOp = 0, kCombineOp = 1;
 
 void set_flags_and_verify(Buffer::Impl& b, int op) {
-  for (int d = 0; d < b.ranks; ++d) publish(b.win.stage_flag(b.peer(d), op, b.rank), b.tag());
+  // Flags travel through shared memory, so only within the host; the barriers cover the rest.
+  for (int d = 0; d < b.ranks; ++d)
+    if (b.same_host(d)) publish(b.win.stage_flag(b.peer(d), op, b.rank), b.tag());
   for (int s = 0; s < b.ranks; ++s) {
+    if (!b.same_host(s)) continue;
     const Tag* f = b.win.stage_flag(b.local(), op, s);
     wait_until([&] { return arrived(f, b.tag()); }, b.wait,
                [&] { return detail::concat("bsp flag of rank ", s); });
@@ -28,13 +32,22 @@ void set_flags_and_verify(Buffer::Impl& b, int op) {
 void bsp_dispatch(Buffer::Impl& b, const DispatchArgs& a) {
   StageTimer timer(b.stats);
   timer.lap("layout");  // routing was built (and validated) by begin_dispatch
-  for (int d = 0; d < b.ranks; ++d) b.fill_count(d);
+  if (b.relay) b.relay->start_dispatch(a);
+  for (int d = 0; d < b.ranks; ++d) {
+    if (!b.same_host(d)) continue;
+    b.publish_count(d, b.rank, b.routing.dest_rows[static_cast<size_t>(d)], b.routing.topk,
+                    &b.routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
+  }
+  if (b.relay)  // relayed sources' count records are part of this stage
+    b.wait_for([&] { return b.relay->counts_forwarded(); }, true, [] { return std::string("relayed counts"); });
   b.group.barrier();
   timer.lap("count exchange");
   for (int d = 0; d < b.ranks; ++d) {
+    if (!b.same_host(d)) continue;
     b.compute_offsets(d);
     for (int64_t i = 0; i < b.routing.dest_rows[static_cast<size_t>(d)]; ++i) b.send_rows(a, d, i, [](Tag*) {});
   }
+  if (b.relay) b.wait_for([&] { return b.relay->progress(); }, true, [] { return std::string("relay forwarding"); });
   b.group.barrier();
   timer.lap("token send");
   set_flags_and_verify(b, kDispatchOp);
@@ -52,9 +65,15 @@ void bsp_combine(Buffer::Impl& b, const CombineArgs& a) {
     int owner;
     int64_t slot;
     b.row_owner(row, &owner, &slot);
-    std::memcpy(b.at<char>(owner, b.win.push) + static_cast<size_t>(slot) * b.row_bytes(),
-                static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes(), b.row_bytes());
+    const char* data = static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes();
+    if (b.same_host(owner)) {
+      std::memcpy(b.at<char>(owner, b.win.push) + static_cast<size_t>(slot) * b.row_bytes(), data, b.row_bytes());
+    } else {  // stage it for this host's relay to that owner
+      std::memcpy(b.at<char>(b.rank, b.win.comb_x) + static_cast<size_t>(row) * b.row_bytes(), data, b.row_bytes());
+      publish(b.at<Tag>(b.rank, b.win.comb_tag) + row, b.tag());
+    }
   }
+  if (b.relay) b.relay->start_combine();
   b.group.barrier();
   timer.lap("row send");
   set_flags_and_verify(b, kCombineOp);
@@ -67,6 +86,7 @@ void bsp_combine(Buffer::Impl& b, const CombineArgs& a) {
       return push + static_cast<size_t>(slot) * b.row_bytes();
     });
   }
+  if (b.relay) b.wait_for([&] { return b.relay->combine_done(); }, true, [] { return std::string("relay partials"); });
   timer.lap("reduce");
 }
 

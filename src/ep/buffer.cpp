@@ -3,6 +3,7 @@
 
 #include "core/log.hpp"
 #include "ep/buffer_impl.hpp"
+#include "ep/relay.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep {
@@ -63,9 +64,6 @@ Buffer::Impl::Impl(Group& g, const BufferConfig& c)
       routing(g.size(), cfg.num_experts, cfg.max_tokens_per_rank, cfg.max_topk),
       wait{std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout)},
       next_seq(cfg.initial_epoch) {
-  for (int r = 0; r < ranks; ++r)
-    UBEP_CHECK_ARG(g.same_host(r, rank), "Buffer: rank ", r, " is on another host than rank ", rank,
-                   "; cross-host groups are not supported by this buffer yet");
   window = g.allocate_window(win.total);
   team = std::make_unique<ep::WorkerTeam>(cfg.num_workers);
   row_offset_at.resize(static_cast<size_t>(ranks));
@@ -73,19 +71,34 @@ Buffer::Impl::Impl(Group& g, const BufferConfig& c)
   offsets_ready = std::vector<std::atomic<uint64_t>>(static_cast<size_t>(ranks));
   recv_count = LocalArray(static_cast<size_t>(local_experts) * 8);
   y = LocalArray(static_cast<size_t>(T) * row_bytes());
+  part.resize(static_cast<size_t>(cfg.hidden));
+  if (g.num_hosts() > 1) {
+    UBEP_CHECK_ARG(g.remote() != nullptr, "Buffer: the group spans ", g.num_hosts(),
+                   " hosts but has no transport between them");
+    relay = std::make_unique<HostRelay>(*this);
+  }
   acc.resize(static_cast<size_t>(team->size()) * static_cast<size_t>(cfg.hidden));
   stats.stage_us.reserve(16);
   log::info("rank ", rank, ": buffer with ", win.total, " shared bytes, ", cfg.num_workers,
             " workers, algorithm ", algorithm_name(cfg.algorithm));
 }
 
-ep::CountRecord Buffer::Impl::fill_count(int dest) {
-  ep::CountRecord rec = win.count(peer(dest), half(), rank);
-  *rec.rows() = routing.dest_rows[static_cast<size_t>(dest)];
-  *rec.topk() = routing.topk;
-  std::memcpy(rec.expert_rows(), &routing.dest_expert_rows[static_cast<size_t>(dest * local_experts)],
-              static_cast<size_t>(local_experts) * 4);
-  return rec;
+void Buffer::Impl::publish_count(int dest, int source, int32_t rows, int32_t topk, const int32_t* expert_rows) {
+  ep::CountRecord rec = win.count(peer(dest), half(), source);
+  *rec.rows() = rows;
+  *rec.topk() = topk;
+  std::memcpy(rec.expert_rows(), expert_rows, static_cast<size_t>(local_experts) * 4);
+  if (cfg.sync == SyncMode::kFused) {
+    ep::publish(rec.tag(), tag());
+  } else {
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // stop-and-wait: fence, then the flag
+    ep::publish(win.count_flag(peer(dest), half(), source), tag());
+  }
+}
+
+bool Buffer::Impl::count_arrived(int dest, int source) const {
+  ep::CountRecord rec = win.count(peer(dest), half(), source);
+  return ep::arrived(cfg.sync == SyncMode::kFused ? rec.tag() : win.count_flag(peer(dest), half(), source), tag());
 }
 
 void Buffer::Impl::compute_offsets(int dest) {
@@ -196,6 +209,7 @@ void Buffer::Impl::check_combine(const CombineArgs& a) const {
 
 Buffer::Buffer(Group& group, BufferConfig config) : impl_(std::make_unique<Impl>(group, config)) {}
 Buffer::~Buffer() = default;
+Buffer::Impl::~Impl() = default;
 
 namespace {
 void report_topk_mismatch(const Buffer::Impl& b) {
@@ -216,6 +230,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args) {
     ep::ubep_dispatch_recv(b);
   }
   b.stats.barriers = b.group.barrier_count() - barriers0;
+  b.record_network();
   report_topk_mismatch(b);
   return b.result();
 }
@@ -231,6 +246,7 @@ TensorView Buffer::combine(const CombineArgs& args) {
     ep::ubep_combine_recv(b);
   }
   b.stats.barriers = b.group.barrier_count() - barriers0;
+  b.record_network();
   return b.y_view();
 }
 
@@ -249,6 +265,7 @@ DispatchResult Buffer::dispatch_recv() {
   b.phase = Impl::Phase::kIdle;
   ep::ubep_dispatch_recv(b);
   b.stats.barriers = 0;
+  b.record_network();
   report_topk_mismatch(b);
   return b.result();
 }
@@ -268,6 +285,7 @@ TensorView Buffer::combine_recv() {
   b.phase = Impl::Phase::kIdle;
   ep::ubep_combine_recv(b);
   b.stats.barriers = 0;
+  b.record_network();
   return b.y_view();
 }
 

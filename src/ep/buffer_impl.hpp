@@ -17,6 +17,8 @@
 
 namespace ubep {
 
+class HostRelay;
+
 struct Buffer::Impl {
   Group& group;
   BufferConfig cfg;
@@ -45,11 +47,16 @@ struct Buffer::Impl {
   int64_t num_recv_rows = 0;
   std::atomic<int> topk_mismatch{-1};     // a source whose topk differs from ours
 
+  std::unique_ptr<HostRelay> relay;  // cross-host relay, when the group spans hosts
+
   LocalArray y;            // [T, row] combine output
+  std::vector<float> part; // [hidden] one host's partial (multi-host combine)
   std::vector<float> acc;  // [members, hidden] fp32 accumulators
   CallStats stats;
 
   Impl(Group& g, const BufferConfig& c);
+  ~Impl();
+  void record_network();  // copies the relay's counters into stats
 
   int half() const { return ep::half_of(seq); }
   uint32_t tag() const { return ep::tag_of(seq); }
@@ -64,12 +71,25 @@ struct Buffer::Impl {
 
   // --- steps shared by the algorithms ---
   void begin_dispatch(const DispatchArgs& a);
-  ep::CountRecord fill_count(int dest);  // body only; the caller completes it
   // Reads the count records of sources below this rank at `dest` (they must be visible).
   void compute_offsets(int dest);
   // Writes the rows of token slot i for `dest` into dest's outputs; calls done(tag) per message.
   template <typename Done>
   void send_rows(const DispatchArgs& a, int dest, int64_t i, Done&& done);
+  // Writes one token's row(s) for `dest` on behalf of `source` (itself or, on a relay, a rank
+  // of another host): idx/w/expert_slot are the token's K entries, slot its index among the
+  // source's rows for dest, row_off/expert_off where the source's rows start at dest.
+  template <typename Done>
+  void place_row(int dest, int source, int32_t t, const char* row, const int32_t* idx, const float* w, int K,
+                 int64_t slot, const int32_t* expert_slot, int64_t row_off, const int64_t* expert_off, Done&& done);
+  // Count records: write one (as `source`, for `dest`) in the buffer's sync mode; test arrival.
+  void publish_count(int dest, int source, int32_t rows, int32_t topk, const int32_t* expert_rows);
+  bool count_arrived(int dest, int source) const;
+  // Waits for pred; on the caller's thread it keeps the cross-host relay going meanwhile.
+  template <typename Pred, typename Describe>
+  void wait_for(Pred&& pred, bool caller, Describe&& describe);
+  bool multi_host() const { return relay != nullptr; }
+  bool same_host(int r) const { return group.same_host(r, rank); }
   // Receiver: after every count record of this call is visible.
   void receive_counts();
   // Receiver: the tag of every expected row, in order; visit(tag, description-index).
@@ -84,6 +104,11 @@ struct Buffer::Impl {
   template <typename Locate>
   void reduce_token(int64_t t, float* acc_row, Locate&& locate);
 
+  // Multi-host helpers (relay.cpp): keep the relay going; a remote host's partial of token t,
+  // waited for (nullptr if the token has no expert on that host).
+  void relay_progress();
+  const float* remote_partial(int h, int64_t t);
+
   DispatchResult result() const;
   TensorView combine_input_view() const;
   TensorView y_view() const;
@@ -91,41 +116,48 @@ struct Buffer::Impl {
 };
 
 template <typename Done>
-void Buffer::Impl::send_rows(const DispatchArgs& a, int dest, int64_t i, Done&& done) {
-  const int32_t t = routing.dest_token(dest, i);
-  const char* row = static_cast<const char*>(a.x.data) + static_cast<size_t>(t) * row_bytes();
-  const int K = routing.topk;
-  const size_t tK = static_cast<size_t>(t) * static_cast<size_t>(K);
+void Buffer::Impl::place_row(int dest, int source, int32_t t, const char* row, const int32_t* idx,
+                             const float* w, int K, int64_t slot, const int32_t* expert_slot,
+                             int64_t row_off, const int64_t* expert_off, Done&& done) {
   if (layout == Layout::kThroughput) {
-    const int64_t pos = row_offset_at[static_cast<size_t>(dest)] + i;
+    const int64_t pos = row_off + slot;
     std::memcpy(at<char>(dest, win.tp_x) + static_cast<size_t>(pos) * row_bytes(), row, row_bytes());
     int64_t* src = at<int64_t>(dest, win.tp_src) + 2 * pos;
-    src[0] = rank;
+    src[0] = source;
     src[1] = t;
-    int32_t* idx = at<int32_t>(dest, win.tp_idx) + pos * K;
-    float* w = at<float>(dest, win.tp_w) + pos * K;
+    int32_t* oidx = at<int32_t>(dest, win.tp_idx) + pos * K;
+    float* ow = at<float>(dest, win.tp_w) + pos * K;
     for (int j = 0; j < K; ++j) {
-      const int32_t e = routing.topk_idx[tK + static_cast<size_t>(j)];
+      const int32_t e = idx[j];
       const bool here = e >= 0 && e / local_experts == dest;
-      idx[j] = here ? e % local_experts : -1;
-      w[j] = here ? routing.topk_weights[tK + static_cast<size_t>(j)] : 0.0f;
+      oidx[j] = here ? e % local_experts : -1;
+      ow[j] = here ? w[j] : 0.0f;
     }
     done(at<ep::Tag>(dest, win.tp_tag) + pos);
   } else {
     for (int j = 0; j < K; ++j) {
-      const int32_t e = routing.topk_idx[tK + static_cast<size_t>(j)];
+      const int32_t e = idx[j];
       if (e < 0 || e / local_experts != dest) continue;
       const int le = e % local_experts;
-      const int64_t pos = le * RT() + expert_offset_at[static_cast<size_t>(dest * local_experts + le)] +
-                          routing.expert_slot[tK + static_cast<size_t>(j)];
+      const int64_t pos = le * RT() + expert_off[le] + expert_slot[j];
       std::memcpy(at<char>(dest, win.lat_x) + static_cast<size_t>(pos) * row_bytes(), row, row_bytes());
       int64_t* src = at<int64_t>(dest, win.lat_src) + 2 * pos;
-      src[0] = rank;
+      src[0] = source;
       src[1] = t;
       at<int8_t>(dest, win.lat_k)[pos] = static_cast<int8_t>(j);
       done(at<ep::Tag>(dest, win.lat_tag) + pos);
     }
   }
+}
+
+template <typename Done>
+void Buffer::Impl::send_rows(const DispatchArgs& a, int dest, int64_t i, Done&& done) {
+  const int32_t t = routing.dest_token(dest, i);
+  const size_t tK = static_cast<size_t>(t) * static_cast<size_t>(routing.topk);
+  place_row(dest, rank, t, static_cast<const char*>(a.x.data) + static_cast<size_t>(t) * row_bytes(),
+            &routing.topk_idx[tK], &routing.topk_weights[tK], routing.topk, i, &routing.expert_slot[tK],
+            row_offset_at[static_cast<size_t>(dest)], &expert_offset_at[static_cast<size_t>(dest * local_experts)],
+            std::forward<Done>(done));
 }
 
 template <typename Visit>
@@ -144,21 +176,55 @@ void Buffer::Impl::for_each_expected_row(Visit&& visit) const {
 template <typename Locate>
 void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
   const int64_t H = cfg.hidden;
-  std::fill(a, a + H, 0.0f);
-  if (layout == Layout::kThroughput) {
-    // Sum over the ranks the token went to, in ascending rank order.
-    for (int r = 0; r < ranks; ++r)
-      if (routing.sent(t, r)) kernels::accumulate_row(a, locate(t, r), cfg.dtype, H);
-  } else {
-    // Weighted sum over the selected experts, in ascending k.
-    const int K = routing.topk;
-    for (int j = 0; j < K; ++j) {
-      const size_t tk = static_cast<size_t>(t * K + j);
-      if (routing.topk_idx[tk] < 0) continue;
-      kernels::accumulate_row_weighted(a, locate(t, j), cfg.dtype, H, routing.topk_weights[tk]);
+  const int K = routing.topk;
+  // This host's contributions, from 0, in ascending rank (throughput) or ascending k (latency).
+  auto local_partial = [&](float* p) {
+    std::fill(p, p + H, 0.0f);
+    if (layout == Layout::kThroughput) {
+      for (int r = 0; r < ranks; ++r)
+        if (routing.sent(t, r) && same_host(r)) kernels::accumulate_row(p, locate(t, r), cfg.dtype, H);
+    } else {
+      for (int j = 0; j < K; ++j) {
+        const size_t tk = static_cast<size_t>(t * K + j);
+        const int32_t e = routing.topk_idx[tk];
+        if (e < 0 || !same_host(e / local_experts)) continue;
+        kernels::accumulate_row_weighted(p, locate(t, j), cfg.dtype, H, routing.topk_weights[tk]);
+      }
     }
+  };
+  if (!multi_host()) {
+    local_partial(a);
+  } else {
+    // Per-host partials added in ascending host order: the first one is taken as is.
+    bool first = true;
+    for (int h = 0; h < group.num_hosts(); ++h) {
+      const float* p = nullptr;
+      if (h == group.host_of(rank)) {
+        bool any = false;
+        for (int r = 0; r < ranks && !any; ++r) any = routing.sent(t, r) && same_host(r);
+        if (!any) continue;
+        local_partial(part.data());
+        p = part.data();
+      } else {
+        p = remote_partial(h, t);
+        if (!p) continue;
+      }
+      if (first) std::copy(p, p + H, a);
+      else for (int64_t i = 0; i < H; ++i) a[i] += p[i];
+      first = false;
+    }
+    if (first) std::fill(a, a + H, 0.0f);
   }
   kernels::store_row(y.get() + static_cast<size_t>(t) * row_bytes(), a, cfg.dtype, H);
+}
+
+template <typename Pred, typename Describe>
+void Buffer::Impl::wait_for(Pred&& pred, bool caller, Describe&& describe) {
+  if (caller && relay) {
+    wait_until([&] { relay_progress(); return pred(); }, wait, describe);
+  } else {
+    wait_until(pred, wait, describe);
+  }
 }
 
 namespace ep {

@@ -28,6 +28,7 @@
 
 #include "core/stage_timer.hpp"
 #include "ep/buffer_impl.hpp"
+#include "ep/relay.hpp"
 
 namespace ubep::ep {
 
@@ -46,12 +47,13 @@ inline void complete(const Buffer::Impl& b, Tag* tag) {
   publish(tag, b.tag());
 }
 
-void wait_count(const Buffer::Impl& b, void* base, int src, int at_rank) {
-  CountRecord rec = b.win.count(base, b.half(), src);
-  const Tag* tag = b.cfg.sync == SyncMode::kFused ? rec.tag() : b.win.count_flag(base, b.half(), src);
-  wait_until([&] { return arrived(tag, b.tag()); }, b.wait, [&] {
-    return detail::concat("count record of rank ", src, " at rank ", at_rank, " (epoch tag ", b.tag(), ")");
-  });
+// Waits until the count records of sources [0, upto) are at `dest` (on the caller's thread the
+// cross-host relay keeps running meanwhile, so proxied records can appear).
+void wait_counts(Buffer::Impl& b, int dest, int upto, bool caller) {
+  for (int s = 0; s < upto; ++s)
+    b.wait_for([&] { return b.count_arrived(dest, s); }, caller, [&] {
+      return detail::concat("count record of rank ", s, " at rank ", dest, " (epoch tag ", b.tag(), ")");
+    });
 }
 
 }  // namespace
@@ -66,22 +68,20 @@ void ubep_dispatch_send(Buffer::Impl& b, const DispatchArgs& a) {
   std::vector<std::atomic<uint64_t>>& ready = b.offsets_ready;
   b.team->run([&](int m) {
     if (m == 0) {
+      if (b.relay) b.relay->start_dispatch(a);  // remote hosts first: their data has furthest to go
       for (int k = 1; k <= b.ranks; ++k) {
         const int d = (b.rank + k) % b.ranks;
-        CountRecord rec = b.fill_count(d);
-        if (b.cfg.sync == SyncMode::kFused) {
-          publish(rec.tag(), b.tag());
-        } else {
-          std::atomic_thread_fence(std::memory_order_seq_cst);
-          publish(b.win.count_flag(b.peer(d), b.half(), b.rank), b.tag());
-        }
+        if (!b.same_host(d)) continue;
+        b.publish_count(d, b.rank, b.routing.dest_rows[static_cast<size_t>(d)], b.routing.topk,
+                        &b.routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
       }
     }
     // Destinations in rotated order, starting after ourselves, so senders spread over receivers.
     for (int k = 1; k <= b.ranks; ++k) {
       const int d = (b.rank + k) % b.ranks;
+      if (!b.same_host(d)) continue;  // reached through the relay
       if (m == 0) {
-        for (int s = 0; s < b.rank; ++s) wait_count(b, b.peer(d), s, d);
+        wait_counts(b, d, b.rank, true);
         b.compute_offsets(d);
         ready[static_cast<size_t>(d)].store(signal, std::memory_order_release);
       } else {
@@ -99,14 +99,16 @@ void ubep_dispatch_send(Buffer::Impl& b, const DispatchArgs& a) {
 void ubep_dispatch_recv(Buffer::Impl& b) {
   const double send_us = b.stats.stage_us.empty() ? 0.0 : b.stats.stage_us.back().second;
   StageTimer timer(b.stats);
-  for (int s = 0; s < b.ranks; ++s) wait_count(b, b.local(), s, b.rank);
+  wait_counts(b, b.rank, b.ranks, true);
   b.receive_counts();
   timer.lap("counts + prefix sum");
   b.for_each_expected_row([&](const Tag* tag, int64_t row) {
-    wait_until([&] { return arrived(tag, b.tag()); }, b.wait, [&] {
+    b.wait_for([&] { return arrived(tag, b.tag()); }, true, [&] {
       return detail::concat("dispatch row ", row, " (epoch tag ", b.tag(), ")");
     });
   });
+  // A relay leaves only when what it relays is forwarded and its own sends are done.
+  if (b.relay) b.wait_for([&] { return b.relay->progress(); }, true, [] { return std::string("relay forwarding"); });
   b.stats.stage_us.insert(b.stats.stage_us.begin(), {"send", send_us});
   timer.lap("receive");
 }
@@ -129,6 +131,7 @@ void ubep_combine_send(Buffer::Impl& b, const CombineArgs& a) {
       complete(b, tags + row);
     }
   });
+  if (b.relay) b.relay->start_combine();
   timer.lap("send");
 }
 
@@ -137,31 +140,38 @@ void ubep_combine_recv(Buffer::Impl& b) {
   const double send_us = b.stats.stage_us.empty() ? 0.0 : b.stats.stage_us.back().second;
   StageTimer timer(b.stats);
   const int El = b.local_experts;
-  b.team->run([&](int m) {
-    float* acc = &b.acc[static_cast<size_t>(m) * static_cast<size_t>(b.cfg.hidden)];
-    int64_t t0, t1;
-    slice(b.routing.num_tokens, m, members, &t0, &t1);
-    for (int64_t t = t0; t < t1; ++t) {
-      b.reduce_token(t, acc, [&](int64_t tok, int j) -> const char* {
-        int r;
-        int64_t pos;
-        if (b.layout == Layout::kThroughput) {
-          r = j;
-          pos = b.row_offset_at[static_cast<size_t>(r)] + b.routing.slot_at(tok, r);
-        } else {
-          const size_t tk = static_cast<size_t>(tok * b.routing.topk + j);
-          const int e = b.routing.topk_idx[tk];
-          r = e / El;
-          pos = (e % El) * b.RT() + b.expert_offset_at[static_cast<size_t>(r * El + e % El)] + b.routing.expert_slot[tk];
-        }
-        const Tag* tag = b.at<Tag>(r, b.win.comb_tag) + pos;
-        wait_until([&] { return arrived(tag, b.tag()); }, b.wait, [&] {
-          return detail::concat("combine row of token ", tok, " at rank ", r, " (epoch tag ", b.tag(), ")");
-        });
-        return b.at<char>(r, b.win.comb_x) + static_cast<size_t>(pos) * b.row_bytes();
-      });
+  auto locate = [&](int64_t tok, int j, bool caller) -> const char* {
+    int r;
+    int64_t pos;
+    if (b.layout == Layout::kThroughput) {
+      r = j;
+      pos = b.row_offset_at[static_cast<size_t>(r)] + b.routing.slot_at(tok, r);
+    } else {
+      const size_t tk = static_cast<size_t>(tok * b.routing.topk + j);
+      const int e = b.routing.topk_idx[tk];
+      r = e / El;
+      pos = (e % El) * b.RT() + b.expert_offset_at[static_cast<size_t>(r * El + e % El)] + b.routing.expert_slot[tk];
     }
-  });
+    const Tag* tag = b.at<Tag>(r, b.win.comb_tag) + pos;
+    b.wait_for([&] { return arrived(tag, b.tag()); }, caller, [&] {
+      return detail::concat("combine row of token ", tok, " at rank ", r, " (epoch tag ", b.tag(), ")");
+    });
+    return b.at<char>(r, b.win.comb_x) + static_cast<size_t>(pos) * b.row_bytes();
+  };
+  if (b.relay) {
+    // Across hosts the caller's thread alone drives the transport, so it reduces alone too.
+    for (int64_t t = 0; t < b.routing.num_tokens; ++t)
+      b.reduce_token(t, b.acc.data(), [&](int64_t tok, int j) { return locate(tok, j, true); });
+    b.wait_for([&] { return b.relay->combine_done(); }, true, [] { return std::string("relay partials"); });
+  } else {
+    b.team->run([&](int m) {
+      float* acc = &b.acc[static_cast<size_t>(m) * static_cast<size_t>(b.cfg.hidden)];
+      int64_t t0, t1;
+      slice(b.routing.num_tokens, m, members, &t0, &t1);
+      for (int64_t t = t0; t < t1; ++t)
+        b.reduce_token(t, acc, [&](int64_t tok, int j) { return locate(tok, j, false); });
+    });
+  }
   b.stats.stage_us.insert(b.stats.stage_us.begin(), {"send", send_us});
   timer.lap("receive + reduce");
 }

@@ -100,6 +100,55 @@ TEST(ProcessRanksErrors, BadInputThenValidCall) {
   run_and_check(g, c, p, &b, nullptr);
 }
 
+// Forced hosts of 2 ranks (run with --mca btl tcp,self so the "network" is TCP): bsp, ubep and
+// the baseline through the relay, against the reference, with the network counters.
+TEST(ProcessRanksMultiHost, RelayOverMpiMatchesReference) {
+  Group& world = *g_group;
+  if (world.size() % 2 != 0 || world.size() < 4) GTEST_SKIP() << "needs 4+ ranks";
+  GroupOptions opts;
+  opts.ranks_per_host = 2;
+  auto g = make_mpi_group(MPI_COMM_WORLD, opts);
+  ASSERT_EQ(g->num_hosts(), g->size() / 2);
+  for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
+    Case c;
+    c.experts = 4 * g->size();
+    c.hidden = 24;
+    c.capacity = 10;
+    c.topk = 4;
+    c.layout = l;
+    c.dtype = DType::kBF16;
+    Buffer bsp(*g, config_for(c, Algorithm::kBsp));
+    Buffer ubep(*g, config_for(c, Algorithm::kUbep));
+    AlltoallBaseline base(*g, config_for(c, Algorithm::kBsp));
+    for (uint64_t seed = 1; seed <= 3; ++seed) {
+      std::vector<int64_t> tokens;
+      for (int r = 0; r < g->size(); ++r) tokens.push_back(static_cast<int64_t>((seed * 3 + static_cast<uint64_t>(r)) % 11));
+      Problem p = make_problem(g->size(), c.experts, c.hidden, c.dtype, tokens, c.topk, Routing::kHot, seed * 17);
+      p.ranks_per_host = 2;
+      auto a = run_and_check(*g, c, p, &bsp, nullptr);
+      auto u = run_and_check(*g, c, p, &ubep, nullptr, seed == 2);
+      auto d = run_and_check(*g, c, p, nullptr, &base);
+      EXPECT_EQ(a, u);
+      EXPECT_EQ(a, d);
+      // Each token crosses to a remote host at most once: rows sent == (token, remote host) pairs.
+      ubep.dispatch(p.inputs[static_cast<size_t>(g->rank())].args(c.dtype, c.hidden, c.layout));
+      const RankInput& in = p.inputs[static_cast<size_t>(g->rank())];
+      const int El = c.experts / g->size();
+      uint64_t want = 0;
+      for (int64_t t = 0; t < in.tokens; ++t) {
+        std::vector<bool> hosts(static_cast<size_t>(g->num_hosts()), false);
+        for (int j = 0; j < in.topk; ++j) {
+          const int64_t e = in.topk_idx[static_cast<size_t>(t * in.topk + j)];
+          if (e >= 0 && p.host_of(static_cast<int>(e / El)) != p.host_of(g->rank())) hosts[static_cast<size_t>(p.host_of(static_cast<int>(e / El)))] = true;
+        }
+        for (bool h : hosts) want += h;
+      }
+      EXPECT_EQ(ubep.last_stats().network_rows, want);
+      EXPECT_EQ(ubep.last_stats().barriers, 0u);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ubep::test
 

@@ -12,6 +12,7 @@
 #include "core/log.hpp"
 #include "core/wait.hpp"
 #include "transport/flag_barrier.hpp"
+#include "transport/mpi/mpi_remote.hpp"
 #include "ubep/error.hpp"
 #include "ubep/mpi_group.hpp"
 
@@ -90,6 +91,7 @@ class ProcessGroup : public Group {
   ProcessGroup(MPI_Comm comm, int rank, int size, const MpiGroupOptions& options)
       : Group(rank, size, options), comm_(comm) {
     std::vector<int> hosts(static_cast<size_t>(size));
+    UBEP_CHECK_ARG(options.ranks_per_host >= 0, "ranks_per_host must be >= 0, got ", options.ranks_per_host);
     if (options.ranks_per_host > 0) {
       for (int r = 0; r < size; ++r) hosts[static_cast<size_t>(r)] = r / options.ranks_per_host;
     } else {
@@ -117,8 +119,11 @@ class ProcessGroup : public Group {
     barrier_ = std::make_unique<transport::FlagBarrier>(rank, size, [this](int p) {
       return static_cast<transport::ArrivalCounter*>(control_->base(p));
     });
+    if (num_hosts() > 1) remote_ = std::make_unique<transport::MpiRemote>(comm_);
     log::debug("rank ", rank, "/", size, " on host ", host_of(rank), " of ", num_hosts());
   }
+
+  transport::Remote* remote() override { return remote_.get(); }
 
   ~ProcessGroup() override { MPI_Comm_free(&comm_); }
 
@@ -170,6 +175,7 @@ class ProcessGroup : public Group {
   std::unique_ptr<ShmWindow> control_;
   std::unique_ptr<transport::FlagBarrier> barrier_;
   std::vector<int> counts_;
+  std::unique_ptr<transport::MpiRemote> remote_;
 };
 
 }  // namespace

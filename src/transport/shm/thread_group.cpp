@@ -10,6 +10,7 @@
 
 #include "core/wait.hpp"
 #include "transport/flag_barrier.hpp"
+#include "transport/inproc/inproc_remote.hpp"
 #include "ubep/error.hpp"
 #include "ubep/group.hpp"
 
@@ -51,6 +52,7 @@ struct ThreadWorld::State {
   std::vector<bool> taken;
   std::mutex mu;
   int ranks_per_host = 0;
+  std::shared_ptr<transport::Mailboxes> mailboxes = std::make_shared<transport::Mailboxes>();
 };
 
 namespace {
@@ -65,8 +67,11 @@ class ThreadGroup : public Group {
       std::vector<int> hosts(static_cast<size_t>(size()));
       for (int r = 0; r < size(); ++r) hosts[static_cast<size_t>(r)] = r / state_->ranks_per_host;
       set_hosts(std::move(hosts));
+      if (num_hosts() > 1) remote_ = std::make_unique<transport::InprocRemote>(rank, state_->mailboxes);
     }
   }
+
+  transport::Remote* remote() override { return remote_.get(); }
 
   std::unique_ptr<SharedWindow> allocate_window(size_t bytes) override {
     auto mine = std::make_shared<Mapping>(bytes);
@@ -124,6 +129,7 @@ class ThreadGroup : public Group {
 
   std::shared_ptr<ThreadWorld::State> state_;
   transport::FlagBarrier barrier_;
+  std::unique_ptr<transport::InprocRemote> remote_;
 };
 
 }  // namespace
@@ -135,14 +141,12 @@ ThreadWorld::ThreadWorld(int ranks, GroupOptions options) : state_(std::make_sha
   state_->counters.reset(new transport::ArrivalCounter[static_cast<size_t>(ranks)]);
   state_->slots.assign(static_cast<size_t>(ranks), nullptr);
   state_->taken.assign(static_cast<size_t>(ranks), false);
+  UBEP_CHECK_ARG(options.ranks_per_host >= 0, "ranks_per_host must be >= 0, got ", options.ranks_per_host);
+  state_->ranks_per_host = options.ranks_per_host;
 }
 
 ThreadWorld::~ThreadWorld() = default;
 
-void ThreadWorld::set_ranks_per_host(int ranks_per_host) {
-  UBEP_CHECK_ARG(ranks_per_host >= 1, "ranks_per_host must be >= 1, got ", ranks_per_host);
-  state_->ranks_per_host = ranks_per_host;
-}
 
 std::unique_ptr<Group> ThreadWorld::group(int rank) {
   std::lock_guard<std::mutex> lock(state_->mu);

@@ -1,0 +1,334 @@
+#include "ep/relay.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "ep/buffer_impl.hpp"
+#include "ubep/error.hpp"
+
+namespace ubep {
+
+namespace {
+constexpr int kDispatchTag = 7101;
+constexpr int kCombineTag = 7102;
+constexpr size_t kHeader = 16;  // int32 tokens, int32 topk, padding
+
+// One packed token: [row][int32 token][int32 expert x K][float weight x K].
+struct PackedToken {
+  const char* base;
+  size_t row_bytes;
+  int K;
+  const char* row() const { return base; }
+  int32_t token() const { int32_t v; std::memcpy(&v, base + row_bytes, 4); return v; }
+  const int32_t* idx() const { return reinterpret_cast<const int32_t*>(base + row_bytes + 4); }
+  const float* w() const { return reinterpret_cast<const float*>(base + row_bytes + 4 + 4 * static_cast<size_t>(K)); }
+};
+}  // namespace
+
+HostRelay::HostRelay(Buffer::Impl& b) : b_(b), remote_(b.group.remote()) {
+  Group& g = b.group;
+  hosts_.resize(static_cast<size_t>(g.num_hosts()));
+  local_index_.resize(static_cast<size_t>(g.size()));
+  for (int r = 0; r < g.size(); ++r) {
+    auto& h = hosts_[static_cast<size_t>(g.host_of(r))];
+    local_index_[static_cast<size_t>(r)] = static_cast<int>(h.size());
+    h.push_back(r);
+  }
+  my_host_ = g.host_of(b.rank);
+  const size_t cap = kHeader + static_cast<size_t>(b.T) * record_bytes();
+  const auto R = static_cast<size_t>(b.ranks), El = static_cast<size_t>(b.local_experts);
+  const size_t TH = static_cast<size_t>(b.T) * static_cast<size_t>(b.cfg.hidden);
+  for (int s = 0; s < g.size(); ++s) {
+    const int hs = g.host_of(s);
+    if (hs == my_host_) continue;
+    const auto& mine = hosts_[static_cast<size_t>(my_host_)];
+    if (mine[static_cast<size_t>(local_index_[static_cast<size_t>(s)]) % mine.size()] != b.rank) continue;
+    Relayed r;
+    r.source = s;
+    r.msg[0].resize(cap);
+    r.msg[1].resize(cap);
+    r.row_off.resize(R);
+    r.expert_off.resize(R * El);
+    r.partial.resize(TH);
+    relayed_.push_back(std::move(r));
+  }
+  out_.resize(hosts_.size());
+  in_partial_.resize(hosts_.size());
+  in_partial_req_.assign(hosts_.size(), -1);
+  for (size_t h = 0; h < hosts_.size(); ++h) {
+    if (static_cast<int>(h) == my_host_) continue;
+    out_[h].resize(cap);
+    in_partial_[h].resize(TH);
+  }
+  host_slot_.resize(static_cast<size_t>(b.T) * hosts_.size());
+  scratch_rows_.resize(R);
+  scratch_expert_.resize(R * El);
+}
+
+bool HostRelay::local(int r) const { return b_.group.host_of(r) == my_host_; }
+
+size_t HostRelay::record_bytes() const {
+  return ep::round_up(b_.row_bytes() + 4 + 8 * static_cast<size_t>(b_.cfg.max_topk), 16);
+}
+
+void HostRelay::start_dispatch(const DispatchArgs& a) {
+  sent_bytes_ = sent_rows_ = 0;
+  const int half = b_.half();
+  for (Relayed& s : relayed_) {
+    s.counted = s.forwarded = false;
+    s.request = remote_->irecv(s.source, kDispatchTag, s.msg[half].data(), s.msg[half].size());
+  }
+  pack(a);
+}
+
+void HostRelay::pack(const DispatchArgs& a) {
+  const int K = b_.routing.topk, El = b_.local_experts;
+  const size_t rec = record_bytes(), RB = b_.row_bytes();
+  const size_t nh = hosts_.size();
+  for (size_t h = 0; h < nh; ++h) {
+    if (static_cast<int>(h) == my_host_) continue;
+    char* out = out_[h].data();
+    int32_t n = 0;
+    for (int64_t t = 0; t < b_.routing.num_tokens; ++t) {
+      const int32_t* idx = &b_.routing.topk_idx[static_cast<size_t>(t * K)];
+      bool there = false;
+      for (int j = 0; j < K && !there; ++j) there = idx[j] >= 0 && b_.group.host_of(idx[j] / El) == static_cast<int>(h);
+      host_slot_[static_cast<size_t>(t) * nh + h] = there ? n : -1;
+      if (!there) continue;
+      char* r = out + kHeader + static_cast<size_t>(n) * rec;
+      std::memcpy(r, static_cast<const char*>(a.x.data) + static_cast<size_t>(t) * RB, RB);
+      const auto tok = static_cast<int32_t>(t);
+      std::memcpy(r + RB, &tok, 4);
+      std::memcpy(r + RB + 4, idx, 4 * static_cast<size_t>(K));
+      std::memcpy(r + RB + 4 + 4 * static_cast<size_t>(K), &b_.routing.topk_weights[static_cast<size_t>(t * K)],
+                  4 * static_cast<size_t>(K));
+      ++n;
+    }
+    const int32_t header[2] = {n, K};
+    std::memcpy(out, header, sizeof header);
+    const size_t bytes = kHeader + static_cast<size_t>(n) * rec;
+    const auto& target = hosts_[h];
+    const int relay = target[static_cast<size_t>(local_index_[static_cast<size_t>(b_.rank)]) % target.size()];
+    out_req_.push_back(remote_->isend(relay, kDispatchTag, out, bytes));
+    sent_bytes_ += bytes;
+    sent_rows_ += static_cast<uint64_t>(n);
+  }
+}
+
+// Visits every (token, local destination) of a relayed message in order, with the token's slot
+// among the source's rows for that destination and its per-k expert slots.
+template <typename Visit>
+void HostRelay::walk(const Relayed& s, Visit&& visit) const {
+  const char* msg = s.msg[b_.half()].data();
+  int32_t header[2];
+  std::memcpy(header, msg, sizeof header);
+  const int n = header[0], K = header[1], El = b_.local_experts;
+  auto& rows = const_cast<std::vector<int64_t>&>(scratch_rows_);
+  auto& experts = const_cast<std::vector<int64_t>&>(scratch_expert_);
+  std::fill(rows.begin(), rows.end(), 0);
+  std::fill(experts.begin(), experts.end(), 0);
+  int32_t slots[64];
+  for (int i = 0; i < n; ++i) {
+    PackedToken p{msg + kHeader + static_cast<size_t>(i) * record_bytes(), b_.row_bytes(), K};
+    for (int j = 0; j < K; ++j) {
+      const int32_t e = p.idx()[j];
+      slots[j] = -1;
+      if (e >= 0 && local(e / El)) slots[j] = static_cast<int32_t>(experts[static_cast<size_t>(e)]++);
+    }
+    for (int d : hosts_[static_cast<size_t>(my_host_)]) {
+      bool there = false;
+      for (int j = 0; j < K && !there; ++j) there = p.idx()[j] >= 0 && p.idx()[j] / El == d;
+      if (there) visit(i, p, d, rows[static_cast<size_t>(d)]++, slots);
+    }
+  }
+}
+
+void HostRelay::write_counts(Relayed& s) {
+  const int El = b_.local_experts;
+  std::vector<int32_t> rows(static_cast<size_t>(b_.ranks), 0), experts(static_cast<size_t>(b_.ranks * El), 0);
+  int K = 0;
+  walk(s, [&](int, const PackedToken& p, int d, int64_t, const int32_t*) {
+    K = p.K;
+    ++rows[static_cast<size_t>(d)];
+    for (int j = 0; j < p.K; ++j)
+      if (p.idx()[j] >= 0 && p.idx()[j] / El == d) ++experts[static_cast<size_t>(p.idx()[j])];
+  });
+  if (K == 0) std::memcpy(&K, s.msg[b_.half()].data() + 4, 4);
+  for (int d : hosts_[static_cast<size_t>(my_host_)])
+    b_.publish_count(d, s.source, rows[static_cast<size_t>(d)], K, &experts[static_cast<size_t>(d * El)]);
+  s.counted = true;
+}
+
+bool HostRelay::lower_counts_ready(const Relayed& s, int dest) const {
+  for (int lower = 0; lower < s.source; ++lower)
+    if (!b_.count_arrived(dest, lower)) return false;
+  return true;
+}
+
+void HostRelay::forward(Relayed& s) {
+  const int El = b_.local_experts;
+  for (int d : hosts_[static_cast<size_t>(my_host_)]) {
+    int64_t rows = 0;
+    int64_t* eo = &s.expert_off[static_cast<size_t>(d * El)];
+    std::fill(eo, eo + El, 0);
+    for (int lower = 0; lower < s.source; ++lower) {
+      ep::CountRecord rec = b_.win.count(b_.peer(d), b_.half(), lower);
+      rows += *rec.rows();
+      for (int e = 0; e < El; ++e) eo[e] += rec.expert_rows()[e];
+    }
+    s.row_off[static_cast<size_t>(d)] = rows;
+  }
+  walk(s, [&](int, const PackedToken& p, int d, int64_t slot, const int32_t* slots) {
+    b_.place_row(d, s.source, p.token(), p.row(), p.idx(), p.w(), p.K, slot, slots, s.row_off[static_cast<size_t>(d)],
+                 &s.expert_off[static_cast<size_t>(d * El)], [&](ep::Tag* tag) {
+                   if (b_.cfg.sync == SyncMode::kStopAndWait) std::atomic_thread_fence(std::memory_order_seq_cst);
+                   ep::publish(tag, b_.tag());
+                 });
+  });
+  s.forwarded = true;
+}
+
+bool HostRelay::counts_forwarded() const {
+  return std::all_of(relayed_.begin(), relayed_.end(), [](const Relayed& s) { return s.counted; });
+}
+
+bool HostRelay::progress() {
+  bool done = true;
+  for (Relayed& s : relayed_) {
+    if (s.request >= 0) {
+      if (!remote_->test(s.request, nullptr)) {
+        done = false;
+        continue;
+      }
+      s.request = -1;
+      write_counts(s);
+    }
+    if (!s.forwarded) {
+      bool ready = true;
+      for (int d : hosts_[static_cast<size_t>(my_host_)]) ready = ready && lower_counts_ready(s, d);
+      if (ready) forward(s);
+    }
+    if (in_combine_ && s.forwarded && !s.partial_sent && combine_rows_ready(s)) compute_partials(s);
+    done = done && s.forwarded && (!in_combine_ || s.partial_sent);
+  }
+  for (size_t i = 0; i < out_req_.size();) {
+    if (remote_->test(out_req_[i], nullptr)) {
+      out_req_[i] = out_req_.back();
+      out_req_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+  return done && out_req_.empty();
+}
+
+// ---- combine ----
+
+void HostRelay::start_combine() {
+  sent_bytes_ = sent_rows_ = 0;
+  in_combine_ = true;
+  for (Relayed& s : relayed_) s.partial_sent = false;
+  for (size_t h = 0; h < hosts_.size(); ++h) {
+    if (static_cast<int>(h) == my_host_) continue;
+    const auto& target = hosts_[h];
+    const int relay = target[static_cast<size_t>(local_index_[static_cast<size_t>(b_.rank)]) % target.size()];
+    in_partial_req_[h] = remote_->irecv(relay, kCombineTag, in_partial_[h].data(), in_partial_[h].size() * sizeof(float));
+  }
+}
+
+// Where the relayed token's row for (d, k) sits in d's combine input, and whether it is there.
+bool HostRelay::combine_rows_ready(Relayed& s) {
+  const int El = b_.local_experts;
+  bool ready = true;
+  walk(s, [&](int, const PackedToken& p, int d, int64_t slot, const int32_t* slots) {
+    if (!ready) return;
+    if (b_.layout == Layout::kThroughput) {
+      ready = ep::arrived(b_.at<ep::Tag>(d, b_.win.comb_tag) + s.row_off[static_cast<size_t>(d)] + slot, b_.tag());
+    } else {
+      for (int j = 0; j < p.K && ready; ++j) {
+        const int32_t e = p.idx()[j];
+        if (e < 0 || e / El != d) continue;
+        const int64_t pos = (e % El) * b_.RT() + s.expert_off[static_cast<size_t>(d * El + e % El)] + slots[j];
+        ready = ep::arrived(b_.at<ep::Tag>(d, b_.win.comb_tag) + pos, b_.tag());
+      }
+    }
+  });
+  return ready;
+}
+
+void HostRelay::compute_partials(Relayed& s) {
+  const int El = b_.local_experts;
+  const int64_t H = b_.cfg.hidden;
+  const char* msg = s.msg[b_.half()].data();
+  int32_t header[2];
+  std::memcpy(header, msg, sizeof header);
+  const int n = header[0];
+  std::fill(s.partial.begin(), s.partial.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(n) * static_cast<size_t>(H)), 0.0f);
+  // Throughput: walk visits destinations in ascending rank per token, so each token's partial
+  // is summed in ascending rank. Latency: gather per token, then add in ascending k.
+  if (b_.layout == Layout::kThroughput) {
+    walk(s, [&](int i, const PackedToken&, int d, int64_t slot, const int32_t*) {
+      const int64_t pos = s.row_off[static_cast<size_t>(d)] + slot;
+      kernels::accumulate_row(&s.partial[static_cast<size_t>(i) * static_cast<size_t>(H)],
+                              b_.at<char>(d, b_.win.comb_x) + static_cast<size_t>(pos) * b_.row_bytes(), b_.cfg.dtype, H);
+    });
+  } else {
+    int last = -1;
+    walk(s, [&](int i, const PackedToken& p, int, int64_t, const int32_t* slots) {
+      if (i == last) return;  // all of the token's local experts are handled at its first visit
+      last = i;
+      for (int j = 0; j < p.K; ++j) {
+        const int32_t e = p.idx()[j];
+        if (e < 0 || !local(e / El)) continue;
+        const int d = e / El;
+        const int64_t pos = (e % El) * b_.RT() + s.expert_off[static_cast<size_t>(d * El + e % El)] + slots[j];
+        kernels::accumulate_row_weighted(&s.partial[static_cast<size_t>(i) * static_cast<size_t>(H)],
+                                         b_.at<char>(d, b_.win.comb_x) + static_cast<size_t>(pos) * b_.row_bytes(),
+                                         b_.cfg.dtype, H, p.w()[j]);
+      }
+    });
+  }
+  const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(H) * sizeof(float);
+  out_req_.push_back(remote_->isend(s.source, kCombineTag, s.partial.data(), bytes));
+  sent_bytes_ += bytes;
+  sent_rows_ += static_cast<uint64_t>(n);
+  s.partial_sent = true;
+}
+
+bool HostRelay::combine_partial_arrived(int h) {
+  int& req = in_partial_req_[static_cast<size_t>(h)];
+  if (req >= 0 && remote_->test(req, nullptr)) req = -1;
+  return req < 0;
+}
+
+const float* HostRelay::partial(int h, int64_t t) const {
+  const int32_t slot = host_slot_[static_cast<size_t>(t) * hosts_.size() + static_cast<size_t>(h)];
+  if (slot < 0) return nullptr;
+  return in_partial_[static_cast<size_t>(h)].data() + static_cast<size_t>(slot) * static_cast<size_t>(b_.cfg.hidden);
+}
+
+bool HostRelay::combine_done() {
+  bool done = progress();
+  for (size_t h = 0; h < hosts_.size(); ++h)
+    if (static_cast<int>(h) != my_host_) done = combine_partial_arrived(static_cast<int>(h)) && done;
+  if (done) in_combine_ = false;
+  return done;
+}
+
+// ---- Buffer::Impl glue ----
+
+void Buffer::Impl::relay_progress() { relay->progress(); }
+
+const float* Buffer::Impl::remote_partial(int h, int64_t t) {
+  if (!relay->partial(h, t)) return nullptr;
+  wait_for([&] { return relay->combine_partial_arrived(h); }, true,
+           [&] { return detail::concat("combine partials from host ", h); });
+  return relay->partial(h, t);
+}
+
+void Buffer::Impl::record_network() {
+  stats.network_bytes = relay ? relay->network_bytes() : 0;
+  stats.network_rows = relay ? relay->network_rows() : 0;
+}
+
+}  // namespace ubep

@@ -1,0 +1,97 @@
+// Cross-host dispatch and combine through relay ranks (DeepEP-style hierarchy).
+//
+// A token crosses the network once per destination host: the source packs, per remote host, the
+// tokens with at least one expert there and sends that one message to its relay on that host,
+// relay_of(source, host) = the host's rank with the source's local index (modulo the host's size:
+// "rail-aligned", so with equal hosts every rank relays for the same number of sources and the
+// relays' load is balanced). The relay acts as a proxy for the source inside its host: it writes
+// the source's count records and rows into the local ranks' windows with the shared-memory
+// data-as-flag protocol, so receivers cannot tell relayed rows from local ones.
+// Combine mirrors it: for each remote owner it relays for, the relay reads the rows of that
+// owner's tokens in place from its host's ranks, reduces them into one fp32 partial per token
+// (ascending rank, or ascending k), and sends the partials back in one message. Owners add the
+// per-host partials in ascending host order, so results are bit-identical to every other
+// implementation of the same order (DESIGN §2, generalised to hosts: see reduce_token).
+//
+// progress() never blocks: it tests pending messages and does whatever relay work has its inputs
+// ready. Every wait of the algorithms calls it (through the caller's thread, the only one that
+// touches the transport), which is what makes the waits deadlock-free: count records of remote
+// sources appear as soon as their message arrives, whoever is waiting for them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "transport/remote.hpp"
+#include "ubep/buffer.hpp"
+
+namespace ubep {
+
+class HostRelay {
+ public:
+  explicit HostRelay(Buffer::Impl& b);
+
+  int my_host() const { return my_host_; }
+  int num_hosts() const { return static_cast<int>(hosts_.size()); }
+  const std::vector<int>& host_ranks(int h) const { return hosts_[static_cast<size_t>(h)]; }
+  bool local(int r) const;
+
+  // Dispatch: post receives from the sources this rank relays for, pack and send this rank's
+  // tokens to its relays on the other hosts.
+  void start_dispatch(const DispatchArgs& a);
+  // Non-blocking relay work; true once every relayed message was forwarded and every send done.
+  bool progress();
+  // All relayed messages have arrived and their count records are written (bsp's stage 1).
+  bool counts_forwarded() const;
+
+  // Combine: post the receives for the partials of this rank's tokens from remote hosts.
+  void start_combine();
+  // The fp32 partial of token t computed on host h (nullptr if the token has no expert there).
+  // Only valid once combine_partial_arrived(h).
+  const float* partial(int h, int64_t t) const;
+  bool combine_partial_arrived(int h);
+  bool combine_done();
+
+  uint64_t network_bytes() const { return sent_bytes_; }
+  uint64_t network_rows() const { return sent_rows_; }
+
+ private:
+  struct Relayed {  // a source this rank relays for
+    int source = 0;
+    int request = -1;       // pending receive, -1 once arrived
+    bool counted = false;   // count records written
+    bool forwarded = false; // rows placed
+    bool partial_sent = false;
+    std::vector<char> msg[2];           // by call parity
+    std::vector<int64_t> row_off;       // [R] offset of the source's rows at each local rank
+    std::vector<int64_t> expert_off;    // [R, El]
+    std::vector<float> partial;         // [T, H] combine partials for the source
+  };
+
+  size_t record_bytes() const;
+  void pack(const DispatchArgs& a);
+  void write_counts(Relayed& s);
+  bool lower_counts_ready(const Relayed& s, int dest) const;
+  void forward(Relayed& s);
+  bool combine_rows_ready(Relayed& s);
+  void compute_partials(Relayed& s);
+  template <typename Visit>
+  void walk(const Relayed& s, Visit&& visit) const;
+
+  Buffer::Impl& b_;
+  transport::Remote* remote_;
+  std::vector<std::vector<int>> hosts_;
+  std::vector<int> local_index_;
+  int my_host_ = 0;
+  std::vector<Relayed> relayed_;
+  std::vector<std::vector<char>> out_;    // [hosts] packed tokens to each remote host
+  std::vector<int> out_req_;              // pending sends (dispatch and combine)
+  std::vector<std::vector<float>> in_partial_;  // [hosts] partials for my tokens
+  std::vector<int> in_partial_req_;       // -1 once arrived
+  std::vector<int32_t> host_slot_;        // [T, hosts] index of my token in the message to host h
+  std::vector<int64_t> scratch_rows_, scratch_expert_;
+  uint64_t sent_bytes_ = 0, sent_rows_ = 0;
+  bool in_combine_ = false;
+};
+
+}  // namespace ubep

@@ -1,0 +1,26 @@
+// Point-to-point transport between ranks on different hosts (no shared memory between them).
+//
+// Why tagged non-blocking point-to-point rather than MPI one-sided RMA: data-as-flag needs the
+// flag to land after the data. MPI_Put gives no ordering between two puts without a flush (which
+// is the fence-and-flag round ubep removes), and over OpenMPI's TCP transport passive-target RMA
+// only progresses when the target calls into MPI anyway. A message carries its own completion:
+// when the receive completes, the whole message is there, and MPI keeps messages between two
+// ranks with the same tag in order. The relay rank then applies the shared-memory data-as-flag
+// protocol inside its host.
+#pragma once
+
+#include <cstddef>
+
+namespace ubep::transport {
+
+class Remote {
+ public:
+  virtual ~Remote() = default;
+  // Start a send/receive; returns a request id. Buffers must stay valid until test() says done.
+  virtual int isend(int peer, int tag, const void* data, size_t bytes) = 0;
+  virtual int irecv(int peer, int tag, void* data, size_t capacity) = 0;
+  // True once the request completed (the id is then released); *bytes receives the size.
+  virtual bool test(int request, size_t* bytes) = 0;
+};
+
+}  // namespace ubep::transport
