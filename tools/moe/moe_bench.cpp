@@ -182,8 +182,8 @@ int bench(Group& g, const Options& o) {
                 static_cast<double>(ffn.weight_bytes()) / (1 << 20), init_s, std::thread::hardware_concurrency());
     std::printf("# times in ms: slowest rank, median; breakdown columns: mean over ranks of per-role sums\n");
     std::printf("# exposed comm = op time - compute phase (slowest ranks); overlap ratio = 1 - exposed ovl / exposed ser\n");
-    std::printf("| router | tile | comm w | layer serial | layer overlap | op serial | op overlap | op speedup | "
-                "serial combine | overlap ratio | compute phase ser/ovl | compute ser/ovl | gather | copy | comm idle | reduce wait | rows/rank max/min | "
+    std::printf("| router | tile | comm w | layer serial | layer overlap | op serial | op overlap | op speedup (paired) | "
+                "exposed comm ser/ovl | overlap ratio | compute phase ser/ovl | compute ser/ovl | gather | copy | comm idle | reduce wait | rows/rank max/min | "
                 "remote rows | segments/tiles | GFLOP/s |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::fflush(stdout);
