@@ -64,6 +64,34 @@ TEST(Ubep, SplitPhaseWithWorkInBetween) {
   });
 }
 
+// The scheduler's plans (any policy, with a topology) move exactly the same rows.
+TEST(Ubep, SchedulePoliciesAgree) {
+  Case c;
+  c.experts = 16;
+  c.capacity = 12;
+  c.topk = 4;
+  for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
+    c.layout = l;
+    const Problem p = make_problem(4, c.experts, c.hidden, c.dtype, {12, 7, 0, 11}, c.topk, Routing::kHot, 9);
+    run_on_threads(4, [&](Group& g) {
+      std::vector<char> first;
+      for (SendSchedule s : {SendSchedule::kEqualSlices, SendSchedule::kNaive, SendSchedule::kColumnMajor,
+                             SendSchedule::kBalanced}) {
+        for (const char* topo : {"", "2x2", "cm384"}) {
+          BufferConfig cfg = config_for(c, Algorithm::kUbep);
+          cfg.num_workers = 2;
+          cfg.schedule = s;
+          cfg.topology = topo;
+          Buffer b(g, cfg);
+          auto y = run_and_check(g, c, p, &b, nullptr);
+          if (first.empty()) first = y;
+          EXPECT_EQ(y, first) << send_schedule_name(s) << " on '" << topo << "'";
+        }
+      }
+    });
+  }
+}
+
 TEST(Ubep, SyncModesAndWorkerCountsAgree) {
   Case c;
   c.experts = 16;

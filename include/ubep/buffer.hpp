@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ubep/group.hpp"
@@ -39,6 +40,13 @@ enum class SyncMode : uint8_t {
 const char* sync_mode_name(SyncMode m);
 SyncMode parse_sync_mode(const std::string& name);  // "fused" | "stop-and-wait"
 
+// How the ubep algorithm splits a rank's send work among its workers (the scheduling ablation;
+// see docs/SCHEDULING.md). Equal slices plan nothing; the others call the hop-aware scheduler
+// (ubep/scheduler.hpp) on the call's routing, with far destinations first.
+enum class SendSchedule : uint8_t { kEqualSlices, kNaive, kColumnMajor, kBalanced };
+const char* send_schedule_name(SendSchedule s);
+SendSchedule parse_send_schedule(const std::string& name);  // equal|naive|column_major|balanced
+
 struct BufferConfig {
   int64_t max_tokens_per_rank = 128;
   int64_t hidden = 7168;
@@ -50,6 +58,10 @@ struct BufferConfig {
   // Worker threads per rank for the ubep roles, besides the caller. -1: sized for the machine
   // (cores / ranks on this host, minus the caller).
   int num_workers = -1;
+  SendSchedule schedule = SendSchedule::kEqualSlices;
+  // Topology the scheduler plans with: a preset or file for ubep::sched::parse_topology, or ""
+  // to discover it (hosts from the group, sockets/NUMA from hwloc).
+  std::string topology;
   // Allocate the combine staging for the latency layout (max_tokens * max_topk rows).
   bool enable_latency_layout = true;
   // First epoch number (tests start near the 32-bit wrap-around).

@@ -27,6 +27,23 @@ SyncMode parse_sync_mode(const std::string& n) {
   throw InvalidArgument("unknown sync mode '" + n + "' (expected fused or stop-and-wait)");
 }
 
+const char* send_schedule_name(SendSchedule s) {
+  switch (s) {
+    case SendSchedule::kEqualSlices: return "equal";
+    case SendSchedule::kNaive: return "naive";
+    case SendSchedule::kColumnMajor: return "column_major";
+    case SendSchedule::kBalanced: return "balanced";
+  }
+  return "?";
+}
+SendSchedule parse_send_schedule(const std::string& n) {
+  if (n == "equal") return SendSchedule::kEqualSlices;
+  if (n == "naive") return SendSchedule::kNaive;
+  if (n == "column_major") return SendSchedule::kColumnMajor;
+  if (n == "balanced") return SendSchedule::kBalanced;
+  throw InvalidArgument("unknown send schedule '" + n + "' (expected equal, naive, column_major or balanced)");
+}
+
 namespace {
 
 BufferConfig checked(const Group& g, BufferConfig c) {
@@ -72,6 +89,15 @@ Buffer::Impl::Impl(Group& g, const BufferConfig& c)
   recv_count = LocalArray(static_cast<size_t>(local_experts) * 8);
   y = LocalArray(static_cast<size_t>(T) * row_bytes());
   part.resize(static_cast<size_t>(cfg.hidden));
+  if (cfg.schedule != SendSchedule::kEqualSlices) {
+    sched::Topology topo = cfg.topology.empty() ? sched::discover(g) : sched::parse_topology(cfg.topology, ranks);
+    UBEP_CHECK_ARG(topo.ranks() == ranks, "topology '", cfg.topology, "' has ", topo.ranks(), " ranks, the group ", ranks);
+    const sched::Policy policy = cfg.schedule == SendSchedule::kNaive         ? sched::Policy::kNaive
+                                 : cfg.schedule == SendSchedule::kColumnMajor ? sched::Policy::kColumnMajor
+                                                                              : sched::Policy::kBalanced;
+    scheduler = std::make_unique<sched::Scheduler>(std::move(topo), sched::SchedulerOptions{team->size(), policy});
+    plan_rows.resize(static_cast<size_t>(ranks));
+  }
   if (g.num_hosts() > 1) {
     UBEP_CHECK_ARG(g.remote() != nullptr, "Buffer: the group spans ", g.num_hosts(),
                    " hosts but has no transport between them");

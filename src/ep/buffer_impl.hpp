@@ -14,6 +14,7 @@
 #include "ep/routing.hpp"
 #include "ep/worker_team.hpp"
 #include "ubep/buffer.hpp"
+#include "ubep/scheduler.hpp"
 
 namespace ubep {
 
@@ -48,6 +49,9 @@ struct Buffer::Impl {
   std::atomic<int> topk_mismatch{-1};     // a source whose topk differs from ours
 
   std::unique_ptr<HostRelay> relay;  // cross-host relay, when the group spans hosts
+  std::unique_ptr<sched::Scheduler> scheduler;  // when cfg.schedule plans the send work
+  sched::Plan plan;
+  std::vector<int64_t> plan_rows;  // [R] rows per destination handed to the scheduler
 
   LocalArray y;            // [T, row] combine output
   std::vector<float> part; // [hidden] one host's partial (multi-host combine)

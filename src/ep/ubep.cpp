@@ -66,6 +66,17 @@ void ubep_dispatch_send(Buffer::Impl& b, const DispatchArgs& a) {
   // row_offset_at/expert_offset_at for d are computed (release/acquire).
   static_assert(sizeof(std::atomic<uint64_t>) == 8);
   std::vector<std::atomic<uint64_t>>& ready = b.offsets_ready;
+  if (b.scheduler) {
+    // Plan (destination, row slice) items per worker for this call's routing; cross-host rows
+    // go through the relay and are not part of the workers' plan.
+    for (int d = 0; d < b.ranks; ++d)
+      b.plan_rows[static_cast<size_t>(d)] = b.same_host(d) ? b.routing.dest_rows[static_cast<size_t>(d)] : 0;
+    b.scheduler->plan({b.rank, 0, b.plan_rows, static_cast<int64_t>(b.row_bytes())}, b.plan);
+  }
+  auto wait_offsets = [&](int d) {
+    wait_until([&] { return ready[static_cast<size_t>(d)].load(std::memory_order_acquire) == signal; }, b.wait,
+               [&] { return detail::concat("offsets for rank ", d); });
+  };
   b.team->run([&](int m) {
     if (m == 0) {
       if (b.relay) b.relay->start_dispatch(a);  // remote hosts first: their data has furthest to go
@@ -76,6 +87,23 @@ void ubep_dispatch_send(Buffer::Impl& b, const DispatchArgs& a) {
                         &b.routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
       }
     }
+    if (b.scheduler) {
+      if (m == 0) {
+        for (int k = 1; k <= b.ranks; ++k) {
+          const int d = (b.rank + k) % b.ranks;
+          if (!b.same_host(d)) continue;
+          wait_counts(b, d, b.rank, true);
+          b.compute_offsets(d);
+          ready[static_cast<size_t>(d)].store(signal, std::memory_order_release);
+        }
+      }
+      for (const sched::PlanItem& item : b.plan.worker_items(m)) {
+        wait_offsets(item.dest_rank);
+        for (int64_t i = item.row_begin; i < item.row_end; ++i)
+          b.send_rows(a, item.dest_rank, i, [&](Tag* tag) { complete(b, tag); });
+      }
+      return;
+    }
     // Destinations in rotated order, starting after ourselves, so senders spread over receivers.
     for (int k = 1; k <= b.ranks; ++k) {
       const int d = (b.rank + k) % b.ranks;
@@ -85,8 +113,7 @@ void ubep_dispatch_send(Buffer::Impl& b, const DispatchArgs& a) {
         b.compute_offsets(d);
         ready[static_cast<size_t>(d)].store(signal, std::memory_order_release);
       } else {
-        wait_until([&] { return ready[static_cast<size_t>(d)].load(std::memory_order_acquire) == signal; }, b.wait,
-                   [&] { return detail::concat("offsets for rank ", d); });
+        wait_offsets(d);
       }
       int64_t i0, i1;
       slice(b.routing.dest_rows[static_cast<size_t>(d)], m, members, &i0, &i1);

@@ -15,6 +15,7 @@
 #include "npy.hpp"
 #include "ubep/baseline.hpp"
 #include "ubep/error.hpp"
+#include "ubep/scheduler.hpp"
 
 namespace ubep::tools {
 
@@ -254,6 +255,24 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   cfg.max_topk = o.topk;
   cfg.num_workers = o.workers;
   cfg.enable_latency_layout = o.layout == Layout::kLatency;
+  cfg.schedule = o.schedule;
+  cfg.topology = o.topology;
+  // Deduplicated cross-host volume of this rank: one row per (token, remote host it goes to).
+  double expected_net_rows = 0;
+  if (g.num_hosts() > 1) {
+    const int El = o.experts / g.size();
+    for (int64_t t = 0; t < o.tokens; ++t) {
+      std::vector<bool> seen(static_cast<size_t>(g.num_hosts()), false);
+      for (int j = 0; j < o.topk; ++j) {
+        const int64_t e = in.idx[static_cast<size_t>(t * o.topk + j)];
+        const int h = e < 0 ? -1 : g.host_of(static_cast<int>(e / El));
+        if (h >= 0 && h != g.host_of(g.rank()) && !seen[static_cast<size_t>(h)]) {
+          seen[static_cast<size_t>(h)] = true;
+          expected_net_rows += 1;
+        }
+      }
+    }
+  }
   const size_t row_bytes = static_cast<size_t>(o.hidden) * dtype_size(o.dtype);
   const double cbytes = combine_bytes(in, o, g.size(), row_bytes);
   const int total = o.warmup + o.iters;
@@ -267,7 +286,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     std::vector<double> td, tc;
     std::map<std::string, double> stage_sum;
     std::vector<std::string> stage_order;
-    double barriers = 0, dbytes = 0;
+    double barriers = 0, dbytes = 0, net_bytes = 0, net_rows = 0;
     for (int i = 0; i < total; ++i) {
       auto t0 = Clock::now();
       DispatchResult r = dispatch();
@@ -276,6 +295,8 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
       const CallStats* sd = stats();
       if (i >= o.warmup && sd) {
         barriers += static_cast<double>(sd->barriers);
+        net_bytes += static_cast<double>(sd->network_bytes);
+        net_rows += static_cast<double>(sd->network_rows);
         for (auto& [name, us] : sd->stage_us) {
           if (!stage_sum.count(name)) stage_order.push_back(name);
           stage_sum[name] += us;
@@ -298,6 +319,9 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     dbytes_any = dbytes;
     BenchRow rd = make_row(g, impl, variant, "dispatch", td, dbytes);
     rd.barriers = barriers / o.iters;
+    rd.network_bytes = mean_over_ranks(g, net_bytes / o.iters);
+    rd.network_rows = mean_over_ranks(g, net_rows / o.iters);
+    rd.expected_network_rows = mean_over_ranks(g, expected_net_rows);
     for (auto& n : stage_order) rd.stages.emplace_back(n, stage_sum[n] / o.iters);
     rows.push_back(rd);
     rows.push_back(make_row(g, impl, variant, "combine", tc, cbytes));
@@ -341,6 +365,46 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   return rows;
 }
 
+std::vector<PolicyRow> policy_report(Group& g, const BenchOptions& o) {
+  std::vector<PolicyRow> out;
+  if (o.topology.empty()) return out;
+  Input in = make_input(g, o);
+  const sched::Topology topo = sched::parse_topology(o.topology, g.size());
+  const int El = o.experts / g.size();
+  // Latency layout: one unit per destination expert (the paper's (worker x expert) mapping);
+  // throughput: one unit per destination rank.
+  const bool per_expert = o.layout == Layout::kLatency;
+  std::vector<int64_t> rows(per_expert ? static_cast<size_t>(o.experts) : static_cast<size_t>(g.size()), 0);
+  for (int64_t t = 0; t < o.tokens; ++t) {
+    std::vector<bool> seen(static_cast<size_t>(g.size()), false);
+    for (int j = 0; j < o.topk; ++j) {
+      const int64_t e = in.idx[static_cast<size_t>(t * o.topk + j)];
+      if (e < 0) continue;
+      if (per_expert) ++rows[static_cast<size_t>(e)];
+      else if (!seen[static_cast<size_t>(e / El)]) { seen[static_cast<size_t>(e / El)] = true; ++rows[static_cast<size_t>(e / El)]; }
+    }
+  }
+  for (sched::Policy p : {sched::Policy::kNaive, sched::Policy::kColumnMajor, sched::Policy::kBalanced}) {
+    sched::Scheduler s(topo, {o.plan_workers, p});
+    const sched::Plan plan = s.plan({g.rank(), per_expert ? El : 0, rows, o.hidden * static_cast<int64_t>(dtype_size(o.dtype))});
+    PolicyRow r;
+    r.policy = sched::policy_name(p);
+    r.slowest_us = mean_over_ranks(g, plan.slowest_ns / 1e3);
+    r.mean_us = mean_over_ranks(g, plan.mean_ns / 1e3);
+    r.imbalance = mean_over_ranks(g, plan.imbalance);
+    out.push_back(r);
+  }
+  return out;
+}
+
+void print_policy_report(const Group& g, const BenchOptions& o, const std::vector<PolicyRow>& rows) {
+  if (g.rank() != 0 || rows.empty()) return;
+  std::printf("scheduler on topology %s, %d workers per rank, predicted send time (mean over ranks):\n", o.topology.c_str(),
+              o.plan_workers);
+  std::printf("  %-13s %12s %10s %18s\n", "policy", "slowest_us", "mean_us", "imbalance(max/mean)");
+  for (const auto& r : rows) std::printf("  %-13s %12.2f %10.2f %18.3f\n", r.policy.c_str(), r.slowest_us, r.mean_us, r.imbalance);
+}
+
 void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchRow>& rows) {
   if (g.rank() != 0) return;
   std::printf("ubep-bench: %s on %s(%d ranks), tokens=%lld hidden=%lld topk=%d experts=%d %s layout=%s routing=%s iters=%d\n",
@@ -366,6 +430,11 @@ void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchR
   }
   std::printf("\n");
   for (const auto& r : rows) {
+    if (r.op != "dispatch" || r.expected_network_rows == 0 || (r.impl != "bsp" && r.impl != "ubep")) continue;
+    std::printf("%s dispatch across hosts (mean per rank per call): %.0f token rows (deduplicated volume computed from the routing: %.0f), %.2f MB\n",
+                r.impl.c_str(), r.network_rows, r.expected_network_rows, r.network_bytes / 1e6);
+  }
+  for (const auto& r : rows) {
     if (r.stages.empty() || r.op != "dispatch") continue;
     std::printf("%s dispatch stages (mean us):", (r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")).c_str());
     for (auto& [n, us] : r.stages) std::printf("  %s %.1f", n.c_str(), us);
@@ -389,6 +458,9 @@ void write_json(const Group& g, const BenchOptions& o, const std::vector<BenchRo
       << ", \"p99_us\": " << r.p99_us << ", \"gbps\": " << r.gbps << ", \"bytes_per_rank\": " << r.bytes;
     if (!r.variant.empty()) f << ", \"sync\": \"" << r.variant << "\"";
     if (r.impl == "bsp" || r.impl == "ubep") f << ", \"barriers\": " << r.barriers;
+    if (r.op == "dispatch" && r.expected_network_rows > 0)
+      f << ", \"network_rows\": " << r.network_rows << ", \"expected_network_rows\": " << r.expected_network_rows
+        << ", \"network_bytes\": " << r.network_bytes;
     if (!r.stages.empty()) {
       f << ", \"stages_us\": {";
       for (size_t s = 0; s < r.stages.size(); ++s)

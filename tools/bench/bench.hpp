@@ -25,6 +25,9 @@ struct BenchOptions {
   int iters = 50;
   int warmup = 5;
   int workers = -1;
+  std::string topology;  // preset/HxR/file for the scheduler report and the ubep schedule
+  SendSchedule schedule = SendSchedule::kEqualSlices;
+  int plan_workers = 8;  // workers assumed by the per-policy scheduler report
   uint64_t seed = 42;
   std::string json;  // write results here (rank 0)
   std::string dump;  // write one call's inputs/outputs as .npy here
@@ -42,7 +45,17 @@ struct BenchRow {
   double bytes = 0;  // mean bytes received per rank per call
   double barriers = 0;
   std::vector<std::pair<std::string, double>> stages;  // mean µs per stage
+  double network_bytes = 0, network_rows = 0;          // per rank per call, across hosts
+  double expected_network_rows = 0;                    // deduplicated volume computed from routing
 };
+
+// Predicted cost of this rank's send work under each scheduling policy.
+struct PolicyRow {
+  std::string policy;
+  double slowest_us = 0, mean_us = 0, imbalance = 0;
+};
+std::vector<PolicyRow> policy_report(Group& group, const BenchOptions& opt);
+void print_policy_report(const Group& group, const BenchOptions& opt, const std::vector<PolicyRow>& rows);
 
 // Collective over the group; every rank returns the same rows.
 std::vector<BenchRow> run_bench(Group& group, const BenchOptions& opt);

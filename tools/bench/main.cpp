@@ -29,6 +29,12 @@ Ranks: threads in this process (--ranks N), or processes when started by mpirun.
                        baseline, an in-process bulk exchange "a2a" on thread ranks)
   --sync LIST          ubep sync modes: fused,stop-and-wait (default fused)
   --workers N          ubep worker threads per rank (default: cores / ranks - 1)
+  --topology SPEC      preset (cm384, nvl72, h800), HxR (e.g. 2x2: also forces hosts of R
+                       ranks, so traffic between them takes the cross-host relay over MPI
+                       or the in-process transport) or a JSON file; prints the predicted
+                       send time of each scheduling policy for this routing
+  --schedule P         ubep send schedule: equal (default), naive, column_major, balanced
+  --plan-workers N     workers assumed by the policy report (default 8)
   --iters N --warmup N measured and warm-up iterations
   --seed N             routing and data seed
   --json FILE          write {"config":..., "results":[...]}
@@ -87,6 +93,9 @@ int main(int argc, char** argv) {
         opt.syncs.clear();
         for (auto& s : split(next())) opt.syncs.push_back(parse_sync_mode(s));
       } else if (a == "--workers") opt.workers = static_cast<int>(num());
+      else if (a == "--topology") opt.topology = next();
+      else if (a == "--schedule") opt.schedule = parse_send_schedule(next());
+      else if (a == "--plan-workers") opt.plan_workers = static_cast<int>(num());
       else if (a == "--iters") opt.iters = static_cast<int>(num());
       else if (a == "--warmup") opt.warmup = static_cast<int>(num());
       else if (a == "--seed") opt.seed = static_cast<uint64_t>(num());
@@ -104,21 +113,27 @@ int main(int argc, char** argv) {
     return 2;
   }
   auto body = [&](Group& g) {
+    auto policies = tools::policy_report(g, opt);
     auto rows = tools::run_bench(g, opt);
     tools::print_table(g, opt, rows);
+    tools::print_policy_report(g, opt, policies);
     tools::write_json(g, opt, rows);
   };
   try {
     GroupOptions go;
     go.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
+    // "HxR": H hosts of R ranks each, forced on this machine.
+    if (const auto x = opt.topology.find('x'); x != std::string::npos && x > 0 &&
+        opt.topology.find_first_not_of("0123456789x") == std::string::npos) {
+      go.ranks_per_host = std::stoi(opt.topology.substr(x + 1));
+      if (!under_mpi) ranks = std::stoi(opt.topology.substr(0, x)) * go.ranks_per_host;
+    }
     if (under_mpi) {
 #ifdef UBEP_WITH_MPI
       int provided = 0;
       MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
       {
-        MpiGroupOptions mo;
-        mo.timeout = go.timeout;
-        auto g = make_mpi_group(MPI_COMM_WORLD, mo);
+        auto g = make_mpi_group(MPI_COMM_WORLD, go);
         body(*g);
       }
       MPI_Finalize();
