@@ -41,6 +41,8 @@ struct AlltoallBaseline::Impl {
   std::vector<int32_t> comb_meta_send, comb_meta_recv;  // latency combine: (token, k) per row
   std::vector<float> acc, part;
   std::vector<Contribution> contrib;
+  std::vector<const void*> rows_scratch;
+  std::vector<float> weights_scratch;
 
   Impl(Group& g, const BufferConfig& c)
       : group(g), cfg(c), rank(g.rank()), ranks(g.size()), El(c.num_experts / g.size()),
@@ -74,6 +76,8 @@ struct AlltoallBaseline::Impl {
     acc.resize(static_cast<size_t>(c.hidden));
     part.resize(static_cast<size_t>(c.hidden));
     contrib.reserve(static_cast<size_t>(std::max(ranks, c.max_topk)));
+    rows_scratch.reserve(contrib.capacity());
+    weights_scratch.reserve(contrib.capacity());
     stats.stage_us.reserve(8);
   }
 
@@ -90,6 +94,18 @@ struct AlltoallBaseline::Impl {
   // first taken as is) -- on one host simply the sum in the given order. Same order as ubep.
   void reduce(char* out, const std::vector<Contribution>& cs) {
     const int64_t H = cfg.hidden;
+    if (group.num_hosts() == 1) {  // the same fused kernel as ubep::Buffer
+      rows_scratch.clear();
+      weights_scratch.clear();
+      for (const Contribution& c : cs) {
+        rows_scratch.push_back(c.row);
+        weights_scratch.push_back(c.weight ? *c.weight : 1.0f);
+      }
+      const bool weighted = !cs.empty() && cs.front().weight;
+      kernels::reduce_rows(out, cfg.dtype, H, rows_scratch.data(), weighted ? weights_scratch.data() : nullptr,
+                           static_cast<int>(cs.size()));
+      return;
+    }
     bool first = true;
     for (int h = 0; h < group.num_hosts(); ++h) {
       float* p = group.num_hosts() == 1 ? acc.data() : part.data();

@@ -1,5 +1,6 @@
 #include "core/row_kernels.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/bf16.hpp"
@@ -30,7 +31,44 @@ UBEP_MULTIVERSION void store_bf16(uint16_t* __restrict o, const float* __restric
   for (int64_t h = 0; h < n; ++h) o[h] = float_to_bf16(a[h]);
 }
 
+constexpr int64_t kChunk = 512;
+
+template <typename Elem>
+inline float load_elem(const Elem* p, int64_t i) {
+  if constexpr (sizeof(Elem) == 2) return bf16_to_float(p[i]);
+  else return p[i];
+}
+
+template <typename Elem>
+UBEP_MULTIVERSION void reduce_chunked(Elem* __restrict out, int64_t hidden, const void* const* rows,
+                                      const float* weights, int n) {
+  alignas(64) float acc[kChunk];
+  for (int64_t base = 0; base < hidden; base += kChunk) {
+    const int64_t m = std::min(kChunk, hidden - base);
+    for (int64_t h = 0; h < m; ++h) acc[h] = 0.0f;
+    for (int r = 0; r < n; ++r) {
+      const Elem* __restrict v = static_cast<const Elem*>(rows[r]) + base;
+      if (weights) {
+        const float w = weights[r];
+        for (int64_t h = 0; h < m; ++h) acc[h] += w * load_elem(v, h);
+      } else {
+        for (int64_t h = 0; h < m; ++h) acc[h] += load_elem(v, h);
+      }
+    }
+    if constexpr (sizeof(Elem) == 2) {
+      for (int64_t h = 0; h < m; ++h) out[base + h] = float_to_bf16(acc[h]);
+    } else {
+      for (int64_t h = 0; h < m; ++h) out[base + h] = acc[h];
+    }
+  }
+}
+
 }  // namespace
+
+void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows, const float* weights, int n) {
+  if (dtype == DType::kBF16) reduce_chunked(static_cast<uint16_t*>(out), hidden, rows, weights, n);
+  else reduce_chunked(static_cast<float*>(out), hidden, rows, weights, n);
+}
 
 void accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden) {
   if (dtype == DType::kBF16) add_bf16(acc, static_cast<const uint16_t*>(row), hidden);

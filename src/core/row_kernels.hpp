@@ -14,4 +14,9 @@ void accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden);
 void accumulate_row_weighted(float* acc, const void* row, DType dtype, int64_t hidden, float weight);
 void store_row(void* dst, const float* acc, DType dtype, int64_t hidden);
 
+// out = round(((0 + w0*r0) + w1*r1) + ...) element-wise, in one pass over the rows (fp32
+// accumulator held per chunk): the same operations in the same order as the kernels above, so
+// the same bits, with a fraction of the memory traffic. weights == nullptr: unweighted. n may be 0.
+void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows, const float* weights, int n);
+
 }  // namespace ubep::kernels

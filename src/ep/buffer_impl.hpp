@@ -177,6 +177,8 @@ void Buffer::Impl::for_each_expected_row(Visit&& visit) const {
   }
 }
 
+inline constexpr int kMaxFusedRows = 256;  // > max_topk (64); groups up to 256 ranks
+
 template <typename Locate>
 void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
   const int64_t H = cfg.hidden;
@@ -196,6 +198,26 @@ void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
       }
     }
   };
+  if (!multi_host() && ranks <= kMaxFusedRows) {
+    // One host: gather the rows (waiting for each), then one fused pass over them.
+    const void* rows[kMaxFusedRows];
+    float weights[kMaxFusedRows];
+    int n = 0;
+    if (layout == Layout::kThroughput) {
+      for (int r = 0; r < ranks; ++r)
+        if (routing.sent(t, r)) rows[n++] = locate(t, r);
+    } else {
+      for (int j = 0; j < K; ++j) {
+        const size_t tk = static_cast<size_t>(t * K + j);
+        if (routing.topk_idx[tk] < 0) continue;
+        weights[n] = routing.topk_weights[tk];
+        rows[n++] = locate(t, j);
+      }
+    }
+    kernels::reduce_rows(y.get() + static_cast<size_t>(t) * row_bytes(), cfg.dtype, H, rows,
+                         layout == Layout::kLatency ? weights : nullptr, n);
+    return;
+  }
   if (!multi_host()) {
     local_partial(a);
   } else {
