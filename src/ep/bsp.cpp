@@ -42,7 +42,9 @@ void bsp_dispatch(Buffer::Impl& b, const DispatchArgs& a) {
     b.wait_for([&] { return b.relay->counts_forwarded(); }, true, [] { return std::string("relayed counts"); });
   b.group.barrier();
   timer.lap("count exchange");
-  for (int d = 0; d < b.ranks; ++d) {
+  // Destinations in rotated order (as ubep does), so senders do not all start on the same rank.
+  for (int k = 1; k <= b.ranks; ++k) {
+    const int d = (b.rank + k) % b.ranks;
     if (!b.same_host(d)) continue;
     b.compute_offsets(d);
     for (int64_t i = 0; i < b.routing.dest_rows[static_cast<size_t>(d)]; ++i) b.send_rows(a, d, i, [](Tag*) {});
