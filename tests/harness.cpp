@@ -47,26 +47,8 @@ BufferConfig config_for(const Case& c, Algorithm algo) {
     }                                                                                   \
   } while (0)
 
-namespace {
-float load(const char* base, int64_t i, DType dt) {
-  if (dt == DType::kBF16) {
-    uint16_t v;
-    std::memcpy(&v, base + i * 2, 2);
-    return bf16_to_float(v);
-  }
-  float v;
-  std::memcpy(&v, base + i * 4, 4);
-  return v;
-}
-void store(char* base, int64_t i, float v, DType dt) {
-  if (dt == DType::kBF16) {
-    const uint16_t b = float_to_bf16(v);
-    std::memcpy(base + i * 2, &b, 2);
-  } else {
-    std::memcpy(base + i * 4, &v, 4);
-  }
-}
-}  // namespace
+using ubep::load_value;
+using ubep::store_value;
 
 std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffer* buffer,
                                 AlltoallBaseline* baseline, bool zero_copy_combine) {
@@ -102,11 +84,11 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
         UBEP_TEST_EQ(w[row * c.topk + j], exp.weights[static_cast<size_t>(row)][static_cast<size_t>(j)], "" << "row " << row);
       }
       for (int64_t h = 0; h < H; ++h)
-        UBEP_TEST_EQ(load(x, row * H + h, c.dtype), p.value(static_cast<int>(es_[0]), es_[1], h), "" << "row " << row << " h " << h);
+        UBEP_TEST_EQ(load_value(x, row * H + h, c.dtype), p.value(static_cast<int>(es_[0]), es_[1], h), "" << "row " << row << " h " << h);
     }
     comb_in.resize(static_cast<size_t>(r.num_recv_rows * H) * es);
     for (int64_t i = 0; i < r.num_recv_rows * H; ++i)
-      store(comb_in.data(), i, expert_fn(load(x, i, c.dtype), me), c.dtype);
+      store_value(comb_in.data(), i, expert_fn(load_value(x, i, c.dtype), me), c.dtype);
   } else {
     const int64_t RT = r.recv_x.dim(1);
     EXPECT_EQ(RT, c.capacity * g.size());
@@ -120,9 +102,9 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
         UBEP_TEST_EQ(src[2 * pos], rows[p_][0], "" << "expert " << e << " slot " << p_);
         UBEP_TEST_EQ(src[2 * pos + 1], rows[p_][1], "" << "expert " << e << " slot " << p_);
         for (int64_t h = 0; h < H; ++h) {
-          const float v = load(x, pos * H + h, c.dtype);
+          const float v = load_value(x, pos * H + h, c.dtype);
           UBEP_TEST_EQ(v, p.value(static_cast<int>(rows[p_][0]), rows[p_][1], h), "");
-          store(comb_in.data(), pos * H + h, expert_fn(v, static_cast<int64_t>(me) * El + e), c.dtype);
+          store_value(comb_in.data(), pos * H + h, expert_fn(v, static_cast<int64_t>(me) * El + e), c.dtype);
         }
       }
     }
@@ -146,7 +128,7 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
   std::vector<float> want = expected_combine(p, me, c.layout);
   const auto* yb = static_cast<const char*>(y.data);
   for (int64_t i = 0; i < in.tokens * H; ++i) {
-    const float got = load(yb, i, c.dtype);
+    const float got = load_value(yb, i, c.dtype);
     const float w = want[static_cast<size_t>(i)];
     uint32_t gb, wb;
     std::memcpy(&gb, &got, 4);

@@ -13,18 +13,6 @@
 
 using namespace ubep;
 
-namespace {
-float load(const char* p, int64_t i, DType dt) {
-  if (dt == DType::kBF16) {
-    uint16_t v;
-    std::memcpy(&v, p + i * 2, 2);
-    return bf16_to_float(v);
-  }
-  float v;
-  std::memcpy(&v, p + i * 4, 4);
-  return v;
-}
-}  // namespace
 
 int main(int argc, char** argv) {
   const int ranks = argc > 1 ? std::atoi(argv[1]) : 4;
@@ -57,7 +45,7 @@ int main(int argc, char** argv) {
         for (int64_t s = 0; s < r.recv_count.as<int64_t>()[e]; ++s) {
           for (int64_t h = 0; h < hidden; ++h) {
             const int64_t i = (e * RT + s) * hidden + h;
-            const uint16_t v = float_to_bf16(test::expert_fn(load(static_cast<const char*>(r.recv_x.data), i, dt),
+            const uint16_t v = float_to_bf16(test::expert_fn(load_value(r.recv_x.data, i, dt),
                                                              static_cast<int64_t>(me) * El + e));
             std::memcpy(&out[static_cast<size_t>(i) * 2], &v, 2);
           }
@@ -69,7 +57,7 @@ int main(int argc, char** argv) {
       const std::vector<float> want = test::expected_combine(p, me, Layout::kLatency);
       long long bad = 0;
       for (int64_t i = 0; i < tokens * hidden; ++i) {
-        const float got = load(static_cast<const char*>(y.data), i, dt);
+        const float got = load_value(y.data, i, dt);
         if (std::memcmp(&got, &want[static_cast<size_t>(i)], 4) != 0) ++bad;
       }
       std::lock_guard<std::mutex> lock(mu);

@@ -45,24 +45,8 @@ struct RankData {
   std::vector<float> w;
 };
 
-float load(const char* base, int64_t i, DType dt) {
-  if (dt == DType::kBF16) {
-    uint16_t v;
-    std::memcpy(&v, base + i * 2, 2);
-    return bf16_to_float(v);
-  }
-  float v;
-  std::memcpy(&v, base + i * 4, 4);
-  return v;
-}
-void store(char* base, int64_t i, float v, DType dt) {
-  if (dt == DType::kBF16) {
-    const uint16_t b = float_to_bf16(v);
-    std::memcpy(base + i * 2, &b, 2);
-  } else {
-    std::memcpy(base + i * 4, &v, 4);
-  }
-}
+float load(const char* base, int64_t i, DType dt) { return load_value(base, i, dt); }
+void store(char* base, int64_t i, float v, DType dt) { store_value(base, i, v, dt); }
 
 RankData make_rank(RouterMode mode, int experts, int topk, int64_t tokens, int64_t H, DType dt, uint64_t seed) {
   RankData d;
