@@ -141,3 +141,22 @@ TEST(DispatchCombineEdges, BarriersPerCall) {
 
 }  // namespace
 }  // namespace ubep::test
+
+namespace ubep::test {
+namespace {
+// Calls that move more than a few MiB write rows with non-temporal stores; check that path too.
+TEST(DispatchCombineEdges, LargeCallsUseStreamingStores) {
+  for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
+    Case c;
+    c.experts = 8;
+    c.hidden = 4096;
+    c.dtype = DType::kFP32;
+    c.capacity = 200;
+    c.topk = 3;
+    c.layout = l;
+    c.tokens = {200, 173};
+    run_case(2, c, 1);
+  }
+}
+}  // namespace
+}  // namespace ubep::test

@@ -7,6 +7,8 @@
 
 #if defined(__x86_64__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
 #define UBEP_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
+#define UBEP_STREAM_STORES 1
+#include <immintrin.h>
 #else
 #define UBEP_MULTIVERSION
 #endif
@@ -64,6 +66,36 @@ UBEP_MULTIVERSION void reduce_chunked(Elem* __restrict out, int64_t hidden, cons
 }
 
 }  // namespace
+
+#ifdef UBEP_STREAM_STORES
+namespace {
+__attribute__((target("avx512f"))) void stream_avx512(void* dst, const void* src, size_t n64) {
+  auto* d = static_cast<__m512i*>(dst);
+  const auto* s = static_cast<const __m512i*>(src);
+  for (size_t i = 0; i < n64; ++i) _mm512_stream_si512(d + i, _mm512_loadu_si512(s + i));
+}
+void stream_sse2(void* dst, const void* src, size_t n64) {
+  auto* d = static_cast<__m128i*>(dst);
+  const auto* s = static_cast<const __m128i*>(src);
+  for (size_t i = 0; i < 4 * n64; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
+}
+const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
+}  // namespace
+#endif
+
+void copy_row_to_peer(void* dst, const void* src, size_t bytes) {
+#ifdef UBEP_STREAM_STORES
+  if ((reinterpret_cast<uintptr_t>(dst) & 63) == 0 && bytes >= 1024) {
+    const size_t n64 = bytes / 64;
+    if (kHaveAvx512) stream_avx512(dst, src, n64);
+    else stream_sse2(dst, src, n64);
+    if (bytes % 64) std::memcpy(static_cast<char*>(dst) + n64 * 64, static_cast<const char*>(src) + n64 * 64, bytes % 64);
+    _mm_sfence();
+    return;
+  }
+#endif
+  std::memcpy(dst, src, bytes);
+}
 
 void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows, const float* weights, int n) {
   if (dtype == DType::kBF16) reduce_chunked(static_cast<uint16_t*>(out), hidden, rows, weights, n);

@@ -14,6 +14,12 @@ void accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden);
 void accumulate_row_weighted(float* acc, const void* row, DType dtype, int64_t hidden, float weight);
 void store_row(void* dst, const float* acc, DType dtype, int64_t hidden);
 
+// Copies a row into another rank's memory with non-temporal stores (no read-for-ownership of
+// lines the writer will never read), then an sfence, so that on return the row is globally
+// visible before any later store -- in particular before the release store of its epoch tag.
+// Falls back to memcpy for unaligned rows and in sanitizer builds.
+void copy_row_to_peer(void* dst, const void* src, size_t bytes);
+
 // out = round(((0 + w0*r0) + w1*r1) + ...) element-wise, in one pass over the rows (fp32
 // accumulator held per chunk): the same operations in the same order as the kernels above, so
 // the same bits, with a fraction of the memory traffic. weights == nullptr: unweighted. n may be 0.

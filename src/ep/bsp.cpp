@@ -69,6 +69,7 @@ void bsp_combine(Buffer::Impl& b, const CombineArgs& a) {
     b.row_owner(row, &owner, &slot);
     const char* data = static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes();
     if (b.same_host(owner)) {
+      // Plain stores: the owner reduces these rows right away, so they should stay in cache.
       std::memcpy(b.at<char>(owner, b.win.push) + static_cast<size_t>(slot) * b.row_bytes(), data, b.row_bytes());
     } else {  // stage it for this host's relay to that owner
       std::memcpy(b.at<char>(b.rank, b.win.comb_x) + static_cast<size_t>(row) * b.row_bytes(), data, b.row_bytes());

@@ -205,6 +205,13 @@ void Buffer::Impl::begin_dispatch(const DispatchArgs& a) {
                  "dispatch: latency layout requested but the buffer was created with "
                  "enable_latency_layout=false");
   routing.build(a, cfg);  // validates: throws before anything is sent
+  double rows = 0;
+  for (int d = 0; d < ranks; ++d) rows += routing.dest_rows[static_cast<size_t>(d)];
+  if (a.layout == Layout::kLatency) {
+    rows = 0;
+    for (int64_t i = 0; i < routing.num_tokens * routing.topk; ++i) rows += routing.topk_idx[static_cast<size_t>(i)] >= 0;
+  }
+  stream_rows = rows * static_cast<double>(row_bytes()) >= kStreamBytes;
   seq = next_seq++;
   layout = a.layout;
   have_dispatch = true;

@@ -86,6 +86,16 @@ struct Buffer::Impl {
   template <typename Done>
   void place_row(int dest, int source, int32_t t, const char* row, const int32_t* idx, const float* w, int K,
                  int64_t slot, const int32_t* expert_slot, int64_t row_off, const int64_t* expert_off, Done&& done);
+  // Rows into a peer's dispatch output: non-temporal stores when the call moves more than
+  // kStreamBytes (they skip the read-for-ownership of lines the writer never reads, like
+  // DeepEP's no-allocate stores), plain stores for small calls whose rows the receiver reads
+  // while they are still in cache.
+  static constexpr double kStreamBytes = 4.0 * (1 << 20);
+  bool stream_rows = false;  // decided per call in begin_dispatch
+  void copy_row(char* dst, const char* src) const {
+    if (stream_rows) kernels::copy_row_to_peer(dst, src, row_bytes());
+    else std::memcpy(dst, src, row_bytes());
+  }
   // Count records: write one (as `source`, for `dest`) in the buffer's sync mode; test arrival.
   void publish_count(int dest, int source, int32_t rows, int32_t topk, const int32_t* expert_rows);
   bool count_arrived(int dest, int source) const;
@@ -125,7 +135,7 @@ void Buffer::Impl::place_row(int dest, int source, int32_t t, const char* row, c
                              int64_t row_off, const int64_t* expert_off, Done&& done) {
   if (layout == Layout::kThroughput) {
     const int64_t pos = row_off + slot;
-    std::memcpy(at<char>(dest, win.tp_x) + static_cast<size_t>(pos) * row_bytes(), row, row_bytes());
+    copy_row(at<char>(dest, win.tp_x) + static_cast<size_t>(pos) * row_bytes(), row);
     int64_t* src = at<int64_t>(dest, win.tp_src) + 2 * pos;
     src[0] = source;
     src[1] = t;
@@ -144,7 +154,7 @@ void Buffer::Impl::place_row(int dest, int source, int32_t t, const char* row, c
       if (e < 0 || e / local_experts != dest) continue;
       const int le = e % local_experts;
       const int64_t pos = le * RT() + expert_off[le] + expert_slot[j];
-      std::memcpy(at<char>(dest, win.lat_x) + static_cast<size_t>(pos) * row_bytes(), row, row_bytes());
+      copy_row(at<char>(dest, win.lat_x) + static_cast<size_t>(pos) * row_bytes(), row);
       int64_t* src = at<int64_t>(dest, win.lat_src) + 2 * pos;
       src[0] = source;
       src[1] = t;

@@ -152,7 +152,7 @@ void ubep_combine_send(Buffer::Impl& b, const CombineArgs& a) {
     slice(rows, m, members, &r0, &r1);
     for (int64_t row = r0; row < r1; ++row) {
       if (!b.row_valid(row)) continue;
-      if (!zero_copy)
+      if (!zero_copy)  // plain stores: the owners read these rows right away
         std::memcpy(comb + static_cast<size_t>(row) * b.row_bytes(),
                     static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes(), b.row_bytes());
       complete(b, tags + row);
