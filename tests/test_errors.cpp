@@ -99,6 +99,31 @@ TEST(BadConfig, RejectedWithTheValue) {
   });
 }
 
+TEST(BadConfig, RanksThatDisagreeAreNamed) {
+  run_on_threads(2, [&](Group& g) {
+    BufferConfig cfg;
+    cfg.num_experts = 8;
+    cfg.hidden = g.rank() == 0 ? 64 : 96;
+    expect_invalid([&] { Buffer b(g, cfg); }, "ranks disagree on hidden: rank 0 has 64, rank 1 has 96");
+  });
+}
+
+TEST(BadCall, SecondCombineOfOneDispatchIsRejected) {
+  Case c;
+  c.tokens = {4, 4};
+  c.capacity = 4;
+  const Problem p = make_problem(2, c.experts, c.hidden, c.dtype, c.tokens, c.topk, c.routing, 21);
+  for (Algorithm algo : {Algorithm::kBsp, Algorithm::kUbep}) {
+    run_on_threads(2, [&](Group& g) {
+      Buffer b(g, config_for(c, algo));
+      DispatchResult r = b.dispatch(p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout));
+      b.combine({r.recv_x, r.handle});
+      expect_invalid([&] { b.combine({r.recv_x, r.handle}); }, "already combined");
+      run_and_check(g, c, p, &b, nullptr);  // still usable
+    });
+  }
+}
+
 TEST(Timeout, MissingPeerGivesTimeoutErrorNotAHang) {
   for (Algorithm algo : {Algorithm::kBsp, Algorithm::kUbep}) {
     Case c;

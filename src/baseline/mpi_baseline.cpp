@@ -34,6 +34,7 @@ struct AlltoallBaseline::Impl {
   std::vector<int32_t> send_counts, recv_counts;
   std::vector<int64_t> sb, so, rb, ro;  // alltoallv bytes / offsets
   std::vector<int64_t> tok_sb, tok_so;
+  std::vector<int64_t> per_owner, fill, expect, where;  // latency combine scratch
   LocalArray send_buf, recv_buf;
   LocalArray recv_x, recv_idx, recv_w, recv_src, recv_count, lat_x, lat_src, lat_k, y;
   LocalArray comb_send, comb_recv;
@@ -73,6 +74,10 @@ struct AlltoallBaseline::Impl {
     comb_meta_send.resize(R * Tz * K * 2);
     comb_meta_recv.resize(R * Tz * K * 2);
     expert_offset.resize(static_cast<size_t>(El) * R);
+    per_owner.resize(R);
+    fill.resize(R);
+    expect.resize(R);
+    where.resize(Tz * K);
     acc.resize(static_cast<size_t>(c.hidden));
     part.resize(static_cast<size_t>(c.hidden));
     contrib.reserve(static_cast<size_t>(std::max(ranks, c.max_topk)));
@@ -285,12 +290,14 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
                    "combine: x must be [", El, ", ", RT, ", ", b.cfg.hidden, "], got ", a.x.describe());
     // Pack rows per owner with their (token, k).
     const auto* counts = b.recv_count.get<int64_t>();
-    std::vector<int64_t> per_owner(static_cast<size_t>(R), 0);
+    std::vector<int64_t>& per_owner = b.per_owner;
+    std::fill(per_owner.begin(), per_owner.end(), 0);
     for (int e = 0; e < El; ++e)
       for (int64_t p = 0; p < counts[e]; ++p) ++per_owner[static_cast<size_t>(b.lat_src.get<int64_t>()[2 * (e * RT + p)])];
     int64_t off = 0;
     for (int p = 0; p < R; ++p) { b.so[p] = off; off += per_owner[static_cast<size_t>(p)]; }
-    std::vector<int64_t> fill(b.so.begin(), b.so.end());
+    std::vector<int64_t>& fill = b.fill;
+    fill.assign(b.so.begin(), b.so.end());
     for (int e = 0; e < El; ++e) {
       for (int64_t p = 0; p < counts[e]; ++p) {
         const int64_t row = e * RT + p;
@@ -303,7 +310,8 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
     }
     timer.lap("pack");
     // Expected rows from each expert rank: my (token, k) pairs whose expert lives there.
-    std::vector<int64_t> expect(static_cast<size_t>(R), 0);
+    std::vector<int64_t>& expect = b.expect;
+    std::fill(expect.begin(), expect.end(), 0);
     for (int64_t t = 0; t < N; ++t)
       for (int j = 0; j < K; ++j) {
         const int32_t e = b.routing.topk_idx[static_cast<size_t>(t * K + j)];
@@ -328,7 +336,8 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
     timer.lap("row alltoallv");
     // Unpack into (token, k) order, then reduce in ascending k.
     const int64_t total = roff / RB;
-    std::vector<int64_t> where(static_cast<size_t>(N * Kmax), -1);
+    std::vector<int64_t>& where = b.where;
+    std::fill(where.begin(), where.begin() + N * Kmax, -1);
     for (int64_t i = 0; i < total; ++i)
       where[static_cast<size_t>(b.comb_meta_recv[static_cast<size_t>(2 * i)] * Kmax + b.comb_meta_recv[static_cast<size_t>(2 * i + 1)])] = i;
     for (int64_t t = 0; t < N; ++t) {

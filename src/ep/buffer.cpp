@@ -67,6 +67,23 @@ BufferConfig checked(const Group& g, BufferConfig c) {
   return c;
 }
 
+// Every rank must build the same window map and speak the same protocol: compare the fields
+// that shape them across the group (collective), and name the first that differs.
+void check_same_config(Group& g, const BufferConfig& c) {
+  const int64_t mine[] = {c.max_tokens_per_rank, c.hidden, static_cast<int64_t>(c.dtype), c.num_experts, c.max_topk,
+                          c.enable_latency_layout, static_cast<int64_t>(c.initial_epoch), static_cast<int64_t>(c.sync),
+                          static_cast<int64_t>(c.algorithm)};
+  static const char* names[] = {"max_tokens_per_rank", "hidden", "dtype", "num_experts", "max_topk",
+                                "enable_latency_layout", "initial_epoch", "sync", "algorithm"};
+  constexpr size_t n = sizeof mine / sizeof mine[0];
+  std::vector<int64_t> all(n * static_cast<size_t>(g.size()));
+  g.allgather(mine, all.data(), sizeof mine);
+  for (int r = 0; r < g.size(); ++r)
+    for (size_t f = 0; f < n; ++f)
+      UBEP_CHECK_ARG(all[static_cast<size_t>(r) * n + f] == all[f], "Buffer: ranks disagree on ", names[f], ": rank 0 has ",
+                     all[f], ", rank ", r, " has ", all[static_cast<size_t>(r) * n + f]);
+}
+
 }  // namespace
 
 Buffer::Impl::Impl(Group& g, const BufferConfig& c)
@@ -81,6 +98,7 @@ Buffer::Impl::Impl(Group& g, const BufferConfig& c)
       routing(g.size(), cfg.num_experts, cfg.max_tokens_per_rank, cfg.max_topk),
       wait{std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout)},
       next_seq(cfg.initial_epoch) {
+  check_same_config(g, cfg);
   window = g.allocate_window(win.total);
   team = std::make_unique<ep::WorkerTeam>(cfg.num_workers);
   row_offset_at.resize(static_cast<size_t>(ranks));
@@ -215,12 +233,16 @@ void Buffer::Impl::begin_dispatch(const DispatchArgs& a) {
   seq = next_seq++;
   layout = a.layout;
   have_dispatch = true;
+  combined = false;
   topk_mismatch.store(-1, std::memory_order_relaxed);
 }
 
 void Buffer::Impl::check_combine(const CombineArgs& a) const {
   UBEP_CHECK_ARG(phase == Phase::kIdle, "combine: a split-phase call is still outstanding on this buffer");
   UBEP_CHECK_ARG(have_dispatch, "combine: no dispatch on this buffer yet");
+  UBEP_CHECK_ARG(!combined, "combine: dispatch ", seq,
+                 " was already combined; each dispatch is combined at most once (peers may still be "
+                 "reading the rows of the first combine)");
   UBEP_CHECK_ARG(a.handle == seq, "combine: handle ", a.handle,
                  " does not belong to the last dispatch on this buffer (", seq, ")");
   UBEP_CHECK_ARG(a.x.dtype == cfg.dtype, "combine: x dtype ", dtype_name(a.x.dtype),
@@ -272,6 +294,7 @@ TensorView Buffer::combine(const CombineArgs& args) {
   Impl& b = *impl_;
   const uint64_t barriers0 = b.group.barrier_count();
   b.check_combine(args);
+  b.combined = true;
   if (b.cfg.algorithm == Algorithm::kBsp) {
     ep::bsp_combine(b, args);
   } else {
@@ -308,6 +331,7 @@ void Buffer::combine_send(const CombineArgs& args) {
   UBEP_CHECK_ARG(b.cfg.algorithm == Algorithm::kUbep,
                  "combine_send: split-phase calls need the ubep algorithm");
   b.check_combine(args);
+  b.combined = true;
   ep::ubep_combine_send(b, args);
   b.phase = Impl::Phase::kCombineSent;
 }

@@ -36,12 +36,14 @@ struct Buffer::Impl {
   Layout layout = Layout::kThroughput;
   enum class Phase { kIdle, kDispatchSent, kCombineSent } phase = Phase::kIdle;
   bool have_dispatch = false;
+  bool combined = false;  // the last dispatch was combined (at most once: see ubep.cpp)
 
   // Sender side: where this rank's rows start in each destination's outputs (from the count
   // records of the lower-ranked sources). Kept for combine, which reads the rows back there.
   std::vector<int64_t> row_offset_at;     // [R] throughput
   std::vector<int64_t> expert_offset_at;  // [R, El] latency
-  std::vector<std::atomic<uint64_t>> offsets_ready;  // [R] seq+1 once the offsets for a destination are known
+  std::vector<std::atomic<uint64_t>> offsets_ready;  // == send_generation once ready
+  uint64_t send_generation = 0;  // counts dispatch sends from 1 (independent of epochs, never 0)  // [R] seq+1 once the offsets for a destination are known
 
   // Receiver side.
   LocalArray recv_count;  // [El] int64
@@ -257,7 +259,7 @@ void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
 template <typename Pred, typename Describe>
 void Buffer::Impl::wait_for(Pred&& pred, bool caller, Describe&& describe) {
   if (caller && relay) {
-    wait_until([&] { relay_progress(); return pred(); }, wait, describe);
+    wait_until([&] { return pred() || (relay_progress(), pred()); }, wait, describe);
   } else {
     wait_until(pred, wait, describe);
   }

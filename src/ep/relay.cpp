@@ -13,15 +13,17 @@ constexpr int kDispatchTag = 7101;
 constexpr int kCombineTag = 7102;
 constexpr size_t kHeader = 16;  // int32 tokens, int32 topk, padding
 
-// One packed token: [row][int32 token][int32 expert x K][float weight x K].
+// One packed token: [row, padded to 8][int32 token][int32 expert x K][float weight x K].
+inline size_t meta_offset(size_t row_bytes) { return ep::round_up(row_bytes, 8); }
 struct PackedToken {
   const char* base;
   size_t row_bytes;
   int K;
   const char* row() const { return base; }
-  int32_t token() const { int32_t v; std::memcpy(&v, base + row_bytes, 4); return v; }
-  const int32_t* idx() const { return reinterpret_cast<const int32_t*>(base + row_bytes + 4); }
-  const float* w() const { return reinterpret_cast<const float*>(base + row_bytes + 4 + 4 * static_cast<size_t>(K)); }
+  const char* meta() const { return base + meta_offset(row_bytes); }
+  int32_t token() const { int32_t v; std::memcpy(&v, meta(), 4); return v; }
+  const int32_t* idx() const { return reinterpret_cast<const int32_t*>(meta() + 4); }
+  const float* w() const { return reinterpret_cast<const float*>(meta() + 4 + 4 * static_cast<size_t>(K)); }
 };
 }  // namespace
 
@@ -63,12 +65,14 @@ HostRelay::HostRelay(Buffer::Impl& b) : b_(b), remote_(b.group.remote()) {
   host_slot_.resize(static_cast<size_t>(b.T) * hosts_.size());
   scratch_rows_.resize(R);
   scratch_expert_.resize(R * El);
+  count_rows_.resize(R);
+  count_experts_.resize(R * El);
 }
 
 bool HostRelay::local(int r) const { return b_.group.host_of(r) == my_host_; }
 
 size_t HostRelay::record_bytes() const {
-  return ep::round_up(b_.row_bytes() + 4 + 8 * static_cast<size_t>(b_.cfg.max_topk), 16);
+  return ep::round_up(meta_offset(b_.row_bytes()) + 4 + 8 * static_cast<size_t>(b_.cfg.max_topk), 16);
 }
 
 void HostRelay::start_dispatch(const DispatchArgs& a) {
@@ -98,9 +102,10 @@ void HostRelay::pack(const DispatchArgs& a) {
       char* r = out + kHeader + static_cast<size_t>(n) * rec;
       std::memcpy(r, static_cast<const char*>(a.x.data) + static_cast<size_t>(t) * RB, RB);
       const auto tok = static_cast<int32_t>(t);
-      std::memcpy(r + RB, &tok, 4);
-      std::memcpy(r + RB + 4, idx, 4 * static_cast<size_t>(K));
-      std::memcpy(r + RB + 4 + 4 * static_cast<size_t>(K), &b_.routing.topk_weights[static_cast<size_t>(t * K)],
+      char* meta = r + meta_offset(RB);
+      std::memcpy(meta, &tok, 4);
+      std::memcpy(meta + 4, idx, 4 * static_cast<size_t>(K));
+      std::memcpy(meta + 4 + 4 * static_cast<size_t>(K), &b_.routing.topk_weights[static_cast<size_t>(t * K)],
                   4 * static_cast<size_t>(K));
       ++n;
     }
@@ -145,7 +150,10 @@ void HostRelay::walk(const Relayed& s, Visit&& visit) const {
 
 void HostRelay::write_counts(Relayed& s) {
   const int El = b_.local_experts;
-  std::vector<int32_t> rows(static_cast<size_t>(b_.ranks), 0), experts(static_cast<size_t>(b_.ranks * El), 0);
+  std::vector<int32_t>& rows = count_rows_;
+  std::vector<int32_t>& experts = count_experts_;
+  std::fill(rows.begin(), rows.end(), 0);
+  std::fill(experts.begin(), experts.end(), 0);
   int K = 0;
   walk(s, [&](int, const PackedToken& p, int d, int64_t, const int32_t*) {
     K = p.K;

@@ -90,6 +90,7 @@ class HostRelay {
   std::vector<int> in_partial_req_;       // -1 once arrived
   std::vector<int32_t> host_slot_;        // [T, hosts] index of my token in the message to host h
   std::vector<int64_t> scratch_rows_, scratch_expert_;
+  std::vector<int32_t> count_rows_, count_experts_;
   uint64_t sent_bytes_ = 0, sent_rows_ = 0;
   bool in_combine_ = false;
 };

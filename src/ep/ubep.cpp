@@ -61,7 +61,7 @@ void wait_counts(Buffer::Impl& b, int dest, int upto, bool caller) {
 void ubep_dispatch_send(Buffer::Impl& b, const DispatchArgs& a) {
   StageTimer timer(b.stats);
   const int members = b.team->size();
-  const uint64_t signal = b.seq + 1;
+  const uint64_t signal = ++b.send_generation;
   // offsets_ready[d] (local, one writer: member 0) tells the other senders that
   // row_offset_at/expert_offset_at for d are computed (release/acquire).
   static_assert(sizeof(std::atomic<uint64_t>) == 8);
@@ -120,6 +120,11 @@ void ubep_dispatch_send(Buffer::Impl& b, const DispatchArgs& a) {
       for (int64_t i = i0; i < i1; ++i) b.send_rows(a, d, i, [&](Tag* tag) { complete(b, tag); });
     }
   });
+  // Across hosts, leave only once the messages this rank relays have arrived and their count
+  // records are written: that depends only on the other ranks' sends, and keeps the transport
+  // progressing while a split-phase caller computes (the relay is idle between the phases).
+  if (b.relay)
+    b.wait_for([&] { return b.relay->counts_forwarded(); }, true, [] { return std::string("relayed messages"); });
   timer.lap("send");
 }
 

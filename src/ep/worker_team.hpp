@@ -14,6 +14,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "core/wait.hpp"
@@ -39,13 +40,16 @@ class WorkerTeam {
 
   int size() const { return static_cast<int>(threads_.size()) + 1; }
 
-  // Runs fn(i) for every member i in [0, size()); member 0 is the calling thread.
-  void run(const std::function<void(int)>& fn) {
+  // Runs fn(i) for every member i in [0, size()); member 0 is the calling thread. fn is called
+  // through a non-owning reference (no allocation per call).
+  template <typename Fn>
+  void run(Fn&& fn) {
     if (threads_.empty()) {
       fn(0);
       return;
     }
-    job_ = &fn;
+    job_obj_ = static_cast<void*>(&fn);
+    job_ = [](void* obj, int i) { (*static_cast<std::remove_reference_t<Fn>*>(obj))(i); };
     done_.store(0, std::memory_order_relaxed);
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -71,7 +75,7 @@ class WorkerTeam {
  private:
   void execute(int i) {
     try {
-      (*job_)(i);
+      job_(job_obj_, i);
     } catch (...) {
       errors_[static_cast<size_t>(i)] = std::current_exception();
     }
@@ -99,7 +103,8 @@ class WorkerTeam {
 
   std::vector<std::thread> threads_;
   std::vector<std::exception_ptr> errors_;
-  const std::function<void(int)>* job_ = nullptr;
+  void (*job_)(void*, int) = nullptr;
+  void* job_obj_ = nullptr;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> done_{0};
   std::mutex mu_;

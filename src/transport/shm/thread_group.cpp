@@ -6,6 +6,7 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "core/wait.hpp"
@@ -100,17 +101,23 @@ class ThreadGroup : public Group {
       const int64_t* offsets;
     } mine{send, send_bytes, send_offsets};
     publish_and_meet(&mine);
+    std::string error;
     for (int p = 0; p < size(); ++p) {
       const auto* peer = static_cast<const Posted*>(slot(p));
       const int64_t n = peer->bytes[rank()];
-      UBEP_CHECK_ARG(n == recv_bytes[p], "alltoallv: rank ", p, " sends ", n,
-                     " bytes to rank ", rank(), " which expects ", recv_bytes[p]);
+      if (n != recv_bytes[p]) {  // report after the closing sync, so peers are not left behind
+        if (error.empty())
+          error = detail::concat("alltoallv: rank ", p, " sends ", n, " bytes to rank ", rank(), " which expects ",
+                                 recv_bytes[p]);
+        continue;
+      }
       if (n > 0)
         std::memcpy(static_cast<char*>(recv) + recv_offsets[p],
                     static_cast<const char*>(peer->send) + peer->offsets[rank()],
                     static_cast<size_t>(n));
     }
     sync();
+    if (!error.empty()) throw InvalidArgument(error);
   }
 
   const char* kind() const override { return "threads"; }
