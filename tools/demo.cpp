@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   const DType dt = DType::kBF16;
   std::printf("ubep demo: one MoE decode step on %d in-process ranks (tokens %lld/rank, hidden %lld, top-%d of %d experts, bf16)\n",
               ranks, static_cast<long long>(tokens), static_cast<long long>(hidden), topk, experts);
+  std::fflush(stdout);
   const test::Problem p = test::make_problem(ranks, experts, hidden, dt, std::vector<int64_t>(static_cast<size_t>(ranks), tokens),
                                              topk, test::Routing::kUniform, 2026);
   std::mutex mu;
@@ -71,6 +72,8 @@ int main(int argc, char** argv) {
   std::printf("combine output vs reference: %lld of %lld values differ -> %s\n\n", mismatches, checked,
               mismatches == 0 ? "bit-identical" : "MISMATCH");
   if (mismatches != 0) return 1;
+  std::printf("comparison on the same ranks (MPI-style bulk all-to-all baseline, bsp, ubep, copy bound):\n");
+  std::fflush(stdout);
 
   tools::BenchOptions opt;
   opt.apply_workload("decode");
