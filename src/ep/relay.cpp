@@ -52,6 +52,8 @@ HostRelay::HostRelay(Buffer::Impl& b) : b_(b), remote_(b.group.remote()) {
     r.row_off.resize(R);
     r.expert_off.resize(R * El);
     r.partial.resize(TH);
+    r.rows_seen.resize(R);
+    r.experts_seen.resize(R * El);
     relayed_.push_back(std::move(r));
   }
   out_.resize(hosts_.size());
@@ -66,6 +68,11 @@ HostRelay::HostRelay(Buffer::Impl& b) : b_(b), remote_(b.group.remote()) {
   scratch_rows_.resize(R);
   scratch_expert_.resize(R * El);
   count_rows_.resize(R);
+  // A token has at most max(K, ranks of this host) contributions on this host.
+  const size_t most = std::max(static_cast<size_t>(b.cfg.max_topk), hosts_[static_cast<size_t>(my_host_)].size());
+  gather_rows_.resize(most);
+  gather_weights_.resize(most);
+  gather_slots_.resize(most);
   count_experts_.resize(R * El);
 }
 
@@ -216,7 +223,7 @@ bool HostRelay::progress() {
       for (int d : hosts_[static_cast<size_t>(my_host_)]) ready = ready && lower_counts_ready(s, d);
       if (ready) forward(s);
     }
-    if (in_combine_ && s.forwarded && !s.partial_sent && combine_rows_ready(s)) compute_partials(s);
+    if (in_combine_ && s.forwarded && !s.partial_sent) advance_partials(s);
     done = done && s.forwarded && (!in_combine_ || s.partial_sent);
   }
   for (size_t i = 0; i < out_req_.size();) {
@@ -235,7 +242,10 @@ bool HostRelay::progress() {
 void HostRelay::start_combine() {
   sent_bytes_ = sent_rows_ = 0;
   in_combine_ = true;
-  for (Relayed& s : relayed_) s.partial_sent = false;
+  for (Relayed& s : relayed_) {
+    s.partial_sent = false;
+    s.cursor = 0;
+  }
   for (size_t h = 0; h < hosts_.size(); ++h) {
     if (static_cast<int>(h) == my_host_) continue;
     const auto& target = hosts_[h];
@@ -244,57 +254,62 @@ void HostRelay::start_combine() {
   }
 }
 
-// Where the relayed token's row for (d, k) sits in d's combine input, and whether it is there.
-bool HostRelay::combine_rows_ready(Relayed& s) {
-  const int El = b_.local_experts;
-  bool ready = true;
-  walk(s, [&](int, const PackedToken& p, int d, int64_t slot, const int32_t* slots) {
-    if (!ready) return;
-    if (b_.layout == Layout::kThroughput) {
-      ready = ep::arrived(b_.at<ep::Tag>(d, b_.win.comb_tag) + s.row_off[static_cast<size_t>(d)] + slot, b_.tag());
-    } else {
-      for (int j = 0; j < p.K && ready; ++j) {
-        const int32_t e = p.idx()[j];
-        if (e < 0 || e / El != d) continue;
-        const int64_t pos = (e % El) * b_.RT() + s.expert_off[static_cast<size_t>(d * El + e % El)] + slots[j];
-        ready = ep::arrived(b_.at<ep::Tag>(d, b_.win.comb_tag) + pos, b_.tag());
-      }
-    }
-  });
-  return ready;
-}
-
-void HostRelay::compute_partials(Relayed& s) {
+// Reduces the relayed tokens of source s in order, as far as their rows have arrived, resuming
+// where the last call stopped (cursor and slot counters live in Relayed); sends the partials
+// once every token is done. Throughput: ascending rank; latency: ascending k (DESIGN §2).
+void HostRelay::advance_partials(Relayed& s) {
   const int El = b_.local_experts;
   const int64_t H = b_.cfg.hidden;
   const char* msg = s.msg[b_.half()].data();
   int32_t header[2];
   std::memcpy(header, msg, sizeof header);
-  const int n = header[0];
-  std::fill(s.partial.begin(), s.partial.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(n) * static_cast<size_t>(H)), 0.0f);
-  // Throughput: walk visits destinations in ascending rank per token, so each token's partial
-  // is summed in ascending rank. Latency: gather per token, then add in ascending k.
-  if (b_.layout == Layout::kThroughput) {
-    walk(s, [&](int i, const PackedToken&, int d, int64_t slot, const int32_t*) {
-      const int64_t pos = s.row_off[static_cast<size_t>(d)] + slot;
-      kernels::accumulate_row(&s.partial[static_cast<size_t>(i) * static_cast<size_t>(H)],
-                              b_.at<char>(d, b_.win.comb_x) + static_cast<size_t>(pos) * b_.row_bytes(), b_.cfg.dtype, H);
-    });
-  } else {
-    int last = -1;
-    walk(s, [&](int i, const PackedToken& p, int, int64_t, const int32_t* slots) {
-      if (i == last) return;  // all of the token's local experts are handled at its first visit
-      last = i;
-      for (int j = 0; j < p.K; ++j) {
+  const int n = header[0], K = header[1];
+  if (s.cursor == 0) {
+    std::fill(s.rows_seen.begin(), s.rows_seen.end(), 0);
+    std::fill(s.experts_seen.begin(), s.experts_seen.end(), 0);
+  }
+  const void** rows = gather_rows_.data();
+  float* weights = gather_weights_.data();
+  int64_t* dslot = gather_slots_.data();
+  for (; s.cursor < n; ++s.cursor) {
+    PackedToken p{msg + kHeader + static_cast<size_t>(s.cursor) * record_bytes(), b_.row_bytes(), K};
+    int count = 0;
+    bool ready = true;
+    if (b_.layout == Layout::kThroughput) {
+      for (int d : hosts_[static_cast<size_t>(my_host_)]) {
+        bool there = false;
+        for (int j = 0; j < K && !there; ++j) there = p.idx()[j] >= 0 && p.idx()[j] / El == d;
+        if (!there) continue;
+        const int64_t pos = s.row_off[static_cast<size_t>(d)] + s.rows_seen[static_cast<size_t>(d)];
+        dslot[count] = d;
+        ready = ready && ep::arrived(b_.at<ep::Tag>(d, b_.win.comb_tag) + pos, b_.tag());
+        rows[count++] = b_.at<char>(d, b_.win.comb_x) + static_cast<size_t>(pos) * b_.row_bytes();
+      }
+    } else {
+      for (int j = 0; j < K; ++j) {
         const int32_t e = p.idx()[j];
         if (e < 0 || !local(e / El)) continue;
         const int d = e / El;
-        const int64_t pos = (e % El) * b_.RT() + s.expert_off[static_cast<size_t>(d * El + e % El)] + slots[j];
-        kernels::accumulate_row_weighted(&s.partial[static_cast<size_t>(i) * static_cast<size_t>(H)],
-                                         b_.at<char>(d, b_.win.comb_x) + static_cast<size_t>(pos) * b_.row_bytes(),
-                                         b_.cfg.dtype, H, p.w()[j]);
+        const int64_t pos = (e % El) * b_.RT() + s.expert_off[static_cast<size_t>(d * El + e % El)] +
+                            s.experts_seen[static_cast<size_t>(e)];
+        dslot[count] = e;
+        weights[count] = p.w()[j];
+        ready = ready && ep::arrived(b_.at<ep::Tag>(d, b_.win.comb_tag) + pos, b_.tag());
+        rows[count++] = b_.at<char>(d, b_.win.comb_x) + static_cast<size_t>(pos) * b_.row_bytes();
       }
-    });
+    }
+    if (!ready) return;  // resume here on the next progress()
+    float* part = &s.partial[static_cast<size_t>(s.cursor) * static_cast<size_t>(H)];
+    std::fill(part, part + H, 0.0f);
+    for (int c = 0; c < count; ++c) {
+      if (b_.layout == Layout::kThroughput) {
+        kernels::accumulate_row(part, rows[c], b_.cfg.dtype, H);
+        ++s.rows_seen[static_cast<size_t>(dslot[c])];
+      } else {
+        kernels::accumulate_row_weighted(part, rows[c], b_.cfg.dtype, H, weights[c]);
+        ++s.experts_seen[static_cast<size_t>(dslot[c])];
+      }
+    }
   }
   const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(H) * sizeof(float);
   out_req_.push_back(remote_->isend(s.source, kCombineTag, s.partial.data(), bytes));

@@ -66,6 +66,9 @@ class HostRelay {
     std::vector<int64_t> row_off;       // [R] offset of the source's rows at each local rank
     std::vector<int64_t> expert_off;    // [R, El]
     std::vector<float> partial;         // [T, H] combine partials for the source
+    int cursor = 0;                     // next token to reduce
+    std::vector<int64_t> rows_seen;     // [R] rows of the source consumed per local rank so far
+    std::vector<int64_t> experts_seen;  // [R*El] rows consumed per expert so far
   };
 
   size_t record_bytes() const;
@@ -73,8 +76,7 @@ class HostRelay {
   void write_counts(Relayed& s);
   bool lower_counts_ready(const Relayed& s, int dest) const;
   void forward(Relayed& s);
-  bool combine_rows_ready(Relayed& s);
-  void compute_partials(Relayed& s);
+  void advance_partials(Relayed& s);
   template <typename Visit>
   void walk(const Relayed& s, Visit&& visit) const;
 
@@ -91,6 +93,9 @@ class HostRelay {
   std::vector<int32_t> host_slot_;        // [T, hosts] index of my token in the message to host h
   std::vector<int64_t> scratch_rows_, scratch_expert_;
   std::vector<int32_t> count_rows_, count_experts_;
+  std::vector<const void*> gather_rows_;
+  std::vector<float> gather_weights_;
+  std::vector<int64_t> gather_slots_;
   uint64_t sent_bytes_ = 0, sent_rows_ = 0;
   bool in_combine_ = false;
 };
