@@ -5,6 +5,11 @@
 //                set flags, fence, verify every peer's flag -> BARRIER -> prefix sum ->
 //                reorder (all workers) -> BARRIER.
 // bsp combine:   row items -> BARRIER -> set flags, fence, verify -> BARRIER -> reduce -> BARRIER.
+// The CPU implementation (`local` preset, CostParams::dispatch_reorder = false etc.) differs:
+// dispatch rows are written straight into their final place (no reorder; ubep receivers only
+// check one tag per row), bsp has no final barrier (double-buffered outputs: 3 + 2 barriers),
+// and ubep's combine moves no data on the expert side (a tag per row): owners reduce the rows
+// in place; bsp's combine copies rows into the owners' staging, then they reduce.
 // ubep dispatch: layout -> one sender posts the count records, then every sender runs its items;
 //                each receiver computes its prefix sum once it holds every peer's count record
 //                (point-to-point), and its reorder workers consume items as they become
@@ -80,6 +85,59 @@ double wire_bytes(double payload, Algo algo, Sync sync, const CostParams& c) {
 
 namespace {
 
+// Rows one rank sends in this call (dispatch; combine sends the same rows back): the largest
+// over ranks. Latency layout: one row per (token, k); throughput: per (token, destination rank).
+double rows_per_rank(const Traffic& t, bool latency_layout, int ranks) {
+  const int El = std::max(1, t.experts / std::max(1, ranks));
+  double most = 0;
+  std::vector<int> seen(static_cast<size_t>(ranks), -1);
+  for (const auto& ids : t.ids) {
+    double rows = 0;
+    for (int64_t tok = 0; tok < t.tokens_per_rank; ++tok)
+      for (int k = 0; k < t.topk; ++k) {
+        const int32_t e = ids[static_cast<size_t>(tok * t.topk + k)];
+        if (e < 0) continue;
+        const int d = e / El;
+        if (latency_layout) {
+          rows += 1;
+        } else if (seen[static_cast<size_t>(d)] != tok) {
+          seen[static_cast<size_t>(d)] = static_cast<int>(tok);
+          rows += 1;
+        }
+      }
+    std::fill(seen.begin(), seen.end(), -1);
+    most = std::max(most, rows);
+  }
+  return most;
+}
+
+}  // namespace
+
+Preset effective_preset(const Preset& preset, const CallConfig& cfg, const Traffic& traffic) {
+  Preset p = preset;
+  CostParams& c = p.cost;
+  const double bytes = rows_per_rank(traffic, cfg.latency_layout, preset.topology.ranks()) *
+                       row_payload_bytes(cfg.op, cfg.hidden, cfg.elem_bytes, traffic.topk);
+  if (!c.rate_sets.empty()) {
+    const CostParams::RateSet* best = nullptr;
+    for (const auto& s : c.rate_sets)
+      if (!best || std::abs(std::log(std::max(bytes, 1.0) / s.bytes)) < std::abs(std::log(std::max(bytes, 1.0) / best->bytes)))
+        best = &s;
+    c.worker_GBps = best->copy_GBps;
+    c.local_copy_GBps = best->copy_GBps;
+    c.stream_GBps = best->stream_GBps;
+    c.reduce_GBps = best->reduce_GBps;
+    c.staged_reduce_GBps = best->staged_reduce_GBps;
+    c.rate_set = best->name;
+  }
+  // Dispatch row copies of large calls: non-temporal stores.
+  if (cfg.op == Op::kDispatch && c.stream_threshold_bytes > 0 && bytes >= c.stream_threshold_bytes && c.stream_GBps > 0)
+    c.worker_GBps = c.stream_GBps;
+  return p;
+}
+
+namespace {
+
 // A group barrier: releases every rank `cost` after the last one arrives.
 class Barrier {
  public:
@@ -121,7 +179,7 @@ struct ReceivePool {
 class CallSim {
  public:
   CallSim(const Preset& preset, const CallConfig& cfg, const Traffic& traffic, std::span<const double> start)
-      : preset_(preset), c_(preset.cost), cfg_(cfg), tr_(traffic), net_(q_),
+      : preset_(preset), eff_(effective_preset(preset, cfg, traffic)), c_(eff_.cost), cfg_(cfg), tr_(traffic), net_(q_),
         R_(preset.topology.ranks()) {
     UBEP_CHECK_ARG(traffic.ranks == R_, "traffic has ", traffic.ranks, " ranks, topology ", R_);
     UBEP_CHECK_ARG(traffic.experts % R_ == 0, "experts (", traffic.experts, ") must divide evenly over ", R_, " ranks");
@@ -133,7 +191,7 @@ class CallSim {
     senders_ = split_ ? W_ - c_.ubep_reorder_workers : W_;
     start_.assign(static_cast<size_t>(R_), 0.0);
     if (!start.empty()) start_.assign(start.begin(), start.end());
-    machine_ = std::make_unique<Machine>(preset, net_, W_);
+    machine_ = std::make_unique<Machine>(eff_, net_, W_);
     El_ = tr_.experts / R_;
   }
 
@@ -151,12 +209,20 @@ class CallSim {
   void pool_pump(int r);
   void pool_add_server(int r, int n);
   void open_gate(int r);
+  // Receive-side work for `rows` landed rows: dispatch reorder copy (or only a tag check when
+  // senders place rows in their final position), combine reduction.
   double row_cost(double rows, double bytes_per_row) const {
-    double ns = rows * (c_.local_row_ns + bytes_per_row / c_.local_copy_GBps);
+    double ns;
+    if (cfg_.op == Op::kDispatch)
+      ns = c_.dispatch_reorder ? rows * (c_.local_row_ns + bytes_per_row / c_.local_copy_GBps) : rows * c_.tag_ns;
+    else
+      ns = rows * (c_.local_row_ns + bytes_per_row / reduce_GBps());
     if (cfg_.algo == Algo::kUbep && cfg_.sync == Sync::kSentinel)
       ns += rows * bytes_per_row / c_.local_copy_GBps;  // reset the sentinels for the next call
     return ns;
   }
+  double reduce_GBps() const { return c_.reduce_GBps > 0 ? c_.reduce_GBps : c_.local_copy_GBps; }
+  bool in_place() const { return cfg_.algo == Algo::kUbep && cfg_.op == Op::kCombine && c_.combine_in_place; }
   void check_rank_done(int r);
   // ---- orchestrations ----
   void run_bsp();
@@ -176,6 +242,7 @@ class CallSim {
   double posted_ns(int n, int workers) const { return std::ceil(static_cast<double>(n) / workers) * c_.issue_ns; }
 
   const Preset& preset_;
+  Preset eff_;  // the preset with this call's rates (CostParams::rate_sets)
   const CostParams& c_;
   const CallConfig& cfg_;
   const Traffic& tr_;
@@ -288,8 +355,11 @@ void CallSim::issue_next(int r, int w) {
     q_.at(issue, [this, r, w, idx, issue] {
       const auto& it = plans_[static_cast<size_t>(r)].items[static_cast<size_t>(idx)];
       ++res_.simulated_items;
-      res_.wire_bytes += it.bytes;
-      net_.start_flow(machine_->path(r, w, it.dest_rank), it.bytes, 0.0, [this, r, w, idx, issue] {
+      // In-place combine: the rows stay where the expert wrote them; the worker only tags them.
+      const double bytes = in_place() ? 0.0 : static_cast<double>(it.bytes);
+      const double hold = in_place() ? static_cast<double>(it.rows()) * c_.tag_ns : 0.0;
+      res_.wire_bytes += bytes;
+      net_.start_flow(machine_->path(r, w, it.dest_rank), bytes, hold, [this, r, w, idx, issue] {
         const auto& item = plans_[static_cast<size_t>(r)].items[static_cast<size_t>(idx)];
         const int dst = item.dest_rank;
         const double lat = machine_->latency_ns(r, dst);
@@ -419,9 +489,11 @@ void CallSim::run_bsp() {
   // Set-flag & verify: post R flags, fence, and wait for every peer's flag (all ranks left the
   // previous barrier together, so the last peer flag lands posted + farthest latency).
   const double flag_stage = posted_ns(R_, W_) + std::max(fence_all, machine_->max_latency_ns() + R_ * c_.poll_ns / W_);
-  auto consume_ns = [this](int r) {
+  auto consume_ns = [this, dispatch](int r) {
     const double rows = recv_rows_[static_cast<size_t>(r)];
-    return std::ceil(rows / W_) * (c_.local_row_ns + payload_ / c_.local_copy_GBps);
+    if (dispatch && !c_.dispatch_reorder) return 0.0;  // rows are already in their final place
+    const double reduce = c_.staged_reduce_GBps > 0 ? c_.staged_reduce_GBps : reduce_GBps();  // from staging
+    return std::ceil(rows / W_) * (c_.local_row_ns + payload_ / (dispatch ? c_.local_copy_GBps : reduce));
   };
   for (int r = 0; r < R_; ++r) {
     const double s = start_[static_cast<size_t>(r)];
@@ -433,10 +505,12 @@ void CallSim::run_bsp() {
             b3->arrive([this, r, b4, consume_ns, dispatch] {
               const double prefix = dispatch ? static_cast<double>(R_) * El_ * c_.prefix_ns_per_entry : 0.0;
               q_.after(prefix + consume_ns(r), [this, r, b4] {
-                b4->arrive([this, r] {
+                auto finish = [this, r] {
                   finish_[static_cast<size_t>(r)] = q_.now();
                   rank_done_[static_cast<size_t>(r)] = true;
-                });
+                };
+                if (c_.bsp_final_barrier) b4->arrive(finish);
+                else finish();
               });
             });
           });
@@ -466,7 +540,7 @@ void CallSim::run_bsp() {
   q_.run();
   // Barrier time as rank 0 sees it: each barrier's cost plus its wait for the last arrival is
   // not separable here; report the pure barrier cost times the barriers crossed.
-  res_.barrier_ns = bcost * (dispatch ? 4 : 3);
+  res_.barrier_ns = bcost * ((dispatch ? 3 : 2) + (c_.bsp_final_barrier ? 1 : 0));
 }
 
 CallResult CallSim::run() {

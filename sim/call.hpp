@@ -75,6 +75,10 @@ struct CallResult {
 CallResult simulate_call(const Preset& preset, const CallConfig& config, const Traffic& traffic,
                          std::span<const double> start_ns = {});
 
+// The preset as one call sees it: the rates measured nearest to the call's bytes per rank
+// (CostParams::rate_sets), non-temporal copy rate for large dispatches.
+Preset effective_preset(const Preset& preset, const CallConfig& config, const Traffic& traffic);
+
 // Payload bytes of one row (dispatch: hidden row + routing metadata, as protocol.hpp lays it
 // out; combine: the hidden row), and its size on the wire in a sync mode.
 double row_payload_bytes(Op op, int hidden, int elem_bytes, int topk);

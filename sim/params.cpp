@@ -102,12 +102,10 @@ CostParams gpu_cost(const char* name, int sms, double hbm_GBps, int comm_sms) {
   return c;
 }
 
-// Keys of the calibration file written by `ubep-sim calibrate`.
+// The calibration file written by `ubep-sim calibrate`.
 struct Calibration {
-  double memcpy_GBps = 0;       // one core copying 14 KB rows, alone
-  double memcpy_both_GBps = 0;  // per core, when both cores copy at once
-  double handoff_ns = 0;        // one-way cross-core latency of a flag (ping-pong / 2)
-  double row_overhead_ns = 0;   // fixed cost of one row copy beyond bytes/bandwidth
+  double handoff_ns = 0;  // one-way cross-core latency of a flag (ping-pong / 2)
+  std::vector<CostParams::RateSet> sets;  // per measured shape
 };
 
 Calibration read_calibration(const std::string& path) {
@@ -118,41 +116,76 @@ Calibration read_calibration(const std::string& path) {
   ss << in.rdbuf();
   const std::string text = ss.str();
   Calibration cal;
-  auto get = [&](const char* key) {
+  auto get = [&](const std::string& key) {
     std::smatch m;
-    const std::regex re(std::string("\"") + key + "\"\\s*:\\s*([-+0-9.eE]+)");
-    UBEP_CHECK_ARG(std::regex_search(text, m, re), "calibration file '", path, "' has no \"", key, "\"");
+    const std::regex re("\"" + key + "\"\\s*:\\s*([-+0-9.eE]+)");
+    UBEP_CHECK_ARG(std::regex_search(text, m, re), "calibration file '", path, "' has no \"", key,
+                   "\" (written by an older ubep-sim? run `ubep-sim calibrate` again)");
     const double v = std::stod(m[1].str());
     UBEP_CHECK_ARG(std::isfinite(v) && v >= 0, "calibration file '", path, "': bad ", key, " = ", v);
     return v;
   };
-  cal.memcpy_GBps = get("memcpy_GBps");
-  cal.memcpy_both_GBps = get("memcpy_both_GBps");
   cal.handoff_ns = get("handoff_ns");
-  cal.row_overhead_ns = get("row_overhead_ns");
+  for (const char* shape : {"decode", "prefill"}) {
+    const std::string n = shape;
+    CostParams::RateSet r;
+    r.name = n;
+    r.bytes = get(n + "_bytes");
+    r.copy_GBps = get(n + "_copy_GBps");
+    r.stream_GBps = get(n + "_stream_GBps");
+    r.reduce_GBps = get(n + "_reduce_GBps");
+    r.staged_reduce_GBps = get(n + "_staged_reduce_GBps");
+    UBEP_CHECK_ARG(r.bytes > 0 && r.copy_GBps > 0 && r.stream_GBps > 0 && r.reduce_GBps > 0 && r.staged_reduce_GBps > 0, "calibration file '",
+                   path, "': zero rate for ", n);
+    cal.sets.push_back(r);
+  }
   return cal;
 }
 
+// The CPU implementation of src/ep as it is now (see the comments at the top of bsp.cpp and
+// ubep.cpp), on this machine, with ubep-bench's process ranks.
 Preset local_preset(int ranks, const std::string& file) {
-  const Calibration cal = read_calibration(file.empty() ? "sim-calibration.json" : file);
+  const std::string path = file.empty() ? "sim-calibration.json" : file;
+  const Calibration cal = read_calibration(path);
   CostParams c;
   c.preset = "local";
-  // Thread ranks of one process: 2 cores, so at most 2 ranks copy at once.
-  const double per_core = ranks >= 2 ? cal.memcpy_both_GBps : cal.memcpy_GBps;
-  sched::Topology topo("local",
-                       {sched::Level{"self", 0, per_core}, sched::Level{"shm", cal.handoff_ns, per_core}},
-                       ranks);
+  c.rate_sets = cal.sets;
+  src(c, "rate_sets", "[MEAS] per shape (decode 14.7 MB, prefill 117 MB per rank), per core with both cores "
+                      "working: non-temporal row placement (+metadata, tag), fused reduction in place (ubep), "
+                      "plain copies into staging and the reduction there (bsp); "
+                      "a call uses the shape nearest its bytes per rank");
+  for (const auto& r : cal.sets)
+    src(c, ("  " + r.name).c_str(),
+        detail::concat(r.bytes / 1e6, " MB: copy ", r.copy_GBps, ", stream ", r.stream_GBps, ", reduce ",
+                       r.reduce_GBps, ", staged reduce ", r.staged_reduce_GBps, " GB/s").c_str());
+  c.worker_GBps = cal.sets.front().copy_GBps;  // replaced per call from rate_sets
+  c.local_copy_GBps = c.worker_GBps;
+  c.stream_GBps = cal.sets.front().stream_GBps;
+  c.reduce_GBps = cal.sets.front().reduce_GBps;
+  c.staged_reduce_GBps = cal.sets.front().staged_reduce_GBps;
+  // The memory bus is not a separate link: the per-core rates were measured with both cores
+  // copying at once, so its sharing is inside them; the levels only carry the handoff latency.
+  const double bus = 1e4;
+  sched::Topology topo("local", {sched::Level{"self", 0, bus}, sched::Level{"shm", cal.handoff_ns, bus}}, ranks);
   c.workers_per_rank = 1;
-  src(c, "workers_per_rank", "1 [MEAS]: ubep-bench's default on 2 cores (cores / ranks - 1 helpers + the caller)");
-  c.worker_GBps = per_core;
-  src(c, "worker_GBps", "[MEAS] per-core memcpy GB/s of 14 KB rows while both cores copy");
-  c.local_copy_GBps = per_core;
-  src(c, "local_copy_GBps", "[MEAS] same as worker_GBps (reorder is a memcpy)");
+  src(c, "workers_per_rank", "1: ubep-bench's default on 2 cores with 2 ranks (cores / ranks - 1 helpers + the caller)");
   c.window = 1;
   src(c, "window", "1: a CPU thread copies one row at a time");
-  c.issue_ns = cal.row_overhead_ns;
-  c.local_row_ns = cal.row_overhead_ns;
-  src(c, "issue_ns/local_row_ns", "[MEAS] fixed cost per row copy (calibrate: 14 KB copies vs bulk)");
+  c.stream_threshold_bytes = 4.0 * (1 << 20);
+  src(c, "stream_threshold_bytes", "4 MiB [impl]: dispatches moving more use non-temporal stores (buffer_impl.hpp)");
+  c.dispatch_reorder = false;
+  src(c, "dispatch_reorder", "false [impl]: senders write rows into their final place; no receive-side copy");
+  c.combine_in_place = true;
+  src(c, "combine_in_place", "true [impl]: ubep owners read the experts' rows in place (the bench's experts write "
+                             "the combine buffer, untimed); bsp pushes rows to the owners' staging (plain stores)");
+  c.bsp_final_barrier = false;
+  src(c, "bsp_final_barrier", "false [impl]: outputs double-buffered by call parity; bsp: 3 barriers per dispatch, 2 per combine");
+  c.issue_ns = 5;
+  c.tag_ns = 5;
+  src(c, "issue_ns/tag_ns", "5 ns [ASSUME]: one store (count record, flag, tag) or tag check that hits in cache; "
+                            "the per-row costs of row copies are inside the measured rates");
+  c.local_row_ns = 0;
+  src(c, "local_row_ns", "0: inside the measured rates (the calibration times whole per-row loops)");
   c.fence_ns = 20;
   src(c, "fence_ns", "20 ns [ASSUME]: an mfence on x86");
   c.poll_ns = 5;
@@ -169,7 +202,7 @@ Preset local_preset(int ranks, const std::string& file) {
   c.flag_bytes = 4;
   c.ubep_reorder_workers = 0;
   src(c, "ubep_reorder_workers", "0: the CPU ubep runs send then receive roles on the same thread (ubep.cpp)");
-  src(c, "calibration", file.empty() ? "sim-calibration.json" : file.c_str());
+  src(c, "calibration", path.c_str());
   return Preset{std::move(topo), c, {0, 1}};
 }
 

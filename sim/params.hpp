@@ -50,6 +50,44 @@ struct CostParams {
   // (send, then receive), as the CPU implementation does.
   int ubep_reorder_workers = 0;
 
+  // What the implementation does around the data (accelerator presets: the paper's staged
+  // design; `local`: the CPU implementation in src/ep as it is now).
+  // Dispatch receivers copy each landed row once more into its final place (reorder). false:
+  // senders write rows straight into their final place (one copy); receivers only check tags.
+  bool dispatch_reorder = true;
+  // ubep combine: owners read the experts' rows in place (no data moves on the expert side;
+  // each row costs the expert side one tag store, tag_ns) and reduce them as they are tagged.
+  bool combine_in_place = false;
+  // A tag store (expert side) or a tag check (receiver) per row, when the above apply.
+  double tag_ns = 0;
+  // Input bytes one worker reduces per ns in combine (fused fp32 pass over the rows);
+  // 0 = local_copy_GBps (the reduction as a copy).
+  double reduce_GBps = 0;
+  // The same for bsp's combine, whose rows were just copied into the owner's staging (0 = as
+  // reduce_GBps).
+  double staged_reduce_GBps = 0;
+  // bsp ends each call with one more group barrier (after the reorder / reduce), so that no
+  // rank reuses the buffers while a peer still reads them: 4 barriers per dispatch, 3 per
+  // combine. false: outputs are double-buffered by call parity (src/ep/protocol.hpp), 3 + 2.
+  bool bsp_final_barrier = true;
+  // Dispatch row copies of calls moving >= stream_threshold_bytes per rank use stream_GBps
+  // (non-temporal stores) instead of worker_GBps (0 = never).
+  double stream_threshold_bytes = 0;
+  double stream_GBps = 0;
+  // Rates measured at several working-set sizes (local preset): a call uses the set measured at
+  // the size nearest (log scale) to the bytes it moves per rank, overriding worker_GBps,
+  // local_copy_GBps, stream_GBps and reduce_GBps. Empty: the scalars above.
+  struct RateSet {
+    std::string name;
+    double bytes = 0;          // bytes per rank the set was measured at
+    double copy_GBps = 0;      // plain-store row copies, per core, both cores copying
+    double stream_GBps = 0;    // non-temporal row copies (+ row metadata and tag), idem
+    double reduce_GBps = 0;    // fused reduction, input bytes, idem: rows in place (ubep)
+    double staged_reduce_GBps = 0;  // idem, rows just pushed into the owner's staging (bsp)
+  };
+  std::vector<RateSet> rate_sets;
+  std::string rate_set;  // the set a call used (effective_preset)
+
   // Decode compute (TPOT experiment), per MoE layer per rank.
   double attention_us = 0;        // attention + shared expert + norms, per layer
   double expert_weight_us = 0;    // loading one local expert's weights (memory-bound decode GEMM)

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <map>
 #include <tuple>
+#include <cstdio>
+#include <fstream>
+#include <string>
 
 #include "sim/call.hpp"
 #include "ubep/error.hpp"
@@ -128,4 +131,58 @@ TEST(SimCall, RejectsBadInput) {
   EXPECT_THROW(simulate_call(p, CallConfig{}, t), InvalidArgument);  // 16-rank traffic on 8 ranks
   EXPECT_THROW(make_preset("nope", 8), InvalidArgument);
   EXPECT_THROW(parse_sync("maybe"), InvalidArgument);
+}
+
+// The local preset models the CPU implementation as it is: one copy per dispatched row (at the
+// non-temporal rate for large calls, no receive-side reorder), bsp with 3 + 2 barriers, ubep's
+// combine reading the experts' rows in place (nothing on the wire) and reducing them.
+TEST(SimCall, LocalPresetModelsTheCpuImplementation) {
+  const std::string path = ::testing::TempDir() + "ubep-sim-test-calibration.json";
+  {
+    std::ofstream f(path);
+    f << "{\"decode_bytes\": 14680064, \"decode_copy_GBps\": 10, \"decode_stream_GBps\": 20, \"decode_reduce_GBps\": 8,"
+         " \"decode_staged_reduce_GBps\": 8, \"prefill_staged_reduce_GBps\": 3,"
+         " \"prefill_bytes\": 117440512, \"prefill_copy_GBps\": 4, \"prefill_stream_GBps\": 5,"
+         " \"prefill_reduce_GBps\": 3, \"handoff_ns\": 100}";
+  }
+  const Preset p = make_preset("local", 2, path);
+  const Traffic t = draw_traffic(2, 256, 8, 128, 0, 1.0, 1);  // the bench's decode shape
+  CallConfig cfg;
+  cfg.latency_layout = true;
+  const double rows = 128.0 * 8;  // latency layout: one row per (token, k), per rank
+  const double payload = row_payload_bytes(Op::kDispatch, 7168, 2, 8);
+  // Dispatch: > 4 MiB per rank, so every row is one non-temporal copy at 20 GB/s; nothing else
+  // costs more than a few microseconds.
+  for (Algo a : {Algo::kBsp, Algo::kUbep}) {
+    cfg.algo = a;
+    cfg.op = Op::kDispatch;
+    const Preset eff = effective_preset(p, cfg, t);
+    EXPECT_EQ(eff.cost.rate_set, "decode");
+    EXPECT_DOUBLE_EQ(eff.cost.worker_GBps, 20);
+    const CallResult r = simulate_call(p, cfg, t);
+    EXPECT_NEAR(r.makespan_ns, rows * payload / 20, 0.02 * r.makespan_ns) << algo_name(a);
+    EXPECT_GE(r.makespan_ns, rows * payload / 20);
+  }
+  // Combine: ubep moves nothing on the wire and reduces at 8 GB/s; bsp copies at 10 GB/s first.
+  cfg.op = Op::kCombine;
+  cfg.algo = Algo::kUbep;
+  const CallResult u = simulate_call(p, cfg, t);
+  EXPECT_EQ(u.wire_bytes, 0);
+  const double row = 7168 * 2;
+  EXPECT_NEAR(u.makespan_ns, rows * row / 8, 0.05 * u.makespan_ns);
+  cfg.algo = Algo::kBsp;
+  const CallResult b = simulate_call(p, cfg, t);
+  EXPECT_DOUBLE_EQ(b.wire_bytes, 2 * rows * row);  // both ranks
+  // (an expert rank sends back what it received, which differs from 1024 rows by a few %)
+  EXPECT_NEAR(b.makespan_ns, rows * row / 10 + rows * row / 8, 0.05 * b.makespan_ns);
+  cfg.op = Op::kDispatch;
+  const CallResult bd = simulate_call(p, cfg, t);
+  EXPECT_NEAR(bd.barrier_ns / b.barrier_ns, 1.5, 1e-9);  // 3 barriers per dispatch, 2 per combine
+  // Prefill-sized calls use the prefill rates.
+  const Traffic big = draw_traffic(2, 256, 8, 4096, 0, 1.0, 1);
+  cfg.latency_layout = false;
+  cfg.op = Op::kDispatch;
+  EXPECT_EQ(effective_preset(p, cfg, big).cost.rate_set, "prefill");
+  EXPECT_DOUBLE_EQ(effective_preset(p, cfg, big).cost.worker_GBps, 5);
+  std::remove(path.c_str());
 }
