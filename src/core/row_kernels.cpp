@@ -41,6 +41,39 @@ inline float load_elem(const Elem* p, int64_t i) {
   else return p[i];
 }
 
+// Fixed row counts: the per-element sum over the rows is unrolled, so the loop over h vectorises
+// with the accumulator in a register (same operations, same order: ((0 + w0*r0) + w1*r1) + ...).
+template <typename Elem, int N, bool Weighted>
+UBEP_MULTIVERSION void reduce_fixed(Elem* __restrict out, int64_t hidden, const void* const* rows, const float* weights) {
+  const Elem* v[N];
+  float w[N];
+  for (int r = 0; r < N; ++r) {
+    v[r] = static_cast<const Elem*>(rows[r]);
+    w[r] = Weighted ? weights[r] : 1.0f;
+  }
+  for (int64_t h = 0; h < hidden; ++h) {
+    float a = 0.0f;
+    for (int r = 0; r < N; ++r) {
+      if constexpr (Weighted) a += w[r] * load_elem(v[r], h);
+      else a += load_elem(v[r], h);
+    }
+    if constexpr (sizeof(Elem) == 2) out[h] = float_to_bf16(a);
+    else out[h] = a;
+  }
+}
+
+template <typename Elem, bool Weighted>
+bool reduce_small(Elem* out, int64_t hidden, const void* const* rows, const float* weights, int n) {
+  switch (n) {
+    case 1: reduce_fixed<Elem, 1, Weighted>(out, hidden, rows, weights); return true;
+    case 2: reduce_fixed<Elem, 2, Weighted>(out, hidden, rows, weights); return true;
+    case 3: reduce_fixed<Elem, 3, Weighted>(out, hidden, rows, weights); return true;
+    case 4: reduce_fixed<Elem, 4, Weighted>(out, hidden, rows, weights); return true;
+    case 8: reduce_fixed<Elem, 8, Weighted>(out, hidden, rows, weights); return true;
+    default: return false;
+  }
+}
+
 template <typename Elem>
 UBEP_MULTIVERSION void reduce_chunked(Elem* __restrict out, int64_t hidden, const void* const* rows,
                                       const float* weights, int n) {
@@ -98,8 +131,15 @@ void copy_row_to_peer(void* dst, const void* src, size_t bytes) {
 }
 
 void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows, const float* weights, int n) {
-  if (dtype == DType::kBF16) reduce_chunked(static_cast<uint16_t*>(out), hidden, rows, weights, n);
-  else reduce_chunked(static_cast<float*>(out), hidden, rows, weights, n);
+  if (dtype == DType::kBF16) {
+    auto* o = static_cast<uint16_t*>(out);
+    if (weights ? reduce_small<uint16_t, true>(o, hidden, rows, weights, n) : reduce_small<uint16_t, false>(o, hidden, rows, weights, n)) return;
+    reduce_chunked(o, hidden, rows, weights, n);
+  } else {
+    auto* o = static_cast<float*>(out);
+    if (weights ? reduce_small<float, true>(o, hidden, rows, weights, n) : reduce_small<float, false>(o, hidden, rows, weights, n)) return;
+    reduce_chunked(o, hidden, rows, weights, n);
+  }
 }
 
 void accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden) {

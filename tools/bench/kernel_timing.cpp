@@ -1,0 +1,52 @@
+// ubep-kernel-timing: the per-row kernels in isolation (in cache, one thread), to explain where
+// small calls spend their time. Usage: ubep-kernel-timing [hidden=7168] [iters=20000]
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "core/bf16.hpp"
+#include "core/row_kernels.hpp"
+
+using namespace ubep;
+using Clock = std::chrono::steady_clock;
+
+template <typename F>
+double time_us(int iters, F&& f) {
+  for (int i = 0; i < iters / 10 + 1; ++i) f();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) f();
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
+}
+
+int main(int argc, char** argv) {
+  const int64_t hidden = argc > 1 ? std::atoll(argv[1]) : 7168;
+  const int iters = argc > 2 ? std::atoi(argv[2]) : 20000;
+  const size_t row = static_cast<size_t>(hidden) * 2;
+  std::vector<uint16_t> rows(static_cast<size_t>(8 * hidden)), out(static_cast<size_t>(hidden));
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = float_to_bf16(0.5f + static_cast<float>(i % 97) / 97.0f);
+  std::printf("ubep-kernel-timing: bf16 rows of hidden %lld, in cache, one thread, %d iterations\n",
+              static_cast<long long>(hidden), iters);
+  std::printf("%-44s %10s\n", "kernel", "us/call");
+  for (int n : {1, 2, 4, 8}) {
+    const void* p[8];
+    float w[8];
+    for (int i = 0; i < n; ++i) {
+      p[i] = &rows[static_cast<size_t>(i * hidden)];
+      w[i] = 0.125f * static_cast<float>(i + 1);
+    }
+    char name[64];
+    std::snprintf(name, sizeof name, "reduce_rows, %d weighted rows", n);
+    std::printf("%-44s %10.2f\n", name,
+                time_us(iters, [&] { kernels::reduce_rows(out.data(), DType::kBF16, hidden, p, w, n); }));
+  }
+  std::vector<char> dst(8 * row + 64);
+  char* d = dst.data() + (64 - reinterpret_cast<uintptr_t>(dst.data()) % 64) % 64;
+  std::printf("%-44s %10.2f\n", "memcpy of 8 rows",
+              time_us(iters, [&] { std::memcpy(d, rows.data(), 8 * row); }));
+  std::printf("%-44s %10.2f\n", "copy_row_to_peer (non-temporal) of 8 rows", time_us(iters, [&] {
+                for (int i = 0; i < 8; ++i) kernels::copy_row_to_peer(d + i * row, &rows[static_cast<size_t>(i * hidden)], row);
+              }));
+  return 0;
+}
