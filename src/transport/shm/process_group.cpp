@@ -56,20 +56,35 @@ class ShmWindow : public SharedWindow {
     mpi_check(MPI_Allgather(name, kNameLen, MPI_CHAR, names.data(), kNameLen, MPI_CHAR, comm),
               "MPI_Allgather(segment names)");
     bases_.assign(static_cast<size_t>(size), nullptr);
-    for (int p = 0; p < size; ++p) {
+    // Map the peers on this host. A failure is reported to every rank (below) instead of thrown
+    // here, so no rank is left waiting in the barrier and no segment is left behind.
+    std::string error;
+    for (int p = 0; p < size && error.empty(); ++p) {
       if (p == rank) {
         bases_[static_cast<size_t>(p)] = local_;
       } else if (host_of[static_cast<size_t>(p)] == host_of[static_cast<size_t>(rank)]) {
         const char* peer = &names[static_cast<size_t>(p) * kNameLen];
         int pfd = shm_open(peer, O_RDWR, 0600);
-        if (pfd < 0) throw SystemError(detail::concat("shm_open(", peer, "): ", std::strerror(errno)));
-        bases_[static_cast<size_t>(p)] = map(pfd, peer);
+        if (pfd < 0) {
+          error = detail::concat("shm_open(", peer, "): ", std::strerror(errno));
+          continue;
+        }
+        void* addr = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
         close(pfd);
+        if (addr == MAP_FAILED) error = detail::concat("mmap(", peer, "): ", std::strerror(errno));
+        else bases_[static_cast<size_t>(p)] = addr;
       }
     }
-    // Every peer has mapped our segment: unlink the name now so nothing leaks if we crash.
-    mpi_check(MPI_Barrier(comm), "MPI_Barrier(window set-up)");
+    int ok = error.empty() ? 1 : 0, all_ok = 0;
+    const int rc = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, comm);
+    // Every peer has mapped our segment (or given up): unlink the name so nothing leaks.
     shm_unlink(name);
+    if (rc != MPI_SUCCESS || !all_ok) {
+      for (void* b : bases_)
+        if (b) munmap(b, mapped_);
+      bases_.clear();
+      throw SystemError(error.empty() ? std::string("shared-memory window set-up failed on another rank") : error);
+    }
   }
 
   ~ShmWindow() override {
