@@ -2,6 +2,7 @@
 // calls with work in between, sync modes, worker teams, and a randomized stress test.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -64,57 +65,59 @@ TEST(Ubep, SplitPhaseWithWorkInBetween) {
   });
 }
 
-// The scheduler's plans (any policy, with a topology) move exactly the same rows.
-TEST(Ubep, SchedulePoliciesAgree) {
-  Case c;
-  c.experts = 16;
-  c.capacity = 12;
-  c.topk = 4;
+// Runs one problem on thread ranks once per configuration variant of the ubep algorithm: every
+// run must match the reference (run_and_check) and the first run, bit for bit.
+using Variant = std::pair<std::string, std::function<void(BufferConfig&)>>;
+void expect_variants_agree(Case c, const std::vector<int64_t>& tokens, uint64_t seed, const std::vector<Variant>& variants) {
   for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
     c.layout = l;
-    const Problem p = make_problem(4, c.experts, c.hidden, c.dtype, {12, 7, 0, 11}, c.topk, Routing::kHot, 9);
-    run_on_threads(4, [&](Group& g) {
+    const int ranks = static_cast<int>(tokens.size());
+    const Problem p = make_problem(ranks, c.experts, c.hidden, c.dtype, tokens, c.topk, Routing::kHot, seed);
+    run_on_threads(ranks, [&](Group& g) {
       std::vector<char> first;
-      for (SendSchedule s : {SendSchedule::kEqualSlices, SendSchedule::kNaive, SendSchedule::kColumnMajor,
-                             SendSchedule::kBalanced}) {
-        for (const char* topo : {"", "2x2", "cm384"}) {
-          BufferConfig cfg = config_for(c, Algorithm::kUbep);
-          cfg.num_workers = 2;
-          cfg.schedule = s;
-          cfg.topology = topo;
-          Buffer b(g, cfg);
-          auto y = run_and_check(g, c, p, &b, nullptr);
-          if (first.empty()) first = y;
-          EXPECT_EQ(y, first) << send_schedule_name(s) << " on '" << topo << "'";
-        }
+      for (const auto& [name, apply] : variants) {
+        BufferConfig cfg = config_for(c, Algorithm::kUbep);
+        apply(cfg);
+        Buffer b(g, cfg);
+        auto y = run_and_check(g, c, p, &b, nullptr);
+        if (first.empty()) first = y;
+        EXPECT_EQ(y, first) << name << ", " << layout_name(l);
       }
     });
   }
 }
 
-TEST(Ubep, SyncModesAndWorkerCountsAgree) {
+Case small_case() {
   Case c;
   c.experts = 16;
   c.capacity = 12;
   c.topk = 4;
-  for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
-    c.layout = l;
-    const Problem p = make_problem(4, c.experts, c.hidden, c.dtype, {12, 3, 0, 11}, c.topk, Routing::kHot, 5);
-    run_on_threads(4, [&](Group& g) {
-      std::vector<char> first;
-      for (int workers : {0, 1, 3}) {
-        for (SyncMode m : {SyncMode::kFused, SyncMode::kStopAndWait}) {
-          BufferConfig cfg = config_for(c, Algorithm::kUbep);
-          cfg.num_workers = workers;
-          cfg.sync = m;
-          Buffer b(g, cfg);
-          auto y = run_and_check(g, c, p, &b, nullptr);
-          if (first.empty()) first = y;
-          EXPECT_EQ(y, first) << "workers " << workers << " sync " << sync_mode_name(m);
-        }
-      }
-    });
-  }
+  return c;
+}
+
+// The scheduler's plans (any policy, with a topology) move exactly the same rows.
+TEST(Ubep, SchedulePoliciesAgree) {
+  std::vector<Variant> variants;
+  for (SendSchedule s : {SendSchedule::kEqualSlices, SendSchedule::kNaive, SendSchedule::kColumnMajor,
+                         SendSchedule::kBalanced})
+    for (const char* topo : {"", "2x2", "cm384"})
+      variants.push_back({std::string(send_schedule_name(s)) + " on '" + topo + "'", [=](BufferConfig& cfg) {
+                            cfg.num_workers = 2;
+                            cfg.schedule = s;
+                            cfg.topology = topo;
+                          }});
+  expect_variants_agree(small_case(), {12, 7, 0, 11}, 9, variants);
+}
+
+TEST(Ubep, SyncModesAndWorkerCountsAgree) {
+  std::vector<Variant> variants;
+  for (int workers : {0, 1, 3})
+    for (SyncMode m : {SyncMode::kFused, SyncMode::kStopAndWait})
+      variants.push_back({std::to_string(workers) + " workers, " + sync_mode_name(m), [=](BufferConfig& cfg) {
+                            cfg.num_workers = workers;
+                            cfg.sync = m;
+                          }});
+  expect_variants_agree(small_case(), {12, 3, 0, 11}, 5, variants);
 }
 
 // Thousands of back-to-back calls with changing routing and token counts, random delays on
