@@ -60,12 +60,15 @@ double median(std::vector<double> v) {
 }
 
 double handoff_ns(int iters) {
-  struct alignas(64) Line { std::atomic<uint64_t> v{0}; };
+  struct alignas(64) Line {
+    std::atomic<uint64_t> v{0};
+  };
   Line ping, pong;
   std::thread other([&] {
     pin(1);
     for (uint64_t i = 1; i <= static_cast<uint64_t>(iters); ++i) {
-      while (ping.v.load(std::memory_order_acquire) != i) {}
+      while (ping.v.load(std::memory_order_acquire) != i) {
+      }
       pong.v.store(i, std::memory_order_release);
     }
   });
@@ -73,7 +76,8 @@ double handoff_ns(int iters) {
   const auto t0 = Clock::now();
   for (uint64_t i = 1; i <= static_cast<uint64_t>(iters); ++i) {
     ping.v.store(i, std::memory_order_release);
-    while (pong.v.load(std::memory_order_acquire) != i) {}
+    while (pong.v.load(std::memory_order_acquire) != i) {
+    }
   }
   const double ns = std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
   other.join();
@@ -102,7 +106,8 @@ struct RankMem {
   std::vector<std::atomic<uint32_t>> tags;
   RankMem(const Shape& s)
       : x(static_cast<size_t>(s.tokens) * kRow + 64, 1),
-        y(static_cast<size_t>(s.tokens) * kRow + 64, 0), src(static_cast<size_t>(2 * s.tokens * s.copies), 0),
+        y(static_cast<size_t>(s.tokens) * kRow + 64, 0),
+        src(static_cast<size_t>(2 * s.tokens * s.copies), 0),
         tags(static_cast<size_t>(s.tokens * s.copies)) {
     for (auto& w : win) w.assign(static_cast<size_t>(s.tokens * s.copies) * kRow + 64, 0);
     // Token values like the bench's (bf16 in [-1, 1)): constant bytes would be subnormal bf16
@@ -110,7 +115,8 @@ struct RankMem {
     uint32_t h = 12345;
     for (size_t i = 0; i + 1 < x.size(); i += 2) {
       h = h * 1664525u + 1013904223u;
-      const uint16_t v = static_cast<uint16_t>(0x3C00u | (h >> 25)) | static_cast<uint16_t>((h >> 16) & 0x8000u);
+      const uint16_t v =
+          static_cast<uint16_t>(0x3C00u | (h >> 25)) | static_cast<uint16_t>((h >> 16) & 0x8000u);
       std::memcpy(&x[i], &v, 2);
     }
   }
@@ -134,10 +140,14 @@ ShapeRates measure_shape(const Options& o, const Shape& s, int passes) {
       RankMem& dst = *mem[d];
       for (int64_t i = 0; i < half; ++i) {
         const int64_t pos = me * half + i;  // my rows at d follow the lower rank's
-        const char* row = src < 0 ? mem[me]->x.data() + static_cast<size_t>((i * 2 + d) / s.copies % s.tokens) * kRow
-                                  : mem[me]->row(src, d * half + i);
-        if (stream) kernels::copy_row_to_peer(dst.row(w, pos), row, kRow);
-        else std::memcpy(dst.row(w, pos), row, kRow);
+        const char* row =
+            src < 0
+                ? mem[me]->x.data() + static_cast<size_t>((i * 2 + d) / s.copies % s.tokens) * kRow
+                : mem[me]->row(src, d * half + i);
+        if (stream)
+          kernels::copy_row_to_peer(dst.row(w, pos), row, kRow);
+        else
+          std::memcpy(dst.row(w, pos), row, kRow);
         dst.src[static_cast<size_t>(2 * pos)] = me;
         dst.src[static_cast<size_t>(2 * pos + 1)] = i;
         dst.tags[static_cast<size_t>(pos)].store(tag, std::memory_order_release);
@@ -153,11 +163,13 @@ ShapeRates measure_shape(const Options& o, const Shape& s, int passes) {
         const int r = (j + static_cast<int>(t)) % 2;
         ptrs[j] = mem[r]->row(win, (me * half + (t * s.copies + j) / 2) % rows);
       }
-      kernels::reduce_rows(mem[me]->y.data() + static_cast<size_t>(t) * kRow, DType::kBF16, 7168, ptrs,
-                           s.weighted ? w : nullptr, s.copies);
+      kernels::reduce_rows(mem[me]->y.data() + static_cast<size_t>(t) * kRow, DType::kBF16, 7168,
+                           ptrs, s.weighted ? w : nullptr, s.copies);
     }
   };
-  auto ms_since = [](Clock::time_point t0) { return std::chrono::duration<double, std::nano>(Clock::now() - t0).count(); };
+  auto ms_since = [](Clock::time_point t0) {
+    return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
+  };
   auto body = [&](int me) {
     pin(me);
     for (int p = 0; p < passes; ++p) {
@@ -208,20 +220,22 @@ int cmd_calibrate(const Options& o) {
     const ShapeRates r = measure_shape(o, s, std::string(s.name) == "decode" ? 15 : 7);
     got[s.name] = r;
     const std::string n = s.name;
-    j.kv((n + "_bytes").c_str(), r.bytes).kv((n + "_copy_GBps").c_str(), r.copy)
-        .kv((n + "_stream_GBps").c_str(), r.stream).kv((n + "_reduce_GBps").c_str(), r.reduce)
+    j.kv((n + "_bytes").c_str(), r.bytes)
+        .kv((n + "_copy_GBps").c_str(), r.copy)
+        .kv((n + "_stream_GBps").c_str(), r.stream)
+        .kv((n + "_reduce_GBps").c_str(), r.reduce)
         .kv((n + "_staged_reduce_GBps").c_str(), r.staged_reduce);
   }
   std::vector<double> hand;
   for (int p = 0; p < 7; ++p) hand.push_back(handoff_ns(100000));
   j.kv("handoff_ns", median(hand)).kv("row_bytes", static_cast<double>(kRow)).end_object();
   j.write(o.out);
-  std::printf("per core, both cores working at once (GB/s):\n%-8s %10s %10s %10s %10s %14s\n", "shape", "MB/rank",
-              "copy", "stream", "reduce", "staged_reduce");
+  std::printf("per core, both cores working at once (GB/s):\n%-8s %10s %10s %10s %10s %14s\n",
+              "shape", "MB/rank", "copy", "stream", "reduce", "staged_reduce");
   for (const Shape& s : shapes) {
     const ShapeRates& r = got[s.name];
-    std::printf("%-8s %10.1f %10.2f %10.2f %10.2f %14.2f\n", s.name, r.bytes / 1e6, r.copy, r.stream, r.reduce,
-                r.staged_reduce);
+    std::printf("%-8s %10.1f %10.2f %10.2f %10.2f %14.2f\n", s.name, r.bytes / 1e6, r.copy,
+                r.stream, r.reduce, r.staged_reduce);
   }
   std::printf("cross-core handoff (one way): %.1f ns\nwrote %s\n", median(hand), o.out.c_str());
   return 0;
@@ -237,9 +251,12 @@ std::map<std::pair<std::string, std::string>, double> read_bench(const std::stri
   ss << in.rdbuf();
   const std::string text = ss.str();
   std::map<std::pair<std::string, std::string>, double> out;
-  const std::regex re("\"impl\":\\s*\"([a-z0-9_]+)\",\\s*\"op\":\\s*\"([a-z]+)\",\\s*\"median_us\":\\s*([-+0-9.eE]+)"
-                      "[^}]*?(\"sync\":\\s*\"([a-z-]+)\")?");
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator(); ++it) {
+  const std::regex re(
+      "\"impl\":\\s*\"([a-z0-9_]+)\",\\s*\"op\":\\s*\"([a-z]+)\",\\s*\"median_us\":\\s*([-+0-9.eE]+"
+      ")"
+      "[^}]*?(\"sync\":\\s*\"([a-z-]+)\")?");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator();
+       ++it) {
     const auto& m = *it;
     if (m[5].matched && m[5].str() != "fused") continue;
     out[{m[1].str(), m[2].str()}] = std::stod(m[3].str());
@@ -277,8 +294,8 @@ int cmd_predict(const Options& o) {
   Json j;
   j.begin_object().kv("experiment", "predict").kv("ranks", R).key("rows").begin_array();
   std::printf("# local preset, %d ranks: %s\n", R, p.topology.describe().c_str());
-  std::printf("%-8s %-5s %-9s %12s %12s %9s  %s\n", "workload", "algo", "op", "predicted_us", "measured_us", "error",
-              "rates used (shape copy/reduce)");
+  std::printf("%-8s %-5s %-9s %12s %12s %9s  %s\n", "workload", "algo", "op", "predicted_us",
+              "measured_us", "error", "rates used (shape copy/reduce)");
   for (const auto& w : workloads) {
     Options ow = o;
     ow.latency_layout = w.latency_layout;
@@ -298,13 +315,19 @@ int cmd_predict(const Options& o) {
           if (it != wit->second.end()) meas = it->second;
         }
         if (meas > 0)
-          std::printf("%-8s %-5s %-9s %12.1f %12.1f %8.1f%%  %s\n", w.name, algo_name(a), op_name(op), us, meas,
-                      (us / meas - 1) * 100, rates.c_str());
+          std::printf("%-8s %-5s %-9s %12.1f %12.1f %8.1f%%  %s\n", w.name, algo_name(a),
+                      op_name(op), us, meas, (us / meas - 1) * 100, rates.c_str());
         else
-          std::printf("%-8s %-5s %-9s %12.1f %12s %9s  %s\n", w.name, algo_name(a), op_name(op), us, "-", "-",
-                      rates.c_str());
-        j.begin_object().kv("workload", w.name).kv("algo", algo_name(a)).kv("op", op_name(op)).kv("predicted_us", us)
-            .kv("rate_set", eff.cost.rate_set).kv("copy_GBps", eff.cost.worker_GBps).kv("reduce_GBps", eff.cost.reduce_GBps);
+          std::printf("%-8s %-5s %-9s %12.1f %12s %9s  %s\n", w.name, algo_name(a), op_name(op), us,
+                      "-", "-", rates.c_str());
+        j.begin_object()
+            .kv("workload", w.name)
+            .kv("algo", algo_name(a))
+            .kv("op", op_name(op))
+            .kv("predicted_us", us)
+            .kv("rate_set", eff.cost.rate_set)
+            .kv("copy_GBps", eff.cost.worker_GBps)
+            .kv("reduce_GBps", eff.cost.reduce_GBps);
         if (meas > 0) j.kv("measured_us", meas).kv("error_pct", (us / meas - 1) * 100);
         j.end_object();
       }

@@ -37,9 +37,12 @@ const char* algo_name(Algo a) { return a == Algo::kBsp ? "bsp" : "ubep"; }
 const char* op_name(Op o) { return o == Op::kDispatch ? "dispatch" : "combine"; }
 const char* sync_name(Sync s) {
   switch (s) {
-    case Sync::kFused: return "fused";
-    case Sync::kStopAndWait: return "stop-and-wait";
-    case Sync::kSentinel: return "sentinel";
+    case Sync::kFused:
+      return "fused";
+    case Sync::kStopAndWait:
+      return "stop-and-wait";
+    case Sync::kSentinel:
+      return "sentinel";
   }
   return "?";
 }
@@ -52,11 +55,12 @@ Sync parse_sync(const std::string& s) {
   if (s == "fused") return Sync::kFused;
   if (s == "stop-and-wait" || s == "stop_and_wait") return Sync::kStopAndWait;
   if (s == "sentinel") return Sync::kSentinel;
-  throw InvalidArgument(detail::concat("unknown sync mode '", s, "' (fused | stop-and-wait | sentinel)"));
+  throw InvalidArgument(
+      detail::concat("unknown sync mode '", s, "' (fused | stop-and-wait | sentinel)"));
 }
 
-Traffic draw_traffic(int ranks, int experts, int topk, int64_t tokens, int hot_experts, double hot_weight,
-                     uint64_t seed) {
+Traffic draw_traffic(int ranks, int experts, int topk, int64_t tokens, int hot_experts,
+                     double hot_weight, uint64_t seed) {
   sched::RoutingConfig rc;
   rc.ranks = ranks;
   rc.experts = experts;
@@ -121,7 +125,8 @@ Preset effective_preset(const Preset& preset, const CallConfig& cfg, const Traff
   if (!c.rate_sets.empty()) {
     const CostParams::RateSet* best = nullptr;
     for (const auto& s : c.rate_sets)
-      if (!best || std::abs(std::log(std::max(bytes, 1.0) / s.bytes)) < std::abs(std::log(std::max(bytes, 1.0) / best->bytes)))
+      if (!best || std::abs(std::log(std::max(bytes, 1.0) / s.bytes)) <
+                       std::abs(std::log(std::max(bytes, 1.0) / best->bytes)))
         best = &s;
     c.worker_GBps = best->copy_GBps;
     c.local_copy_GBps = best->copy_GBps;
@@ -131,7 +136,8 @@ Preset effective_preset(const Preset& preset, const CallConfig& cfg, const Traff
     c.rate_set = best->name;
   }
   // Dispatch row copies of large calls: non-temporal stores.
-  if (cfg.op == Op::kDispatch && c.stream_threshold_bytes > 0 && bytes >= c.stream_threshold_bytes && c.stream_GBps > 0)
+  if (cfg.op == Op::kDispatch && c.stream_threshold_bytes > 0 &&
+      bytes >= c.stream_threshold_bytes && c.stream_GBps > 0)
     c.worker_GBps = c.stream_GBps;
   return p;
 }
@@ -178,13 +184,20 @@ struct ReceivePool {
 
 class CallSim {
  public:
-  CallSim(const Preset& preset, const CallConfig& cfg, const Traffic& traffic, std::span<const double> start)
-      : preset_(preset), eff_(effective_preset(preset, cfg, traffic)), c_(eff_.cost), cfg_(cfg), tr_(traffic), net_(q_),
+  CallSim(const Preset& preset, const CallConfig& cfg, const Traffic& traffic,
+          std::span<const double> start)
+      : preset_(preset),
+        eff_(effective_preset(preset, cfg, traffic)),
+        c_(eff_.cost),
+        cfg_(cfg),
+        tr_(traffic),
+        net_(q_),
         R_(preset.topology.ranks()) {
     UBEP_CHECK_ARG(traffic.ranks == R_, "traffic has ", traffic.ranks, " ranks, topology ", R_);
-    UBEP_CHECK_ARG(traffic.experts % R_ == 0, "experts (", traffic.experts, ") must divide evenly over ", R_, " ranks");
-    UBEP_CHECK_ARG(start.empty() || static_cast<int>(start.size()) == R_, "start times: ", start.size(),
-                   " entries for ", R_, " ranks");
+    UBEP_CHECK_ARG(traffic.experts % R_ == 0, "experts (", traffic.experts,
+                   ") must divide evenly over ", R_, " ranks");
+    UBEP_CHECK_ARG(start.empty() || static_cast<int>(start.size()) == R_,
+                   "start times: ", start.size(), " entries for ", R_, " ranks");
     W_ = cfg.workers > 0 ? cfg.workers : c_.workers_per_rank;
     UBEP_CHECK_ARG(W_ >= 1, "workers per rank must be >= 1, got ", W_);
     split_ = cfg.algo == Algo::kUbep && c_.ubep_reorder_workers > 0 && c_.ubep_reorder_workers < W_;
@@ -214,7 +227,8 @@ class CallSim {
   double row_cost(double rows, double bytes_per_row) const {
     double ns;
     if (cfg_.op == Op::kDispatch)
-      ns = c_.dispatch_reorder ? rows * (c_.local_row_ns + bytes_per_row / c_.local_copy_GBps) : rows * c_.tag_ns;
+      ns = c_.dispatch_reorder ? rows * (c_.local_row_ns + bytes_per_row / c_.local_copy_GBps)
+                               : rows * c_.tag_ns;
     else
       ns = rows * (c_.local_row_ns + bytes_per_row / reduce_GBps());
     if (cfg_.algo == Algo::kUbep && cfg_.sync == Sync::kSentinel)
@@ -222,7 +236,9 @@ class CallSim {
     return ns;
   }
   double reduce_GBps() const { return c_.reduce_GBps > 0 ? c_.reduce_GBps : c_.local_copy_GBps; }
-  bool in_place() const { return cfg_.algo == Algo::kUbep && cfg_.op == Op::kCombine && c_.combine_in_place; }
+  bool in_place() const {
+    return cfg_.algo == Algo::kUbep && cfg_.op == Op::kCombine && c_.combine_in_place;
+  }
   void check_rank_done(int r);
   // ---- orchestrations ----
   void run_bsp();
@@ -231,15 +247,18 @@ class CallSim {
   // every rank posts a flag to every peer, spread over its workers, and polls every peer's
   // flag; it grows with R through the posts and polls, plus the farthest latency once.
   double barrier_cost() const {
-    return posted_ns(R_, W_) + machine_->max_latency_ns() + std::ceil(static_cast<double>(R_) / W_) * c_.poll_ns +
-           c_.barrier_round_extra_ns;
+    return posted_ns(R_, W_) + machine_->max_latency_ns() +
+           std::ceil(static_cast<double>(R_) / W_) * c_.poll_ns + c_.barrier_round_extra_ns;
   }
   double layout_ns() const {
-    return cfg_.op == Op::kDispatch ? static_cast<double>(tr_.tokens_per_rank) * tr_.topk * c_.layout_ns_per_entry / W_
-                                    : 0.0;
+    return cfg_.op == Op::kDispatch
+               ? static_cast<double>(tr_.tokens_per_rank) * tr_.topk * c_.layout_ns_per_entry / W_
+               : 0.0;
   }
   // Time for `n` posted stores spread over `workers`.
-  double posted_ns(int n, int workers) const { return std::ceil(static_cast<double>(n) / workers) * c_.issue_ns; }
+  double posted_ns(int n, int workers) const {
+    return std::ceil(static_cast<double>(n) / workers) * c_.issue_ns;
+  }
 
   const Preset& preset_;
   Preset eff_;  // the preset with this call's rates (CostParams::rate_sets)
@@ -254,9 +273,9 @@ class CallSim {
   std::vector<double> start_;
   double payload_ = 0, wire_ = 0;
 
-  std::vector<sched::Plan> plans_;        // per source rank
-  std::vector<double> recv_rows_;         // per rank: rows it receives
-  std::vector<uint64_t> recv_items_;      // per rank: items it receives
+  std::vector<sched::Plan> plans_;    // per source rank
+  std::vector<double> recv_rows_;     // per rank: rows it receives
+  std::vector<uint64_t> recv_items_;  // per rank: items it receives
 
   struct WorkerState {
     int next = 0, end = 0, outstanding = 0;
@@ -265,9 +284,9 @@ class CallSim {
     double last_land = 0;  // when the worker's last item becomes visible at its receiver
     bool finished = false;
   };
-  std::vector<WorkerState> workers_;      // [r * senders + w]
-  std::vector<int> senders_left_;         // per rank: workers still sending
-  std::vector<double> send_done_;         // per rank
+  std::vector<WorkerState> workers_;  // [r * senders + w]
+  std::vector<int> senders_left_;     // per rank: workers still sending
+  std::vector<double> send_done_;     // per rank
   std::vector<ReceivePool> pools_;
   std::vector<double> finish_;
   std::vector<bool> rank_done_;
@@ -288,9 +307,12 @@ void CallSim::make_plans() {
     if (cfg_.latency_layout) {
       auto& d = per_dest[static_cast<size_t>(s)];
       d.assign(static_cast<size_t>(R_), 0);
-      for (int e = 0; e < tr_.experts; ++e) d[static_cast<size_t>(e / El_)] += per_expert[static_cast<size_t>(s)][static_cast<size_t>(e)];
+      for (int e = 0; e < tr_.experts; ++e)
+        d[static_cast<size_t>(e / El_)] +=
+            per_expert[static_cast<size_t>(s)][static_cast<size_t>(e)];
     } else {
-      per_dest[static_cast<size_t>(s)] = sched::rows_per_destination(ids, tr_.topk, R_, tr_.experts);
+      per_dest[static_cast<size_t>(s)] =
+          sched::rows_per_destination(ids, tr_.topk, R_, tr_.experts);
     }
   }
   sched::Scheduler scheduler(topo, sched::SchedulerOptions{senders_, cfg_.policy});
@@ -310,7 +332,8 @@ void CallSim::make_plans() {
         work.rows = per_dest[static_cast<size_t>(src)];
       }
     } else {
-      for (int d = 0; d < R_; ++d) rows[static_cast<size_t>(d)] = per_dest[static_cast<size_t>(d)][static_cast<size_t>(src)];
+      for (int d = 0; d < R_; ++d)
+        rows[static_cast<size_t>(d)] = per_dest[static_cast<size_t>(d)][static_cast<size_t>(src)];
       work.rows = rows;
     }
     scheduler.plan(work, plans_[static_cast<size_t>(src)]);
@@ -343,7 +366,8 @@ void CallSim::issue_next(int r, int w) {
   if (ws.next >= ws.end && ws.outstanding == 0) {
     ws.finished = true;
     ws.done_at = q_.now();
-    res_.slowest_sender_ns = std::max(res_.slowest_sender_ns, ws.last_land - start_[static_cast<size_t>(r)]);
+    res_.slowest_sender_ns =
+        std::max(res_.slowest_sender_ns, ws.last_land - start_[static_cast<size_t>(r)]);
     auto done = std::move(ws.on_done);
     if (done) done();
     return;
@@ -367,14 +391,16 @@ void CallSim::issue_next(int r, int w) {
         auto& ws2 = workers_[static_cast<size_t>(r * senders_ + w)];
         double visible_at = q_.now() + lat, resume_at = q_.now();
         if (cfg_.algo == Algo::kUbep && cfg_.sync == Sync::kStopAndWait) {
-          resume_at = q_.now() + 2 * lat + c_.fence_ns + c_.issue_ns;  // data lands, ack returns, flag posted
+          resume_at = q_.now() + 2 * lat + c_.fence_ns +
+                      c_.issue_ns;  // data lands, ack returns, flag posted
           visible_at = resume_at + lat;
         }
         ws2.last_land = std::max(ws2.last_land, visible_at);
         q_.at(visible_at, [this, r, w, idx, dst, rows, issue] {
           if (cfg_.record_transfers) {
             const auto& i3 = plans_[static_cast<size_t>(r)].items[static_cast<size_t>(idx)];
-            res_.transfers.push_back(Transfer{r, w, dst, i3.expert, i3.row_begin, i3.row_end, issue, q_.now()});
+            res_.transfers.push_back(
+                Transfer{r, w, dst, i3.expert, i3.row_begin, i3.row_end, issue, q_.now()});
           }
           item_visible(dst, rows);
         });
@@ -488,12 +514,15 @@ void CallSim::run_bsp() {
   const double fence_all = machine_->max_latency_ns() + c_.fence_ns;  // acks of posted stores
   // Set-flag & verify: post R flags, fence, and wait for every peer's flag (all ranks left the
   // previous barrier together, so the last peer flag lands posted + farthest latency).
-  const double flag_stage = posted_ns(R_, W_) + std::max(fence_all, machine_->max_latency_ns() + R_ * c_.poll_ns / W_);
+  const double flag_stage =
+      posted_ns(R_, W_) + std::max(fence_all, machine_->max_latency_ns() + R_ * c_.poll_ns / W_);
   auto consume_ns = [this, dispatch](int r) {
     const double rows = recv_rows_[static_cast<size_t>(r)];
     if (dispatch && !c_.dispatch_reorder) return 0.0;  // rows are already in their final place
-    const double reduce = c_.staged_reduce_GBps > 0 ? c_.staged_reduce_GBps : reduce_GBps();  // from staging
-    return std::ceil(rows / W_) * (c_.local_row_ns + payload_ / (dispatch ? c_.local_copy_GBps : reduce));
+    const double reduce =
+        c_.staged_reduce_GBps > 0 ? c_.staged_reduce_GBps : reduce_GBps();  // from staging
+    return std::ceil(rows / W_) *
+           (c_.local_row_ns + payload_ / (dispatch ? c_.local_copy_GBps : reduce));
   };
   for (int r = 0; r < R_; ++r) {
     const double s = start_[static_cast<size_t>(r)];
@@ -503,14 +532,17 @@ void CallSim::run_bsp() {
         b2->arrive([this, r, b3, b4, flag_stage, consume_ns, dispatch] {
           q_.after(flag_stage, [this, r, b3, b4, consume_ns, dispatch] {
             b3->arrive([this, r, b4, consume_ns, dispatch] {
-              const double prefix = dispatch ? static_cast<double>(R_) * El_ * c_.prefix_ns_per_entry : 0.0;
+              const double prefix =
+                  dispatch ? static_cast<double>(R_) * El_ * c_.prefix_ns_per_entry : 0.0;
               q_.after(prefix + consume_ns(r), [this, r, b4] {
                 auto finish = [this, r] {
                   finish_[static_cast<size_t>(r)] = q_.now();
                   rank_done_[static_cast<size_t>(r)] = true;
                 };
-                if (c_.bsp_final_barrier) b4->arrive(finish);
-                else finish();
+                if (c_.bsp_final_barrier)
+                  b4->arrive(finish);
+                else
+                  finish();
               });
             });
           });
@@ -532,7 +564,8 @@ void CallSim::run_bsp() {
     };
     if (dispatch) {
       // Layout, then the count exchange: posted count stores, fenced, then a barrier.
-      q_.at(s + layout_ns() + posted_ns(R_, W_) + fence_all, [b1, send_stage] { b1->arrive(send_stage); });
+      q_.at(s + layout_ns() + posted_ns(R_, W_) + fence_all,
+            [b1, send_stage] { b1->arrive(send_stage); });
     } else {
       q_.at(s, send_stage);
     }
@@ -551,7 +584,10 @@ CallResult CallSim::run() {
   pools_.assign(static_cast<size_t>(R_), ReceivePool{});
   finish_.assign(static_cast<size_t>(R_), 0.0);
   rank_done_.assign(static_cast<size_t>(R_), false);
-  if (cfg_.algo == Algo::kBsp) run_bsp(); else run_ubep();
+  if (cfg_.algo == Algo::kBsp)
+    run_bsp();
+  else
+    run_ubep();
   for (int r = 0; r < R_; ++r)
     UBEP_CHECK(rank_done_[static_cast<size_t>(r)], Error, "simulation ended with rank ", r,
                " unfinished (a modelling bug)");

@@ -34,8 +34,8 @@ struct Traffic {
   std::vector<std::vector<int32_t>> ids;  // [rank][token * topk + k], -1 = none
 };
 // Draws traffic with the scheduler's routing generator (uniform when hot_experts == 0).
-Traffic draw_traffic(int ranks, int experts, int topk, int64_t tokens, int hot_experts, double hot_weight,
-                     uint64_t seed);
+Traffic draw_traffic(int ranks, int experts, int topk, int64_t tokens, int hot_experts,
+                     double hot_weight, uint64_t seed);
 
 struct CallConfig {
   Op op = Op::kDispatch;
@@ -45,7 +45,7 @@ struct CallConfig {
   bool latency_layout = true;  // one unit per (destination, expert), as DeepEP low-latency
   int hidden = 7168;
   int elem_bytes = 2;
-  int workers = 0;             // per rank; 0 = the preset's
+  int workers = 0;  // per rank; 0 = the preset's
   bool record_transfers = false;
 };
 
@@ -57,18 +57,18 @@ struct Transfer {
 };
 
 struct CallResult {
-  std::vector<double> finish_ns;     // per rank, absolute
-  std::vector<double> recv_rows;     // per rank: rows received (expert compute scales with it)
-  double start_ns = 0;               // earliest rank start
-  double makespan_ns = 0;            // last finish - earliest start
-  double slowest_sender_ns = 0;      // max over ranks and workers: last item landed - rank start
-  double planned_slowest_ns = 0;     // max over ranks of the scheduler's predicted slowest worker
-  double barrier_ns = 0;             // bsp: wall time inside barriers (rank 0's view)
+  std::vector<double> finish_ns;  // per rank, absolute
+  std::vector<double> recv_rows;  // per rank: rows received (expert compute scales with it)
+  double start_ns = 0;            // earliest rank start
+  double makespan_ns = 0;         // last finish - earliest start
+  double slowest_sender_ns = 0;   // max over ranks and workers: last item landed - rank start
+  double planned_slowest_ns = 0;  // max over ranks of the scheduler's predicted slowest worker
+  double barrier_ns = 0;          // bsp: wall time inside barriers (rank 0's view)
   uint64_t planned_items = 0, simulated_items = 0, events = 0;
-  double wire_bytes = 0;             // bytes of data on the wire (planned items)
-  double payload_bytes = 0;          // useful bytes (rows x row payload)
-  std::vector<Transfer> transfers;   // when CallConfig::record_transfers
-  std::vector<sched::Plan> plans;    // when CallConfig::record_transfers, per source rank
+  double wire_bytes = 0;            // bytes of data on the wire (planned items)
+  double payload_bytes = 0;         // useful bytes (rows x row payload)
+  std::vector<Transfer> transfers;  // when CallConfig::record_transfers
+  std::vector<sched::Plan> plans;   // when CallConfig::record_transfers, per source rank
 };
 
 // Simulates one call. start_ns: per-rank time the call begins (empty = all at 0).

@@ -24,7 +24,10 @@ double EventQueue::run() {
     heap_.pop();
     now_ = e.time;
     ++executed_;
-    if (e.net) e.net->check(e.flow, e.version); else e.action();
+    if (e.net)
+      e.net->check(e.flow, e.version);
+    else
+      e.action();
   }
   return now_;
 }
@@ -88,9 +91,11 @@ void Network::touch_links(const Flow& f, int except) {
       if (other != except) reschedule(other);
 }
 
-void Network::start_flow(const std::vector<int>& path, double bytes, double latency_ns, Action done) {
+void Network::start_flow(const std::vector<int>& path, double bytes, double latency_ns,
+                         Action done) {
   UBEP_CHECK_ARG(path.size() <= 4, "flow path longer than 4 links: ", path.size());
-  UBEP_CHECK_ARG(bytes >= 0 && latency_ns >= 0, "negative flow bytes ", bytes, " or latency ", latency_ns);
+  UBEP_CHECK_ARG(bytes >= 0 && latency_ns >= 0, "negative flow bytes ", bytes, " or latency ",
+                 latency_ns);
   ++started_;
   if (bytes == 0 || path.empty()) {
     q_.after(latency_ns, std::move(done));
@@ -122,7 +127,8 @@ void Network::start_flow(const std::vector<int>& path, double bytes, double late
   ++active_;
   // Settle the flows already on these links at their old rates before the share changes.
   for (int h = 0; h < f.hops; ++h)
-    for (int other : links_[static_cast<size_t>(f.path[h])].flows) settle(flows_[static_cast<size_t>(other)]);
+    for (int other : links_[static_cast<size_t>(f.path[h])].flows)
+      settle(flows_[static_cast<size_t>(other)]);
   for (int h = 0; h < f.hops; ++h) links_[static_cast<size_t>(f.path[h])].flows.push_back(id);
   touch_links(flows_[static_cast<size_t>(id)], id);
   reschedule(id);
@@ -140,7 +146,8 @@ void Network::finish(int id, uint64_t) {
   }
   // Flows that shared a link speed up from now on.
   for (int h = 0; h < f.hops; ++h)
-    for (int other : links_[static_cast<size_t>(f.path[h])].flows) settle(flows_[static_cast<size_t>(other)]);
+    for (int other : links_[static_cast<size_t>(f.path[h])].flows)
+      settle(flows_[static_cast<size_t>(other)]);
   Action done = std::move(f.done);
   const double latency = f.latency;
   const Flow copy = f;

@@ -95,8 +95,8 @@ class Network {
     Action done;
   };
   double fair_rate(const Flow& f) const;
-  void settle(Flow& f);              // bring `remaining` up to now at the old rate
-  void reschedule(int id);           // recompute rate and finish event
+  void settle(Flow& f);     // bring `remaining` up to now at the old rate
+  void reschedule(int id);  // recompute rate and finish event
   friend class EventQueue;
   void check(int id, uint64_t version);  // a flow's pending finish event fired
   void finish(int id, uint64_t version);

@@ -13,20 +13,54 @@ namespace ubep::sim {
 
 class Json {
  public:
-  Json& begin_object() { sep(); os_ << '{'; first_ = true; return *this; }
-  Json& end_object() { os_ << '}'; first_ = false; return *this; }
-  Json& begin_array() { sep(); os_ << '['; first_ = true; return *this; }
-  Json& end_array() { os_ << ']'; first_ = false; return *this; }
-  Json& key(const std::string& k) { sep(); str(k); os_ << ':'; first_ = true; return *this; }
-  Json& value(double v) {
+  Json& begin_object() {
     sep();
-    if (std::isfinite(v)) os_ << v; else os_ << "null";
+    os_ << '{';
+    first_ = true;
     return *this;
   }
-  Json& value(const std::string& v) { sep(); str(v); return *this; }
+  Json& end_object() {
+    os_ << '}';
+    first_ = false;
+    return *this;
+  }
+  Json& begin_array() {
+    sep();
+    os_ << '[';
+    first_ = true;
+    return *this;
+  }
+  Json& end_array() {
+    os_ << ']';
+    first_ = false;
+    return *this;
+  }
+  Json& key(const std::string& k) {
+    sep();
+    str(k);
+    os_ << ':';
+    first_ = true;
+    return *this;
+  }
+  Json& value(double v) {
+    sep();
+    if (std::isfinite(v))
+      os_ << v;
+    else
+      os_ << "null";
+    return *this;
+  }
+  Json& value(const std::string& v) {
+    sep();
+    str(v);
+    return *this;
+  }
   Json& value(const char* v) { return value(std::string(v)); }
   template <typename T>
-  Json& kv(const std::string& k, const T& v) { key(k); return value(v); }
+  Json& kv(const std::string& k, const T& v) {
+    key(k);
+    return value(v);
+  }
   std::string text() const { return os_.str(); }
   void write(const std::string& path) const {
     std::ofstream out(path);

@@ -12,7 +12,8 @@ Machine::Machine(const Preset& preset, Network& net, int workers_per_rank)
   const int R = topo.ranks();
   UBEP_CHECK_ARG(workers_ >= 1, "workers per rank must be >= 1, got ", workers_);
   UBEP_CHECK_ARG(static_cast<int>(preset.port_of_level.size()) == topo.num_levels(),
-                 "port_of_level has ", preset.port_of_level.size(), " entries for ", topo.num_levels(), " levels");
+                 "port_of_level has ", preset.port_of_level.size(), " entries for ",
+                 topo.num_levels(), " levels");
   ports_ = 1 + *std::max_element(preset.port_of_level.begin(), preset.port_of_level.end());
   // A port's bandwidth is the largest of its levels' (levels of one port share one link).
   std::vector<double> port_bw(static_cast<size_t>(ports_), 0.0);
@@ -30,7 +31,8 @@ Machine::Machine(const Preset& preset, Network& net, int workers_per_rank)
       rx_.push_back(net.add_link(bw));
     }
   }
-  for (int l = 0; l < topo.num_levels(); ++l) max_latency_ = std::max(max_latency_, topo.level(l).latency_ns);
+  for (int l = 0; l < topo.num_levels(); ++l)
+    max_latency_ = std::max(max_latency_, topo.level(l).latency_ns);
   scratch_.reserve(4);
 }
 

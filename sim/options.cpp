@@ -106,36 +106,62 @@ Options parse_options(int argc, char** argv) {
       UBEP_CHECK_ARG(x >= lo, "flag ", f, " must be >= ", lo, ", got ", x);
       return static_cast<int>(x);
     };
-    if (f == "--preset") o.preset = v;
-    else if (f == "--calibration") o.calibration = v;
-    else if (f == "--workers") o.workers = pos_int(1);
-    else if (f == "--ranks") o.ranks = to_list(f, v);
-    else if (f == "--batch") o.batch = to_list(f, v);
-    else if (f == "--hidden") o.hidden = pos_int(1);
-    else if (f == "--elem-bytes") o.elem_bytes = pos_int(1);
-    else if (f == "--topk") o.topk = pos_int(1);
-    else if (f == "--experts") o.experts = pos_int(1);
-    else if (f == "--hot") o.hot = pos_int(0);
-    else if (f == "--hot-weight") o.hot_weight = to_double(f, v);
-    else if (f == "--seed") o.seed = static_cast<uint64_t>(pos_int(0));
+    if (f == "--preset")
+      o.preset = v;
+    else if (f == "--calibration")
+      o.calibration = v;
+    else if (f == "--workers")
+      o.workers = pos_int(1);
+    else if (f == "--ranks")
+      o.ranks = to_list(f, v);
+    else if (f == "--batch")
+      o.batch = to_list(f, v);
+    else if (f == "--hidden")
+      o.hidden = pos_int(1);
+    else if (f == "--elem-bytes")
+      o.elem_bytes = pos_int(1);
+    else if (f == "--topk")
+      o.topk = pos_int(1);
+    else if (f == "--experts")
+      o.experts = pos_int(1);
+    else if (f == "--hot")
+      o.hot = pos_int(0);
+    else if (f == "--hot-weight")
+      o.hot_weight = to_double(f, v);
+    else if (f == "--seed")
+      o.seed = static_cast<uint64_t>(pos_int(0));
     else if (f == "--layout") {
-      UBEP_CHECK_ARG(v == "latency" || v == "throughput", "flag --layout: '", v, "' (latency | throughput)");
+      UBEP_CHECK_ARG(v == "latency" || v == "throughput", "flag --layout: '", v,
+                     "' (latency | throughput)");
       o.latency_layout = v == "latency";
     } else if (f == "--op") {
-      UBEP_CHECK_ARG(v == "dispatch" || v == "combine", "flag --op: '", v, "' (dispatch | combine)");
+      UBEP_CHECK_ARG(v == "dispatch" || v == "combine", "flag --op: '", v,
+                     "' (dispatch | combine)");
       o.op = v == "dispatch" ? Op::kDispatch : Op::kCombine;
-    } else if (f == "--algo") o.algo = parse_algo(v);
-    else if (f == "--sync") o.sync = parse_sync(v);
-    else if (f == "--bsp-policy") o.bsp_policy = sched::parse_policy(v);
-    else if (f == "--ubep-policy") o.ubep_policy = sched::parse_policy(v);
-    else if (f == "--steps") o.steps = pos_int(1);
-    else if (f == "--moe-layers") o.moe_layers = pos_int(0);
-    else if (f == "--dense-layers") o.dense_layers = pos_int(0);
-    else if (f == "--repeats") o.repeats = pos_int(1);
-    else if (f == "--json") o.json = v;
-    else if (f == "--measured") o.measured = v;
-    else if (f == "--out") o.out = v;
-    else throw InvalidArgument(detail::concat("unknown flag '", f, "' (see --help)"));
+    } else if (f == "--algo")
+      o.algo = parse_algo(v);
+    else if (f == "--sync")
+      o.sync = parse_sync(v);
+    else if (f == "--bsp-policy")
+      o.bsp_policy = sched::parse_policy(v);
+    else if (f == "--ubep-policy")
+      o.ubep_policy = sched::parse_policy(v);
+    else if (f == "--steps")
+      o.steps = pos_int(1);
+    else if (f == "--moe-layers")
+      o.moe_layers = pos_int(0);
+    else if (f == "--dense-layers")
+      o.dense_layers = pos_int(0);
+    else if (f == "--repeats")
+      o.repeats = pos_int(1);
+    else if (f == "--json")
+      o.json = v;
+    else if (f == "--measured")
+      o.measured = v;
+    else if (f == "--out")
+      o.out = v;
+    else
+      throw InvalidArgument(detail::concat("unknown flag '", f, "' (see --help)"));
   }
   UBEP_CHECK_ARG(o.hot_weight > 0, "flag --hot-weight must be > 0, got ", o.hot_weight);
   return o;

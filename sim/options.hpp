@@ -19,21 +19,21 @@ struct Options {
   int elem_bytes = 2;
   int topk = 8;
   int experts = 256;
-  int hot = 0;              // hot experts (0 = uniform routing)
+  int hot = 0;  // hot experts (0 = uniform routing)
   double hot_weight = 4;
   uint64_t seed = 1;
-  int workers = 0;          // 0 = preset
+  int workers = 0;  // 0 = preset
   Op op = Op::kDispatch;
   Algo algo = Algo::kUbep;
   Sync sync = Sync::kFused;
   sched::Policy bsp_policy = sched::Policy::kNaive;
   sched::Policy ubep_policy = sched::Policy::kColumnMajor;
   bool latency_layout = true;
-  int steps = 100;          // tpot
+  int steps = 100;  // tpot
   int moe_layers = 58, dense_layers = 3;
-  int repeats = 3;          // bench
-  std::string json;         // output file
-  std::string measured;     // predict: ubep-bench JSON to compare with
+  int repeats = 3;                           // bench
+  std::string json;                          // output file
+  std::string measured;                      // predict: ubep-bench JSON to compare with
   std::string out = "sim-calibration.json";  // calibrate
   bool quiet = false;
 };

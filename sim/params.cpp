@@ -28,23 +28,28 @@ CostParams accelerator_common(const char* name) {
   CostParams c;
   c.preset = name;
   c.window = 1;
-  src(c, "window", "1 [scheduler]: a worker pushes one item's bytes at a time, back to back; stores are posted, "
-                   "so latencies overlap (the scheduler's cost model)");
+  src(c, "window",
+      "1 [scheduler]: a worker pushes one item's bytes at a time, back to back; stores are posted, "
+      "so latencies overlap (the scheduler's cost model)");
   c.issue_ns = 50;
   src(c, "issue_ns", "50 ns [ASSUME]: a DMA descriptor / a few scalar instructions per message");
   c.local_row_ns = 20;
   src(c, "local_row_ns", "20 ns [ASSUME]: index lookup + loop overhead per copied row");
   c.fence_ns = 100;
-  src(c, "fence_ns", "100 ns [ASSUME] on top of waiting for the write's acknowledgment (one latency back)");
+  src(c, "fence_ns",
+      "100 ns [ASSUME] on top of waiting for the write's acknowledgment (one latency back)");
   c.barrier_round_extra_ns = 0;
-  src(c, "barrier_round_extra_ns", "0 [ASSUME]: barrier = R flag posts + farthest latency + R polls, over W workers");
+  src(c, "barrier_round_extra_ns",
+      "0 [ASSUME]: barrier = R flag posts + farthest latency + R polls, over W workers");
   c.layout_ns_per_entry = 2;
-  src(c, "layout_ns_per_entry", "2 ns [ASSUME]: routing metadata per (token, k), spread over the workers");
+  src(c, "layout_ns_per_entry",
+      "2 ns [ASSUME]: routing metadata per (token, k), spread over the workers");
   c.prefix_ns_per_entry = 1;
   src(c, "prefix_ns_per_entry", "1 ns [ASSUME]: one add per (source rank, local expert) count");
   c.fused_payload_bytes = 480;
   c.fused_unit_bytes = 512;
-  src(c, "fused_payload/unit", "480/512 B [UBEP]: UB 512 B atomic write = 480 B payload + 32 B flag");
+  src(c, "fused_payload/unit",
+      "480/512 B [UBEP]: UB 512 B atomic write = 480 B payload + 32 B flag");
   c.flag_bytes = 32;
   src(c, "flag_bytes", "32 B [UBEP]: the flag part of a UB atomic write");
   return c;
@@ -53,31 +58,38 @@ CostParams accelerator_common(const char* name) {
 CostParams cm384_cost() {
   CostParams c = accelerator_common("cm384");
   c.workers_per_rank = 48;
-  src(c, "workers_per_rank", "48 [SPEC]: AIV vector cores of one Ascend 910C die (same as the scheduler ablation)");
+  src(c, "workers_per_rank",
+      "48 [SPEC]: AIV vector cores of one Ascend 910C die (same as the scheduler ablation)");
   c.worker_GBps = 1600.0 / 48;
   src(c, "worker_GBps", "33.3 GB/s [SPEC]: a die's 1.6 TB/s HBM shared by its 48 AIV cores");
   c.local_copy_GBps = c.worker_GBps;
-  src(c, "local_copy_GBps", "33.3 GB/s [SPEC]: as worker_GBps (reorder/reduce copies are HBM to HBM)");
+  src(c, "local_copy_GBps",
+      "33.3 GB/s [SPEC]: as worker_GBps (reorder/reduce copies are HBM to HBM)");
   c.poll_ns = 218;
   src(c, "poll_ns", "218 ns [UBEP]: one local memory access per flag read");
   c.ubep_reorder_workers = 12;
-  src(c, "ubep_reorder_workers", "12 of 48 [ASSUME]: the paper splits roles but does not publish the split");
+  src(c, "ubep_reorder_workers",
+      "12 of 48 [ASSUME]: the paper splits roles but does not publish the split");
   c.attention_us = 400;
-  src(c, "attention_us", "400 us/layer [ASSUME from CMI]: non-MoE decode compute so a step is ~tens of ms, "
-                         "the range CMI reports for DeepSeek decode on CM384 (TPOT ~50 ms)");
+  src(c, "attention_us",
+      "400 us/layer [ASSUME from CMI]: non-MoE decode compute so a step is ~tens of ms, "
+      "the range CMI reports for DeepSeek decode on CM384 (TPOT ~50 ms)");
   c.expert_weight_us = 44.0 * 1024 * 1024 / 1.6e3 / 1e3;  // 44 MB int8 weights / 1.6 TB/s
-  src(c, "expert_weight_us", "27.5 us [DS+SPEC]: one expert = 3 x 7168 x 2048 int8 weights (44 MB) at 1.6 TB/s");
+  src(c, "expert_weight_us",
+      "27.5 us [DS+SPEC]: one expert = 3 x 7168 x 2048 int8 weights (44 MB) at 1.6 TB/s");
   c.expert_ns_per_row = 300;
   src(c, "expert_ns_per_row", "300 ns [SPEC]: 88 MFLOP per row at ~300 TFLOPS int8 per die");
   c.compute_jitter = 0.03;
-  src(c, "compute_jitter", "3% sigma [ASSUME]: per-rank, per-layer compute noise (clocks, OS, HBM refresh)");
+  src(c, "compute_jitter",
+      "3% sigma [ASSUME]: per-rank, per-layer compute noise (clocks, OS, HBM refresh)");
   return c;
 }
 
 CostParams gpu_cost(const char* name, int sms, double hbm_GBps, int comm_sms) {
   CostParams c = accelerator_common(name);
   c.workers_per_rank = comm_sms;
-  src(c, "workers_per_rank", "SMs given to communication [DS]: DeepEP's default 24 (H800) / 24 (B200)");
+  src(c, "workers_per_rank",
+      "SMs given to communication [DS]: DeepEP's default 24 (H800) / 24 (B200)");
   c.worker_GBps = hbm_GBps / sms;
   src(c, "worker_GBps", "HBM bandwidth / SM count [SPEC]: H800 3.35 TB/s / 132, B200 8 TB/s / 148");
   c.local_copy_GBps = c.worker_GBps;
@@ -90,7 +102,8 @@ CostParams gpu_cost(const char* name, int sms, double hbm_GBps, int comm_sms) {
   src(c, "ubep_reorder_workers", "a quarter of the communication SMs [ASSUME]");
   c.fused_payload_bytes = 480;
   c.fused_unit_bytes = 512;
-  src(c, "fused_payload/unit", "480/512 [UBEP], kept on GPUs so the comparison isolates orchestration");
+  src(c, "fused_payload/unit",
+      "480/512 [UBEP], kept on GPUs so the comparison isolates orchestration");
   c.attention_us = 150;
   src(c, "attention_us", "150 us/layer [ASSUME]: faster GPUs than CM384 dies");
   c.expert_weight_us = 44.0 * 1024 * 1024 / hbm_GBps / 1e3;
@@ -104,7 +117,7 @@ CostParams gpu_cost(const char* name, int sms, double hbm_GBps, int comm_sms) {
 
 // The calibration file written by `ubep-sim calibrate`.
 struct Calibration {
-  double handoff_ns = 0;  // one-way cross-core latency of a flag (ping-pong / 2)
+  double handoff_ns = 0;                  // one-way cross-core latency of a flag (ping-pong / 2)
   std::vector<CostParams::RateSet> sets;  // per measured shape
 };
 
@@ -122,7 +135,8 @@ Calibration read_calibration(const std::string& path) {
     UBEP_CHECK_ARG(std::regex_search(text, m, re), "calibration file '", path, "' has no \"", key,
                    "\" (written by an older ubep-sim? run `ubep-sim calibrate` again)");
     const double v = std::stod(m[1].str());
-    UBEP_CHECK_ARG(std::isfinite(v) && v >= 0, "calibration file '", path, "': bad ", key, " = ", v);
+    UBEP_CHECK_ARG(std::isfinite(v) && v >= 0, "calibration file '", path, "': bad ", key, " = ",
+                   v);
     return v;
   };
   cal.handoff_ns = get("handoff_ns");
@@ -135,8 +149,9 @@ Calibration read_calibration(const std::string& path) {
     r.stream_GBps = get(n + "_stream_GBps");
     r.reduce_GBps = get(n + "_reduce_GBps");
     r.staged_reduce_GBps = get(n + "_staged_reduce_GBps");
-    UBEP_CHECK_ARG(r.bytes > 0 && r.copy_GBps > 0 && r.stream_GBps > 0 && r.reduce_GBps > 0 && r.staged_reduce_GBps > 0, "calibration file '",
-                   path, "': zero rate for ", n);
+    UBEP_CHECK_ARG(r.bytes > 0 && r.copy_GBps > 0 && r.stream_GBps > 0 && r.reduce_GBps > 0 &&
+                       r.staged_reduce_GBps > 0,
+                   "calibration file '", path, "': zero rate for ", n);
     cal.sets.push_back(r);
   }
   return cal;
@@ -150,14 +165,17 @@ Preset local_preset(int ranks, const std::string& file) {
   CostParams c;
   c.preset = "local";
   c.rate_sets = cal.sets;
-  src(c, "rate_sets", "[MEAS] per shape (decode 14.7 MB, prefill 117 MB per rank), per core with both cores "
-                      "working: non-temporal row placement (+metadata, tag), fused reduction in place (ubep), "
-                      "plain copies into staging and the reduction there (bsp); "
-                      "a call uses the shape nearest its bytes per rank");
+  src(c, "rate_sets",
+      "[MEAS] per shape (decode 14.7 MB, prefill 117 MB per rank), per core with both cores "
+      "working: non-temporal row placement (+metadata, tag), fused reduction in place (ubep), "
+      "plain copies into staging and the reduction there (bsp); "
+      "a call uses the shape nearest its bytes per rank");
   for (const auto& r : cal.sets)
     src(c, ("  " + r.name).c_str(),
-        detail::concat(r.bytes / 1e6, " MB: copy ", r.copy_GBps, ", stream ", r.stream_GBps, ", reduce ",
-                       r.reduce_GBps, ", staged reduce ", r.staged_reduce_GBps, " GB/s").c_str());
+        detail::concat(r.bytes / 1e6, " MB: copy ", r.copy_GBps, ", stream ", r.stream_GBps,
+                       ", reduce ", r.reduce_GBps, ", staged reduce ", r.staged_reduce_GBps,
+                       " GB/s")
+            .c_str());
   c.worker_GBps = cal.sets.front().copy_GBps;  // replaced per call from rate_sets
   c.local_copy_GBps = c.worker_GBps;
   c.stream_GBps = cal.sets.front().stream_GBps;
@@ -166,30 +184,40 @@ Preset local_preset(int ranks, const std::string& file) {
   // The memory bus is not a separate link: the per-core rates were measured with both cores
   // copying at once, so its sharing is inside them; the levels only carry the handoff latency.
   const double bus = 1e4;
-  sched::Topology topo("local", {sched::Level{"self", 0, bus}, sched::Level{"shm", cal.handoff_ns, bus}}, ranks);
+  sched::Topology topo(
+      "local", {sched::Level{"self", 0, bus}, sched::Level{"shm", cal.handoff_ns, bus}}, ranks);
   c.workers_per_rank = 1;
-  src(c, "workers_per_rank", "1: ubep-bench's default on 2 cores with 2 ranks (cores / ranks - 1 helpers + the caller)");
+  src(c, "workers_per_rank",
+      "1: ubep-bench's default on 2 cores with 2 ranks (cores / ranks - 1 helpers + the caller)");
   c.window = 1;
   src(c, "window", "1: a CPU thread copies one row at a time");
   c.stream_threshold_bytes = 4.0 * (1 << 20);
-  src(c, "stream_threshold_bytes", "4 MiB [impl]: dispatches moving more use non-temporal stores (buffer_impl.hpp)");
+  src(c, "stream_threshold_bytes",
+      "4 MiB [impl]: dispatches moving more use non-temporal stores (buffer_impl.hpp)");
   c.dispatch_reorder = false;
-  src(c, "dispatch_reorder", "false [impl]: senders write rows into their final place; no receive-side copy");
+  src(c, "dispatch_reorder",
+      "false [impl]: senders write rows into their final place; no receive-side copy");
   c.combine_in_place = true;
-  src(c, "combine_in_place", "true [impl]: ubep owners read the experts' rows in place (the bench's experts write "
-                             "the combine buffer, untimed); bsp pushes rows to the owners' staging (plain stores)");
+  src(c, "combine_in_place",
+      "true [impl]: ubep owners read the experts' rows in place (the bench's experts write "
+      "the combine buffer, untimed); bsp pushes rows to the owners' staging (plain stores)");
   c.bsp_final_barrier = false;
-  src(c, "bsp_final_barrier", "false [impl]: outputs double-buffered by call parity; bsp: 3 barriers per dispatch, 2 per combine");
+  src(c, "bsp_final_barrier",
+      "false [impl]: outputs double-buffered by call parity; bsp: 3 barriers per dispatch, 2 per "
+      "combine");
   c.issue_ns = 5;
   c.tag_ns = 5;
-  src(c, "issue_ns/tag_ns", "5 ns [ASSUME]: one store (count record, flag, tag) or tag check that hits in cache; "
-                            "the per-row costs of row copies are inside the measured rates");
+  src(c, "issue_ns/tag_ns",
+      "5 ns [ASSUME]: one store (count record, flag, tag) or tag check that hits in cache; "
+      "the per-row costs of row copies are inside the measured rates");
   c.local_row_ns = 0;
-  src(c, "local_row_ns", "0: inside the measured rates (the calibration times whole per-row loops)");
+  src(c, "local_row_ns",
+      "0: inside the measured rates (the calibration times whole per-row loops)");
   c.fence_ns = 20;
   src(c, "fence_ns", "20 ns [ASSUME]: an mfence on x86");
   c.poll_ns = 5;
-  src(c, "poll_ns", "5 ns [ASSUME]: a flag read that hits in cache (a miss is the handoff latency)");
+  src(c, "poll_ns",
+      "5 ns [ASSUME]: a flag read that hits in cache (a miss is the handoff latency)");
   c.barrier_round_extra_ns = 0;
   src(c, "barrier", "flag posts + handoff latency [MEAS] + polls");
   c.layout_ns_per_entry = 2;
@@ -198,10 +226,12 @@ Preset local_preset(int ranks, const std::string& file) {
   src(c, "prefix_ns_per_entry", "1 ns [ASSUME]");
   c.fused_payload_bytes = 1;  // the CPU build writes the tag after the row: no framing loss
   c.fused_unit_bytes = 1;
-  src(c, "fused_payload/unit", "1/1: on CPU the epoch tag is a word after the row (protocol.hpp), no 480/512 framing");
+  src(c, "fused_payload/unit",
+      "1/1: on CPU the epoch tag is a word after the row (protocol.hpp), no 480/512 framing");
   c.flag_bytes = 4;
   c.ubep_reorder_workers = 0;
-  src(c, "ubep_reorder_workers", "0: the CPU ubep runs send then receive roles on the same thread (ubep.cpp)");
+  src(c, "ubep_reorder_workers",
+      "0: the CPU ubep runs send then receive roles on the same thread (ubep.cpp)");
   src(c, "calibration", path.c_str());
   return Preset{std::move(topo), c, {0, 1}};
 }
@@ -222,7 +252,8 @@ Preset make_preset(const std::string& name, int ranks, const std::string& calibr
     return Preset{sched::h800(ranks), gpu_cost("h800", 132, 3350, 24), {0, 1, 2}};
   }
   if (name == "local") return local_preset(ranks, calibration_file);
-  throw InvalidArgument(detail::concat("unknown preset '", name, "' (cm384 | nvl72 | h800 | local)"));
+  throw InvalidArgument(
+      detail::concat("unknown preset '", name, "' (cm384 | nvl72 | h800 | local)"));
 }
 
 }  // namespace ubep::sim

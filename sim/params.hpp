@@ -79,20 +79,20 @@ struct CostParams {
   // local_copy_GBps, stream_GBps and reduce_GBps. Empty: the scalars above.
   struct RateSet {
     std::string name;
-    double bytes = 0;          // bytes per rank the set was measured at
-    double copy_GBps = 0;      // plain-store row copies, per core, both cores copying
-    double stream_GBps = 0;    // non-temporal row copies (+ row metadata and tag), idem
-    double reduce_GBps = 0;    // fused reduction, input bytes, idem: rows in place (ubep)
+    double bytes = 0;               // bytes per rank the set was measured at
+    double copy_GBps = 0;           // plain-store row copies, per core, both cores copying
+    double stream_GBps = 0;         // non-temporal row copies (+ row metadata and tag), idem
+    double reduce_GBps = 0;         // fused reduction, input bytes, idem: rows in place (ubep)
     double staged_reduce_GBps = 0;  // idem, rows just pushed into the owner's staging (bsp)
   };
   std::vector<RateSet> rate_sets;
   std::string rate_set;  // the set a call used (effective_preset)
 
   // Decode compute (TPOT experiment), per MoE layer per rank.
-  double attention_us = 0;        // attention + shared expert + norms, per layer
-  double expert_weight_us = 0;    // loading one local expert's weights (memory-bound decode GEMM)
-  double expert_ns_per_row = 0;   // per received row (GEMM flops)
-  double compute_jitter = 0;      // relative sigma of per-rank, per-layer compute noise
+  double attention_us = 0;       // attention + shared expert + norms, per layer
+  double expert_weight_us = 0;   // loading one local expert's weights (memory-bound decode GEMM)
+  double expert_ns_per_row = 0;  // per received row (GEMM flops)
+  double compute_jitter = 0;     // relative sigma of per-rank, per-layer compute noise
 
   // Where each value comes from, one line per parameter (printed by `ubep-sim params`).
   std::vector<std::pair<std::string, std::string>> sources;

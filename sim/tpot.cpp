@@ -21,7 +21,8 @@ namespace {
 
 double pct(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5));
+  const size_t i =
+      std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5));
   return v[i];
 }
 
@@ -34,13 +35,22 @@ int cmd_tpot(const Options& o) {
   const auto& c = p.cost;
   const int El = o.experts / R;
   UBEP_CHECK_ARG(o.experts % R == 0, "experts (", o.experts, ") must divide over ", R, " ranks");
-  std::printf("# preset %s, EP%d, batch %d per rank, %d dense + %d MoE layers, %d steps, jitter %.0f%%\n",
-              o.preset.c_str(), R, B, o.dense_layers, o.moe_layers, o.steps, c.compute_jitter * 100);
+  std::printf(
+      "# preset %s, EP%d, batch %d per rank, %d dense + %d MoE layers, %d steps, jitter %.0f%%\n",
+      o.preset.c_str(), R, B, o.dense_layers, o.moe_layers, o.steps, c.compute_jitter * 100);
   Json j;
-  j.begin_object().kv("experiment", "tpot").kv("preset", o.preset).kv("ranks", R).kv("batch", B)
-      .kv("steps", o.steps).kv("moe_layers", o.moe_layers).kv("dense_layers", o.dense_layers)
-      .key("algos").begin_array();
-  std::printf("%-5s %10s %10s %10s %12s %12s\n", "algo", "p50_ms", "p99_ms", "mean_ms", "comm_ms/step", "moe_layers");
+  j.begin_object()
+      .kv("experiment", "tpot")
+      .kv("preset", o.preset)
+      .kv("ranks", R)
+      .kv("batch", B)
+      .kv("steps", o.steps)
+      .kv("moe_layers", o.moe_layers)
+      .kv("dense_layers", o.dense_layers)
+      .key("algos")
+      .begin_array();
+  std::printf("%-5s %10s %10s %10s %12s %12s\n", "algo", "p50_ms", "p99_ms", "mean_ms",
+              "comm_ms/step", "moe_layers");
   // comm_ms/step: sum of call makespans (first start to last finish of each call) per step.
   double p99[2] = {0, 0};
   int ai = 0;
@@ -51,19 +61,24 @@ int cmd_tpot(const Options& o) {
     auto jitter = [&] { return std::max(0.5, noise(rng)); };
     std::vector<double> tpot, comm;
     for (int step = 0; step < o.steps; ++step) {
-      if (step % 10 == 0) progress(o, step + 1, o.steps, detail::concat(algo_name(algo), " step ", step + 1));
+      if (step % 10 == 0)
+        progress(o, step + 1, o.steps, detail::concat(algo_name(algo), " step ", step + 1));
       std::vector<double> clock(static_cast<size_t>(R), 0.0);
       double comm_ns = 0;
       for (int layer = 0; layer < o.dense_layers + o.moe_layers; ++layer) {
         for (auto& t : clock) t += c.attention_us * 1e3 * jitter();
         if (layer < o.dense_layers) continue;
-        const uint64_t seed = o.seed + 1000003ull * static_cast<uint64_t>(step) + static_cast<uint64_t>(layer);
+        const uint64_t seed =
+            o.seed + 1000003ull * static_cast<uint64_t>(step) + static_cast<uint64_t>(layer);
         const Traffic t = draw_traffic(R, o.experts, o.topk, B, o.hot, o.hot_weight, seed);
         const double before = *std::max_element(clock.begin(), clock.end());
         const CallResult d = simulate_call(p, call_config(o, algo, Op::kDispatch), t, clock);
         for (int r = 0; r < R; ++r)
-          clock[static_cast<size_t>(r)] = d.finish_ns[static_cast<size_t>(r)] +
-              (El * c.expert_weight_us * 1e3 + d.recv_rows[static_cast<size_t>(r)] * c.expert_ns_per_row) * jitter();
+          clock[static_cast<size_t>(r)] =
+              d.finish_ns[static_cast<size_t>(r)] +
+              (El * c.expert_weight_us * 1e3 +
+               d.recv_rows[static_cast<size_t>(r)] * c.expert_ns_per_row) *
+                  jitter();
         const CallResult cb = simulate_call(p, call_config(o, algo, Op::kCombine), t, clock);
         clock = cb.finish_ns;
         comm_ns += d.makespan_ns + cb.makespan_ns;
@@ -76,11 +91,17 @@ int cmd_tpot(const Options& o) {
     for (double x : tpot) mean += x / static_cast<double>(tpot.size());
     for (double x : comm) cm += x / static_cast<double>(comm.size());
     p99[ai++] = pct(tpot, 0.99);
-    std::printf("%-5s %10.3f %10.3f %10.3f %12.3f %12d\n", algo_name(algo), pct(tpot, 0.5), pct(tpot, 0.99), mean, cm,
-                o.moe_layers);
+    std::printf("%-5s %10.3f %10.3f %10.3f %12.3f %12d\n", algo_name(algo), pct(tpot, 0.5),
+                pct(tpot, 0.99), mean, cm, o.moe_layers);
     std::fflush(stdout);
-    j.begin_object().kv("algo", algo_name(algo)).kv("p50_ms", pct(tpot, 0.5)).kv("p99_ms", pct(tpot, 0.99))
-        .kv("mean_ms", mean).kv("comm_ms_per_step", cm).key("tpot_ms").begin_array();
+    j.begin_object()
+        .kv("algo", algo_name(algo))
+        .kv("p50_ms", pct(tpot, 0.5))
+        .kv("p99_ms", pct(tpot, 0.99))
+        .kv("mean_ms", mean)
+        .kv("comm_ms_per_step", cm)
+        .key("tpot_ms")
+        .begin_array();
     for (double x : tpot) j.value(x);
     j.end_array().end_object();
   }

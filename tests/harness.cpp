@@ -9,9 +9,12 @@ namespace ubep::test {
 
 const char* impl_name(Impl i) {
   switch (i) {
-    case Impl::kBsp: return "bsp";
-    case Impl::kUbep: return "ubep";
-    case Impl::kBaseline: return "baseline";
+    case Impl::kBsp:
+      return "bsp";
+    case Impl::kUbep:
+      return "ubep";
+    case Impl::kBaseline:
+      return "baseline";
   }
   return "?";
 }
@@ -42,7 +45,7 @@ BufferConfig config_for(const Case& c, Algorithm algo) {
 #define UBEP_TEST_EQ(a, b, ...)                                                         \
   do {                                                                                  \
     if (!bad && !((a) == (b))) {                                                        \
-      ADD_FAILURE() << #a " == " #b ": " << (a) << " vs " << (b) << " " << __VA_ARGS__;  \
+      ADD_FAILURE() << #a " == " #b ": " << (a) << " vs " << (b) << " " << __VA_ARGS__; \
       bad = true;                                                                       \
     }                                                                                   \
   } while (0)
@@ -65,7 +68,8 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
 
   const auto* counts = r.recv_count.as<const int64_t>();
   for (int e = 0; e < El; ++e)
-    EXPECT_EQ(counts[e], static_cast<int64_t>(exp.expert_rows[static_cast<size_t>(e)].size())) << "expert " << e;
+    EXPECT_EQ(counts[e], static_cast<int64_t>(exp.expert_rows[static_cast<size_t>(e)].size()))
+        << "expert " << e;
 
   std::vector<char> comb_in;
   if (c.layout == Layout::kThroughput) {
@@ -77,14 +81,27 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
     const auto* x = static_cast<const char*>(r.recv_x.data);
     for (int64_t row = 0; row < r.num_recv_rows && !bad; ++row) {
       const auto& es_ = exp.src[static_cast<size_t>(row)];
-      UBEP_TEST_EQ(src[2 * row], es_[0], "" << "row " << row);
-      UBEP_TEST_EQ(src[2 * row + 1], es_[1], "" << "row " << row);
+      UBEP_TEST_EQ(src[2 * row], es_[0],
+                   ""
+                       << "row " << row);
+      UBEP_TEST_EQ(src[2 * row + 1], es_[1],
+                   ""
+                       << "row " << row);
       for (int j = 0; j < c.topk; ++j) {
-        UBEP_TEST_EQ(idx[row * c.topk + j], exp.local_idx[static_cast<size_t>(row)][static_cast<size_t>(j)], "" << "row " << row);
-        UBEP_TEST_EQ(w[row * c.topk + j], exp.weights[static_cast<size_t>(row)][static_cast<size_t>(j)], "" << "row " << row);
+        UBEP_TEST_EQ(idx[row * c.topk + j],
+                     exp.local_idx[static_cast<size_t>(row)][static_cast<size_t>(j)],
+                     ""
+                         << "row " << row);
+        UBEP_TEST_EQ(w[row * c.topk + j],
+                     exp.weights[static_cast<size_t>(row)][static_cast<size_t>(j)],
+                     ""
+                         << "row " << row);
       }
       for (int64_t h = 0; h < H; ++h)
-        UBEP_TEST_EQ(load_value(x, row * H + h, c.dtype), p.value(static_cast<int>(es_[0]), es_[1], h), "" << "row " << row << " h " << h);
+        UBEP_TEST_EQ(load_value(x, row * H + h, c.dtype),
+                     p.value(static_cast<int>(es_[0]), es_[1], h),
+                     ""
+                         << "row " << row << " h " << h);
     }
     comb_in.resize(static_cast<size_t>(r.num_recv_rows * H) * es);
     for (int64_t i = 0; i < r.num_recv_rows * H; ++i)
@@ -99,12 +116,17 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
       const auto& rows = exp.expert_rows[static_cast<size_t>(e)];
       for (size_t p_ = 0; p_ < rows.size() && !bad; ++p_) {
         const int64_t pos = e * RT + static_cast<int64_t>(p_);
-        UBEP_TEST_EQ(src[2 * pos], rows[p_][0], "" << "expert " << e << " slot " << p_);
-        UBEP_TEST_EQ(src[2 * pos + 1], rows[p_][1], "" << "expert " << e << " slot " << p_);
+        UBEP_TEST_EQ(src[2 * pos], rows[p_][0],
+                     ""
+                         << "expert " << e << " slot " << p_);
+        UBEP_TEST_EQ(src[2 * pos + 1], rows[p_][1],
+                     ""
+                         << "expert " << e << " slot " << p_);
         for (int64_t h = 0; h < H; ++h) {
           const float v = load_value(x, pos * H + h, c.dtype);
           UBEP_TEST_EQ(v, p.value(static_cast<int>(rows[p_][0]), rows[p_][1], h), "");
-          store_value(comb_in.data(), pos * H + h, expert_fn(v, static_cast<int64_t>(me) * El + e), c.dtype);
+          store_value(comb_in.data(), pos * H + h, expert_fn(v, static_cast<int64_t>(me) * El + e),
+                      c.dtype);
         }
       }
     }
@@ -134,7 +156,8 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
     std::memcpy(&gb, &got, 4);
     std::memcpy(&wb, &w, 4);
     if (gb != wb) {
-      ADD_FAILURE() << "combine mismatch at token " << i / H << " h " << i % H << ": got " << got << " want " << w;
+      ADD_FAILURE() << "combine mismatch at token " << i / H << " h " << i % H << ": got " << got
+                    << " want " << w;
       break;
     }
   }

@@ -23,10 +23,12 @@ float Problem::value(int rank, int64_t t, int64_t h) const {
 
 float stored(float v, DType dt) { return dt == DType::kBF16 ? bf16_to_float(float_to_bf16(v)) : v; }
 
-float expert_fn(float v, int64_t which) { return v * static_cast<float>(1 + which % 5) + 0.25f * static_cast<float>(which % 3); }
+float expert_fn(float v, int64_t which) {
+  return v * static_cast<float>(1 + which % 5) + 0.25f * static_cast<float>(which % 3);
+}
 
-Problem make_problem(int ranks, int experts, int64_t hidden, DType dt, const std::vector<int64_t>& tokens,
-                     int topk, Routing routing, uint64_t seed) {
+Problem make_problem(int ranks, int experts, int64_t hidden, DType dt,
+                     const std::vector<int64_t>& tokens, int topk, Routing routing, uint64_t seed) {
   Problem p;
   p.ranks = ranks;
   p.experts = experts;
@@ -41,14 +43,19 @@ Problem make_problem(int ranks, int experts, int64_t hidden, DType dt, const std
     const size_t n = static_cast<size_t>(in.tokens * hidden);
     for (size_t i = 0; i < n; ++i) {
       const float v = val(rng);
-      if (dt == DType::kBF16) in.x_bf16.push_back(float_to_bf16(v)); else in.x_f32.push_back(v);
+      if (dt == DType::kBF16)
+        in.x_bf16.push_back(float_to_bf16(v));
+      else
+        in.x_f32.push_back(v);
     }
     for (int64_t t = 0; t < in.tokens; ++t) {
       std::vector<int64_t> chosen;
       while (static_cast<int>(chosen.size()) < std::min(topk, experts)) {
         int64_t e;
-        if (routing == Routing::kHot && rng() % 4 != 0) e = static_cast<int64_t>(rng() % std::max(1, experts / 8 + 1)) % experts;
-        else e = static_cast<int64_t>(rng() % static_cast<uint64_t>(experts));
+        if (routing == Routing::kHot && rng() % 4 != 0)
+          e = static_cast<int64_t>(rng() % std::max(1, experts / 8 + 1)) % experts;
+        else
+          e = static_cast<int64_t>(rng() % static_cast<uint64_t>(experts));
         if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
       }
       while (static_cast<int>(chosen.size()) < topk) chosen.push_back(-1);

@@ -32,13 +32,15 @@ struct Problem {
   int ranks_per_host = 0;  // 0: one host
   std::vector<RankInput> inputs;
   int host_of(int rank) const { return ranks_per_host ? rank / ranks_per_host : 0; }
-  int num_hosts() const { return ranks_per_host ? (ranks + ranks_per_host - 1) / ranks_per_host : 1; }
+  int num_hosts() const {
+    return ranks_per_host ? (ranks + ranks_per_host - 1) / ranks_per_host : 1;
+  }
   float value(int rank, int64_t t, int64_t h) const;  // x[rank][t][h] as float
 };
 
 // Random problem: token counts per rank from `tokens` (entry per rank), routing style.
-Problem make_problem(int ranks, int experts, int64_t hidden, DType dt, const std::vector<int64_t>& tokens,
-                     int topk, Routing routing, uint64_t seed);
+Problem make_problem(int ranks, int experts, int64_t hidden, DType dt,
+                     const std::vector<int64_t>& tokens, int topk, Routing routing, uint64_t seed);
 
 // The "expert" applied by tests before combine: deterministic, depends on the value and the
 // expert (latency layout) or the expert rank (throughput layout).

@@ -17,14 +17,15 @@ std::vector<int64_t> token_counts(const Case& c, int ranks, uint64_t seed) {
   }
   std::mt19937_64 rng(seed);
   std::vector<int64_t> t;
-  for (int r = 0; r < ranks; ++r) t.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(c.capacity + 1)));
+  for (int r = 0; r < ranks; ++r)
+    t.push_back(static_cast<int64_t>(rng() % static_cast<uint64_t>(c.capacity + 1)));
   return t;
 }
 
 // Runs the case with bsp, ubep and the baseline; all must match the reference and each other.
 void run_case(int ranks, Case c, int repeats = 2) {
-  const Problem p = make_problem(ranks, c.experts, c.hidden, c.dtype, token_counts(c, ranks, c.seed),
-                                 c.topk, c.routing, c.seed);
+  const Problem p = make_problem(ranks, c.experts, c.hidden, c.dtype,
+                                 token_counts(c, ranks, c.seed), c.topk, c.routing, c.seed);
   std::vector<std::vector<char>> y(static_cast<size_t>(ranks) * 3);
   run_on_threads(ranks, [&](Group& g) {
     Buffer bsp(g, config_for(c, Algorithm::kBsp));
@@ -36,8 +37,10 @@ void run_case(int ranks, Case c, int repeats = 2) {
       auto d = run_and_check(g, c, p, nullptr, &base);
       EXPECT_EQ(a, b) << "bsp and ubep differ on rank " << g.rank();
       EXPECT_EQ(a, d) << "bsp and the baseline differ on rank " << g.rank();
-      if (rep == 0) y[static_cast<size_t>(g.rank())] = a;
-      else EXPECT_EQ(a, y[static_cast<size_t>(g.rank())]) << "repeat " << rep << " differs";
+      if (rep == 0)
+        y[static_cast<size_t>(g.rank())] = a;
+      else
+        EXPECT_EQ(a, y[static_cast<size_t>(g.rank())]) << "repeat " << rep << " differs";
     }
   });
 }

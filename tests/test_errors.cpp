@@ -33,9 +33,14 @@ TEST_P(BadInput, RejectedWithTheValueAndBufferStaysUsable) {
   run_on_threads(2, [&](Group& g) {
     std::unique_ptr<Buffer> buf;
     std::unique_ptr<AlltoallBaseline> base;
-    if (impl == Impl::kBaseline) base = std::make_unique<AlltoallBaseline>(g, config_for(c, Algorithm::kBsp));
-    else buf = std::make_unique<Buffer>(g, config_for(c, impl == Impl::kBsp ? Algorithm::kBsp : Algorithm::kUbep));
-    auto dispatch = [&](const DispatchArgs& a) { return buf ? buf->dispatch(a) : base->dispatch(a); };
+    if (impl == Impl::kBaseline)
+      base = std::make_unique<AlltoallBaseline>(g, config_for(c, Algorithm::kBsp));
+    else
+      buf = std::make_unique<Buffer>(
+          g, config_for(c, impl == Impl::kBsp ? Algorithm::kBsp : Algorithm::kUbep));
+    auto dispatch = [&](const DispatchArgs& a) {
+      return buf ? buf->dispatch(a) : base->dispatch(a);
+    };
     const RankInput& in = p.inputs[static_cast<size_t>(g.rank())];
     const DispatchArgs good = in.args(c.dtype, c.hidden, c.layout);
 
@@ -78,9 +83,19 @@ TEST_P(BadInput, RejectedWithTheValueAndBufferStaysUsable) {
     // Combine with the wrong shape or a stale handle.
     DispatchResult r = dispatch(good);
     std::vector<float> wrong(static_cast<size_t>(r.num_recv_rows + 1) * 16, 0.0f);
-    auto combine = [&](const CombineArgs& ca) { return buf ? buf->combine(ca) : base->combine(ca); };
-    expect_invalid([&] { combine({TensorView(wrong.data(), DType::kFP32, {r.num_recv_rows + 1, 16}), r.handle}); }, "combine: x");
-    expect_invalid([&] { combine({TensorView(wrong.data(), DType::kFP32, {r.num_recv_rows, 16}), r.handle + 7}); }, "handle");
+    auto combine = [&](const CombineArgs& ca) {
+      return buf ? buf->combine(ca) : base->combine(ca);
+    };
+    expect_invalid(
+        [&] {
+          combine({TensorView(wrong.data(), DType::kFP32, {r.num_recv_rows + 1, 16}), r.handle});
+        },
+        "combine: x");
+    expect_invalid(
+        [&] {
+          combine({TensorView(wrong.data(), DType::kFP32, {r.num_recv_rows, 16}), r.handle + 7});
+        },
+        "handle");
     run_and_check(g, c, p, buf.get(), base.get());
   });
 }
@@ -104,7 +119,8 @@ TEST(BadConfig, RanksThatDisagreeAreNamed) {
     BufferConfig cfg;
     cfg.num_experts = 8;
     cfg.hidden = g.rank() == 0 ? 64 : 96;
-    expect_invalid([&] { Buffer b(g, cfg); }, "ranks disagree on hidden: rank 0 has 64, rank 1 has 96");
+    expect_invalid([&] { Buffer b(g, cfg); },
+                   "ranks disagree on hidden: rank 0 has 64, rank 1 has 96");
   });
 }
 
@@ -116,7 +132,8 @@ TEST(BadCall, SecondCombineOfOneDispatchIsRejected) {
   for (Algorithm algo : {Algorithm::kBsp, Algorithm::kUbep}) {
     run_on_threads(2, [&](Group& g) {
       Buffer b(g, config_for(c, algo));
-      DispatchResult r = b.dispatch(p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout));
+      DispatchResult r =
+          b.dispatch(p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout));
       b.combine({r.recv_x, r.handle});
       expect_invalid([&] { b.combine({r.recv_x, r.handle}); }, "already combined");
       run_and_check(g, c, p, &b, nullptr);  // still usable

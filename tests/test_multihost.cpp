@@ -21,7 +21,8 @@ uint64_t expected_network_rows(const Problem& p, int me) {
     std::set<int> hosts;
     for (int j = 0; j < in.topk; ++j) {
       const int64_t e = in.topk_idx[static_cast<size_t>(t * in.topk + j)];
-      if (e >= 0 && p.host_of(static_cast<int>(e / El)) != p.host_of(me)) hosts.insert(p.host_of(static_cast<int>(e / El)));
+      if (e >= 0 && p.host_of(static_cast<int>(e / El)) != p.host_of(me))
+        hosts.insert(p.host_of(static_cast<int>(e / El)));
     }
     rows += hosts.size();
   }
@@ -49,7 +50,8 @@ TEST_P(MultiHost, RelayMatchesReferenceAndCrossesOncePerHost) {
   opts.ranks_per_host = pr.per_host;
   for (uint64_t seed = 1; seed <= 3; ++seed) {
     std::vector<int64_t> tokens;
-    for (int r = 0; r < pr.ranks; ++r) tokens.push_back(static_cast<int64_t>((seed * 5 + static_cast<uint64_t>(r) * 3) % 10));
+    for (int r = 0; r < pr.ranks; ++r)
+      tokens.push_back(static_cast<int64_t>((seed * 5 + static_cast<uint64_t>(r) * 3) % 10));
     Problem p = make_problem(pr.ranks, c.experts, c.hidden, c.dtype, tokens, c.topk,
                              seed % 2 ? Routing::kHot : Routing::kWithDrops, seed * 101);
     p.ranks_per_host = pr.per_host;
@@ -69,7 +71,8 @@ TEST_P(MultiHost, RelayMatchesReferenceAndCrossesOncePerHost) {
             EXPECT_EQ(a, d) << "bsp and the baseline differ on rank " << g.rank();
           }
           // Dispatch alone, to read its counters.
-          DispatchResult r = ubep.dispatch(p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout));
+          DispatchResult r = ubep.dispatch(
+              p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout));
           EXPECT_EQ(ubep.last_stats().barriers, 0u);
           EXPECT_EQ(ubep.last_stats().network_rows, expected_network_rows(p, g.rank()));
           (void)r;
@@ -82,7 +85,8 @@ std::vector<Param> params() {
   std::vector<Param> ps;
   for (auto [ranks, per_host] : std::vector<std::pair<int, int>>{{4, 2}, {6, 2}, {5, 2}, {6, 3}})
     for (Layout l : {Layout::kThroughput, Layout::kLatency})
-      ps.push_back({ranks, per_host, ranks == 6 ? 8 : 2, l, ranks == 5 ? DType::kFP32 : DType::kBF16});
+      ps.push_back(
+          {ranks, per_host, ranks == 6 ? 8 : 2, l, ranks == 5 ? DType::kFP32 : DType::kBF16});
   return ps;
 }
 
@@ -103,7 +107,8 @@ TEST(MultiHostStress, BackToBackCallsAcrossHosts) {
   std::vector<Problem> problems;
   for (int i = 0; i < 8; ++i) {
     std::vector<int64_t> tokens{i % 7, (i * 3) % 7, 6, (i * 5) % 7};
-    problems.push_back(make_problem(4, c.experts, c.hidden, c.dtype, tokens, c.topk, Routing::kWithDrops, 900 + static_cast<uint64_t>(i)));
+    problems.push_back(make_problem(4, c.experts, c.hidden, c.dtype, tokens, c.topk,
+                                    Routing::kWithDrops, 900 + static_cast<uint64_t>(i)));
     problems.back().ranks_per_host = 2;
   }
   run_on_threads(
@@ -115,7 +120,8 @@ TEST(MultiHostStress, BackToBackCallsAcrossHosts) {
         for (int i = 0; i < 400 && !::testing::Test::HasFailure(); ++i) {
           Case ci = c;
           ci.layout = i % 3 ? Layout::kThroughput : Layout::kLatency;
-          run_and_check(g, ci, problems[static_cast<size_t>(i) % problems.size()], &b, nullptr, i % 2 == 0);
+          run_and_check(g, ci, problems[static_cast<size_t>(i) % problems.size()], &b, nullptr,
+                        i % 2 == 0);
         }
       },
       opts);

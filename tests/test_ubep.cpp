@@ -25,8 +25,10 @@ TEST(Ubep, EpochWrapAround) {
       cfg.initial_epoch = 0xFFFFFFFFull - 5;  // tags run ..., 0xFFFFFFFF, 1, 2, ...
       Buffer b(g, cfg);
       for (int i = 0; i < 12; ++i) {
-        std::vector<int64_t> tokens = {static_cast<int64_t>(i % 7), 6, static_cast<int64_t>((i * 5) % 7)};
-        const Problem p = make_problem(3, c.experts, c.hidden, c.dtype, tokens, c.topk, Routing::kWithDrops, 100 + i);
+        std::vector<int64_t> tokens = {static_cast<int64_t>(i % 7), 6,
+                                       static_cast<int64_t>((i * 5) % 7)};
+        const Problem p = make_problem(3, c.experts, c.hidden, c.dtype, tokens, c.topk,
+                                       Routing::kWithDrops, 100 + i);
         run_and_check(g, c, p, &b, nullptr);
       }
     });
@@ -39,15 +41,19 @@ TEST(Ubep, SplitPhaseWithWorkInBetween) {
   c.capacity = 16;
   c.topk = 2;
   c.tokens = {16, 9};
-  const Problem p = make_problem(2, c.experts, c.hidden, c.dtype, c.tokens, c.topk, Routing::kHot, 77);
+  const Problem p =
+      make_problem(2, c.experts, c.hidden, c.dtype, c.tokens, c.topk, Routing::kHot, 77);
   run_on_threads(2, [&](Group& g) {
     Buffer blocking(g, config_for(c, Algorithm::kUbep));
     Buffer split(g, config_for(c, Algorithm::kUbep));
-    const DispatchArgs a = p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout);
+    const DispatchArgs a =
+        p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout);
     DispatchResult r1 = blocking.dispatch(a);
-    std::vector<char> x1(static_cast<const char*>(r1.recv_x.data), static_cast<const char*>(r1.recv_x.data) + r1.recv_x.bytes());
+    std::vector<char> x1(static_cast<const char*>(r1.recv_x.data),
+                         static_cast<const char*>(r1.recv_x.data) + r1.recv_x.bytes());
     TensorView y1 = blocking.combine({r1.recv_x, r1.handle});
-    std::vector<char> out1(static_cast<const char*>(y1.data), static_cast<const char*>(y1.data) + y1.bytes());
+    std::vector<char> out1(static_cast<const char*>(y1.data),
+                           static_cast<const char*>(y1.data) + y1.bytes());
 
     split.dispatch_send(a);
     // Work between the phases (and a delay so the peer's messages arrive first or last).
@@ -55,12 +61,14 @@ TEST(Ubep, SplitPhaseWithWorkInBetween) {
     for (int i = 0; i < 200000 * (g.rank() + 1); ++i) sink = sink + i * 0.5;
     EXPECT_THROW(split.dispatch_send(a), InvalidArgument);  // one outstanding call
     DispatchResult r2 = split.dispatch_recv();
-    std::vector<char> x2(static_cast<const char*>(r2.recv_x.data), static_cast<const char*>(r2.recv_x.data) + r2.recv_x.bytes());
+    std::vector<char> x2(static_cast<const char*>(r2.recv_x.data),
+                         static_cast<const char*>(r2.recv_x.data) + r2.recv_x.bytes());
     EXPECT_EQ(x1, x2);
     split.combine_send({r2.recv_x, r2.handle});
     std::this_thread::sleep_for(std::chrono::milliseconds(g.rank() * 5));
     TensorView y2 = split.combine_recv();
-    std::vector<char> out2(static_cast<const char*>(y2.data), static_cast<const char*>(y2.data) + y2.bytes());
+    std::vector<char> out2(static_cast<const char*>(y2.data),
+                           static_cast<const char*>(y2.data) + y2.bytes());
     EXPECT_EQ(out1, out2);
   });
 }
@@ -68,11 +76,13 @@ TEST(Ubep, SplitPhaseWithWorkInBetween) {
 // Runs one problem on thread ranks once per configuration variant of the ubep algorithm: every
 // run must match the reference (run_and_check) and the first run, bit for bit.
 using Variant = std::pair<std::string, std::function<void(BufferConfig&)>>;
-void expect_variants_agree(Case c, const std::vector<int64_t>& tokens, uint64_t seed, const std::vector<Variant>& variants) {
+void expect_variants_agree(Case c, const std::vector<int64_t>& tokens, uint64_t seed,
+                           const std::vector<Variant>& variants) {
   for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
     c.layout = l;
     const int ranks = static_cast<int>(tokens.size());
-    const Problem p = make_problem(ranks, c.experts, c.hidden, c.dtype, tokens, c.topk, Routing::kHot, seed);
+    const Problem p =
+        make_problem(ranks, c.experts, c.hidden, c.dtype, tokens, c.topk, Routing::kHot, seed);
     run_on_threads(ranks, [&](Group& g) {
       std::vector<char> first;
       for (const auto& [name, apply] : variants) {
@@ -98,14 +108,15 @@ Case small_case() {
 // The scheduler's plans (any policy, with a topology) move exactly the same rows.
 TEST(Ubep, SchedulePoliciesAgree) {
   std::vector<Variant> variants;
-  for (SendSchedule s : {SendSchedule::kEqualSlices, SendSchedule::kNaive, SendSchedule::kColumnMajor,
-                         SendSchedule::kBalanced})
+  for (SendSchedule s : {SendSchedule::kEqualSlices, SendSchedule::kNaive,
+                         SendSchedule::kColumnMajor, SendSchedule::kBalanced})
     for (const char* topo : {"", "2x2", "cm384"})
-      variants.push_back({std::string(send_schedule_name(s)) + " on '" + topo + "'", [=](BufferConfig& cfg) {
-                            cfg.num_workers = 2;
-                            cfg.schedule = s;
-                            cfg.topology = topo;
-                          }});
+      variants.push_back(
+          {std::string(send_schedule_name(s)) + " on '" + topo + "'", [=](BufferConfig& cfg) {
+             cfg.num_workers = 2;
+             cfg.schedule = s;
+             cfg.topology = topo;
+           }});
   expect_variants_agree(small_case(), {12, 7, 0, 11}, 9, variants);
 }
 
@@ -113,10 +124,11 @@ TEST(Ubep, SyncModesAndWorkerCountsAgree) {
   std::vector<Variant> variants;
   for (int workers : {0, 1, 3})
     for (SyncMode m : {SyncMode::kFused, SyncMode::kStopAndWait})
-      variants.push_back({std::to_string(workers) + " workers, " + sync_mode_name(m), [=](BufferConfig& cfg) {
-                            cfg.num_workers = workers;
-                            cfg.sync = m;
-                          }});
+      variants.push_back(
+          {std::to_string(workers) + " workers, " + sync_mode_name(m), [=](BufferConfig& cfg) {
+             cfg.num_workers = workers;
+             cfg.sync = m;
+           }});
   expect_variants_agree(small_case(), {12, 3, 0, 11}, 5, variants);
 }
 
@@ -125,7 +137,8 @@ TEST(Ubep, SyncModesAndWorkerCountsAgree) {
 // ThreadSanitizer (UBEP_SANITIZE=thread) to check the memory-ordering arguments.
 TEST(UbepStress, BackToBackCallsWithRandomDelays) {
   const int ranks = 3;
-  const int calls = std::getenv("UBEP_STRESS_CALLS") ? std::atoi(std::getenv("UBEP_STRESS_CALLS")) : 1500;
+  const int calls =
+      std::getenv("UBEP_STRESS_CALLS") ? std::atoi(std::getenv("UBEP_STRESS_CALLS")) : 1500;
   Case c;
   c.experts = 9;
   c.hidden = 8;
@@ -137,7 +150,8 @@ TEST(UbepStress, BackToBackCallsWithRandomDelays) {
     std::vector<int64_t> tokens;
     for (int r = 0; r < ranks; ++r) tokens.push_back(static_cast<int64_t>(rng() % 8));
     problems.push_back(make_problem(ranks, c.experts, c.hidden, c.dtype, tokens, c.topk,
-                                    i % 2 ? Routing::kHot : Routing::kWithDrops, 1000 + static_cast<uint64_t>(i)));
+                                    i % 2 ? Routing::kHot : Routing::kWithDrops,
+                                    1000 + static_cast<uint64_t>(i)));
   }
   run_on_threads(ranks, [&](Group& g) {
     BufferConfig cfg = config_for(c, Algorithm::kUbep);
@@ -148,7 +162,8 @@ TEST(UbepStress, BackToBackCallsWithRandomDelays) {
     for (int i = 0; i < calls; ++i) {
       Case ci = c;
       ci.layout = (i / 3) % 2 ? Layout::kLatency : Layout::kThroughput;
-      if (g.rank() != 1 && delay() % 8 == 0) std::this_thread::sleep_for(std::chrono::microseconds(delay() % 200));
+      if (g.rank() != 1 && delay() % 8 == 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(delay() % 200));
       if (delay() % 5 == 0) std::this_thread::yield();
       run_and_check(g, ci, problems[static_cast<size_t>(i) % problems.size()], &b, nullptr);
       if (::testing::Test::HasFailure()) break;

@@ -13,17 +13,19 @@
 
 using namespace ubep;
 
-
 int main(int argc, char** argv) {
   const int ranks = argc > 1 ? std::atoi(argv[1]) : 4;
   const int experts = 256, topk = 8;
   const int64_t tokens = 128, hidden = 7168;
   const DType dt = DType::kBF16;
-  std::printf("ubep demo: one MoE decode step on %d in-process ranks (tokens %lld/rank, hidden %lld, top-%d of %d experts, bf16)\n",
-              ranks, static_cast<long long>(tokens), static_cast<long long>(hidden), topk, experts);
+  std::printf(
+      "ubep demo: one MoE decode step on %d in-process ranks (tokens %lld/rank, hidden %lld, "
+      "top-%d of %d experts, bf16)\n",
+      ranks, static_cast<long long>(tokens), static_cast<long long>(hidden), topk, experts);
   std::fflush(stdout);
-  const test::Problem p = test::make_problem(ranks, experts, hidden, dt, std::vector<int64_t>(static_cast<size_t>(ranks), tokens),
-                                             topk, test::Routing::kUniform, 2026);
+  const test::Problem p = test::make_problem(
+      ranks, experts, hidden, dt, std::vector<int64_t>(static_cast<size_t>(ranks), tokens), topk,
+      test::Routing::kUniform, 2026);
   std::mutex mu;
   long long mismatches = 0, checked = 0;
   try {
@@ -38,7 +40,8 @@ int main(int argc, char** argv) {
       Buffer buf(g, cfg);
       const int me = g.rank(), El = buf.num_local_experts();
       // 1. route + dispatch (latency layout: rows per local expert).
-      DispatchResult r = buf.dispatch(p.inputs[static_cast<size_t>(me)].args(dt, hidden, Layout::kLatency));
+      DispatchResult r =
+          buf.dispatch(p.inputs[static_cast<size_t>(me)].args(dt, hidden, Layout::kLatency));
       // 2. a simple expert per local expert: y = x * (1 + e%5) + 0.25 * (e%3) for global expert e.
       const int64_t RT = r.recv_x.dim(1);
       std::vector<char> out(r.recv_x.bytes(), 0);
@@ -69,10 +72,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "demo failed: %s\n", e.what());
     return 1;
   }
-  std::printf("combine output vs reference: %lld of %lld values differ -> %s\n\n", mismatches, checked,
-              mismatches == 0 ? "bit-identical" : "MISMATCH");
+  std::printf("combine output vs reference: %lld of %lld values differ -> %s\n\n", mismatches,
+              checked, mismatches == 0 ? "bit-identical" : "MISMATCH");
   if (mismatches != 0) return 1;
-  std::printf("comparison on the same ranks (MPI-style bulk all-to-all baseline, bsp, ubep, copy bound):\n");
+  std::printf(
+      "comparison on the same ranks (MPI-style bulk all-to-all baseline, bsp, ubep, copy "
+      "bound):\n");
   std::fflush(stdout);
 
   tools::BenchOptions opt;

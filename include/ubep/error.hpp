@@ -44,9 +44,9 @@ std::string concat(const Args&... args) {
 }  // namespace ubep
 
 // UBEP_CHECK(cond, ExceptionType, message parts...): throw ExceptionType naming the bad value.
-#define UBEP_CHECK(cond, Exc, ...)                                                       \
-  do {                                                                                   \
-    if (!(cond)) throw Exc(::ubep::detail::concat(__VA_ARGS__));                          \
+#define UBEP_CHECK(cond, Exc, ...)                               \
+  do {                                                           \
+    if (!(cond)) throw Exc(::ubep::detail::concat(__VA_ARGS__)); \
   } while (0)
 
 #define UBEP_CHECK_ARG(cond, ...) UBEP_CHECK(cond, ::ubep::InvalidArgument, __VA_ARGS__)

@@ -100,8 +100,7 @@ class Group {
 
 // Runs fn(group) on `ranks` threads, one Group per thread (gloo's spawn). Rethrows the first
 // exception any rank raised, after every thread has finished.
-void run_on_threads(int ranks, const std::function<void(Group&)>& fn,
-                    GroupOptions options = {});
+void run_on_threads(int ranks, const std::function<void(Group&)>& fn, GroupOptions options = {});
 
 // Lower-level form: a shared world that hands out one Group per rank; the caller runs the threads.
 class ThreadWorld {

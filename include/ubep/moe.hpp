@@ -60,7 +60,8 @@ RouterOutput route(RouterMode mode, int num_experts, int topk, int64_t tokens, u
 // Called concurrently from several compute workers on different tiles; must be deterministic.
 struct TileTask {
   int local_expert = 0;
-  int64_t first_row = 0;  // index of the tile's first row in the call's aligned layout (all experts)
+  int64_t first_row =
+      0;  // index of the tile's first row in the call's aligned layout (all experts)
   int64_t rows = 0;
   const float* in = nullptr;
   int64_t in_ld = 0;
@@ -72,7 +73,7 @@ using TileFn = std::function<void(const TileTask&)>;
 
 // The bundled expert: a real BLAS (OpenBLAS cblas_sgemm) FFN per local expert.
 enum class FfnKind : uint8_t {
-  kGated,   // out = down( silu(x·Wg) ⊙ (x·Wu) ): gate/up projection, activation, down projection
+  kGated,  // out = down( silu(x·Wg) ⊙ (x·Wu) ): gate/up projection, activation, down projection
   kSingle,  // out = x·W (hidden × hidden): the paper's operator benchmark
 };
 const char* ffn_kind_name(FfnKind k);
@@ -117,31 +118,31 @@ struct ExpertLayerConfig {
   DType dtype = DType::kBF16;  // of x, the expert outputs on the wire, and y
   int num_experts = 16;
   int max_topk = 8;
-  int compute_workers = 1;  // threads producing tiles (the caller is one of them)
-  int comm_workers = 1;     // dedicated threads shipping finished segments
-  int64_t tile_rows = 64;   // tile height: rows per tile and the padding granule
-  bool remote_first = true; // false: tiles in expert-id order, local tiles first (ablation)
+  int compute_workers = 1;     // threads producing tiles (the caller is one of them)
+  int comm_workers = 1;        // dedicated threads shipping finished segments
+  int64_t tile_rows = 64;      // tile height: rows per tile and the padding granule
+  bool remote_first = true;    // false: tiles in expert-id order, local tiles first (ablation)
   uint64_t initial_epoch = 0;  // first call's sequence number (tests start near the wrap)
 };
 
 // Where the time of one run went, on this rank (microseconds; worker times are sums over the
 // workers of that role, so they can exceed the wall time).
 struct LayerStats {
-  double total_us = 0;         // wall time of run()
-  double compute_phase_us = 0; // wall time until the last tile was computed
-  double ship_phase_us = 0;    // serial: wall time of the ship phase (0 when overlapped)
-  double reduce_us = 0;        // wall time of the owner's reduction, waiting included
-  double compute_us = 0;       // in the tile function
-  double gather_us = 0;        // copying dispatched rows into the aligned fp32 layout
-  double copy_us = 0;          // writing records into owners' windows (all roles)
-  double comm_idle_us = 0;     // communication workers with nothing ready (asleep or polling)
-  double reduce_wait_us = 0;   // owner waiting for records still in flight
-  int64_t rows = 0;            // valid rows computed
-  int64_t padded_rows = 0;     // aligned-layout rows (valid + padding)
+  double total_us = 0;          // wall time of run()
+  double compute_phase_us = 0;  // wall time until the last tile was computed
+  double ship_phase_us = 0;     // serial: wall time of the ship phase (0 when overlapped)
+  double reduce_us = 0;         // wall time of the owner's reduction, waiting included
+  double compute_us = 0;        // in the tile function
+  double gather_us = 0;         // copying dispatched rows into the aligned fp32 layout
+  double copy_us = 0;           // writing records into owners' windows (all roles)
+  double comm_idle_us = 0;      // communication workers with nothing ready (asleep or polling)
+  double reduce_wait_us = 0;    // owner waiting for records still in flight
+  int64_t rows = 0;             // valid rows computed
+  int64_t padded_rows = 0;      // aligned-layout rows (valid + padding)
   int64_t tiles = 0;
   int64_t remote_tiles = 0;
-  int64_t segments = 0;        // remote segments shipped (merged runs of ready tiles)
-  int64_t remote_rows = 0;     // rows shipped to other ranks
+  int64_t segments = 0;     // remote segments shipped (merged runs of ready tiles)
+  int64_t remote_rows = 0;  // rows shipped to other ranks
 };
 
 class ExpertLayer {

@@ -71,10 +71,10 @@ struct PlanItem {
   int32_t level = 0;    // topology level between source and destination
   int64_t row_begin = 0;
   int64_t row_end = 0;
-  double bytes = 0;      // (row_end - row_begin) * row_bytes
-  double issue_ns = 0;   // bytes / (bandwidth(level) / workers): the worker's time to issue it
-  double latency_ns = 0; // latency(level): flight time after the last byte left
-  double finish_ns = 0;  // when it lands: issue times of the worker's items so far + latency
+  double bytes = 0;       // (row_end - row_begin) * row_bytes
+  double issue_ns = 0;    // bytes / (bandwidth(level) / workers): the worker's time to issue it
+  double latency_ns = 0;  // latency(level): flight time after the last byte left
+  double finish_ns = 0;   // when it lands: issue times of the worker's items so far + latency
   int64_t rows() const { return row_end - row_begin; }
 };
 
@@ -85,12 +85,12 @@ struct Plan {
   // Items of every worker, grouped by worker in execution order: worker w runs
   // items[worker_begin[w] .. worker_begin[w+1]).
   std::vector<PlanItem> items;
-  std::vector<int32_t> worker_begin;    // workers + 1 entries
-  std::vector<double> worker_cost_ns;   // when the worker's last item lands (max finish_ns)
-  double slowest_ns = 0;                // max over workers
-  double mean_ns = 0;                   // mean over workers (idle workers count as 0)
-  double imbalance = 1;                 // slowest / mean (1 when there is no work)
-  double total_issue_ns = 0;            // sum of issue_ns over items
+  std::vector<int32_t> worker_begin;   // workers + 1 entries
+  std::vector<double> worker_cost_ns;  // when the worker's last item lands (max finish_ns)
+  double slowest_ns = 0;               // max over workers
+  double mean_ns = 0;                  // mean over workers (idle workers count as 0)
+  double imbalance = 1;                // slowest / mean (1 when there is no work)
+  double total_issue_ns = 0;           // sum of issue_ns over items
 
   std::span<const PlanItem> worker_items(int worker) const;
   int64_t total_rows() const;
@@ -153,13 +153,13 @@ class Scheduler {
   SchedulerOptions options_;
   int src_rank_ = 0;
   int64_t row_bytes_ = 0;
-  int units_per_rank_ = 0;           // SendWork::experts_per_rank of the current call
-  std::vector<Unit> units_;          // non-empty units of the current call
-  std::vector<Piece> pieces_;        // current assignment
-  std::vector<Piece> best_pieces_;   // best assignment found by plan_balanced
-  std::vector<double> load_;         // per-worker issue time during LPT
-  std::vector<double> level_load_;   // [worker][level] issue time, for makespan()
-  std::vector<int32_t> order_;       // per-worker offsets scratch in emit()
+  int units_per_rank_ = 0;                        // SendWork::experts_per_rank of the current call
+  std::vector<Unit> units_;                       // non-empty units of the current call
+  std::vector<Piece> pieces_;                     // current assignment
+  std::vector<Piece> best_pieces_;                // best assignment found by plan_balanced
+  std::vector<double> load_;                      // per-worker issue time during LPT
+  std::vector<double> level_load_;                // [worker][level] issue time, for makespan()
+  std::vector<int32_t> order_;                    // per-worker offsets scratch in emit()
   std::vector<std::pair<double, int32_t>> heap_;  // (load, worker) min-heap of LPT
 };
 

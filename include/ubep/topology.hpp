@@ -102,9 +102,9 @@ Topology parse_topology(const std::string& spec, int ranks);
 
 // Figures discovery cannot measure; defaults are documented estimates for a commodity x86 host.
 struct DiscoverOptions {
-  Level self{"self", 80, 10};         // a copy inside a rank's own memory
-  Level numa{"numa", 150, 10};        // shared memory inside one NUMA node
-  Level host{"host", 250, 8};         // shared memory across NUMA nodes / sockets of a host
+  Level self{"self", 80, 10};             // a copy inside a rank's own memory
+  Level numa{"numa", 150, 10};            // shared memory inside one NUMA node
+  Level host{"host", 250, 8};             // shared memory across NUMA nodes / sockets of a host
   Level network{"network", 20000, 1.25};  // MPI between hosts (10 GbE)
   // Optional NUMA node of each rank inside its host (e.g. from its CPU binding). Empty: the
   // local ranks of a host are spread over its NUMA nodes in contiguous blocks, as mpirun

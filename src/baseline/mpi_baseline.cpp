@@ -12,7 +12,6 @@
 
 namespace ubep {
 
-
 struct AlltoallBaseline::Impl {
   struct Contribution {
     int rank;
@@ -38,7 +37,7 @@ struct AlltoallBaseline::Impl {
   LocalArray send_buf, recv_buf;
   LocalArray recv_x, recv_idx, recv_w, recv_src, recv_count, lat_x, lat_src, lat_k, y;
   LocalArray comb_send, comb_recv;
-  std::vector<int64_t> expert_offset;  // [El, R]
+  std::vector<int64_t> expert_offset;                   // [El, R]
   std::vector<int32_t> comb_meta_send, comb_meta_recv;  // latency combine: (token, k) per row
   std::vector<float> acc, part;
   std::vector<Contribution> contrib;
@@ -46,16 +45,26 @@ struct AlltoallBaseline::Impl {
   std::vector<float> weights_scratch;
 
   Impl(Group& g, const BufferConfig& c)
-      : group(g), cfg(c), rank(g.rank()), ranks(g.size()), El(c.num_experts / g.size()),
-        T(c.max_tokens_per_rank), RB(static_cast<size_t>(c.hidden) * dtype_size(c.dtype)),
-        meta_bytes(ep::round_up(8 + 12 * static_cast<size_t>(c.max_topk), 16)), rec_bytes(RB + meta_bytes),
+      : group(g),
+        cfg(c),
+        rank(g.rank()),
+        ranks(g.size()),
+        El(c.num_experts / g.size()),
+        T(c.max_tokens_per_rank),
+        RB(static_cast<size_t>(c.hidden) * dtype_size(c.dtype)),
+        meta_bytes(ep::round_up(8 + 12 * static_cast<size_t>(c.max_topk), 16)),
+        rec_bytes(RB + meta_bytes),
         routing(g.size(), c.num_experts, c.max_tokens_per_rank, c.max_topk) {
     UBEP_CHECK_ARG(c.num_experts % g.size() == 0, "num_experts ", c.num_experts,
                    " must be a multiple of the group size ", g.size());
-    const auto R = static_cast<size_t>(ranks), Tz = static_cast<size_t>(T), K = static_cast<size_t>(c.max_topk);
+    const auto R = static_cast<size_t>(ranks), Tz = static_cast<size_t>(T),
+               K = static_cast<size_t>(c.max_topk);
     send_counts.resize(R * (1 + static_cast<size_t>(El)));
     recv_counts.resize(send_counts.size());
-    sb.resize(R); so.resize(R); rb.resize(R); ro.resize(R);
+    sb.resize(R);
+    so.resize(R);
+    rb.resize(R);
+    ro.resize(R);
     send_buf = LocalArray(R * Tz * rec_bytes);
     recv_buf = LocalArray(R * Tz * rec_bytes);
     recv_x = LocalArray(R * Tz * RB);
@@ -107,7 +116,8 @@ struct AlltoallBaseline::Impl {
         weights_scratch.push_back(c.weight ? *c.weight : 1.0f);
       }
       const bool weighted = !cs.empty() && cs.front().weight;
-      kernels::reduce_rows(out, cfg.dtype, H, rows_scratch.data(), weighted ? weights_scratch.data() : nullptr,
+      kernels::reduce_rows(out, cfg.dtype, H, rows_scratch.data(),
+                           weighted ? weights_scratch.data() : nullptr,
                            static_cast<int>(cs.size()));
       return;
     }
@@ -118,14 +128,18 @@ struct AlltoallBaseline::Impl {
       bool any = false;
       for (const Contribution& c : cs) {
         if (group.host_of(c.rank) != h) continue;
-        if (c.weight) kernels::accumulate_row_weighted(p, c.row, cfg.dtype, H, *c.weight);
-        else kernels::accumulate_row(p, c.row, cfg.dtype, H);
+        if (c.weight)
+          kernels::accumulate_row_weighted(p, c.row, cfg.dtype, H, *c.weight);
+        else
+          kernels::accumulate_row(p, c.row, cfg.dtype, H);
         any = true;
       }
       if (!any) continue;
       if (p != acc.data()) {
-        if (first) std::copy(p, p + H, acc.data());
-        else for (int64_t i = 0; i < H; ++i) acc[static_cast<size_t>(i)] += p[i];
+        if (first)
+          std::copy(p, p + H, acc.data());
+        else
+          for (int64_t i = 0; i < H; ++i) acc[static_cast<size_t>(i)] += p[i];
       }
       first = false;
     }
@@ -134,7 +148,8 @@ struct AlltoallBaseline::Impl {
   }
 };
 
-AlltoallBaseline::AlltoallBaseline(Group& g, BufferConfig c) : impl_(std::make_unique<Impl>(g, c)) {}
+AlltoallBaseline::AlltoallBaseline(Group& g, BufferConfig c)
+    : impl_(std::make_unique<Impl>(g, c)) {}
 AlltoallBaseline::~AlltoallBaseline() = default;
 const CallStats& AlltoallBaseline::last_stats() const { return impl_->stats; }
 const char* AlltoallBaseline::name() const {
@@ -156,7 +171,8 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
     const int32_t n = b.routing.dest_rows[static_cast<size_t>(d)];
     int32_t* c = &b.send_counts[static_cast<size_t>(d * (1 + El))];
     c[0] = n;
-    std::memcpy(c + 1, &b.routing.dest_expert_rows[static_cast<size_t>(d * El)], static_cast<size_t>(El) * 4);
+    std::memcpy(c + 1, &b.routing.dest_expert_rows[static_cast<size_t>(d * El)],
+                static_cast<size_t>(El) * 4);
     b.sb[d] = n * static_cast<int64_t>(b.rec_bytes);
     b.so[d] = off;
     for (int64_t i = 0; i < n; ++i) {
@@ -195,7 +211,8 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
       counts[e] += c[1 + e];
     }
   }
-  b.group.alltoallv(b.send_buf.get(), b.tok_sb.data(), b.tok_so.data(), b.recv_buf.get(), b.rb.data(), b.ro.data());
+  b.group.alltoallv(b.send_buf.get(), b.tok_sb.data(), b.tok_so.data(), b.recv_buf.get(),
+                    b.rb.data(), b.ro.data());
   timer.lap("token alltoallv");
   // Unpack.
   const int64_t rows = roff / static_cast<int64_t>(b.rec_bytes);
@@ -219,7 +236,8 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
         for (int j = 0; j < K; ++j) {
           const int32_t e = meta[1 + j];
           if (e < 0) continue;
-          const int64_t p = e * RT + b.expert_offset[static_cast<size_t>(e * R + s)] + meta[1 + K + j];
+          const int64_t p =
+              e * RT + b.expert_offset[static_cast<size_t>(e * R + s)] + meta[1 + K + j];
           std::memcpy(b.lat_x.get() + p * static_cast<int64_t>(b.RB), rec, b.RB);
           b.lat_src.get<int64_t>()[2 * p] = s;
           b.lat_src.get<int64_t>()[2 * p + 1] = meta[0];
@@ -259,7 +277,8 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
   const int64_t N = b.routing.num_tokens;
   if (b.layout == Layout::kThroughput) {
     UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == b.num_recv_rows && a.x.dim(1) == b.cfg.hidden,
-                   "combine: x must be [", b.num_recv_rows, ", ", b.cfg.hidden, "], got ", a.x.describe());
+                   "combine: x must be [", b.num_recv_rows, ", ", b.cfg.hidden, "], got ",
+                   a.x.describe());
     // Rows are already grouped by source rank: send straight from x, no pack needed.
     int64_t off = 0, roff = 0;
     for (int p = 0; p < R; ++p) {
@@ -271,7 +290,8 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
       b.ro[p] = roff;
       roff += b.rb[p];
     }
-    b.group.alltoallv(a.x.data, b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(), b.ro.data());
+    b.group.alltoallv(a.x.data, b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(),
+                      b.ro.data());
     timer.lap("row alltoallv");
     // Unpack + reduce: the i-th row from rank p is token dest_tokens[p][i]. Accumulate per token
     // in ascending rank order.
@@ -286,16 +306,21 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
       b.reduce(b.y.get() + t * RB, b.contrib);
     }
   } else {
-    UBEP_CHECK_ARG(a.x.ndim == 3 && a.x.dim(0) == El && a.x.dim(1) == RT && a.x.dim(2) == b.cfg.hidden,
-                   "combine: x must be [", El, ", ", RT, ", ", b.cfg.hidden, "], got ", a.x.describe());
+    UBEP_CHECK_ARG(
+        a.x.ndim == 3 && a.x.dim(0) == El && a.x.dim(1) == RT && a.x.dim(2) == b.cfg.hidden,
+        "combine: x must be [", El, ", ", RT, ", ", b.cfg.hidden, "], got ", a.x.describe());
     // Pack rows per owner with their (token, k).
     const auto* counts = b.recv_count.get<int64_t>();
     std::vector<int64_t>& per_owner = b.per_owner;
     std::fill(per_owner.begin(), per_owner.end(), 0);
     for (int e = 0; e < El; ++e)
-      for (int64_t p = 0; p < counts[e]; ++p) ++per_owner[static_cast<size_t>(b.lat_src.get<int64_t>()[2 * (e * RT + p)])];
+      for (int64_t p = 0; p < counts[e]; ++p)
+        ++per_owner[static_cast<size_t>(b.lat_src.get<int64_t>()[2 * (e * RT + p)])];
     int64_t off = 0;
-    for (int p = 0; p < R; ++p) { b.so[p] = off; off += per_owner[static_cast<size_t>(p)]; }
+    for (int p = 0; p < R; ++p) {
+      b.so[p] = off;
+      off += per_owner[static_cast<size_t>(p)];
+    }
     std::vector<int64_t>& fill = b.fill;
     fill.assign(b.so.begin(), b.so.end());
     for (int e = 0; e < El; ++e) {
@@ -303,8 +328,10 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
         const int64_t row = e * RT + p;
         const int owner = static_cast<int>(b.lat_src.get<int64_t>()[2 * row]);
         const int64_t i = fill[static_cast<size_t>(owner)]++;
-        std::memcpy(b.comb_send.get() + i * RB, static_cast<const char*>(a.x.data) + row * RB, b.RB);
-        b.comb_meta_send[static_cast<size_t>(2 * i)] = static_cast<int32_t>(b.lat_src.get<int64_t>()[2 * row + 1]);
+        std::memcpy(b.comb_send.get() + i * RB, static_cast<const char*>(a.x.data) + row * RB,
+                    b.RB);
+        b.comb_meta_send[static_cast<size_t>(2 * i)] =
+            static_cast<int32_t>(b.lat_src.get<int64_t>()[2 * row + 1]);
         b.comb_meta_send[static_cast<size_t>(2 * i + 1)] = b.lat_k.get<int8_t>()[row];
       }
     }
@@ -325,27 +352,31 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
       b.ro[p] = roff;
       roff += b.rb[p];
     }
-    b.group.alltoallv(b.comb_send.get(), b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(), b.ro.data());
+    b.group.alltoallv(b.comb_send.get(), b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(),
+                      b.ro.data());
     for (int p = 0; p < R; ++p) {
       b.sb[p] = per_owner[static_cast<size_t>(p)] * 8;
       b.so[p] = b.so[p] / RB * 8;
       b.rb[p] = expect[static_cast<size_t>(p)] * 8;
       b.ro[p] = b.ro[p] / RB * 8;
     }
-    b.group.alltoallv(b.comb_meta_send.data(), b.sb.data(), b.so.data(), b.comb_meta_recv.data(), b.rb.data(), b.ro.data());
+    b.group.alltoallv(b.comb_meta_send.data(), b.sb.data(), b.so.data(), b.comb_meta_recv.data(),
+                      b.rb.data(), b.ro.data());
     timer.lap("row alltoallv");
     // Unpack into (token, k) order, then reduce in ascending k.
     const int64_t total = roff / RB;
     std::vector<int64_t>& where = b.where;
     std::fill(where.begin(), where.begin() + N * Kmax, -1);
     for (int64_t i = 0; i < total; ++i)
-      where[static_cast<size_t>(b.comb_meta_recv[static_cast<size_t>(2 * i)] * Kmax + b.comb_meta_recv[static_cast<size_t>(2 * i + 1)])] = i;
+      where[static_cast<size_t>(b.comb_meta_recv[static_cast<size_t>(2 * i)] * Kmax +
+                                b.comb_meta_recv[static_cast<size_t>(2 * i + 1)])] = i;
     for (int64_t t = 0; t < N; ++t) {
       b.contrib.clear();
       for (int j = 0; j < K; ++j) {
         const size_t tk = static_cast<size_t>(t * K + j);
         if (b.routing.topk_idx[tk] < 0) continue;
-        b.contrib.push_back({b.routing.topk_idx[tk] / El, b.comb_recv.get() + where[static_cast<size_t>(t * Kmax + j)] * RB,
+        b.contrib.push_back({b.routing.topk_idx[tk] / El,
+                             b.comb_recv.get() + where[static_cast<size_t>(t * Kmax + j)] * RB,
                              &b.routing.topk_weights[tk]});
       }
       b.reduce(b.y.get() + t * RB, b.contrib);

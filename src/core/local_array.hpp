@@ -16,8 +16,8 @@ class LocalArray {
   LocalArray() = default;
   explicit LocalArray(size_t bytes) : bytes_(bytes) {
     if (bytes_ == 0) return;
-    data_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
+    data_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (data_ == MAP_FAILED) {
       data_ = nullptr;
       throw SystemError(detail::concat("mmap of ", bytes, " bytes failed"));

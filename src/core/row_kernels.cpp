@@ -20,13 +20,15 @@ namespace {
 UBEP_MULTIVERSION void add_bf16(float* __restrict a, const uint16_t* __restrict v, int64_t n) {
   for (int64_t h = 0; h < n; ++h) a[h] += bf16_to_float(v[h]);
 }
-UBEP_MULTIVERSION void add_bf16_w(float* __restrict a, const uint16_t* __restrict v, int64_t n, float w) {
+UBEP_MULTIVERSION void add_bf16_w(float* __restrict a, const uint16_t* __restrict v, int64_t n,
+                                  float w) {
   for (int64_t h = 0; h < n; ++h) a[h] += w * bf16_to_float(v[h]);
 }
 UBEP_MULTIVERSION void add_f32(float* __restrict a, const float* __restrict v, int64_t n) {
   for (int64_t h = 0; h < n; ++h) a[h] += v[h];
 }
-UBEP_MULTIVERSION void add_f32_w(float* __restrict a, const float* __restrict v, int64_t n, float w) {
+UBEP_MULTIVERSION void add_f32_w(float* __restrict a, const float* __restrict v, int64_t n,
+                                 float w) {
   for (int64_t h = 0; h < n; ++h) a[h] += w * v[h];
 }
 UBEP_MULTIVERSION void store_bf16(uint16_t* __restrict o, const float* __restrict a, int64_t n) {
@@ -37,14 +39,17 @@ constexpr int64_t kChunk = 512;
 
 template <typename Elem>
 inline float load_elem(const Elem* p, int64_t i) {
-  if constexpr (sizeof(Elem) == 2) return bf16_to_float(p[i]);
-  else return p[i];
+  if constexpr (sizeof(Elem) == 2)
+    return bf16_to_float(p[i]);
+  else
+    return p[i];
 }
 
 // Fixed row counts: the per-element sum over the rows is unrolled, so the loop over h vectorises
 // with the accumulator in a register (same operations, same order: ((0 + w0*r0) + w1*r1) + ...).
 template <typename Elem, int N, bool Weighted>
-UBEP_MULTIVERSION void reduce_fixed(Elem* __restrict out, int64_t hidden, const void* const* rows, const float* weights) {
+UBEP_MULTIVERSION void reduce_fixed(Elem* __restrict out, int64_t hidden, const void* const* rows,
+                                    const float* weights) {
   const Elem* v[N];
   float w[N];
   for (int r = 0; r < N; ++r) {
@@ -54,23 +59,38 @@ UBEP_MULTIVERSION void reduce_fixed(Elem* __restrict out, int64_t hidden, const 
   for (int64_t h = 0; h < hidden; ++h) {
     float a = 0.0f;
     for (int r = 0; r < N; ++r) {
-      if constexpr (Weighted) a += w[r] * load_elem(v[r], h);
-      else a += load_elem(v[r], h);
+      if constexpr (Weighted)
+        a += w[r] * load_elem(v[r], h);
+      else
+        a += load_elem(v[r], h);
     }
-    if constexpr (sizeof(Elem) == 2) out[h] = float_to_bf16(a);
-    else out[h] = a;
+    if constexpr (sizeof(Elem) == 2)
+      out[h] = float_to_bf16(a);
+    else
+      out[h] = a;
   }
 }
 
 template <typename Elem, bool Weighted>
 bool reduce_small(Elem* out, int64_t hidden, const void* const* rows, const float* weights, int n) {
   switch (n) {
-    case 1: reduce_fixed<Elem, 1, Weighted>(out, hidden, rows, weights); return true;
-    case 2: reduce_fixed<Elem, 2, Weighted>(out, hidden, rows, weights); return true;
-    case 3: reduce_fixed<Elem, 3, Weighted>(out, hidden, rows, weights); return true;
-    case 4: reduce_fixed<Elem, 4, Weighted>(out, hidden, rows, weights); return true;
-    case 8: reduce_fixed<Elem, 8, Weighted>(out, hidden, rows, weights); return true;
-    default: return false;
+    case 1:
+      reduce_fixed<Elem, 1, Weighted>(out, hidden, rows, weights);
+      return true;
+    case 2:
+      reduce_fixed<Elem, 2, Weighted>(out, hidden, rows, weights);
+      return true;
+    case 3:
+      reduce_fixed<Elem, 3, Weighted>(out, hidden, rows, weights);
+      return true;
+    case 4:
+      reduce_fixed<Elem, 4, Weighted>(out, hidden, rows, weights);
+      return true;
+    case 8:
+      reduce_fixed<Elem, 8, Weighted>(out, hidden, rows, weights);
+      return true;
+    default:
+      return false;
   }
 }
 
@@ -120,9 +140,13 @@ void copy_row_to_peer(void* dst, const void* src, size_t bytes) {
 #ifdef UBEP_STREAM_STORES
   if ((reinterpret_cast<uintptr_t>(dst) & 63) == 0 && bytes >= 1024) {
     const size_t n64 = bytes / 64;
-    if (kHaveAvx512) stream_avx512(dst, src, n64);
-    else stream_sse2(dst, src, n64);
-    if (bytes % 64) std::memcpy(static_cast<char*>(dst) + n64 * 64, static_cast<const char*>(src) + n64 * 64, bytes % 64);
+    if (kHaveAvx512)
+      stream_avx512(dst, src, n64);
+    else
+      stream_sse2(dst, src, n64);
+    if (bytes % 64)
+      std::memcpy(static_cast<char*>(dst) + n64 * 64, static_cast<const char*>(src) + n64 * 64,
+                  bytes % 64);
     _mm_sfence();
     return;
   }
@@ -130,31 +154,43 @@ void copy_row_to_peer(void* dst, const void* src, size_t bytes) {
   std::memcpy(dst, src, bytes);
 }
 
-void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows, const float* weights, int n) {
+void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
+                 const float* weights, int n) {
   if (dtype == DType::kBF16) {
     auto* o = static_cast<uint16_t*>(out);
-    if (weights ? reduce_small<uint16_t, true>(o, hidden, rows, weights, n) : reduce_small<uint16_t, false>(o, hidden, rows, weights, n)) return;
+    if (weights ? reduce_small<uint16_t, true>(o, hidden, rows, weights, n)
+                : reduce_small<uint16_t, false>(o, hidden, rows, weights, n))
+      return;
     reduce_chunked(o, hidden, rows, weights, n);
   } else {
     auto* o = static_cast<float*>(out);
-    if (weights ? reduce_small<float, true>(o, hidden, rows, weights, n) : reduce_small<float, false>(o, hidden, rows, weights, n)) return;
+    if (weights ? reduce_small<float, true>(o, hidden, rows, weights, n)
+                : reduce_small<float, false>(o, hidden, rows, weights, n))
+      return;
     reduce_chunked(o, hidden, rows, weights, n);
   }
 }
 
 void accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden) {
-  if (dtype == DType::kBF16) add_bf16(acc, static_cast<const uint16_t*>(row), hidden);
-  else add_f32(acc, static_cast<const float*>(row), hidden);
+  if (dtype == DType::kBF16)
+    add_bf16(acc, static_cast<const uint16_t*>(row), hidden);
+  else
+    add_f32(acc, static_cast<const float*>(row), hidden);
 }
 
-void accumulate_row_weighted(float* acc, const void* row, DType dtype, int64_t hidden, float weight) {
-  if (dtype == DType::kBF16) add_bf16_w(acc, static_cast<const uint16_t*>(row), hidden, weight);
-  else add_f32_w(acc, static_cast<const float*>(row), hidden, weight);
+void accumulate_row_weighted(float* acc, const void* row, DType dtype, int64_t hidden,
+                             float weight) {
+  if (dtype == DType::kBF16)
+    add_bf16_w(acc, static_cast<const uint16_t*>(row), hidden, weight);
+  else
+    add_f32_w(acc, static_cast<const float*>(row), hidden, weight);
 }
 
 void store_row(void* dst, const float* acc, DType dtype, int64_t hidden) {
-  if (dtype == DType::kBF16) store_bf16(static_cast<uint16_t*>(dst), acc, hidden);
-  else std::memcpy(dst, acc, static_cast<size_t>(hidden) * sizeof(float));
+  if (dtype == DType::kBF16)
+    store_bf16(static_cast<uint16_t*>(dst), acc, hidden);
+  else
+    std::memcpy(dst, acc, static_cast<size_t>(hidden) * sizeof(float));
 }
 
 }  // namespace ubep::kernels

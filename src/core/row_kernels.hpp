@@ -11,7 +11,8 @@
 namespace ubep::kernels {
 
 void accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden);
-void accumulate_row_weighted(float* acc, const void* row, DType dtype, int64_t hidden, float weight);
+void accumulate_row_weighted(float* acc, const void* row, DType dtype, int64_t hidden,
+                             float weight);
 void store_row(void* dst, const float* acc, DType dtype, int64_t hidden);
 
 // Copies a row into another rank's memory with non-temporal stores (no read-for-ownership of
@@ -23,6 +24,7 @@ void copy_row_to_peer(void* dst, const void* src, size_t bytes);
 // out = round(((0 + w0*r0) + w1*r1) + ...) element-wise, in one pass over the rows (fp32
 // accumulator held per chunk): the same operations in the same order as the kernels above, so
 // the same bits, with a fraction of the memory traffic. weights == nullptr: unweighted. n may be 0.
-void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows, const float* weights, int n);
+void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
+                 const float* weights, int n);
 
 }  // namespace ubep::kernels

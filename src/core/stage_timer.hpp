@@ -9,10 +9,13 @@ namespace ubep {
 
 class StageTimer {
  public:
-  explicit StageTimer(CallStats& stats) : stats_(stats), last_(Clock::now()) { stats_.stage_us.clear(); }
+  explicit StageTimer(CallStats& stats) : stats_(stats), last_(Clock::now()) {
+    stats_.stage_us.clear();
+  }
   void lap(const char* stage) {
     const auto now = Clock::now();
-    stats_.stage_us.emplace_back(stage, std::chrono::duration<double, std::micro>(now - last_).count());
+    stats_.stage_us.emplace_back(stage,
+                                 std::chrono::duration<double, std::micro>(now - last_).count());
     last_ = now;
   }
 

@@ -8,20 +8,28 @@ namespace ubep {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kBF16: return 2;
-    case DType::kFP32: return 4;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 8;
+    case DType::kBF16:
+      return 2;
+    case DType::kFP32:
+      return 4;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 8;
   }
   throw InvalidArgument("unknown dtype");
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kBF16: return "bf16";
-    case DType::kFP32: return "fp32";
-    case DType::kInt32: return "int32";
-    case DType::kInt64: return "int64";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kFP32:
+      return "fp32";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
   }
   return "?";
 }

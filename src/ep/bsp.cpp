@@ -39,7 +39,8 @@ void bsp_dispatch(Buffer::Impl& b, const DispatchArgs& a) {
                     &b.routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
   }
   if (b.relay)  // relayed sources' count records are part of this stage
-    b.wait_for([&] { return b.relay->counts_forwarded(); }, true, [] { return std::string("relayed counts"); });
+    b.wait_for([&] { return b.relay->counts_forwarded(); }, true,
+               [] { return std::string("relayed counts"); });
   b.group.barrier();
   timer.lap("count exchange");
   // Destinations in rotated order (as ubep does), so senders do not all start on the same rank.
@@ -47,9 +48,12 @@ void bsp_dispatch(Buffer::Impl& b, const DispatchArgs& a) {
     const int d = (b.rank + k) % b.ranks;
     if (!b.same_host(d)) continue;
     b.compute_offsets(d);
-    for (int64_t i = 0; i < b.routing.dest_rows[static_cast<size_t>(d)]; ++i) b.send_rows(a, d, i, [](Tag*) {});
+    for (int64_t i = 0; i < b.routing.dest_rows[static_cast<size_t>(d)]; ++i)
+      b.send_rows(a, d, i, [](Tag*) {});
   }
-  if (b.relay) b.wait_for([&] { return b.relay->progress(); }, true, [] { return std::string("relay forwarding"); });
+  if (b.relay)
+    b.wait_for([&] { return b.relay->progress(); }, true,
+               [] { return std::string("relay forwarding"); });
   b.group.barrier();
   timer.lap("token send");
   set_flags_and_verify(b, kDispatchOp);
@@ -67,12 +71,15 @@ void bsp_combine(Buffer::Impl& b, const CombineArgs& a) {
     int owner;
     int64_t slot;
     b.row_owner(row, &owner, &slot);
-    const char* data = static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes();
+    const char* data =
+        static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes();
     if (b.same_host(owner)) {
       // Plain stores: the owner reduces these rows right away, so they should stay in cache.
-      std::memcpy(b.at<char>(owner, b.win.push) + static_cast<size_t>(slot) * b.row_bytes(), data, b.row_bytes());
+      std::memcpy(b.at<char>(owner, b.win.push) + static_cast<size_t>(slot) * b.row_bytes(), data,
+                  b.row_bytes());
     } else {  // stage it for this host's relay to that owner
-      std::memcpy(b.at<char>(b.rank, b.win.comb_x) + static_cast<size_t>(row) * b.row_bytes(), data, b.row_bytes());
+      std::memcpy(b.at<char>(b.rank, b.win.comb_x) + static_cast<size_t>(row) * b.row_bytes(), data,
+                  b.row_bytes());
       publish(b.at<Tag>(b.rank, b.win.comb_tag) + row, b.tag());
     }
   }
@@ -85,11 +92,14 @@ void bsp_combine(Buffer::Impl& b, const CombineArgs& a) {
   const char* push = b.at<char>(b.rank, b.win.push);
   for (int64_t t = 0; t < b.routing.num_tokens; ++t) {
     b.reduce_token(t, b.acc.data(), [&](int64_t tok, int j) {
-      const int64_t slot = b.layout == Layout::kThroughput ? j * b.T + tok : tok * b.cfg.max_topk + j;
+      const int64_t slot =
+          b.layout == Layout::kThroughput ? j * b.T + tok : tok * b.cfg.max_topk + j;
       return push + static_cast<size_t>(slot) * b.row_bytes();
     });
   }
-  if (b.relay) b.wait_for([&] { return b.relay->combine_done(); }, true, [] { return std::string("relay partials"); });
+  if (b.relay)
+    b.wait_for([&] { return b.relay->combine_done(); }, true,
+               [] { return std::string("relay partials"); });
   timer.lap("reduce");
 }
 

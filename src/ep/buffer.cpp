@@ -29,10 +29,14 @@ SyncMode parse_sync_mode(const std::string& n) {
 
 const char* send_schedule_name(SendSchedule s) {
   switch (s) {
-    case SendSchedule::kEqualSlices: return "equal";
-    case SendSchedule::kNaive: return "naive";
-    case SendSchedule::kColumnMajor: return "column_major";
-    case SendSchedule::kBalanced: return "balanced";
+    case SendSchedule::kEqualSlices:
+      return "equal";
+    case SendSchedule::kNaive:
+      return "naive";
+    case SendSchedule::kColumnMajor:
+      return "column_major";
+    case SendSchedule::kBalanced:
+      return "balanced";
   }
   return "?";
 }
@@ -41,7 +45,8 @@ SendSchedule parse_send_schedule(const std::string& n) {
   if (n == "naive") return SendSchedule::kNaive;
   if (n == "column_major") return SendSchedule::kColumnMajor;
   if (n == "balanced") return SendSchedule::kBalanced;
-  throw InvalidArgument("unknown send schedule '" + n + "' (expected equal, naive, column_major or balanced)");
+  throw InvalidArgument("unknown send schedule '" + n +
+                        "' (expected equal, naive, column_major or balanced)");
 }
 
 namespace {
@@ -49,14 +54,15 @@ namespace {
 BufferConfig checked(const Group& g, BufferConfig c) {
   UBEP_CHECK_ARG(c.max_tokens_per_rank >= 1, "max_tokens_per_rank must be >= 1, got ",
                  c.max_tokens_per_rank);
-  UBEP_CHECK_ARG(c.max_tokens_per_rank < (int64_t{1} << 30), "max_tokens_per_rank too large: ",
-                 c.max_tokens_per_rank);
+  UBEP_CHECK_ARG(c.max_tokens_per_rank < (int64_t{1} << 30),
+                 "max_tokens_per_rank too large: ", c.max_tokens_per_rank);
   UBEP_CHECK_ARG(c.hidden >= 1, "hidden must be >= 1, got ", c.hidden);
   UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32,
                  "buffer dtype must be bf16 or fp32, got ", dtype_name(c.dtype));
-  UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0, "num_experts ",
-                 c.num_experts, " must be a positive multiple of the group size ", g.size());
-  UBEP_CHECK_ARG(c.max_topk >= 1 && c.max_topk <= 64, "max_topk must be in [1, 64], got ", c.max_topk);
+  UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0, "num_experts ", c.num_experts,
+                 " must be a positive multiple of the group size ", g.size());
+  UBEP_CHECK_ARG(c.max_topk >= 1 && c.max_topk <= 64, "max_topk must be in [1, 64], got ",
+                 c.max_topk);
   if (c.num_workers < 0) {
     // Cores per rank on this host, minus the caller (which is a team member itself).
     int local = 0;
@@ -70,18 +76,26 @@ BufferConfig checked(const Group& g, BufferConfig c) {
 // Every rank must build the same window map and speak the same protocol: compare the fields
 // that shape them across the group (collective), and name the first that differs.
 void check_same_config(Group& g, const BufferConfig& c) {
-  const int64_t mine[] = {c.max_tokens_per_rank, c.hidden, static_cast<int64_t>(c.dtype), c.num_experts, c.max_topk,
-                          c.enable_latency_layout, static_cast<int64_t>(c.initial_epoch), static_cast<int64_t>(c.sync),
+  const int64_t mine[] = {c.max_tokens_per_rank,
+                          c.hidden,
+                          static_cast<int64_t>(c.dtype),
+                          c.num_experts,
+                          c.max_topk,
+                          c.enable_latency_layout,
+                          static_cast<int64_t>(c.initial_epoch),
+                          static_cast<int64_t>(c.sync),
                           static_cast<int64_t>(c.algorithm)};
-  static const char* names[] = {"max_tokens_per_rank", "hidden", "dtype", "num_experts", "max_topk",
-                                "enable_latency_layout", "initial_epoch", "sync", "algorithm"};
+  static const char* names[] = {"max_tokens_per_rank", "hidden",   "dtype",
+                                "num_experts",         "max_topk", "enable_latency_layout",
+                                "initial_epoch",       "sync",     "algorithm"};
   constexpr size_t n = sizeof mine / sizeof mine[0];
   std::vector<int64_t> all(n * static_cast<size_t>(g.size()));
   g.allgather(mine, all.data(), sizeof mine);
   for (int r = 0; r < g.size(); ++r)
     for (size_t f = 0; f < n; ++f)
-      UBEP_CHECK_ARG(all[static_cast<size_t>(r) * n + f] == all[f], "Buffer: ranks disagree on ", names[f], ": rank 0 has ",
-                     all[f], ", rank ", r, " has ", all[static_cast<size_t>(r) * n + f]);
+      UBEP_CHECK_ARG(all[static_cast<size_t>(r) * n + f] == all[f], "Buffer: ranks disagree on ",
+                     names[f], ": rank 0 has ", all[f], ", rank ", r, " has ",
+                     all[static_cast<size_t>(r) * n + f]);
 }
 
 }  // namespace
@@ -93,8 +107,9 @@ Buffer::Impl::Impl(Group& g, const BufferConfig& c)
       ranks(g.size()),
       local_experts(cfg.num_experts / g.size()),
       T(cfg.max_tokens_per_rank),
-      win(static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dtype), g.size(), cfg.num_experts / g.size(),
-          cfg.max_topk, cfg.max_tokens_per_rank, cfg.enable_latency_layout),
+      win(static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dtype), g.size(),
+          cfg.num_experts / g.size(), cfg.max_topk, cfg.max_tokens_per_rank,
+          cfg.enable_latency_layout),
       routing(g.size(), cfg.num_experts, cfg.max_tokens_per_rank, cfg.max_topk),
       wait{std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout)},
       next_seq(cfg.initial_epoch) {
@@ -108,12 +123,16 @@ Buffer::Impl::Impl(Group& g, const BufferConfig& c)
   y = LocalArray(static_cast<size_t>(T) * row_bytes());
   part.resize(static_cast<size_t>(cfg.hidden));
   if (cfg.schedule != SendSchedule::kEqualSlices) {
-    sched::Topology topo = cfg.topology.empty() ? sched::discover(g) : sched::parse_topology(cfg.topology, ranks);
-    UBEP_CHECK_ARG(topo.ranks() == ranks, "topology '", cfg.topology, "' has ", topo.ranks(), " ranks, the group ", ranks);
-    const sched::Policy policy = cfg.schedule == SendSchedule::kNaive         ? sched::Policy::kNaive
-                                 : cfg.schedule == SendSchedule::kColumnMajor ? sched::Policy::kColumnMajor
-                                                                              : sched::Policy::kBalanced;
-    scheduler = std::make_unique<sched::Scheduler>(std::move(topo), sched::SchedulerOptions{team->size(), policy});
+    sched::Topology topo =
+        cfg.topology.empty() ? sched::discover(g) : sched::parse_topology(cfg.topology, ranks);
+    UBEP_CHECK_ARG(topo.ranks() == ranks, "topology '", cfg.topology, "' has ", topo.ranks(),
+                   " ranks, the group ", ranks);
+    const sched::Policy policy = cfg.schedule == SendSchedule::kNaive ? sched::Policy::kNaive
+                                 : cfg.schedule == SendSchedule::kColumnMajor
+                                     ? sched::Policy::kColumnMajor
+                                     : sched::Policy::kBalanced;
+    scheduler = std::make_unique<sched::Scheduler>(std::move(topo),
+                                                   sched::SchedulerOptions{team->size(), policy});
     plan_rows.resize(static_cast<size_t>(ranks));
   }
   if (g.num_hosts() > 1) {
@@ -127,7 +146,8 @@ Buffer::Impl::Impl(Group& g, const BufferConfig& c)
             " workers, algorithm ", algorithm_name(cfg.algorithm));
 }
 
-void Buffer::Impl::publish_count(int dest, int source, int32_t rows, int32_t topk, const int32_t* expert_rows) {
+void Buffer::Impl::publish_count(int dest, int source, int32_t rows, int32_t topk,
+                                 const int32_t* expert_rows) {
   ep::CountRecord rec = win.count(peer(dest), half(), source);
   *rec.rows() = rows;
   *rec.topk() = topk;
@@ -142,7 +162,8 @@ void Buffer::Impl::publish_count(int dest, int source, int32_t rows, int32_t top
 
 bool Buffer::Impl::count_arrived(int dest, int source) const {
   ep::CountRecord rec = win.count(peer(dest), half(), source);
-  return ep::arrived(cfg.sync == SyncMode::kFused ? rec.tag() : win.count_flag(peer(dest), half(), source), tag());
+  return ep::arrived(
+      cfg.sync == SyncMode::kFused ? rec.tag() : win.count_flag(peer(dest), half(), source), tag());
 }
 
 void Buffer::Impl::compute_offsets(int dest) {
@@ -209,7 +230,8 @@ DispatchResult Buffer::Impl::result() const {
 
 TensorView Buffer::Impl::combine_input_view() const {
   char* base = at<char>(rank, win.comb_x);
-  if (layout == Layout::kThroughput) return TensorView(base, cfg.dtype, {num_recv_rows, cfg.hidden});
+  if (layout == Layout::kThroughput)
+    return TensorView(base, cfg.dtype, {num_recv_rows, cfg.hidden});
   return TensorView(base, cfg.dtype, {local_experts, RT(), cfg.hidden});
 }
 
@@ -218,7 +240,8 @@ TensorView Buffer::Impl::y_view() const {
 }
 
 void Buffer::Impl::begin_dispatch(const DispatchArgs& a) {
-  UBEP_CHECK_ARG(phase == Phase::kIdle, "dispatch: a split-phase call is still outstanding on this buffer");
+  UBEP_CHECK_ARG(phase == Phase::kIdle,
+                 "dispatch: a split-phase call is still outstanding on this buffer");
   UBEP_CHECK_ARG(a.layout == Layout::kThroughput || cfg.enable_latency_layout,
                  "dispatch: latency layout requested but the buffer was created with "
                  "enable_latency_layout=false");
@@ -227,7 +250,8 @@ void Buffer::Impl::begin_dispatch(const DispatchArgs& a) {
   for (int d = 0; d < ranks; ++d) rows += routing.dest_rows[static_cast<size_t>(d)];
   if (a.layout == Layout::kLatency) {
     rows = 0;
-    for (int64_t i = 0; i < routing.num_tokens * routing.topk; ++i) rows += routing.topk_idx[static_cast<size_t>(i)] >= 0;
+    for (int64_t i = 0; i < routing.num_tokens * routing.topk; ++i)
+      rows += routing.topk_idx[static_cast<size_t>(i)] >= 0;
   }
   stream_rows = rows * static_cast<double>(row_bytes()) >= kStreamBytes;
   seq = next_seq++;
@@ -238,19 +262,21 @@ void Buffer::Impl::begin_dispatch(const DispatchArgs& a) {
 }
 
 void Buffer::Impl::check_combine(const CombineArgs& a) const {
-  UBEP_CHECK_ARG(phase == Phase::kIdle, "combine: a split-phase call is still outstanding on this buffer");
+  UBEP_CHECK_ARG(phase == Phase::kIdle,
+                 "combine: a split-phase call is still outstanding on this buffer");
   UBEP_CHECK_ARG(have_dispatch, "combine: no dispatch on this buffer yet");
-  UBEP_CHECK_ARG(!combined, "combine: dispatch ", seq,
-                 " was already combined; each dispatch is combined at most once (peers may still be "
-                 "reading the rows of the first combine)");
+  UBEP_CHECK_ARG(
+      !combined, "combine: dispatch ", seq,
+      " was already combined; each dispatch is combined at most once (peers may still be "
+      "reading the rows of the first combine)");
   UBEP_CHECK_ARG(a.handle == seq, "combine: handle ", a.handle,
                  " does not belong to the last dispatch on this buffer (", seq, ")");
   UBEP_CHECK_ARG(a.x.dtype == cfg.dtype, "combine: x dtype ", dtype_name(a.x.dtype),
                  " does not match the buffer's ", dtype_name(cfg.dtype));
   if (layout == Layout::kThroughput) {
     UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == num_recv_rows && a.x.dim(1) == cfg.hidden,
-                   "combine: x must be [", num_recv_rows, ", ", cfg.hidden, "] (one row per received row), got ",
-                   a.x.describe());
+                   "combine: x must be [", num_recv_rows, ", ", cfg.hidden,
+                   "] (one row per received row), got ", a.x.describe());
   } else {
     UBEP_CHECK_ARG(a.x.ndim == 3 && a.x.dim(0) == local_experts && a.x.dim(1) == RT() &&
                        a.x.dim(2) == cfg.hidden,
@@ -317,7 +343,8 @@ void Buffer::dispatch_send(const DispatchArgs& args) {
 
 DispatchResult Buffer::dispatch_recv() {
   Impl& b = *impl_;
-  UBEP_CHECK_ARG(b.phase == Impl::Phase::kDispatchSent, "dispatch_recv: no dispatch_send outstanding");
+  UBEP_CHECK_ARG(b.phase == Impl::Phase::kDispatchSent,
+                 "dispatch_recv: no dispatch_send outstanding");
   b.phase = Impl::Phase::kIdle;
   ep::ubep_dispatch_recv(b);
   b.stats.barriers = 0;
@@ -351,11 +378,13 @@ Group& Buffer::group() { return impl_->group; }
 int Buffer::num_local_experts() const { return impl_->local_experts; }
 int Buffer::num_workers() const { return impl_->team->size() - 1; }
 void Buffer::set_algorithm(Algorithm a) {
-  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kIdle, "set_algorithm: a split-phase call is outstanding");
+  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kIdle,
+                 "set_algorithm: a split-phase call is outstanding");
   impl_->cfg.algorithm = a;
 }
 void Buffer::set_sync_mode(SyncMode m) {
-  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kIdle, "set_sync_mode: a split-phase call is outstanding");
+  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kIdle,
+                 "set_sync_mode: a split-phase call is outstanding");
   impl_->cfg.sync = m;
 }
 const CallStats& Buffer::last_stats() const { return impl_->stats; }

@@ -40,24 +40,25 @@ struct Buffer::Impl {
 
   // Sender side: where this rank's rows start in each destination's outputs (from the count
   // records of the lower-ranked sources). Kept for combine, which reads the rows back there.
-  std::vector<int64_t> row_offset_at;     // [R] throughput
-  std::vector<int64_t> expert_offset_at;  // [R, El] latency
+  std::vector<int64_t> row_offset_at;                // [R] throughput
+  std::vector<int64_t> expert_offset_at;             // [R, El] latency
   std::vector<std::atomic<uint64_t>> offsets_ready;  // == send_generation once ready
-  uint64_t send_generation = 0;  // counts dispatch sends from 1 (independent of epochs, never 0)  // [R] seq+1 once the offsets for a destination are known
+  uint64_t send_generation = 0;  // counts dispatch sends from 1 (independent of epochs, never 0) //
+                                 // [R] seq+1 once the offsets for a destination are known
 
   // Receiver side.
   LocalArray recv_count;  // [El] int64
   int64_t num_recv_rows = 0;
-  std::atomic<int> topk_mismatch{-1};     // a source whose topk differs from ours
+  std::atomic<int> topk_mismatch{-1};  // a source whose topk differs from ours
 
-  std::unique_ptr<HostRelay> relay;  // cross-host relay, when the group spans hosts
+  std::unique_ptr<HostRelay> relay;             // cross-host relay, when the group spans hosts
   std::unique_ptr<sched::Scheduler> scheduler;  // when cfg.schedule plans the send work
   sched::Plan plan;
   std::vector<int64_t> plan_rows;  // [R] rows per destination handed to the scheduler
 
-  LocalArray y;            // [T, row] combine output
-  std::vector<float> part; // [hidden] one host's partial (multi-host combine)
-  std::vector<float> acc;  // [members, hidden] fp32 accumulators
+  LocalArray y;             // [T, row] combine output
+  std::vector<float> part;  // [hidden] one host's partial (multi-host combine)
+  std::vector<float> acc;   // [members, hidden] fp32 accumulators
   CallStats stats;
 
   Impl(Group& g, const BufferConfig& c);
@@ -86,8 +87,9 @@ struct Buffer::Impl {
   // of another host): idx/w/expert_slot are the token's K entries, slot its index among the
   // source's rows for dest, row_off/expert_off where the source's rows start at dest.
   template <typename Done>
-  void place_row(int dest, int source, int32_t t, const char* row, const int32_t* idx, const float* w, int K,
-                 int64_t slot, const int32_t* expert_slot, int64_t row_off, const int64_t* expert_off, Done&& done);
+  void place_row(int dest, int source, int32_t t, const char* row, const int32_t* idx,
+                 const float* w, int K, int64_t slot, const int32_t* expert_slot, int64_t row_off,
+                 const int64_t* expert_off, Done&& done);
   // Rows into a peer's dispatch output: non-temporal stores when the call moves more than
   // kStreamBytes (they skip the read-for-ownership of lines the writer never reads, like
   // DeepEP's no-allocate stores), plain stores for small calls whose rows the receiver reads
@@ -95,8 +97,10 @@ struct Buffer::Impl {
   static constexpr double kStreamBytes = 4.0 * (1 << 20);
   bool stream_rows = false;  // decided per call in begin_dispatch
   void copy_row(char* dst, const char* src) const {
-    if (stream_rows) kernels::copy_row_to_peer(dst, src, row_bytes());
-    else std::memcpy(dst, src, row_bytes());
+    if (stream_rows)
+      kernels::copy_row_to_peer(dst, src, row_bytes());
+    else
+      std::memcpy(dst, src, row_bytes());
   }
   // Count records: write one (as `source`, for `dest`) in the buffer's sync mode; test arrival.
   void publish_count(int dest, int source, int32_t rows, int32_t topk, const int32_t* expert_rows);
@@ -113,7 +117,9 @@ struct Buffer::Impl {
   void for_each_expected_row(Visit&& visit) const;
 
   // Combine: expert side rows (row index into the dispatch output), and their owner/slot.
-  int64_t output_rows() const { return layout == Layout::kThroughput ? num_recv_rows : win.lat_rows(); }
+  int64_t output_rows() const {
+    return layout == Layout::kThroughput ? num_recv_rows : win.lat_rows();
+  }
   bool row_valid(int64_t row) const;
   void row_owner(int64_t row, int* owner, int64_t* push_slot) const;
   // Owner side: reduce token t; locate(t, j) -> (row pointer) for the j-th contribution.
@@ -170,10 +176,11 @@ template <typename Done>
 void Buffer::Impl::send_rows(const DispatchArgs& a, int dest, int64_t i, Done&& done) {
   const int32_t t = routing.dest_token(dest, i);
   const size_t tK = static_cast<size_t>(t) * static_cast<size_t>(routing.topk);
-  place_row(dest, rank, t, static_cast<const char*>(a.x.data) + static_cast<size_t>(t) * row_bytes(),
-            &routing.topk_idx[tK], &routing.topk_weights[tK], routing.topk, i, &routing.expert_slot[tK],
-            row_offset_at[static_cast<size_t>(dest)], &expert_offset_at[static_cast<size_t>(dest * local_experts)],
-            std::forward<Done>(done));
+  place_row(dest, rank, t,
+            static_cast<const char*>(a.x.data) + static_cast<size_t>(t) * row_bytes(),
+            &routing.topk_idx[tK], &routing.topk_weights[tK], routing.topk, i,
+            &routing.expert_slot[tK], row_offset_at[static_cast<size_t>(dest)],
+            &expert_offset_at[static_cast<size_t>(dest * local_experts)], std::forward<Done>(done));
 }
 
 template <typename Visit>
@@ -200,7 +207,8 @@ void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
     std::fill(p, p + H, 0.0f);
     if (layout == Layout::kThroughput) {
       for (int r = 0; r < ranks; ++r)
-        if (routing.sent(t, r) && same_host(r)) kernels::accumulate_row(p, locate(t, r), cfg.dtype, H);
+        if (routing.sent(t, r) && same_host(r))
+          kernels::accumulate_row(p, locate(t, r), cfg.dtype, H);
     } else {
       for (int j = 0; j < K; ++j) {
         const size_t tk = static_cast<size_t>(t * K + j);
@@ -247,8 +255,10 @@ void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
         p = remote_partial(h, t);
         if (!p) continue;
       }
-      if (first) std::copy(p, p + H, a);
-      else for (int64_t i = 0; i < H; ++i) a[i] += p[i];
+      if (first)
+        std::copy(p, p + H, a);
+      else
+        for (int64_t i = 0; i < H; ++i) a[i] += p[i];
       first = false;
     }
     if (first) std::fill(a, a + H, 0.0f);

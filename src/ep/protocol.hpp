@@ -50,10 +50,12 @@ struct CountRecord {
 
 // One rank's shared window. Each half holds, for the dispatch of that parity:
 //   counts     [R] count records (from every source)
-//   tp_*       throughput outputs: x [R*T, row], src [R*T, 2] i64, idx [R*T, K] i32, w [R*T, K] f32,
+//   tp_*       throughput outputs: x [R*T, row], src [R*T, 2] i64, idx [R*T, K] i32, w [R*T, K]
+//   f32,
 //              tag [R*T] -- written by the senders at their final row
-//   lat_*      latency outputs: x [El, R*T, row], src [El, R*T, 2] i64, k [El, R*T] i8, tag [El, R*T]
-//   comb_*     the combine input of this rank (ubep reads it in place from the owners): rows shaped
+//   lat_*      latency outputs: x [El, R*T, row], src [El, R*T, 2] i64, k [El, R*T] i8, tag [El,
+//   R*T] comb_*     the combine input of this rank (ubep reads it in place from the owners): rows
+//   shaped
 //              like the dispatch output, tag per row
 //   push       bsp's combine staging on the owner: [max(R*T, T*K)] rows
 // plus separate flags: count-record flags for the stop-and-wait sync mode and bsp's stage flags.
@@ -80,7 +82,8 @@ struct WindowLayout {
       off = round_up(off + bytes, kCacheLine);
       return at;
     };
-    const auto R = static_cast<size_t>(r), TP = static_cast<size_t>(tp_rows()), LAT = static_cast<size_t>(lat_rows());
+    const auto R = static_cast<size_t>(r), TP = static_cast<size_t>(tp_rows()),
+               LAT = static_cast<size_t>(lat_rows());
     counts = take(R * CountRecord::bytes(el));
     tp_x = take(TP * rb);
     tp_src = take(TP * 16);
@@ -101,21 +104,27 @@ struct WindowLayout {
     total = off;
   }
 
-  char* half(void* base, int h) const { return static_cast<char*>(base) + static_cast<size_t>(h) * half_bytes; }
+  char* half(void* base, int h) const {
+    return static_cast<char*>(base) + static_cast<size_t>(h) * half_bytes;
+  }
   template <typename T>
   T* at(void* base, int h, size_t region) const {
     return reinterpret_cast<T*>(half(base, h) + region);
   }
   CountRecord count(void* base, int h, int src) const {
-    return {half(base, h) + counts + static_cast<size_t>(src) * CountRecord::bytes(local_experts), local_experts};
+    return {half(base, h) + counts + static_cast<size_t>(src) * CountRecord::bytes(local_experts),
+            local_experts};
   }
   Tag* count_flag(void* base, int h, int src) const {
-    return reinterpret_cast<Tag*>(static_cast<char*>(base) + count_flags) + static_cast<size_t>(h) * static_cast<size_t>(ranks) + static_cast<size_t>(src);
+    return reinterpret_cast<Tag*>(static_cast<char*>(base) + count_flags) +
+           static_cast<size_t>(h) * static_cast<size_t>(ranks) + static_cast<size_t>(src);
   }
   // bsp's per-stage "done" flags: op 0 = dispatch, 1 = combine.
   Tag* stage_flag(void* base, int op, int src) const {
-    return reinterpret_cast<Tag*>(static_cast<char*>(base) + stage_flags +
-                                  (static_cast<size_t>(op) * static_cast<size_t>(ranks) + static_cast<size_t>(src)) * kCacheLine);
+    return reinterpret_cast<Tag*>(
+        static_cast<char*>(base) + stage_flags +
+        (static_cast<size_t>(op) * static_cast<size_t>(ranks) + static_cast<size_t>(src)) *
+            kCacheLine);
   }
 };
 

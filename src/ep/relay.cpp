@@ -21,9 +21,15 @@ struct PackedToken {
   int K;
   const char* row() const { return base; }
   const char* meta() const { return base + meta_offset(row_bytes); }
-  int32_t token() const { int32_t v; std::memcpy(&v, meta(), 4); return v; }
+  int32_t token() const {
+    int32_t v;
+    std::memcpy(&v, meta(), 4);
+    return v;
+  }
   const int32_t* idx() const { return reinterpret_cast<const int32_t*>(meta() + 4); }
-  const float* w() const { return reinterpret_cast<const float*>(meta() + 4 + 4 * static_cast<size_t>(K)); }
+  const float* w() const {
+    return reinterpret_cast<const float*>(meta() + 4 + 4 * static_cast<size_t>(K));
+  }
 };
 }  // namespace
 
@@ -44,7 +50,8 @@ HostRelay::HostRelay(Buffer::Impl& b) : b_(b), remote_(b.group.remote()) {
     const int hs = g.host_of(s);
     if (hs == my_host_) continue;
     const auto& mine = hosts_[static_cast<size_t>(my_host_)];
-    if (mine[static_cast<size_t>(local_index_[static_cast<size_t>(s)]) % mine.size()] != b.rank) continue;
+    if (mine[static_cast<size_t>(local_index_[static_cast<size_t>(s)]) % mine.size()] != b.rank)
+      continue;
     Relayed r;
     r.source = s;
     r.msg[0].resize(cap);
@@ -69,7 +76,8 @@ HostRelay::HostRelay(Buffer::Impl& b) : b_(b), remote_(b.group.remote()) {
   scratch_expert_.resize(R * El);
   count_rows_.resize(R);
   // A token has at most max(K, ranks of this host) contributions on this host.
-  const size_t most = std::max(static_cast<size_t>(b.cfg.max_topk), hosts_[static_cast<size_t>(my_host_)].size());
+  const size_t most =
+      std::max(static_cast<size_t>(b.cfg.max_topk), hosts_[static_cast<size_t>(my_host_)].size());
   gather_rows_.resize(most);
   gather_weights_.resize(most);
   gather_slots_.resize(most);
@@ -79,7 +87,8 @@ HostRelay::HostRelay(Buffer::Impl& b) : b_(b), remote_(b.group.remote()) {
 bool HostRelay::local(int r) const { return b_.group.host_of(r) == my_host_; }
 
 size_t HostRelay::record_bytes() const {
-  return ep::round_up(meta_offset(b_.row_bytes()) + 4 + 8 * static_cast<size_t>(b_.cfg.max_topk), 16);
+  return ep::round_up(meta_offset(b_.row_bytes()) + 4 + 8 * static_cast<size_t>(b_.cfg.max_topk),
+                      16);
 }
 
 void HostRelay::start_dispatch(const DispatchArgs& a) {
@@ -103,7 +112,8 @@ void HostRelay::pack(const DispatchArgs& a) {
     for (int64_t t = 0; t < b_.routing.num_tokens; ++t) {
       const int32_t* idx = &b_.routing.topk_idx[static_cast<size_t>(t * K)];
       bool there = false;
-      for (int j = 0; j < K && !there; ++j) there = idx[j] >= 0 && b_.group.host_of(idx[j] / El) == static_cast<int>(h);
+      for (int j = 0; j < K && !there; ++j)
+        there = idx[j] >= 0 && b_.group.host_of(idx[j] / El) == static_cast<int>(h);
       host_slot_[static_cast<size_t>(t) * nh + h] = there ? n : -1;
       if (!there) continue;
       char* r = out + kHeader + static_cast<size_t>(n) * rec;
@@ -112,15 +122,16 @@ void HostRelay::pack(const DispatchArgs& a) {
       char* meta = r + meta_offset(RB);
       std::memcpy(meta, &tok, 4);
       std::memcpy(meta + 4, idx, 4 * static_cast<size_t>(K));
-      std::memcpy(meta + 4 + 4 * static_cast<size_t>(K), &b_.routing.topk_weights[static_cast<size_t>(t * K)],
-                  4 * static_cast<size_t>(K));
+      std::memcpy(meta + 4 + 4 * static_cast<size_t>(K),
+                  &b_.routing.topk_weights[static_cast<size_t>(t * K)], 4 * static_cast<size_t>(K));
       ++n;
     }
     const int32_t header[2] = {n, K};
     std::memcpy(out, header, sizeof header);
     const size_t bytes = kHeader + static_cast<size_t>(n) * rec;
     const auto& target = hosts_[h];
-    const int relay = target[static_cast<size_t>(local_index_[static_cast<size_t>(b_.rank)]) % target.size()];
+    const int relay =
+        target[static_cast<size_t>(local_index_[static_cast<size_t>(b_.rank)]) % target.size()];
     out_req_.push_back(remote_->isend(relay, kDispatchTag, out, bytes));
     sent_bytes_ += bytes;
     sent_rows_ += static_cast<uint64_t>(n);
@@ -145,7 +156,8 @@ void HostRelay::walk(const Relayed& s, Visit&& visit) const {
     for (int j = 0; j < K; ++j) {
       const int32_t e = p.idx()[j];
       slots[j] = -1;
-      if (e >= 0 && local(e / El)) slots[j] = static_cast<int32_t>(experts[static_cast<size_t>(e)]++);
+      if (e >= 0 && local(e / El))
+        slots[j] = static_cast<int32_t>(experts[static_cast<size_t>(e)]++);
     }
     for (int d : hosts_[static_cast<size_t>(my_host_)]) {
       bool there = false;
@@ -170,7 +182,8 @@ void HostRelay::write_counts(Relayed& s) {
   });
   if (K == 0) std::memcpy(&K, s.msg[b_.half()].data() + 4, 4);
   for (int d : hosts_[static_cast<size_t>(my_host_)])
-    b_.publish_count(d, s.source, rows[static_cast<size_t>(d)], K, &experts[static_cast<size_t>(d * El)]);
+    b_.publish_count(d, s.source, rows[static_cast<size_t>(d)], K,
+                     &experts[static_cast<size_t>(d * El)]);
   s.counted = true;
 }
 
@@ -194,9 +207,11 @@ void HostRelay::forward(Relayed& s) {
     s.row_off[static_cast<size_t>(d)] = rows;
   }
   walk(s, [&](int, const PackedToken& p, int d, int64_t slot, const int32_t* slots) {
-    b_.place_row(d, s.source, p.token(), p.row(), p.idx(), p.w(), p.K, slot, slots, s.row_off[static_cast<size_t>(d)],
-                 &s.expert_off[static_cast<size_t>(d * El)], [&](ep::Tag* tag) {
-                   if (b_.cfg.sync == SyncMode::kStopAndWait) std::atomic_thread_fence(std::memory_order_seq_cst);
+    b_.place_row(d, s.source, p.token(), p.row(), p.idx(), p.w(), p.K, slot, slots,
+                 s.row_off[static_cast<size_t>(d)], &s.expert_off[static_cast<size_t>(d * El)],
+                 [&](ep::Tag* tag) {
+                   if (b_.cfg.sync == SyncMode::kStopAndWait)
+                     std::atomic_thread_fence(std::memory_order_seq_cst);
                    ep::publish(tag, b_.tag());
                  });
   });
@@ -249,8 +264,10 @@ void HostRelay::start_combine() {
   for (size_t h = 0; h < hosts_.size(); ++h) {
     if (static_cast<int>(h) == my_host_) continue;
     const auto& target = hosts_[h];
-    const int relay = target[static_cast<size_t>(local_index_[static_cast<size_t>(b_.rank)]) % target.size()];
-    in_partial_req_[h] = remote_->irecv(relay, kCombineTag, in_partial_[h].data(), in_partial_[h].size() * sizeof(float));
+    const int relay =
+        target[static_cast<size_t>(local_index_[static_cast<size_t>(b_.rank)]) % target.size()];
+    in_partial_req_[h] = remote_->irecv(relay, kCombineTag, in_partial_[h].data(),
+                                        in_partial_[h].size() * sizeof(float));
   }
 }
 
@@ -272,7 +289,8 @@ void HostRelay::advance_partials(Relayed& s) {
   float* weights = gather_weights_.data();
   int64_t* dslot = gather_slots_.data();
   for (; s.cursor < n; ++s.cursor) {
-    PackedToken p{msg + kHeader + static_cast<size_t>(s.cursor) * record_bytes(), b_.row_bytes(), K};
+    PackedToken p{msg + kHeader + static_cast<size_t>(s.cursor) * record_bytes(), b_.row_bytes(),
+                  K};
     int count = 0;
     bool ready = true;
     if (b_.layout == Layout::kThroughput) {
@@ -290,7 +308,8 @@ void HostRelay::advance_partials(Relayed& s) {
         const int32_t e = p.idx()[j];
         if (e < 0 || !local(e / El)) continue;
         const int d = e / El;
-        const int64_t pos = (e % El) * b_.RT() + s.expert_off[static_cast<size_t>(d * El + e % El)] +
+        const int64_t pos = (e % El) * b_.RT() +
+                            s.expert_off[static_cast<size_t>(d * El + e % El)] +
                             s.experts_seen[static_cast<size_t>(e)];
         dslot[count] = e;
         weights[count] = p.w()[j];
@@ -327,13 +346,15 @@ bool HostRelay::combine_partial_arrived(int h) {
 const float* HostRelay::partial(int h, int64_t t) const {
   const int32_t slot = host_slot_[static_cast<size_t>(t) * hosts_.size() + static_cast<size_t>(h)];
   if (slot < 0) return nullptr;
-  return in_partial_[static_cast<size_t>(h)].data() + static_cast<size_t>(slot) * static_cast<size_t>(b_.cfg.hidden);
+  return in_partial_[static_cast<size_t>(h)].data() +
+         static_cast<size_t>(slot) * static_cast<size_t>(b_.cfg.hidden);
 }
 
 bool HostRelay::combine_done() {
   bool done = progress();
   for (size_t h = 0; h < hosts_.size(); ++h)
-    if (static_cast<int>(h) != my_host_) done = combine_partial_arrived(static_cast<int>(h)) && done;
+    if (static_cast<int>(h) != my_host_)
+      done = combine_partial_arrived(static_cast<int>(h)) && done;
   if (done) in_combine_ = false;
   return done;
 }

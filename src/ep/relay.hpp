@@ -58,9 +58,9 @@ class HostRelay {
  private:
   struct Relayed {  // a source this rank relays for
     int source = 0;
-    int request = -1;       // pending receive, -1 once arrived
-    bool counted = false;   // count records written
-    bool forwarded = false; // rows placed
+    int request = -1;        // pending receive, -1 once arrived
+    bool counted = false;    // count records written
+    bool forwarded = false;  // rows placed
     bool partial_sent = false;
     std::vector<char> msg[2];           // by call parity
     std::vector<int64_t> row_off;       // [R] offset of the source's rows at each local rank
@@ -86,11 +86,11 @@ class HostRelay {
   std::vector<int> local_index_;
   int my_host_ = 0;
   std::vector<Relayed> relayed_;
-  std::vector<std::vector<char>> out_;    // [hosts] packed tokens to each remote host
-  std::vector<int> out_req_;              // pending sends (dispatch and combine)
+  std::vector<std::vector<char>> out_;          // [hosts] packed tokens to each remote host
+  std::vector<int> out_req_;                    // pending sends (dispatch and combine)
   std::vector<std::vector<float>> in_partial_;  // [hosts] partials for my tokens
-  std::vector<int> in_partial_req_;       // -1 once arrived
-  std::vector<int32_t> host_slot_;        // [T, hosts] index of my token in the message to host h
+  std::vector<int> in_partial_req_;             // -1 once arrived
+  std::vector<int32_t> host_slot_;  // [T, hosts] index of my token in the message to host h
   std::vector<int64_t> scratch_rows_, scratch_expert_;
   std::vector<int32_t> count_rows_, count_experts_;
   std::vector<const void*> gather_rows_;

@@ -77,7 +77,8 @@ void Routing::build(const DispatchArgs& a, const BufferConfig& cfg) {
       expert_slot[tk] = -1;
       if (e < 0) continue;
       const int r = e / local_experts;
-      expert_slot[tk] = dest_expert_rows[static_cast<size_t>(r * local_experts + e % local_experts)]++;
+      expert_slot[tk] =
+          dest_expert_rows[static_cast<size_t>(r * local_experts + e % local_experts)]++;
       sent_row[r] = 1;
     }
     int32_t* slot_row = &dest_slot[static_cast<size_t>(t * ranks)];

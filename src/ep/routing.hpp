@@ -17,13 +17,15 @@ struct Routing {
 
   int64_t num_tokens = 0;
   int topk = 0;
-  std::vector<int32_t> topk_idx;      // [T, K] global expert ids (-1 = none), copied from input
-  std::vector<float> topk_weights;    // [T, K]
-  std::vector<int32_t> expert_slot;   // [T, K] index of the token among this rank's tokens for that expert
-  std::vector<uint8_t> sent_to;       // [T, R] 1 if the token goes to rank r
-  std::vector<int32_t> dest_slot;     // [T, R] index of the token among those going to rank r (-1: not sent)
-  std::vector<int32_t> dest_rows;     // [R] tokens going to rank r
-  std::vector<int32_t> dest_tokens;   // [R, T] which tokens, in token order
+  std::vector<int32_t> topk_idx;    // [T, K] global expert ids (-1 = none), copied from input
+  std::vector<float> topk_weights;  // [T, K]
+  std::vector<int32_t>
+      expert_slot;  // [T, K] index of the token among this rank's tokens for that expert
+  std::vector<uint8_t> sent_to;  // [T, R] 1 if the token goes to rank r
+  std::vector<int32_t>
+      dest_slot;  // [T, R] index of the token among those going to rank r (-1: not sent)
+  std::vector<int32_t> dest_rows;         // [R] tokens going to rank r
+  std::vector<int32_t> dest_tokens;       // [R, T] which tokens, in token order
   std::vector<int32_t> dest_expert_rows;  // [R, E_local] rows for each (rank, local expert)
 
   Routing(int r, int num_experts, int64_t t, int k);
@@ -34,7 +36,9 @@ struct Routing {
 
   bool sent(int64_t t, int r) const { return sent_to[static_cast<size_t>(t * ranks + r)] != 0; }
   int32_t slot_at(int64_t t, int r) const { return dest_slot[static_cast<size_t>(t * ranks + r)]; }
-  int32_t dest_token(int r, int64_t i) const { return dest_tokens[static_cast<size_t>(r * max_tokens + i)]; }
+  int32_t dest_token(int r, int64_t i) const {
+    return dest_tokens[static_cast<size_t>(r * max_tokens + i)];
+  }
 };
 
 // Validates the shapes and dtype of a dispatch's inputs (shared with the MPI baseline).

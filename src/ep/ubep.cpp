@@ -51,9 +51,11 @@ inline void complete(const Buffer::Impl& b, Tag* tag) {
 // cross-host relay keeps running meanwhile, so proxied records can appear).
 void wait_counts(Buffer::Impl& b, int dest, int upto, bool caller) {
   for (int s = 0; s < upto; ++s)
-    b.wait_for([&] { return b.count_arrived(dest, s); }, caller, [&] {
-      return detail::concat("count record of rank ", s, " at rank ", dest, " (epoch tag ", b.tag(), ")");
-    });
+    b.wait_for([&] { return b.count_arrived(dest, s); }, caller,
+               [&] {
+                 return detail::concat("count record of rank ", s, " at rank ", dest,
+                                       " (epoch tag ", b.tag(), ")");
+               });
 }
 
 }  // namespace
@@ -70,12 +72,14 @@ void ubep_dispatch_send(Buffer::Impl& b, const DispatchArgs& a) {
     // Plan (destination, row slice) items per worker for this call's routing; cross-host rows
     // go through the relay and are not part of the workers' plan.
     for (int d = 0; d < b.ranks; ++d)
-      b.plan_rows[static_cast<size_t>(d)] = b.same_host(d) ? b.routing.dest_rows[static_cast<size_t>(d)] : 0;
+      b.plan_rows[static_cast<size_t>(d)] =
+          b.same_host(d) ? b.routing.dest_rows[static_cast<size_t>(d)] : 0;
     b.scheduler->plan({b.rank, 0, b.plan_rows, static_cast<int64_t>(b.row_bytes())}, b.plan);
   }
   auto wait_offsets = [&](int d) {
-    wait_until([&] { return ready[static_cast<size_t>(d)].load(std::memory_order_acquire) == signal; }, b.wait,
-               [&] { return detail::concat("offsets for rank ", d); });
+    wait_until(
+        [&] { return ready[static_cast<size_t>(d)].load(std::memory_order_acquire) == signal; },
+        b.wait, [&] { return detail::concat("offsets for rank ", d); });
   };
   b.team->run([&](int m) {
     if (m == 0) {
@@ -124,7 +128,8 @@ void ubep_dispatch_send(Buffer::Impl& b, const DispatchArgs& a) {
   // records are written: that depends only on the other ranks' sends, and keeps the transport
   // progressing while a split-phase caller computes (the relay is idle between the phases).
   if (b.relay)
-    b.wait_for([&] { return b.relay->counts_forwarded(); }, true, [] { return std::string("relayed messages"); });
+    b.wait_for([&] { return b.relay->counts_forwarded(); }, true,
+               [] { return std::string("relayed messages"); });
   timer.lap("send");
 }
 
@@ -135,12 +140,13 @@ void ubep_dispatch_recv(Buffer::Impl& b) {
   b.receive_counts();
   timer.lap("counts + prefix sum");
   b.for_each_expected_row([&](const Tag* tag, int64_t row) {
-    b.wait_for([&] { return arrived(tag, b.tag()); }, true, [&] {
-      return detail::concat("dispatch row ", row, " (epoch tag ", b.tag(), ")");
-    });
+    b.wait_for([&] { return arrived(tag, b.tag()); }, true,
+               [&] { return detail::concat("dispatch row ", row, " (epoch tag ", b.tag(), ")"); });
   });
   // A relay leaves only when what it relays is forwarded and its own sends are done.
-  if (b.relay) b.wait_for([&] { return b.relay->progress(); }, true, [] { return std::string("relay forwarding"); });
+  if (b.relay)
+    b.wait_for([&] { return b.relay->progress(); }, true,
+               [] { return std::string("relay forwarding"); });
   b.stats.stage_us.insert(b.stats.stage_us.begin(), {"send", send_us});
   timer.lap("receive");
 }
@@ -159,7 +165,8 @@ void ubep_combine_send(Buffer::Impl& b, const CombineArgs& a) {
       if (!b.row_valid(row)) continue;
       if (!zero_copy)  // plain stores: the owners read these rows right away
         std::memcpy(comb + static_cast<size_t>(row) * b.row_bytes(),
-                    static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes(), b.row_bytes());
+                    static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes(),
+                    b.row_bytes());
       complete(b, tags + row);
     }
   });
@@ -182,19 +189,23 @@ void ubep_combine_recv(Buffer::Impl& b) {
       const size_t tk = static_cast<size_t>(tok * b.routing.topk + j);
       const int e = b.routing.topk_idx[tk];
       r = e / El;
-      pos = (e % El) * b.RT() + b.expert_offset_at[static_cast<size_t>(r * El + e % El)] + b.routing.expert_slot[tk];
+      pos = (e % El) * b.RT() + b.expert_offset_at[static_cast<size_t>(r * El + e % El)] +
+            b.routing.expert_slot[tk];
     }
     const Tag* tag = b.at<Tag>(r, b.win.comb_tag) + pos;
-    b.wait_for([&] { return arrived(tag, b.tag()); }, caller, [&] {
-      return detail::concat("combine row of token ", tok, " at rank ", r, " (epoch tag ", b.tag(), ")");
-    });
+    b.wait_for([&] { return arrived(tag, b.tag()); }, caller,
+               [&] {
+                 return detail::concat("combine row of token ", tok, " at rank ", r, " (epoch tag ",
+                                       b.tag(), ")");
+               });
     return b.at<char>(r, b.win.comb_x) + static_cast<size_t>(pos) * b.row_bytes();
   };
   if (b.relay) {
     // Across hosts the caller's thread alone drives the transport, so it reduces alone too.
     for (int64_t t = 0; t < b.routing.num_tokens; ++t)
       b.reduce_token(t, b.acc.data(), [&](int64_t tok, int j) { return locate(tok, j, true); });
-    b.wait_for([&] { return b.relay->combine_done(); }, true, [] { return std::string("relay partials"); });
+    b.wait_for([&] { return b.relay->combine_done(); }, true,
+               [] { return std::string("relay partials"); });
   } else {
     b.team->run([&](int m) {
       float* acc = &b.acc[static_cast<size_t>(m) * static_cast<size_t>(b.cfg.hidden)];

@@ -60,7 +60,10 @@ class WorkerTeam {
     const int others = size() - 1;
     // Workers finish in bounded time (their own waits time out), so this wait is bounded too.
     for (unsigned n = 0; done_.load(std::memory_order_acquire) < others; ++n) {
-      if (n < 1024) UBEP_CPU_RELAX(); else std::this_thread::yield();
+      if (n < 1024)
+        UBEP_CPU_RELAX();
+      else
+        std::this_thread::yield();
     }
     job_ = nullptr;
     for (auto& e : errors_) {
@@ -86,7 +89,10 @@ class WorkerTeam {
     for (;;) {
       uint64_t g = generation_.load(std::memory_order_acquire);
       for (int spin = 0; g == seen && spin < 4096; ++spin) {
-        if (spin < 256) UBEP_CPU_RELAX(); else std::this_thread::yield();
+        if (spin < 256)
+          UBEP_CPU_RELAX();
+        else
+          std::this_thread::yield();
         g = generation_.load(std::memory_order_acquire);
       }
       if (g == seen) {

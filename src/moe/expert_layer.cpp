@@ -57,14 +57,15 @@ double us_since(Clock::time_point t0) {
 
 ExpertLayerConfig checked(const Group& g, ExpertLayerConfig c) {
   UBEP_CHECK_ARG(c.max_tokens_per_rank >= 1 && c.max_tokens_per_rank < (int64_t{1} << 30),
-                 "ExpertLayer: max_tokens_per_rank must be in [1, 2^30), got ", c.max_tokens_per_rank);
+                 "ExpertLayer: max_tokens_per_rank must be in [1, 2^30), got ",
+                 c.max_tokens_per_rank);
   UBEP_CHECK_ARG(c.hidden >= 1, "ExpertLayer: hidden must be >= 1, got ", c.hidden);
   UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32,
                  "ExpertLayer: dtype must be bf16 or fp32, got ", dtype_name(c.dtype));
   UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0, "ExpertLayer: num_experts ",
                  c.num_experts, " must be a positive multiple of the group size ", g.size());
-  UBEP_CHECK_ARG(c.max_topk >= 1 && c.max_topk <= 64, "ExpertLayer: max_topk must be in [1, 64], got ",
-                 c.max_topk);
+  UBEP_CHECK_ARG(c.max_topk >= 1 && c.max_topk <= 64,
+                 "ExpertLayer: max_topk must be in [1, 64], got ", c.max_topk);
   UBEP_CHECK_ARG(c.compute_workers >= 1 && c.compute_workers <= 256,
                  "ExpertLayer: compute_workers must be in [1, 256], got ", c.compute_workers);
   UBEP_CHECK_ARG(c.comm_workers >= 1 && c.comm_workers <= 256,
@@ -78,10 +79,10 @@ ExpertLayerConfig checked(const Group& g, ExpertLayerConfig c) {
 }
 
 struct Tile {
-  int expert;       // local expert
-  int owner;        // destination rank of every row in the tile
-  int64_t begin;    // first aligned row (global index into in_/out_)
-  int64_t rows;     // valid rows (the rest of the tile height is padding)
+  int expert;     // local expert
+  int owner;      // destination rank of every row in the tile
+  int64_t begin;  // first aligned row (global index into in_/out_)
+  int64_t rows;   // valid rows (the rest of the tile height is padding)
 };
 
 // One (expert, owner) run of tiles: the unit a communication worker merges ready tiles within.
@@ -122,19 +123,19 @@ struct ExpertLayer::Impl {
   std::unique_ptr<SharedWindow> window;
   ep::WorkerTeam team;
   WaitPolicy wait;
-  uint64_t seq;          // sequence number of the current call (tags, parity)
-  uint64_t calls = 0;    // calls completed by this rank (for `released`)
+  uint64_t seq;        // sequence number of the current call (tags, parity)
+  uint64_t calls = 0;  // calls completed by this rank (for `released`)
 
   // Plan of the current call.
   std::vector<Tile> tiles;
-  std::vector<OwnerGroup> groups;          // remote groups only, in schedule order
-  std::vector<int> order;                  // compute order of tile indices
-  std::vector<int64_t> arow_src;           // aligned row -> dispatched row, -1 = padding
-  std::vector<int64_t> arow_slot;          // aligned row -> owner slot t*max_topk + k
+  std::vector<OwnerGroup> groups;                 // remote groups only, in schedule order
+  std::vector<int> order;                         // compute order of tile indices
+  std::vector<int64_t> arow_src;                  // aligned row -> dispatched row, -1 = padding
+  std::vector<int64_t> arow_slot;                 // aligned row -> owner slot t*max_topk + k
   std::vector<std::vector<int64_t>> expert_rows;  // per expert: aligned rows in dispatch order
   int64_t max_aligned = 0;
-  LocalArray in_, out_;                    // [max_aligned, H] fp32
-  std::unique_ptr<ep::Tag[]> ready;        // per tile
+  LocalArray in_, out_;              // [max_aligned, H] fp32
+  std::unique_ptr<ep::Tag[]> ready;  // per tile
   size_t max_tiles = 0;
   std::atomic<uint32_t> published{0};
   std::atomic<int> next_tile{0};
@@ -167,7 +168,8 @@ struct ExpertLayer::Impl {
     // Worst case: every (row, k) of every source lands here, plus < tile_rows of padding per
     // (expert, owner) group.
     const auto R = static_cast<int64_t>(ranks);
-    max_aligned = R * T * cfg.max_topk + static_cast<int64_t>(local_experts) * R * (cfg.tile_rows - 1);
+    max_aligned =
+        R * T * cfg.max_topk + static_cast<int64_t>(local_experts) * R * (cfg.tile_rows - 1);
     in_ = LocalArray(static_cast<size_t>(max_aligned * H) * 4);
     out_ = LocalArray(static_cast<size_t>(max_aligned * H) * 4);
     max_tiles = static_cast<size_t>((max_aligned + cfg.tile_rows - 1) / cfg.tile_rows +
@@ -202,7 +204,8 @@ struct ExpertLayer::Impl {
     return r;
   }
   void gather_tile(const Tile& t);
-  void ship(int first_tile, int num_tiles, int owner, MemberStats& ms, std::vector<char>& checked_owner);
+  void ship(int first_tile, int num_tiles, int owner, MemberStats& ms,
+            std::vector<char>& checked_owner);
   void compute_role(int m, bool overlapped);
   void comm_role(int m, int first_member, int members, bool overlapped);
   void reduce(int64_t tokens, int K, const int64_t* idx, const float* w, int m, int members);
@@ -219,18 +222,20 @@ void ExpertLayer::Impl::plan(const DispatchResult& d) {
   struct Entry {
     int64_t row, slot;
   };
-  std::vector<std::vector<std::vector<Entry>>> by(static_cast<size_t>(local_experts),
-                                                  std::vector<std::vector<Entry>>(static_cast<size_t>(ranks)));
+  std::vector<std::vector<std::vector<Entry>>> by(
+      static_cast<size_t>(local_experts),
+      std::vector<std::vector<Entry>>(static_cast<size_t>(ranks)));
   for (int64_t i = 0; i < rows; ++i) {
     const int owner = static_cast<int>(src[2 * i]);
     const int64_t t = src[2 * i + 1];
-    UBEP_CHECK_ARG(owner >= 0 && owner < ranks && t >= 0 && t < T, "ExpertLayer: dispatched row ", i,
-                   " has source (", owner, ", ", t, ") outside the group or the token capacity ", T);
+    UBEP_CHECK_ARG(owner >= 0 && owner < ranks && t >= 0 && t < T, "ExpertLayer: dispatched row ",
+                   i, " has source (", owner, ", ", t, ") outside the group or the token capacity ",
+                   T);
     for (int k = 0; k < K; ++k) {
       const int e = idx[i * K + k];
       if (e < 0) continue;
-      UBEP_CHECK_ARG(e < local_experts, "ExpertLayer: dispatched row ", i, " names local expert ", e,
-                     " outside [0, ", local_experts, ")");
+      UBEP_CHECK_ARG(e < local_experts, "ExpertLayer: dispatched row ", i, " names local expert ",
+                     e, " outside [0, ", local_experts, ")");
       by[static_cast<size_t>(e)][static_cast<size_t>(owner)].push_back({i, t * cfg.max_topk + k});
     }
   }
@@ -255,8 +260,10 @@ void ExpertLayer::Impl::plan(const DispatchResult& d) {
         const int64_t n = std::min<int64_t>(tile, static_cast<int64_t>(list.size() - p));
         for (int64_t q = 0; q < tile; ++q) {
           const bool valid = q < n;
-          arow_src[static_cast<size_t>(next_row + q)] = valid ? list[p + static_cast<size_t>(q)].row : -1;
-          arow_slot[static_cast<size_t>(next_row + q)] = valid ? list[p + static_cast<size_t>(q)].slot : -1;
+          arow_src[static_cast<size_t>(next_row + q)] =
+              valid ? list[p + static_cast<size_t>(q)].row : -1;
+          arow_slot[static_cast<size_t>(next_row + q)] =
+              valid ? list[p + static_cast<size_t>(q)].slot : -1;
           if (valid) pos.emplace_back(list[p + static_cast<size_t>(q)].row, next_row + q);
         }
         tiles.push_back({e, owner, next_row, n});
@@ -334,14 +341,17 @@ void ExpertLayer::Impl::gather_tile(const Tile& t) {
 
 // Writes the valid rows of tiles [first, first+n) (one owner) into the owner's window, each row
 // a record whose tag is published last.
-void ExpertLayer::Impl::ship(int first, int n, int owner, MemberStats& ms, std::vector<char>& checked_owner) {
+void ExpertLayer::Impl::ship(int first, int n, int owner, MemberStats& ms,
+                             std::vector<char>& checked_owner) {
   if (!checked_owner[static_cast<size_t>(owner)]) {
     // Reuse guard (argument 3 above): the owner must have released call seq-2's records.
     const uint64_t need = calls >= 2 ? calls - 1 : 0;
     const auto t0 = Clock::now();
-    wait_until([&] { return released(owner)->load(std::memory_order_acquire) >= need; }, wait, [&] {
-      return detail::concat("rank ", owner, " to release the expert-layer records of call ", calls - 2);
-    });
+    wait_until([&] { return released(owner)->load(std::memory_order_acquire) >= need; }, wait,
+               [&] {
+                 return detail::concat("rank ", owner,
+                                       " to release the expert-layer records of call ", calls - 2);
+               });
     ms.idle += us_since(t0);
     checked_owner[static_cast<size_t>(owner)] = 1;
   }
@@ -453,7 +463,9 @@ void ExpertLayer::Impl::comm_role(int m, int first_member, int members, bool ove
       int& c = cursor[j];
       if (c == g.num_tiles) continue;
       int n = 0;
-      while (c + n < g.num_tiles && ep::arrived(&ready[static_cast<size_t>(g.first_tile + c + n)], tg)) ++n;
+      while (c + n < g.num_tiles &&
+             ep::arrived(&ready[static_cast<size_t>(g.first_tile + c + n)], tg))
+        ++n;
       if (n == 0) continue;
       if (ship_hook) ship_hook(me, rows_of(g.first_tile + c, n));
       ship(g.first_tile + c, n, g.owner, ms, checked_owner);
@@ -473,7 +485,8 @@ void ExpertLayer::Impl::comm_role(int m, int first_member, int members, bool ove
   }
 }
 
-void ExpertLayer::Impl::reduce(int64_t tokens, int K, const int64_t* idx, const float* w, int m, int members) {
+void ExpertLayer::Impl::reduce(int64_t tokens, int K, const int64_t* idx, const float* w, int m,
+                               int members) {
   float* a = acc.data() + static_cast<size_t>(m) * static_cast<size_t>(H);
   MemberStats& ms = mstats[static_cast<size_t>(m)];
   const int64_t per = (tokens + members - 1) / members;
@@ -488,10 +501,11 @@ void ExpertLayer::Impl::reduce(int64_t tokens, int K, const int64_t* idx, const 
       Record rec = record(rank, hf, t * cfg.max_topk + k);
       if (!ep::arrived(rec.tag(), tg)) {
         const auto w0 = Clock::now();
-        wait_until([&] { return ep::arrived(rec.tag(), tg); }, wait, [&] {
-          return detail::concat("expert-layer row of token ", t, " k ", k, " from rank ",
-                                e / local_experts, " (epoch tag ", tg, ")");
-        });
+        wait_until([&] { return ep::arrived(rec.tag(), tg); }, wait,
+                   [&] {
+                     return detail::concat("expert-layer row of token ", t, " k ", k, " from rank ",
+                                           e / local_experts, " (epoch tag ", tg, ")");
+                   });
         ms.idle += us_since(w0);
       }
       // Same arithmetic as Buffer's latency combine: acc += w * value, fp32, ascending k.
@@ -522,40 +536,52 @@ const ExpertLayerConfig& ExpertLayer::config() const { return impl_->cfg; }
 const LayerStats& ExpertLayer::last_stats() const { return impl_->stats; }
 int ExpertLayer::num_local_experts() const { return impl_->local_experts; }
 size_t ExpertLayer::shared_bytes() const { return impl_->window->bytes(); }
-void ExpertLayer::set_ship_delay_hook(std::function<void(int, int64_t)> hook) { impl_->ship_hook = std::move(hook); }
-void ExpertLayer::set_compute_delay_hook(std::function<void(int)> hook) { impl_->compute_hook = std::move(hook); }
+void ExpertLayer::set_ship_delay_hook(std::function<void(int, int64_t)> hook) {
+  impl_->ship_hook = std::move(hook);
+}
+void ExpertLayer::set_compute_delay_hook(std::function<void(int)> hook) {
+  impl_->compute_hook = std::move(hook);
+}
 
-TensorView ExpertLayer::run(const DispatchResult& d, const TensorView& topk_idx, const TensorView& topk_weights,
-                            const TileFn& tile, Schedule schedule) {
+TensorView ExpertLayer::run(const DispatchResult& d, const TensorView& topk_idx,
+                            const TensorView& topk_weights, const TileFn& tile, Schedule schedule) {
   Impl& m = *impl_;
   const auto start = Clock::now();
   // Validate everything before touching shared memory, so bad input leaves the group usable.
-  UBEP_CHECK_ARG(d.layout == Layout::kThroughput, "ExpertLayer::run: needs a throughput-layout dispatch, got ",
+  UBEP_CHECK_ARG(d.layout == Layout::kThroughput,
+                 "ExpertLayer::run: needs a throughput-layout dispatch, got ",
                  layout_name(d.layout));
-  UBEP_CHECK_ARG(d.recv_x.dtype == m.cfg.dtype, "ExpertLayer::run: recv_x dtype ", dtype_name(d.recv_x.dtype),
-                 " differs from the layer's ", dtype_name(m.cfg.dtype));
+  UBEP_CHECK_ARG(d.recv_x.dtype == m.cfg.dtype, "ExpertLayer::run: recv_x dtype ",
+                 dtype_name(d.recv_x.dtype), " differs from the layer's ", dtype_name(m.cfg.dtype));
   UBEP_CHECK_ARG(d.num_recv_rows == 0 || (d.recv_x.ndim == 2 && d.recv_x.dim(1) == m.H),
                  "ExpertLayer::run: recv_x must be [rows, ", m.H, "], got ", d.recv_x.describe());
-  UBEP_CHECK_ARG(d.num_recv_rows <= static_cast<int64_t>(m.ranks) * m.T, "ExpertLayer::run: ",
-                 d.num_recv_rows, " dispatched rows exceed ranks * max_tokens_per_rank = ", m.ranks * m.T);
-  UBEP_CHECK_ARG(d.num_recv_rows == 0 || (d.recv_topk_idx.dtype == DType::kInt32 && d.recv_topk_idx.ndim == 2 &&
-                                          d.recv_topk_idx.dim(1) <= m.cfg.max_topk),
-                 "ExpertLayer::run: recv_topk_idx must be int32 [rows, k <= ", m.cfg.max_topk, "], got ",
-                 d.recv_topk_idx.describe());
-  UBEP_CHECK_ARG(topk_idx.dtype == DType::kInt64 && topk_idx.ndim == 2, "ExpertLayer::run: topk_idx must be int64 "
-                 "[tokens, k], got ", topk_idx.describe());
+  UBEP_CHECK_ARG(d.num_recv_rows <= static_cast<int64_t>(m.ranks) * m.T,
+                 "ExpertLayer::run: ", d.num_recv_rows,
+                 " dispatched rows exceed ranks * max_tokens_per_rank = ", m.ranks * m.T);
+  UBEP_CHECK_ARG(d.num_recv_rows == 0 ||
+                     (d.recv_topk_idx.dtype == DType::kInt32 && d.recv_topk_idx.ndim == 2 &&
+                      d.recv_topk_idx.dim(1) <= m.cfg.max_topk),
+                 "ExpertLayer::run: recv_topk_idx must be int32 [rows, k <= ", m.cfg.max_topk,
+                 "], got ", d.recv_topk_idx.describe());
+  UBEP_CHECK_ARG(topk_idx.dtype == DType::kInt64 && topk_idx.ndim == 2,
+                 "ExpertLayer::run: topk_idx must be int64 "
+                 "[tokens, k], got ",
+                 topk_idx.describe());
   const int64_t tokens = topk_idx.dim(0);
   const int K = static_cast<int>(topk_idx.dim(1));
-  UBEP_CHECK_ARG(tokens <= m.T, "ExpertLayer::run: ", tokens, " tokens exceed max_tokens_per_rank ", m.T);
-  UBEP_CHECK_ARG(K >= 1 && K <= m.cfg.max_topk, "ExpertLayer::run: topk ", K, " outside [1, max_topk=",
-                 m.cfg.max_topk, "]");
-  UBEP_CHECK_ARG(topk_weights.dtype == DType::kFP32 && topk_weights.ndim == 2 && topk_weights.dim(0) == tokens &&
-                     topk_weights.dim(1) == K,
-                 "ExpertLayer::run: topk_weights must be fp32 [", tokens, ", ", K, "], got ", topk_weights.describe());
+  UBEP_CHECK_ARG(tokens <= m.T, "ExpertLayer::run: ", tokens, " tokens exceed max_tokens_per_rank ",
+                 m.T);
+  UBEP_CHECK_ARG(K >= 1 && K <= m.cfg.max_topk, "ExpertLayer::run: topk ", K,
+                 " outside [1, max_topk=", m.cfg.max_topk, "]");
+  UBEP_CHECK_ARG(topk_weights.dtype == DType::kFP32 && topk_weights.ndim == 2 &&
+                     topk_weights.dim(0) == tokens && topk_weights.dim(1) == K,
+                 "ExpertLayer::run: topk_weights must be fp32 [", tokens, ", ", K, "], got ",
+                 topk_weights.describe());
   const auto* idx = topk_idx.as<const int64_t>();
   for (int64_t i = 0; i < tokens * K; ++i)
-    UBEP_CHECK_ARG(idx[i] >= -1 && idx[i] < m.cfg.num_experts, "ExpertLayer::run: expert id ", idx[i],
-                   " at token ", i / K, ", k ", i % K, " is outside [-1, ", m.cfg.num_experts, ")");
+    UBEP_CHECK_ARG(idx[i] >= -1 && idx[i] < m.cfg.num_experts, "ExpertLayer::run: expert id ",
+                   idx[i], " at token ", i / K, ", k ", i % K, " is outside [-1, ",
+                   m.cfg.num_experts, ")");
   UBEP_CHECK_ARG(static_cast<bool>(tile), "ExpertLayer::run: empty tile function");
 
   m.plan(d);
@@ -569,8 +595,10 @@ TensorView ExpertLayer::run(const DispatchResult& d, const TensorView& topk_idx,
 
   if (overlapped) {
     m.team.run([&](int i) {
-      if (i < C) m.compute_role(i, true);
-      else m.comm_role(i, C, M, true);
+      if (i < C)
+        m.compute_role(i, true);
+      else
+        m.comm_role(i, C, M, true);
     });
     double fin = 0;
     for (int i = 0; i < C; ++i) fin = std::max(fin, m.mstats[static_cast<size_t>(i)].finish);
@@ -615,8 +643,8 @@ void ExpertLayer::last_outputs_latency(void* out, int64_t slots) const {
   std::memset(o, 0, static_cast<size_t>(m.local_experts * slots * m.H) * m.es);
   for (int e = 0; e < m.local_experts; ++e) {
     const auto& rows = m.expert_rows[static_cast<size_t>(e)];
-    UBEP_CHECK_ARG(static_cast<int64_t>(rows.size()) <= slots, "last_outputs_latency: expert ", e, " has ",
-                   rows.size(), " rows, more than ", slots, " slots");
+    UBEP_CHECK_ARG(static_cast<int64_t>(rows.size()) <= slots, "last_outputs_latency: expert ", e,
+                   " has ", rows.size(), " rows, more than ", slots, " slots");
     for (size_t j = 0; j < rows.size(); ++j) {
       const float* v = m.out_.get<float>() + rows[j] * m.H;
       char* dst = o + static_cast<size_t>((e * slots + static_cast<int64_t>(j)) * m.H) * m.es;

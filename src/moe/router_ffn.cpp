@@ -13,9 +13,12 @@ namespace ubep::moe {
 
 const char* router_mode_name(RouterMode m) {
   switch (m) {
-    case RouterMode::kBalanced: return "balanced";
-    case RouterMode::kModerateSkew: return "moderate";
-    case RouterMode::kStressSkew: return "stress";
+    case RouterMode::kBalanced:
+      return "balanced";
+    case RouterMode::kModerateSkew:
+      return "moderate";
+    case RouterMode::kStressSkew:
+      return "stress";
   }
   return "?";
 }
@@ -34,12 +37,14 @@ FfnKind parse_ffn_kind(const std::string& n) {
 
 RouterOutput route(RouterMode mode, int num_experts, int topk, int64_t tokens, uint64_t seed) {
   UBEP_CHECK_ARG(num_experts >= 1, "route: num_experts must be >= 1, got ", num_experts);
-  UBEP_CHECK_ARG(topk >= 1 && topk <= num_experts, "route: topk ", topk, " must be in [1, num_experts=",
-                 num_experts, "]");
+  UBEP_CHECK_ARG(topk >= 1 && topk <= num_experts, "route: topk ", topk,
+                 " must be in [1, num_experts=", num_experts, "]");
   UBEP_CHECK_ARG(tokens >= 0, "route: tokens must be >= 0, got ", tokens);
   // Popularity of expert e: 1/(e+1)^s. Expert 0 is the hottest, so skew also loads the low
   // ranks more than the high ones (rank r owns [r*E/R, (r+1)*E/R)), as a hot shard would.
-  const double s = mode == RouterMode::kBalanced ? 0.0 : mode == RouterMode::kModerateSkew ? 0.8 : 2.0;
+  const double s = mode == RouterMode::kBalanced       ? 0.0
+                   : mode == RouterMode::kModerateSkew ? 0.8
+                                                       : 2.0;
   std::vector<double> pop(static_cast<size_t>(num_experts));
   for (int e = 0; e < num_experts; ++e) pop[static_cast<size_t>(e)] = std::pow(1.0 + e, -s);
 
@@ -97,7 +102,8 @@ struct ExpertFfn::Impl {
 namespace {
 // Uniform in [-scale, scale), a pure function of (seed, expert, index): counter-based, so weight
 // generation is cheap and independent of how many ranks build which experts.
-void fill_weights(std::vector<float>& w, uint64_t seed, uint64_t expert, uint64_t which, float scale) {
+void fill_weights(std::vector<float>& w, uint64_t seed, uint64_t expert, uint64_t which,
+                  float scale) {
   uint64_t base = seed * 0xD1B54A32D192ED03ull ^ (expert << 20) ^ (which << 56);
   for (size_t i = 0; i < w.size(); ++i) {
     uint64_t z = base + i * 0x9E3779B97F4A7C15ull;
@@ -135,7 +141,8 @@ ExpertFfn::ExpertFfn(FfnKind kind, int local_experts, int first_global_expert, i
       m.w1[static_cast<size_t>(e)].resize(static_cast<size_t>(hidden * 2 * m.inter));
       m.w2[static_cast<size_t>(e)].resize(static_cast<size_t>(m.inter * hidden));
       fill_weights(m.w1[static_cast<size_t>(e)], seed, ge, 1, s_in);
-      fill_weights(m.w2[static_cast<size_t>(e)], seed, ge, 2, std::sqrt(3.0f / static_cast<float>(m.inter)));
+      fill_weights(m.w2[static_cast<size_t>(e)], seed, ge, 2,
+                   std::sqrt(3.0f / static_cast<float>(m.inter)));
     } else {
       m.w1[static_cast<size_t>(e)].resize(static_cast<size_t>(hidden * hidden));
       fill_weights(m.w1[static_cast<size_t>(e)], seed, ge, 1, s_in);
@@ -151,8 +158,8 @@ ExpertFfn::~ExpertFfn() = default;
 
 void ExpertFfn::operator()(const TileTask& t) const {
   const Impl& m = *impl_;
-  UBEP_CHECK_ARG(t.local_expert >= 0 && t.local_expert < m.local_experts, "ExpertFfn: local expert ",
-                 t.local_expert, " outside [0, ", m.local_experts, ")");
+  UBEP_CHECK_ARG(t.local_expert >= 0 && t.local_expert < m.local_experts,
+                 "ExpertFfn: local expert ", t.local_expert, " outside [0, ", m.local_experts, ")");
   UBEP_CHECK_ARG(t.rows >= 0 && t.rows <= m.max_rows, "ExpertFfn: tile of ", t.rows,
                  " rows exceeds max_tile_rows ", m.max_rows);
   UBEP_CHECK_ARG(t.worker >= 0 && t.worker < m.max_workers, "ExpertFfn: worker ", t.worker,
@@ -163,7 +170,8 @@ void ExpertFfn::operator()(const TileTask& t) const {
   const auto H = static_cast<blasint>(m.hidden);
   if (m.kind == FfnKind::kSingle) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, H, H, 1.0f, t.in,
-                static_cast<blasint>(t.in_ld), m.w1[e].data(), H, 0.0f, t.out, static_cast<blasint>(t.out_ld));
+                static_cast<blasint>(t.in_ld), m.w1[e].data(), H, 0.0f, t.out,
+                static_cast<blasint>(t.out_ld));
     return;
   }
   const auto I = static_cast<blasint>(m.inter);
@@ -178,8 +186,8 @@ void ExpertFfn::operator()(const TileTask& t) const {
     for (int64_t i = 0; i < I; ++i) g[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
   }
   // [rows, H] = act[:, :I] · Wd
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, H, I, 1.0f, act, 2 * I, m.w2[e].data(), H,
-              0.0f, t.out, static_cast<blasint>(t.out_ld));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, H, I, 1.0f, act, 2 * I, m.w2[e].data(),
+              H, 0.0f, t.out, static_cast<blasint>(t.out_ld));
 }
 
 double ExpertFfn::flops(int64_t rows) const {

@@ -18,8 +18,8 @@ void check(const RoutingConfig& c) {
                  ") must be a positive multiple of ranks (", c.ranks, ")");
   UBEP_CHECK_ARG(c.topk >= 1 && c.topk <= c.experts, "routing: topk must be in [1, ", c.experts,
                  "], got ", c.topk);
-  UBEP_CHECK_ARG(c.hot_experts >= 0 && c.hot_experts <= c.experts, "routing: hot_experts must be in [0, ",
-                 c.experts, "], got ", c.hot_experts);
+  UBEP_CHECK_ARG(c.hot_experts >= 0 && c.hot_experts <= c.experts,
+                 "routing: hot_experts must be in [0, ", c.experts, "], got ", c.hot_experts);
   UBEP_CHECK_ARG(c.hot_weight > 0, "routing: hot_weight must be > 0, got ", c.hot_weight);
   UBEP_CHECK_ARG(c.tokens_per_rank >= 0, "routing: tokens_per_rank must be >= 0, got ",
                  c.tokens_per_rank);
@@ -87,7 +87,8 @@ std::vector<int64_t> rows_per_expert(std::span<const int32_t> topk_ids, int expe
   std::vector<int64_t> rows(static_cast<size_t>(experts), 0);
   for (int32_t e : topk_ids) {
     if (e < 0) continue;
-    UBEP_CHECK_ARG(e < experts, "rows_per_expert: expert id ", e, " out of range [0, ", experts, ")");
+    UBEP_CHECK_ARG(e < experts, "rows_per_expert: expert id ", e, " out of range [0, ", experts,
+                   ")");
     ++rows[static_cast<size_t>(e)];
   }
   return rows;
@@ -99,8 +100,8 @@ std::vector<int64_t> rows_per_destination(std::span<const int32_t> topk_ids, int
                  "rows_per_destination: ", topk_ids.size(), " ids are not a whole number of top-",
                  topk, " rows");
   UBEP_CHECK_ARG(ranks >= 1 && experts >= ranks && experts % ranks == 0,
-                 "rows_per_destination: experts (", experts, ") must be a positive multiple of ranks (",
-                 ranks, ")");
+                 "rows_per_destination: experts (", experts,
+                 ") must be a positive multiple of ranks (", ranks, ")");
   const int per_rank = experts / ranks;
   std::vector<int64_t> rows(static_cast<size_t>(ranks), 0);
   std::vector<int> last_token(static_cast<size_t>(ranks), -1);
@@ -123,7 +124,8 @@ AblationResult scheduling_ablation(const AblationConfig& config) {
   const RoutingConfig& rc = config.routing;
   check(rc);
   UBEP_CHECK_ARG(config.hidden >= 1, "ablation: hidden must be >= 1, got ", config.hidden);
-  UBEP_CHECK_ARG(config.elem_bytes >= 1, "ablation: elem_bytes must be >= 1, got ", config.elem_bytes);
+  UBEP_CHECK_ARG(config.elem_bytes >= 1, "ablation: elem_bytes must be >= 1, got ",
+                 config.elem_bytes);
   Scheduler sched(parse_topology(config.topology, rc.ranks), {config.workers, Policy::kNaive});
   const int per_rank = rc.experts / rc.ranks;
 
@@ -167,13 +169,15 @@ std::string AblationResult::describe() const {
   const RoutingConfig& rc = config.routing;
   std::ostringstream os;
   os << "scheduling ablation: topology " << config.topology << ", " << rc.ranks << " ranks, "
-     << rc.experts << " experts, top-" << rc.topk << ", " << rc.hot_experts << " hot experts (weight "
-     << rc.hot_weight << "), " << rc.tokens_per_rank << " tokens/rank, hidden " << config.hidden
-     << " x " << config.elem_bytes << " B, " << config.workers << " workers, "
-     << (config.per_expert ? "per-expert" : "per-destination") << " units, seed " << rc.seed << "\n";
+     << rc.experts << " experts, top-" << rc.topk << ", " << rc.hot_experts
+     << " hot experts (weight " << rc.hot_weight << "), " << rc.tokens_per_rank
+     << " tokens/rank, hidden " << config.hidden << " x " << config.elem_bytes << " B, "
+     << config.workers << " workers, " << (config.per_expert ? "per-expert" : "per-destination")
+     << " units, seed " << rc.seed << "\n";
   os << std::left << std::setw(14) << "policy" << std::right << std::setw(14) << "slowest_us"
      << std::setw(18) << "mean_slowest_us" << std::setw(16) << "mean_imbalance" << std::setw(20)
-     << "shared_slowest_us" << "\n";
+     << "shared_slowest_us"
+     << "\n";
   os << std::fixed << std::setprecision(2);
   for (const PolicyFigures* f : {&naive, &column_major, &balanced})
     os << std::left << std::setw(14) << policy_name(f->policy) << std::right << std::setw(14)

@@ -45,23 +45,36 @@ int main(int argc, char** argv) {
       if (a == "--help" || a == "-h") {
         usage();
         return 0;
-      } else if (a == "--topology") c.topology = next();
-      else if (a == "--ranks") c.routing.ranks = integer();
-      else if (a == "--experts") c.routing.experts = integer();
-      else if (a == "--topk") c.routing.topk = integer();
-      else if (a == "--hot") c.routing.hot_experts = integer();
+      } else if (a == "--topology")
+        c.topology = next();
+      else if (a == "--ranks")
+        c.routing.ranks = integer();
+      else if (a == "--experts")
+        c.routing.experts = integer();
+      else if (a == "--topk")
+        c.routing.topk = integer();
+      else if (a == "--hot")
+        c.routing.hot_experts = integer();
       else if (a == "--hot-weight") {
         const std::string v = next();
         char* end = nullptr;
         c.routing.hot_weight = std::strtod(v.c_str(), &end);
-        UBEP_CHECK_ARG(!v.empty() && *end == '\0', "option --hot-weight: '", v, "' is not a number");
-      } else if (a == "--tokens") c.routing.tokens_per_rank = integer();
-      else if (a == "--hidden") c.hidden = integer();
-      else if (a == "--elem-bytes") c.elem_bytes = integer();
-      else if (a == "--workers") c.workers = integer();
-      else if (a == "--per-destination") c.per_expert = false;
-      else if (a == "--seed") c.routing.seed = static_cast<uint64_t>(integer());
-      else UBEP_CHECK_ARG(false, "unknown option '", a, "' (see --help)");
+        UBEP_CHECK_ARG(!v.empty() && *end == '\0', "option --hot-weight: '", v,
+                       "' is not a number");
+      } else if (a == "--tokens")
+        c.routing.tokens_per_rank = integer();
+      else if (a == "--hidden")
+        c.hidden = integer();
+      else if (a == "--elem-bytes")
+        c.elem_bytes = integer();
+      else if (a == "--workers")
+        c.workers = integer();
+      else if (a == "--per-destination")
+        c.per_expert = false;
+      else if (a == "--seed")
+        c.routing.seed = static_cast<uint64_t>(integer());
+      else
+        UBEP_CHECK_ARG(false, "unknown option '", a, "' (see --help)");
     }
     std::fputs(ubep::sched::scheduling_ablation(c).describe().c_str(), stdout);
   } catch (const ubep::Error& e) {

@@ -64,8 +64,10 @@ Topology discover(std::span<const int> host_of, const DiscoverOptions& options) 
   std::vector<int> local_count(static_cast<size_t>(hosts), 0);
   for (int h : host_of) ++local_count[static_cast<size_t>(h)];
   for (int h = 0; h < hosts; ++h)
-    UBEP_CHECK_ARG(local_count[static_cast<size_t>(h)] > 0, "discover: host ids must be dense "
-                   "(0..", hosts - 1, "), but no rank is on host ", h);
+    UBEP_CHECK_ARG(local_count[static_cast<size_t>(h)] > 0,
+                   "discover: host ids must be dense "
+                   "(0..",
+                   hosts - 1, "), but no rank is on host ", h);
 
   const int numa = discover_numa_nodes();
   std::vector<int> numa_of(static_cast<size_t>(ranks));
@@ -86,9 +88,11 @@ Topology discover(std::span<const int> host_of, const DiscoverOptions& options) 
       numa_of[static_cast<size_t>(r)] = seen[h]++ * numa / local_count[h];
     }
   }
-  std::vector<int> numa_domain(static_cast<size_t>(ranks)), host_domain(host_of.begin(), host_of.end());
+  std::vector<int> numa_domain(static_cast<size_t>(ranks)),
+      host_domain(host_of.begin(), host_of.end());
   for (int r = 0; r < ranks; ++r)
-    numa_domain[static_cast<size_t>(r)] = host_of[static_cast<size_t>(r)] * numa + numa_of[static_cast<size_t>(r)];
+    numa_domain[static_cast<size_t>(r)] =
+        host_of[static_cast<size_t>(r)] * numa + numa_of[static_cast<size_t>(r)];
   return Topology("discovered", {options.self, options.numa, options.host, options.network}, ranks,
                   {std::move(numa_domain), std::move(host_domain)});
 }

@@ -21,8 +21,8 @@ void fluid_finish(std::span<const FluidItem> items, std::span<const int32_t> str
   for (const FluidItem& it : items) {
     UBEP_CHECK_ARG(it.link >= 0 && static_cast<size_t>(it.link) < link_gbps.size(),
                    "fluid item names link ", it.link, " of ", link_gbps.size());
-    UBEP_CHECK_ARG(it.latency_ns >= 0 && it.bytes >= 0, "fluid item with latency ",
-                   it.latency_ns, " ns and ", it.bytes, " bytes: both must be >= 0");
+    UBEP_CHECK_ARG(it.latency_ns >= 0 && it.bytes >= 0, "fluid item with latency ", it.latency_ns,
+                   " ns and ", it.bytes, " bytes: both must be >= 0");
   }
   const double cap = cap_gbps > 0 ? cap_gbps : std::numeric_limits<double>::infinity();
 

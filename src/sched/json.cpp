@@ -9,12 +9,18 @@ namespace ubep::sched::detail {
 
 const char* JsonValue::kind_name() const {
   switch (kind) {
-    case Kind::kNull: return "null";
-    case Kind::kBool: return "a boolean";
-    case Kind::kNumber: return "a number";
-    case Kind::kString: return "a string";
-    case Kind::kArray: return "an array";
-    case Kind::kObject: return "an object";
+    case Kind::kNull:
+      return "null";
+    case Kind::kBool:
+      return "a boolean";
+    case Kind::kNumber:
+      return "a number";
+    case Kind::kString:
+      return "a string";
+    case Kind::kArray:
+      return "an array";
+    case Kind::kObject:
+      return "an object";
   }
   return "?";
 }
@@ -59,8 +65,8 @@ class Parser {
     ++pos_;
   }
   void skip_ws() {
-    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' ||
-                                s_[pos_] == '\r'))
+    while (pos_ < s_.size() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r'))
       advance();
   }
   void expect(char c) {
@@ -208,14 +214,30 @@ class Parser {
       if (pos_ >= s_.size()) fail("unterminated string");
       advance();
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           unsigned cp = 0;
           for (int i = 0; i < 4; ++i) {
@@ -223,8 +245,8 @@ class Parser {
             if (!std::isxdigit(static_cast<unsigned char>(h)) || pos_ >= s_.size())
               fail("bad \\u escape: 4 hex digits expected");
             cp = cp * 16 + static_cast<unsigned>(std::isdigit(static_cast<unsigned char>(h))
-                                                      ? h - '0'
-                                                      : (std::tolower(h) - 'a' + 10));
+                                                     ? h - '0'
+                                                     : (std::tolower(h) - 'a' + 10));
             advance();
           }
           // Names in topology files are ASCII in practice; encode the BMP as UTF-8 and refuse
@@ -242,7 +264,8 @@ class Parser {
           }
           break;
         }
-        default: fail("bad escape '\\", e, "' in string");
+        default:
+          fail("bad escape '\\", e, "' in string");
       }
     }
   }

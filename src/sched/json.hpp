@@ -17,7 +17,7 @@ struct JsonValue {
   std::string text;  // string value; for numbers, the literal as written
   std::vector<JsonValue> array;
   std::vector<std::pair<std::string, JsonValue>> object;  // in file order
-  int line = 1, col = 1;                                   // where the value starts
+  int line = 1, col = 1;                                  // where the value starts
 
   const char* kind_name() const;
 };

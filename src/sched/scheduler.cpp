@@ -37,9 +37,12 @@ namespace ubep::sched {
 
 const char* policy_name(Policy policy) {
   switch (policy) {
-    case Policy::kNaive: return "naive";
-    case Policy::kColumnMajor: return "column_major";
-    case Policy::kBalanced: return "balanced";
+    case Policy::kNaive:
+      return "naive";
+    case Policy::kColumnMajor:
+      return "column_major";
+    case Policy::kBalanced:
+      return "balanced";
   }
   return "?";
 }
@@ -207,9 +210,8 @@ double Scheduler::lpt(double max_slice_ns) {
   // so plans are deterministic.
   heap_.clear();
   for (int32_t w = 0; w < options_.workers; ++w) heap_.push_back({0.0, w});
-  const auto greater = [](const std::pair<double, int32_t>& a, const std::pair<double, int32_t>& b) {
-    return a > b;
-  };
+  const auto greater = [](const std::pair<double, int32_t>& a,
+                          const std::pair<double, int32_t>& b) { return a > b; };
   for (Piece& p : pieces_) {
     std::pop_heap(heap_.begin(), heap_.end(), greater);
     p.worker = heap_.back().second;
@@ -277,7 +279,8 @@ void Scheduler::emit(Plan& out, bool far_first) {
   for (const Piece& p : pieces_) ++start[static_cast<size_t>(p.worker) + 1];
   for (int w = 0; w < W; ++w) start[static_cast<size_t>(w) + 1] += start[static_cast<size_t>(w)];
   best_pieces_.resize(pieces_.size());
-  for (const Piece& p : pieces_) best_pieces_[static_cast<size_t>(start[static_cast<size_t>(p.worker)]++)] = p;
+  for (const Piece& p : pieces_)
+    best_pieces_[static_cast<size_t>(start[static_cast<size_t>(p.worker)]++)] = p;
   pieces_.swap(best_pieces_);
   const auto by_position = [&](const Piece& a, const Piece& b) {
     if (far_first) {
@@ -335,9 +338,15 @@ void Scheduler::emit(Plan& out, bool far_first) {
 void Scheduler::plan(const SendWork& work, Plan& out) {
   collect_units(work);
   switch (options_.policy) {
-    case Policy::kNaive: plan_naive(); break;
-    case Policy::kColumnMajor: plan_column_major(); break;
-    case Policy::kBalanced: plan_balanced(); break;
+    case Policy::kNaive:
+      plan_naive();
+      break;
+    case Policy::kColumnMajor:
+      plan_column_major();
+      break;
+    case Policy::kBalanced:
+      plan_balanced();
+      break;
   }
   emit(out, options_.policy != Policy::kNaive);
 }
@@ -358,8 +367,8 @@ void simulate_sharing(const Plan& plan, const Topology& topology, double worker_
   std::vector<detail::FluidItem> items(plan.items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     const PlanItem& it = plan.items[i];
-    UBEP_CHECK_ARG(it.level >= 0 && it.level < topology.num_levels(), "simulate_sharing: item ",
-                   i, " has level ", it.level, " but topology '", topology.name(), "' has ",
+    UBEP_CHECK_ARG(it.level >= 0 && it.level < topology.num_levels(), "simulate_sharing: item ", i,
+                   " has level ", it.level, " but topology '", topology.name(), "' has ",
                    topology.num_levels());
     // The sender has one link per level (its memory, its UB/NVLink port, its NIC...).
     items[i] = {it.level, topology.level(it.level).latency_ns, it.bytes};

@@ -16,7 +16,9 @@ namespace ubep::sched {
 
 Topology::Topology(std::string name, std::vector<Level> levels, int ranks,
                    std::vector<std::vector<int>> domain_of)
-    : name_(std::move(name)), levels_(std::move(levels)), ranks_(ranks),
+    : name_(std::move(name)),
+      levels_(std::move(levels)),
+      ranks_(ranks),
       domain_of_(std::move(domain_of)) {
   UBEP_CHECK_ARG(ranks_ >= 1, "topology '", name_, "': ranks must be >= 1, got ", ranks_);
   UBEP_CHECK_ARG(levels_.size() >= 2, "topology '", name_,
@@ -50,10 +52,11 @@ Topology::Topology(std::string name, std::vector<Level> levels, int ranks,
       const int d = domain_of_[m][static_cast<size_t>(r)];
       const int p = domain_of_[m + 1][static_cast<size_t>(r)];
       auto [it, fresh] = parent.try_emplace(d, p, r);
-      UBEP_CHECK_ARG(fresh || it->second.first == p, "topology '", name_, "': domains do not nest: ",
-                     "ranks ", it->second.second, " and ", r, " share domain ", d, " of level '",
-                     levels_[m + 1].name, "' but not a domain of level '", levels_[m + 2].name,
-                     "' (", it->second.first, " vs ", p, ")");
+      UBEP_CHECK_ARG(fresh || it->second.first == p, "topology '", name_,
+                     "': domains do not nest: ", "ranks ", it->second.second, " and ", r,
+                     " share domain ", d, " of level '", levels_[m + 1].name,
+                     "' but not a domain of level '", levels_[m + 2].name, "' (", it->second.first,
+                     " vs ", p, ")");
     }
   }
 }
@@ -122,9 +125,8 @@ Topology cm384(int ranks) {
   // unidirectional per NPU; we apply it per die, see docs). Local: one die's HBM, 1.6 TB/s
   // (3.2 TB/s per two-die 910C package).
   UBEP_CHECK_ARG(ranks >= 1 && ranks <= 768, "cm384 has 1..768 NPU dies, got ", ranks, " ranks");
-  return Topology("cm384",
-                  {{"die", 218, 1600}, {"ub1", 929, 392}, {"ub2", 2500, 392}},
-                  ranks, {blocks(ranks, 16)});
+  return Topology("cm384", {{"die", 218, 1600}, {"ub1", 929, 392}, {"ub2", 2500, 392}}, ranks,
+                  {blocks(ranks, 16)});
 }
 
 Topology nvl72(int ranks) {
@@ -180,7 +182,8 @@ Topology parse_topology(const std::string& spec, int ranks) {
   if (spec == "h800") return h800(ranks);
   int h = 0, r = 0;
   if (parse_hxr(spec, h, r)) {
-    UBEP_CHECK_ARG(h >= 1 && r >= 1, "topology '", spec, "': hosts and ranks per host must be >= 1");
+    UBEP_CHECK_ARG(h >= 1 && r >= 1, "topology '", spec,
+                   "': hosts and ranks per host must be >= 1");
     UBEP_CHECK_ARG(h * r == ranks, "topology '", spec, "' has ", h * r, " ranks but the group has ",
                    ranks);
     return hosts_by_ranks(h, r);

@@ -34,7 +34,8 @@ class Reader {
 
   template <typename... Args>
   [[noreturn]] void fail(const JsonValue& at, const Args&... args) const {
-    throw InvalidArgument(::ubep::detail::concat(origin_, ":", at.line, ":", at.col, ": ", args...));
+    throw InvalidArgument(
+        ::ubep::detail::concat(origin_, ":", at.line, ":", at.col, ": ", args...));
   }
 
   void need(const JsonValue& v, JsonValue::Kind kind, const std::string& what) const {
@@ -142,8 +143,9 @@ Topology from_json_text(const std::string& text, int ranks, const std::string& o
     if (middle)
       rd.only_keys(l, {"name", "latency_ns", "bandwidth_gbps", "group_size", "domain_of"}, what);
     else
-      rd.only_keys(l, {"name", "latency_ns", "bandwidth_gbps"},
-                   what + (i == 0 ? " (the same-rank level)" : " (the top level, joins all ranks)"));
+      rd.only_keys(
+          l, {"name", "latency_ns", "bandwidth_gbps"},
+          what + (i == 0 ? " (the same-rank level)" : " (the top level, joins all ranks)"));
     Level level;
     const JsonValue* nm = Reader::find(l, "name");
     if (!nm) rd.fail(l, what, ": missing \"name\"");
@@ -153,8 +155,7 @@ Topology from_json_text(const std::string& text, int ranks, const std::string& o
     const JsonValue* lat = Reader::find(l, "latency_ns");
     if (!lat) rd.fail(l, what, " ('", level.name, "'): missing \"latency_ns\"");
     level.latency_ns = rd.number(*lat, what + ".latency_ns");
-    if (level.latency_ns < 0)
-      rd.fail(*lat, what, ".latency_ns must be >= 0, got ", lat->text);
+    if (level.latency_ns < 0) rd.fail(*lat, what, ".latency_ns must be >= 0, got ", lat->text);
     const JsonValue* bw = Reader::find(l, "bandwidth_gbps");
     if (!bw) rd.fail(l, what, " ('", level.name, "'): missing \"bandwidth_gbps\"");
     level.bandwidth_gbps = rd.number(*bw, what + ".bandwidth_gbps");
@@ -166,7 +167,8 @@ Topology from_json_text(const std::string& text, int ranks, const std::string& o
     const JsonValue* gs = Reader::find(l, "group_size");
     const JsonValue* dm = Reader::find(l, "domain_of");
     if (!gs == !dm)
-      rd.fail(l, what, " ('", level.name, "') needs exactly one of \"group_size\" and \"domain_of\"");
+      rd.fail(l, what, " ('", level.name,
+              "') needs exactly one of \"group_size\" and \"domain_of\"");
     placements.push_back(gs ? gs : dm);
   }
   // Placements need the rank count, known once every level has been read.

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "core/bf16.hpp"
-#include "ubep/error.hpp"
 #include "ubep/buffer.hpp"
+#include "ubep/error.hpp"
 #include "ubep/group.hpp"
 #include "ubep/moe.hpp"
 
@@ -33,7 +33,8 @@ TileFn test_tile_fn(int rank, int local_experts, int64_t H) {
   return [=](const TileTask& t) {
     const int ge = rank * local_experts + t.local_expert;
     for (int64_t r = 0; r < t.rows; ++r)
-      for (int64_t h = 0; h < H; ++h) t.out[r * t.out_ld + h] = expert_value(t.in + r * t.in_ld, h, H, ge);
+      for (int64_t h = 0; h < H; ++h)
+        t.out[r * t.out_ld + h] = expert_value(t.in + r * t.in_ld, h, H, ge);
   };
 }
 
@@ -48,7 +49,8 @@ struct RankData {
 float load(const char* base, int64_t i, DType dt) { return load_value(base, i, dt); }
 void store(char* base, int64_t i, float v, DType dt) { store_value(base, i, v, dt); }
 
-RankData make_rank(RouterMode mode, int experts, int topk, int64_t tokens, int64_t H, DType dt, uint64_t seed) {
+RankData make_rank(RouterMode mode, int experts, int topk, int64_t tokens, int64_t H, DType dt,
+                   uint64_t seed) {
   RankData d;
   d.tokens = tokens;
   d.topk = topk;
@@ -78,7 +80,8 @@ std::vector<char> reference_y(const std::vector<RankData>& all, int me, int64_t 
       if (e < 0) continue;
       const float w = d.w[static_cast<size_t>(t * d.topk + k)];
       for (int64_t h = 0; h < H; ++h)
-        acc[static_cast<size_t>(h)] += w * stored(expert_value(row.data(), h, H, static_cast<int>(e)), dt);
+        acc[static_cast<size_t>(h)] +=
+            w * stored(expert_value(row.data(), h, H, static_cast<int>(e)), dt);
     }
     for (int64_t h = 0; h < H; ++h) store(y.data(), t * H + h, acc[static_cast<size_t>(h)], dt);
   }
@@ -108,14 +111,16 @@ struct Case {
 std::string describe(const Case& c) {
   std::ostringstream os;
   os << "ranks=" << c.ranks << " experts=" << c.experts << " topk=" << c.topk << " H=" << c.H
-     << " dtype=" << dtype_name(c.dtype) << " cap=" << c.capacity << " mode=" << router_mode_name(c.mode)
-     << " tile=" << c.tile << " cw=" << c.compute_workers << " mw=" << c.comm_workers
-     << " remote_first=" << c.remote_first << " seed=" << c.seed << " epoch0=" << c.initial_epoch;
+     << " dtype=" << dtype_name(c.dtype) << " cap=" << c.capacity
+     << " mode=" << router_mode_name(c.mode) << " tile=" << c.tile << " cw=" << c.compute_workers
+     << " mw=" << c.comm_workers << " remote_first=" << c.remote_first << " seed=" << c.seed
+     << " epoch0=" << c.initial_epoch;
   return os.str();
 }
 
 bool same_bits(const TensorView& y, const std::vector<char>& want) {
-  return y.bytes() == want.size() && (want.empty() || std::memcmp(y.data, want.data(), want.size()) == 0);
+  return y.bytes() == want.size() &&
+         (want.empty() || std::memcmp(y.data, want.data(), want.size()) == 0);
 }
 
 // Runs `c.calls` calls; each call routes anew, runs serial and overlapped, and checks both
@@ -154,8 +159,10 @@ void run_case(const Case& c) {
           std::lock_guard<std::mutex> l(*rmu);
           r = (*rng)();
         }
-        if (r % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(r % 200));
-        else if (r % 4 == 1) std::this_thread::yield();
+        if (r % 4 == 0)
+          std::this_thread::sleep_for(std::chrono::microseconds(r % 200));
+        else if (r % 4 == 1)
+          std::this_thread::yield();
       };
       layer.set_compute_delay_hook(delay);
       layer.set_ship_delay_hook([delay](int w, int64_t) { delay(w); });
@@ -166,8 +173,9 @@ void run_case(const Case& c) {
       std::vector<RankData> all;
       std::mt19937_64 trng(c.seed * 1000 + static_cast<uint64_t>(call));
       for (int r = 0; r < c.ranks; ++r) {
-        const int64_t tokens = c.random_tokens ? static_cast<int64_t>(trng() % static_cast<uint64_t>(c.capacity + 1))
-                                               : c.capacity;
+        const int64_t tokens =
+            c.random_tokens ? static_cast<int64_t>(trng() % static_cast<uint64_t>(c.capacity + 1))
+                            : c.capacity;
         all.push_back(make_rank(c.mode, c.experts, c.topk, tokens, c.H, c.dtype,
                                 c.seed * 7919 + static_cast<uint64_t>(call * 131 + r)));
       }
@@ -181,11 +189,14 @@ void run_case(const Case& c) {
 
       DispatchResult d = buffer.dispatch(a);
       TensorView ys = layer.run(d, a.topk_idx, a.topk_weights, fn, Schedule::kSerial);
-      const std::vector<char> serial(static_cast<const char*>(ys.data), static_cast<const char*>(ys.data) + ys.bytes());
+      const std::vector<char> serial(static_cast<const char*>(ys.data),
+                                     static_cast<const char*>(ys.data) + ys.bytes());
       TensorView yo = layer.run(d, a.topk_idx, a.topk_weights, fn, Schedule::kOverlapped);
       std::unique_lock<std::mutex> lock(mu);
-      EXPECT_TRUE(same_bits(ys, want)) << "serial differs from the reference, rank " << g.rank() << " call " << call;
-      EXPECT_TRUE(same_bits(yo, want)) << "overlapped differs from the reference, rank " << g.rank() << " call " << call;
+      EXPECT_TRUE(same_bits(ys, want))
+          << "serial differs from the reference, rank " << g.rank() << " call " << call;
+      EXPECT_TRUE(same_bits(yo, want))
+          << "overlapped differs from the reference, rank " << g.rank() << " call " << call;
       EXPECT_EQ(yo.dim(0), me.tokens);
       const LayerStats& st = layer.last_stats();
       EXPECT_EQ(st.padded_rows % c.tile, 0);
@@ -204,7 +215,8 @@ void run_case(const Case& c) {
       ca.x = TensorView(outs.data(), c.dtype, {El, slots, c.H});
       TensorView yl = buffer.combine(ca);
       lock.lock();
-      EXPECT_TRUE(same_bits(yl, want)) << "Buffer latency combine differs, rank " << g.rank() << " call " << call;
+      EXPECT_TRUE(same_bits(yl, want))
+          << "Buffer latency combine differs, rank " << g.rank() << " call " << call;
     }
   });
 }
@@ -238,15 +250,18 @@ std::vector<Param> params() {
   std::vector<Param> ps;
   for (int ranks : {1, 2, 3, 4})
     for (int topk : {1, 2, 8})
-      for (RouterMode m : {RouterMode::kBalanced, RouterMode::kModerateSkew, RouterMode::kStressSkew})
+      for (RouterMode m :
+           {RouterMode::kBalanced, RouterMode::kModerateSkew, RouterMode::kStressSkew})
         ps.push_back({ranks, topk, m});
   return ps;
 }
 
-INSTANTIATE_TEST_SUITE_P(All, ExpertLayerModes, ::testing::ValuesIn(params()), [](const auto& info) {
-  return "r" + std::to_string(info.param.ranks) + "_top" + std::to_string(info.param.topk) + "_" +
-         router_mode_name(info.param.mode);
-});
+INSTANTIATE_TEST_SUITE_P(All, ExpertLayerModes, ::testing::ValuesIn(params()),
+                         [](const auto& info) {
+                           return "r" + std::to_string(info.param.ranks) + "_top" +
+                                  std::to_string(info.param.topk) + "_" +
+                                  router_mode_name(info.param.mode);
+                         });
 
 TEST(ExpertLayer, LocalFirstAblationMatches) {
   Case c;
@@ -304,7 +319,8 @@ TEST(ExpertLayer, PaddingEdgeCases) {
       r0.w = {0.5f, 0.5f, 1.0f, 0.0f};
       for (auto* r : {&r0, &r1}) {
         r->x.resize(static_cast<size_t>(r->tokens * H) * 4);
-        for (int64_t i = 0; i < r->tokens * H; ++i) store(r->x.data(), i, 0.25f * static_cast<float>(i % 13) - 1.0f, dt);
+        for (int64_t i = 0; i < r->tokens * H; ++i)
+          store(r->x.data(), i, 0.25f * static_cast<float>(i % 13) - 1.0f, dt);
       }
       const RankData& me = all[static_cast<size_t>(g.rank())];
       DispatchArgs a;
@@ -315,7 +331,8 @@ TEST(ExpertLayer, PaddingEdgeCases) {
       const auto want = reference_y(all, g.rank(), H, dt);
       for (Schedule s : {Schedule::kSerial, Schedule::kOverlapped}) {
         TensorView y = layer.run(d, a.topk_idx, a.topk_weights, fn, s);
-        EXPECT_TRUE(same_bits(y, want)) << "rank " << g.rank() << " variant " << variant << " " << schedule_name(s);
+        EXPECT_TRUE(same_bits(y, want))
+            << "rank " << g.rank() << " variant " << variant << " " << schedule_name(s);
         const LayerStats& st = layer.last_stats();
         if (g.rank() == 0 && variant == 0) {
           // Expert 0: none. Expert 1: 3 remote rows (1 tile). Expert 2: 4 remote (1 tile).
@@ -344,7 +361,8 @@ TEST(ExpertFfnTest, GatedAndSingleMatchReference) {
     const DType dt = DType::kBF16;
     std::vector<RankData> all;
     for (int r = 0; r < ranks; ++r)
-      all.push_back(make_rank(RouterMode::kModerateSkew, experts, K, cap - r, H, dt, 5 + static_cast<uint64_t>(r)));
+      all.push_back(make_rank(RouterMode::kModerateSkew, experts, K, cap - r, H, dt,
+                              5 + static_cast<uint64_t>(r)));
     // Reference FFN weights from a full-size ExpertFfn holding every global expert.
     // One scratch per rank thread (worker = rank): the FFN is called from both at once.
     ExpertFfn ref_ffn(kind, experts, 0, H, I, ranks, 1, 77);
@@ -374,14 +392,17 @@ TEST(ExpertFfnTest, GatedAndSingleMatchReference) {
       a.topk_weights = TensorView(me.w.data(), DType::kFP32, {me.tokens, K});
       DispatchResult d = buffer.dispatch(a);
       TensorView ys = layer.run(d, a.topk_idx, a.topk_weights, ffn.tile_fn(), Schedule::kSerial);
-      std::vector<char> s(static_cast<const char*>(ys.data), static_cast<const char*>(ys.data) + ys.bytes());
-      TensorView yo = layer.run(d, a.topk_idx, a.topk_weights, ffn.tile_fn(), Schedule::kOverlapped);
+      std::vector<char> s(static_cast<const char*>(ys.data),
+                          static_cast<const char*>(ys.data) + ys.bytes());
+      TensorView yo =
+          layer.run(d, a.topk_idx, a.topk_weights, ffn.tile_fn(), Schedule::kOverlapped);
       EXPECT_TRUE(same_bits(yo, s)) << "serial and overlapped differ with the BLAS FFN";
       // Reference: the same weights through the one-row path of the full FFN.
       std::vector<float> in(static_cast<size_t>(H)), out(static_cast<size_t>(H));
       double max_err = 0;
       for (int64_t t = 0; t < me.tokens; ++t) {
-        for (int64_t h = 0; h < H; ++h) in[static_cast<size_t>(h)] = load(me.x.data(), t * H + h, dt);
+        for (int64_t h = 0; h < H; ++h)
+          in[static_cast<size_t>(h)] = load(me.x.data(), t * H + h, dt);
         std::vector<double> acc(static_cast<size_t>(H), 0.0);
         for (int k = 0; k < K; ++k) {
           const int64_t e = me.idx[static_cast<size_t>(t * K + k)];
@@ -396,7 +417,8 @@ TEST(ExpertFfnTest, GatedAndSingleMatchReference) {
           tt.worker = g.rank();
           ref_ffn(tt);
           for (int64_t h = 0; h < H; ++h)
-            acc[static_cast<size_t>(h)] += me.w[static_cast<size_t>(t * K + k)] * out[static_cast<size_t>(h)];
+            acc[static_cast<size_t>(h)] +=
+                me.w[static_cast<size_t>(t * K + k)] * out[static_cast<size_t>(h)];
         }
         for (int64_t h = 0; h < H; ++h) {
           const double got = load(static_cast<const char*>(yo.data), t * H + h, dt);
@@ -452,20 +474,24 @@ TEST(ExpertLayer, BadInputThrowsAndLeavesTheGroupUsable) {
     std::vector<int64_t> bad_idx = idx;
     bad_idx[3] = 4;
     try {
-      layer.run(d, TensorView(bad_idx.data(), DType::kInt64, {4, 2}), a.topk_weights, fn, Schedule::kOverlapped);
+      layer.run(d, TensorView(bad_idx.data(), DType::kInt64, {4, 2}), a.topk_weights, fn,
+                Schedule::kOverlapped);
       ADD_FAILURE() << "expert id 4 accepted";
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("expert id 4"), std::string::npos) << e.what();
     }
-    EXPECT_THROW(layer.run(d, a.topk_idx, TensorView(w.data(), DType::kFP32, {4, 1}), fn, Schedule::kSerial),
+    EXPECT_THROW(
+        layer.run(d, a.topk_idx, TensorView(w.data(), DType::kFP32, {4, 1}), fn, Schedule::kSerial),
+        InvalidArgument);
+    EXPECT_THROW(layer.run(d, a.topk_idx, a.topk_weights, TileFn{}, Schedule::kSerial),
                  InvalidArgument);
-    EXPECT_THROW(layer.run(d, a.topk_idx, a.topk_weights, TileFn{}, Schedule::kSerial), InvalidArgument);
     DispatchResult dl = d;
     dl.layout = Layout::kLatency;
     EXPECT_THROW(layer.run(dl, a.topk_idx, a.topk_weights, fn, Schedule::kSerial), InvalidArgument);
     // Still usable.
     TensorView y1 = layer.run(d, a.topk_idx, a.topk_weights, fn, Schedule::kSerial);
-    std::vector<char> s(static_cast<const char*>(y1.data), static_cast<const char*>(y1.data) + y1.bytes());
+    std::vector<char> s(static_cast<const char*>(y1.data),
+                        static_cast<const char*>(y1.data) + y1.bytes());
     TensorView y2 = layer.run(d, a.topk_idx, a.topk_weights, fn, Schedule::kOverlapped);
     EXPECT_TRUE(same_bits(y2, s));
   });

@@ -37,9 +37,11 @@ TEST_P(ProcessRanks, AllImplementationsMatchReferenceAndEachOther) {
   AlltoallBaseline base(g, config_for(c, Algorithm::kBsp));
   for (uint64_t seed = 1; seed <= 4; ++seed) {
     std::vector<int64_t> tokens;
-    for (int r = 0; r < g.size(); ++r) tokens.push_back(static_cast<int64_t>((seed * 7 + static_cast<uint64_t>(r) * 5) % 12));
+    for (int r = 0; r < g.size(); ++r)
+      tokens.push_back(static_cast<int64_t>((seed * 7 + static_cast<uint64_t>(r) * 5) % 12));
     c.seed = seed;
-    const Problem p = make_problem(g.size(), c.experts, c.hidden, c.dtype, tokens, c.topk, c.routing, seed * 31);
+    const Problem p =
+        make_problem(g.size(), c.experts, c.hidden, c.dtype, tokens, c.topk, c.routing, seed * 31);
     auto a = run_and_check(g, c, p, &bsp, nullptr);
     auto b = run_and_check(g, c, p, &ubep, nullptr);
     auto d = run_and_check(g, c, p, nullptr, &base);
@@ -60,7 +62,8 @@ std::vector<Param> params() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, ProcessRanks, ::testing::ValuesIn(params()), [](const auto& i) {
-  return "top" + std::to_string(i.param.topk) + "_" + dtype_name(i.param.dtype) + "_" + layout_name(i.param.layout);
+  return "top" + std::to_string(i.param.topk) + "_" + dtype_name(i.param.dtype) + "_" +
+         layout_name(i.param.layout);
 });
 
 TEST(ProcessRanksStress, BackToBackUbepCalls) {
@@ -77,7 +80,8 @@ TEST(ProcessRanksStress, BackToBackUbepCalls) {
     std::vector<int64_t> tokens;
     for (int r = 0; r < g.size(); ++r) tokens.push_back(static_cast<int64_t>((i + r * 3) % 7));
     c.layout = i % 2 ? Layout::kLatency : Layout::kThroughput;
-    const Problem p = make_problem(g.size(), c.experts, c.hidden, c.dtype, tokens, c.topk, Routing::kWithDrops, 500 + static_cast<uint64_t>(i));
+    const Problem p = make_problem(g.size(), c.experts, c.hidden, c.dtype, tokens, c.topk,
+                                   Routing::kWithDrops, 500 + static_cast<uint64_t>(i));
     run_and_check(g, c, p, &b, nullptr);
     if (::testing::Test::HasFailure()) break;
   }
@@ -90,7 +94,8 @@ TEST(ProcessRanksErrors, BadInputThenValidCall) {
   c.capacity = 4;
   c.topk = 1;
   c.tokens.assign(static_cast<size_t>(g.size()), 4);
-  const Problem p = make_problem(g.size(), c.experts, c.hidden, c.dtype, c.tokens, c.topk, Routing::kUniform, 9);
+  const Problem p =
+      make_problem(g.size(), c.experts, c.hidden, c.dtype, c.tokens, c.topk, Routing::kUniform, 9);
   Buffer b(g, config_for(c, Algorithm::kUbep));
   std::vector<int64_t> idx = p.inputs[static_cast<size_t>(g.rank())].topk_idx;
   idx[0] = c.experts;
@@ -122,8 +127,10 @@ TEST(ProcessRanksMultiHost, RelayOverMpiMatchesReference) {
     AlltoallBaseline base(*g, config_for(c, Algorithm::kBsp));
     for (uint64_t seed = 1; seed <= 3; ++seed) {
       std::vector<int64_t> tokens;
-      for (int r = 0; r < g->size(); ++r) tokens.push_back(static_cast<int64_t>((seed * 3 + static_cast<uint64_t>(r)) % 11));
-      Problem p = make_problem(g->size(), c.experts, c.hidden, c.dtype, tokens, c.topk, Routing::kHot, seed * 17);
+      for (int r = 0; r < g->size(); ++r)
+        tokens.push_back(static_cast<int64_t>((seed * 3 + static_cast<uint64_t>(r)) % 11));
+      Problem p = make_problem(g->size(), c.experts, c.hidden, c.dtype, tokens, c.topk,
+                               Routing::kHot, seed * 17);
       p.ranks_per_host = 2;
       auto a = run_and_check(*g, c, p, &bsp, nullptr);
       auto u = run_and_check(*g, c, p, &ubep, nullptr, seed == 2);
@@ -139,7 +146,8 @@ TEST(ProcessRanksMultiHost, RelayOverMpiMatchesReference) {
         std::vector<bool> hosts(static_cast<size_t>(g->num_hosts()), false);
         for (int j = 0; j < in.topk; ++j) {
           const int64_t e = in.topk_idx[static_cast<size_t>(t * in.topk + j)];
-          if (e >= 0 && p.host_of(static_cast<int>(e / El)) != p.host_of(g->rank())) hosts[static_cast<size_t>(p.host_of(static_cast<int>(e / El)))] = true;
+          if (e >= 0 && p.host_of(static_cast<int>(e / El)) != p.host_of(g->rank()))
+            hosts[static_cast<size_t>(p.host_of(static_cast<int>(e / El)))] = true;
         }
         for (bool h : hosts) want += h;
       }

@@ -39,13 +39,19 @@ struct Case {
 // A random topology, worker count and send work: skewed row counts (many empty units, a few
 // hot ones), per-destination or per-expert units.
 Case random_case(std::mt19937_64& g) {
-  auto pick = [&](int lo, int hi) { return static_cast<int>(lo + g() % static_cast<uint64_t>(hi - lo + 1)); };
+  auto pick = [&](int lo, int hi) {
+    return static_cast<int>(lo + g() % static_cast<uint64_t>(hi - lo + 1));
+  };
   Topology topo = [&] {
     switch (pick(0, 3)) {
-      case 0: return cm384(pick(1, 96));
-      case 1: return nvl72(pick(1, 72));
-      case 2: return h800(8 * pick(1, 6));
-      default: return hosts_by_ranks(pick(1, 5), pick(1, 6));
+      case 0:
+        return cm384(pick(1, 96));
+      case 1:
+        return nvl72(pick(1, 72));
+      case 2:
+        return h800(8 * pick(1, 6));
+      default:
+        return hosts_by_ranks(pick(1, 5), pick(1, 6));
     }
   }();
   const int ranks = topo.ranks();
@@ -55,7 +61,8 @@ Case random_case(std::mt19937_64& g) {
   const int hot_every = pick(2, 40);
   for (size_t u = 0; u < units; ++u) {
     const int kind = pick(0, 9);
-    rows[u] = kind < 3 ? 0 : (u % static_cast<size_t>(hot_every) == 0 ? pick(20, 400) : pick(1, 12));
+    rows[u] =
+        kind < 3 ? 0 : (u % static_cast<size_t>(hot_every) == 0 ? pick(20, 400) : pick(1, 12));
   }
   Case c{std::move(topo), pick(1, 64), {}, std::move(rows)};
   c.work.src_rank = pick(0, ranks - 1);
@@ -74,12 +81,14 @@ void expect_exact_cover(const Case& c, const Plan& plan) {
   ASSERT_EQ(static_cast<size_t>(plan.worker_begin.back()), plan.items.size());
   for (const PlanItem& it : plan.items) {
     ASSERT_LT(it.row_begin, it.row_end) << "empty item";
-    const size_t u = it.expert >= 0 ? static_cast<size_t>(it.expert) : static_cast<size_t>(it.dest_rank);
+    const size_t u =
+        it.expert >= 0 ? static_cast<size_t>(it.expert) : static_cast<size_t>(it.dest_rank);
     ASSERT_LT(u, c.rows.size());
     EXPECT_EQ(it.dest_rank, static_cast<int>(u) / per_rank);
     EXPECT_EQ(it.expert >= 0, c.work.experts_per_rank > 0);
     EXPECT_EQ(it.level, c.topology.level_between(c.work.src_rank, it.dest_rank));
-    EXPECT_DOUBLE_EQ(it.bytes, static_cast<double>(it.rows()) * static_cast<double>(c.work.row_bytes));
+    EXPECT_DOUBLE_EQ(it.bytes,
+                     static_cast<double>(it.rows()) * static_cast<double>(c.work.row_bytes));
     slices[u].push_back({it.row_begin, it.row_end});
   }
   for (size_t u = 0; u < c.rows.size(); ++u) {
@@ -215,7 +224,8 @@ TEST(Scheduler, NaiveAndColumnMajorFollowTheirMaps) {
   const SendWork work{0, 4, rows, 64};
   const Plan naive = sched.plan(work);
   for (int w = 0; w < 4; ++w)
-    for (const PlanItem& it : naive.worker_items(w)) EXPECT_EQ(it.expert / 4, w) << "contiguous runs";
+    for (const PlanItem& it : naive.worker_items(w))
+      EXPECT_EQ(it.expert / 4, w) << "contiguous runs";
   sched.set_policy(Policy::kColumnMajor);
   const Plan cm = sched.plan(work);
   // Every worker gets one expert of every destination rank: an even near/far mix.

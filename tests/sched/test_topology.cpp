@@ -83,8 +83,11 @@ TEST(Topology, ConstructorNamesBadValues) {
   expect_invalid([] { Topology("t", {{"self", 1, 1}}, 2); }, {"at least 2 levels", "1"});
   expect_invalid([] { Topology("t", {{"self", 1, 1}, {"net", 1, -3}}, 2); }, {"net", "-3"});
   expect_invalid([] { Topology("t", {{"self", -2, 1}, {"net", 1, 1}}, 2); }, {"self", "-2"});
-  expect_invalid([] { Topology("t", {{"a", 1, 1}, {"b", 1, 1}, {"c", 1, 1}}, 4, {{0, 0, 1}}); },
-                 {"'b'", "3", "4"});
+  expect_invalid(
+      [] {
+        Topology("t", {{"a", 1, 1}, {"b", 1, 1}, {"c", 1, 1}}, 4, {{0, 0, 1}});
+      },
+      {"'b'", "3", "4"});
   // Ranks 0 and 1 share a 'b' domain but not a 'c' domain: not nested.
   expect_invalid(
       [] {
@@ -180,27 +183,34 @@ TEST(Json, BadFilesGiveClearErrors) {
       {"duplicate", "{\"levels\": [" + lv + "], \"levels\": []}", {"duplicate key", "levels"}},
       {"missing_levels", "{\"ranks\": 2}", {"missing key", "levels"}},
       {"levels_type", "{\"levels\": 3}", {"levels", "an array", "a number"}},
-      {"one_level", R"({"levels": [{"name": "s", "latency_ns": 1, "bandwidth_gbps": 1}]})",
+      {"one_level",
+       R"({"levels": [{"name": "s", "latency_ns": 1, "bandwidth_gbps": 1}]})",
        {"at least 2 levels", "1"}},
-      {"bad_bw", R"({"levels": [{"name": "s", "latency_ns": 1, "bandwidth_gbps": 1},
+      {"bad_bw",
+       R"({"levels": [{"name": "s", "latency_ns": 1, "bandwidth_gbps": 1},
         {"name": "all", "latency_ns": 3, "bandwidth_gbps": -4.5}]})",
        {"bandwidth_gbps", "-4.5", ":2:"}},
-      {"bad_lat_type", R"({"levels": [{"name": "s", "latency_ns": "fast", "bandwidth_gbps": 1},
+      {"bad_lat_type",
+       R"({"levels": [{"name": "s", "latency_ns": "fast", "bandwidth_gbps": 1},
         {"name": "all", "latency_ns": 3, "bandwidth_gbps": 1}]})",
        {"latency_ns", "a number", "fast"}},
       {"ranks_float", "{\"ranks\": 2.5, \"levels\": [" + lv + "]}", {"ranks", "2.5"}},
-      {"edge_group", R"({"levels": [{"name": "s", "latency_ns": 1, "bandwidth_gbps": 1, "group_size": 2},
+      {"edge_group",
+       R"({"levels": [{"name": "s", "latency_ns": 1, "bandwidth_gbps": 1, "group_size": 2},
         {"name": "all", "latency_ns": 3, "bandwidth_gbps": 1}]})",
        {"unknown key", "group_size", "same-rank"}},
-      {"both_placements", R"({"ranks": 4, "levels": [{"name": "s", "latency_ns": 1, "bandwidth_gbps": 1},
+      {"both_placements",
+       R"({"ranks": 4, "levels": [{"name": "s", "latency_ns": 1, "bandwidth_gbps": 1},
         {"name": "m", "latency_ns": 1, "bandwidth_gbps": 1, "group_size": 2, "domain_of": [0,0,1,1]},
         {"name": "all", "latency_ns": 3, "bandwidth_gbps": 1}]})",
        {"exactly one", "'m'"}},
-      {"domain_len", R"({"ranks": 4, "levels": [{"name": "s", "latency_ns": 1, "bandwidth_gbps": 1},
+      {"domain_len",
+       R"({"ranks": 4, "levels": [{"name": "s", "latency_ns": 1, "bandwidth_gbps": 1},
         {"name": "m", "latency_ns": 1, "bandwidth_gbps": 1, "domain_of": [0,0,1]},
         {"name": "all", "latency_ns": 3, "bandwidth_gbps": 1}]})",
        {"places 3 ranks", "4"}},
-      {"domain_neg", R"({"levels": [{"name": "s", "latency_ns": 1, "bandwidth_gbps": 1},
+      {"domain_neg",
+       R"({"levels": [{"name": "s", "latency_ns": 1, "bandwidth_gbps": 1},
         {"name": "m", "latency_ns": 1, "bandwidth_gbps": 1, "domain_of": [0,-1]},
         {"name": "all", "latency_ns": 3, "bandwidth_gbps": 1}]})",
        {"domain_of[1]", "-1"}},
@@ -220,7 +230,8 @@ TEST(Json, BadFilesGiveClearErrors) {
         EXPECT_NE(msg.find(p), std::string::npos) << "message lacks '" << p << "': " << msg;
     }
   }
-  expect_invalid([] { from_json("/no/such/topology.json"); }, {"cannot open", "/no/such/topology.json"});
+  expect_invalid([] { from_json("/no/such/topology.json"); },
+                 {"cannot open", "/no/such/topology.json"});
 }
 
 TEST(Discover, HostsFromTheCallerNumaFromTheMachine) {

@@ -3,11 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <map>
-#include <tuple>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <string>
+#include <tuple>
 
 #include "sim/call.hpp"
 #include "ubep/error.hpp"
@@ -53,7 +53,7 @@ void expect_plan_executed_once(Algo algo, Op op, sched::Policy policy, bool late
     issued[{tr.src, tr.worker}].push_back({tr.issue_ns, k});
     EXPECT_GE(tr.visible_ns, tr.issue_ns);
   }
-  EXPECT_EQ(simulated, planned);  // every planned item exactly once, nothing else
+  EXPECT_EQ(simulated, planned);   // every planned item exactly once, nothing else
   for (auto& [key, v] : issued) {  // each worker ran its own items, in the plan's order (window 1)
     std::stable_sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.first < b.first; });
     std::vector<Key> got;
@@ -140,7 +140,8 @@ TEST(SimCall, LocalPresetModelsTheCpuImplementation) {
   const std::string path = ::testing::TempDir() + "ubep-sim-test-calibration.json";
   {
     std::ofstream f(path);
-    f << "{\"decode_bytes\": 14680064, \"decode_copy_GBps\": 10, \"decode_stream_GBps\": 20, \"decode_reduce_GBps\": 8,"
+    f << "{\"decode_bytes\": 14680064, \"decode_copy_GBps\": 10, \"decode_stream_GBps\": 20, "
+         "\"decode_reduce_GBps\": 8,"
          " \"decode_staged_reduce_GBps\": 8, \"prefill_staged_reduce_GBps\": 3,"
          " \"prefill_bytes\": 117440512, \"prefill_copy_GBps\": 4, \"prefill_stream_GBps\": 5,"
          " \"prefill_reduce_GBps\": 3, \"handoff_ns\": 100}";

@@ -58,7 +58,8 @@ void make_routing(int64_t tokens, int topk, int experts, const std::string& rout
     while (static_cast<int>(chosen.size()) < topk) {
       int64_t e = static_cast<int64_t>(rng() % static_cast<uint64_t>(experts));
       // "hot": half of the picks go to 8 hot experts spread over the ranks.
-      if (routing == "hot" && rng() % 2 == 0) e = static_cast<int64_t>(rng() % static_cast<uint64_t>(hot)) * (experts / hot);
+      if (routing == "hot" && rng() % 2 == 0)
+        e = static_cast<int64_t>(rng() % static_cast<uint64_t>(hot)) * (experts / hot);
       if (std::find(chosen.begin(), chosen.end(), e) == chosen.end()) chosen.push_back(e);
     }
     for (int64_t e : chosen) {
@@ -97,7 +98,8 @@ Input make_input(const Group& g, const BenchOptions& o) {
       std::memcpy(&in.x[static_cast<size_t>(i) * 4], &f, 4);
     }
   }
-  make_routing(o.tokens, o.topk, o.experts, o.routing, o.seed * 131 + static_cast<uint64_t>(g.rank()), &in.idx, &in.w);
+  make_routing(o.tokens, o.topk, o.experts, o.routing,
+               o.seed * 131 + static_cast<uint64_t>(g.rank()), &in.idx, &in.w);
   in.args.x = TensorView(in.x.data(), o.dtype, {o.tokens, o.hidden});
   in.args.topk_idx = TensorView(in.idx.data(), DType::kInt64, {o.tokens, o.topk});
   in.args.topk_weights = TensorView(in.w.data(), DType::kFP32, {o.tokens, o.topk});
@@ -119,16 +121,19 @@ CombineArgs expert_identity(const DispatchResult& r, Buffer* buf, size_t row_byt
   } else {
     const int64_t rows = r.recv_x.dim(1);
     for (int64_t e = 0; e < r.recv_x.dim(0); ++e)
-      std::memcpy(dst + static_cast<size_t>(e * rows) * row_bytes, src + static_cast<size_t>(e * rows) * row_bytes,
+      std::memcpy(dst + static_cast<size_t>(e * rows) * row_bytes,
+                  src + static_cast<size_t>(e * rows) * row_bytes,
                   static_cast<size_t>(r.recv_count.as<int64_t>()[e]) * row_bytes);
   }
   return CombineArgs{out, r.handle};
 }
 
 double dispatch_bytes(const DispatchResult& r, size_t row_bytes) {
-  if (r.layout == Layout::kThroughput) return static_cast<double>(r.num_recv_rows) * static_cast<double>(row_bytes);
+  if (r.layout == Layout::kThroughput)
+    return static_cast<double>(r.num_recv_rows) * static_cast<double>(row_bytes);
   double rows = 0;
-  for (int64_t e = 0; e < r.recv_count.dim(0); ++e) rows += static_cast<double>(r.recv_count.as<int64_t>()[e]);
+  for (int64_t e = 0; e < r.recv_count.dim(0); ++e)
+    rows += static_cast<double>(r.recv_count.as<int64_t>()[e]);
   return rows * static_cast<double>(row_bytes);
 }
 
@@ -141,8 +146,12 @@ double combine_bytes(const Input& in, const BenchOptions& o, int ranks, size_t r
     for (int j = 0; j < o.topk; ++j) {
       const int64_t e = in.idx[static_cast<size_t>(t * o.topk + j)];
       if (e < 0) continue;
-      if (o.layout == Layout::kLatency) rows += 1;
-      else if (!seen[static_cast<size_t>(e / El)]) { seen[static_cast<size_t>(e / El)] = true; rows += 1; }
+      if (o.layout == Layout::kLatency)
+        rows += 1;
+      else if (!seen[static_cast<size_t>(e / El)]) {
+        seen[static_cast<size_t>(e / El)] = true;
+        rows += 1;
+      }
     }
   }
   return rows * static_cast<double>(row_bytes);
@@ -154,7 +163,8 @@ std::vector<double> slowest_per_iter(Group& g, const std::vector<double>& mine) 
   g.allgather(mine.data(), all.data(), mine.size() * sizeof(double));
   std::vector<double> out(mine.size(), 0.0);
   for (int r = 0; r < g.size(); ++r)
-    for (size_t i = 0; i < mine.size(); ++i) out[i] = std::max(out[i], all[static_cast<size_t>(r) * mine.size() + i]);
+    for (size_t i = 0; i < mine.size(); ++i)
+      out[i] = std::max(out[i], all[static_cast<size_t>(r) * mine.size() + i]);
   return out;
 }
 
@@ -169,7 +179,9 @@ double mean_over_ranks(Group& g, double v) {
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1, static_cast<size_t>(std::ceil(p * static_cast<double>(v.size()))) - (p > 0 ? 1 : 0));
+  const size_t i =
+      std::min(v.size() - 1,
+               static_cast<size_t>(std::ceil(p * static_cast<double>(v.size()))) - (p > 0 ? 1 : 0));
   return v[i];
 }
 
@@ -195,8 +207,8 @@ class Progress {
   bool shown_ = false;
 };
 
-BenchRow make_row(Group& g, const std::string& impl, const std::string& variant, const std::string& op,
-                  const std::vector<double>& times, double bytes) {
+BenchRow make_row(Group& g, const std::string& impl, const std::string& variant,
+                  const std::string& op, const std::vector<double>& times, double bytes) {
   BenchRow r;
   r.impl = impl;
   r.variant = variant;
@@ -226,7 +238,8 @@ void dump_call(Group& g, const BenchOptions& o, const Input& in, const DispatchR
   write_npy(p + "recv_src.npy", r.recv_src.data, "<i8", ss, 8);
   if (r.layout == Layout::kThroughput) {
     write_npy(p + "recv_topk_idx.npy", r.recv_topk_idx.data, "<i4", {r.num_recv_rows, o.topk}, 4);
-    write_npy(p + "recv_topk_weights.npy", r.recv_topk_weights.data, "<f4", {r.num_recv_rows, o.topk}, 4);
+    write_npy(p + "recv_topk_weights.npy", r.recv_topk_weights.data, "<f4",
+              {r.num_recv_rows, o.topk}, 4);
   }
   write_npy(p + "recv_count.npy", r.recv_count.data, "<i8", {r.recv_count.dim(0)}, 8);
   write_npy(p + "combine_in.npy", r.recv_x.data, xd, xs, es);  // identity expert
@@ -234,9 +247,10 @@ void dump_call(Group& g, const BenchOptions& o, const Input& in, const DispatchR
   if (g.rank() == 0) {
     std::ofstream m(o.dump + "/meta.json");
     m << "{\"ranks\": " << g.size() << ", \"tokens\": " << o.tokens << ", \"hidden\": " << o.hidden
-      << ", \"topk\": " << o.topk << ", \"experts\": " << o.experts << ", \"dtype\": \"" << dtype_name(o.dtype)
-      << "\", \"bf16_as\": \"uint16 bit patterns\", \"layout\": \"" << layout_name(o.layout)
-      << "\", \"impl\": \"" << impl << "\", \"expert\": \"identity (combine_in = recv_x)\""
+      << ", \"topk\": " << o.topk << ", \"experts\": " << o.experts << ", \"dtype\": \""
+      << dtype_name(o.dtype) << "\", \"bf16_as\": \"uint16 bit patterns\", \"layout\": \""
+      << layout_name(o.layout) << "\", \"impl\": \"" << impl
+      << "\", \"expert\": \"identity (combine_in = recv_x)\""
       << ", \"latency_layout_rows\": \"recv_x[e, :recv_count[e]] are valid\"}\n";
   }
 }
@@ -245,7 +259,8 @@ void dump_call(Group& g, const BenchOptions& o, const Input& in, const DispatchR
 
 std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   UBEP_CHECK_ARG(o.iters >= 1, "--iters must be >= 1, got ", o.iters);
-  UBEP_CHECK_ARG(o.experts % g.size() == 0, "--experts ", o.experts, " must be a multiple of the rank count ", g.size());
+  UBEP_CHECK_ARG(o.experts % g.size() == 0, "--experts ", o.experts,
+                 " must be a multiple of the rank count ", g.size());
   Input in = make_input(g, o);
   BufferConfig cfg;
   cfg.max_tokens_per_rank = std::max<int64_t>(o.tokens, 1);
@@ -281,8 +296,8 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   double dbytes_any = 0;
   bool dumped = o.dump.empty();
 
-  auto measure = [&](const std::string& impl, const std::string& variant, auto&& dispatch, auto&& combine,
-                     auto&& stats, Buffer* buf) {
+  auto measure = [&](const std::string& impl, const std::string& variant, auto&& dispatch,
+                     auto&& combine, auto&& stats, Buffer* buf) {
     std::vector<double> td, tc;
     std::map<std::string, double> stage_sum;
     std::vector<std::string> stage_order;
@@ -330,18 +345,23 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   for (const std::string& a : o.algos) {
     if (a == "mpi") {
       AlltoallBaseline base(g, cfg);
-      measure(base.name(), "", [&] { return base.dispatch(in.args); },
-              [&](const CombineArgs& c) { return base.combine(c); }, [] { return (const CallStats*)nullptr; }, nullptr);
+      measure(
+          base.name(), "", [&] { return base.dispatch(in.args); },
+          [&](const CombineArgs& c) { return base.combine(c); },
+          [] { return (const CallStats*)nullptr; }, nullptr);
     } else if (a == "bsp" || a == "ubep") {
       const Algorithm algo = parse_algorithm(a);
       cfg.algorithm = algo;
       Buffer buf(g, cfg);
-      const std::vector<SyncMode> modes = algo == Algorithm::kUbep ? o.syncs : std::vector<SyncMode>{SyncMode::kFused};
+      const std::vector<SyncMode> modes =
+          algo == Algorithm::kUbep ? o.syncs : std::vector<SyncMode>{SyncMode::kFused};
       for (SyncMode m : modes) {
         buf.set_sync_mode(m);
-        measure(a, algo == Algorithm::kUbep && o.syncs.size() > 1 ? sync_mode_name(m) : "",
-                [&] { return buf.dispatch(in.args); }, [&](const CombineArgs& c) { return buf.combine(c); },
-                [&] { return &buf.last_stats(); }, &buf);
+        measure(
+            a, algo == Algorithm::kUbep && o.syncs.size() > 1 ? sync_mode_name(m) : "",
+            [&] { return buf.dispatch(in.args); },
+            [&](const CombineArgs& c) { return buf.combine(c); }, [&] { return &buf.last_stats(); },
+            &buf);
       }
     } else {
       throw InvalidArgument("unknown --algo entry '" + a + "' (expected mpi, bsp or ubep)");
@@ -352,7 +372,8 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   if (dbytes_any == 0 && !o.algos.empty()) dbytes_any = 0;
   for (const char* op : {"dispatch", "combine"}) {
     const double bytes = std::string(op) == "dispatch" ? dbytes_any : cbytes;
-    std::vector<char> src(static_cast<size_t>(bytes) + 1, 1), dst(static_cast<size_t>(bytes) + 1, 0);
+    std::vector<char> src(static_cast<size_t>(bytes) + 1, 1),
+        dst(static_cast<size_t>(bytes) + 1, 0);
     std::vector<double> t;
     for (int i = 0; i < total; ++i) {
       auto t0 = Clock::now();
@@ -374,19 +395,26 @@ std::vector<PolicyRow> policy_report(Group& g, const BenchOptions& o) {
   // Latency layout: one unit per destination expert (the paper's (worker x expert) mapping);
   // throughput: one unit per destination rank.
   const bool per_expert = o.layout == Layout::kLatency;
-  std::vector<int64_t> rows(per_expert ? static_cast<size_t>(o.experts) : static_cast<size_t>(g.size()), 0);
+  std::vector<int64_t> rows(
+      per_expert ? static_cast<size_t>(o.experts) : static_cast<size_t>(g.size()), 0);
   for (int64_t t = 0; t < o.tokens; ++t) {
     std::vector<bool> seen(static_cast<size_t>(g.size()), false);
     for (int j = 0; j < o.topk; ++j) {
       const int64_t e = in.idx[static_cast<size_t>(t * o.topk + j)];
       if (e < 0) continue;
-      if (per_expert) ++rows[static_cast<size_t>(e)];
-      else if (!seen[static_cast<size_t>(e / El)]) { seen[static_cast<size_t>(e / El)] = true; ++rows[static_cast<size_t>(e / El)]; }
+      if (per_expert)
+        ++rows[static_cast<size_t>(e)];
+      else if (!seen[static_cast<size_t>(e / El)]) {
+        seen[static_cast<size_t>(e / El)] = true;
+        ++rows[static_cast<size_t>(e / El)];
+      }
     }
   }
-  for (sched::Policy p : {sched::Policy::kNaive, sched::Policy::kColumnMajor, sched::Policy::kBalanced}) {
+  for (sched::Policy p :
+       {sched::Policy::kNaive, sched::Policy::kColumnMajor, sched::Policy::kBalanced}) {
     sched::Scheduler s(topo, {o.plan_workers, p});
-    const sched::Plan plan = s.plan({g.rank(), per_expert ? El : 0, rows, o.hidden * static_cast<int64_t>(dtype_size(o.dtype))});
+    const sched::Plan plan = s.plan({g.rank(), per_expert ? El : 0, rows,
+                                     o.hidden * static_cast<int64_t>(dtype_size(o.dtype))});
     PolicyRow r;
     r.policy = sched::policy_name(p);
     r.slowest_us = mean_over_ranks(g, plan.slowest_ns / 1e3);
@@ -397,31 +425,40 @@ std::vector<PolicyRow> policy_report(Group& g, const BenchOptions& o) {
   return out;
 }
 
-void print_policy_report(const Group& g, const BenchOptions& o, const std::vector<PolicyRow>& rows) {
+void print_policy_report(const Group& g, const BenchOptions& o,
+                         const std::vector<PolicyRow>& rows) {
   if (g.rank() != 0 || rows.empty()) return;
-  std::printf("scheduler on topology %s, %d workers per rank, predicted send time (mean over ranks):\n", o.topology.c_str(),
-              o.plan_workers);
+  std::printf(
+      "scheduler on topology %s, %d workers per rank, predicted send time (mean over ranks):\n",
+      o.topology.c_str(), o.plan_workers);
   std::printf("  %-13s %12s %10s %18s\n", "policy", "slowest_us", "mean_us", "imbalance(max/mean)");
-  for (const auto& r : rows) std::printf("  %-13s %12.2f %10.2f %18.3f\n", r.policy.c_str(), r.slowest_us, r.mean_us, r.imbalance);
+  for (const auto& r : rows)
+    std::printf("  %-13s %12.2f %10.2f %18.3f\n", r.policy.c_str(), r.slowest_us, r.mean_us,
+                r.imbalance);
 }
 
 void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchRow>& rows) {
   if (g.rank() != 0) return;
-  std::printf("ubep-bench: %s on %s(%d ranks), tokens=%lld hidden=%lld topk=%d experts=%d %s layout=%s routing=%s iters=%d\n",
-              o.workload.c_str(), g.kind(), g.size(), static_cast<long long>(o.tokens),
-              static_cast<long long>(o.hidden), o.topk, o.experts, dtype_name(o.dtype), layout_name(o.layout),
-              o.routing.c_str(), o.iters);
-  std::printf("%-22s %-9s %11s %11s %9s %10s %9s\n", "impl", "op", "median_us", "p99_us", "GB/s", "MB/rank", "barriers");
+  std::printf(
+      "ubep-bench: %s on %s(%d ranks), tokens=%lld hidden=%lld topk=%d experts=%d %s layout=%s "
+      "routing=%s iters=%d\n",
+      o.workload.c_str(), g.kind(), g.size(), static_cast<long long>(o.tokens),
+      static_cast<long long>(o.hidden), o.topk, o.experts, dtype_name(o.dtype),
+      layout_name(o.layout), o.routing.c_str(), o.iters);
+  std::printf("%-22s %-9s %11s %11s %9s %10s %9s\n", "impl", "op", "median_us", "p99_us", "GB/s",
+              "MB/rank", "barriers");
   for (const auto& r : rows) {
     const std::string name = r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")");
-    std::printf("%-22s %-9s %11.1f %11.1f %9.2f %10.2f", name.c_str(), r.op.c_str(), r.median_us, r.p99_us, r.gbps,
-                r.bytes / 1e6);
-    if (r.op == "dispatch" && (r.impl == "bsp" || r.impl == "ubep")) std::printf(" %9.1f", r.barriers);
+    std::printf("%-22s %-9s %11.1f %11.1f %9.2f %10.2f", name.c_str(), r.op.c_str(), r.median_us,
+                r.p99_us, r.gbps, r.bytes / 1e6);
+    if (r.op == "dispatch" && (r.impl == "bsp" || r.impl == "ubep"))
+      std::printf(" %9.1f", r.barriers);
     std::printf("\n");
   }
   // Dispatch + combine ratios against the baseline (medians).
   std::map<std::string, double> total;
-  for (const auto& r : rows) total[r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")] += r.median_us;
+  for (const auto& r : rows)
+    total[r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")] += r.median_us;
   const std::string base = total.count("mpi") ? "mpi" : (total.count("a2a") ? "a2a" : "");
   std::printf("dispatch+combine median:");
   for (auto& [k, v] : total) {
@@ -430,13 +467,17 @@ void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchR
   }
   std::printf("\n");
   for (const auto& r : rows) {
-    if (r.op != "dispatch" || r.expected_network_rows == 0 || (r.impl != "bsp" && r.impl != "ubep")) continue;
-    std::printf("%s dispatch across hosts (mean per rank per call): %.0f token rows (deduplicated volume computed from the routing: %.0f), %.2f MB\n",
-                r.impl.c_str(), r.network_rows, r.expected_network_rows, r.network_bytes / 1e6);
+    if (r.op != "dispatch" || r.expected_network_rows == 0 || (r.impl != "bsp" && r.impl != "ubep"))
+      continue;
+    std::printf(
+        "%s dispatch across hosts (mean per rank per call): %.0f token rows (deduplicated volume "
+        "computed from the routing: %.0f), %.2f MB\n",
+        r.impl.c_str(), r.network_rows, r.expected_network_rows, r.network_bytes / 1e6);
   }
   for (const auto& r : rows) {
     if (r.stages.empty() || r.op != "dispatch") continue;
-    std::printf("%s dispatch stages (mean us):", (r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")).c_str());
+    std::printf("%s dispatch stages (mean us):",
+                (r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")).c_str());
     for (auto& [n, us] : r.stages) std::printf("  %s %.1f", n.c_str(), us);
     std::printf("\n");
   }
@@ -447,19 +488,22 @@ void write_json(const Group& g, const BenchOptions& o, const std::vector<BenchRo
   if (g.rank() != 0 || o.json.empty()) return;
   std::ofstream f(o.json);
   if (!f) throw SystemError("cannot write " + o.json);
-  f << "{\"config\": {\"workload\": \"" << o.workload << "\", \"group\": \"" << g.kind() << "\", \"ranks\": " << g.size()
-    << ", \"tokens\": " << o.tokens << ", \"hidden\": " << o.hidden << ", \"topk\": " << o.topk
-    << ", \"experts\": " << o.experts << ", \"dtype\": \"" << dtype_name(o.dtype) << "\", \"layout\": \""
-    << layout_name(o.layout) << "\", \"routing\": \"" << o.routing << "\", \"iters\": " << o.iters
-    << ", \"warmup\": " << o.warmup << "},\n \"results\": [";
+  f << "{\"config\": {\"workload\": \"" << o.workload << "\", \"group\": \"" << g.kind()
+    << "\", \"ranks\": " << g.size() << ", \"tokens\": " << o.tokens << ", \"hidden\": " << o.hidden
+    << ", \"topk\": " << o.topk << ", \"experts\": " << o.experts << ", \"dtype\": \""
+    << dtype_name(o.dtype) << "\", \"layout\": \"" << layout_name(o.layout) << "\", \"routing\": \""
+    << o.routing << "\", \"iters\": " << o.iters << ", \"warmup\": " << o.warmup
+    << "},\n \"results\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
-    f << (i ? ",\n  " : "\n  ") << "{\"impl\": \"" << r.impl << "\", \"op\": \"" << r.op << "\", \"median_us\": " << r.median_us
-      << ", \"p99_us\": " << r.p99_us << ", \"gbps\": " << r.gbps << ", \"bytes_per_rank\": " << r.bytes;
+    f << (i ? ",\n  " : "\n  ") << "{\"impl\": \"" << r.impl << "\", \"op\": \"" << r.op
+      << "\", \"median_us\": " << r.median_us << ", \"p99_us\": " << r.p99_us
+      << ", \"gbps\": " << r.gbps << ", \"bytes_per_rank\": " << r.bytes;
     if (!r.variant.empty()) f << ", \"sync\": \"" << r.variant << "\"";
     if (r.impl == "bsp" || r.impl == "ubep") f << ", \"barriers\": " << r.barriers;
     if (r.op == "dispatch" && r.expected_network_rows > 0)
-      f << ", \"network_rows\": " << r.network_rows << ", \"expected_network_rows\": " << r.expected_network_rows
+      f << ", \"network_rows\": " << r.network_rows
+        << ", \"expected_network_rows\": " << r.expected_network_rows
         << ", \"network_bytes\": " << r.network_bytes;
     if (!r.stages.empty()) {
       f << ", \"stages_us\": {";

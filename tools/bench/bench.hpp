@@ -38,9 +38,9 @@ struct BenchOptions {
 };
 
 struct BenchRow {
-  std::string impl;  // mpi | a2a | bsp | ubep | copy
+  std::string impl;     // mpi | a2a | bsp | ubep | copy
   std::string variant;  // sync mode for ubep, "" otherwise
-  std::string op;    // dispatch | combine
+  std::string op;       // dispatch | combine
   double median_us = 0, p99_us = 0, gbps = 0;
   double bytes = 0;  // mean bytes received per rank per call
   double barriers = 0;
@@ -55,7 +55,8 @@ struct PolicyRow {
   double slowest_us = 0, mean_us = 0, imbalance = 0;
 };
 std::vector<PolicyRow> policy_report(Group& group, const BenchOptions& opt);
-void print_policy_report(const Group& group, const BenchOptions& opt, const std::vector<PolicyRow>& rows);
+void print_policy_report(const Group& group, const BenchOptions& opt,
+                         const std::vector<PolicyRow>& rows);
 
 // Collective over the group; every rank returns the same rows.
 std::vector<BenchRow> run_bench(Group& group, const BenchOptions& opt);

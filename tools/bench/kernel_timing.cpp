@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
   const int iters = argc > 2 ? std::atoi(argv[2]) : 20000;
   const size_t row = static_cast<size_t>(hidden) * 2;
   std::vector<uint16_t> rows(static_cast<size_t>(8 * hidden)), out(static_cast<size_t>(hidden));
-  for (size_t i = 0; i < rows.size(); ++i) rows[i] = float_to_bf16(0.5f + static_cast<float>(i % 97) / 97.0f);
+  for (size_t i = 0; i < rows.size(); ++i)
+    rows[i] = float_to_bf16(0.5f + static_cast<float>(i % 97) / 97.0f);
   std::printf("ubep-kernel-timing: bf16 rows of hidden %lld, in cache, one thread, %d iterations\n",
               static_cast<long long>(hidden), iters);
   std::printf("%-44s %10s\n", "kernel", "us/call");
@@ -38,15 +39,18 @@ int main(int argc, char** argv) {
     }
     char name[64];
     std::snprintf(name, sizeof name, "reduce_rows, %d weighted rows", n);
-    std::printf("%-44s %10.2f\n", name,
-                time_us(iters, [&] { kernels::reduce_rows(out.data(), DType::kBF16, hidden, p, w, n); }));
+    std::printf("%-44s %10.2f\n", name, time_us(iters, [&] {
+                  kernels::reduce_rows(out.data(), DType::kBF16, hidden, p, w, n);
+                }));
   }
   std::vector<char> dst(8 * row + 64);
   char* d = dst.data() + (64 - reinterpret_cast<uintptr_t>(dst.data()) % 64) % 64;
   std::printf("%-44s %10.2f\n", "memcpy of 8 rows",
               time_us(iters, [&] { std::memcpy(d, rows.data(), 8 * row); }));
   std::printf("%-44s %10.2f\n", "copy_row_to_peer (non-temporal) of 8 rows", time_us(iters, [&] {
-                for (int i = 0; i < 8; ++i) kernels::copy_row_to_peer(d + i * row, &rows[static_cast<size_t>(i * hidden)], row);
+                for (int i = 0; i < 8; ++i)
+                  kernels::copy_row_to_peer(d + i * row, &rows[static_cast<size_t>(i * hidden)],
+                                            row);
               }));
   return 0;
 }

@@ -79,31 +79,53 @@ int main(int argc, char** argv) {
       if (a == "--help" || a == "-h") {
         std::fputs(kUsage, stdout);
         return 0;
-      } else if (a == "--ranks") ranks = static_cast<int>(num());
-      else if (a == "--workload") next();
-      else if (a == "--tokens") opt.tokens = num();
-      else if (a == "--hidden") opt.hidden = num();
-      else if (a == "--topk") opt.topk = static_cast<int>(num());
-      else if (a == "--experts") opt.experts = static_cast<int>(num());
-      else if (a == "--dtype") opt.dtype = parse_dtype(next());
-      else if (a == "--layout") opt.layout = parse_layout(next());
-      else if (a == "--routing") opt.routing = next();
-      else if (a == "--algo") opt.algos = split(next());
+      } else if (a == "--ranks")
+        ranks = static_cast<int>(num());
+      else if (a == "--workload")
+        next();
+      else if (a == "--tokens")
+        opt.tokens = num();
+      else if (a == "--hidden")
+        opt.hidden = num();
+      else if (a == "--topk")
+        opt.topk = static_cast<int>(num());
+      else if (a == "--experts")
+        opt.experts = static_cast<int>(num());
+      else if (a == "--dtype")
+        opt.dtype = parse_dtype(next());
+      else if (a == "--layout")
+        opt.layout = parse_layout(next());
+      else if (a == "--routing")
+        opt.routing = next();
+      else if (a == "--algo")
+        opt.algos = split(next());
       else if (a == "--sync") {
         opt.syncs.clear();
         for (auto& s : split(next())) opt.syncs.push_back(parse_sync_mode(s));
-      } else if (a == "--workers") opt.workers = static_cast<int>(num());
-      else if (a == "--topology") opt.topology = next();
-      else if (a == "--schedule") opt.schedule = parse_send_schedule(next());
-      else if (a == "--plan-workers") opt.plan_workers = static_cast<int>(num());
-      else if (a == "--iters") opt.iters = static_cast<int>(num());
-      else if (a == "--warmup") opt.warmup = static_cast<int>(num());
-      else if (a == "--seed") opt.seed = static_cast<uint64_t>(num());
-      else if (a == "--json") opt.json = next();
-      else if (a == "--dump") opt.dump = next();
-      else if (a == "--quiet") opt.quiet = true;
-      else if (a == "--timeout") timeout_s = static_cast<double>(num());
-      else throw InvalidArgument("unknown option '" + a + "' (see --help)");
+      } else if (a == "--workers")
+        opt.workers = static_cast<int>(num());
+      else if (a == "--topology")
+        opt.topology = next();
+      else if (a == "--schedule")
+        opt.schedule = parse_send_schedule(next());
+      else if (a == "--plan-workers")
+        opt.plan_workers = static_cast<int>(num());
+      else if (a == "--iters")
+        opt.iters = static_cast<int>(num());
+      else if (a == "--warmup")
+        opt.warmup = static_cast<int>(num());
+      else if (a == "--seed")
+        opt.seed = static_cast<uint64_t>(num());
+      else if (a == "--json")
+        opt.json = next();
+      else if (a == "--dump")
+        opt.dump = next();
+      else if (a == "--quiet")
+        opt.quiet = true;
+      else if (a == "--timeout")
+        timeout_s = static_cast<double>(num());
+      else
+        throw InvalidArgument("unknown option '" + a + "' (see --help)");
     }
     UBEP_CHECK_ARG(opt.tokens >= 0, "--tokens must be >= 0, got ", opt.tokens);
     UBEP_CHECK_ARG(opt.warmup >= 0, "--warmup must be >= 0, got ", opt.warmup);
@@ -123,7 +145,8 @@ int main(int argc, char** argv) {
     GroupOptions go;
     go.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
     // "HxR": H hosts of R ranks each, forced on this machine.
-    if (const auto x = opt.topology.find('x'); x != std::string::npos && x > 0 &&
+    if (const auto x = opt.topology.find('x');
+        x != std::string::npos && x > 0 &&
         opt.topology.find_first_not_of("0123456789x") == std::string::npos) {
       go.ranks_per_host = std::stoi(opt.topology.substr(x + 1));
       if (!under_mpi) ranks = std::stoi(opt.topology.substr(0, x)) * go.ranks_per_host;

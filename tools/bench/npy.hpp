@@ -16,10 +16,12 @@ inline void write_npy(const std::string& path, const void* data, const std::stri
   std::string dims;
   size_t n = 1;
   for (size_t i = 0; i < shape.size(); ++i) {
-    dims += std::to_string(shape[i]) + (shape.size() == 1 ? "," : (i + 1 < shape.size() ? ", " : ""));
+    dims +=
+        std::to_string(shape[i]) + (shape.size() == 1 ? "," : (i + 1 < shape.size() ? ", " : ""));
     n *= static_cast<size_t>(shape[i]);
   }
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" + dims + "), }";
+  std::string header =
+      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': (" + dims + "), }";
   const size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header += '\n';

@@ -41,7 +41,8 @@ struct Options {
   int experts = 16, topk = 2;
   DType dtype = DType::kBF16;
   FfnKind ffn = FfnKind::kGated;
-  std::vector<RouterMode> routers{RouterMode::kBalanced, RouterMode::kModerateSkew, RouterMode::kStressSkew};
+  std::vector<RouterMode> routers{RouterMode::kBalanced, RouterMode::kModerateSkew,
+                                  RouterMode::kStressSkew};
   std::vector<int64_t> tiles{64};
   std::vector<int> comm_workers{1};
   int compute_workers = 1;
@@ -63,7 +64,8 @@ std::vector<T> parse_list(const std::string& s, F f) {
 void usage() {
   std::puts(
       "usage: ubep-moe-bench [--ranks N] [--hidden H] [--inter I] [--experts E] [--topk K]\n"
-      "         [--tokens T] [--dtype bf16|fp32] [--ffn gated|single] [--router balanced,moderate,stress]\n"
+      "         [--tokens T] [--dtype bf16|fp32] [--ffn gated|single] [--router "
+      "balanced,moderate,stress]\n"
       "         [--tile 32,64,...] [--comm-workers 1,2,...] [--compute-workers C] [--iters N]\n"
       "         [--warmup N] [--local-first] [--timeout S] [--link-gbps G]\n"
       "--link-gbps G: remote segments also pay G GB/s of emulated link time (a sleep).\n"
@@ -79,8 +81,8 @@ double median(std::vector<double> v) {
 
 // Per-rank measurements of one run, gathered to every rank.
 struct Sample {
-  double layer_us, op_us, compute_phase_us, ship_phase_us, reduce_us, compute_us, gather_us, copy_us,
-      comm_idle_us, reduce_wait_us, rows, remote_rows, tiles, segments;
+  double layer_us, op_us, compute_phase_us, ship_phase_us, reduce_us, compute_us, gather_us,
+      copy_us, comm_idle_us, reduce_wait_us, rows, remote_rows, tiles, segments;
 };
 
 struct Summary {
@@ -143,7 +145,8 @@ int bench(Group& g, const Options& o) {
   const int R = g.size(), me = g.rank();
   const bool root = me == 0;
   const int El = o.experts / R;
-  UBEP_CHECK_ARG(o.experts % R == 0, "--experts ", o.experts, " must be a multiple of the ranks ", R);
+  UBEP_CHECK_ARG(o.experts % R == 0, "--experts ", o.experts, " must be a multiple of the ranks ",
+                 R);
   int64_t max_tile = 1;
   for (auto t : o.tiles) max_tile = std::max(max_tile, t);
 
@@ -163,7 +166,9 @@ int bench(Group& g, const Options& o) {
   // Inputs: x deterministic per rank.
   std::vector<char> x(static_cast<size_t>(o.tokens * o.hidden) * dtype_size(o.dtype));
   for (int64_t i = 0; i < o.tokens * o.hidden; ++i) {
-    const float v = static_cast<float>((i * 2654435761u + static_cast<uint64_t>(me) * 977) % 2001) / 1000.0f - 1.0f;
+    const float v =
+        static_cast<float>((i * 2654435761u + static_cast<uint64_t>(me) * 977) % 2001) / 1000.0f -
+        1.0f;
     if (o.dtype == DType::kBF16) {
       const uint16_t b = float_to_bf16(v);
       std::memcpy(x.data() + i * 2, &b, 2);
@@ -172,20 +177,35 @@ int bench(Group& g, const Options& o) {
     }
   }
   if (root) {
-    std::printf("# ubep-moe-bench: group %s, hidden %lld, intermediate %lld, ffn %s, experts %d (%d per rank), top-%d, "
-                "%lld tokens/rank, %s, compute workers %d, %s, iters %d (+%d warm-up)\n",
-                g.kind(), static_cast<long long>(o.hidden), static_cast<long long>(o.inter), ffn_kind_name(o.ffn),
-                o.experts, El, o.topk, static_cast<long long>(o.tokens), dtype_name(o.dtype), o.compute_workers,
-                o.remote_first ? "remote-first" : "local-first (ablation)", o.iters, o.warmup);
-    if (o.link_gbps > 0) std::printf("# emulated link: remote segments sleep for bytes / %.3f GB/s\n", o.link_gbps);
-    std::printf("# expert weights %.0f MiB per rank (built in %.1f s), hardware threads %u, OPENBLAS_NUM_THREADS=1\n",
-                static_cast<double>(ffn.weight_bytes()) / (1 << 20), init_s, std::thread::hardware_concurrency());
-    std::printf("# times in ms: slowest rank, median; breakdown columns: mean over ranks of per-role sums\n");
-    std::printf("# exposed comm = op time - compute phase (slowest ranks); overlap ratio = 1 - exposed ovl / exposed ser\n");
-    std::printf("| router | tile | comm w | layer serial | layer overlap | op serial | op overlap | op speedup (paired) | "
-                "exposed comm ser/ovl | overlap ratio | compute phase ser/ovl | compute ser/ovl | gather | copy | comm idle | reduce wait | rows/rank max/min | "
-                "remote rows | segments/tiles | GFLOP/s |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "# ubep-moe-bench: group %s, hidden %lld, intermediate %lld, ffn %s, experts %d (%d per "
+        "rank), top-%d, "
+        "%lld tokens/rank, %s, compute workers %d, %s, iters %d (+%d warm-up)\n",
+        g.kind(), static_cast<long long>(o.hidden), static_cast<long long>(o.inter),
+        ffn_kind_name(o.ffn), o.experts, El, o.topk, static_cast<long long>(o.tokens),
+        dtype_name(o.dtype), o.compute_workers,
+        o.remote_first ? "remote-first" : "local-first (ablation)", o.iters, o.warmup);
+    if (o.link_gbps > 0)
+      std::printf("# emulated link: remote segments sleep for bytes / %.3f GB/s\n", o.link_gbps);
+    std::printf(
+        "# expert weights %.0f MiB per rank (built in %.1f s), hardware threads %u, "
+        "OPENBLAS_NUM_THREADS=1\n",
+        static_cast<double>(ffn.weight_bytes()) / (1 << 20), init_s,
+        std::thread::hardware_concurrency());
+    std::printf(
+        "# times in ms: slowest rank, median; breakdown columns: mean over ranks of per-role "
+        "sums\n");
+    std::printf(
+        "# exposed comm = op time - compute phase (slowest ranks); overlap ratio = 1 - exposed ovl "
+        "/ exposed ser\n");
+    std::printf(
+        "| router | tile | comm w | layer serial | layer overlap | op serial | op overlap | op "
+        "speedup (paired) | "
+        "exposed comm ser/ovl | overlap ratio | compute phase ser/ovl | compute ser/ovl | gather | "
+        "copy | comm idle | reduce wait | rows/rank max/min | "
+        "remote rows | segments/tiles | GFLOP/s |\n");
+    std::printf(
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::fflush(stdout);
   }
 
@@ -214,10 +234,12 @@ int bench(Group& g, const Options& o) {
         if (o.link_gbps > 0) {
           // Emulated link (DMA engine / NIC / NVLink): the shipper sleeps for the transfer time,
           // which occupies the communication worker but not a core, as a real DMA transfer would.
-          const double row_bytes = static_cast<double>(o.hidden * static_cast<int64_t>(dtype_size(o.dtype)));
+          const double row_bytes =
+              static_cast<double>(o.hidden * static_cast<int64_t>(dtype_size(o.dtype)));
           const double gbps = o.link_gbps;
           layer.set_ship_delay_hook([row_bytes, gbps](int, int64_t rows) {
-            std::this_thread::sleep_for(std::chrono::duration<double>(static_cast<double>(rows) * row_bytes / (gbps * 1e9)));
+            std::this_thread::sleep_for(std::chrono::duration<double>(static_cast<double>(rows) *
+                                                                      row_bytes / (gbps * 1e9)));
           });
         }
         std::vector<std::vector<Sample>> its[2];
@@ -234,12 +256,21 @@ int bench(Group& g, const Options& o) {
             TensorView y = layer.run(d, a.topk_idx, a.topk_weights, fn, s);
             const auto t2 = Clock::now();
             const LayerStats& st = layer.last_stats();
-            ys[si].assign(static_cast<const char*>(y.data), static_cast<const char*>(y.data) + y.bytes());
+            ys[si].assign(static_cast<const char*>(y.data),
+                          static_cast<const char*>(y.data) + y.bytes());
             Sample smp{std::chrono::duration<double, std::micro>(t2 - t0).count(),
                        std::chrono::duration<double, std::micro>(t2 - t1).count(),
-                       st.compute_phase_us, st.ship_phase_us, st.reduce_us, st.compute_us, st.gather_us, st.copy_us,
-                       st.comm_idle_us, st.reduce_wait_us, static_cast<double>(st.rows),
-                       static_cast<double>(st.remote_rows), static_cast<double>(st.tiles),
+                       st.compute_phase_us,
+                       st.ship_phase_us,
+                       st.reduce_us,
+                       st.compute_us,
+                       st.gather_us,
+                       st.copy_us,
+                       st.comm_idle_us,
+                       st.reduce_wait_us,
+                       static_cast<double>(st.rows),
+                       static_cast<double>(st.remote_rows),
+                       static_cast<double>(st.tiles),
                        static_cast<double>(st.segments)};
             std::vector<Sample> all(static_cast<size_t>(R));
             g.allgather(&smp, all.data(), sizeof(Sample));
@@ -265,15 +296,18 @@ int bench(Group& g, const Options& o) {
           pair.push_back(so / oo);
         }
         const double paired = median(pair);
-        const double gflops = ffn.flops(static_cast<int64_t>(O.rows_max)) / (O.compute > 0 ? O.compute : 1) / 1e3;
+        const double gflops =
+            ffn.flops(static_cast<int64_t>(O.rows_max)) / (O.compute > 0 ? O.compute : 1) / 1e3;
         if (root) {
-          std::printf("| %s | %lld | %d | %.1f | %.1f | %.1f | %.1f | %.3f | %.2f/%.2f | %.2f | %.1f/%.1f | %.1f/%.1f | %.2f | %.2f | %.2f | "
-                      "%.2f | %.0f/%.0f | %.0f | %.0f/%.0f | %.1f |\n",
-                      router_mode_name(mode), static_cast<long long>(tile), cw, S.layer / 1e3, O.layer / 1e3,
-                      S.op / 1e3, O.op / 1e3, paired, comm / 1e3, O.exposed / 1e3, ratio, S.compute_phase / 1e3, O.compute_phase / 1e3, S.compute / 1e3,
-                      O.compute / 1e3, O.gather / 1e3,
-                      O.copy / 1e3, O.idle / 1e3, O.reduce_wait / 1e3, O.rows_max, O.rows_min, O.remote_rows,
-                      O.segments, O.tiles, gflops);
+          std::printf(
+              "| %s | %lld | %d | %.1f | %.1f | %.1f | %.1f | %.3f | %.2f/%.2f | %.2f | %.1f/%.1f "
+              "| %.1f/%.1f | %.2f | %.2f | %.2f | "
+              "%.2f | %.0f/%.0f | %.0f | %.0f/%.0f | %.1f |\n",
+              router_mode_name(mode), static_cast<long long>(tile), cw, S.layer / 1e3,
+              O.layer / 1e3, S.op / 1e3, O.op / 1e3, paired, comm / 1e3, O.exposed / 1e3, ratio,
+              S.compute_phase / 1e3, O.compute_phase / 1e3, S.compute / 1e3, O.compute / 1e3,
+              O.gather / 1e3, O.copy / 1e3, O.idle / 1e3, O.reduce_wait / 1e3, O.rows_max,
+              O.rows_min, O.remote_rows, O.segments, O.tiles, gflops);
           std::fflush(stdout);
         }
       }
@@ -283,7 +317,8 @@ int bench(Group& g, const Options& o) {
   int total = 0;
   for (int v : mm) total += v;
   if (root)
-    std::printf("# overlapped vs serial: %s\n", total == 0 ? "bit-identical in every iteration" : "MISMATCH");
+    std::printf("# overlapped vs serial: %s\n",
+                total == 0 ? "bit-identical in every iteration" : "MISMATCH");
   return total == 0 ? 0 : 3;
 }
 
@@ -301,23 +336,40 @@ int main(int argc, char** argv) {
         UBEP_CHECK_ARG(i + 1 < argc, "option ", a, " needs a value");
         return argv[++i];
       };
-      if (a == "--ranks") o.ranks = std::stoi(next());
-      else if (a == "--hidden") o.hidden = std::stoll(next());
-      else if (a == "--inter") o.inter = std::stoll(next());
-      else if (a == "--tokens") o.tokens = std::stoll(next());
-      else if (a == "--experts") o.experts = std::stoi(next());
-      else if (a == "--topk") o.topk = std::stoi(next());
-      else if (a == "--dtype") o.dtype = parse_dtype(next());
-      else if (a == "--ffn") o.ffn = parse_ffn_kind(next());
-      else if (a == "--router") o.routers = parse_list<RouterMode>(next(), parse_router_mode);
-      else if (a == "--tile") o.tiles = parse_list<int64_t>(next(), [](const std::string& s) { return std::stoll(s); });
-      else if (a == "--comm-workers") o.comm_workers = parse_list<int>(next(), [](const std::string& s) { return std::stoi(s); });
-      else if (a == "--compute-workers") o.compute_workers = std::stoi(next());
-      else if (a == "--iters") o.iters = std::stoi(next());
-      else if (a == "--warmup") o.warmup = std::stoi(next());
-      else if (a == "--local-first") o.remote_first = false;
-      else if (a == "--timeout") o.timeout_s = std::stod(next());
-      else if (a == "--link-gbps") o.link_gbps = std::stod(next());
+      if (a == "--ranks")
+        o.ranks = std::stoi(next());
+      else if (a == "--hidden")
+        o.hidden = std::stoll(next());
+      else if (a == "--inter")
+        o.inter = std::stoll(next());
+      else if (a == "--tokens")
+        o.tokens = std::stoll(next());
+      else if (a == "--experts")
+        o.experts = std::stoi(next());
+      else if (a == "--topk")
+        o.topk = std::stoi(next());
+      else if (a == "--dtype")
+        o.dtype = parse_dtype(next());
+      else if (a == "--ffn")
+        o.ffn = parse_ffn_kind(next());
+      else if (a == "--router")
+        o.routers = parse_list<RouterMode>(next(), parse_router_mode);
+      else if (a == "--tile")
+        o.tiles = parse_list<int64_t>(next(), [](const std::string& s) { return std::stoll(s); });
+      else if (a == "--comm-workers")
+        o.comm_workers = parse_list<int>(next(), [](const std::string& s) { return std::stoi(s); });
+      else if (a == "--compute-workers")
+        o.compute_workers = std::stoi(next());
+      else if (a == "--iters")
+        o.iters = std::stoi(next());
+      else if (a == "--warmup")
+        o.warmup = std::stoi(next());
+      else if (a == "--local-first")
+        o.remote_first = false;
+      else if (a == "--timeout")
+        o.timeout_s = std::stod(next());
+      else if (a == "--link-gbps")
+        o.link_gbps = std::stod(next());
       else if (a == "--help" || a == "-h") {
         usage();
         return 0;
@@ -355,7 +407,8 @@ int main(int argc, char** argv) {
 #endif
     } else {
       std::vector<int> rcs(static_cast<size_t>(o.ranks));
-      run_on_threads(o.ranks, [&](Group& g) { rcs[static_cast<size_t>(g.rank())] = bench(g, o); }, go);
+      run_on_threads(
+          o.ranks, [&](Group& g) { rcs[static_cast<size_t>(g.rank())] = bench(g, o); }, go);
       rc = *std::max_element(rcs.begin(), rcs.end());
     }
   } catch (const std::exception& e) {

@@ -32,7 +32,8 @@ class Mailboxes {
 
 class InprocRemote : public Remote {
  public:
-  InprocRemote(int rank, std::shared_ptr<Mailboxes> boxes) : rank_(rank), boxes_(std::move(boxes)) {}
+  InprocRemote(int rank, std::shared_ptr<Mailboxes> boxes)
+      : rank_(rank), boxes_(std::move(boxes)) {}
   int isend(int peer, int tag, const void* data, size_t bytes) override;
   int irecv(int peer, int tag, void* data, size_t capacity) override;
   bool test(int request, size_t* bytes) override;

@@ -25,15 +25,18 @@ int MpiRemote::slot() {
 int MpiRemote::isend(int peer, int tag, const void* data, size_t bytes) {
   UBEP_CHECK_ARG(bytes <= INT_MAX, "remote message of ", bytes, " bytes exceeds 2 GiB");
   const int s = slot();
-  check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &requests_[static_cast<size_t>(s)]),
+  check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_,
+                  &requests_[static_cast<size_t>(s)]),
         "MPI_Isend");
   return s;
 }
 
 int MpiRemote::irecv(int peer, int tag, void* data, size_t capacity) {
-  UBEP_CHECK_ARG(capacity <= INT_MAX, "remote message capacity of ", capacity, " bytes exceeds 2 GiB");
+  UBEP_CHECK_ARG(capacity <= INT_MAX, "remote message capacity of ", capacity,
+                 " bytes exceeds 2 GiB");
   const int s = slot();
-  check(MPI_Irecv(data, static_cast<int>(capacity), MPI_BYTE, peer, tag, comm_, &requests_[static_cast<size_t>(s)]),
+  check(MPI_Irecv(data, static_cast<int>(capacity), MPI_BYTE, peer, tag, comm_,
+                  &requests_[static_cast<size_t>(s)]),
         "MPI_Irecv");
   return s;
 }

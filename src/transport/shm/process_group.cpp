@@ -25,7 +25,8 @@ void mpi_check(int rc, const char* what) {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(rc, msg, &len);
-    throw SystemError(detail::concat(what, " failed: ", std::string(msg, static_cast<size_t>(len))));
+    throw SystemError(
+        detail::concat(what, " failed: ", std::string(msg, static_cast<size_t>(len))));
   }
 }
 
@@ -71,8 +72,10 @@ class ShmWindow : public SharedWindow {
         }
         void* addr = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
         close(pfd);
-        if (addr == MAP_FAILED) error = detail::concat("mmap(", peer, "): ", std::strerror(errno));
-        else bases_[static_cast<size_t>(p)] = addr;
+        if (addr == MAP_FAILED)
+          error = detail::concat("mmap(", peer, "): ", std::strerror(errno));
+        else
+          bases_[static_cast<size_t>(p)] = addr;
       }
     }
     int ok = error.empty() ? 1 : 0, all_ok = 0;
@@ -83,7 +86,9 @@ class ShmWindow : public SharedWindow {
       for (void* b : bases_)
         if (b) munmap(b, mapped_);
       bases_.clear();
-      throw SystemError(error.empty() ? std::string("shared-memory window set-up failed on another rank") : error);
+      throw SystemError(error.empty()
+                            ? std::string("shared-memory window set-up failed on another rank")
+                            : error);
     }
   }
 
@@ -95,7 +100,8 @@ class ShmWindow : public SharedWindow {
  private:
   void* map(int fd, const char* name) {
     void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) throw SystemError(detail::concat("mmap(", name, "): ", std::strerror(errno)));
+    if (p == MAP_FAILED)
+      throw SystemError(detail::concat("mmap(", name, "): ", std::strerror(errno)));
     return p;
   }
   size_t mapped_ = 0;
@@ -106,7 +112,8 @@ class ProcessGroup : public Group {
   ProcessGroup(MPI_Comm comm, int rank, int size, const MpiGroupOptions& options)
       : Group(rank, size, options), comm_(comm) {
     std::vector<int> hosts(static_cast<size_t>(size));
-    UBEP_CHECK_ARG(options.ranks_per_host >= 0, "ranks_per_host must be >= 0, got ", options.ranks_per_host);
+    UBEP_CHECK_ARG(options.ranks_per_host >= 0, "ranks_per_host must be >= 0, got ",
+                   options.ranks_per_host);
     if (options.ranks_per_host > 0) {
       for (int r = 0; r < size; ++r) hosts[static_cast<size_t>(r)] = r / options.ranks_per_host;
     } else {

@@ -68,7 +68,8 @@ class ThreadGroup : public Group {
       std::vector<int> hosts(static_cast<size_t>(size()));
       for (int r = 0; r < size(); ++r) hosts[static_cast<size_t>(r)] = r / state_->ranks_per_host;
       set_hosts(std::move(hosts));
-      if (num_hosts() > 1) remote_ = std::make_unique<transport::InprocRemote>(rank, state_->mailboxes);
+      if (num_hosts() > 1)
+        remote_ = std::make_unique<transport::InprocRemote>(rank, state_->mailboxes);
     }
   }
 
@@ -107,8 +108,8 @@ class ThreadGroup : public Group {
       const int64_t n = peer->bytes[rank()];
       if (n != recv_bytes[p]) {  // report after the closing sync, so peers are not left behind
         if (error.empty())
-          error = detail::concat("alltoallv: rank ", p, " sends ", n, " bytes to rank ", rank(), " which expects ",
-                                 recv_bytes[p]);
+          error = detail::concat("alltoallv: rank ", p, " sends ", n, " bytes to rank ", rank(),
+                                 " which expects ", recv_bytes[p]);
         continue;
       }
       if (n > 0)
@@ -148,12 +149,12 @@ ThreadWorld::ThreadWorld(int ranks, GroupOptions options) : state_(std::make_sha
   state_->counters.reset(new transport::ArrivalCounter[static_cast<size_t>(ranks)]);
   state_->slots.assign(static_cast<size_t>(ranks), nullptr);
   state_->taken.assign(static_cast<size_t>(ranks), false);
-  UBEP_CHECK_ARG(options.ranks_per_host >= 0, "ranks_per_host must be >= 0, got ", options.ranks_per_host);
+  UBEP_CHECK_ARG(options.ranks_per_host >= 0, "ranks_per_host must be >= 0, got ",
+                 options.ranks_per_host);
   state_->ranks_per_host = options.ranks_per_host;
 }
 
 ThreadWorld::~ThreadWorld() = default;
-
 
 std::unique_ptr<Group> ThreadWorld::group(int rank) {
   std::lock_guard<std::mutex> lock(state_->mu);
