@@ -49,15 +49,14 @@ struct CountRecord {
 };
 
 // One rank's shared window. Each half holds, for the dispatch of that parity:
-//   counts     [R] count records (from every source)
-//   tp_*       throughput outputs: x [R*T, row], src [R*T, 2] i64, idx [R*T, K] i32, w [R*T, K]
-//   f32,
-//              tag [R*T] -- written by the senders at their final row
-//   lat_*      latency outputs: x [El, R*T, row], src [El, R*T, 2] i64, k [El, R*T] i8, tag [El,
-//   R*T] comb_*     the combine input of this rank (ubep reads it in place from the owners): rows
-//   shaped
-//              like the dispatch output, tag per row
-//   push       bsp's combine staging on the owner: [max(R*T, T*K)] rows
+//   counts  [R] count records (from every source)
+//   tp_*    throughput outputs, written by the senders at their final row:
+//           x [R*T, row], src [R*T, 2] i64, idx [R*T, K] i32, w [R*T, K] f32, tag [R*T]
+//   lat_*   latency outputs: x [El, R*T, row], src [El, R*T, 2] i64, k [El, R*T] i8,
+//           tag [El, R*T]
+//   comb_*  the combine input of this rank (ubep's owners read it in place): rows shaped like
+//           the dispatch output, a tag per row
+//   push    bsp's combine staging on the owner: [max(R*T, T*K)] rows
 // plus separate flags: count-record flags for the stop-and-wait sync mode and bsp's stage flags.
 struct WindowLayout {
   size_t row_bytes = 0;
