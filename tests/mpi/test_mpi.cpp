@@ -3,6 +3,9 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <random>
+#include <thread>
+
 #include "harness.hpp"
 #include "ubep/error.hpp"
 #include "ubep/mpi_group.hpp"
@@ -66,6 +69,8 @@ INSTANTIATE_TEST_SUITE_P(Sweep, ProcessRanks, ::testing::ValuesIn(params()), [](
          layout_name(i.param.layout);
 });
 
+// Thousands of back-to-back calls with changing routing, token counts and layouts, random
+// delays on some ranks, starting near the epoch wrap-around; every result checked.
 TEST(ProcessRanksStress, BackToBackUbepCalls) {
   Group& g = *g_group;
   Case c;
@@ -76,13 +81,20 @@ TEST(ProcessRanksStress, BackToBackUbepCalls) {
   BufferConfig cfg = config_for(c, Algorithm::kUbep);
   cfg.initial_epoch = 0xFFFFFFFFull - 50;
   Buffer b(g, cfg);
-  for (int i = 0; i < 300; ++i) {
+  std::vector<Problem> problems;
+  for (int i = 0; i < 16; ++i) {
     std::vector<int64_t> tokens;
     for (int r = 0; r < g.size(); ++r) tokens.push_back(static_cast<int64_t>((i + r * 3) % 7));
-    c.layout = i % 2 ? Layout::kLatency : Layout::kThroughput;
-    const Problem p = make_problem(g.size(), c.experts, c.hidden, c.dtype, tokens, c.topk,
-                                   Routing::kWithDrops, 500 + static_cast<uint64_t>(i));
-    run_and_check(g, c, p, &b, nullptr);
+    problems.push_back(make_problem(g.size(), c.experts, c.hidden, c.dtype, tokens, c.topk,
+                                    Routing::kWithDrops, 500 + static_cast<uint64_t>(i)));
+  }
+  std::mt19937 delay(static_cast<unsigned>(g.rank()) * 13 + 7);
+  for (int i = 0; i < 2000; ++i) {
+    c.layout = (i / 3) % 2 ? Layout::kLatency : Layout::kThroughput;
+    if (g.rank() % 2 == 1 && delay() % 16 == 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(delay() % 300));
+    run_and_check(g, c, problems[static_cast<size_t>(i) % problems.size()], &b, nullptr,
+                  i % 4 == 0);
     if (::testing::Test::HasFailure()) break;
   }
 }
