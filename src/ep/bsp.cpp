@@ -65,9 +65,7 @@ void bsp_dispatch(Buffer::Impl& b, const DispatchArgs& a) {
 
 void bsp_combine(Buffer::Impl& b, const CombineArgs& a) {
   StageTimer timer(b.stats);
-  const int64_t rows = b.output_rows();
-  for (int64_t row = 0; row < rows; ++row) {
-    if (!b.row_valid(row)) continue;
+  b.for_each_output_row(0, 1, [&](int64_t row) {
     int owner;
     int64_t slot;
     b.row_owner(row, &owner, &slot);
@@ -82,7 +80,7 @@ void bsp_combine(Buffer::Impl& b, const CombineArgs& a) {
                   b.row_bytes());
       publish(b.at<Tag>(b.rank, b.win.comb_tag) + row, b.tag());
     }
-  }
+  });
   if (b.relay) b.relay->start_combine();
   b.group.barrier();
   timer.lap("row send");

@@ -192,11 +192,6 @@ void Buffer::Impl::receive_counts() {
   num_recv_rows = rows;
 }
 
-bool Buffer::Impl::row_valid(int64_t row) const {
-  if (layout == Layout::kThroughput) return row < num_recv_rows;
-  return row % RT() < recv_count.get<int64_t>()[row / RT()];
-}
-
 void Buffer::Impl::row_owner(int64_t row, int* owner, int64_t* push_slot) const {
   if (layout == Layout::kThroughput) {
     const int64_t* s = at<int64_t>(rank, win.tp_src) + 2 * row;

@@ -116,11 +116,10 @@ struct Buffer::Impl {
   template <typename Visit>
   void for_each_expected_row(Visit&& visit) const;
 
-  // Combine: expert side rows (row index into the dispatch output), and their owner/slot.
-  int64_t output_rows() const {
-    return layout == Layout::kThroughput ? num_recv_rows : win.lat_rows();
-  }
-  bool row_valid(int64_t row) const;
+  // Combine, expert side: visits member m's equal share of the received rows (index into the
+  // dispatch output; in the latency layout only the recv_count[e] valid slots of each expert).
+  template <typename Visit>
+  void for_each_output_row(int m, int members, Visit&& visit) const;
   void row_owner(int64_t row, int* owner, int64_t* push_slot) const;
   // Owner side: reduce token t; locate(t, j) -> (row pointer) for the j-th contribution.
   template <typename Locate>
@@ -197,6 +196,24 @@ void Buffer::Impl::for_each_expected_row(Visit&& visit) const {
 }
 
 inline constexpr int kMaxFusedRows = 256;  // > max_topk (64); groups up to 256 ranks
+
+template <typename Visit>
+void Buffer::Impl::for_each_output_row(int m, int members, Visit&& visit) const {
+  if (layout == Layout::kThroughput) {
+    for (int64_t row = num_recv_rows * m / members; row < num_recv_rows * (m + 1) / members; ++row)
+      visit(row);
+    return;
+  }
+  const auto* counts = recv_count.get<int64_t>();
+  int64_t total = 0;
+  for (int e = 0; e < local_experts; ++e) total += counts[e];
+  const int64_t begin = total * m / members, end = total * (m + 1) / members;
+  int64_t seen = 0;  // valid rows of the experts before e
+  for (int e = 0; e < local_experts && seen < end; seen += counts[e], ++e) {
+    const int64_t p0 = std::max<int64_t>(begin - seen, 0), p1 = std::min(counts[e], end - seen);
+    for (int64_t p = p0; p < p1; ++p) visit(e * RT() + p);
+  }
+}
 
 template <typename Locate>
 void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {

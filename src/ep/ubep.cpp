@@ -154,21 +154,17 @@ void ubep_dispatch_recv(Buffer::Impl& b) {
 void ubep_combine_send(Buffer::Impl& b, const CombineArgs& a) {
   StageTimer timer(b.stats);
   const int members = b.team->size();
-  const int64_t rows = b.output_rows();
   char* comb = b.at<char>(b.rank, b.win.comb_x);
   Tag* tags = b.at<Tag>(b.rank, b.win.comb_tag);
   const bool zero_copy = a.x.data == comb;
   b.team->run([&](int m) {
-    int64_t r0, r1;
-    slice(rows, m, members, &r0, &r1);
-    for (int64_t row = r0; row < r1; ++row) {
-      if (!b.row_valid(row)) continue;
+    b.for_each_output_row(m, members, [&](int64_t row) {
       if (!zero_copy)  // plain stores: the owners read these rows right away
         std::memcpy(comb + static_cast<size_t>(row) * b.row_bytes(),
                     static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes(),
                     b.row_bytes());
       complete(b, tags + row);
-    }
+    });
   });
   if (b.relay) b.relay->start_combine();
   timer.lap("send");
