@@ -1,6 +1,6 @@
 // Buffer: the communication memory of one rank, and the dispatch/combine calls on it.
 //
-// Semantics (DESIGN.md §2): rank r owns experts [r*E/R, (r+1)*E/R). dispatch sends each token
+// Semantics (docs/SEMANTICS.md): rank r owns experts [r*E/R, (r+1)*E/R). dispatch sends each token
 // to the ranks of its selected experts (topk_idx, -1 = not selected); combine brings expert
 // outputs back to the owner and reduces them in a fixed order, accumulating in fp32, so results
 // are bit-identical across algorithms, runs and arrival orders.
@@ -71,7 +71,7 @@ struct BufferConfig {
 // Inputs of one dispatch, per rank.
 struct DispatchArgs {
   TensorView x;             // [num_tokens, hidden] bf16|fp32 (the buffer's dtype)
-  TensorView topk_idx;      // [num_tokens, k] int64, global expert id or -1
+  TensorView topk_idx;      // [num_tokens, k] int64, global expert id or -1, no id twice per token
   TensorView topk_weights;  // [num_tokens, k] fp32
   Layout layout = Layout::kThroughput;
 };

@@ -98,8 +98,9 @@ class Group {
   uint64_t barriers_ = 0;
 };
 
-// Runs fn(group) on `ranks` threads, one Group per thread (gloo's spawn). Rethrows the first
-// exception any rank raised, after every thread has finished.
+// Runs fn(group) on `ranks` threads, one Group per thread (gloo's spawn). After every thread
+// has finished, rethrows the earliest exception a rank raised, preferring any other error over
+// a TimeoutError (which is usually the echo of a peer that failed first).
 void run_on_threads(int ranks, const std::function<void(Group&)>& fn, GroupOptions options = {});
 
 // Lower-level form: a shared world that hands out one Group per rank; the caller runs the threads.

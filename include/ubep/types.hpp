@@ -26,6 +26,8 @@ struct TensorView {
   TensorView(void* d, DType t, std::initializer_list<int64_t> dims);
   TensorView(const void* d, DType t, std::initializer_list<int64_t> dims)
       : TensorView(const_cast<void*>(d), t, dims) {}
+  TensorView(std::nullptr_t, DType t, std::initializer_list<int64_t> dims)
+      : TensorView(static_cast<void*>(nullptr), t, dims) {}
 
   int64_t numel() const;
   size_t bytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }

@@ -36,9 +36,10 @@ void wait_until(Ready&& ready, const WaitPolicy& policy, Describe&& describe) {
     std::this_thread::yield();
     if ((n & 63u) == 0 && std::chrono::steady_clock::now() > deadline) {
       if (ready()) return;
-      throw TimeoutError(detail::concat("timed out after ",
-                                        std::chrono::duration<double>(policy.timeout).count(),
-                                        " s waiting for ", describe()));
+      throw TimeoutError(detail::concat(
+          "timed out after ", std::chrono::duration<double>(policy.timeout).count(),
+          " s waiting for ", describe(),
+          " (is that rank alive, making the same call, and did it accept its inputs?)"));
     }
   }
 }

@@ -3,6 +3,7 @@
 // finishes first can never unmap memory a slower peer still writes into.
 #include <sys/mman.h>
 
+#include <chrono>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -169,20 +170,37 @@ void run_on_threads(int ranks, const std::function<void(Group&)>& fn, GroupOptio
   ThreadWorld world(ranks, options);
   std::vector<std::unique_ptr<Group>> groups;
   for (int r = 0; r < ranks; ++r) groups.push_back(world.group(r));
-  std::vector<std::exception_ptr> errors(static_cast<size_t>(ranks));
+  // The error to report is the cause, not its echo: a rank that rejects its input makes its
+  // peers time out later, so prefer the earliest error that is not a TimeoutError.
+  struct Failure {
+    std::exception_ptr error;
+    std::chrono::steady_clock::time_point when;
+    bool timeout = false;
+  };
+  std::vector<Failure> failures(static_cast<size_t>(ranks));
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
       try {
         fn(*groups[static_cast<size_t>(r)]);
+      } catch (const TimeoutError&) {
+        failures[static_cast<size_t>(r)] = {std::current_exception(),
+                                            std::chrono::steady_clock::now(), true};
       } catch (...) {
-        errors[static_cast<size_t>(r)] = std::current_exception();
+        failures[static_cast<size_t>(r)] = {std::current_exception(),
+                                            std::chrono::steady_clock::now(), false};
       }
     });
   }
   for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
+  const Failure* cause = nullptr;
+  for (const Failure& f : failures) {
+    if (!f.error) continue;
+    if (!cause || (cause->timeout && !f.timeout) ||
+        (cause->timeout == f.timeout && f.when < cause->when))
+      cause = &f;
+  }
+  if (cause) std::rethrow_exception(cause->error);
 }
 
 }  // namespace ubep
