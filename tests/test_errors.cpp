@@ -2,22 +2,13 @@
 // A peer that never arrives gives a TimeoutError, not a hang.
 #include <gtest/gtest.h>
 
+#include "expect_invalid.hpp"
 #include "harness.hpp"
 #include "ubep/error.hpp"
 #include "ubep/group.hpp"
 
 namespace ubep::test {
 namespace {
-
-template <typename F>
-void expect_invalid(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "expected InvalidArgument mentioning '" << needle << "'";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 class BadInput : public ::testing::TestWithParam<Impl> {};
 

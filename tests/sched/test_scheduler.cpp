@@ -3,6 +3,8 @@
 // the bound proved in src/sched/scheduler.cpp; and the paper's ablation ordering holds.
 #include <gtest/gtest.h>
 
+#include "expect_invalid.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -17,17 +19,7 @@ namespace {
 
 constexpr Policy kPolicies[] = {Policy::kNaive, Policy::kColumnMajor, Policy::kBalanced};
 
-template <typename Fn>
-void expect_invalid(Fn fn, std::initializer_list<std::string> parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no InvalidArgument thrown";
-  } catch (const InvalidArgument& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << "message lacks '" << p << "': " << msg;
-  }
-}
+using ubep::test::expect_invalid;
 
 struct Case {
   Topology topology;

@@ -2,6 +2,8 @@
 // link-sharing functions on hand-computed cases.
 #include <gtest/gtest.h>
 
+#include "expect_invalid.hpp"
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,18 +16,7 @@
 namespace ubep::sched {
 namespace {
 
-// Expects `fn` to throw InvalidArgument whose message contains every string in `parts`.
-template <typename Fn>
-void expect_invalid(Fn fn, std::initializer_list<std::string> parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no InvalidArgument thrown";
-  } catch (const InvalidArgument& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << "message lacks '" << p << "': " << msg;
-  }
-}
+using ubep::test::expect_invalid;
 
 std::string write_temp(const std::string& name, const std::string& text) {
   const auto dir = std::filesystem::temp_directory_path() / "ubep_sched_tests";
