@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ubep/group.hpp"
+#include "ubep/stats.hpp"
 #include "ubep/types.hpp"
 
 namespace ubep {
@@ -100,16 +101,6 @@ struct DispatchResult {
 struct CombineArgs {
   TensorView x;
   uint64_t handle = 0;
-};
-
-// Instrumentation of the last call: barriers it made and time per stage.
-struct CallStats {
-  uint64_t barriers = 0;
-  std::vector<std::pair<const char*, double>> stage_us;  // (stage, microseconds), in order
-  // Across hosts (0 on one host): bytes this rank sent over the network in the call, and token
-  // rows among them (dispatch: one per (token, destination host)).
-  uint64_t network_bytes = 0;
-  uint64_t network_rows = 0;
 };
 
 class Buffer {
