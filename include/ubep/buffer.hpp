@@ -65,6 +65,8 @@ struct BufferConfig {
   std::string topology;
   // Allocate the combine staging for the latency layout (max_tokens * max_topk rows).
   bool enable_latency_layout = true;
+  // Where the tensors passed to this buffer live (every TensorView is checked against it).
+  Device device;
   // First epoch number (tests start near the 32-bit wrap-around).
   uint64_t initial_epoch = 0;
 };

@@ -47,6 +47,8 @@ BufferConfig checked(const Group& g, BufferConfig c) {
   UBEP_CHECK_ARG(c.max_tokens_per_rank < (int64_t{1} << 30),
                  "max_tokens_per_rank too large: ", c.max_tokens_per_rank);
   UBEP_CHECK_ARG(c.hidden >= 1, "hidden must be >= 1, got ", c.hidden);
+  UBEP_CHECK_ARG(c.device.type == DeviceType::kCpu, "Buffer: device ", c.device.describe(),
+                 " is not served by the CPU backend (the CUDA backend: docs/CUDA.md)");
   UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32,
                  "buffer dtype must be bf16 or fp32, got ", dtype_name(c.dtype));
   UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0, "Buffer: num_experts ",
@@ -203,6 +205,8 @@ void Buffer::Impl::check_combine(const CombineArgs& a) const {
                    "] (latency layout), got ", a.x.describe());
   }
   UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine: x has no data");
+  UBEP_CHECK_ARG(a.x.device == cfg.device, "combine: x is on ", a.x.device.describe(),
+                 ", the buffer on ", cfg.device.describe());
 }
 
 // ---------------------------------------------------------------------------------------------
