@@ -1,13 +1,13 @@
 #include <cstring>
 #include <string>
 
-#include "core/bf16.hpp"
-#include "core/local_array.hpp"
 #include "backend/cpu/row_kernels.hpp"
+#include "core/local_array.hpp"
 #include "core/stage_timer.hpp"
 #include "ep/protocol.hpp"
 #include "ep/routing.hpp"
 #include "ubep/baseline.hpp"
+#include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep {

@@ -11,7 +11,7 @@
 #include <random>
 #include <thread>
 
-#include "core/bf16.hpp"
+#include "ubep/bf16.hpp"
 #include "ubep/buffer.hpp"
 #include "ubep/error.hpp"
 #include "ubep/group.hpp"

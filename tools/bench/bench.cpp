@@ -11,9 +11,9 @@
 #include <memory>
 #include <random>
 
-#include "core/bf16.hpp"
 #include "npy.hpp"
 #include "ubep/baseline.hpp"
+#include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
 #include "ubep/scheduler.hpp"
 
