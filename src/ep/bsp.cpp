@@ -16,7 +16,6 @@ namespace ubep::ep {
 namespace {
 constexpr int kDispatchOp = 0, kCombineOp = 1;
 
-
 void set_flags_and_verify(Buffer::Impl& b, int op) {
   const Window& w = b.win;
   // Flags travel through shared memory, so only within the host; the barriers cover the rest.
@@ -53,7 +52,7 @@ void Bsp::dispatch_send(const DispatchArgs& a) {
   for (int d = 0; d < b.ranks; ++d) {
     if (!b.same_host(d)) continue;
     b.win.publish_count(d, b.rank, routing.dest_rows[static_cast<size_t>(d)], routing.topk,
-                    &routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
+                        &routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
   }
   if (b.relay)  // relayed sources' count records are part of this stage
     b.wait_for([&] { return b.relay->counts_forwarded(); }, true,

@@ -152,7 +152,8 @@ DispatchResult Buffer::Impl::result() const {
     r.recv_topk_weights = TensorView(win.at<char>(rank, m.tp_w), DType::kFP32, {num_recv_rows, K});
     r.recv_src = TensorView(win.at<char>(rank, m.tp_src), DType::kInt64, {num_recv_rows, 2});
   } else {
-    r.recv_x = TensorView(win.at<char>(rank, m.lat_x), cfg.dtype, {local_experts, RT(), cfg.hidden});
+    r.recv_x =
+        TensorView(win.at<char>(rank, m.lat_x), cfg.dtype, {local_experts, RT(), cfg.hidden});
     r.recv_src = TensorView(win.at<char>(rank, m.lat_src), DType::kInt64, {local_experts, RT(), 2});
   }
   return r;
@@ -263,8 +264,9 @@ TensorView Buffer::combine(const CombineArgs& args) {
 
 void Buffer::dispatch_send(const DispatchArgs& args) {
   Impl& b = *impl_;
-  UBEP_CHECK_ARG(b.algorithm().split_phase(), "dispatch_send: split-phase calls need the ubep "
-                                              "algorithm, this buffer runs ",
+  UBEP_CHECK_ARG(b.algorithm().split_phase(),
+                 "dispatch_send: split-phase calls need the ubep "
+                 "algorithm, this buffer runs ",
                  algorithm_name(b.cfg.algorithm));
   CallScope scope(b);
   b.begin_dispatch(args);
@@ -287,8 +289,9 @@ DispatchResult Buffer::dispatch_recv() {
 
 void Buffer::combine_send(const CombineArgs& args) {
   Impl& b = *impl_;
-  UBEP_CHECK_ARG(b.algorithm().split_phase(), "combine_send: split-phase calls need the ubep "
-                                              "algorithm, this buffer runs ",
+  UBEP_CHECK_ARG(b.algorithm().split_phase(),
+                 "combine_send: split-phase calls need the ubep "
+                 "algorithm, this buffer runs ",
                  algorithm_name(b.cfg.algorithm));
   CallScope scope(b);
   b.check_combine(args);

@@ -81,9 +81,8 @@ void Ubep::dispatch_send(const DispatchArgs& a) {
     b.scheduler->plan({b.rank, 0, b.plan_rows, static_cast<int64_t>(b.row_bytes())}, b.plan);
   }
   auto wait_offsets = [&](int d) {
-    wait_until(
-        [&] { return call.offsets_signalled(d, signal); },
-        b.wait, [&] { return detail::concat("offsets for rank ", d); });
+    wait_until([&] { return call.offsets_signalled(d, signal); }, b.wait,
+               [&] { return detail::concat("offsets for rank ", d); });
   };
   b.dp->run_roles([&](int m) {
     if (m == 0) {
@@ -92,7 +91,7 @@ void Ubep::dispatch_send(const DispatchArgs& a) {
         const int d = (b.rank + k) % b.ranks;
         if (!b.same_host(d)) continue;
         b.win.publish_count(d, b.rank, routing.dest_rows[static_cast<size_t>(d)], routing.topk,
-                        &routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
+                            &routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
       }
     }
     if (b.scheduler) {
@@ -146,8 +145,9 @@ void Ubep::dispatch_recv() {
   b.call.receive_counts(b.win);
   timer.lap("counts + prefix sum");
   b.call.for_each_expected_row(b.win, [&](const Tag* tag, int64_t row) {
-    b.wait_for([&] { return b.win.arrived(tag); }, true,
-               [&] { return detail::concat("dispatch row ", row, " (epoch tag ", b.win.tag(), ")"); });
+    b.wait_for(
+        [&] { return b.win.arrived(tag); }, true,
+        [&] { return detail::concat("dispatch row ", row, " (epoch tag ", b.win.tag(), ")"); });
   });
   // A relay leaves only when what it relays is forwarded and its own sends are done.
   if (b.relay)
