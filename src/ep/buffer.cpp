@@ -17,6 +17,9 @@ constexpr detail::EnumName<Layout> kLayouts[] = {{Layout::kThroughput, "throughp
                                                  {Layout::kLatency, "latency"}};
 constexpr detail::EnumName<SyncMode> kSyncModes[] = {{SyncMode::kFused, "fused"},
                                                      {SyncMode::kStopAndWait, "stop-and-wait"}};
+constexpr detail::EnumName<Placement> kPlacements[] = {{Placement::kAuto, "auto"},
+                                                       {Placement::kCompact, "compact"},
+                                                       {Placement::kPerSource, "per-source"}};
 constexpr detail::EnumName<SendSchedule> kSchedules[] = {
     {SendSchedule::kEqualSlices, "equal"},
     {SendSchedule::kNaive, "naive"},
@@ -33,6 +36,14 @@ Layout parse_layout(const std::string& n) { return detail::parse_enum(kLayouts, 
 const char* sync_mode_name(SyncMode m) { return detail::enum_name(kSyncModes, m); }
 SyncMode parse_sync_mode(const std::string& n) {
   return detail::parse_enum(kSyncModes, n, "sync mode");
+}
+const char* placement_name(Placement p) { return detail::enum_name(kPlacements, p); }
+Placement parse_placement(const std::string& n) {
+  return detail::parse_enum(kPlacements, n, "placement");
+}
+Placement placement_for(Layout layout) {
+  // Measured (docs/SEMANTICS.md, "Placement"): see there for why each layout gets its default.
+  return layout == Layout::kLatency ? Placement::kPerSource : Placement::kCompact;
 }
 const char* send_schedule_name(SendSchedule s) { return detail::enum_name(kSchedules, s); }
 SendSchedule parse_send_schedule(const std::string& n) {
@@ -76,10 +87,12 @@ void check_same_config(Group& g, const BufferConfig& c) {
                           c.enable_latency_layout,
                           static_cast<int64_t>(c.initial_epoch),
                           static_cast<int64_t>(c.sync),
-                          static_cast<int64_t>(c.algorithm)};
+                          static_cast<int64_t>(c.algorithm),
+                          static_cast<int64_t>(c.placement)};
   static const char* names[] = {"max_tokens_per_rank", "hidden",   "dtype",
                                 "num_experts",         "max_topk", "enable_latency_layout",
-                                "initial_epoch",       "sync",     "algorithm"};
+                                "initial_epoch",       "sync",     "algorithm",
+                                "placement"};
   constexpr size_t n = sizeof mine / sizeof mine[0];
   std::vector<int64_t> all(n * static_cast<size_t>(g.size()));
   g.allgather(mine, all.data(), sizeof mine);
@@ -109,6 +122,8 @@ Buffer::Impl::Impl(Group& g, const BufferConfig& c)
       wait{std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout)} {
   win.set_sync(cfg.sync);
   y = LocalArray(static_cast<size_t>(T) * row_bytes());
+  // Virtual until touched (MAP_NORESERVE): costs nothing unless compact() is used.
+  compacted = LocalArray(static_cast<size_t>(win.map().comb_rows()) * row_bytes());
   part.resize(static_cast<size_t>(cfg.hidden));
   if (cfg.schedule != SendSchedule::kEqualSlices) {
     sched::Topology topo =
@@ -145,13 +160,17 @@ DispatchResult Buffer::Impl::result() const {
   r.handle = win.seq();
   const int64_t K = call.routing.topk;
   r.recv_count = TensorView(call.recv_count.get(), DType::kInt64, {local_experts});
+  r.placement = call.placement;
   if (layout == Layout::kThroughput) {
+    const int64_t span = call.tp_span();
     r.num_recv_rows = num_recv_rows;
-    r.recv_x = TensorView(win.at<char>(rank, m.tp_x), cfg.dtype, {num_recv_rows, cfg.hidden});
-    r.recv_topk_idx = TensorView(win.at<char>(rank, m.tp_idx), DType::kInt32, {num_recv_rows, K});
-    r.recv_topk_weights = TensorView(win.at<char>(rank, m.tp_w), DType::kFP32, {num_recv_rows, K});
-    r.recv_src = TensorView(win.at<char>(rank, m.tp_src), DType::kInt64, {num_recv_rows, 2});
+    r.recv_x = TensorView(win.at<char>(rank, m.tp_x), cfg.dtype, {span, cfg.hidden});
+    r.recv_topk_idx = TensorView(win.at<char>(rank, m.tp_idx), DType::kInt32, {span, K});
+    r.recv_topk_weights = TensorView(win.at<char>(rank, m.tp_w), DType::kFP32, {span, K});
+    r.recv_src = TensorView(win.at<char>(rank, m.tp_src), DType::kInt64, {span, 2});
+    r.recv_range = TensorView(call.recv_range.get(), DType::kInt64, {ranks, 2});
   } else {
+    r.recv_range = TensorView(call.recv_range.get(), DType::kInt64, {local_experts, ranks, 2});
     r.recv_x =
         TensorView(win.at<char>(rank, m.lat_x), cfg.dtype, {local_experts, RT(), cfg.hidden});
     r.recv_src = TensorView(win.at<char>(rank, m.lat_src), DType::kInt64, {local_experts, RT(), 2});
@@ -162,8 +181,20 @@ DispatchResult Buffer::Impl::result() const {
 TensorView Buffer::Impl::combine_input_view() const {
   char* base = win.at<char>(rank, win.map().comb_x);
   if (call.layout == Layout::kThroughput)
-    return TensorView(base, cfg.dtype, {call.num_recv_rows, cfg.hidden});
+    return TensorView(base, cfg.dtype, {call.tp_span(), cfg.hidden});
   return TensorView(base, cfg.dtype, {local_experts, RT(), cfg.hidden});
+}
+
+TensorView Buffer::Impl::compact_rows() {
+  const ep::WindowLayout& m = win.map();
+  const char* from =
+      win.at<char>(rank, call.layout == Layout::kThroughput ? m.tp_x : m.lat_x);
+  char* to = compacted.get();
+  call.for_each_output_row(0, 1, [&](int64_t row, int64_t packed) {
+    dp->put(to + static_cast<size_t>(packed) * row_bytes(),
+            from + static_cast<size_t>(row) * row_bytes(), row_bytes());
+  });
+  return TensorView(to, cfg.dtype, {call.num_recv_rows, cfg.hidden});
 }
 
 TensorView Buffer::Impl::y_view() const {
@@ -194,11 +225,15 @@ void Buffer::Impl::check_combine(const CombineArgs& a) const {
                  " does not belong to the last dispatch on this buffer (", win.seq(), ")");
   UBEP_CHECK_ARG(a.x.dtype == cfg.dtype, "combine: x dtype ", dtype_name(a.x.dtype),
                  " does not match the buffer's ", dtype_name(cfg.dtype));
-  const int64_t num_recv_rows = call.num_recv_rows;
-  if (call.layout == Layout::kThroughput) {
-    UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == num_recv_rows && a.x.dim(1) == cfg.hidden,
-                   "combine: x must be [", num_recv_rows, ", ", cfg.hidden,
-                   "] (one row per received row), got ", a.x.describe());
+  if (a.compacted || call.layout == Layout::kThroughput) {
+    const int64_t rows = a.compacted ? call.num_recv_rows : call.tp_span();
+    UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == rows && a.x.dim(1) == cfg.hidden,
+                   "combine: x must be [", rows, ", ", cfg.hidden, "] (",
+                   a.compacted ? "the rows in compact() order"
+                   : call.placement == Placement::kPerSource
+                       ? "shaped like recv_x: per-source placement"
+                       : "one row per received row",
+                   "), got ", a.x.describe());
   } else {
     UBEP_CHECK_ARG(a.x.ndim == 3 && a.x.dim(0) == local_experts && a.x.dim(1) == RT() &&
                        a.x.dim(2) == cfg.hidden,
@@ -218,6 +253,10 @@ Buffer::Impl::~Impl() = default;
 
 namespace {
 void report_topk_mismatch(const Buffer::Impl& b) {
+  const int shape = b.call.shape_mismatch();
+  UBEP_CHECK_ARG(shape < 0, "dispatch: rank ", shape,
+                 " made a different call (layout or placement) than rank ", b.rank, " (",
+                 layout_name(b.call.layout), ", ", placement_name(b.call.placement), ")");
   const int other = b.call.topk_mismatch();
   UBEP_CHECK_ARG(other < 0, "dispatch: rank ", other, " used a different topk than rank ", b.rank,
                  " (", b.call.routing.topk, ")");
@@ -326,6 +365,11 @@ void Buffer::set_sync_mode(SyncMode m) {
 }
 const CallStats& Buffer::last_stats() const { return impl_->stats; }
 size_t Buffer::shared_bytes() const { return impl_->win.bytes(); }
+TensorView Buffer::compact() {
+  UBEP_CHECK_ARG(impl_->have_dispatch, "compact: no dispatch on this buffer yet");
+  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kIdle, "compact: a split-phase call is outstanding");
+  return impl_->compact_rows();
+}
 TensorView Buffer::combine_buffer() const {
   UBEP_CHECK_ARG(impl_->have_dispatch, "combine_buffer: no dispatch on this buffer yet");
   return impl_->combine_input_view();

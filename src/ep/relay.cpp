@@ -107,7 +107,7 @@ void HostRelay::pack(const DispatchArgs& a) {
                   4 * static_cast<size_t>(K));
       ++n;
     }
-    const int32_t header[2] = {n, K};
+    const int32_t header[3] = {n, K, call_.shape()};
     std::memcpy(out, header, sizeof header);
     const size_t bytes = kHeader + static_cast<size_t>(n) * rec;
     const auto& target = hosts_[h];
@@ -162,14 +162,17 @@ void HostRelay::write_counts(Relayed& s) {
     for (int j = 0; j < p.K; ++j)
       if (p.idx()[j] >= 0 && p.idx()[j] / El == d) ++experts[static_cast<size_t>(p.idx()[j])];
   });
-  if (K == 0) std::memcpy(&K, s.msg[win_.half()].data() + 4, 4);
-  for (int d : hosts_[static_cast<size_t>(my_host_)])
-    win_.publish_count(d, s.source, rows[static_cast<size_t>(d)], K,
+  int32_t header[3];
+  std::memcpy(header, s.msg[win_.half()].data(), sizeof header);
+  if (K == 0) K = header[1];
+  for (int d : hosts_[static_cast<size_t>(my_host_)])  // the source's call shape, as it sent it
+    win_.publish_count(d, s.source, rows[static_cast<size_t>(d)], K, header[2],
                        &experts[static_cast<size_t>(d * El)]);
   s.counted = true;
 }
 
 bool HostRelay::lower_counts_ready(const Relayed& s, int dest) const {
+  if (!call_.offsets_need_counts()) return true;  // per-source placement: nothing to wait for
   for (int lower = 0; lower < s.source; ++lower)
     if (!win_.count_arrived(dest, lower)) return false;
   return true;
@@ -177,7 +180,19 @@ bool HostRelay::lower_counts_ready(const Relayed& s, int dest) const {
 
 void HostRelay::forward(Relayed& s) {
   const int El = call_.local_experts;
+  int32_t header[3];
+  std::memcpy(header, s.msg[win_.half()].data(), sizeof header);
+  if (header[2] != call_.shape()) {  // a different call: receivers name it from the count record
+    s.forwarded = true;
+    return;
+  }
   for (int d : hosts_[static_cast<size_t>(my_host_)]) {
+    if (!call_.offsets_need_counts()) {  // per-source: the source's fixed region
+      int64_t* eo = &s.expert_off[static_cast<size_t>(d * El)];
+      std::fill(eo, eo + El, s.source * call_.T);
+      s.row_off[static_cast<size_t>(d)] = s.source * call_.T;
+      continue;
+    }
     int64_t rows = 0;
     int64_t* eo = &s.expert_off[static_cast<size_t>(d * El)];
     std::fill(eo, eo + El, 0);

@@ -90,7 +90,7 @@ void Ubep::dispatch_send(const DispatchArgs& a) {
       for (int k = 1; k <= b.ranks; ++k) {
         const int d = (b.rank + k) % b.ranks;
         if (!b.same_host(d)) continue;
-        b.win.publish_count(d, b.rank, routing.dest_rows[static_cast<size_t>(d)], routing.topk,
+        b.win.publish_count(d, b.rank, routing.dest_rows[static_cast<size_t>(d)], routing.topk, call.shape(),
                             &routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
       }
     }
@@ -99,7 +99,7 @@ void Ubep::dispatch_send(const DispatchArgs& a) {
         for (int k = 1; k <= b.ranks; ++k) {
           const int d = (b.rank + k) % b.ranks;
           if (!b.same_host(d)) continue;
-          wait_counts(b, d, b.rank, true);
+          if (call.offsets_need_counts()) wait_counts(b, d, b.rank, true);
           call.compute_offsets(b.win, d);
           call.signal_offsets(d, signal);
         }
@@ -116,7 +116,7 @@ void Ubep::dispatch_send(const DispatchArgs& a) {
       const int d = (b.rank + k) % b.ranks;
       if (!b.same_host(d)) continue;  // reached through the relay
       if (m == 0) {
-        wait_counts(b, d, b.rank, true);
+        if (call.offsets_need_counts()) wait_counts(b, d, b.rank, true);
         call.compute_offsets(b.win, d);
         call.signal_offsets(d, signal);
       } else {
@@ -163,12 +163,13 @@ void Ubep::combine_send(const CombineArgs& a) {
   const int members = b.dp->members();
   char* comb = b.win.at<char>(b.rank, b.win.map().comb_x);
   Tag* tags = b.win.at<Tag>(b.rank, b.win.map().comb_tag);
-  const bool zero_copy = a.x.data == comb;
+  const bool zero_copy = a.x.data == comb && !a.compacted;
   b.dp->run_roles([&](int m) {
-    b.call.for_each_output_row(m, members, [&](int64_t row) {
+    b.call.for_each_output_row(m, members, [&](int64_t row, int64_t packed) {
+      const int64_t from = a.compacted ? packed : row;
       if (!zero_copy)  // plain stores: the owners read these rows right away
         b.win.put_row(comb + static_cast<size_t>(row) * b.row_bytes(),
-                      static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes(),
+                      static_cast<const char*>(a.x.data) + static_cast<size_t>(from) * b.row_bytes(),
                       false);
       b.win.complete(tags + row);
     });

@@ -20,7 +20,16 @@ void ExpertLayer::Impl::plan(const DispatchResult& d) {
   std::vector<std::vector<std::vector<Entry>>> by(
       static_cast<size_t>(local_experts),
       std::vector<std::vector<Entry>>(static_cast<size_t>(ranks)));
-  for (int64_t i = 0; i < rows; ++i) {
+  // The valid rows: all of recv_x (compact) or each source's range (per-source placement).
+  std::vector<int64_t> valid;
+  if (d.placement == Placement::kPerSource) {
+    const auto* range = d.recv_range.as<const int64_t>();
+    for (int s = 0; s < ranks; ++s)
+      for (int64_t i = range[2 * s]; i < range[2 * s] + range[2 * s + 1]; ++i) valid.push_back(i);
+  } else {
+    for (int64_t i = 0; i < rows; ++i) valid.push_back(i);
+  }
+  for (const int64_t i : valid) {
     const int owner = static_cast<int>(src[2 * i]);
     const int64_t t = src[2 * i + 1];
     UBEP_CHECK_ARG(owner >= 0 && owner < ranks && t >= 0 && t < T, "ExpertLayer: dispatched row ",

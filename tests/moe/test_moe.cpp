@@ -136,6 +136,8 @@ void run_case(const Case& c) {
     bc.num_experts = c.experts;
     bc.max_topk = c.topk;
     bc.algorithm = Algorithm::kUbep;
+    // last_outputs_latency() writes each expert's rows from slot 0: the compact placement.
+    bc.placement = Placement::kCompact;
     Buffer buffer(g, bc);
     ExpertLayerConfig lc;
     lc.max_tokens_per_rank = c.capacity;

@@ -116,15 +116,17 @@ CombineArgs expert_identity(const DispatchResult& r, Buffer* buf, size_t row_byt
   TensorView out = buf->combine_buffer();
   const auto* src = static_cast<const char*>(r.recv_x.data);
   auto* dst = static_cast<char*>(out.data);
-  if (r.layout == Layout::kThroughput) {
-    std::memcpy(dst, src, static_cast<size_t>(r.num_recv_rows) * row_bytes);
-  } else {
-    const int64_t rows = r.recv_x.dim(1);
-    for (int64_t e = 0; e < r.recv_x.dim(0); ++e)
-      std::memcpy(dst + static_cast<size_t>(e * rows) * row_bytes,
-                  src + static_cast<size_t>(e * rows) * row_bytes,
-                  static_cast<size_t>(r.recv_count.as<int64_t>()[e]) * row_bytes);
-  }
+  // The valid rows: each (expert, source) range of recv_range (contiguous when compact).
+  const bool latency = r.layout == Layout::kLatency;
+  const int64_t experts = latency ? r.recv_x.dim(0) : 1, ranks = r.recv_range.dim(latency ? 1 : 0);
+  const int64_t rows = latency ? r.recv_x.dim(1) : 0;
+  const auto* range = r.recv_range.as<const int64_t>();
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t s = 0; s < ranks; ++s) {
+      const int64_t* rr = range + 2 * (e * ranks + s);
+      const size_t at = static_cast<size_t>(e * rows + rr[0]) * row_bytes;
+      std::memcpy(dst + at, src + at, static_cast<size_t>(rr[1]) * row_bytes);
+    }
   return CombineArgs{out, r.handle};
 }
 
@@ -242,6 +244,11 @@ void dump_call(Group& g, const BenchOptions& o, const Input& in, const DispatchR
               {r.num_recv_rows, o.topk}, 4);
   }
   write_npy(p + "recv_count.npy", r.recv_count.data, "<i8", {r.recv_count.dim(0)}, 8);
+  if (r.recv_range.data) {
+    std::vector<int64_t> rs(r.recv_range.shape.begin(),
+                            r.recv_range.shape.begin() + r.recv_range.ndim);
+    write_npy(p + "recv_range.npy", r.recv_range.data, "<i8", rs, 8);
+  }
   write_npy(p + "combine_in.npy", r.recv_x.data, xd, xs, es);  // identity expert
   write_npy(p + "y.npy", y.data, xd, {y.dim(0), y.dim(1)}, es);
   if (g.rank() == 0) {
@@ -251,7 +258,11 @@ void dump_call(Group& g, const BenchOptions& o, const Input& in, const DispatchR
       << dtype_name(o.dtype) << "\", \"bf16_as\": \"uint16 bit patterns\", \"layout\": \""
       << layout_name(o.layout) << "\", \"impl\": \"" << impl
       << "\", \"expert\": \"identity (combine_in = recv_x)\""
-      << ", \"latency_layout_rows\": \"recv_x[e, :recv_count[e]] are valid\"}\n";
+      << ", \"placement\": \"" << placement_name(r.placement) << "\""
+      << ", \"rows_per_source\": "
+      << (r.layout == Layout::kLatency ? r.recv_x.dim(1) / g.size() : o.tokens)
+      << ", \"latency_layout_rows\": \"compact: recv_x[e, :recv_count[e]]; per-source: "
+         "recv_x[e, s*rows_per_source : s*rows_per_source + recv_range[e, s, 1]]\"}\n";
   }
 }
 
