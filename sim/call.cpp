@@ -134,6 +134,15 @@ Preset effective_preset(const Preset& preset, const CallConfig& cfg, const Traff
     c.reduce_GBps = best->reduce_GBps;
     c.staged_reduce_GBps = best->staged_reduce_GBps;
     c.rate_set = best->name;
+    const int R = preset.topology.ranks();
+    if (c.cores > 0 && R > c.cores) {
+      c.core_share = static_cast<double>(c.cores) / R;
+      c.worker_GBps *= c.core_share;
+      c.local_copy_GBps *= c.core_share;
+      c.stream_GBps *= c.core_share;
+      c.reduce_GBps *= c.core_share;
+      c.staged_reduce_GBps *= c.core_share;
+    }
   }
   // Dispatch row copies of large calls: non-temporal stores.
   if (cfg.op == Op::kDispatch && c.stream_threshold_bytes > 0 &&
