@@ -7,6 +7,7 @@
 // exactly those shapes are marked used_for_calibration; every other case (other token counts,
 // hidden sizes, top-k, rank counts) is a prediction of something never timed, and the summary
 // counts those separately. Nothing here changes a parameter to fit a measurement.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -93,17 +94,29 @@ std::string case_name(const BenchCase& c) {
 
 int cmd_validate(const Options& o) {
   UBEP_CHECK_ARG(!o.measured.empty(), "validate needs --measured FILE[,FILE...] (ubep-bench --json)");
-  std::vector<BenchCase> cases;
+  // Files of the same shape are repeats (sim/validate.sh runs each case several times, since
+  // this machine is shared): the measured value is the median of their medians, so one run
+  // disturbed by a neighbour's compile job does not decide a case.
+  std::vector<std::vector<BenchCase>> cases;
   std::stringstream ss(o.measured);
-  for (std::string f; std::getline(ss, f, ',');)
-    if (!f.empty()) cases.push_back(read_case(f));
+  for (std::string f; std::getline(ss, f, ',');) {
+    if (f.empty()) continue;
+    BenchCase c = read_case(f);
+    auto it = std::find_if(cases.begin(), cases.end(),
+                           [&](const auto& v) { return case_name(v[0]) == case_name(c); });
+    if (it == cases.end())
+      cases.push_back({std::move(c)});
+    else
+      it->push_back(std::move(c));
+  }
   Json j;
   j.begin_object().kv("experiment", "validate").key("rows").begin_array();
-  std::printf("%-40s %-5s %-9s %6s %12s %12s %8s  %s\n", "case", "algo", "op", "calib",
-              "measured_us", "predicted_us", "error", "rate set, core share");
+  std::printf("%-40s %-5s %-9s %6s %12s %17s %12s %8s  %s\n", "case", "algo", "op", "calib",
+              "measured_us", "(min..max, runs)", "predicted_us", "error", "rate set, core share");
   int unseen = 0, unseen_ok = 0, seen = 0, seen_ok = 0;
   double worst_unseen = 0;
-  for (const BenchCase& c : cases) {
+  for (const auto& runs : cases) {
+    const BenchCase& c = runs[0];
     const Preset p = make_preset("local", c.ranks, o.calibration);
     Options oc = o;
     oc.latency_layout = c.layout == "latency";
@@ -114,22 +127,31 @@ int cmd_validate(const Options& o) {
     const bool calib = calibrated_shape(c);
     for (Algo a : {Algo::kBsp, Algo::kUbep}) {
       for (Op op : {Op::kDispatch, Op::kCombine}) {
-        auto it = c.median.find({algo_name(a), op_name(op)});
-        if (it == c.median.end()) continue;
+        std::vector<double> meds;
+        for (const BenchCase& r : runs) {
+          auto it = r.median.find({algo_name(a), op_name(op)});
+          if (it != r.median.end()) meds.push_back(it->second);
+        }
+        if (meds.empty()) continue;
+        std::sort(meds.begin(), meds.end());
+        const double measured = meds.size() % 2 ? meds[meds.size() / 2]
+                                                : (meds[meds.size() / 2 - 1] + meds[meds.size() / 2]) / 2;
         const CallConfig cc = call_config(oc, a, op);
         const double pred = simulate_call(p, cc, t).makespan_ns / 1e3;
         const Preset eff = effective_preset(p, cc, t);
-        const double err = (pred / it->second - 1) * 100;
+        const double err = (pred / measured - 1) * 100;
         const bool ok = std::abs(err) <= 25;
         (calib ? seen : unseen) += 1;
         (calib ? seen_ok : unseen_ok) += ok;
         if (!calib) worst_unseen = std::max(worst_unseen, std::abs(err));
-        std::printf("%-40s %-5s %-9s %6s %12.1f %12.1f %+7.1f%%  %s, %.2f\n", case_name(c).c_str(),
-                    algo_name(a), op_name(op), calib ? "yes" : "no", it->second, pred, err,
-                    eff.cost.rate_set.c_str(), eff.cost.core_share);
+        const std::string spread =
+            detail::concat("(", static_cast<int>(meds.front()), "..", static_cast<int>(meds.back()),
+                           ", ", meds.size(), ")");
+        std::printf("%-40s %-5s %-9s %6s %12.1f %17s %12.1f %+7.1f%%  %s, %.2f\n",
+                    case_name(c).c_str(), algo_name(a), op_name(op), calib ? "yes" : "no", measured,
+                    spread.c_str(), pred, err, eff.cost.rate_set.c_str(), eff.cost.core_share);
         j.begin_object()
             .kv("case", case_name(c))
-            .kv("file", c.file)
             .kv("group", c.group)
             .kv("ranks", c.ranks)
             .kv("tokens", static_cast<double>(c.tokens))
@@ -139,7 +161,10 @@ int cmd_validate(const Options& o) {
             .kv("layout", c.layout)
             .kv("algo", algo_name(a))
             .kv("op", op_name(op))
-            .kv("measured_us", it->second)
+            .kv("measured_us", measured)
+            .kv("runs", static_cast<int>(meds.size()))
+            .kv("measured_min_us", meds.front())
+            .kv("measured_max_us", meds.back())
             .kv("predicted_us", pred)
             .kv("error_pct", err)
             .kv("used_for_calibration", calib)

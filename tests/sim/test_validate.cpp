@@ -43,7 +43,8 @@ std::string calibration(bool with_cores) {
   return write_file(with_cores ? "cal2.json" : "cal0.json", s + "}");
 }
 
-std::string bench_json(const std::string& name, int ranks, int tokens, const char* layout) {
+std::string bench_json(const std::string& name, int ranks, int tokens, const char* layout,
+                       int bsp_dispatch_us = 1000) {
   return write_file(
       name, std::string("{\"config\": {\"workload\": \"decode\", \"group\": \"mpi\", \"ranks\": ") +
                 std::to_string(ranks) + ", \"tokens\": " + std::to_string(tokens) +
@@ -52,7 +53,9 @@ std::string bench_json(const std::string& name, int ranks, int tokens, const cha
                 layout +
                 "\", \"routing\": \"uniform\", \"iters\": 5, \"warmup\": 1, \"workers\": -1},\n"
                 " \"results\": [\n"
-                "  {\"impl\": \"bsp\", \"op\": \"dispatch\", \"median_us\": 1000, \"p99_us\": 1},\n"
+                "  {\"impl\": \"bsp\", \"op\": \"dispatch\", \"median_us\": " +
+                std::to_string(bsp_dispatch_us) +
+                ", \"p99_us\": 1},\n"
                 "  {\"impl\": \"ubep\", \"op\": \"combine\", \"median_us\": 2000, \"p99_us\": 1},\n"
                 "  {\"impl\": \"bound\", \"op\": \"dispatch\", \"median_us\": 5, \"kernel\": "
                 "\"memcpy\"}\n]}\n");
@@ -83,6 +86,23 @@ TEST(SimValidate, OneRowPerMeasuredCallWithCalibrationFlag) {
   EXPECT_NE(j.find("\"used_for_calibration\":true", seen), std::string::npos);
   EXPECT_LT(j.find("\"used_for_calibration\":true", seen), unseen);
   EXPECT_NE(j.find("\"used_for_calibration\":false", unseen), std::string::npos);
+}
+
+// Repeats of one shape are one case; its measured value is the median of the runs' medians.
+TEST(SimValidate, RepeatsOfAShapeAreOneCaseAtTheirMedian) {
+  Options o;
+  o.calibration = calibration(true);
+  o.measured = bench_json("r1.json", 2, 64, "latency", 1000) + "," +
+               bench_json("r2.json", 2, 64, "latency", 9000) + "," +
+               bench_json("r3.json", 2, 64, "latency", 2000);
+  o.json = testing::TempDir() + "validate_repeats.json";
+  ASSERT_EQ(cmd_validate(o), 0);
+  const std::string j = read_file(o.json);
+  EXPECT_NE(j.find("\"unseen_cases\":2"), std::string::npos) << j;  // bsp dispatch, ubep combine
+  EXPECT_NE(j.find("\"measured_us\":2000,\"runs\":3,\"measured_min_us\":1000,"
+                   "\"measured_max_us\":9000"),
+            std::string::npos)
+      << j;
 }
 
 TEST(SimValidate, NeedsMeasuredFiles) {
