@@ -4,7 +4,7 @@
 #   2. ubep-bench on 9 cases    (the two calibrated shapes and 7 unseen ones), bsp and ubep,
 #                               UBEP_VALIDATE_REPEATS rounds (default 3) over all cases, so a
 #                               neighbour's load burst hits one round of a case, not all
-#                               (validate takes the median of a case's runs)
+#                               (validate takes a case's least disturbed run)
 #   3. ubep-sim validate        (one row per case, algo and op: measured, predicted, calibrated?)
 # Writes docs/sim/validate/*.json and docs/sim/validate.json; prints the validate table.
 # Needs build/ (Release) with ubep-bench and ubep-sim. Run on a quiet machine: check `uptime`.
