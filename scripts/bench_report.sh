@@ -30,6 +30,14 @@ run() {  # run <name> <title> <command...>: the bench's table and JSON, under do
   "$@" --quiet --json "$out/$name.json" > "$out/$name.txt" 2>&1
 }
 
+run_plain() {  # run_plain <name> <title> <command...>: a tool without --json
+  local name=$1 title=$2
+  shift 2
+  printf '%s\t%s\t%s\n' "$name" "$title" "$*" >> "$out/runs.tsv"
+  echo "[bench_report] $name: $*" >&2
+  "$@" > "$out/$name.txt" 2>&1
+}
+
 two="mpirun -np 2"
 run decode "decode, 2 process ranks" $two $bench --workload decode
 run prefill "prefill, 2 process ranks" $two $bench --workload prefill
@@ -43,6 +51,8 @@ run tcp2x2 "forced 2 hosts x 2 ranks, every MPI byte over TCP (no bound: it woul
 run threads2 "decode, 2 thread ranks" $bench --ranks 2 --workload decode
 run workers1 "decode, 2 thread ranks, --workers 1 for ubep and the baseline (oversubscribed: 4 threads on 2 cores; bsp uses no workers)" \
   $bench --ranks 2 --workload decode --workers 1 --iters 20
+run_plain kernels "the row kernels alone (one thread, in cache): what a tiny call's copies and reduction cost" \
+  build/tools/ubep-kernel-timing 7168 20000
 run threads8 "decode, 8 thread ranks (oversubscribed: 4 ranks per core)" \
   $bench --ranks 8 --workload decode --iters 20
 
