@@ -228,7 +228,10 @@ int cmd_calibrate(const Options& o) {
   }
   std::vector<double> hand;
   for (int p = 0; p < 7; ++p) hand.push_back(handoff_ns(100000));
-  j.kv("handoff_ns", median(hand)).kv("row_bytes", static_cast<double>(kRow)).end_object();
+  j.kv("handoff_ns", median(hand))
+      .kv("row_bytes", static_cast<double>(kRow))
+      .kv("cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))
+      .end_object();
   j.write(o.out);
   std::printf("per core, both cores working at once (GB/s):\n%-8s %10s %10s %10s %10s %14s\n",
               "shape", "MB/rank", "copy", "stream", "reduce", "staged_reduce");
