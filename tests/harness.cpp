@@ -81,21 +81,24 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
   auto range_of = [&](int e, int s, int64_t expected_begin, int64_t expected_count) {
     int64_t begin = expected_begin, count = expected_count;
     if (r.recv_range.data) {
-      const auto* rr = r.recv_range.as<const int64_t>() +
-                       2 * (c.layout == Layout::kLatency ? e * R + s : s);
+      const auto* rr =
+          r.recv_range.as<const int64_t>() + 2 * (c.layout == Layout::kLatency ? e * R + s : s);
       begin = rr[0];
       count = rr[1];
     }
-    UBEP_TEST_EQ(count, expected_count, "" << "range count of expert " << e << " source " << s);
+    UBEP_TEST_EQ(count, expected_count,
+                 ""
+                     << "range count of expert " << e << " source " << s);
     UBEP_TEST_EQ(begin, per_source ? s * c.capacity : expected_begin,
-                 "" << "range begin of expert " << e << " source " << s);
+                 ""
+                     << "range begin of expert " << e << " source " << s);
     return begin;
   };
   // expected rows of (e, s), in token order: indices into exp.src / exp.expert_rows[e]
   auto rows_of = [&](int e, int s) {
     std::vector<size_t> out;
-    const auto& list = c.layout == Layout::kLatency ? exp.expert_rows[static_cast<size_t>(e)]
-                                                    : exp.src;
+    const auto& list =
+        c.layout == Layout::kLatency ? exp.expert_rows[static_cast<size_t>(e)] : exp.src;
     for (size_t k = 0; k < list.size(); ++k)
       if (list[k][0] == s) out.push_back(k);
     return out;
@@ -120,18 +123,25 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
         const size_t k = ks[i];
         const int64_t row = begin + static_cast<int64_t>(i);
         const auto& es_ = exp.src[k];
-        UBEP_TEST_EQ(src[2 * row], es_[0], "" << "row " << row);
-        UBEP_TEST_EQ(src[2 * row + 1], es_[1], "" << "row " << row);
+        UBEP_TEST_EQ(src[2 * row], es_[0],
+                     ""
+                         << "row " << row);
+        UBEP_TEST_EQ(src[2 * row + 1], es_[1],
+                     ""
+                         << "row " << row);
         for (int j = 0; j < c.topk; ++j) {
           UBEP_TEST_EQ(idx[row * c.topk + j], exp.local_idx[k][static_cast<size_t>(j)],
-                       "" << "row " << row);
+                       ""
+                           << "row " << row);
           UBEP_TEST_EQ(w[row * c.topk + j], exp.weights[k][static_cast<size_t>(j)],
-                       "" << "row " << row);
+                       ""
+                           << "row " << row);
         }
         for (int64_t h = 0; h < H; ++h) {
           const float v = load_value(x, row * H + h, c.dtype);
           UBEP_TEST_EQ(v, p.value(static_cast<int>(es_[0]), es_[1], h),
-                       "" << "row " << row << " h " << h);
+                       ""
+                           << "row " << row << " h " << h);
           store_value(comb_in.data(), row * H + h, expert_fn(v, me), c.dtype);
         }
       }
@@ -152,8 +162,12 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
         for (size_t i = 0; i < ks.size() && !bad; ++i) {
           const auto& want = rows[ks[i]];
           const int64_t pos = e * RT + begin + static_cast<int64_t>(i);
-          UBEP_TEST_EQ(src[2 * pos], want[0], "" << "expert " << e << " slot " << pos);
-          UBEP_TEST_EQ(src[2 * pos + 1], want[1], "" << "expert " << e << " slot " << pos);
+          UBEP_TEST_EQ(src[2 * pos], want[0],
+                       ""
+                           << "expert " << e << " slot " << pos);
+          UBEP_TEST_EQ(src[2 * pos + 1], want[1],
+                       ""
+                           << "expert " << e << " slot " << pos);
           for (int64_t h = 0; h < H; ++h) {
             const float v = load_value(x, pos * H + h, c.dtype);
             UBEP_TEST_EQ(v, p.value(static_cast<int>(want[0]), want[1], h), "");

@@ -62,7 +62,8 @@ TEST(Placement, RangesWithEmptyAndFullSources) {
               const auto* src = r.recv_src.as<const int64_t>() + 2 * row;
               EXPECT_EQ(src[0], s);
               EXPECT_EQ(src[1], i);
-              EXPECT_EQ(r.recv_x.as<const float>()[row * H + 3], static_cast<float>(s * 1000 + i * H + 3));
+              EXPECT_EQ(r.recv_x.as<const float>()[row * H + 3],
+                        static_cast<float>(s * 1000 + i * H + 3));
             }
           }
           if (latency && g.rank() == 1) EXPECT_EQ(r.recv_count.as<const int64_t>()[0], T + 2);
@@ -104,11 +105,11 @@ void late_rank_case(Placement placement) {
         cfg.max_topk = 2;
         cfg.placement = placement;
         Buffer buf(g, cfg);
-        const Problem p = make_problem(R, 8, 32, DType::kFP32, {16, 16, 16, 16}, 2,
-                                       Routing::kUniform, 7);
+        const Problem p =
+            make_problem(R, 8, 32, DType::kFP32, {16, 16, 16, 16}, 2, Routing::kUniform, 7);
         for (int call = 0; call < 3; ++call) {
-          const DispatchArgs a = p.inputs[static_cast<size_t>(g.rank())].args(
-              DType::kFP32, 32, Layout::kLatency);
+          const DispatchArgs a =
+              p.inputs[static_cast<size_t>(g.rank())].args(DType::kFP32, 32, Layout::kLatency);
           if (g.rank() == 0) {
             if (placement == Placement::kPerSource) {
               // Away until every other rank's send has completed (bounded).

@@ -288,6 +288,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   cfg.num_experts = o.experts;
   cfg.max_topk = o.topk;
   cfg.num_workers = o.workers;
+  cfg.placement = o.placement;
   cfg.enable_latency_layout = o.layout == Layout::kLatency;
   cfg.schedule = o.schedule;
   cfg.topology = o.topology;

@@ -29,6 +29,10 @@ struct BenchOptions {
   SendSchedule schedule = SendSchedule::kEqualSlices;
   int plan_workers = 8;  // workers assumed by the per-policy scheduler report
   uint64_t seed = 42;
+  Placement placement = Placement::kAuto;  // for bsp and ubep
+  // Non-empty: the straggler run instead of the comparison. Rank 0 arrives D µs late at every
+  // call, for each D; bsp, ubep-compact and ubep-per-source are timed on the other ranks.
+  std::vector<double> straggler_us;
   std::string json;  // write results here (rank 0)
   std::string dump;  // write one call's inputs/outputs as .npy here
   bool quiet = false;
@@ -74,6 +78,12 @@ void print_policy_report(const Group& group, const BenchOptions& opt,
 
 // Collective over the group; every rank returns the same rows.
 std::vector<BenchRow> run_bench(Group& group, const BenchOptions& opt);
+// The straggler run (--straggler-us): rows with impl bsp | ubep-compact | ubep-per-source, op
+// dispatch_send (ubep's send phase; bsp has none, its whole dispatch is shown) and dispatch,
+// variant "late=D", timed on the ranks that are not late; compact() timed as op "compact".
+std::vector<BenchRow> run_straggler(Group& group, const BenchOptions& opt);
+void print_straggler_table(const Group& group, const BenchOptions& opt,
+                           const std::vector<BenchRow>& rows);
 
 // Rank 0 prints/writes; other ranks do nothing.
 void print_table(const Group& group, const BenchOptions& opt, const std::vector<BenchRow>& rows);

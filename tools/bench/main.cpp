@@ -31,6 +31,12 @@ int main(int argc, char** argv) {
   const double timeout_s = cmd.timeout_s;
   const bool under_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE");
   auto body = [&](Group& g) {
+    if (!opt.straggler_us.empty()) {
+      auto rows = tools::run_straggler(g, opt);
+      tools::print_straggler_table(g, opt, rows);
+      tools::write_json(g, opt, rows);
+      return;
+    }
     auto policies = tools::policy_report(g, opt);
     auto rows = tools::run_bench(g, opt);
     tools::print_table(g, opt, rows);

@@ -1,11 +1,11 @@
 // ubep-bench's flags. Every value is checked here, before any memory is sized from it, so a bad
 // flag is a message naming it and exit code 2 -- never a SIGFPE (hidden 0), a length_error
 // (negative sizes) or a bad_alloc (absurd token counts) from deep inside the run.
+#include <unistd.h>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
-#include <unistd.h>
 
 #include "bench.hpp"
 #include "ubep/error.hpp"
@@ -24,6 +24,11 @@ Ranks: threads in this process (--ranks N), or processes when started by mpirun.
   --algo LIST          comma list of mpi,bsp,ubep (default all; mpi = the MPI_Alltoallv
                        baseline, an in-process bulk exchange "a2a" on thread ranks)
   --sync LIST          ubep sync modes: fused,stop-and-wait (default fused)
+  --placement P        auto (default: per-source for latency, compact for throughput),
+                       compact or per-source (where received rows go; docs/SEMANTICS.md)
+  --straggler-us LIST  instead of the comparison: rank 0 arrives D us late at every call, for
+                       each D in the list (e.g. 0,1000,4000); prints bsp, ubep-compact and
+                       ubep-per-source dispatch_send and dispatch on the other ranks
   --workers N          worker threads per rank for ubep's roles and the baseline's pack,
                        unpack and reduce (default: cores / ranks - 1; bsp does not use them)
   --topology SPEC      preset (cm384, nvl72, h800), HxR (e.g. 2x2: also forces hosts of R
@@ -113,6 +118,20 @@ BenchCommand parse_bench_args(int argc, const char* const* argv) {
       for (const auto& x : opt.algos)
         UBEP_CHECK_ARG(x == "mpi" || x == "bsp" || x == "ubep", "unknown --algo entry '", x,
                        "' (expected mpi, bsp or ubep)");
+    } else if (a == "--placement") {
+      opt.placement = parse_placement(next());
+    } else if (a == "--straggler-us") {
+      opt.straggler_us.clear();
+      for (const auto& d : split(next())) {
+        char* end = nullptr;
+        errno = 0;
+        const double v = std::strtod(d.c_str(), &end);
+        UBEP_CHECK_ARG(end && *end == '\0' && errno == 0 && std::isfinite(v) && v >= 0 && v <= 1e7,
+                       "--straggler-us entry '", d,
+                       "' must be a number of microseconds in [0, 1e7]");
+        opt.straggler_us.push_back(v);
+      }
+      UBEP_CHECK_ARG(!opt.straggler_us.empty(), "--straggler-us needs at least one delay");
     } else if (a == "--sync") {
       opt.syncs.clear();
       for (auto& s : split(next())) opt.syncs.push_back(parse_sync_mode(s));
@@ -148,8 +167,7 @@ BenchCommand parse_bench_args(int argc, const char* const* argv) {
     } else
       throw InvalidArgument("unknown option '" + a + "' (see --help)");
   }
-  UBEP_CHECK_ARG(opt.topk <= opt.experts, "--topk ", opt.topk, " exceeds --experts ",
-                 opt.experts);
+  UBEP_CHECK_ARG(opt.topk <= opt.experts, "--topk ", opt.topk, " exceeds --experts ", opt.experts);
   // The largest allocations scale with these products (the latency layout's receive buffer is
   // [experts per rank, tokens x ranks, hidden] per rank); refuse what cannot fit before sizing it.
   const double row = static_cast<double>(opt.hidden) * static_cast<double>(dtype_size(opt.dtype));

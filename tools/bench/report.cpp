@@ -151,7 +151,9 @@ void write_json(const Group& g, const BenchOptions& o, const std::vector<BenchRo
     f << (i ? ",\n  " : "\n  ") << "{\"impl\": \"" << r.impl << "\", \"op\": \"" << r.op
       << "\", \"median_us\": " << r.median_us << ", \"p99_us\": " << r.p99_us
       << ", \"gbps\": " << r.gbps << ", \"bytes_per_rank\": " << r.bytes;
-    if (!r.variant.empty())
+    if (r.variant.rfind("late=", 0) == 0)  // the straggler run
+      f << ", \"late_us\": " << r.variant.substr(5);
+    else if (!r.variant.empty())
       f << (r.impl == "bound" ? ", \"kernel\": \"" : ", \"sync\": \"") << r.variant << "\"";
     if (r.x_bound > 0) f << ", \"x_bound\": " << r.x_bound;
     if (r.x_floor_bound > 0) f << ", \"x_floor_bound\": " << r.x_floor_bound;
