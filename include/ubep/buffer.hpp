@@ -116,7 +116,7 @@ struct DispatchResult {
   // throughput layout recv_x then has max_tokens_per_rank * ranks rows.
   TensorView recv_range;
   Placement placement = Placement::kCompact;
-  uint64_t handle = 0;    // identifies this dispatch for combine
+  uint64_t handle = 0;  // identifies this dispatch for combine
 };
 
 // Inputs of one combine: one row per received row (throughput layout, already weighted and

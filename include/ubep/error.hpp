@@ -26,6 +26,21 @@ class TimeoutError : public Error {
   using Error::Error;
 };
 
+// A peer failed the call this rank waits in (it rejected its input, or its buffer is broken):
+// the wait ends at once, naming the rank and the call, instead of running into the timeout.
+class PeerFailedError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The Buffer can no longer be used: an earlier call failed after the ranks started it (a
+// timeout, a failed peer), so they are out of step. Every later call throws this at once,
+// naming the call and the cause; create a new Buffer on the group.
+class BrokenBufferError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A system or MPI call failed.
 class SystemError : public Error {
  public:

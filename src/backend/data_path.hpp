@@ -49,6 +49,8 @@ class DataPath {
   virtual void publish(ep::Tag* tag, uint32_t value, bool stop_and_wait = false) const = 0;
   // Acquire load: true once `value` is there; the message's data is then visible.
   virtual bool arrived(const ep::Tag* tag, uint32_t value) const = 0;
+  // Acquire load of a tag word (for words with more than one meaningful value).
+  virtual uint32_t load(const ep::Tag* tag) const = 0;
   // Full fence: every earlier store of this thread is visible before every later one.
   virtual void fence() const = 0;
 

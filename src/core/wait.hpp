@@ -1,9 +1,11 @@
-// Bounded waiting: spin, then yield, then fail with a clear TimeoutError.
+// Bounded waiting: spin, then yield, then sleep with back-off, then fail with a clear TimeoutError.
 //
 // Ranks can outnumber cores (8 thread ranks on a 2-core machine), so a waiter must give its
 // core away quickly; and a dead peer must never hang the caller.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -18,28 +20,63 @@
 
 namespace ubep {
 
+// Interrupt check for embedders: the Python module points it at "SIGINT arrived", so Ctrl-C ends
+// a wait instead of running into the timeout. Polled only in the yielding phase, next to the
+// deadline check (never on the spinning fast path); when it returns true the wait throws Error.
+inline std::atomic<bool (*)()> wait_interrupt_hook{nullptr};
+
+// Ends a wait early by throwing (e.g. a peer published that it failed this call). Polled with
+// the deadline, never on the spinning fast path.
+class WaitAbort {
+ public:
+  virtual ~WaitAbort() = default;
+  virtual void check() const = 0;
+};
+
 struct WaitPolicy {
   std::chrono::nanoseconds timeout{std::chrono::seconds(60)};
   int spins_before_yield = 256;
+  // After this long yielding, sleep with exponential back-off (up to max_sleep) so a survivor
+  // waiting on a dead peer does not burn a core until its timeout.
+  std::chrono::nanoseconds yield_for{std::chrono::milliseconds(2)};
+  std::chrono::nanoseconds max_sleep{std::chrono::milliseconds(1)};
+  const WaitAbort* abort = nullptr;
 };
 
-// Waits until ready() is true. describe() is only called on timeout, to name what was awaited.
+// Waits until ready() is true: spin, then yield, then sleep with back-off; bounded by the
+// timeout. describe() is only called on timeout, to name what was awaited.
 template <typename Ready, typename Describe>
 void wait_until(Ready&& ready, const WaitPolicy& policy, Describe&& describe) {
   for (int i = 0; i < policy.spins_before_yield; ++i) {
     if (ready()) return;
     UBEP_CPU_RELAX();
   }
-  const auto deadline = std::chrono::steady_clock::now() + policy.timeout;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + policy.timeout;
+  auto sleep = std::chrono::nanoseconds(std::chrono::microseconds(20));
+  bool sleeping = false;
   for (unsigned n = 0;; ++n) {
     if (ready()) return;
-    std::this_thread::yield();
-    if ((n & 63u) == 0 && std::chrono::steady_clock::now() > deadline) {
-      if (ready()) return;
-      throw TimeoutError(detail::concat(
-          "timed out after ", std::chrono::duration<double>(policy.timeout).count(),
-          " s waiting for ", describe(),
-          " (is that rank alive, making the same call, and did it accept its inputs?)"));
+    if (sleeping) {
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min(sleep * 2, policy.max_sleep);
+    } else {
+      std::this_thread::yield();
+    }
+    if (sleeping || (n & 63u) == 0) {
+      if (auto* interrupted = wait_interrupt_hook.load(std::memory_order_relaxed);
+          interrupted && interrupted() && !ready())
+        throw Error(detail::concat("interrupted while waiting for ", describe()));
+      if (policy.abort && !ready()) policy.abort->check();
+      const auto now = std::chrono::steady_clock::now();
+      sleeping = now - start > policy.yield_for;
+      if (now > deadline) {
+        if (ready()) return;
+        throw TimeoutError(detail::concat(
+            "timed out after ", std::chrono::duration<double>(policy.timeout).count(),
+            " s waiting for ", describe(),
+            " (is that rank alive, making the same call, and did it accept its inputs?)"));
+      }
     }
   }
 }

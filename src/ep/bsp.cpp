@@ -24,9 +24,34 @@ void set_flags_and_verify(Buffer::Impl& b, int op) {
   for (int s = 0; s < b.ranks; ++s) {
     if (!b.same_host(s)) continue;
     const Tag* f = w.map().stage_flag(w.local(), op, s);
-    wait_until([&] { return w.arrived(f); }, b.wait,
+    b.wait_for([&] { return w.arrived(f); }, true,
                [&] { return detail::concat("bsp flag of rank ", s); });
   }
+}
+
+// bsp's stage barrier. On one host it is a flag round through this buffer's window (slot
+// 2 + n): every rank stores the call's tag into its flag at every peer and waits for every
+// peer's flag -- one barrier, counted like a group barrier, that a failed peer ends at once
+// (FailureWatch) and that a new Buffer starts afresh, so a failure never leaves the group's own
+// barrier out of step. A slot is rewritten only in the next call, after every rank has passed
+// it (passing the next barrier needs everyone), so a waiter never misses the value it waits for.
+// Across hosts the group's barrier (MPI) does it.
+void stage_barrier(Buffer::Impl& b, int n) {
+  if (b.multi_host()) {
+    b.group.barrier();
+    return;
+  }
+  const Window& w = b.win;
+  const int slot = 2 + n;
+  for (int d = 0; d < b.ranks; ++d)
+    if (d != b.rank) w.dp().publish(w.map().stage_flag(w.peer(d), slot, b.rank), w.tag());
+  for (int s = 0; s < b.ranks; ++s) {
+    if (s == b.rank) continue;
+    const Tag* f = w.map().stage_flag(w.local(), slot, s);
+    b.wait_for([&] { return w.arrived(f); }, true,
+               [&] { return detail::concat("bsp barrier ", n, " of rank ", s); });
+  }
+  ++b.window_barriers;
 }
 
 class Bsp final : public Algorithm {
@@ -51,13 +76,14 @@ void Bsp::dispatch_send(const DispatchArgs& a) {
   if (b.relay) b.relay->start_dispatch(a);
   for (int d = 0; d < b.ranks; ++d) {
     if (!b.same_host(d)) continue;
-    b.win.publish_count(d, b.rank, routing.dest_rows[static_cast<size_t>(d)], routing.topk, call.shape(),
+    b.win.publish_count(d, b.rank, routing.dest_rows[static_cast<size_t>(d)], routing.topk,
+                        call.shape(),
                         &routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
   }
   if (b.relay)  // relayed sources' count records are part of this stage
     b.wait_for([&] { return b.relay->counts_forwarded(); }, true,
                [] { return std::string("relayed counts"); });
-  b.group.barrier();
+  stage_barrier(b, 0);
   timer.lap("count exchange");
   // Destinations in rotated order (as ubep does), so senders do not all start on the same rank.
   for (int k = 1; k <= b.ranks; ++k) {
@@ -70,10 +96,10 @@ void Bsp::dispatch_send(const DispatchArgs& a) {
   if (b.relay)
     b.wait_for([&] { return b.relay->progress(); }, true,
                [] { return std::string("relay forwarding"); });
-  b.group.barrier();
+  stage_barrier(b, 1);
   timer.lap("token send");
   set_flags_and_verify(b, kDispatchOp);
-  b.group.barrier();
+  stage_barrier(b, 2);
   timer.lap("set-flag & verify");
   call.receive_counts(b.win);
   timer.lap("prefix sum");
@@ -101,10 +127,10 @@ void Bsp::combine_send(const CombineArgs& a) {
     }
   });
   if (b.relay) b.relay->start_combine();
-  b.group.barrier();
+  stage_barrier(b, 3);
   timer.lap("row send");
   set_flags_and_verify(b, kCombineOp);
-  b.group.barrier();
+  stage_barrier(b, 4);
   timer.lap("set-flag & verify");
   const char* push = w.at<char>(b.rank, w.map().push);
   for (int64_t t = 0; t < call.routing.num_tokens; ++t) {

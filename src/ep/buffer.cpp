@@ -89,10 +89,9 @@ void check_same_config(Group& g, const BufferConfig& c) {
                           static_cast<int64_t>(c.sync),
                           static_cast<int64_t>(c.algorithm),
                           static_cast<int64_t>(c.placement)};
-  static const char* names[] = {"max_tokens_per_rank", "hidden",   "dtype",
-                                "num_experts",         "max_topk", "enable_latency_layout",
-                                "initial_epoch",       "sync",     "algorithm",
-                                "placement"};
+  static const char* names[] = {
+      "max_tokens_per_rank",   "hidden",        "dtype", "num_experts", "max_topk",
+      "enable_latency_layout", "initial_epoch", "sync",  "algorithm",   "placement"};
   constexpr size_t n = sizeof mine / sizeof mine[0];
   std::vector<int64_t> all(n * static_cast<size_t>(g.size()));
   g.allgather(mine, all.data(), sizeof mine);
@@ -119,7 +118,9 @@ Buffer::Impl::Impl(Group& g, const BufferConfig& c)
                            cfg.enable_latency_layout),
           *dp, cfg.initial_epoch),
       call(g.rank(), cfg, g.size(), cfg.enable_latency_layout),
-      wait{std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout)} {
+      watch(win, g.rank()) {
+  wait.timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout);
+  wait.abort = &watch;
   win.set_sync(cfg.sync);
   y = LocalArray(static_cast<size_t>(T) * row_bytes());
   // Virtual until touched (MAP_NORESERVE): costs nothing unless compact() is used.
@@ -187,8 +188,7 @@ TensorView Buffer::Impl::combine_input_view() const {
 
 TensorView Buffer::Impl::compact_rows() {
   const ep::WindowLayout& m = win.map();
-  const char* from =
-      win.at<char>(rank, call.layout == Layout::kThroughput ? m.tp_x : m.lat_x);
+  const char* from = win.at<char>(rank, call.layout == Layout::kThroughput ? m.tp_x : m.lat_x);
   char* to = compacted.get();
   call.for_each_output_row(0, 1, [&](int64_t row, int64_t packed) {
     dp->put(to + static_cast<size_t>(packed) * row_bytes(),
@@ -265,9 +265,10 @@ void report_topk_mismatch(const Buffer::Impl& b) {
 // Barriers the call made, and bytes it moved between hosts, into last_stats().
 class CallScope {
  public:
-  explicit CallScope(Buffer::Impl& b) : b_(b), barriers0_(b.group.barrier_count()) {}
+  explicit CallScope(Buffer::Impl& b)
+      : b_(b), barriers0_(b.group.barrier_count() + b.window_barriers) {}
   ~CallScope() {
-    b_.stats.barriers = b_.group.barrier_count() - barriers0_;
+    b_.stats.barriers = b_.group.barrier_count() + b_.window_barriers - barriers0_;
     b_.record_network();
   }
 
@@ -277,14 +278,56 @@ class CallScope {
 };
 }  // namespace
 
+void Buffer::Impl::start_call(const char* what) {
+  UBEP_CHECK(broken.empty(), BrokenBufferError, what, ": the buffer is broken after call ", calls,
+             ": ", broken, "; create a new Buffer");
+  watch.set_call(++calls);
+}
+
+void Buffer::Impl::reject_call() { win.publish_failure(rank, ep::fail_marker(calls)); }
+
+void Buffer::Impl::break_call(const char* what, const std::exception& cause) {
+  if (broken.empty()) broken = detail::concat(what, " failed: ", cause.what());
+  phase = Phase::kIdle;
+  win.publish_failure(rank, ep::kBroken);
+}
+
+namespace {
+// Runs one phase of a started call: an error there leaves the ranks out of step, so it breaks
+// the buffer (and tells the peers) before it reaches the caller.
+template <typename Fn>
+auto phase_of(Buffer::Impl& b, const char* what, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    b.break_call(what, e);
+    throw;
+  }
+}
+// Checks the inputs of a call that was started: a rejection is local (nothing was sent), the
+// buffer stays usable, and peers already waiting in this call learn of it at once.
+template <typename Fn>
+void inputs_of(Buffer::Impl& b, Fn&& fn) {
+  try {
+    fn();
+  } catch (const InvalidArgument&) {
+    b.reject_call();
+    throw;
+  }
+}
+}  // namespace
+
 DispatchResult Buffer::dispatch(const DispatchArgs& args) {
   Impl& b = *impl_;
+  b.start_call("dispatch");
   {
     CallScope scope(b);
-    b.begin_dispatch(args);
-    ep::Algorithm& algo = b.algorithm();
-    algo.dispatch_send(args);
-    algo.dispatch_recv();
+    inputs_of(b, [&] { b.begin_dispatch(args); });
+    phase_of(b, "dispatch", [&] {
+      ep::Algorithm& algo = b.algorithm();
+      algo.dispatch_send(args);
+      algo.dispatch_recv();
+    });
   }
   report_topk_mismatch(b);
   return b.result();
@@ -292,12 +335,15 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args) {
 
 TensorView Buffer::combine(const CombineArgs& args) {
   Impl& b = *impl_;
+  b.start_call("combine");
   CallScope scope(b);
-  b.check_combine(args);
+  inputs_of(b, [&] { b.check_combine(args); });
   b.combined = true;
-  ep::Algorithm& algo = b.algorithm();
-  algo.combine_send(args);
-  algo.combine_recv();
+  phase_of(b, "combine", [&] {
+    ep::Algorithm& algo = b.algorithm();
+    algo.combine_send(args);
+    algo.combine_recv();
+  });
   return b.y_view();
 }
 
@@ -307,20 +353,23 @@ void Buffer::dispatch_send(const DispatchArgs& args) {
                  "dispatch_send: split-phase calls need the ubep "
                  "algorithm, this buffer runs ",
                  algorithm_name(b.cfg.algorithm));
+  b.start_call("dispatch_send");
   CallScope scope(b);
-  b.begin_dispatch(args);
-  b.algorithm().dispatch_send(args);
+  inputs_of(b, [&] { b.begin_dispatch(args); });
+  phase_of(b, "dispatch_send", [&] { b.algorithm().dispatch_send(args); });
   b.phase = Impl::Phase::kDispatchSent;
 }
 
 DispatchResult Buffer::dispatch_recv() {
   Impl& b = *impl_;
+  UBEP_CHECK(b.broken.empty(), BrokenBufferError, "dispatch_recv: the buffer is broken after call ",
+             b.calls, ": ", b.broken, "; create a new Buffer");
   UBEP_CHECK_ARG(b.phase == Impl::Phase::kDispatchSent,
                  "dispatch_recv: no dispatch_send outstanding");
   b.phase = Impl::Phase::kIdle;
   {
     CallScope scope(b);
-    b.algorithm().dispatch_recv();
+    phase_of(b, "dispatch_recv", [&] { b.algorithm().dispatch_recv(); });
   }
   report_topk_mismatch(b);
   return b.result();
@@ -332,19 +381,22 @@ void Buffer::combine_send(const CombineArgs& args) {
                  "combine_send: split-phase calls need the ubep "
                  "algorithm, this buffer runs ",
                  algorithm_name(b.cfg.algorithm));
+  b.start_call("combine_send");
   CallScope scope(b);
-  b.check_combine(args);
+  inputs_of(b, [&] { b.check_combine(args); });
   b.combined = true;
-  b.algorithm().combine_send(args);
+  phase_of(b, "combine_send", [&] { b.algorithm().combine_send(args); });
   b.phase = Impl::Phase::kCombineSent;
 }
 
 TensorView Buffer::combine_recv() {
   Impl& b = *impl_;
+  UBEP_CHECK(b.broken.empty(), BrokenBufferError, "combine_recv: the buffer is broken after call ",
+             b.calls, ": ", b.broken, "; create a new Buffer");
   UBEP_CHECK_ARG(b.phase == Impl::Phase::kCombineSent, "combine_recv: no combine_send outstanding");
   b.phase = Impl::Phase::kIdle;
   CallScope scope(b);
-  b.algorithm().combine_recv();
+  phase_of(b, "combine_recv", [&] { b.algorithm().combine_recv(); });
   return b.y_view();
 }
 

@@ -32,7 +32,21 @@ struct Buffer::Impl {
   std::unique_ptr<backend::DataPath> dp;
   ep::Window win;
   ep::CallState call;
+  ep::FailureWatch watch;  // every wait of this buffer polls the peers' failure words
   WaitPolicy wait;
+
+  // Collective calls started on this buffer (dispatch and combine each count one), and why the
+  // buffer is broken ("" while usable): once the ranks are out of step no call may return data.
+  uint64_t calls = 0;
+  std::string broken;
+  uint64_t window_barriers = 0;  // bsp's barriers through the window (one host)
+  // Starts call number `calls + 1`; throws BrokenBufferError if the buffer is broken.
+  void start_call(const char* what);
+  // This rank rejected its input before sending anything: tell peers waiting in this call.
+  void reject_call();
+  // The call failed after the ranks started it: the buffer is broken, for this rank and (through
+  // its failure word) for its peers.
+  void break_call(const char* what, const std::exception& cause);
 
   enum class Phase { kIdle, kDispatchSent, kCombineSent } phase = Phase::kIdle;
   bool have_dispatch = false;
@@ -154,10 +168,11 @@ void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
 
 template <typename Pred, typename Describe>
 void Buffer::Impl::wait_for(Pred&& pred, bool caller, Describe&& describe) {
+  auto named = [&] { return detail::concat(describe(), " in call ", watch.call()); };
   if (caller && relay) {
-    wait_until([&] { return pred() || (relay_progress(), pred()); }, wait, describe);
+    wait_until([&] { return pred() || (relay_progress(), pred()); }, wait, named);
   } else {
-    wait_until(pred, wait, describe);
+    wait_until(pred, wait, named);
   }
 }
 

@@ -59,8 +59,8 @@ class CallState {
   }
 
   // --- receiver side ---
-  LocalArray recv_count;  // [El] int64
-  LocalArray recv_range;  // int64 (begin, count): latency [El, R, 2], throughput [R, 2]
+  LocalArray recv_count;      // [El] int64
+  LocalArray recv_range;      // int64 (begin, count): latency [El, R, 2], throughput [R, 2]
   int64_t num_recv_rows = 0;  // valid rows in all
   // After every count record of this call is visible: per-expert counts, each source's range
   // (from the placement) and total rows.
@@ -72,8 +72,8 @@ class CallState {
   int shape_mismatch() const { return shape_mismatch_.load(std::memory_order_relaxed); }
   // (begin, count) of source s's rows (throughput: e is ignored).
   const int64_t* range(int e, int s) const {
-    const size_t i = layout == Layout::kLatency ? static_cast<size_t>(e * ranks + s)
-                                                : static_cast<size_t>(s);
+    const size_t i =
+        layout == Layout::kLatency ? static_cast<size_t>(e * ranks + s) : static_cast<size_t>(s);
     return recv_range.get<int64_t>() + 2 * i;
   }
 
@@ -171,8 +171,8 @@ void CallState::send_rows(const Window& win, const void* x, int dest, int64_t i,
 
 template <typename Visit>
 void CallState::for_each_expected_row(const Window& win, Visit&& visit) const {
-  const Tag* tags = win.at<Tag>(
-      rank, layout == Layout::kThroughput ? win.map().tp_tag : win.map().lat_tag);
+  const Tag* tags =
+      win.at<Tag>(rank, layout == Layout::kThroughput ? win.map().tp_tag : win.map().lat_tag);
   for_each_range([&](int, int, int64_t begin, int64_t count, int64_t base) {
     for (int64_t p = base + begin; p < base + begin + count; ++p) visit(tags + p, p);
   });

@@ -36,6 +36,12 @@ UBEP_HD inline constexpr uint32_t tag_of(uint64_t seq) {
 }
 UBEP_HD inline constexpr int half_of(uint64_t seq) { return static_cast<int>(seq & 1u); }
 
+// Failure words (WindowLayout::fail_word): the call a rank rejected, or "broken for good".
+inline constexpr uint32_t kBroken = 0xFFFFFFFFu;
+UBEP_HD inline constexpr uint32_t fail_marker(uint64_t call) {
+  return static_cast<uint32_t>(call % 0xFFFFFFFEull) + 1u;  // 1 .. 2^32-2: never 0 or kBroken
+}
+
 // Call shape word of a count record: what a receiver must agree on with every sender.
 UBEP_HD inline constexpr int32_t call_shape(int layout, int placement) {
   return layout | (placement << 8);
@@ -89,7 +95,9 @@ struct WindowLayout {
 
   size_t counts = 0, tp_x = 0, tp_src = 0, tp_idx = 0, tp_w = 0, tp_tag = 0;
   size_t lat_x = 0, lat_src = 0, lat_k = 0, lat_tag = 0, comb_x = 0, comb_tag = 0, push = 0;
-  size_t half_bytes = 0, count_flags = 0, stage_flags = 0, total = 0;
+  size_t half_bytes = 0, count_flags = 0, stage_flags = 0, fail_words = 0, total = 0;
+  // bsp's flag slots: 0 = dispatch verify, 1 = combine verify, 2.. = its stage barriers.
+  static constexpr int kStageSlots = 8;
 
   WindowLayout() = default;
   WindowLayout(size_t rb, int r, int el, int k, int64_t t, bool lat)
@@ -118,7 +126,8 @@ struct WindowLayout {
     half_bytes = round_up(off, 4096);
     off = 2 * half_bytes;
     count_flags = take(2 * R * sizeof(Tag));
-    stage_flags = take(2 * R * kCacheLine);
+    stage_flags = take(kStageSlots * R * kCacheLine);
+    fail_words = take(R * sizeof(Tag));
     total = off;
   }
 
@@ -137,7 +146,13 @@ struct WindowLayout {
     return reinterpret_cast<Tag*>(static_cast<char*>(base) + count_flags) +
            static_cast<size_t>(h) * static_cast<size_t>(ranks) + static_cast<size_t>(src);
   }
-  // bsp's per-stage "done" flags: op 0 = dispatch, 1 = combine.
+  // Failure word of source `src` in this window: 0, fail_marker(call) when src failed that call
+  // before sending anything (bad input), or kBroken once src's buffer is broken. Never reset:
+  // a new Buffer has new windows.
+  UBEP_HD Tag* fail_word(void* base, int src) const {
+    return reinterpret_cast<Tag*>(static_cast<char*>(base) + fail_words) + src;
+  }
+  // bsp's per-stage flags (kStageSlots slots, see above).
   UBEP_HD Tag* stage_flag(void* base, int op, int src) const {
     return reinterpret_cast<Tag*>(
         static_cast<char*>(base) + stage_flags +

@@ -90,7 +90,8 @@ void Ubep::dispatch_send(const DispatchArgs& a) {
       for (int k = 1; k <= b.ranks; ++k) {
         const int d = (b.rank + k) % b.ranks;
         if (!b.same_host(d)) continue;
-        b.win.publish_count(d, b.rank, routing.dest_rows[static_cast<size_t>(d)], routing.topk, call.shape(),
+        b.win.publish_count(d, b.rank, routing.dest_rows[static_cast<size_t>(d)], routing.topk,
+                            call.shape(),
                             &routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
       }
     }
@@ -168,9 +169,9 @@ void Ubep::combine_send(const CombineArgs& a) {
     b.call.for_each_output_row(m, members, [&](int64_t row, int64_t packed) {
       const int64_t from = a.compacted ? packed : row;
       if (!zero_copy)  // plain stores: the owners read these rows right away
-        b.win.put_row(comb + static_cast<size_t>(row) * b.row_bytes(),
-                      static_cast<const char*>(a.x.data) + static_cast<size_t>(from) * b.row_bytes(),
-                      false);
+        b.win.put_row(
+            comb + static_cast<size_t>(row) * b.row_bytes(),
+            static_cast<const char*>(a.x.data) + static_cast<size_t>(from) * b.row_bytes(), false);
       b.win.complete(tags + row);
     });
   });

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "backend/data_path.hpp"
+#include "core/wait.hpp"
 #include "ep/protocol.hpp"
 #include "ubep/buffer.hpp"
 
@@ -66,6 +67,14 @@ class Window {
   }
   void put(void* dst, const void* src, size_t bytes) const { dp_.put(dst, src, bytes); }
 
+  // --- failures: a rank publishes into every local peer's window that it rejected a call or
+  // that its buffer is broken; waits poll the words of their peers (FailureWatch).
+  void publish_failure(int me, uint32_t word) const {
+    for (int r = 0; r < map_.ranks; ++r)
+      if (r != me && peer(r)) dp_.publish(map_.fail_word(peer(r), me), word);
+  }
+  uint32_t failure_of(int source) const { return dp_.load(map_.fail_word(local(), source)); }
+
  private:
   WindowLayout map_;
   std::unique_ptr<SharedWindow> mem_;
@@ -73,6 +82,33 @@ class Window {
   SyncMode sync_ = SyncMode::kFused;
   uint64_t next_seq_;
   uint64_t seq_ = 0;
+};
+
+// Ends a wait of call `call` when a peer on this host published that it rejected that call or
+// that its buffer is broken: the waiter learns at once, naming the rank, instead of timing out.
+class FailureWatch final : public WaitAbort {
+ public:
+  FailureWatch(const Window& w, int me) : w_(w), me_(me) {}
+  void set_call(uint64_t call) { call_ = call; }
+  uint64_t call() const { return call_; }
+  void check() const override {
+    for (int r = 0; r < w_.map().ranks; ++r) {
+      if (r == me_ || !w_.peer(r)) continue;
+      const uint32_t v = w_.failure_of(r);
+      if (v == kBroken)
+        throw PeerFailedError(detail::concat("rank ", r, " failed during call ", call_,
+                                             " (its buffer is broken), so call ", call_,
+                                             " cannot complete on rank ", me_));
+      if (v == fail_marker(call_))
+        throw PeerFailedError(detail::concat("rank ", r, " rejected its input for call ", call_,
+                                             ", so the call cannot complete on rank ", me_));
+    }
+  }
+
+ private:
+  const Window& w_;
+  int me_;
+  uint64_t call_ = 0;
 };
 
 }  // namespace ubep::ep

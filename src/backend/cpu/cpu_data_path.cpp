@@ -38,6 +38,8 @@ bool CpuDataPath::arrived(const ep::Tag* tag, uint32_t value) const {
   return tag_arrived(tag, value);
 }
 
+uint32_t CpuDataPath::load(const ep::Tag* tag) const { return load_tag(tag); }
+
 void CpuDataPath::fence() const { std::atomic_thread_fence(std::memory_order_seq_cst); }
 
 void CpuDataPath::reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,

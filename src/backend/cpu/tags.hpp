@@ -15,10 +15,10 @@ static_assert(alignof(ep::Tag) >= std::atomic_ref<ep::Tag>::required_alignment);
 inline void publish_tag(ep::Tag* tag, uint32_t value) {
   std::atomic_ref<ep::Tag>(*tag).store(value, std::memory_order_release);
 }
-inline bool tag_arrived(const ep::Tag* tag, uint32_t value) {
+inline uint32_t load_tag(const ep::Tag* tag) {
   // atomic_ref needs a non-const object; the load does not modify it.
-  return std::atomic_ref<ep::Tag>(*const_cast<ep::Tag*>(tag)).load(std::memory_order_acquire) ==
-         value;
+  return std::atomic_ref<ep::Tag>(*const_cast<ep::Tag*>(tag)).load(std::memory_order_acquire);
 }
+inline bool tag_arrived(const ep::Tag* tag, uint32_t value) { return load_tag(tag) == value; }
 
 }  // namespace ubep::cpu
