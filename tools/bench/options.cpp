@@ -1,11 +1,11 @@
 // ubep-bench's flags. Every value is checked here, before any memory is sized from it, so a bad
 // flag is a message naming it and exit code 2 -- never a SIGFPE (hidden 0), a length_error
 // (negative sizes) or a bad_alloc (absurd token counts) from deep inside the run.
+#include <unistd.h>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
-#include <unistd.h>
 
 #include "bench.hpp"
 #include "ubep/error.hpp"
@@ -148,8 +148,7 @@ BenchCommand parse_bench_args(int argc, const char* const* argv) {
     } else
       throw InvalidArgument("unknown option '" + a + "' (see --help)");
   }
-  UBEP_CHECK_ARG(opt.topk <= opt.experts, "--topk ", opt.topk, " exceeds --experts ",
-                 opt.experts);
+  UBEP_CHECK_ARG(opt.topk <= opt.experts, "--topk ", opt.topk, " exceeds --experts ", opt.experts);
   // The largest allocations scale with these products (the latency layout's receive buffer is
   // [experts per rank, tokens x ranks, hidden] per rank); refuse what cannot fit before sizing it.
   const double row = static_cast<double>(opt.hidden) * static_cast<double>(dtype_size(opt.dtype));
