@@ -221,7 +221,9 @@ MPI_Alltoallv -> unpack; "a2a" on thread ranks: the same bulk exchange through m
   memory, and one all-to-all flag barrier (the kind bsp makes after each stage).
 
 µs are medians and p99 over iterations of the slowest rank; GB/s = bytes received per rank /
-median time. The bench's expert is the identity; with `ubep::Buffer` it writes its output into
+median time. The machine is shared with other people's builds: before each run the script waits
+(up to 2 minutes) until no other task is runnable, and prints how many were, on average, just
+before the run; a run that had to start on a busy machine says so. The bench's expert is the identity; with `ubep::Buffer` it writes its output into
 the zero-copy combine buffer, outside the timed region.
 """)
     p("## Targets, as measured in the runs below\n")
@@ -235,13 +237,21 @@ the zero-copy combine buffer, outside the timed region.
         p(f"![µs against tokens per rank]({os.path.relpath(png, 'docs')})\n")
     sw = [r for r in runs if r[0].startswith("sweep_")]
     if sw:
-        p(f"`{sw[0][2]}`, for tokens 1 .. 4096 (iterations scaled down with size):\n")
+        qs = [open(os.path.join(d, r[0] + ".quiet")).read().strip() for r in sw
+              if os.path.exists(os.path.join(d, r[0] + ".quiet"))]
+        p(f"`{sw[0][2]}`, for tokens 1 .. 4096 (iterations scaled down with size). Other runnable "
+          f"tasks just before each point: {', '.join(qs) if qs else 'not recorded'}.\n")
     p(sweep_md + "\n")
     p("## Runs\n")
     for name, title, cmd in runs:
         if name.startswith("sweep_"):
             continue
-        p(f"### {title}\n\n```\n$ {cmd}")
+        q = os.path.join(d, name + ".quiet")
+        note = ""
+        if os.path.exists(q):
+            note = (f"Other runnable tasks on the machine just before this run (mean of 10 samples): "
+                    f"{open(q).read().strip()}.\n\n")
+        p(f"### {title}\n\n{note}```\n$ {cmd}")
         p(open(os.path.join(d, name + ".txt")).read().rstrip("\n"))
         p("```\n")
 
