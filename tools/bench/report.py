@@ -213,10 +213,14 @@ def main():
     p("""Each table is one run of `ubep-bench`: the MPI baseline (pack -> MPI_Alltoall ->
 MPI_Alltoallv -> unpack; "a2a" on thread ranks: the same bulk exchange through memory), ubep's
 `bsp` and `ubep` algorithms, and, measured in the same run on the same ranks:
-* **bound**: every rank at once copies the rows it sends from its tokens into the destination's
-  shared window (dispatch), then copies them back from there into each token's output row
-  (combine), with the fastest of memcpy and a non-temporal store loop (the row names the
-  winner). `x_bound` = median / the bound of the same op.
+* **bound**: every rank at once (a barrier before each op) copies the rows it sends from its
+  tokens into their slots in the destinations' shared windows (dispatch; candidates memcpy and
+  16- and 64-byte non-temporal store loops); then, after an untimed expert copy of the received
+  rows into the combine input as the bench's expert does, reads its tokens' rows back from
+  there (combine; candidates memcpy or non-temporal copies into the token's output row, and
+  "or-reduce": all of a token's rows read at once and OR-ed into one output row, the traffic of a
+  reduction with the cheapest operation). The fastest median wins per op and the row names it.
+  `x_bound` = median / the bound of the same op.
 * **latency floor**: a one-cache-line flag round trip between ranks 0 and 1 through shared
   memory, and one all-to-all flag barrier (the kind bsp makes after each stage).
 
