@@ -20,6 +20,8 @@ rm -f "$out"/*.json "$out"/*.txt "$out"/*.quiet "$out"/runs.tsv
   echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB"
   echo "os: $(. /etc/os-release; echo "$PRETTY_NAME"), $(g++ --version | head -1), $(mpirun --version | head -1)"
   echo "load_start: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "cpu_pressure_start: $(sed -n 's/^some avg10=\([0-9.]*\).*/\1%/p' /proc/pressure/cpu 2>/dev/null || echo unknown)"
+  echo "wait_s: ${UBEP_REPORT_WAIT:-120}"
 } > "$out/machine.txt"
 
 # The machine is shared: before each run, wait (up to UBEP_REPORT_WAIT seconds, default 120)

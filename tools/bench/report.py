@@ -210,6 +210,8 @@ def main():
       "[PERFORMANCE.md](PERFORMANCE.md).\n")
     p(f"Machine: {machine['cpu']}, {machine['os']}. Load average at start: "
       f"{machine['load_start']}, at end: {machine.get('load_end', '?')}.\n")
+    p(f"CPU pressure (`/proc/pressure/cpu`, some avg10) at start: "
+      f"{machine.get('cpu_pressure_start', 'not recorded')}.\n")
     p("""Each table is one run of `ubep-bench`: the MPI baseline (pack -> MPI_Alltoall ->
 MPI_Alltoallv -> unpack; "a2a" on thread ranks: the same bulk exchange through memory), ubep's
 `bsp` and `ubep` algorithms, and, measured in the same run on the same ranks:
@@ -226,10 +228,10 @@ MPI_Alltoallv -> unpack; "a2a" on thread ranks: the same bulk exchange through m
 
 µs are medians and p99 over iterations of the slowest rank; GB/s = bytes received per rank /
 median time. The machine is shared with other people's builds: before each run the script waits
-(up to 2 minutes) until no other task is runnable, and prints how many were, on average, just
-before the run; a run that had to start on a busy machine says so. The bench's expert is the identity; with `ubep::Buffer` it writes its output into
+(up to UBEP_REPORT_WAIT seconds; this run: {wait}) until no other task is runnable, and prints
+how many were, on average, just before the run (the sampling itself shows as about one). The bench's expert is the identity; with `ubep::Buffer` it writes its output into
 the zero-copy combine buffer, outside the timed region.
-""")
+""".replace("{wait}", machine.get("wait_s", "not recorded") + " s"))
     p("## Targets, as measured in the runs below\n")
     p(targets(d) + "\n")
     p("## Where ubep's lead over bsp comes from\n")
