@@ -12,7 +12,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 bench=build/tools/ubep-bench
 out=${UBEP_REPORT_DIR:-docs/bench}
 mkdir -p "$out"
-rm -f "$out"/*.json "$out"/*.txt "$out"/runs.tsv
+rm -f "$out"/*.json "$out"/*.txt "$out"/*.quiet "$out"/runs.tsv
 
 {
   echo "date: $(date -u +'%Y-%m-%d %H:%M UTC')"
@@ -20,13 +20,32 @@ rm -f "$out"/*.json "$out"/*.txt "$out"/runs.tsv
   echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB"
   echo "os: $(. /etc/os-release; echo "$PRETTY_NAME"), $(g++ --version | head -1), $(mpirun --version | head -1)"
   echo "load_start: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "cpu_pressure_start: $(sed -n 's/^some avg10=\([0-9.]*\).*/\1%/p' /proc/pressure/cpu 2>/dev/null || echo unknown)"
+  echo "wait_s: ${UBEP_REPORT_WAIT:-120}"
 } > "$out/machine.txt"
+
+# The machine is shared: before each run, wait (up to UBEP_REPORT_WAIT seconds, default 120)
+# until no other task is runnable, sampled 10 times over 2 s; the mean number of other runnable
+# tasks seen just before the run is kept in <name>.quiet and printed with its table.
+quiet() {
+  local deadline=$((SECONDS + ${UBEP_REPORT_WAIT:-120})) others
+  while :; do
+    others=$(for _ in 1 2 3 4 5 6 7 8 9 10; do cut -d' ' -f4 /proc/loadavg; sleep 0.2; done |
+             awk -F/ '{s += $1 - 1} END {printf "%.1f", s / NR}')
+    if awk -v o="$others" 'BEGIN {exit !(o < 0.3)}' || [ $SECONDS -ge $deadline ]; then
+      echo "$others"
+      return
+    fi
+    sleep 3
+  done
+}
 
 run() {  # run <name> <title> <command...>: the bench's table and JSON, under docs/bench/<name>.*
   local name=$1 title=$2
   shift 2
   printf '%s\t%s\t%s --quiet --json %s\n' "$name" "$title" "$*" "$out/$name.json" >> "$out/runs.tsv"
-  echo "[bench_report] $name: $*" >&2
+  quiet > "$out/$name.quiet"
+  echo "[bench_report] $name (other runnable tasks before: $(cat "$out/$name.quiet")): $*" >&2
   "$@" --quiet --json "$out/$name.json" > "$out/$name.txt" 2>&1
 }
 
@@ -34,6 +53,7 @@ run_plain() {  # run_plain <name> <title> <command...>: a tool without --json
   local name=$1 title=$2
   shift 2
   printf '%s\t%s\t%s\n' "$name" "$title" "$*" >> "$out/runs.tsv"
+  quiet > "$out/$name.quiet"
   echo "[bench_report] $name: $*" >&2
   "$@" > "$out/$name.txt" 2>&1
 }

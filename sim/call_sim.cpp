@@ -1,7 +1,8 @@
 // How one call is simulated. Both orchestrations run the same scheduler plans through the same
 // links; they differ in what surrounds the data (see DESIGN §1 and issue 5):
 // bsp dispatch:  layout -> counts (posted stores) -> BARRIER -> token items -> BARRIER -> set
-//                flags, fence, verify every peer's flag -> BARRIER -> prefix sum -> reorder -> BARRIER.
+//                flags, fence, verify every peer's flag -> BARRIER -> prefix sum -> reorder ->
+//                BARRIER.
 // bsp combine:   row items -> BARRIER -> set flags, fence, verify -> BARRIER -> reduce -> BARRIER.
 // ubep dispatch: layout -> one sender posts the count records, then every sender runs its items;
 //                each receiver computes its prefix sum once it holds every peer's count record

@@ -27,7 +27,8 @@ std::vector<Knob> knobs() {
        [](CostParams& c, double v) { c.local_row_ns = v; }},
       {"fence_ns", 20, 100, 500, "an x86 mfence .. a system-scope GPU fence",
        [](CostParams& c, double v) { c.fence_ns = v; }},
-      {"barrier_round_extra_ns", 0, 0, 5000, "none .. a few µs of runtime (event/notify) per barrier",
+      {"barrier_round_extra_ns", 0, 0, 5000,
+       "none .. a few µs of runtime (event/notify) per barrier",
        [](CostParams& c, double v) { c.barrier_round_extra_ns = v; }},
       {"layout_ns_per_entry", 0.5, 2, 10, "vectorised .. one cache miss per (token, k)",
        [](CostParams& c, double v) { c.layout_ns_per_entry = v; }},
@@ -80,10 +81,10 @@ std::vector<double> comparisons(const Options& o, const CostParams& cost) {
 }  // namespace
 
 int cmd_sensitivity(const Options& o) {
-  const char* names[] = {"EP64 BS8 ubep vs bsp", "EP64 BS64", "EP64 BS256",
-                         "fused vs s&w BS8", "fused vs s&w BS256", "balanced vs naive sender"};
+  const char* names[] = {"EP64 BS8 ubep vs bsp", "EP64 BS64",          "EP64 BS256",
+                         "fused vs s&w BS8",     "fused vs s&w BS256", "balanced vs naive sender"};
   const char* paper[] = {"-34.7..-52.4%", "-34.7..-52.4%", "-34.7..-52.4%",
-                         "-31..-57%", "-31..-57%", "-30.1%"};
+                         "-31..-57%",     "-31..-57%",     "-30.1%"};
   const CostParams base = make_preset("cm384", 64, "").cost;
   const auto knob_list = knobs();
   Json j;

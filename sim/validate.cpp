@@ -66,7 +66,8 @@ BenchCase read_case(const std::string& path) {
   c.topk = static_cast<int>(config_num(text, "topk"));
   c.experts = static_cast<int>(config_num(text, "experts"));
   const std::regex re(
-      "\"impl\":\\s*\"([a-z0-9_]+)\",\\s*\"op\":\\s*\"([a-z]+)\",\\s*\"median_us\":\\s*([-+0-9.eE]+)"
+      "\"impl\":\\s*\"([a-z0-9_]+)\",\\s*\"op\":\\s*\"([a-z]+)\",\\s*\"median_us\":\\s*([-+0-9.eE]+"
+      ")"
       "[^}]*?(\"sync\":\\s*\"([a-z-]+)\")?");
   for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator();
        ++it) {
@@ -79,21 +80,22 @@ BenchCase read_case(const std::string& path) {
 
 // The two shapes `calibrate` times (calibrate.cpp, cmd_calibrate).
 bool calibrated_shape(const BenchCase& c) {
-  const bool common = c.ranks == 2 && c.hidden == 7168 && c.topk == 8 && c.experts == 256 &&
-                      c.dtype == "bf16";
+  const bool common =
+      c.ranks == 2 && c.hidden == 7168 && c.topk == 8 && c.experts == 256 && c.dtype == "bf16";
   return common && ((c.tokens == 128 && c.layout == "latency") ||
                     (c.tokens == 4096 && c.layout == "throughput"));
 }
 
 std::string case_name(const BenchCase& c) {
-  return detail::concat(c.group, " ", c.ranks, "r ", c.tokens, "t h", c.hidden, " top", c.topk,
-                        " ", c.layout);
+  return detail::concat(c.group, " ", c.ranks, "r ", c.tokens, "t h", c.hidden, " top", c.topk, " ",
+                        c.layout);
 }
 
 }  // namespace
 
 int cmd_validate(const Options& o) {
-  UBEP_CHECK_ARG(!o.measured.empty(), "validate needs --measured FILE[,FILE...] (ubep-bench --json)");
+  UBEP_CHECK_ARG(!o.measured.empty(),
+                 "validate needs --measured FILE[,FILE...] (ubep-bench --json)");
   // Files of the same shape are repeats (sim/validate.sh runs each case in several rounds, since
   // this machine is shared with other people's compile jobs). The model describes the machine
   // undisturbed, so the measured value is the least disturbed run: the smallest of the runs'
@@ -136,8 +138,9 @@ int cmd_validate(const Options& o) {
         if (meds.empty()) continue;
         std::sort(meds.begin(), meds.end());
         const double measured = meds.front();
-        const double median_of_runs = meds.size() % 2 ? meds[meds.size() / 2]
-                                                      : (meds[meds.size() / 2 - 1] + meds[meds.size() / 2]) / 2;
+        const double median_of_runs = meds.size() % 2
+                                          ? meds[meds.size() / 2]
+                                          : (meds[meds.size() / 2 - 1] + meds[meds.size() / 2]) / 2;
         const CallConfig cc = call_config(oc, a, op);
         const double pred = simulate_call(p, cc, t).makespan_ns / 1e3;
         const Preset eff = effective_preset(p, cc, t);

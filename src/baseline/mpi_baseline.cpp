@@ -4,11 +4,11 @@
 #include <thread>
 
 #include "backend/cpu/row_kernels.hpp"
+#include "baseline/team.hpp"
 #include "core/local_array.hpp"
 #include "core/stage_timer.hpp"
 #include "ep/protocol.hpp"
 #include "ep/routing.hpp"
-#include "baseline/team.hpp"
 #include "ubep/baseline.hpp"
 #include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
@@ -23,12 +23,13 @@ namespace {
 // Rejects every config that would divide by zero or size nothing, before anything is sized.
 const BufferConfig& checked(const Group& g, const BufferConfig& c) {
   UBEP_CHECK_ARG(c.hidden >= 1, "AlltoallBaseline: hidden must be >= 1, got ", c.hidden);
-  UBEP_CHECK_ARG(c.max_tokens_per_rank >= 1, "AlltoallBaseline: max_tokens_per_rank must be >= 1, got ",
-                 c.max_tokens_per_rank);
+  UBEP_CHECK_ARG(c.max_tokens_per_rank >= 1,
+                 "AlltoallBaseline: max_tokens_per_rank must be >= 1, got ", c.max_tokens_per_rank);
   UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32,
                  "AlltoallBaseline: dtype must be bf16 or fp32, got ", dtype_name(c.dtype));
-  UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0, "AlltoallBaseline: num_experts ",
-                 c.num_experts, " must be a positive multiple of the group size ", g.size());
+  UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0,
+                 "AlltoallBaseline: num_experts ", c.num_experts,
+                 " must be a positive multiple of the group size ", g.size());
   UBEP_CHECK_ARG(c.max_topk >= 1 && c.max_topk <= 64,
                  "AlltoallBaseline: max_topk must be in [1, 64], got ", c.max_topk);
   UBEP_CHECK_ARG(c.num_workers >= -1 && c.num_workers <= 1024,
@@ -73,7 +74,7 @@ struct AlltoallBaseline::Impl {
   LocalArray comb_send, comb_recv;
   std::vector<int64_t> expert_offset;                   // [El, R]
   std::vector<int32_t> comb_meta_send, comb_meta_recv;  // latency combine: (token, k) per row
-  std::vector<Scratch> scratch;  // [team size]
+  std::vector<Scratch> scratch;                         // [team size]
   Team team;
 
   Impl(Group& g, const BufferConfig& c)
@@ -155,8 +156,8 @@ struct AlltoallBaseline::Impl {
         sc.weights.push_back(c.weight ? *c.weight : 1.0f);
       }
       const bool weighted = !cs.empty() && cs.front().weight;
-      kernels::reduce_rows(out, cfg.dtype, H, sc.rows.data(), weighted ? sc.weights.data() : nullptr,
-                           static_cast<int>(cs.size()));
+      kernels::reduce_rows(out, cfg.dtype, H, sc.rows.data(),
+                           weighted ? sc.weights.data() : nullptr, static_cast<int>(cs.size()));
       return;
     }
     bool first = true;
@@ -354,8 +355,8 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
         sc.contrib.clear();
         for (int p = 0; p < R; ++p) {
           if (!b.routing.sent(t, p)) continue;
-          sc.contrib.push_back({p, b.comb_recv.get() + b.ro[p] + b.routing.slot_at(t, p) * RB,
-                                nullptr});
+          sc.contrib.push_back(
+              {p, b.comb_recv.get() + b.ro[p] + b.routing.slot_at(t, p) * RB, nullptr});
         }
         b.reduce(b.y.get() + t * RB, sc);
       }

@@ -35,8 +35,8 @@ std::string calibration(bool with_cores) {
   for (const char* shape : {"decode", "prefill"}) {
     const std::string n = shape;
     s += "\"" + n + "_bytes\": " + (n == "decode" ? "1.468e7" : "1.174e8") + ", \"" + n +
-         "_copy_GBps\": 10, \"" + n + "_stream_GBps\": 10, \"" + n + "_reduce_GBps\": 10, \"" +
-         n + "_staged_reduce_GBps\": 10, ";
+         "_copy_GBps\": 10, \"" + n + "_stream_GBps\": 10, \"" + n + "_reduce_GBps\": 10, \"" + n +
+         "_staged_reduce_GBps\": 10, ";
   }
   s += "\"handoff_ns\": 100, \"row_bytes\": 14336";
   if (with_cores) s += ", \"cores\": 2";

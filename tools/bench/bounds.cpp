@@ -201,9 +201,10 @@ std::vector<BenchRow> measure_bound(Group& g, const std::vector<SendRow>& sends,
   // its combine input, so the combine finds them where and as warm as a real call does.
   auto expert = [&](int par) {
     for (int s = 0; s < R; ++s)
-      std::memcpy(row_at(me, 2, s, 0), row_at(me, par, s, 0),
-                  static_cast<size_t>(all_to[static_cast<size_t>(s) * Rz + static_cast<size_t>(me)]) *
-                      row_bytes);
+      std::memcpy(
+          row_at(me, 2, s, 0), row_at(me, par, s, 0),
+          static_cast<size_t>(all_to[static_cast<size_t>(s) * Rz + static_cast<size_t>(me)]) *
+              row_bytes);
   };
   auto combine = [&](const Kernel& k) {
     const char* ptrs[64];
@@ -211,11 +212,15 @@ std::vector<BenchRow> measure_bound(Group& g, const std::vector<SendRow>& sends,
       const auto& rs = of_token[t];
       char* out = ya + t * row_bytes;
       if (!k.copy) {
-        for (size_t i = 0; i < rs.size() && i < 64; ++i)
-          ptrs[i] = row_at(sends[rs[i]].dest, 2, me, slot[rs[i]]);
-        if (!rs.empty())
-          (kHaveAvx512 ? or_rows64 : or_rows)(out, ptrs, static_cast<int>(std::min<size_t>(rs.size(), 64)),
-                                              row_bytes);
+        // At most 64 rows per pass (throughput layout on > 64 ranks): later passes fold the
+        // output row in as their first operand, so every row is still read exactly once.
+        for (size_t i0 = 0; i0 < rs.size();) {
+          int n = 0;
+          if (i0 > 0) ptrs[n++] = out;
+          for (; n < 64 && i0 < rs.size(); ++i0)
+            ptrs[n++] = row_at(sends[rs[i0]].dest, 2, me, slot[rs[i0]]);
+          (kHaveAvx512 ? or_rows64 : or_rows)(out, ptrs, n, row_bytes);
+        }
         continue;
       }
       for (size_t r : rs) k.copy(out, row_at(sends[r].dest, 2, me, slot[r]), row_bytes);

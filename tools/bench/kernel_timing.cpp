@@ -1,5 +1,6 @@
 // ubep-kernel-timing: the per-row kernels in isolation (in cache, one thread), to explain where
 // small calls spend their time. Usage: ubep-kernel-timing [hidden=7168] [iters=20000]
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -8,9 +9,21 @@
 
 #include "backend/cpu/row_kernels.hpp"
 #include "ubep/bf16.hpp"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 using namespace ubep;
 using Clock = std::chrono::steady_clock;
+
+#if defined(__x86_64__)
+// The same 64-byte non-temporal stores as copy_row_to_peer, without its fence after every row:
+// with one fence per call, to measure what the per-row fence costs a dispatch.
+__attribute__((target("avx512f"))) void stream_rows(char* dst, const char* src, size_t bytes) {
+  for (size_t i = 0; i + 64 <= bytes; i += 64)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_loadu_si512(src + i));
+}
+#endif
 
 template <typename F>
 double time_us(int iters, F&& f) {
@@ -52,5 +65,30 @@ int main(int argc, char** argv) {
                   kernels::copy_row_to_peer(d + i * row, &rows[static_cast<size_t>(i * hidden)],
                                             row);
               }));
+#if defined(__x86_64__)
+  if (__builtin_cpu_supports("avx512f")) {
+    // A decode dispatch's worth of rows (1024, out of cache: two 14.7 MB halves alternately).
+    const size_t n = 1024, span = n * row;
+    std::vector<char> win(2 * span + 64);
+    char* w = win.data() + (64 - reinterpret_cast<uintptr_t>(win.data()) % 64) % 64;
+    int half = 0;
+    const int it = std::max(4, iters / 1000);
+    std::printf("%-44s %10.2f\n", "copy_row_to_peer, 1024 rows (fence per row)", time_us(it, [&] {
+                  char* d0 = w + span * static_cast<size_t>(half ^= 1);
+                  for (size_t i = 0; i < n; ++i)
+                    kernels::copy_row_to_peer(d0 + i * row,
+                                              &rows[(i % 8) * static_cast<size_t>(hidden)], row);
+                }));
+    std::printf("%-44s %10.2f\n", "same stores, 1024 rows, one fence", time_us(it, [&] {
+                  char* d0 = w + span * static_cast<size_t>(half ^= 1);
+                  for (size_t i = 0; i < n; ++i)
+                    stream_rows(
+                        d0 + i * row,
+                        reinterpret_cast<const char*>(&rows[(i % 8) * static_cast<size_t>(hidden)]),
+                        row);
+                  _mm_sfence();
+                }));
+  }
+#endif
   return 0;
 }

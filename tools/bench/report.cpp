@@ -108,7 +108,8 @@ void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchR
   std::map<std::string, double> total;
   for (const auto& r : rows)
     if (r.op == "dispatch" || r.op == "combine")
-      total[r.impl == "bound" ? "bound" : r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")] +=
+      total[r.impl == "bound" ? "bound"
+                              : r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")] +=
           r.median_us;
   const std::string base = total.count("mpi") ? "mpi" : (total.count("a2a") ? "a2a" : "");
   std::printf("dispatch+combine median:");

@@ -210,20 +210,28 @@ def main():
       "[PERFORMANCE.md](PERFORMANCE.md).\n")
     p(f"Machine: {machine['cpu']}, {machine['os']}. Load average at start: "
       f"{machine['load_start']}, at end: {machine.get('load_end', '?')}.\n")
+    p(f"CPU pressure (`/proc/pressure/cpu`, some avg10) at start: "
+      f"{machine.get('cpu_pressure_start', 'not recorded')}.\n")
     p("""Each table is one run of `ubep-bench`: the MPI baseline (pack -> MPI_Alltoall ->
 MPI_Alltoallv -> unpack; "a2a" on thread ranks: the same bulk exchange through memory), ubep's
 `bsp` and `ubep` algorithms, and, measured in the same run on the same ranks:
-* **bound**: every rank at once copies the rows it sends from its tokens into the destination's
-  shared window (dispatch), then copies them back from there into each token's output row
-  (combine), with the fastest of memcpy and a non-temporal store loop (the row names the
-  winner). `x_bound` = median / the bound of the same op.
+* **bound**: every rank at once (a barrier before each op) copies the rows it sends from its
+  tokens into their slots in the destinations' shared windows (dispatch; candidates memcpy and
+  16- and 64-byte non-temporal store loops); then, after an untimed expert copy of the received
+  rows into the combine input as the bench's expert does, reads its tokens' rows back from
+  there (combine; candidates memcpy or non-temporal copies into the token's output row, and
+  "or-reduce": all of a token's rows read at once and OR-ed into one output row, the traffic of a
+  reduction with the cheapest operation). The fastest median wins per op and the row names it.
+  `x_bound` = median / the bound of the same op.
 * **latency floor**: a one-cache-line flag round trip between ranks 0 and 1 through shared
   memory, and one all-to-all flag barrier (the kind bsp makes after each stage).
 
 µs are medians and p99 over iterations of the slowest rank; GB/s = bytes received per rank /
-median time. The bench's expert is the identity; with `ubep::Buffer` it writes its output into
+median time. The machine is shared with other people's builds: before each run the script waits
+(up to UBEP_REPORT_WAIT seconds; this run: {wait}) until no other task is runnable, and prints
+how many were, on average, just before the run (the sampling itself shows as about one). The bench's expert is the identity; with `ubep::Buffer` it writes its output into
 the zero-copy combine buffer, outside the timed region.
-""")
+""".replace("{wait}", machine.get("wait_s", "not recorded") + " s"))
     p("## Targets, as measured in the runs below\n")
     p(targets(d) + "\n")
     p("## Where ubep's lead over bsp comes from\n")
@@ -235,13 +243,21 @@ the zero-copy combine buffer, outside the timed region.
         p(f"![µs against tokens per rank]({os.path.relpath(png, 'docs')})\n")
     sw = [r for r in runs if r[0].startswith("sweep_")]
     if sw:
-        p(f"`{sw[0][2]}`, for tokens 1 .. 4096 (iterations scaled down with size):\n")
+        qs = [open(os.path.join(d, r[0] + ".quiet")).read().strip() for r in sw
+              if os.path.exists(os.path.join(d, r[0] + ".quiet"))]
+        p(f"`{sw[0][2]}`, for tokens 1 .. 4096 (iterations scaled down with size). Other runnable "
+          f"tasks just before each point: {', '.join(qs) if qs else 'not recorded'}.\n")
     p(sweep_md + "\n")
     p("## Runs\n")
     for name, title, cmd in runs:
         if name.startswith("sweep_"):
             continue
-        p(f"### {title}\n\n```\n$ {cmd}")
+        q = os.path.join(d, name + ".quiet")
+        note = ""
+        if os.path.exists(q):
+            note = (f"Other runnable tasks on the machine just before this run (mean of 10 samples): "
+                    f"{open(q).read().strip()}.\n\n")
+        p(f"### {title}\n\n{note}```\n$ {cmd}")
         p(open(os.path.join(d, name + ".txt")).read().rstrip("\n"))
         p("```\n")
 
