@@ -4,6 +4,7 @@
 // core away quickly; and a dead peer must never hang the caller.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -17,6 +18,11 @@
 #endif
 
 namespace ubep {
+
+// Interrupt check for embedders: the Python module points it at "SIGINT arrived", so Ctrl-C ends
+// a wait instead of running into the timeout. Polled only in the yielding phase, next to the
+// deadline check (never on the spinning fast path); when it returns true the wait throws Error.
+inline std::atomic<bool (*)()> wait_interrupt_hook{nullptr};
 
 struct WaitPolicy {
   std::chrono::nanoseconds timeout{std::chrono::seconds(60)};
@@ -34,6 +40,11 @@ void wait_until(Ready&& ready, const WaitPolicy& policy, Describe&& describe) {
   for (unsigned n = 0;; ++n) {
     if (ready()) return;
     std::this_thread::yield();
+    if ((n & 63u) == 0) {
+      if (auto* interrupted = wait_interrupt_hook.load(std::memory_order_relaxed);
+          interrupted && interrupted() && !ready())
+        throw Error(detail::concat("interrupted while waiting for ", describe()));
+    }
     if ((n & 63u) == 0 && std::chrono::steady_clock::now() > deadline) {
       if (ready()) return;
       throw TimeoutError(detail::concat(

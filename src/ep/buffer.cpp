@@ -279,6 +279,21 @@ void Buffer::Impl::check_combine(const CombineArgs& a) const {
                    "] (latency layout), got ", a.x.describe());
   }
   UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine: x has no data");
+  if (a.topk_weights.ndim != 0) {
+    const TensorView& w = a.topk_weights;
+    UBEP_CHECK_ARG(layout == Layout::kLatency,
+                   "combine: topk_weights can only replace the dispatch's in the latency layout");
+    UBEP_CHECK_ARG(!multi_host(), "combine: topk_weights cannot be replaced across hosts");
+    UBEP_CHECK_ARG(w.ndim == 2 && w.dtype == DType::kFP32 && w.dim(0) == routing.num_tokens &&
+                       w.dim(1) == routing.topk && (w.data != nullptr || w.numel() == 0),
+                   "combine: topk_weights must be fp32 [", routing.num_tokens, ", ", routing.topk,
+                   "] like the dispatch's topk_idx, got ", w.describe());
+  }
+}
+
+void Buffer::Impl::set_combine_weights(const CombineArgs& a) {
+  if (a.topk_weights.ndim != 0)
+    std::memcpy(routing.topk_weights.data(), a.topk_weights.data, a.topk_weights.bytes());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -315,6 +330,7 @@ TensorView Buffer::combine(const CombineArgs& args) {
   Impl& b = *impl_;
   const uint64_t barriers0 = b.group.barrier_count();
   b.check_combine(args);
+  b.set_combine_weights(args);
   b.combined = true;
   if (b.cfg.algorithm == Algorithm::kBsp) {
     ep::bsp_combine(b, args);
@@ -353,6 +369,7 @@ void Buffer::combine_send(const CombineArgs& args) {
   UBEP_CHECK_ARG(b.cfg.algorithm == Algorithm::kUbep,
                  "combine_send: split-phase calls need the ubep algorithm");
   b.check_combine(args);
+  b.set_combine_weights(args);
   b.combined = true;
   ep::ubep_combine_send(b, args);
   b.phase = Impl::Phase::kCombineSent;
@@ -366,6 +383,18 @@ TensorView Buffer::combine_recv() {
   b.stats.barriers = 0;
   b.record_network();
   return b.y_view();
+}
+
+DispatchResult Buffer::pending_dispatch() const {
+  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kDispatchSent && impl_->layout == Layout::kLatency,
+                 "pending_dispatch: no latency-layout dispatch_send outstanding");
+  return impl_->result();
+}
+
+TensorView Buffer::pending_combine() const {
+  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kCombineSent,
+                 "pending_combine: no combine_send outstanding");
+  return impl_->y_view();
 }
 
 const BufferConfig& Buffer::config() const { return impl_->cfg; }

@@ -134,6 +134,7 @@ struct Buffer::Impl {
   TensorView combine_input_view() const;
   TensorView y_view() const;
   void check_combine(const CombineArgs& a) const;
+  void set_combine_weights(const CombineArgs& a);  // after check_combine accepted them
 };
 
 template <typename Done>

@@ -1,0 +1,2 @@
+"""placeholder"""
+from ._ubep import *  # noqa
