@@ -1,7 +1,7 @@
 // `calibrate`: measures what the local preset needs from this machine; `predict`: runs the
 // local preset on ubep-bench's workloads and compares with measured medians.
 //
-// The rates are measured with the library's own row kernels (src/core/row_kernels.hpp), on two
+// The rates are measured with the library's own row kernels (src/backend/cpu/row_kernels.hpp), on two
 // threads pinned to cores 0 and 1 doing the same work at once (as the bench's two ranks do), at
 // the working-set sizes of the bench's two workloads (this machine has a large shared L3, so
 // rates depend on the size). Each is the median of several passes. Per shape (rows per rank =
@@ -35,7 +35,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/row_kernels.hpp"
+#include "backend/cpu/row_kernels.hpp"
 #include "sim/experiments.hpp"
 #include "sim/json.hpp"
 #include "ubep/error.hpp"

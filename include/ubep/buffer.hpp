@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ubep/group.hpp"
+#include "ubep/stats.hpp"
 #include "ubep/types.hpp"
 
 namespace ubep {
@@ -104,16 +105,6 @@ struct CombineArgs {
   // ones given to dispatch (DeepEP's low_latency_combine takes its weights here). Only used on
   // the token's owner, so only on one host (across hosts the relay has them from dispatch).
   TensorView topk_weights;
-};
-
-// Instrumentation of the last call: barriers it made and time per stage.
-struct CallStats {
-  uint64_t barriers = 0;
-  std::vector<std::pair<const char*, double>> stage_us;  // (stage, microseconds), in order
-  // Across hosts (0 on one host): bytes this rank sent over the network in the call, and token
-  // rows among them (dispatch: one per (token, destination host)).
-  uint64_t network_bytes = 0;
-  uint64_t network_rows = 0;
 };
 
 class Buffer {

@@ -3,7 +3,7 @@
 
 #include "core/bf16.hpp"
 #include "core/local_array.hpp"
-#include "core/row_kernels.hpp"
+#include "backend/cpu/row_kernels.hpp"
 #include "core/stage_timer.hpp"
 #include "ep/protocol.hpp"
 #include "ep/routing.hpp"

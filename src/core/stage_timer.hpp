@@ -3,7 +3,7 @@
 
 #include <chrono>
 
-#include "ubep/buffer.hpp"
+#include "ubep/stats.hpp"
 
 namespace ubep {
 

@@ -16,27 +16,44 @@ namespace ubep::ep {
 namespace {
 constexpr int kDispatchOp = 0, kCombineOp = 1;
 
+
 void set_flags_and_verify(Buffer::Impl& b, int op) {
+  const Window& w = b.win;
   // Flags travel through shared memory, so only within the host; the barriers cover the rest.
   for (int d = 0; d < b.ranks; ++d)
-    if (b.same_host(d)) publish(b.win.stage_flag(b.peer(d), op, b.rank), b.tag());
+    if (b.same_host(d)) w.dp().publish(w.map().stage_flag(w.peer(d), op, b.rank), w.tag());
   for (int s = 0; s < b.ranks; ++s) {
     if (!b.same_host(s)) continue;
-    const Tag* f = b.win.stage_flag(b.local(), op, s);
-    wait_until([&] { return arrived(f, b.tag()); }, b.wait,
+    const Tag* f = w.map().stage_flag(w.local(), op, s);
+    wait_until([&] { return w.arrived(f); }, b.wait,
                [&] { return detail::concat("bsp flag of rank ", s); });
   }
 }
-}  // namespace
 
-void bsp_dispatch(Buffer::Impl& b, const DispatchArgs& a) {
+class Bsp final : public Algorithm {
+ public:
+  explicit Bsp(Buffer::Impl& b) : b_(b) {}
+  bool split_phase() const override { return false; }
+  void dispatch_send(const DispatchArgs& a) override;
+  void dispatch_recv() override {}  // dispatch_send completed the call
+  void combine_send(const CombineArgs& a) override;
+  void combine_recv() override {}
+
+ private:
+  Buffer::Impl& b_;
+};
+
+void Bsp::dispatch_send(const DispatchArgs& a) {
+  Buffer::Impl& b = b_;
+  CallState& call = b.call;
+  const Routing& routing = call.routing;
   StageTimer timer(b.stats);
   timer.lap("layout");  // routing was built (and validated) by begin_dispatch
   if (b.relay) b.relay->start_dispatch(a);
   for (int d = 0; d < b.ranks; ++d) {
     if (!b.same_host(d)) continue;
-    b.publish_count(d, b.rank, b.routing.dest_rows[static_cast<size_t>(d)], b.routing.topk,
-                    &b.routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
+    b.win.publish_count(d, b.rank, routing.dest_rows[static_cast<size_t>(d)], routing.topk,
+                    &routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
   }
   if (b.relay)  // relayed sources' count records are part of this stage
     b.wait_for([&] { return b.relay->counts_forwarded(); }, true,
@@ -47,9 +64,9 @@ void bsp_dispatch(Buffer::Impl& b, const DispatchArgs& a) {
   for (int k = 1; k <= b.ranks; ++k) {
     const int d = (b.rank + k) % b.ranks;
     if (!b.same_host(d)) continue;
-    b.compute_offsets(d);
-    for (int64_t i = 0; i < b.routing.dest_rows[static_cast<size_t>(d)]; ++i)
-      b.send_rows(a, d, i, [](Tag*) {});
+    call.compute_offsets(b.win, d);
+    for (int64_t i = 0; i < routing.dest_rows[static_cast<size_t>(d)]; ++i)
+      call.send_rows(b.win, a.x.data, d, i, [](Tag*) {});
   }
   if (b.relay)
     b.wait_for([&] { return b.relay->progress(); }, true,
@@ -59,26 +76,29 @@ void bsp_dispatch(Buffer::Impl& b, const DispatchArgs& a) {
   set_flags_and_verify(b, kDispatchOp);
   b.group.barrier();
   timer.lap("set-flag & verify");
-  b.receive_counts();
+  call.receive_counts(b.win);
   timer.lap("prefix sum");
 }
 
-void bsp_combine(Buffer::Impl& b, const CombineArgs& a) {
+void Bsp::combine_send(const CombineArgs& a) {
+  Buffer::Impl& b = b_;
+  const CallState& call = b.call;
+  const Window& w = b.win;
   StageTimer timer(b.stats);
-  b.for_each_output_row(0, 1, [&](int64_t row) {
+  call.for_each_output_row(0, 1, [&](int64_t row) {
     int owner;
     int64_t slot;
-    b.row_owner(row, &owner, &slot);
+    call.row_owner(w, b.cfg.max_topk, row, &owner, &slot);
     const char* data =
         static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes();
     if (b.same_host(owner)) {
       // Plain stores: the owner reduces these rows right away, so they should stay in cache.
-      std::memcpy(b.at<char>(owner, b.win.push) + static_cast<size_t>(slot) * b.row_bytes(), data,
-                  b.row_bytes());
+      w.put_row(w.at<char>(owner, w.map().push) + static_cast<size_t>(slot) * b.row_bytes(), data,
+                false);
     } else {  // stage it for this host's relay to that owner
-      std::memcpy(b.at<char>(b.rank, b.win.comb_x) + static_cast<size_t>(row) * b.row_bytes(), data,
-                  b.row_bytes());
-      publish(b.at<Tag>(b.rank, b.win.comb_tag) + row, b.tag());
+      w.put_row(w.at<char>(b.rank, w.map().comb_x) + static_cast<size_t>(row) * b.row_bytes(), data,
+                false);
+      w.dp().publish(w.at<Tag>(b.rank, w.map().comb_tag) + row, w.tag());
     }
   });
   if (b.relay) b.relay->start_combine();
@@ -87,11 +107,11 @@ void bsp_combine(Buffer::Impl& b, const CombineArgs& a) {
   set_flags_and_verify(b, kCombineOp);
   b.group.barrier();
   timer.lap("set-flag & verify");
-  const char* push = b.at<char>(b.rank, b.win.push);
-  for (int64_t t = 0; t < b.routing.num_tokens; ++t) {
+  const char* push = w.at<char>(b.rank, w.map().push);
+  for (int64_t t = 0; t < call.routing.num_tokens; ++t) {
     b.reduce_token(t, b.acc.data(), [&](int64_t tok, int j) {
       const int64_t slot =
-          b.layout == Layout::kThroughput ? j * b.T + tok : tok * b.cfg.max_topk + j;
+          call.layout == Layout::kThroughput ? j * b.T + tok : tok * b.cfg.max_topk + j;
       return push + static_cast<size_t>(slot) * b.row_bytes();
     });
   }
@@ -100,5 +120,9 @@ void bsp_combine(Buffer::Impl& b, const CombineArgs& a) {
                [] { return std::string("relay partials"); });
   timer.lap("reduce");
 }
+
+}  // namespace
+
+std::unique_ptr<Algorithm> make_bsp(Buffer::Impl& b) { return std::make_unique<Bsp>(b); }
 
 }  // namespace ubep::ep

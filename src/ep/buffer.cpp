@@ -1,6 +1,8 @@
 #include <algorithm>
 #include <thread>
 
+#include "backend/cpu/cpu_data_path.hpp"
+#include "core/enum_names.hpp"
 #include "core/log.hpp"
 #include "ep/buffer_impl.hpp"
 #include "ep/relay.hpp"
@@ -8,45 +10,33 @@
 
 namespace ubep {
 
-const char* algorithm_name(Algorithm a) { return a == Algorithm::kBsp ? "bsp" : "ubep"; }
-Algorithm parse_algorithm(const std::string& n) {
-  if (n == "bsp") return Algorithm::kBsp;
-  if (n == "ubep") return Algorithm::kUbep;
-  throw InvalidArgument("unknown algorithm '" + n + "' (expected bsp or ubep)");
-}
-const char* layout_name(Layout l) { return l == Layout::kThroughput ? "throughput" : "latency"; }
-Layout parse_layout(const std::string& n) {
-  if (n == "throughput") return Layout::kThroughput;
-  if (n == "latency") return Layout::kLatency;
-  throw InvalidArgument("unknown layout '" + n + "' (expected throughput or latency)");
-}
-const char* sync_mode_name(SyncMode m) { return m == SyncMode::kFused ? "fused" : "stop-and-wait"; }
-SyncMode parse_sync_mode(const std::string& n) {
-  if (n == "fused") return SyncMode::kFused;
-  if (n == "stop-and-wait") return SyncMode::kStopAndWait;
-  throw InvalidArgument("unknown sync mode '" + n + "' (expected fused or stop-and-wait)");
-}
+namespace {
+constexpr detail::EnumName<Algorithm> kAlgorithms[] = {{Algorithm::kBsp, "bsp"},
+                                                       {Algorithm::kUbep, "ubep"}};
+constexpr detail::EnumName<Layout> kLayouts[] = {{Layout::kThroughput, "throughput"},
+                                                 {Layout::kLatency, "latency"}};
+constexpr detail::EnumName<SyncMode> kSyncModes[] = {{SyncMode::kFused, "fused"},
+                                                     {SyncMode::kStopAndWait, "stop-and-wait"}};
+constexpr detail::EnumName<SendSchedule> kSchedules[] = {
+    {SendSchedule::kEqualSlices, "equal"},
+    {SendSchedule::kNaive, "naive"},
+    {SendSchedule::kColumnMajor, "column_major"},
+    {SendSchedule::kBalanced, "balanced"}};
+}  // namespace
 
-const char* send_schedule_name(SendSchedule s) {
-  switch (s) {
-    case SendSchedule::kEqualSlices:
-      return "equal";
-    case SendSchedule::kNaive:
-      return "naive";
-    case SendSchedule::kColumnMajor:
-      return "column_major";
-    case SendSchedule::kBalanced:
-      return "balanced";
-  }
-  return "?";
+const char* algorithm_name(Algorithm a) { return detail::enum_name(kAlgorithms, a); }
+Algorithm parse_algorithm(const std::string& n) {
+  return detail::parse_enum(kAlgorithms, n, "algorithm");
 }
+const char* layout_name(Layout l) { return detail::enum_name(kLayouts, l); }
+Layout parse_layout(const std::string& n) { return detail::parse_enum(kLayouts, n, "layout"); }
+const char* sync_mode_name(SyncMode m) { return detail::enum_name(kSyncModes, m); }
+SyncMode parse_sync_mode(const std::string& n) {
+  return detail::parse_enum(kSyncModes, n, "sync mode");
+}
+const char* send_schedule_name(SendSchedule s) { return detail::enum_name(kSchedules, s); }
 SendSchedule parse_send_schedule(const std::string& n) {
-  if (n == "equal") return SendSchedule::kEqualSlices;
-  if (n == "naive") return SendSchedule::kNaive;
-  if (n == "column_major") return SendSchedule::kColumnMajor;
-  if (n == "balanced") return SendSchedule::kBalanced;
-  throw InvalidArgument("unknown send schedule '" + n +
-                        "' (expected equal, naive, column_major or balanced)");
+  return detail::parse_enum(kSchedules, n, "send schedule");
 }
 
 namespace {
@@ -107,19 +97,15 @@ Buffer::Impl::Impl(Group& g, const BufferConfig& c)
       ranks(g.size()),
       local_experts(cfg.num_experts / g.size()),
       T(cfg.max_tokens_per_rank),
-      win(static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dtype), g.size(),
-          cfg.num_experts / g.size(), cfg.max_topk, cfg.max_tokens_per_rank,
-          cfg.enable_latency_layout),
-      routing(g.size(), cfg.num_experts, cfg.max_tokens_per_rank, cfg.max_topk),
-      wait{std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout)},
-      next_seq(cfg.initial_epoch) {
-  check_same_config(g, cfg);
-  window = g.allocate_window(win.total);
-  team = std::make_unique<ep::WorkerTeam>(cfg.num_workers);
-  row_offset_at.resize(static_cast<size_t>(ranks));
-  expert_offset_at.resize(static_cast<size_t>(ranks) * static_cast<size_t>(local_experts));
-  offsets_ready = std::vector<std::atomic<uint64_t>>(static_cast<size_t>(ranks));
-  recv_count = LocalArray(static_cast<size_t>(local_experts) * 8);
+      dp((check_same_config(g, cfg), std::make_unique<cpu::CpuDataPath>(cfg.num_workers))),
+      win(g,
+          ep::WindowLayout(static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dtype), g.size(),
+                           cfg.num_experts / g.size(), cfg.max_topk, cfg.max_tokens_per_rank,
+                           cfg.enable_latency_layout),
+          *dp, cfg.initial_epoch),
+      call(g.rank(), cfg, g.size(), cfg.enable_latency_layout),
+      wait{std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout)} {
+  win.set_sync(cfg.sync);
   y = LocalArray(static_cast<size_t>(T) * row_bytes());
   part.resize(static_cast<size_t>(cfg.hidden));
   if (cfg.schedule != SendSchedule::kEqualSlices) {
@@ -132,106 +118,53 @@ Buffer::Impl::Impl(Group& g, const BufferConfig& c)
                                      ? sched::Policy::kColumnMajor
                                      : sched::Policy::kBalanced;
     scheduler = std::make_unique<sched::Scheduler>(std::move(topo),
-                                                   sched::SchedulerOptions{team->size(), policy});
+                                                   sched::SchedulerOptions{dp->members(), policy});
     plan_rows.resize(static_cast<size_t>(ranks));
   }
   if (g.num_hosts() > 1) {
     UBEP_CHECK_ARG(g.remote() != nullptr, "Buffer: the group spans ", g.num_hosts(),
                    " hosts but has no transport between them");
-    relay = std::make_unique<HostRelay>(*this);
+    relay = std::make_unique<HostRelay>(g, cfg, win, call);
   }
-  acc.resize(static_cast<size_t>(team->size()) * static_cast<size_t>(cfg.hidden));
+  acc.resize(static_cast<size_t>(dp->members()) * static_cast<size_t>(cfg.hidden));
   stats.stage_us.reserve(16);
-  log::info("rank ", rank, ": buffer with ", win.total, " shared bytes, ", cfg.num_workers,
+  bsp = ep::make_bsp(*this);
+  ubep = ep::make_ubep(*this);
+  log::info("rank ", rank, ": buffer with ", win.bytes(), " shared bytes, ", cfg.num_workers,
             " workers, algorithm ", algorithm_name(cfg.algorithm));
-}
-
-void Buffer::Impl::publish_count(int dest, int source, int32_t rows, int32_t topk,
-                                 const int32_t* expert_rows) {
-  ep::CountRecord rec = win.count(peer(dest), half(), source);
-  *rec.rows() = rows;
-  *rec.topk() = topk;
-  std::memcpy(rec.expert_rows(), expert_rows, static_cast<size_t>(local_experts) * 4);
-  if (cfg.sync == SyncMode::kFused) {
-    ep::publish(rec.tag(), tag());
-  } else {
-    std::atomic_thread_fence(std::memory_order_seq_cst);  // stop-and-wait: fence, then the flag
-    ep::publish(win.count_flag(peer(dest), half(), source), tag());
-  }
-}
-
-bool Buffer::Impl::count_arrived(int dest, int source) const {
-  ep::CountRecord rec = win.count(peer(dest), half(), source);
-  return ep::arrived(
-      cfg.sync == SyncMode::kFused ? rec.tag() : win.count_flag(peer(dest), half(), source), tag());
-}
-
-void Buffer::Impl::compute_offsets(int dest) {
-  int64_t rows = 0;
-  int64_t* eo = &expert_offset_at[static_cast<size_t>(dest * local_experts)];
-  std::fill(eo, eo + local_experts, 0);
-  for (int s = 0; s < rank; ++s) {
-    ep::CountRecord rec = win.count(peer(dest), half(), s);
-    rows += *rec.rows();
-    if (layout == Layout::kLatency)
-      for (int e = 0; e < local_experts; ++e) eo[e] += rec.expert_rows()[e];
-  }
-  row_offset_at[static_cast<size_t>(dest)] = rows;
-}
-
-void Buffer::Impl::receive_counts() {
-  int64_t rows = 0;
-  auto* counts = recv_count.get<int64_t>();
-  std::fill(counts, counts + local_experts, 0);
-  for (int s = 0; s < ranks; ++s) {
-    ep::CountRecord rec = win.count(local(), half(), s);
-    if (*rec.topk() != routing.topk) topk_mismatch.store(s, std::memory_order_relaxed);
-    rows += *rec.rows();
-    for (int e = 0; e < local_experts; ++e) counts[e] += rec.expert_rows()[e];
-  }
-  num_recv_rows = rows;
-}
-
-void Buffer::Impl::row_owner(int64_t row, int* owner, int64_t* push_slot) const {
-  if (layout == Layout::kThroughput) {
-    const int64_t* s = at<int64_t>(rank, win.tp_src) + 2 * row;
-    *owner = static_cast<int>(s[0]);
-    *push_slot = static_cast<int64_t>(rank) * T + s[1];
-  } else {
-    const int64_t* s = at<int64_t>(rank, win.lat_src) + 2 * row;
-    *owner = static_cast<int>(s[0]);
-    *push_slot = s[1] * cfg.max_topk + at<int8_t>(rank, win.lat_k)[row];
-  }
 }
 
 DispatchResult Buffer::Impl::result() const {
   DispatchResult r;
+  const Layout layout = call.layout;
+  const int64_t num_recv_rows = call.num_recv_rows;
+  const ep::WindowLayout& m = win.map();
   r.layout = layout;
-  r.handle = seq;
-  const int64_t K = routing.topk;
-  r.recv_count = TensorView(recv_count.get(), DType::kInt64, {local_experts});
+  r.handle = win.seq();
+  const int64_t K = call.routing.topk;
+  r.recv_count = TensorView(call.recv_count.get(), DType::kInt64, {local_experts});
   if (layout == Layout::kThroughput) {
     r.num_recv_rows = num_recv_rows;
-    r.recv_x = TensorView(at<char>(rank, win.tp_x), cfg.dtype, {num_recv_rows, cfg.hidden});
-    r.recv_topk_idx = TensorView(at<char>(rank, win.tp_idx), DType::kInt32, {num_recv_rows, K});
-    r.recv_topk_weights = TensorView(at<char>(rank, win.tp_w), DType::kFP32, {num_recv_rows, K});
-    r.recv_src = TensorView(at<char>(rank, win.tp_src), DType::kInt64, {num_recv_rows, 2});
+    r.recv_x = TensorView(win.at<char>(rank, m.tp_x), cfg.dtype, {num_recv_rows, cfg.hidden});
+    r.recv_topk_idx = TensorView(win.at<char>(rank, m.tp_idx), DType::kInt32, {num_recv_rows, K});
+    r.recv_topk_weights = TensorView(win.at<char>(rank, m.tp_w), DType::kFP32, {num_recv_rows, K});
+    r.recv_src = TensorView(win.at<char>(rank, m.tp_src), DType::kInt64, {num_recv_rows, 2});
   } else {
-    r.recv_x = TensorView(at<char>(rank, win.lat_x), cfg.dtype, {local_experts, RT(), cfg.hidden});
-    r.recv_src = TensorView(at<char>(rank, win.lat_src), DType::kInt64, {local_experts, RT(), 2});
+    r.recv_x = TensorView(win.at<char>(rank, m.lat_x), cfg.dtype, {local_experts, RT(), cfg.hidden});
+    r.recv_src = TensorView(win.at<char>(rank, m.lat_src), DType::kInt64, {local_experts, RT(), 2});
   }
   return r;
 }
 
 TensorView Buffer::Impl::combine_input_view() const {
-  char* base = at<char>(rank, win.comb_x);
-  if (layout == Layout::kThroughput)
-    return TensorView(base, cfg.dtype, {num_recv_rows, cfg.hidden});
+  char* base = win.at<char>(rank, win.map().comb_x);
+  if (call.layout == Layout::kThroughput)
+    return TensorView(base, cfg.dtype, {call.num_recv_rows, cfg.hidden});
   return TensorView(base, cfg.dtype, {local_experts, RT(), cfg.hidden});
 }
 
 TensorView Buffer::Impl::y_view() const {
-  return TensorView(y.get(), cfg.dtype, {routing.num_tokens, cfg.hidden});
+  return TensorView(y.get(), cfg.dtype, {call.routing.num_tokens, cfg.hidden});
 }
 
 void Buffer::Impl::begin_dispatch(const DispatchArgs& a) {
@@ -240,20 +173,10 @@ void Buffer::Impl::begin_dispatch(const DispatchArgs& a) {
   UBEP_CHECK_ARG(a.layout == Layout::kThroughput || cfg.enable_latency_layout,
                  "dispatch: latency layout requested but the buffer was created with "
                  "enable_latency_layout=false");
-  routing.build(a, cfg);  // validates: throws before anything is sent
-  double rows = 0;
-  for (int d = 0; d < ranks; ++d) rows += routing.dest_rows[static_cast<size_t>(d)];
-  if (a.layout == Layout::kLatency) {
-    rows = 0;
-    for (int64_t i = 0; i < routing.num_tokens * routing.topk; ++i)
-      rows += routing.topk_idx[static_cast<size_t>(i)] >= 0;
-  }
-  stream_rows = rows * static_cast<double>(row_bytes()) >= kStreamBytes;
-  seq = next_seq++;
-  layout = a.layout;
+  call.begin(a, cfg, row_bytes());  // validates: throws before anything is sent
+  win.begin_call();
   have_dispatch = true;
   combined = false;
-  topk_mismatch.store(-1, std::memory_order_relaxed);
 }
 
 void Buffer::Impl::check_combine(const CombineArgs& a) const {
@@ -261,14 +184,15 @@ void Buffer::Impl::check_combine(const CombineArgs& a) const {
                  "combine: a split-phase call is still outstanding on this buffer");
   UBEP_CHECK_ARG(have_dispatch, "combine: no dispatch on this buffer yet");
   UBEP_CHECK_ARG(
-      !combined, "combine: dispatch ", seq,
+      !combined, "combine: dispatch ", win.seq(),
       " was already combined; each dispatch is combined at most once (peers may still be "
       "reading the rows of the first combine)");
-  UBEP_CHECK_ARG(a.handle == seq, "combine: handle ", a.handle,
-                 " does not belong to the last dispatch on this buffer (", seq, ")");
+  UBEP_CHECK_ARG(a.handle == win.seq(), "combine: handle ", a.handle,
+                 " does not belong to the last dispatch on this buffer (", win.seq(), ")");
   UBEP_CHECK_ARG(a.x.dtype == cfg.dtype, "combine: x dtype ", dtype_name(a.x.dtype),
                  " does not match the buffer's ", dtype_name(cfg.dtype));
-  if (layout == Layout::kThroughput) {
+  const int64_t num_recv_rows = call.num_recv_rows;
+  if (call.layout == Layout::kThroughput) {
     UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == num_recv_rows && a.x.dim(1) == cfg.hidden,
                    "combine: x must be [", num_recv_rows, ", ", cfg.hidden,
                    "] (one row per received row), got ", a.x.describe());
@@ -304,51 +228,59 @@ Buffer::Impl::~Impl() = default;
 
 namespace {
 void report_topk_mismatch(const Buffer::Impl& b) {
-  UBEP_CHECK_ARG(b.topk_mismatch.load() < 0, "dispatch: rank ", b.topk_mismatch.load(),
-                 " used a different topk than rank ", b.rank, " (", b.routing.topk, ")");
+  const int other = b.call.topk_mismatch();
+  UBEP_CHECK_ARG(other < 0, "dispatch: rank ", other, " used a different topk than rank ", b.rank,
+                 " (", b.call.routing.topk, ")");
 }
+
+// Barriers the call made, and bytes it moved between hosts, into last_stats().
+class CallScope {
+ public:
+  explicit CallScope(Buffer::Impl& b) : b_(b), barriers0_(b.group.barrier_count()) {}
+  ~CallScope() {
+    b_.stats.barriers = b_.group.barrier_count() - barriers0_;
+    b_.record_network();
+  }
+
+ private:
+  Buffer::Impl& b_;
+  uint64_t barriers0_;
+};
 }  // namespace
 
 DispatchResult Buffer::dispatch(const DispatchArgs& args) {
   Impl& b = *impl_;
-  const uint64_t barriers0 = b.group.barrier_count();
-  if (b.cfg.algorithm == Algorithm::kBsp) {
+  {
+    CallScope scope(b);
     b.begin_dispatch(args);
-    ep::bsp_dispatch(b, args);
-  } else {
-    dispatch_send(args);
-    b.phase = Impl::Phase::kIdle;
-    ep::ubep_dispatch_recv(b);
+    ep::Algorithm& algo = b.algorithm();
+    algo.dispatch_send(args);
+    algo.dispatch_recv();
   }
-  b.stats.barriers = b.group.barrier_count() - barriers0;
-  b.record_network();
   report_topk_mismatch(b);
   return b.result();
 }
 
 TensorView Buffer::combine(const CombineArgs& args) {
   Impl& b = *impl_;
-  const uint64_t barriers0 = b.group.barrier_count();
+  CallScope scope(b);
   b.check_combine(args);
   b.set_combine_weights(args);
   b.combined = true;
-  if (b.cfg.algorithm == Algorithm::kBsp) {
-    ep::bsp_combine(b, args);
-  } else {
-    ep::ubep_combine_send(b, args);
-    ep::ubep_combine_recv(b);
-  }
-  b.stats.barriers = b.group.barrier_count() - barriers0;
-  b.record_network();
+  ep::Algorithm& algo = b.algorithm();
+  algo.combine_send(args);
+  algo.combine_recv();
   return b.y_view();
 }
 
 void Buffer::dispatch_send(const DispatchArgs& args) {
   Impl& b = *impl_;
-  UBEP_CHECK_ARG(b.cfg.algorithm == Algorithm::kUbep,
-                 "dispatch_send: split-phase calls need the ubep algorithm");
+  UBEP_CHECK_ARG(b.algorithm().split_phase(), "dispatch_send: split-phase calls need the ubep "
+                                              "algorithm, this buffer runs ",
+                 algorithm_name(b.cfg.algorithm));
+  CallScope scope(b);
   b.begin_dispatch(args);
-  ep::ubep_dispatch_send(b, args);
+  b.algorithm().dispatch_send(args);
   b.phase = Impl::Phase::kDispatchSent;
 }
 
@@ -357,21 +289,24 @@ DispatchResult Buffer::dispatch_recv() {
   UBEP_CHECK_ARG(b.phase == Impl::Phase::kDispatchSent,
                  "dispatch_recv: no dispatch_send outstanding");
   b.phase = Impl::Phase::kIdle;
-  ep::ubep_dispatch_recv(b);
-  b.stats.barriers = 0;
-  b.record_network();
+  {
+    CallScope scope(b);
+    b.algorithm().dispatch_recv();
+  }
   report_topk_mismatch(b);
   return b.result();
 }
 
 void Buffer::combine_send(const CombineArgs& args) {
   Impl& b = *impl_;
-  UBEP_CHECK_ARG(b.cfg.algorithm == Algorithm::kUbep,
-                 "combine_send: split-phase calls need the ubep algorithm");
+  UBEP_CHECK_ARG(b.algorithm().split_phase(), "combine_send: split-phase calls need the ubep "
+                                              "algorithm, this buffer runs ",
+                 algorithm_name(b.cfg.algorithm));
+  CallScope scope(b);
   b.check_combine(args);
   b.set_combine_weights(args);
   b.combined = true;
-  ep::ubep_combine_send(b, args);
+  b.algorithm().combine_send(args);
   b.phase = Impl::Phase::kCombineSent;
 }
 
@@ -379,9 +314,8 @@ TensorView Buffer::combine_recv() {
   Impl& b = *impl_;
   UBEP_CHECK_ARG(b.phase == Impl::Phase::kCombineSent, "combine_recv: no combine_send outstanding");
   b.phase = Impl::Phase::kIdle;
-  ep::ubep_combine_recv(b);
-  b.stats.barriers = 0;
-  b.record_network();
+  CallScope scope(b);
+  b.algorithm().combine_recv();
   return b.y_view();
 }
 
@@ -400,7 +334,7 @@ TensorView Buffer::pending_combine() const {
 const BufferConfig& Buffer::config() const { return impl_->cfg; }
 Group& Buffer::group() { return impl_->group; }
 int Buffer::num_local_experts() const { return impl_->local_experts; }
-int Buffer::num_workers() const { return impl_->team->size() - 1; }
+int Buffer::num_workers() const { return impl_->dp->members() - 1; }
 void Buffer::set_algorithm(Algorithm a) {
   UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kIdle,
                  "set_algorithm: a split-phase call is outstanding");
@@ -410,9 +344,10 @@ void Buffer::set_sync_mode(SyncMode m) {
   UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kIdle,
                  "set_sync_mode: a split-phase call is outstanding");
   impl_->cfg.sync = m;
+  impl_->win.set_sync(m);
 }
 const CallStats& Buffer::last_stats() const { return impl_->stats; }
-size_t Buffer::shared_bytes() const { return impl_->win.total; }
+size_t Buffer::shared_bytes() const { return impl_->win.bytes(); }
 TensorView Buffer::combine_buffer() const {
   UBEP_CHECK_ARG(impl_->have_dispatch, "combine_buffer: no dispatch on this buffer yet");
   return impl_->combine_input_view();

@@ -1,5 +1,10 @@
-// Message formats, epoch tags and the map of one rank's shared window (the protocol, kept apart
-// from the algorithms that use it, like NCCL's LL/Simple protocols).
+// Every wire format of ubep in one place, kept apart from the algorithms that use it (like
+// NCCL's LL/Simple protocols): epoch tags, count records, the map of one rank's window, the
+// cross-host relay messages, the expert-layer combine records and the row codec.
+//
+// Backend-neutral: plain structs and inline functions that the CPU backend and nvcc-compiled
+// device code both use (UBEP_HD). Tags are plain uint32_t words here; each backend supplies the
+// release store / acquire load that publishes and tests them (src/backend/data_path.hpp).
 //
 // Data-as-flag: every message is completed by a 32-bit epoch tag stored after its body with
 // release order; a reader that loads the current tag with acquire order owns the whole message.
@@ -14,38 +19,41 @@
 // sequence parity ("halves"); see ubep.cpp for why that is enough.
 #pragma once
 
-#include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
+
+#include "core/host_device.hpp"
 
 namespace ubep::ep {
 
 inline constexpr size_t kCacheLine = 64;
-inline constexpr size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+UBEP_HD inline constexpr size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+UBEP_HD inline constexpr int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
 // Tag of call `seq`: 1..2^32-1, consecutive calls differ, calls of the same parity differ.
-inline uint32_t tag_of(uint64_t seq) { return static_cast<uint32_t>(seq % 0xFFFFFFFFull) + 1u; }
-inline int half_of(uint64_t seq) { return static_cast<int>(seq & 1u); }
-
-using Tag = std::atomic<uint32_t>;
-static_assert(Tag::is_always_lock_free, "epoch tags must be lock-free to work across processes");
-
-inline void publish(Tag* tag, uint32_t value) { tag->store(value, std::memory_order_release); }
-inline bool arrived(const Tag* tag, uint32_t value) {
-  return tag->load(std::memory_order_acquire) == value;
+UBEP_HD inline constexpr uint32_t tag_of(uint64_t seq) {
+  return static_cast<uint32_t>(seq % 0xFFFFFFFFull) + 1u;
 }
+UBEP_HD inline constexpr int half_of(uint64_t seq) { return static_cast<int>(seq & 1u); }
+
+// An epoch tag word. Written only through a backend's release store, read only through its
+// acquire load; aligned so both are single, lock-free accesses on every backend.
+using Tag = uint32_t;
 
 // Count record, one per (source, destination) per call: [rows, topk, rows per local expert][tag].
 struct CountRecord {
   char* base;
   int local_experts;
-  int32_t* rows() const { return reinterpret_cast<int32_t*>(base); }
-  int32_t* topk() const { return rows() + 1; }
-  int32_t* expert_rows() const { return rows() + 2; }
-  Tag* tag() const { return reinterpret_cast<Tag*>(base + tag_offset(local_experts)); }
-  static size_t tag_offset(int el) { return round_up(8 + 4 * static_cast<size_t>(el), 8); }
-  static size_t bytes(int el) { return round_up(tag_offset(el) + sizeof(Tag), kCacheLine); }
+  UBEP_HD int32_t* rows() const { return reinterpret_cast<int32_t*>(base); }
+  UBEP_HD int32_t* topk() const { return rows() + 1; }
+  UBEP_HD int32_t* expert_rows() const { return rows() + 2; }
+  UBEP_HD Tag* tag() const { return reinterpret_cast<Tag*>(base + tag_offset(local_experts)); }
+  UBEP_HD static constexpr size_t tag_offset(int el) {
+    return round_up(8 + 4 * static_cast<size_t>(el), 8);
+  }
+  UBEP_HD static constexpr size_t bytes(int el) {
+    return round_up(tag_offset(el) + sizeof(Tag), kCacheLine);
+  }
 };
 
 // One rank's shared window. Each half holds, for the dispatch of that parity:
@@ -64,15 +72,18 @@ struct WindowLayout {
   int64_t max_tokens = 0;
   bool latency = false;
 
-  int64_t tp_rows() const { return static_cast<int64_t>(ranks) * max_tokens; }
-  int64_t lat_rows() const { return latency ? static_cast<int64_t>(local_experts) * tp_rows() : 0; }
-  int64_t comb_rows() const { return std::max(tp_rows(), lat_rows()); }
-  int64_t push_rows() const { return std::max(tp_rows(), max_tokens * max_topk); }
+  UBEP_HD int64_t tp_rows() const { return static_cast<int64_t>(ranks) * max_tokens; }
+  UBEP_HD int64_t lat_rows() const {
+    return latency ? static_cast<int64_t>(local_experts) * tp_rows() : 0;
+  }
+  UBEP_HD int64_t comb_rows() const { return max64(tp_rows(), lat_rows()); }
+  UBEP_HD int64_t push_rows() const { return max64(tp_rows(), max_tokens * max_topk); }
 
   size_t counts = 0, tp_x = 0, tp_src = 0, tp_idx = 0, tp_w = 0, tp_tag = 0;
   size_t lat_x = 0, lat_src = 0, lat_k = 0, lat_tag = 0, comb_x = 0, comb_tag = 0, push = 0;
   size_t half_bytes = 0, count_flags = 0, stage_flags = 0, total = 0;
 
+  WindowLayout() = default;
   WindowLayout(size_t rb, int r, int el, int k, int64_t t, bool lat)
       : row_bytes(rb), ranks(r), local_experts(el), max_topk(k), max_tokens(t), latency(lat) {
     size_t off = 0;
@@ -103,28 +114,82 @@ struct WindowLayout {
     total = off;
   }
 
-  char* half(void* base, int h) const {
+  UBEP_HD char* half(void* base, int h) const {
     return static_cast<char*>(base) + static_cast<size_t>(h) * half_bytes;
   }
   template <typename T>
-  T* at(void* base, int h, size_t region) const {
+  UBEP_HD T* at(void* base, int h, size_t region) const {
     return reinterpret_cast<T*>(half(base, h) + region);
   }
-  CountRecord count(void* base, int h, int src) const {
+  UBEP_HD CountRecord count(void* base, int h, int src) const {
     return {half(base, h) + counts + static_cast<size_t>(src) * CountRecord::bytes(local_experts),
             local_experts};
   }
-  Tag* count_flag(void* base, int h, int src) const {
+  UBEP_HD Tag* count_flag(void* base, int h, int src) const {
     return reinterpret_cast<Tag*>(static_cast<char*>(base) + count_flags) +
            static_cast<size_t>(h) * static_cast<size_t>(ranks) + static_cast<size_t>(src);
   }
   // bsp's per-stage "done" flags: op 0 = dispatch, 1 = combine.
-  Tag* stage_flag(void* base, int op, int src) const {
+  UBEP_HD Tag* stage_flag(void* base, int op, int src) const {
     return reinterpret_cast<Tag*>(
         static_cast<char*>(base) + stage_flags +
         (static_cast<size_t>(op) * static_cast<size_t>(ranks) + static_cast<size_t>(src)) *
             kCacheLine);
   }
+};
+
+// ---- Row codec ---------------------------------------------------------------------------
+// How one token row travels: its payload bytes, then optional per-row scale bytes (e.g. fp8
+// with one fp32 scale per 128 channels). Every format below sizes rows through the codec, so a
+// new dtype is a codec and a DType value, not an edit of every format.
+struct RowCodec {
+  size_t payload_bytes = 0;  // hidden x element size
+  size_t scale_bytes = 0;    // per-row scales travelling with the payload (0: none)
+  UBEP_HD constexpr size_t row_bytes() const { return payload_bytes + scale_bytes; }
+};
+
+// ---- Cross-host relay messages (src/ep/relay.cpp) -----------------------------------------
+// One message per (source, destination host) per dispatch: a header, then one packed token per
+// token with an expert on that host. Combine sends back one fp32 partial [tokens, hidden].
+namespace relay_wire {
+inline constexpr int kDispatchTag = 7101;  // transport tags of the two message kinds
+inline constexpr int kCombineTag = 7102;
+inline constexpr size_t kHeader = 16;  // int32 tokens, int32 topk, padding
+
+// One packed token: [row, padded to 8][int32 token][int32 expert x K][float weight x K].
+UBEP_HD inline constexpr size_t meta_offset(size_t row_bytes) { return round_up(row_bytes, 8); }
+UBEP_HD inline constexpr size_t record_bytes(size_t row_bytes, int max_topk) {
+  return round_up(meta_offset(row_bytes) + 4 + 8 * static_cast<size_t>(max_topk), 16);
+}
+struct PackedToken {
+  char* base;
+  size_t row_bytes;
+  int K;
+  UBEP_HD char* row() const { return base; }
+  UBEP_HD char* meta() const { return base + meta_offset(row_bytes); }
+  UBEP_HD int32_t* token() const { return reinterpret_cast<int32_t*>(meta()); }
+  UBEP_HD int32_t* idx() const { return reinterpret_cast<int32_t*>(meta() + 4); }
+  UBEP_HD float* w() const {
+    return reinterpret_cast<float*>(meta() + 4 + 4 * static_cast<size_t>(K));
+  }
+};
+}  // namespace relay_wire
+
+// ---- Expert-layer combine records (src/moe/expert_layer.cpp) ------------------------------
+// One record per (token, k) slot in the owner's window: [row][epoch tag], the tag written last
+// (release) and read first (acquire). Word 0 of that window is the owner's `released` counter.
+struct TileRecordFormat {
+  size_t row_bytes = 0;
+  UBEP_HD constexpr size_t tag_offset() const { return round_up(row_bytes, 8); }
+  UBEP_HD constexpr size_t bytes() const {
+    return round_up(tag_offset() + sizeof(Tag), kCacheLine);
+  }
+};
+struct TileRecord {
+  char* base;
+  const TileRecordFormat* fmt;
+  UBEP_HD char* row() const { return base; }
+  UBEP_HD Tag* tag() const { return reinterpret_cast<Tag*>(base + fmt->tag_offset()); }
 };
 
 }  // namespace ubep::ep

@@ -8,33 +8,14 @@
 
 namespace ubep {
 
-namespace {
-constexpr int kDispatchTag = 7101;
-constexpr int kCombineTag = 7102;
-constexpr size_t kHeader = 16;  // int32 tokens, int32 topk, padding
+using ep::relay_wire::kCombineTag;
+using ep::relay_wire::kDispatchTag;
+using ep::relay_wire::kHeader;
+using ep::relay_wire::meta_offset;
+using ep::relay_wire::PackedToken;
 
-// One packed token: [row, padded to 8][int32 token][int32 expert x K][float weight x K].
-inline size_t meta_offset(size_t row_bytes) { return ep::round_up(row_bytes, 8); }
-struct PackedToken {
-  const char* base;
-  size_t row_bytes;
-  int K;
-  const char* row() const { return base; }
-  const char* meta() const { return base + meta_offset(row_bytes); }
-  int32_t token() const {
-    int32_t v;
-    std::memcpy(&v, meta(), 4);
-    return v;
-  }
-  const int32_t* idx() const { return reinterpret_cast<const int32_t*>(meta() + 4); }
-  const float* w() const {
-    return reinterpret_cast<const float*>(meta() + 4 + 4 * static_cast<size_t>(K));
-  }
-};
-}  // namespace
-
-HostRelay::HostRelay(Buffer::Impl& b) : b_(b), remote_(b.group.remote()) {
-  Group& g = b.group;
+HostRelay::HostRelay(Group& g, const BufferConfig& cfg, ep::Window& win, ep::CallState& call)
+    : g_(g), cfg_(cfg), win_(win), call_(call), remote_(g.remote()) {
   hosts_.resize(static_cast<size_t>(g.num_hosts()));
   local_index_.resize(static_cast<size_t>(g.size()));
   for (int r = 0; r < g.size(); ++r) {
@@ -42,15 +23,15 @@ HostRelay::HostRelay(Buffer::Impl& b) : b_(b), remote_(b.group.remote()) {
     local_index_[static_cast<size_t>(r)] = static_cast<int>(h.size());
     h.push_back(r);
   }
-  my_host_ = g.host_of(b.rank);
-  const size_t cap = kHeader + static_cast<size_t>(b.T) * record_bytes();
-  const auto R = static_cast<size_t>(b.ranks), El = static_cast<size_t>(b.local_experts);
-  const size_t TH = static_cast<size_t>(b.T) * static_cast<size_t>(b.cfg.hidden);
+  my_host_ = g.host_of(call.rank);
+  const size_t cap = kHeader + static_cast<size_t>(call.T) * record_bytes();
+  const auto R = static_cast<size_t>(call.ranks), El = static_cast<size_t>(call.local_experts);
+  const size_t TH = static_cast<size_t>(call.T) * static_cast<size_t>(cfg.hidden);
   for (int s = 0; s < g.size(); ++s) {
     const int hs = g.host_of(s);
     if (hs == my_host_) continue;
     const auto& mine = hosts_[static_cast<size_t>(my_host_)];
-    if (mine[static_cast<size_t>(local_index_[static_cast<size_t>(s)]) % mine.size()] != b.rank)
+    if (mine[static_cast<size_t>(local_index_[static_cast<size_t>(s)]) % mine.size()] != call.rank)
       continue;
     Relayed r;
     r.source = s;
@@ -71,29 +52,28 @@ HostRelay::HostRelay(Buffer::Impl& b) : b_(b), remote_(b.group.remote()) {
     out_[h].resize(cap);
     in_partial_[h].resize(TH);
   }
-  host_slot_.resize(static_cast<size_t>(b.T) * hosts_.size());
+  host_slot_.resize(static_cast<size_t>(call.T) * hosts_.size());
   scratch_rows_.resize(R);
   scratch_expert_.resize(R * El);
   count_rows_.resize(R);
   // A token has at most max(K, ranks of this host) contributions on this host.
   const size_t most =
-      std::max(static_cast<size_t>(b.cfg.max_topk), hosts_[static_cast<size_t>(my_host_)].size());
+      std::max(static_cast<size_t>(cfg.max_topk), hosts_[static_cast<size_t>(my_host_)].size());
   gather_rows_.resize(most);
   gather_weights_.resize(most);
   gather_slots_.resize(most);
   count_experts_.resize(R * El);
 }
 
-bool HostRelay::local(int r) const { return b_.group.host_of(r) == my_host_; }
+bool HostRelay::local(int r) const { return g_.host_of(r) == my_host_; }
 
 size_t HostRelay::record_bytes() const {
-  return ep::round_up(meta_offset(b_.row_bytes()) + 4 + 8 * static_cast<size_t>(b_.cfg.max_topk),
-                      16);
+  return ep::relay_wire::record_bytes(win_.row_bytes(), cfg_.max_topk);
 }
 
 void HostRelay::start_dispatch(const DispatchArgs& a) {
   sent_bytes_ = sent_rows_ = 0;
-  const int half = b_.half();
+  const int half = win_.half();
   for (Relayed& s : relayed_) {
     s.counted = s.forwarded = false;
     s.request = remote_->irecv(s.source, kDispatchTag, s.msg[half].data(), s.msg[half].size());
@@ -102,18 +82,18 @@ void HostRelay::start_dispatch(const DispatchArgs& a) {
 }
 
 void HostRelay::pack(const DispatchArgs& a) {
-  const int K = b_.routing.topk, El = b_.local_experts;
-  const size_t rec = record_bytes(), RB = b_.row_bytes();
+  const int K = call_.routing.topk, El = call_.local_experts;
+  const size_t rec = record_bytes(), RB = win_.row_bytes();
   const size_t nh = hosts_.size();
   for (size_t h = 0; h < nh; ++h) {
     if (static_cast<int>(h) == my_host_) continue;
     char* out = out_[h].data();
     int32_t n = 0;
-    for (int64_t t = 0; t < b_.routing.num_tokens; ++t) {
-      const int32_t* idx = &b_.routing.topk_idx[static_cast<size_t>(t * K)];
+    for (int64_t t = 0; t < call_.routing.num_tokens; ++t) {
+      const int32_t* idx = &call_.routing.topk_idx[static_cast<size_t>(t * K)];
       bool there = false;
       for (int j = 0; j < K && !there; ++j)
-        there = idx[j] >= 0 && b_.group.host_of(idx[j] / El) == static_cast<int>(h);
+        there = idx[j] >= 0 && g_.host_of(idx[j] / El) == static_cast<int>(h);
       host_slot_[static_cast<size_t>(t) * nh + h] = there ? n : -1;
       if (!there) continue;
       char* r = out + kHeader + static_cast<size_t>(n) * rec;
@@ -123,7 +103,7 @@ void HostRelay::pack(const DispatchArgs& a) {
       std::memcpy(meta, &tok, 4);
       std::memcpy(meta + 4, idx, 4 * static_cast<size_t>(K));
       std::memcpy(meta + 4 + 4 * static_cast<size_t>(K),
-                  &b_.routing.topk_weights[static_cast<size_t>(t * K)], 4 * static_cast<size_t>(K));
+                  &call_.routing.topk_weights[static_cast<size_t>(t * K)], 4 * static_cast<size_t>(K));
       ++n;
     }
     const int32_t header[2] = {n, K};
@@ -131,7 +111,7 @@ void HostRelay::pack(const DispatchArgs& a) {
     const size_t bytes = kHeader + static_cast<size_t>(n) * rec;
     const auto& target = hosts_[h];
     const int relay =
-        target[static_cast<size_t>(local_index_[static_cast<size_t>(b_.rank)]) % target.size()];
+        target[static_cast<size_t>(local_index_[static_cast<size_t>(call_.rank)]) % target.size()];
     out_req_.push_back(remote_->isend(relay, kDispatchTag, out, bytes));
     sent_bytes_ += bytes;
     sent_rows_ += static_cast<uint64_t>(n);
@@ -142,17 +122,17 @@ void HostRelay::pack(const DispatchArgs& a) {
 // among the source's rows for that destination and its per-k expert slots.
 template <typename Visit>
 void HostRelay::walk(const Relayed& s, Visit&& visit) const {
-  const char* msg = s.msg[b_.half()].data();
+  const char* msg = s.msg[win_.half()].data();
   int32_t header[2];
   std::memcpy(header, msg, sizeof header);
-  const int n = header[0], K = header[1], El = b_.local_experts;
+  const int n = header[0], K = header[1], El = call_.local_experts;
   auto& rows = const_cast<std::vector<int64_t>&>(scratch_rows_);
   auto& experts = const_cast<std::vector<int64_t>&>(scratch_expert_);
   std::fill(rows.begin(), rows.end(), 0);
   std::fill(experts.begin(), experts.end(), 0);
   int32_t slots[64];
   for (int i = 0; i < n; ++i) {
-    PackedToken p{msg + kHeader + static_cast<size_t>(i) * record_bytes(), b_.row_bytes(), K};
+    PackedToken p{const_cast<char*>(msg) + kHeader + static_cast<size_t>(i) * record_bytes(), win_.row_bytes(), K};
     for (int j = 0; j < K; ++j) {
       const int32_t e = p.idx()[j];
       slots[j] = -1;
@@ -168,7 +148,7 @@ void HostRelay::walk(const Relayed& s, Visit&& visit) const {
 }
 
 void HostRelay::write_counts(Relayed& s) {
-  const int El = b_.local_experts;
+  const int El = call_.local_experts;
   std::vector<int32_t>& rows = count_rows_;
   std::vector<int32_t>& experts = count_experts_;
   std::fill(rows.begin(), rows.end(), 0);
@@ -180,40 +160,36 @@ void HostRelay::write_counts(Relayed& s) {
     for (int j = 0; j < p.K; ++j)
       if (p.idx()[j] >= 0 && p.idx()[j] / El == d) ++experts[static_cast<size_t>(p.idx()[j])];
   });
-  if (K == 0) std::memcpy(&K, s.msg[b_.half()].data() + 4, 4);
+  if (K == 0) std::memcpy(&K, s.msg[win_.half()].data() + 4, 4);
   for (int d : hosts_[static_cast<size_t>(my_host_)])
-    b_.publish_count(d, s.source, rows[static_cast<size_t>(d)], K,
+    win_.publish_count(d, s.source, rows[static_cast<size_t>(d)], K,
                      &experts[static_cast<size_t>(d * El)]);
   s.counted = true;
 }
 
 bool HostRelay::lower_counts_ready(const Relayed& s, int dest) const {
   for (int lower = 0; lower < s.source; ++lower)
-    if (!b_.count_arrived(dest, lower)) return false;
+    if (!win_.count_arrived(dest, lower)) return false;
   return true;
 }
 
 void HostRelay::forward(Relayed& s) {
-  const int El = b_.local_experts;
+  const int El = call_.local_experts;
   for (int d : hosts_[static_cast<size_t>(my_host_)]) {
     int64_t rows = 0;
     int64_t* eo = &s.expert_off[static_cast<size_t>(d * El)];
     std::fill(eo, eo + El, 0);
     for (int lower = 0; lower < s.source; ++lower) {
-      ep::CountRecord rec = b_.win.count(b_.peer(d), b_.half(), lower);
+      ep::CountRecord rec = win_.count(d, lower);
       rows += *rec.rows();
       for (int e = 0; e < El; ++e) eo[e] += rec.expert_rows()[e];
     }
     s.row_off[static_cast<size_t>(d)] = rows;
   }
   walk(s, [&](int, const PackedToken& p, int d, int64_t slot, const int32_t* slots) {
-    b_.place_row(d, s.source, p.token(), p.row(), p.idx(), p.w(), p.K, slot, slots,
-                 s.row_off[static_cast<size_t>(d)], &s.expert_off[static_cast<size_t>(d * El)],
-                 [&](ep::Tag* tag) {
-                   if (b_.cfg.sync == SyncMode::kStopAndWait)
-                     std::atomic_thread_fence(std::memory_order_seq_cst);
-                   ep::publish(tag, b_.tag());
-                 });
+    call_.place_row(win_, d, s.source, *p.token(), p.row(), p.idx(), p.w(), p.K, slot, slots,
+                    s.row_off[static_cast<size_t>(d)], &s.expert_off[static_cast<size_t>(d * El)],
+                    [&](ep::Tag* tag) { win_.complete(tag); });
   });
   s.forwarded = true;
 }
@@ -265,7 +241,7 @@ void HostRelay::start_combine() {
     if (static_cast<int>(h) == my_host_) continue;
     const auto& target = hosts_[h];
     const int relay =
-        target[static_cast<size_t>(local_index_[static_cast<size_t>(b_.rank)]) % target.size()];
+        target[static_cast<size_t>(local_index_[static_cast<size_t>(call_.rank)]) % target.size()];
     in_partial_req_[h] = remote_->irecv(relay, kCombineTag, in_partial_[h].data(),
                                         in_partial_[h].size() * sizeof(float));
   }
@@ -275,9 +251,9 @@ void HostRelay::start_combine() {
 // where the last call stopped (cursor and slot counters live in Relayed); sends the partials
 // once every token is done. Throughput: ascending rank; latency: ascending k (DESIGN §2).
 void HostRelay::advance_partials(Relayed& s) {
-  const int El = b_.local_experts;
-  const int64_t H = b_.cfg.hidden;
-  const char* msg = s.msg[b_.half()].data();
+  const int El = call_.local_experts;
+  const int64_t H = cfg_.hidden;
+  const char* msg = s.msg[win_.half()].data();
   int32_t header[2];
   std::memcpy(header, msg, sizeof header);
   const int n = header[0], K = header[1];
@@ -289,43 +265,43 @@ void HostRelay::advance_partials(Relayed& s) {
   float* weights = gather_weights_.data();
   int64_t* dslot = gather_slots_.data();
   for (; s.cursor < n; ++s.cursor) {
-    PackedToken p{msg + kHeader + static_cast<size_t>(s.cursor) * record_bytes(), b_.row_bytes(),
+    PackedToken p{const_cast<char*>(msg) + kHeader + static_cast<size_t>(s.cursor) * record_bytes(), win_.row_bytes(),
                   K};
     int count = 0;
     bool ready = true;
-    if (b_.layout == Layout::kThroughput) {
+    if (call_.layout == Layout::kThroughput) {
       for (int d : hosts_[static_cast<size_t>(my_host_)]) {
         bool there = false;
         for (int j = 0; j < K && !there; ++j) there = p.idx()[j] >= 0 && p.idx()[j] / El == d;
         if (!there) continue;
         const int64_t pos = s.row_off[static_cast<size_t>(d)] + s.rows_seen[static_cast<size_t>(d)];
         dslot[count] = d;
-        ready = ready && ep::arrived(b_.at<ep::Tag>(d, b_.win.comb_tag) + pos, b_.tag());
-        rows[count++] = b_.at<char>(d, b_.win.comb_x) + static_cast<size_t>(pos) * b_.row_bytes();
+        ready = ready && win_.arrived(win_.at<ep::Tag>(d, win_.map().comb_tag) + pos);
+        rows[count++] = win_.at<char>(d, win_.map().comb_x) + static_cast<size_t>(pos) * win_.row_bytes();
       }
     } else {
       for (int j = 0; j < K; ++j) {
         const int32_t e = p.idx()[j];
         if (e < 0 || !local(e / El)) continue;
         const int d = e / El;
-        const int64_t pos = (e % El) * b_.RT() +
+        const int64_t pos = (e % El) * call_.RT() +
                             s.expert_off[static_cast<size_t>(d * El + e % El)] +
                             s.experts_seen[static_cast<size_t>(e)];
         dslot[count] = e;
         weights[count] = p.w()[j];
-        ready = ready && ep::arrived(b_.at<ep::Tag>(d, b_.win.comb_tag) + pos, b_.tag());
-        rows[count++] = b_.at<char>(d, b_.win.comb_x) + static_cast<size_t>(pos) * b_.row_bytes();
+        ready = ready && win_.arrived(win_.at<ep::Tag>(d, win_.map().comb_tag) + pos);
+        rows[count++] = win_.at<char>(d, win_.map().comb_x) + static_cast<size_t>(pos) * win_.row_bytes();
       }
     }
     if (!ready) return;  // resume here on the next progress()
     float* part = &s.partial[static_cast<size_t>(s.cursor) * static_cast<size_t>(H)];
     std::fill(part, part + H, 0.0f);
     for (int c = 0; c < count; ++c) {
-      if (b_.layout == Layout::kThroughput) {
-        kernels::accumulate_row(part, rows[c], b_.cfg.dtype, H);
+      if (call_.layout == Layout::kThroughput) {
+        win_.dp().accumulate_row(part, rows[c], cfg_.dtype, H, nullptr);
         ++s.rows_seen[static_cast<size_t>(dslot[c])];
       } else {
-        kernels::accumulate_row_weighted(part, rows[c], b_.cfg.dtype, H, weights[c]);
+        win_.dp().accumulate_row(part, rows[c], cfg_.dtype, H, &weights[c]);
         ++s.experts_seen[static_cast<size_t>(dslot[c])];
       }
     }
@@ -347,7 +323,7 @@ const float* HostRelay::partial(int h, int64_t t) const {
   const int32_t slot = host_slot_[static_cast<size_t>(t) * hosts_.size() + static_cast<size_t>(h)];
   if (slot < 0) return nullptr;
   return in_partial_[static_cast<size_t>(h)].data() +
-         static_cast<size_t>(slot) * static_cast<size_t>(b_.cfg.hidden);
+         static_cast<size_t>(slot) * static_cast<size_t>(cfg_.hidden);
 }
 
 bool HostRelay::combine_done() {

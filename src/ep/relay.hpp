@@ -22,6 +22,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "ep/call_state.hpp"
+#include "ep/window.hpp"
 #include "transport/remote.hpp"
 #include "ubep/buffer.hpp"
 
@@ -29,7 +31,9 @@ namespace ubep {
 
 class HostRelay {
  public:
-  explicit HostRelay(Buffer::Impl& b);
+  // Depends on the window and the call's routing only; the relay writes relayed rows with the
+  // same placement (CallState::place_row) as local senders.
+  HostRelay(Group& g, const BufferConfig& cfg, ep::Window& win, ep::CallState& call);
 
   int my_host() const { return my_host_; }
   int num_hosts() const { return static_cast<int>(hosts_.size()); }
@@ -80,7 +84,10 @@ class HostRelay {
   template <typename Visit>
   void walk(const Relayed& s, Visit&& visit) const;
 
-  Buffer::Impl& b_;
+  Group& g_;
+  const BufferConfig& cfg_;
+  ep::Window& win_;
+  ep::CallState& call_;
   transport::Remote* remote_;
   std::vector<std::vector<int>> hosts_;
   std::vector<int> local_index_;

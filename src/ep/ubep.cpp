@@ -24,7 +24,6 @@
 // intact until R itself starts call n+1. Tags differ between calls of the same half, so stale
 // data is never mistaken for new. This needs each rank to finish its calls in order, which the
 // Buffer enforces (one outstanding split-phase call, combine only for the last dispatch).
-#include <atomic>
 
 #include "core/stage_timer.hpp"
 #include "ep/buffer_impl.hpp"
@@ -40,55 +39,60 @@ inline void slice(int64_t n, int m, int members, int64_t* begin, int64_t* end) {
   *end = n * (m + 1) / members;
 }
 
-// Marks a written message complete, in the buffer's sync mode: token-flag fusion (a release
-// store of the tag, the default) or stop-and-wait (a full fence, then the flag).
-inline void complete(const Buffer::Impl& b, Tag* tag) {
-  if (b.cfg.sync == SyncMode::kStopAndWait) std::atomic_thread_fence(std::memory_order_seq_cst);
-  publish(tag, b.tag());
-}
-
 // Waits until the count records of sources [0, upto) are at `dest` (on the caller's thread the
 // cross-host relay keeps running meanwhile, so proxied records can appear).
 void wait_counts(Buffer::Impl& b, int dest, int upto, bool caller) {
   for (int s = 0; s < upto; ++s)
-    b.wait_for([&] { return b.count_arrived(dest, s); }, caller,
+    b.wait_for([&] { return b.win.count_arrived(dest, s); }, caller,
                [&] {
                  return detail::concat("count record of rank ", s, " at rank ", dest,
-                                       " (epoch tag ", b.tag(), ")");
+                                       " (epoch tag ", b.win.tag(), ")");
                });
 }
 
-}  // namespace
+class Ubep final : public Algorithm {
+ public:
+  explicit Ubep(Buffer::Impl& b) : b_(b) {}
+  bool split_phase() const override { return true; }
+  void dispatch_send(const DispatchArgs& a) override;
+  void dispatch_recv() override;
+  void combine_send(const CombineArgs& a) override;
+  void combine_recv() override;
 
-void ubep_dispatch_send(Buffer::Impl& b, const DispatchArgs& a) {
+ private:
+  Buffer::Impl& b_;
+};
+
+void Ubep::dispatch_send(const DispatchArgs& a) {
+  Buffer::Impl& b = b_;
+  CallState& call = b.call;
+  const Routing& routing = call.routing;
   StageTimer timer(b.stats);
-  const int members = b.team->size();
-  const uint64_t signal = ++b.send_generation;
-  // offsets_ready[d] (local, one writer: member 0) tells the other senders that
-  // row_offset_at/expert_offset_at for d are computed (release/acquire).
-  static_assert(sizeof(std::atomic<uint64_t>) == 8);
-  std::vector<std::atomic<uint64_t>>& ready = b.offsets_ready;
+  const int members = b.dp->members();
+  // The offset role (member 0, one writer) signals the other senders that the offsets for a
+  // destination are computed (CallState::signal_offsets: release/acquire, rank-local).
+  const uint64_t signal = call.next_send_generation();
   if (b.scheduler) {
     // Plan (destination, row slice) items per worker for this call's routing; cross-host rows
     // go through the relay and are not part of the workers' plan.
     for (int d = 0; d < b.ranks; ++d)
       b.plan_rows[static_cast<size_t>(d)] =
-          b.same_host(d) ? b.routing.dest_rows[static_cast<size_t>(d)] : 0;
+          b.same_host(d) ? routing.dest_rows[static_cast<size_t>(d)] : 0;
     b.scheduler->plan({b.rank, 0, b.plan_rows, static_cast<int64_t>(b.row_bytes())}, b.plan);
   }
   auto wait_offsets = [&](int d) {
     wait_until(
-        [&] { return ready[static_cast<size_t>(d)].load(std::memory_order_acquire) == signal; },
+        [&] { return call.offsets_signalled(d, signal); },
         b.wait, [&] { return detail::concat("offsets for rank ", d); });
   };
-  b.team->run([&](int m) {
+  b.dp->run_roles([&](int m) {
     if (m == 0) {
       if (b.relay) b.relay->start_dispatch(a);  // remote hosts first: their data has furthest to go
       for (int k = 1; k <= b.ranks; ++k) {
         const int d = (b.rank + k) % b.ranks;
         if (!b.same_host(d)) continue;
-        b.publish_count(d, b.rank, b.routing.dest_rows[static_cast<size_t>(d)], b.routing.topk,
-                        &b.routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
+        b.win.publish_count(d, b.rank, routing.dest_rows[static_cast<size_t>(d)], routing.topk,
+                        &routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
       }
     }
     if (b.scheduler) {
@@ -97,14 +101,14 @@ void ubep_dispatch_send(Buffer::Impl& b, const DispatchArgs& a) {
           const int d = (b.rank + k) % b.ranks;
           if (!b.same_host(d)) continue;
           wait_counts(b, d, b.rank, true);
-          b.compute_offsets(d);
-          ready[static_cast<size_t>(d)].store(signal, std::memory_order_release);
+          call.compute_offsets(b.win, d);
+          call.signal_offsets(d, signal);
         }
       }
       for (const sched::PlanItem& item : b.plan.worker_items(m)) {
         wait_offsets(item.dest_rank);
         for (int64_t i = item.row_begin; i < item.row_end; ++i)
-          b.send_rows(a, item.dest_rank, i, [&](Tag* tag) { complete(b, tag); });
+          call.send_rows(b.win, a.x.data, item.dest_rank, i, [&](Tag* t) { b.win.complete(t); });
       }
       return;
     }
@@ -114,14 +118,15 @@ void ubep_dispatch_send(Buffer::Impl& b, const DispatchArgs& a) {
       if (!b.same_host(d)) continue;  // reached through the relay
       if (m == 0) {
         wait_counts(b, d, b.rank, true);
-        b.compute_offsets(d);
-        ready[static_cast<size_t>(d)].store(signal, std::memory_order_release);
+        call.compute_offsets(b.win, d);
+        call.signal_offsets(d, signal);
       } else {
         wait_offsets(d);
       }
       int64_t i0, i1;
-      slice(b.routing.dest_rows[static_cast<size_t>(d)], m, members, &i0, &i1);
-      for (int64_t i = i0; i < i1; ++i) b.send_rows(a, d, i, [&](Tag* tag) { complete(b, tag); });
+      slice(routing.dest_rows[static_cast<size_t>(d)], m, members, &i0, &i1);
+      for (int64_t i = i0; i < i1; ++i)
+        call.send_rows(b.win, a.x.data, d, i, [&](Tag* t) { b.win.complete(t); });
     }
   });
   // Across hosts, leave only once the messages this rank relays have arrived and their count
@@ -133,15 +138,16 @@ void ubep_dispatch_send(Buffer::Impl& b, const DispatchArgs& a) {
   timer.lap("send");
 }
 
-void ubep_dispatch_recv(Buffer::Impl& b) {
+void Ubep::dispatch_recv() {
+  Buffer::Impl& b = b_;
   const double send_us = b.stats.stage_us.empty() ? 0.0 : b.stats.stage_us.back().second;
   StageTimer timer(b.stats);
   wait_counts(b, b.rank, b.ranks, true);
-  b.receive_counts();
+  b.call.receive_counts(b.win);
   timer.lap("counts + prefix sum");
-  b.for_each_expected_row([&](const Tag* tag, int64_t row) {
-    b.wait_for([&] { return arrived(tag, b.tag()); }, true,
-               [&] { return detail::concat("dispatch row ", row, " (epoch tag ", b.tag(), ")"); });
+  b.call.for_each_expected_row(b.win, [&](const Tag* tag, int64_t row) {
+    b.wait_for([&] { return b.win.arrived(tag); }, true,
+               [&] { return detail::concat("dispatch row ", row, " (epoch tag ", b.win.tag(), ")"); });
   });
   // A relay leaves only when what it relays is forwarded and its own sends are done.
   if (b.relay)
@@ -151,62 +157,66 @@ void ubep_dispatch_recv(Buffer::Impl& b) {
   timer.lap("receive");
 }
 
-void ubep_combine_send(Buffer::Impl& b, const CombineArgs& a) {
+void Ubep::combine_send(const CombineArgs& a) {
+  Buffer::Impl& b = b_;
   StageTimer timer(b.stats);
-  const int members = b.team->size();
-  char* comb = b.at<char>(b.rank, b.win.comb_x);
-  Tag* tags = b.at<Tag>(b.rank, b.win.comb_tag);
+  const int members = b.dp->members();
+  char* comb = b.win.at<char>(b.rank, b.win.map().comb_x);
+  Tag* tags = b.win.at<Tag>(b.rank, b.win.map().comb_tag);
   const bool zero_copy = a.x.data == comb;
-  b.team->run([&](int m) {
-    b.for_each_output_row(m, members, [&](int64_t row) {
+  b.dp->run_roles([&](int m) {
+    b.call.for_each_output_row(m, members, [&](int64_t row) {
       if (!zero_copy)  // plain stores: the owners read these rows right away
-        std::memcpy(comb + static_cast<size_t>(row) * b.row_bytes(),
-                    static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes(),
-                    b.row_bytes());
-      complete(b, tags + row);
+        b.win.put_row(comb + static_cast<size_t>(row) * b.row_bytes(),
+                      static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes(),
+                      false);
+      b.win.complete(tags + row);
     });
   });
   if (b.relay) b.relay->start_combine();
   timer.lap("send");
 }
 
-void ubep_combine_recv(Buffer::Impl& b) {
-  const int members = b.team->size();
+void Ubep::combine_recv() {
+  Buffer::Impl& b = b_;
+  const CallState& call = b.call;
+  const Routing& routing = call.routing;
+  const int members = b.dp->members();
   const double send_us = b.stats.stage_us.empty() ? 0.0 : b.stats.stage_us.back().second;
   StageTimer timer(b.stats);
   const int El = b.local_experts;
   auto locate = [&](int64_t tok, int j, bool caller) -> const char* {
     int r;
     int64_t pos;
-    if (b.layout == Layout::kThroughput) {
+    if (call.layout == Layout::kThroughput) {
       r = j;
-      pos = b.row_offset_at[static_cast<size_t>(r)] + b.routing.slot_at(tok, r);
+      pos = call.row_offset_at[static_cast<size_t>(r)] + routing.slot_at(tok, r);
     } else {
-      const size_t tk = static_cast<size_t>(tok * b.routing.topk + j);
-      const int e = b.routing.topk_idx[tk];
+      const size_t tk = static_cast<size_t>(tok * routing.topk + j);
+      const int e = routing.topk_idx[tk];
       r = e / El;
-      pos = (e % El) * b.RT() + b.expert_offset_at[static_cast<size_t>(r * El + e % El)] +
-            b.routing.expert_slot[tk];
+      pos = (e % El) * b.RT() + call.expert_offset_at[static_cast<size_t>(r * El + e % El)] +
+            routing.expert_slot[tk];
     }
-    const Tag* tag = b.at<Tag>(r, b.win.comb_tag) + pos;
-    b.wait_for([&] { return arrived(tag, b.tag()); }, caller,
+    const Tag* tag = b.win.at<Tag>(r, b.win.map().comb_tag) + pos;
+    b.wait_for([&] { return b.win.arrived(tag); }, caller,
                [&] {
                  return detail::concat("combine row of token ", tok, " at rank ", r, " (epoch tag ",
-                                       b.tag(), ")");
+                                       b.win.tag(), ")");
                });
-    return b.at<char>(r, b.win.comb_x) + static_cast<size_t>(pos) * b.row_bytes();
+    return b.win.at<char>(r, b.win.map().comb_x) + static_cast<size_t>(pos) * b.row_bytes();
   };
   if (b.relay) {
     // Across hosts the caller's thread alone drives the transport, so it reduces alone too.
-    for (int64_t t = 0; t < b.routing.num_tokens; ++t)
+    for (int64_t t = 0; t < routing.num_tokens; ++t)
       b.reduce_token(t, b.acc.data(), [&](int64_t tok, int j) { return locate(tok, j, true); });
     b.wait_for([&] { return b.relay->combine_done(); }, true,
                [] { return std::string("relay partials"); });
   } else {
-    b.team->run([&](int m) {
+    b.dp->run_roles([&](int m) {
       float* acc = &b.acc[static_cast<size_t>(m) * static_cast<size_t>(b.cfg.hidden)];
       int64_t t0, t1;
-      slice(b.routing.num_tokens, m, members, &t0, &t1);
+      slice(routing.num_tokens, m, members, &t0, &t1);
       for (int64_t t = t0; t < t1; ++t)
         b.reduce_token(t, acc, [&](int64_t tok, int j) { return locate(tok, j, false); });
     });
@@ -214,5 +224,9 @@ void ubep_combine_recv(Buffer::Impl& b) {
   b.stats.stage_us.insert(b.stats.stage_us.begin(), {"send", send_us});
   timer.lap("receive + reduce");
 }
+
+}  // namespace
+
+std::unique_ptr<Algorithm> make_ubep(Buffer::Impl& b) { return std::make_unique<Ubep>(b); }
 
 }  // namespace ubep::ep

@@ -34,8 +34,9 @@
 #include "core/bf16.hpp"
 #include "core/local_array.hpp"
 #include "core/wait.hpp"
+#include "backend/cpu/tags.hpp"
 #include "ep/protocol.hpp"
-#include "ep/worker_team.hpp"
+#include "backend/cpu/worker_team.hpp"
 #include "ubep/error.hpp"
 #include "ubep/moe.hpp"
 
@@ -91,19 +92,8 @@ struct OwnerGroup {
   int owner;
 };
 
-// One combine record in an owner's window: [row (hidden x dtype)][epoch tag]. The tag is
-// written last (release) and read first (acquire): data-as-flag, src/ep/protocol.hpp.
-struct RecordFormat {
-  size_t row_bytes = 0;
-  size_t tag_offset() const { return ep::round_up(row_bytes, 8); }
-  size_t bytes() const { return ep::round_up(tag_offset() + sizeof(ep::Tag), ep::kCacheLine); }
-};
-struct Record {
-  char* base;
-  const RecordFormat* fmt;
-  char* row() const { return base; }
-  ep::Tag* tag() const { return reinterpret_cast<ep::Tag*>(base + fmt->tag_offset()); }
-};
+using RecordFormat = ep::TileRecordFormat;  // the wire format lives in src/ep/protocol.hpp
+using Record = ep::TileRecord;
 
 // Per-member counters, padded so members never share a cache line.
 struct alignas(64) MemberStats {
@@ -121,7 +111,7 @@ struct ExpertLayer::Impl {
   size_t es;
   RecordFormat fmt;
   std::unique_ptr<SharedWindow> window;
-  ep::WorkerTeam team;
+  cpu::WorkerTeam team;
   WaitPolicy wait;
   uint64_t seq;        // sequence number of the current call (tags, parity)
   uint64_t calls = 0;  // calls completed by this rank (for `released`)
@@ -174,8 +164,7 @@ struct ExpertLayer::Impl {
     out_ = LocalArray(static_cast<size_t>(max_aligned * H) * 4);
     max_tiles = static_cast<size_t>((max_aligned + cfg.tile_rows - 1) / cfg.tile_rows +
                                     static_cast<int64_t>(local_experts) * R);
-    ready = std::make_unique<ep::Tag[]>(max_tiles);
-    for (size_t i = 0; i < max_tiles; ++i) ready[i].store(0, std::memory_order_relaxed);
+    ready = std::make_unique<ep::Tag[]>(max_tiles);  // value-initialised: 0, no call's tag
     mstats.resize(static_cast<size_t>(team.size()));
     acc.resize(static_cast<size_t>(team.size() * H));
     y = LocalArray(static_cast<size_t>(T * H) * es);
@@ -370,7 +359,7 @@ void ExpertLayer::Impl::ship(int first, int n, int owner, MemberStats& ms,
       } else {
         std::memcpy(rec.row(), v, static_cast<size_t>(H) * 4);
       }
-      ep::publish(rec.tag(), tg);
+      cpu::publish_tag(rec.tag(), tg);
     }
   }
   ms.copy += us_since(t0);
@@ -410,7 +399,7 @@ void ExpertLayer::Impl::compute_role(int m, bool overlapped) {
         // own window (the tile's epilogue).
         ship(ti, 1, rank, ms, checked_owner);
       } else {
-        ep::publish(&ready[static_cast<size_t>(ti)], tg);
+        cpu::publish_tag(&ready[static_cast<size_t>(ti)], tg);
         published.fetch_add(1, std::memory_order_release);
         published.notify_all();
       }
@@ -464,7 +453,7 @@ void ExpertLayer::Impl::comm_role(int m, int first_member, int members, bool ove
       if (c == g.num_tiles) continue;
       int n = 0;
       while (c + n < g.num_tiles &&
-             ep::arrived(&ready[static_cast<size_t>(g.first_tile + c + n)], tg))
+             cpu::tag_arrived(&ready[static_cast<size_t>(g.first_tile + c + n)], tg))
         ++n;
       if (n == 0) continue;
       if (ship_hook) ship_hook(me, rows_of(g.first_tile + c, n));
@@ -499,9 +488,9 @@ void ExpertLayer::Impl::reduce(int64_t tokens, int K, const int64_t* idx, const 
       const int64_t e = idx[t * K + k];
       if (e < 0) continue;
       Record rec = record(rank, hf, t * cfg.max_topk + k);
-      if (!ep::arrived(rec.tag(), tg)) {
+      if (!cpu::tag_arrived(rec.tag(), tg)) {
         const auto w0 = Clock::now();
-        wait_until([&] { return ep::arrived(rec.tag(), tg); }, wait,
+        wait_until([&] { return cpu::tag_arrived(rec.tag(), tg); }, wait,
                    [&] {
                      return detail::concat("expert-layer row of token ", t, " k ", k, " from rank ",
                                            e / local_experts, " (epoch tag ", tg, ")");

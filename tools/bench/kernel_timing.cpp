@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/bf16.hpp"
-#include "core/row_kernels.hpp"
+#include "backend/cpu/row_kernels.hpp"
 
 using namespace ubep;
 using Clock = std::chrono::steady_clock;

@@ -1,4 +1,4 @@
-#include "core/row_kernels.hpp"
+#include "backend/cpu/row_kernels.hpp"
 
 #include <algorithm>
 #include <cstring>

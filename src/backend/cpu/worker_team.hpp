@@ -19,7 +19,7 @@
 
 #include "core/wait.hpp"
 
-namespace ubep::ep {
+namespace ubep::cpu {
 
 class WorkerTeam {
  public:
@@ -118,4 +118,4 @@ class WorkerTeam {
   bool stop_ = false;
 };
 
-}  // namespace ubep::ep
+}  // namespace ubep::cpu

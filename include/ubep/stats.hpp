@@ -1,0 +1,19 @@
+// Instrumentation of one call: barriers it made, time per stage, bytes between hosts.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace ubep {
+
+struct CallStats {
+  uint64_t barriers = 0;
+  std::vector<std::pair<const char*, double>> stage_us;  // (stage, microseconds), in order
+  // Across hosts (0 on one host): bytes this rank sent over the network in the call, and token
+  // rows among them (dispatch: one per (token, destination host)).
+  uint64_t network_bytes = 0;
+  uint64_t network_rows = 0;
+};
+
+}  // namespace ubep

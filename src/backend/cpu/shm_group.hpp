@@ -1,0 +1,47 @@
+// Processes on one host sharing POSIX shared memory, set up over any Bootstrap. The MPI group
+// (src/bootstrap/mpi_bootstrap.cpp) is one with an MPI bootstrap, MPI_Alltoallv and, across
+// hosts, the MPI transport.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/cpu/flag_barrier.hpp"
+#include "transport/remote.hpp"
+#include "ubep/bootstrap.hpp"
+
+namespace ubep::cpu {
+
+class ShmGroup : public Group {
+ public:
+  // host_of: host of every rank (from the bootstrap, or forced by options.ranks_per_host).
+  // remote: the transport to other hosts (required when host_of names more than one host).
+  ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options, std::vector<int> host_of,
+           std::unique_ptr<transport::Remote> remote);
+  ~ShmGroup() override;
+
+  std::unique_ptr<SharedWindow> allocate_window(size_t bytes) override;
+  void allgather(const void* in, void* out, size_t bytes) override;
+  // Without MPI there is no bulk exchange to offer: throws InvalidArgument.
+  void alltoallv(const void* send, const int64_t* send_bytes, const int64_t* send_offsets,
+                 void* recv, const int64_t* recv_bytes, const int64_t* recv_offsets) override;
+  transport::Remote* remote() override { return remote_.get(); }
+  const char* kind() const override { return "processes"; }
+
+ protected:
+  void barrier_impl() override;
+  Bootstrap& bootstrap() { return *bootstrap_; }
+
+ private:
+  std::shared_ptr<Bootstrap> bootstrap_;
+  std::vector<int> host_vec_;
+  std::unique_ptr<SharedWindow> control_;
+  std::unique_ptr<FlagBarrier> barrier_;
+  std::unique_ptr<transport::Remote> remote_;
+};
+
+// Host ids from options.ranks_per_host (> 0: every N consecutive ranks form a host) or else
+// from the bootstrap's host map.
+std::vector<int> resolve_hosts(Bootstrap& bootstrap, const GroupOptions& options);
+
+}  // namespace ubep::cpu

@@ -1,0 +1,67 @@
+// The data path a host-driven algorithm runs on: the one seam between the algorithms (bsp,
+// ubep, the relay; src/ep) and the memory they move data through. Contract: docs/BACKENDS.md.
+//
+// Algorithms address peers' windows (SharedWindow::base), compute every offset from the
+// protocol (src/ep/protocol.hpp), and ask the data path to do every access that crosses to
+// peer memory or needs ordering: put a row, publish a tag, test a tag, fence, reduce rows in
+// the fixed order, and run the role groups concurrently. They never memcpy into, or use atomics
+// on, peer memory themselves.
+//
+// A backend whose roles run on the device (CUDA: warps inside one kernel, not host calls per
+// row) implements the ep::Algorithm interface directly with kernels over the same protocol;
+// this per-row interface is for backends whose roles are host threads (docs/BACKENDS.md).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "ep/protocol.hpp"
+#include "ubep/types.hpp"
+
+namespace ubep::backend {
+
+class DataPath {
+ public:
+  virtual ~DataPath() = default;
+
+  // --- where role work runs ---
+  // Members of the role team; member 0 is the calling thread.
+  virtual int members() const = 0;
+  // Runs fn(m) for every member m concurrently and returns when all are done; the writes of
+  // every member happen-before the return. Rethrows the first member's exception.
+  template <typename Fn>
+  void run_roles(Fn&& fn) {
+    run_erased(static_cast<void*>(&fn),
+               [](void* obj, int m) { (*static_cast<std::remove_reference_t<Fn>*>(obj))(m); });
+  }
+
+  // --- moving bytes ---
+  // A token row into a peer's window. `stream`: the call is large, skip caching the
+  // destination (non-temporal stores). On return the row is ordered before any later publish().
+  virtual void put_row(void* dst, const void* src, size_t bytes, bool stream) const = 0;
+  // Small metadata (or a local staging copy) with ordinary stores.
+  virtual void put(void* dst, const void* src, size_t bytes) const = 0;
+
+  // --- completion (data-as-flag) ---
+  // Release store of an epoch tag: every put before it, by this thread, is visible to a reader
+  // whose arrived() returns true. stop_and_wait: a full fence first (the sync ablation).
+  virtual void publish(ep::Tag* tag, uint32_t value, bool stop_and_wait = false) const = 0;
+  // Acquire load: true once `value` is there; the message's data is then visible.
+  virtual bool arrived(const ep::Tag* tag, uint32_t value) const = 0;
+  // Full fence: every earlier store of this thread is visible before every later one.
+  virtual void fence() const = 0;
+
+  // --- the fixed-order reduction (bit-identical across algorithms and backends) ---
+  // out = round(((0 + w0*r0) + w1*r1) + ...) in fp32; weights == nullptr: unweighted; n >= 0.
+  virtual void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
+                           const float* weights, int n) const = 0;
+  virtual void accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden,
+                              const float* weight) const = 0;
+  virtual void store_row(void* dst, const float* acc, DType dtype, int64_t hidden) const = 0;
+
+ protected:
+  virtual void run_erased(void* obj, void (*fn)(void*, int)) = 0;
+};
+
+}  // namespace ubep::backend

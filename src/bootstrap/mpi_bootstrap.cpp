@@ -1,0 +1,116 @@
+// Ranks as processes started by mpirun: an MPI bootstrap (set-up), the shared-memory group of
+// the CPU backend on each host, MPI_Alltoallv for the baseline, and MPI point-to-point between
+// hosts.
+#include "backend/cpu/shm_group.hpp"
+#include "transport/mpi/mpi_remote.hpp"
+#include "ubep/error.hpp"
+#include "ubep/mpi_group.hpp"
+
+namespace ubep {
+
+namespace {
+
+void mpi_check(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    throw SystemError(
+        detail::concat(what, " failed: ", std::string(msg, static_cast<size_t>(len))));
+  }
+}
+
+class MpiBootstrap : public Bootstrap {
+ public:
+  explicit MpiBootstrap(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiBootstrap() override { MPI_Comm_free(&comm_); }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void allgather(const void* in, void* out, size_t bytes) override {
+    mpi_check(MPI_Allgather(in, static_cast<int>(bytes), MPI_BYTE, out, static_cast<int>(bytes),
+                            MPI_BYTE, comm_),
+              "MPI_Allgather");
+  }
+  void barrier() override { mpi_check(MPI_Barrier(comm_), "MPI_Barrier"); }
+  // The ranks MPI says share memory (MPI_COMM_TYPE_SHARED), named by their lowest rank.
+  std::vector<int> host_map() override {
+    MPI_Comm local;
+    mpi_check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
+              "MPI_Comm_split_type");
+    int leader = rank_;  // lowest world rank on my host: broadcast from local rank 0
+    mpi_check(MPI_Bcast(&leader, 1, MPI_INT, 0, local), "MPI_Bcast(host leader)");
+    MPI_Comm_free(&local);
+    std::vector<int> leaders(static_cast<size_t>(size_));
+    allgather(&leader, leaders.data(), sizeof leader);
+    std::vector<int> dense(static_cast<size_t>(size_), -1), hosts(static_cast<size_t>(size_));
+    int next = 0;
+    for (int r = 0; r < size_; ++r) {
+      int& id = dense[static_cast<size_t>(leaders[static_cast<size_t>(r)])];
+      if (id < 0) id = next++;
+      hosts[static_cast<size_t>(r)] = id;
+    }
+    return hosts;
+  }
+  MPI_Comm comm() const { return comm_; }
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 0;
+};
+
+class MpiGroup : public cpu::ShmGroup {
+ public:
+  MpiGroup(std::shared_ptr<MpiBootstrap> boot, GroupOptions options, std::vector<int> hosts,
+           std::unique_ptr<transport::Remote> remote)
+      : ShmGroup(boot, options, std::move(hosts), std::move(remote)), comm_(boot->comm()) {}
+
+  void alltoallv(const void* send, const int64_t* send_bytes, const int64_t* send_offsets,
+                 void* recv, const int64_t* recv_bytes, const int64_t* recv_offsets) override {
+    const size_t n = static_cast<size_t>(size());
+    counts_.resize(4 * n);
+    int* sc = counts_.data();
+    int* sd = sc + n;
+    int* rc = sd + n;
+    int* rd = rc + n;
+    for (size_t p = 0; p < n; ++p) {
+      UBEP_CHECK_ARG(send_offsets[p] + send_bytes[p] < INT32_MAX &&
+                         recv_offsets[p] + recv_bytes[p] < INT32_MAX,
+                     "alltoallv: more than 2 GiB in one exchange");
+      sc[p] = static_cast<int>(send_bytes[p]);
+      sd[p] = static_cast<int>(send_offsets[p]);
+      rc[p] = static_cast<int>(recv_bytes[p]);
+      rd[p] = static_cast<int>(recv_offsets[p]);
+    }
+    mpi_check(MPI_Alltoallv(send, sc, sd, MPI_BYTE, recv, rc, rd, MPI_BYTE, comm_),
+              "MPI_Alltoallv");
+  }
+  const char* kind() const override { return "mpi"; }
+
+ private:
+  MPI_Comm comm_;
+  std::vector<int> counts_;
+};
+
+}  // namespace
+
+std::unique_ptr<Group> make_mpi_group(MPI_Comm comm, MpiGroupOptions options) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  UBEP_CHECK_ARG(initialized, "make_mpi_group: MPI is not initialised (call MPI_Init first)");
+  UBEP_CHECK_ARG(options.timeout.count() > 0, "make_mpi_group: timeout must be positive, got ",
+                 options.timeout.count(), " ms");
+  MPI_Comm dup;
+  mpi_check(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup");
+  auto boot = std::make_shared<MpiBootstrap>(dup);
+  std::vector<int> hosts = cpu::resolve_hosts(*boot, options);
+  bool multi = false;
+  for (int h : hosts) multi = multi || h != 0;
+  std::unique_ptr<transport::Remote> remote;
+  if (multi) remote = std::make_unique<transport::MpiRemote>(boot->comm());
+  return std::make_unique<MpiGroup>(std::move(boot), options, std::move(hosts), std::move(remote));
+}
+
+}  // namespace ubep

@@ -1,0 +1,29 @@
+// The one interface both algorithms implement. A call is split in two phases so the caller can
+// compute in between (ubep); bsp completes each call in its send phase.
+//
+// Algorithms work over the Buffer's Window, CallState and DataPath (src/ep/buffer_impl.hpp);
+// they never touch peer memory except through the data path.
+#pragma once
+
+#include <memory>
+
+#include "ubep/buffer.hpp"
+
+namespace ubep::ep {
+
+class Algorithm {
+ public:
+  virtual ~Algorithm() = default;
+  // Whether dispatch_send may return before the call is complete (Buffer's split-phase API).
+  virtual bool split_phase() const = 0;
+  // Preconditions (checked by Buffer): the call's routing is built, the window's epoch begun.
+  virtual void dispatch_send(const DispatchArgs& a) = 0;
+  virtual void dispatch_recv() = 0;
+  virtual void combine_send(const CombineArgs& a) = 0;
+  virtual void combine_recv() = 0;
+};
+
+std::unique_ptr<Algorithm> make_bsp(Buffer::Impl& b);
+std::unique_ptr<Algorithm> make_ubep(Buffer::Impl& b);
+
+}  // namespace ubep::ep

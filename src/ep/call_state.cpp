@@ -1,0 +1,69 @@
+#include "ep/call_state.hpp"
+
+namespace ubep::ep {
+
+CallState::CallState(int r, const BufferConfig& cfg, int R, bool)
+    : routing(R, cfg.num_experts, cfg.max_tokens_per_rank, cfg.max_topk),
+      rank(r),
+      ranks(R),
+      local_experts(cfg.num_experts / R),
+      T(cfg.max_tokens_per_rank),
+      row_offset_at(static_cast<size_t>(R)),
+      expert_offset_at(static_cast<size_t>(R) * static_cast<size_t>(cfg.num_experts / R)),
+      recv_count(static_cast<size_t>(cfg.num_experts / R) * 8),
+      offsets_ready_(static_cast<size_t>(R)) {}
+
+void CallState::begin(const DispatchArgs& a, const BufferConfig& cfg, size_t row_bytes) {
+  routing.build(a, cfg);  // validates: throws before anything is sent
+  double rows = 0;
+  for (int d = 0; d < ranks; ++d) rows += routing.dest_rows[static_cast<size_t>(d)];
+  if (a.layout == Layout::kLatency) {
+    rows = 0;
+    for (int64_t i = 0; i < routing.num_tokens * routing.topk; ++i)
+      rows += routing.topk_idx[static_cast<size_t>(i)] >= 0;
+  }
+  stream_rows = rows * static_cast<double>(row_bytes) >= kStreamBytes;
+  layout = a.layout;
+  topk_mismatch_.store(-1, std::memory_order_relaxed);
+}
+
+void CallState::compute_offsets(const Window& w, int dest) {
+  int64_t rows = 0;
+  int64_t* eo = &expert_offset_at[static_cast<size_t>(dest * local_experts)];
+  std::fill(eo, eo + local_experts, 0);
+  for (int s = 0; s < rank; ++s) {
+    CountRecord rec = w.count(dest, s);
+    rows += *rec.rows();
+    if (layout == Layout::kLatency)
+      for (int e = 0; e < local_experts; ++e) eo[e] += rec.expert_rows()[e];
+  }
+  row_offset_at[static_cast<size_t>(dest)] = rows;
+}
+
+void CallState::receive_counts(const Window& w) {
+  int64_t rows = 0;
+  auto* counts = recv_count.get<int64_t>();
+  std::fill(counts, counts + local_experts, 0);
+  for (int s = 0; s < ranks; ++s) {
+    CountRecord rec = w.count(rank, s);
+    if (*rec.topk() != routing.topk) topk_mismatch_.store(s, std::memory_order_relaxed);
+    rows += *rec.rows();
+    for (int e = 0; e < local_experts; ++e) counts[e] += rec.expert_rows()[e];
+  }
+  num_recv_rows = rows;
+}
+
+void CallState::row_owner(const Window& w, int max_topk, int64_t row, int* owner,
+                          int64_t* push_slot) const {
+  if (layout == Layout::kThroughput) {
+    const int64_t* s = w.at<int64_t>(rank, w.map().tp_src) + 2 * row;
+    *owner = static_cast<int>(s[0]);
+    *push_slot = static_cast<int64_t>(rank) * T + s[1];
+  } else {
+    const int64_t* s = w.at<int64_t>(rank, w.map().lat_src) + 2 * row;
+    *owner = static_cast<int>(s[0]);
+    *push_slot = s[1] * max_topk + w.at<int8_t>(rank, w.map().lat_k)[row];
+  }
+}
+
+}  // namespace ubep::ep

@@ -1,0 +1,78 @@
+// One rank's view of the group's windows for one Buffer: the protocol's window map, the call's
+// epoch (half and tag), and the message-level operations every algorithm is built from --
+// publishing and testing count records, completing and testing rows. Every access to peer
+// memory goes through the backend's data path.
+#pragma once
+
+#include <cstring>
+#include <memory>
+
+#include "backend/data_path.hpp"
+#include "ep/protocol.hpp"
+#include "ubep/buffer.hpp"
+
+namespace ubep::ep {
+
+class Window {
+ public:
+  Window(Group& group, const WindowLayout& map, backend::DataPath& dp, uint64_t first_seq)
+      : map_(map), mem_(group.allocate_window(map.total)), dp_(dp), next_seq_(first_seq) {}
+
+  const WindowLayout& map() const { return map_; }
+  backend::DataPath& dp() const { return dp_; }
+  size_t row_bytes() const { return map_.row_bytes; }
+  size_t bytes() const { return map_.total; }
+
+  // --- epochs: one sequence number per dispatch (its combine shares it) ---
+  uint64_t begin_call() { return seq_ = next_seq_++; }
+  uint64_t seq() const { return seq_; }
+  int half() const { return half_of(seq_); }
+  uint32_t tag() const { return tag_of(seq_); }
+  void set_sync(SyncMode m) { sync_ = m; }
+  SyncMode sync() const { return sync_; }
+
+  // --- addresses (nullptr for ranks on other hosts) ---
+  void* peer(int r) const { return mem_->base(r); }
+  void* local() const { return mem_->local(); }
+  template <typename T>
+  T* at(int r, size_t region) const {
+    return map_.at<T>(peer(r), half(), region);
+  }
+  CountRecord count(int dest, int source) const { return map_.count(peer(dest), half(), source); }
+
+  // --- messages ---
+  // Count record from `source` at `dest`, completed in the buffer's sync mode.
+  void publish_count(int dest, int source, int32_t rows, int32_t topk,
+                     const int32_t* expert_rows) const {
+    CountRecord rec = count(dest, source);
+    const int32_t head[2] = {rows, topk};
+    dp_.put(rec.rows(), head, sizeof head);
+    dp_.put(rec.expert_rows(), expert_rows, static_cast<size_t>(map_.local_experts) * 4);
+    if (sync_ == SyncMode::kFused)
+      dp_.publish(rec.tag(), tag());
+    else  // stop-and-wait: fence, then a separate flag
+      dp_.publish(map_.count_flag(peer(dest), half(), source), tag(), true);
+  }
+  bool count_arrived(int dest, int source) const {
+    return dp_.arrived(sync_ == SyncMode::kFused ? count(dest, source).tag()
+                                                 : map_.count_flag(peer(dest), half(), source),
+                       tag());
+  }
+  // Marks a written message complete with this call's tag, in the sync mode.
+  void complete(Tag* t) const { dp_.publish(t, tag(), sync_ == SyncMode::kStopAndWait); }
+  bool arrived(const Tag* t) const { return dp_.arrived(t, tag()); }
+  void put_row(char* dst, const char* src, bool stream) const {
+    dp_.put_row(dst, src, row_bytes(), stream);
+  }
+  void put(void* dst, const void* src, size_t bytes) const { dp_.put(dst, src, bytes); }
+
+ private:
+  WindowLayout map_;
+  std::unique_ptr<SharedWindow> mem_;
+  backend::DataPath& dp_;
+  SyncMode sync_ = SyncMode::kFused;
+  uint64_t next_seq_;
+  uint64_t seq_ = 0;
+};
+
+}  // namespace ubep::ep
