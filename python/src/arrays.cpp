@@ -1,7 +1,10 @@
 #include "arrays.hpp"
 
+#include <pybind11/stl.h>
+
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "dlpack.hpp"
 #include "ubep/error.hpp"
@@ -231,9 +234,26 @@ pb::object to_array(const TensorView& v, pb::handle owner, Kind kind) {
 }
 
 void bind_arrays(pb::module_& m) {
-  pb::class_<ArrayOut>(m, "ArrayOut",
-                       "A view of ubep memory behind the DLPack protocol (numpy.from_dlpack, "
-                       "torch.utils.dlpack.from_dlpack).")
+  pb::class_<ArrayOut>(m, "ArrayOut", pb::buffer_protocol(),
+                       "A view of ubep memory behind the DLPack protocol "
+                       "(torch.utils.dlpack.from_dlpack, numpy.from_dlpack) and the buffer "
+                       "protocol (numpy.asarray: writable, and bf16 as uint16 bit patterns, "
+                       "which NumPy's DLPack import lacks).")
+      .def_buffer([](ArrayOut& a) {
+        std::vector<pb::ssize_t> shape, strides;
+        const auto item = static_cast<pb::ssize_t>(dtype_size(a.view.dtype));
+        pb::ssize_t stride = item;
+        for (int i = a.view.ndim - 1; i >= 0; --i) {
+          shape.insert(shape.begin(), a.view.dim(i));
+          strides.insert(strides.begin(), stride);
+          stride *= a.view.dim(i);
+        }
+        const char* format = a.view.dtype == DType::kBF16   ? "H"
+                             : a.view.dtype == DType::kFP32  ? "f"
+                             : a.view.dtype == DType::kInt32 ? "i"
+                                                             : "q";
+        return pb::buffer_info(a.view.data, item, format, a.view.ndim, shape, strides, false);
+      })
       .def(
           "__dlpack__",
           [](const ArrayOut& a, pb::object /*stream*/, pb::kwargs) {

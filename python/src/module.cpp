@@ -13,6 +13,8 @@
 namespace pb = pybind11;
 
 namespace ubep::python {
+void bind_bootstrap(pb::module_& m);  // bootstrap.cpp
+
 namespace {
 
 // Made once, leaked: they must outlive every translated exception.
@@ -90,6 +92,7 @@ PYBIND11_MODULE(_ubep, m) {
   bind_arrays(m);
   bind_groups(m);
   bind_buffer(m);
+  bind_bootstrap(m);
   install_interrupt_hook();
   m.def("_install_interrupt_hook", &install_interrupt_hook);
   m.def("_interrupt_pending", &interrupt_pending);

@@ -1,7 +1,8 @@
 """Framework glue: which framework an array comes from, owned copies, small helpers.
 
 Arrays cross into C++ through DLPack only (``__dlpack__``); results come back as DLPack views
-converted with ``torch.utils.dlpack.from_dlpack`` or ``numpy.from_dlpack``, matching the input.
+converted with ``torch.utils.dlpack.from_dlpack`` (torch inputs) or taken by ``numpy.asarray``
+through the same view object's buffer protocol (NumPy inputs), matching the input.
 """
 import numpy as np
 
@@ -17,13 +18,15 @@ TORCH, NUMPY, DLPACK = 0, 1, 2  # python/src/arrays.hpp Kind
 
 _TorchTensor = torch.Tensor if torch is not None else None
 
+# NumPy results through the buffer protocol of the DLPack view object: numpy.from_dlpack (1.24)
+# makes read-only arrays and has no bfloat16, and the combine buffer must be writable.
 if torch is not None:
-    _ubep._set_converters(torch.utils.dlpack.from_dlpack, np.from_dlpack)
+    _ubep._set_converters(torch.utils.dlpack.from_dlpack, np.asarray)
     # Exact torch.Tensor inputs go through torch.to_dlpack (C) instead of the Python body of
     # Tensor.__dlpack__: the same DLPack export, a microsecond less per argument.
     _ubep._set_torch_fast_path(torch.Tensor, torch.utils.dlpack.to_dlpack)
 else:  # pragma: no cover
-    _ubep._set_converters(None, np.from_dlpack)
+    _ubep._set_converters(None, np.asarray)
 
 
 def kind_of(x):
@@ -44,7 +47,7 @@ def owned(a):
         return a.clone()
     if isinstance(a, np.ndarray):
         return a.copy()
-    return np.from_dlpack(a).copy()
+    return np.array(a, copy=True)
 
 
 def ones(kind, shape):
@@ -58,7 +61,7 @@ def copy_into(out, y):
     if _TorchTensor is not None and isinstance(out, _TorchTensor):
         out.copy_(y if kind_of(y) == TORCH else torch.utils.dlpack.from_dlpack(y))
     else:
-        np.copyto(out, y if isinstance(y, np.ndarray) else np.from_dlpack(y))
+        np.copyto(out, np.asarray(y))
     return out
 
 

@@ -205,7 +205,8 @@ void Buffer::Impl::check_combine(const CombineArgs& a) const {
   UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine: x has no data");
   if (a.topk_weights.ndim != 0) {
     const TensorView& w = a.topk_weights;
-    UBEP_CHECK_ARG(layout == Layout::kLatency,
+    const ep::Routing& routing = call.routing;
+    UBEP_CHECK_ARG(call.layout == Layout::kLatency,
                    "combine: topk_weights can only replace the dispatch's in the latency layout");
     UBEP_CHECK_ARG(!multi_host(), "combine: topk_weights cannot be replaced across hosts");
     UBEP_CHECK_ARG(w.ndim == 2 && w.dtype == DType::kFP32 && w.dim(0) == routing.num_tokens &&
@@ -217,7 +218,7 @@ void Buffer::Impl::check_combine(const CombineArgs& a) const {
 
 void Buffer::Impl::set_combine_weights(const CombineArgs& a) {
   if (a.topk_weights.ndim != 0)
-    std::memcpy(routing.topk_weights.data(), a.topk_weights.data, a.topk_weights.bytes());
+    std::memcpy(call.routing.topk_weights.data(), a.topk_weights.data, a.topk_weights.bytes());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -320,7 +321,7 @@ TensorView Buffer::combine_recv() {
 }
 
 DispatchResult Buffer::pending_dispatch() const {
-  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kDispatchSent && impl_->layout == Layout::kLatency,
+  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kDispatchSent && impl_->call.layout == Layout::kLatency,
                  "pending_dispatch: no latency-layout dispatch_send outstanding");
   return impl_->result();
 }
