@@ -129,7 +129,9 @@ Borrowed borrow_impl(pb::handle obj, const char* what, DType expect, bool writab
                  dl_type_name(t->dtype));
   UBEP_CHECK_ARG(t->ndim >= 1 && t->ndim <= 3, what, " must have 1 to 3 dimensions, got ",
                  t->ndim, " ", shape_str(t->shape, t->ndim));
-  if (t->strides) {
+  int64_t numel = 1;
+  for (int i = 0; i < t->ndim; ++i) numel *= t->shape[i];
+  if (t->strides && numel > 0) {  // an empty array has no layout to check
     int64_t expected = 1;
     for (int i = t->ndim - 1; i >= 0; --i) {
       UBEP_CHECK_ARG(t->shape[i] == 1 || t->strides[i] == expected, what,

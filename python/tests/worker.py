@@ -1,0 +1,130 @@
+"""One rank's part of the end-to-end tests, shared by thread ranks, torch.multiprocessing and
+mpirun: runs a few dispatch/combine calls through the public ubep API and returns what it got
+as NumPy arrays (bf16 as uint16 bits) for the parent to compare with the reference.
+
+    mpirun -np 2 python3 worker.py OUT.npz LAYOUT ALGO FRAMEWORK DTYPE   (the mpirun test)
+"""
+import sys
+
+import numpy as np
+
+import reference as ref
+import ubep
+
+ITERS = 3  # more than 2: both halves of the double-buffered window, and reuse of the first
+
+
+def to_fw(a, framework, dtype=None):
+    if framework == "numpy":
+        return a
+    import torch
+    if a.dtype == np.uint16:  # bf16 bits
+        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(a.copy())
+
+
+def to_np(a):
+    """Copy of a result (torch or NumPy) as NumPy, bf16 as uint16 bits."""
+    if isinstance(a, np.ndarray):
+        return a.copy()
+    import torch
+    if a.dtype == torch.bfloat16:
+        return a.view(torch.int16).numpy().view(np.uint16).copy()
+    return a.numpy().copy()
+
+
+def run_rank(group, spec, layout, algorithm, framework, hook=False, zero_copy=True,
+             weights_at_combine=False):
+    """Returns a list over iterations of dicts of NumPy arrays."""
+    rank = group.rank
+    dtype = spec.dtype if framework == "numpy" or spec.dtype == "fp32" else "bf16"
+    buf = ubep.Buffer(group, hidden=spec.H, num_experts=spec.E, max_tokens_per_rank=spec.T,
+                      max_topk=spec.K, dtype=dtype, algorithm=algorithm, timeout=30.0)
+    results = []
+    for it in range(ITERS):
+        x, idx, w = ref.make_inputs(spec, rank, it)
+        fx, fidx, fw = to_fw(x, framework), to_fw(idx, framework), to_fw(w, framework)
+        got = {}
+        if layout == "throughput":
+            recv_x, ridx, rw, counts, h, _ = buf.dispatch(fx, topk_idx=fidx, topk_weights=fw)
+            got.update(recv_x=to_np(recv_x), recv_topk_idx=to_np(ridx),
+                       recv_topk_weights=to_np(rw), recv_src=to_np(h.recv_src),
+                       recv_count=np.array(counts, dtype=np.int64))
+            out = ref.make_expert_output(spec, rank, it, (recv_x.shape[0], spec.H))
+            y, cw, _ = buf.combine(to_fw(out, framework), h, topk_weights=rw)
+        else:
+            recv_x, recv_count, h, _, recv_hook = buf.low_latency_dispatch(
+                fx, fidx, spec.T, spec.E, topk_weights=None if weights_at_combine else fw,
+                return_recv_hook=hook)
+            if hook:
+                recv_hook()
+            got.update(recv_x=to_np(recv_x), recv_count=to_np(recv_count),
+                       recv_src=to_np(h.recv_src))
+            out = ref.make_expert_output(spec, rank, it, tuple(recv_x.shape))
+            if zero_copy:
+                cb = buf.get_next_low_latency_combine_buffer(h)
+                cb[...] = to_fw(out, framework)
+                y, _, combine_hook = buf.low_latency_combine(
+                    None, fidx, fw, h, zero_copy=True, return_recv_hook=hook)
+            else:
+                y, _, combine_hook = buf.low_latency_combine(to_fw(out, framework), fidx, fw, h,
+                                                             return_recv_hook=hook)
+            if hook:
+                combine_hook()
+        got["y"] = to_np(y)
+        got["barriers"] = np.int64(buf.last_stats()["barriers"])
+        results.append(got)
+    return results
+
+
+def expected(spec, layout):
+    """The reference's answers: per iteration, per rank, a dict like run_rank's."""
+    per_iter = []
+    for it in range(ITERS):
+        inputs = [ref.make_inputs(spec, r, it) for r in range(spec.R)]
+        xs, idxs, ws = zip(*inputs)
+        if layout == "throughput":
+            disp = ref.dispatch_throughput(spec, xs, idxs, ws)
+            outs = [ref.make_expert_output(spec, d, it, (disp[d]["recv_x"].shape[0], spec.H))
+                    for d in range(spec.R)]
+            ys = ref.combine_throughput(spec, disp, outs, [x.shape[0] for x in xs])
+        else:
+            disp, where = ref.dispatch_latency(spec, xs, idxs)
+            outs = [ref.make_expert_output(spec, d, it, disp[d]["recv_x"].shape)
+                    for d in range(spec.R)]
+            ys = ref.combine_latency(spec, where, outs, idxs, ws)
+        per_iter.append([dict(disp[r], y=ys[r]) for r in range(spec.R)])
+    return per_iter
+
+
+def check(spec, layout, got_per_rank):
+    """Asserts bit equality of every rank's results with the reference."""
+    want = expected(spec, layout)
+    for it in range(ITERS):
+        for r in range(spec.R):
+            got, exp = got_per_rank[r][it], want[it][r]
+            for key in exp:
+                g, e = got[key], exp[key]
+                if layout == "latency" and key in ("recv_x", "recv_src"):
+                    # Only the received rows of each expert are defined.
+                    for le in range(spec.El):
+                        n = int(exp["recv_count"][le])
+                        np.testing.assert_array_equal(g[le, :n], e[le, :n],
+                                                      err_msg=f"{key} it {it} rank {r} e {le}")
+                    continue
+                assert g.dtype == e.dtype, (key, g.dtype, e.dtype)
+                np.testing.assert_array_equal(g, e, err_msg=f"{key} it {it} rank {r}")
+
+
+def _main():
+    out_path, layout, algorithm, framework, dtype = sys.argv[1:6]
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    spec = ref.Spec(ranks=comm.Get_size(), dtype=dtype)
+    res = run_rank(ubep.make_group(comm), spec, layout, algorithm, framework)
+    flat = {f"{it}_{k}": v for it, d in enumerate(res) for k, v in d.items()}
+    np.savez(f"{out_path}.{comm.Get_rank()}.npz", **flat)
+
+
+if __name__ == "__main__":
+    _main()
