@@ -2,7 +2,8 @@
 mpirun: runs a few dispatch/combine calls through the public ubep API and returns what it got
 as NumPy arrays (bf16 as uint16 bits) for the parent to compare with the reference.
 
-    mpirun -np 2 python3 worker.py OUT.npz LAYOUT ALGO FRAMEWORK DTYPE   (the mpirun test)
+    python3 worker.py torch OUT_DIR PORT                                    (2 processes, gloo)
+    mpirun -np 2 python3 worker.py mpi OUT LAYOUT ALGO FRAMEWORK DTYPE      (mpi4py)
 """
 import sys
 
@@ -36,10 +37,9 @@ def to_np(a):
 def run_rank(group, spec, layout, algorithm, framework, hook=False, zero_copy=True,
              weights_at_combine=False):
     """Returns a list over iterations of dicts of NumPy arrays."""
-    rank = group.rank
-    dtype = spec.dtype if framework == "numpy" or spec.dtype == "fp32" else "bf16"
     buf = ubep.Buffer(group, hidden=spec.H, num_experts=spec.E, max_tokens_per_rank=spec.T,
-                      max_topk=spec.K, dtype=dtype, algorithm=algorithm, timeout=30.0)
+                      max_topk=spec.K, dtype=spec.dtype, algorithm=algorithm, timeout=30.0)
+    rank = buf.rank
     results = []
     for it in range(ITERS):
         x, idx, w = ref.make_inputs(spec, rank, it)
@@ -116,14 +116,54 @@ def check(spec, layout, got_per_rank):
                 np.testing.assert_array_equal(g, e, err_msg=f"{key} it {it} rank {r}")
 
 
+CONFIGS = [("throughput", "ubep", False), ("throughput", "bsp", False),
+           ("latency", "ubep", False), ("latency", "bsp", False), ("latency", "ubep", True)]
+
+
+def save(path, rank, results):
+    flat = {f"{it}_{k}": v for it, d in enumerate(results) for k, v in d.items()}
+    np.savez(f"{path}.{rank}.npz", **flat)
+
+
+def load(path, ranks):
+    """The results save() wrote, per rank, as run_rank returns them."""
+    out = []
+    for r in range(ranks):
+        with np.load(f"{path}.{r}.npz") as z:
+            per_it = [{} for _ in range(ITERS)]
+            for key in z.files:
+                it, name = key.split("_", 1)
+                per_it[int(it)][name] = z[key]
+            out.append(per_it)
+    return out
+
+
+def _torch_rank(rank, out_dir, port):
+    """One process of the torch.multiprocessing run: gloo for set-up, ubep for the data."""
+    import os
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    spec = ref.Spec(ranks=2, dtype="bf16")
+    group = ubep.make_group()  # the default group; the first config passes the ProcessGroup
+    for n, (layout, algorithm, hook) in enumerate(CONFIGS):
+        g = dist.group.WORLD if n == 0 else group
+        save(f"{out_dir}/{layout}-{algorithm}-{hook}", rank,
+             run_rank(g, spec, layout, algorithm, "torch", hook=hook))
+    dist.destroy_process_group()
+
+
 def _main():
-    out_path, layout, algorithm, framework, dtype = sys.argv[1:6]
+    if sys.argv[1] == "torch":  # worker.py torch OUT_DIR PORT
+        import torch.multiprocessing as mp
+        mp.spawn(_torch_rank, args=(sys.argv[2], int(sys.argv[3])), nprocs=2)
+        return
+    # worker.py mpi OUT LAYOUT ALGO FRAMEWORK DTYPE, under mpirun
+    out_path, layout, algorithm, framework, dtype = sys.argv[2:7]
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     spec = ref.Spec(ranks=comm.Get_size(), dtype=dtype)
-    res = run_rank(ubep.make_group(comm), spec, layout, algorithm, framework)
-    flat = {f"{it}_{k}": v for it, d in enumerate(res) for k, v in d.items()}
-    np.savez(f"{out_path}.{comm.Get_rank()}.npz", **flat)
+    save(out_path, comm.Get_rank(), run_rank(comm, spec, layout, algorithm, framework))
 
 
 if __name__ == "__main__":
