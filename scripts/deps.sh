@@ -2,7 +2,8 @@
 # Installs the Debian 12 packages ubep builds and tests with, if any is missing (run as root).
 set -euo pipefail
 packages=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev
-          openmpi-bin libopenmpi-dev libhwloc-dev libopenblas-dev python3 python3-numpy)
+          openmpi-bin libopenmpi-dev libhwloc-dev libopenblas-dev python3 python3-numpy
+          pybind11-dev python3-pybind11 python3-dev python3-torch python3-pytest python3-mpi4py)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
