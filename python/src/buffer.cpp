@@ -5,6 +5,7 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -62,11 +63,21 @@ pb::tuple PyBuffer::dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
   Buffer& buf = *b.buf_;
   Borrowed bx = borrow(x, "dispatch: x", buf.config().dtype);
   Borrowed bi = borrow(topk_idx, "dispatch: topk_idx", DType::kInt64);
-  Borrowed bw = borrow(topk_weights, "dispatch: topk_weights", DType::kFP32);
   DispatchArgs a;
   a.x = bx.view;
   a.topk_idx = bi.view;
-  a.topk_weights = bw.view;
+  Borrowed bw;
+  if (topk_weights.is_none()) {
+    // Weights that come later, with combine (DeepEP's low-latency API): ones meanwhile, without
+    // an array to export from Python.
+    const size_t n = static_cast<size_t>(std::max<int64_t>(bi.view.numel(), 0));
+    if (b.ones_.size() < n) b.ones_.assign(n, 1.0f);
+    a.topk_weights = TensorView(b.ones_.data(), DType::kFP32, {bi.view.dim(0), bi.view.dim(1)});
+    if (bi.view.ndim != 2) a.topk_weights = bi.view;  // let validation name the bad topk_idx
+  } else {
+    bw = borrow(topk_weights, "dispatch: topk_weights", DType::kFP32);
+    a.topk_weights = bw.view;
+  }
   a.layout = latency ? Layout::kLatency : Layout::kThroughput;
   DispatchResult r = without_gil([&] {
     if (!send_only) return buf.dispatch(a);
@@ -160,8 +171,10 @@ pb::dict PyBuffer::config() const {
 // The calls of a Python loop, timed in C++ with the GIL released throughout: dispatch, the
 // identity expert (received rows copied into the zero-copy combine buffer, untimed, as
 // ubep-bench does), combine. Their difference to the same loop from Python is the binding's cost.
+// barrier: a group barrier (untimed) before each timed call, so untimed work in between does not
+// show up as one rank waiting for another inside the next call.
 pb::list PyBuffer::time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk_weights,
-                              bool latency, int iters, int warmup) {
+                              bool latency, int iters, int warmup, bool barrier) {
   Buffer& buf = *buf_;
   Borrowed bx = borrow(x, "time_calls: x", buf.config().dtype);
   Borrowed bi = borrow(topk_idx, "time_calls: topk_idx", DType::kInt64);
@@ -172,6 +185,7 @@ pb::list PyBuffer::time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk
     using Clock = std::chrono::steady_clock;
     const size_t row = static_cast<size_t>(buf.config().hidden) * dtype_size(buf.config().dtype);
     for (int i = 0; i < warmup + iters; ++i) {
+      if (barrier) buf.group().barrier();  // untimed: ranks start each call together
       const auto t0 = Clock::now();
       DispatchResult r = buf.dispatch(a);
       const auto t1 = Clock::now();
@@ -187,6 +201,7 @@ pb::list PyBuffer::time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk
       } else {
         std::memcpy(dst, src, static_cast<size_t>(r.num_recv_rows) * row);
       }
+      if (barrier) buf.group().barrier();
       const auto t2 = Clock::now();
       buf.combine({out, r.handle, {}});
       const auto t3 = Clock::now();

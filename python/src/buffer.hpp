@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ubep/buffer.hpp"
 
@@ -20,6 +21,7 @@ class PyBuffer {
 
   // `self` is this object: every exported view holds a reference to it, so the Buffer's memory
   // outlives the last view. kind: how results are returned (arrays.hpp Kind).
+  // topk_weights may be None (ones; the latency layout's combine takes the real ones).
   // Returns (recv_x, recv_topk_idx | None, recv_topk_weights | None, recv_count, handle).
   static pb::tuple dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
                             pb::handle topk_weights, bool latency, int kind, bool send_only);
@@ -33,7 +35,7 @@ class PyBuffer {
   pb::dict last_stats() const;
   pb::dict config() const;
   pb::list time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk_weights, bool latency,
-                      int iters, int warmup);
+                      int iters, int warmup, bool barrier);
 
   Buffer& buffer() { return *buf_; }
   pb::object group_object() const { return group_; }
@@ -43,6 +45,7 @@ class PyBuffer {
 
   pb::object group_;  // keeps the Group (and its shared memory) alive as long as the Buffer
   std::unique_ptr<Buffer> buf_;
+  std::vector<float> ones_;  // dispatch weights when None (they come with combine)
   uint64_t last_handle_ = ~uint64_t{0};
   TensorView last_src_;
 };

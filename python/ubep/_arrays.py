@@ -21,7 +21,10 @@ _TorchTensor = torch.Tensor if torch is not None else None
 # NumPy results through the buffer protocol of the DLPack view object: numpy.from_dlpack (1.24)
 # makes read-only arrays and has no bfloat16, and the combine buffer must be writable.
 if torch is not None:
-    _ubep._set_converters(torch.utils.dlpack.from_dlpack, np.asarray)
+    # The C function behind torch.utils.dlpack.from_dlpack, for capsules (what the extension
+    # hands over): skips the Python wrapper's protocol checks on every result.
+    _from_capsule = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
+    _ubep._set_converters(_from_capsule, np.asarray)
     # Exact torch.Tensor inputs go through torch.to_dlpack (C) instead of the Python body of
     # Tensor.__dlpack__: the same DLPack export, a microsecond less per argument.
     _ubep._set_torch_fast_path(torch.Tensor, torch.utils.dlpack.to_dlpack)

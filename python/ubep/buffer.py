@@ -187,11 +187,9 @@ class Buffer:
             raise _ubep.InvalidArgument(
                 "low_latency_dispatch: use_fp8=True is not supported yet (bf16 and fp32 only)")
         kind = kind_of(x)
-        w = topk_weights
-        if w is None:
-            w = self._placeholder_weights(kind_of(topk_idx), topk_idx.shape)
         split = return_recv_hook and self._buf.algorithm == "ubep"
-        recv_x, _, _, recv_count, hid = self._buf.dispatch(x, topk_idx, w, True, kind, split)
+        recv_x, _, _, recv_count, hid = self._buf.dispatch(x, topk_idx, topk_weights, True, kind,
+                                                           split)
         h = Handle(self, hid, "latency", topk_idx, topk_weights, kind)
         stats = cumulative_local_expert_recv_stats
         if not split:
