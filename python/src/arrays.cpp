@@ -89,9 +89,9 @@ pb::object take_capsule(pb::handle obj, const char* what) {
     if (g_torch_to_dlpack && Py_TYPE(obj.ptr()) == g_torch_tensor_type)
       return (*g_torch_to_dlpack)(obj);
     if (!pb::hasattr(obj, "__dlpack__"))
-      throw InvalidArgument(detail::concat(what, ": expected an array with __dlpack__ (torch.Tensor",
-                                           " or numpy.ndarray), got ",
-                                           std::string(pb::str(pb::type::of(obj).attr("__name__")))));
+      throw InvalidArgument(detail::concat(
+          what, ": expected an array with __dlpack__ (torch.Tensor", " or numpy.ndarray), got ",
+          std::string(pb::str(pb::type::of(obj).attr("__name__")))));
     try {
       return obj.attr("__dlpack__")();
     } catch (pb::error_already_set&) {
@@ -99,8 +99,8 @@ pb::object take_capsule(pb::handle obj, const char* what) {
       return obj.attr("detach")().attr("__dlpack__")();
     }
   } catch (pb::error_already_set& e) {
-    throw InvalidArgument(detail::concat(what, ": the array could not be exported through DLPack: ",
-                                         e.what()));
+    throw InvalidArgument(
+        detail::concat(what, ": the array could not be exported through DLPack: ", e.what()));
   }
 }
 
@@ -113,7 +113,8 @@ Borrowed borrow_impl(pb::handle obj, const char* what, DType expect, bool writab
   if (PyCapsule_IsValid(cap, "dltensor")) {
     t = &static_cast<dl::ManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"))->dl_tensor;
   } else if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
-    auto* v = static_cast<dl::ManagedTensorVersioned*>(PyCapsule_GetPointer(cap, "dltensor_versioned"));
+    auto* v =
+        static_cast<dl::ManagedTensorVersioned*>(PyCapsule_GetPointer(cap, "dltensor_versioned"));
     UBEP_CHECK_ARG(v->version.major == 1, what, ": DLPack version ", v->version.major,
                    " is not supported (1 or 0.x)");
     t = &v->dl_tensor;
@@ -127,8 +128,8 @@ Borrowed borrow_impl(pb::handle obj, const char* what, DType expect, bool writab
   const std::optional<DType> dt = to_dtype(t->dtype, expect);
   UBEP_CHECK_ARG(dt && *dt == expect, what, " must be ", expect_name(expect), ", got ",
                  dl_type_name(t->dtype));
-  UBEP_CHECK_ARG(t->ndim >= 1 && t->ndim <= 3, what, " must have 1 to 3 dimensions, got ",
-                 t->ndim, " ", shape_str(t->shape, t->ndim));
+  UBEP_CHECK_ARG(t->ndim >= 1 && t->ndim <= 3, what, " must have 1 to 3 dimensions, got ", t->ndim,
+                 " ", shape_str(t->shape, t->ndim));
   int64_t numel = 1;
   for (int i = 0; i < t->ndim; ++i) numel *= t->shape[i];
   if (t->strides && numel > 0) {  // an empty array has no layout to check
@@ -250,7 +251,7 @@ void bind_arrays(pb::module_& m) {
           strides.insert(strides.begin(), stride);
           stride *= a.view.dim(i);
         }
-        const char* format = a.view.dtype == DType::kBF16   ? "H"
+        const char* format = a.view.dtype == DType::kBF16    ? "H"
                              : a.view.dtype == DType::kFP32  ? "f"
                              : a.view.dtype == DType::kInt32 ? "i"
                                                              : "q";
@@ -285,10 +286,11 @@ void bind_arrays(pb::module_& m) {
   m.def(
       "_borrow_info",
       [](pb::handle obj, const std::string& expect) {
-        Borrowed b = borrow(obj, "array", expect == "bf16"    ? DType::kBF16
-                                          : expect == "fp32"  ? DType::kFP32
-                                          : expect == "int32" ? DType::kInt32
-                                                              : DType::kInt64);
+        Borrowed b = borrow(obj, "array",
+                            expect == "bf16"    ? DType::kBF16
+                            : expect == "fp32"  ? DType::kFP32
+                            : expect == "int32" ? DType::kInt32
+                                                : DType::kInt64);
         return pb::make_tuple(reinterpret_cast<uintptr_t>(b.view.data), b.view.describe());
       },
       "Test hook: the address and description ubep reads an array at (zero-copy checks).");

@@ -137,7 +137,8 @@ pb::object PyBuffer::view(pb::handle self, const std::string& which, uint64_t ha
   UBEP_CHECK_ARG(handle == b.last_handle_, which, ": handle ", handle,
                  " is not the last dispatch on this buffer (", b.last_handle_,
                  "): its memory has been reused");
-  if (which == "combine_buffer") return to_array(b.buf_->combine_buffer(), self, static_cast<Kind>(kind));
+  if (which == "combine_buffer")
+    return to_array(b.buf_->combine_buffer(), self, static_cast<Kind>(kind));
   return to_array(b.last_src_, self, static_cast<Kind>(kind));
 }
 
@@ -197,7 +198,8 @@ pb::list PyBuffer::time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk
         const size_t per_expert = static_cast<size_t>(r.recv_x.dim(1)) * row;
         for (int64_t e = 0; e < r.recv_count.dim(0); ++e)
           std::memcpy(dst + static_cast<size_t>(e) * per_expert,
-                      src + static_cast<size_t>(e) * per_expert, static_cast<size_t>(counts[e]) * row);
+                      src + static_cast<size_t>(e) * per_expert,
+                      static_cast<size_t>(counts[e]) * row);
       } else {
         std::memcpy(dst, src, static_cast<size_t>(r.num_recv_rows) * row);
       }

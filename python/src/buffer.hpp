@@ -26,8 +26,8 @@ class PyBuffer {
   static pb::tuple dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
                             pb::handle topk_weights, bool latency, int kind, bool send_only);
   static pb::tuple dispatch_recv(pb::handle self, int kind);
-  static pb::object combine(pb::handle self, pb::handle x, uint64_t handle,
-                            pb::handle topk_weights, int kind, bool send_only);
+  static pb::object combine(pb::handle self, pb::handle x, uint64_t handle, pb::handle topk_weights,
+                            int kind, bool send_only);
   static pb::object combine_recv(pb::handle self, int kind);
   // "combine_buffer" or "recv_src" of the dispatch `handle`, which must be the last one.
   static pb::object view(pb::handle self, const std::string& which, uint64_t handle, int kind);

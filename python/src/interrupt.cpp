@@ -34,9 +34,9 @@ void install_interrupt_hook() {
   if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigint) return;
   // Only in front of a real handler: SIG_DFL kills the process anyway, SIG_IGN means the
   // program chose to ignore Ctrl-C.
-  const bool has_handler = (current.sa_flags & SA_SIGINFO) ? current.sa_sigaction != nullptr
-                                                            : (current.sa_handler != SIG_DFL &&
-                                                               current.sa_handler != SIG_IGN);
+  const bool has_handler = (current.sa_flags & SA_SIGINFO)
+                               ? current.sa_sigaction != nullptr
+                               : (current.sa_handler != SIG_DFL && current.sa_handler != SIG_IGN);
   if (!has_handler) return;
   g_previous = current;
   struct sigaction mine {};

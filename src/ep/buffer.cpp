@@ -321,9 +321,10 @@ TensorView Buffer::combine_recv() {
 }
 
 DispatchResult Buffer::pending_dispatch() const {
-  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kDispatchSent && impl_->call.layout == Layout::kLatency,
+  const Impl& b = *impl_;
+  UBEP_CHECK_ARG(b.phase == Impl::Phase::kDispatchSent && b.call.layout == Layout::kLatency,
                  "pending_dispatch: no latency-layout dispatch_send outstanding");
-  return impl_->result();
+  return b.result();
 }
 
 TensorView Buffer::pending_combine() const {
