@@ -95,7 +95,7 @@ pb::tuple PyBuffer::dispatch_recv(pb::handle self, int kind) {
 
 pb::tuple PyBuffer::result_tuple(pb::handle self, const DispatchResult& r, int kind) {
   last_handle_ = r.handle;
-  last_src_ = r.recv_src;
+  last_result_ = r;
   const Kind k = static_cast<Kind>(kind);
   pb::object none = pb::none();
   const bool tp = r.layout == Layout::kThroughput;
@@ -139,7 +139,7 @@ pb::object PyBuffer::view(pb::handle self, const std::string& which, uint64_t ha
                  "): its memory has been reused");
   if (which == "combine_buffer")
     return to_array(b.buf_->combine_buffer(), self, static_cast<Kind>(kind));
-  return to_array(b.last_src_, self, static_cast<Kind>(kind));
+  return to_array(b.last_result_.recv_src, self, static_cast<Kind>(kind));
 }
 
 pb::dict PyBuffer::last_stats() const {
@@ -169,11 +169,39 @@ pb::dict PyBuffer::config() const {
   return d;
 }
 
+namespace {
+// The benchmarks' expert: the identity, writing the received rows into the zero-copy combine
+// buffer (as ubep-bench does; a real expert GEMM writes its output there).
+void identity_expert(Buffer& buf, const DispatchResult& r) {
+  const size_t row = static_cast<size_t>(buf.config().hidden) * dtype_size(buf.config().dtype);
+  TensorView out = buf.combine_buffer();
+  const auto* src = static_cast<const char*>(r.recv_x.data);
+  auto* dst = static_cast<char*>(out.data);
+  if (r.layout == Layout::kLatency) {
+    const auto* counts = r.recv_count.as<const int64_t>();
+    const size_t per_expert = static_cast<size_t>(r.recv_x.dim(1)) * row;
+    for (int64_t e = 0; e < r.recv_count.dim(0); ++e)
+      std::memcpy(dst + static_cast<size_t>(e) * per_expert,
+                  src + static_cast<size_t>(e) * per_expert, static_cast<size_t>(counts[e]) * row);
+  } else {
+    std::memcpy(dst, src, static_cast<size_t>(r.num_recv_rows) * row);
+  }
+}
+}  // namespace
+
+void PyBuffer::expert_identity() {
+  UBEP_CHECK_ARG(last_handle_ != ~uint64_t{0}, "expert_identity: no dispatch yet");
+  without_gil([&] {
+    identity_expert(*buf_, last_result_);
+    return 0;
+  });
+}
+
 // The calls of a Python loop, timed in C++ with the GIL released throughout: dispatch, the
-// identity expert (received rows copied into the zero-copy combine buffer, untimed, as
-// ubep-bench does), combine. Their difference to the same loop from Python is the binding's cost.
-// barrier: a group barrier (untimed) before each timed call, so untimed work in between does not
-// show up as one rank waiting for another inside the next call.
+// identity expert (untimed), zero-copy combine. Their difference to the same loop from Python
+// (ubep.bench) is the binding's cost. barrier: a group barrier (untimed) before each timed
+// call, so untimed work in between does not show up as one rank waiting for another inside
+// the next call.
 pb::list PyBuffer::time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk_weights,
                               bool latency, int iters, int warmup, bool barrier) {
   Buffer& buf = *buf_;
@@ -184,28 +212,15 @@ pb::list PyBuffer::time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk
   std::vector<std::pair<double, double>> times;
   without_gil([&] {
     using Clock = std::chrono::steady_clock;
-    const size_t row = static_cast<size_t>(buf.config().hidden) * dtype_size(buf.config().dtype);
     for (int i = 0; i < warmup + iters; ++i) {
-      if (barrier) buf.group().barrier();  // untimed: ranks start each call together
+      if (barrier) buf.group().barrier();
       const auto t0 = Clock::now();
       DispatchResult r = buf.dispatch(a);
       const auto t1 = Clock::now();
-      TensorView out = buf.combine_buffer();
-      const auto* src = static_cast<const char*>(r.recv_x.data);
-      auto* dst = static_cast<char*>(out.data);
-      if (latency) {
-        const auto* counts = r.recv_count.as<const int64_t>();
-        const size_t per_expert = static_cast<size_t>(r.recv_x.dim(1)) * row;
-        for (int64_t e = 0; e < r.recv_count.dim(0); ++e)
-          std::memcpy(dst + static_cast<size_t>(e) * per_expert,
-                      src + static_cast<size_t>(e) * per_expert,
-                      static_cast<size_t>(counts[e]) * row);
-      } else {
-        std::memcpy(dst, src, static_cast<size_t>(r.num_recv_rows) * row);
-      }
+      identity_expert(buf, r);
       if (barrier) buf.group().barrier();
       const auto t2 = Clock::now();
-      buf.combine({out, r.handle, {}});
+      buf.combine({buf.combine_buffer(), r.handle, {}});
       const auto t3 = Clock::now();
       if (i >= warmup)
         times.emplace_back(std::chrono::duration<double, std::micro>(t1 - t0).count(),
@@ -248,6 +263,8 @@ void bind_buffer(pb::module_& m) {
       .def("last_stats", &PyBuffer::last_stats)
       .def("config", &PyBuffer::config)
       .def("time_calls", &PyBuffer::time_calls)
+      .def("expert_identity", &PyBuffer::expert_identity,
+           "Benchmark helper: copies the last dispatch's received rows into the combine buffer.")
       .def("set_algorithm",
            [](PyBuffer& b, const std::string& a) { b.buffer().set_algorithm(parse_algorithm(a)); })
       .def_property_readonly(

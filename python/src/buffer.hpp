@@ -36,6 +36,7 @@ class PyBuffer {
   pb::dict config() const;
   pb::list time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk_weights, bool latency,
                       int iters, int warmup, bool barrier);
+  void expert_identity();
 
   Buffer& buffer() { return *buf_; }
   pb::object group_object() const { return group_; }
@@ -47,7 +48,7 @@ class PyBuffer {
   std::unique_ptr<Buffer> buf_;
   std::vector<float> ones_;  // dispatch weights when None (they come with combine)
   uint64_t last_handle_ = ~uint64_t{0};
-  TensorView last_src_;
+  DispatchResult last_result_;
 };
 
 void bind_buffer(pb::module_& m);

@@ -151,34 +151,35 @@ def _rank(rank, ranks, port, args, out_path):
         report["configs"].append(cfg)
         for algo in [a for a in algos if a in ("ubep", "bsp")]:
             buf.algorithm = algo
-            td, tc = [], []
-            for i in range(warmup + iters):
-                if sync:
-                    group.barrier()
-                t0 = time.perf_counter()
-                if latency:
-                    rx, rc, h, _, _ = buf.low_latency_dispatch(x, idx, T, E, topk_weights=w)
-                else:
-                    rx, _, _, counts, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
-                t1 = time.perf_counter()
-                if latency:  # identity expert into the zero-copy buffer, untimed
-                    cb = buf.get_next_low_latency_combine_buffer(h)
-                    for e, n in enumerate(rc.tolist()):
-                        if n:
-                            cb[e, :n].copy_(rx[e, :n])
+            td, tc, cpp = [], [], []
+            # Python and C++ loops in alternating rounds, so a change in machine load hits both.
+            rounds = min(5, iters)
+            for rnd in range(rounds):
+                n = iters // rounds + (rnd < iters % rounds)
+                w_up = warmup if rnd == 0 else 1
+                for i in range(w_up + n):
+                    if sync:
+                        group.barrier()
+                    t0 = time.perf_counter()
+                    if latency:
+                        rx, rc, h, _, _ = buf.low_latency_dispatch(x, idx, T, E, topk_weights=w)
+                    else:
+                        rx, _, _, counts, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+                    t1 = time.perf_counter()
+                    buf._buf.expert_identity()  # untimed, the same memcpy as the C++ loop
+                    cb = buf.get_next_combine_buffer(h)
                     if sync:
                         group.barrier()
                     t2 = time.perf_counter()
-                    buf.low_latency_combine(cb, idx, w, h, zero_copy=True)
-                else:
-                    if sync:
-                        group.barrier()
-                    t2 = time.perf_counter()
-                    buf.combine(rx, h)
-                t3 = time.perf_counter()
-                if i >= warmup:
-                    td.append((t1 - t0) * 1e6)
-                    tc.append((t3 - t2) * 1e6)
+                    if latency:
+                        buf.low_latency_combine(cb, idx, w, h, zero_copy=True)
+                    else:
+                        buf.combine(cb, h)
+                    t3 = time.perf_counter()
+                    if i >= w_up:
+                        td.append((t1 - t0) * 1e6)
+                        tc.append((t3 - t2) * 1e6)
+                cpp += buf._buf.time_calls(x, idx, w, latency, n, w_up, sync)
             if latency:
                 recv_rows = float(rc.sum())
                 back_rows = float((idx >= 0).sum())
@@ -186,7 +187,6 @@ def _rank(rank, ranks, port, args, out_path):
                 recv_rows = float(rx.shape[0])
                 back_rows = float(sum(len(set((e // (E // ranks)) for e in r if e >= 0))
                                       for r in idx_np.tolist()))
-            cpp = buf._buf.time_calls(x, idx, w, latency, iters, warmup, sync)
             for op, times, cpp_times, nbytes in (
                     ("dispatch", td, [c[0] for c in cpp], recv_rows * row),
                     ("combine", tc, [c[1] for c in cpp], back_rows * row)):

@@ -210,10 +210,14 @@ class Buffer:
 
     def get_next_low_latency_combine_buffer(self, handle):
         """Where experts may write their outputs, shaped like recv_x, in ubep's shared memory:
-        low_latency_combine(..., zero_copy=True) then reads them in place."""
+        low_latency_combine(..., zero_copy=True) then reads them in place. Valid until the next
+        dispatch."""
         if handle._combine_buffer is None:
             handle._combine_buffer = self._buf.view("combine_buffer", handle.id, handle.kind)
         return handle._combine_buffer
+
+    # The throughput layout has the same zero-copy input ([rows, hidden]; pass it to combine).
+    get_next_combine_buffer = get_next_low_latency_combine_buffer
 
     def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False,
                             zero_copy=False, async_finish=False, return_recv_hook=False,
