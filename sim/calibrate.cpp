@@ -1,8 +1,8 @@
 // `calibrate`: measures what the local preset needs from this machine; `predict`: runs the
 // local preset on ubep-bench's workloads and compares with measured medians.
 //
-// The rates are measured with the library's own row kernels (src/backend/cpu/row_kernels.hpp), on two
-// threads pinned to cores 0 and 1 doing the same work at once (as the bench's two ranks do), at
+// The rates are measured with the library's own row kernels (src/backend/cpu/row_kernels.hpp), on
+// two threads pinned to cores 0 and 1 doing the same work at once (as the bench's two ranks do), at
 // the working-set sizes of the bench's two workloads (this machine has a large shared L3, so
 // rates depend on the size). Each is the median of several passes. Per shape (rows per rank =
 // tokens x copies of each token; half the rows go into the thread's own window, half into the
@@ -228,7 +228,10 @@ int cmd_calibrate(const Options& o) {
   }
   std::vector<double> hand;
   for (int p = 0; p < 7; ++p) hand.push_back(handoff_ns(100000));
-  j.kv("handoff_ns", median(hand)).kv("row_bytes", static_cast<double>(kRow)).end_object();
+  j.kv("handoff_ns", median(hand))
+      .kv("row_bytes", static_cast<double>(kRow))
+      .kv("cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))
+      .end_object();
   j.write(o.out);
   std::printf("per core, both cores working at once (GB/s):\n%-8s %10s %10s %10s %10s %14s\n",
               "shape", "MB/rank", "copy", "stream", "reduce", "staged_reduce");

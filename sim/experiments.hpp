@@ -14,6 +14,8 @@ int cmd_tpot(const Options& o);
 int cmd_calibrate(const Options& o);
 int cmd_predict(const Options& o);
 int cmd_bench(const Options& o);
+int cmd_validate(const Options& o);
+int cmd_sensitivity(const Options& o);
 int cmd_params(const Options& o);
 
 // Shared helpers.

@@ -56,6 +56,12 @@ class Json {
     return *this;
   }
   Json& value(const char* v) { return value(std::string(v)); }
+  Json& value(bool v) {
+    sep();
+    os_ << (v ? "true" : "false");
+    return *this;
+  }
+  Json& value(int v) { return value(static_cast<double>(v)); }
   template <typename T>
   Json& kv(const std::string& k, const T& v) {
     key(k);

@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
     if (c == "calibrate") return cmd_calibrate(o);
     if (c == "predict") return cmd_predict(o);
     if (c == "bench") return cmd_bench(o);
+    if (c == "validate") return cmd_validate(o);
+    if (c == "sensitivity") return cmd_sensitivity(o);
     if (c == "params") return cmd_params(o);
     std::fprintf(stderr, "ubep-sim: unknown command '%s' (see --help)\n", c.c_str());
     return 2;

@@ -22,6 +22,10 @@ Commands (each prints a table; --json FILE also writes it as JSON for sim/plot.p
   calibrate   measure this machine (memcpy GB/s, cross-core handoff) -> --out FILE
   predict     predict ubep-bench decode/prefill medians (local preset, 2 ranks); with
               --measured FILE (ubep-bench --json output) print the error
+  validate    local preset vs ubep-bench runs (--measured FILES), one row per (case, algo, op):
+              measured, predicted, and whether the shape was one `calibrate` timed
+  sensitivity each [ASSUME] parameter of cm384 over its plausible range: how each paper
+              comparison moves
   bench       time the simulator itself on one call (default 256 ranks x 128 tokens x top-8)
   params      print the preset's topology, every cost parameter and its source
 
@@ -49,7 +53,7 @@ TPOT:
   --moe-layers N      MoE layers (default 58)       --dense-layers N  dense layers (default 3)
 Other:
   --repeats N         bench: timed repetitions (default 3)
-  --measured FILE     predict: ubep-bench --json file(s), comma list
+  --measured FILE     predict, validate: ubep-bench --json file(s), comma list
   --out FILE          calibrate: output file (default sim-calibration.json)
   --json FILE         write results as JSON
   --quiet             no progress lines on stderr

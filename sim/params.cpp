@@ -118,6 +118,7 @@ CostParams gpu_cost(const char* name, int sms, double hbm_GBps, int comm_sms) {
 // The calibration file written by `ubep-sim calibrate`.
 struct Calibration {
   double handoff_ns = 0;                  // one-way cross-core latency of a flag (ping-pong / 2)
+  int cores = 0;                          // cores of the calibrated machine (0: not recorded)
   std::vector<CostParams::RateSet> sets;  // per measured shape
 };
 
@@ -140,6 +141,11 @@ Calibration read_calibration(const std::string& path) {
     return v;
   };
   cal.handoff_ns = get("handoff_ns");
+  {  // optional: files written before it was recorded predict as if every rank had a core
+    std::smatch m;
+    if (std::regex_search(text, m, std::regex("\"cores\"\\s*:\\s*([0-9]+)")))
+      cal.cores = std::stoi(m[1].str());
+  }
   for (const char* shape : {"decode", "prefill"}) {
     const std::string n = shape;
     CostParams::RateSet r;
@@ -186,6 +192,10 @@ Preset local_preset(int ranks, const std::string& file) {
   const double bus = 1e4;
   sched::Topology topo(
       "local", {sched::Level{"self", 0, bus}, sched::Level{"shm", cal.handoff_ns, bus}}, ranks);
+  c.cores = cal.cores;
+  src(c, "cores",
+      "[MEAS] cores of the calibrated machine; more ranks than cores share them: rates x "
+      "cores / ranks (time-slicing)");
   c.workers_per_rank = 1;
   src(c, "workers_per_rank",
       "1: ubep-bench's default on 2 cores with 2 ranks (cores / ranks - 1 helpers + the caller)");

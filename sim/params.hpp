@@ -87,6 +87,12 @@ struct CostParams {
   };
   std::vector<RateSet> rate_sets;
   std::string rate_set;  // the set a call used (effective_preset)
+  // Cores the ranks share (local preset; 0 = a core per rank). With more ranks than cores the OS
+  // time-slices them, so each rank gets cores / ranks of a core: every measured rate is scaled by
+  // that share (effective_preset; the rates were measured with every core busy, so the memory
+  // system's sharing is already inside them).
+  int cores = 0;
+  double core_share = 1;  // the share a call used (effective_preset)
 
   // Decode compute (TPOT experiment), per MoE layer per rank.
   double attention_us = 0;       // attention + shared expert + norms, per layer

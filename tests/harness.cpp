@@ -23,7 +23,8 @@ std::string Case::describe() const {
   std::ostringstream os;
   os << "experts=" << experts << " hidden=" << hidden << " dtype=" << dtype_name(dtype)
      << " capacity=" << capacity << " topk=" << topk << " routing=" << static_cast<int>(routing)
-     << " layout=" << layout_name(layout) << " seed=" << seed << " tokens=[";
+     << " layout=" << layout_name(layout) << " placement=" << placement_name(placement)
+     << " seed=" << seed << " tokens=[";
   for (auto t : tokens) os << t << " ";
   os << "]";
   return os.str();
@@ -37,6 +38,7 @@ BufferConfig config_for(const Case& c, Algorithm algo) {
   cfg.num_experts = c.experts;
   cfg.max_topk = std::max(c.topk, 1);
   cfg.algorithm = algo;
+  cfg.placement = c.placement;
   return cfg;
 }
 
@@ -71,62 +73,107 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
     EXPECT_EQ(counts[e], static_cast<int64_t>(exp.expert_rows[static_cast<size_t>(e)].size()))
         << "expert " << e;
 
+  // Where the rows of each (expert, source) are. The baseline returns no ranges: its rows are
+  // packed (compact), which is what an empty recv_range means here.
+  const bool per_source = buffer && r.placement == Placement::kPerSource;
+  const int R = g.size();
+  const int experts_dim = c.layout == Layout::kLatency ? El : 1;
+  auto range_of = [&](int e, int s, int64_t expected_begin, int64_t expected_count) {
+    int64_t begin = expected_begin, count = expected_count;
+    if (r.recv_range.data) {
+      const auto* rr =
+          r.recv_range.as<const int64_t>() + 2 * (c.layout == Layout::kLatency ? e * R + s : s);
+      begin = rr[0];
+      count = rr[1];
+    }
+    UBEP_TEST_EQ(count, expected_count,
+                 ""
+                     << "range count of expert " << e << " source " << s);
+    UBEP_TEST_EQ(begin, per_source ? s * c.capacity : expected_begin,
+                 ""
+                     << "range begin of expert " << e << " source " << s);
+    return begin;
+  };
+  // expected rows of (e, s), in token order: indices into exp.src / exp.expert_rows[e]
+  auto rows_of = [&](int e, int s) {
+    std::vector<size_t> out;
+    const auto& list =
+        c.layout == Layout::kLatency ? exp.expert_rows[static_cast<size_t>(e)] : exp.src;
+    for (size_t k = 0; k < list.size(); ++k)
+      if (list[k][0] == s) out.push_back(k);
+    return out;
+  };
+
   std::vector<char> comb_in;
   if (c.layout == Layout::kThroughput) {
     EXPECT_EQ(r.num_recv_rows, static_cast<int64_t>(exp.src.size()));
     bad = r.num_recv_rows != static_cast<int64_t>(exp.src.size());
+    EXPECT_EQ(r.recv_x.dim(0), per_source ? c.capacity * R : r.num_recv_rows);
     const auto* src = r.recv_src.as<const int64_t>();
     const auto* idx = r.recv_topk_idx.as<const int32_t>();
     const auto* w = r.recv_topk_weights.as<const float>();
     const auto* x = static_cast<const char*>(r.recv_x.data);
-    for (int64_t row = 0; row < r.num_recv_rows && !bad; ++row) {
-      const auto& es_ = exp.src[static_cast<size_t>(row)];
-      UBEP_TEST_EQ(src[2 * row], es_[0],
-                   ""
-                       << "row " << row);
-      UBEP_TEST_EQ(src[2 * row + 1], es_[1],
-                   ""
-                       << "row " << row);
-      for (int j = 0; j < c.topk; ++j) {
-        UBEP_TEST_EQ(idx[row * c.topk + j],
-                     exp.local_idx[static_cast<size_t>(row)][static_cast<size_t>(j)],
+    comb_in.assign(static_cast<size_t>(r.recv_x.dim(0) * H) * es, 0);
+    int64_t prefix = 0;
+    for (int s = 0; s < R && !bad; ++s) {
+      const std::vector<size_t> ks = rows_of(0, s);
+      const int64_t begin = range_of(0, s, prefix, static_cast<int64_t>(ks.size()));
+      prefix += static_cast<int64_t>(ks.size());
+      for (size_t i = 0; i < ks.size() && !bad; ++i) {
+        const size_t k = ks[i];
+        const int64_t row = begin + static_cast<int64_t>(i);
+        const auto& es_ = exp.src[k];
+        UBEP_TEST_EQ(src[2 * row], es_[0],
                      ""
                          << "row " << row);
-        UBEP_TEST_EQ(w[row * c.topk + j],
-                     exp.weights[static_cast<size_t>(row)][static_cast<size_t>(j)],
+        UBEP_TEST_EQ(src[2 * row + 1], es_[1],
                      ""
                          << "row " << row);
+        for (int j = 0; j < c.topk; ++j) {
+          UBEP_TEST_EQ(idx[row * c.topk + j], exp.local_idx[k][static_cast<size_t>(j)],
+                       ""
+                           << "row " << row);
+          UBEP_TEST_EQ(w[row * c.topk + j], exp.weights[k][static_cast<size_t>(j)],
+                       ""
+                           << "row " << row);
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          const float v = load_value(x, row * H + h, c.dtype);
+          UBEP_TEST_EQ(v, p.value(static_cast<int>(es_[0]), es_[1], h),
+                       ""
+                           << "row " << row << " h " << h);
+          store_value(comb_in.data(), row * H + h, expert_fn(v, me), c.dtype);
+        }
       }
-      for (int64_t h = 0; h < H; ++h)
-        UBEP_TEST_EQ(load_value(x, row * H + h, c.dtype),
-                     p.value(static_cast<int>(es_[0]), es_[1], h),
-                     ""
-                         << "row " << row << " h " << h);
     }
-    comb_in.resize(static_cast<size_t>(r.num_recv_rows * H) * es);
-    for (int64_t i = 0; i < r.num_recv_rows * H; ++i)
-      store_value(comb_in.data(), i, expert_fn(load_value(x, i, c.dtype), me), c.dtype);
   } else {
     const int64_t RT = r.recv_x.dim(1);
     EXPECT_EQ(RT, c.capacity * g.size());
     const auto* src = r.recv_src.as<const int64_t>();
     const auto* x = static_cast<const char*>(r.recv_x.data);
     comb_in.assign(static_cast<size_t>(El * RT * H) * es, 0);
-    for (int e = 0; e < El; ++e) {
+    for (int e = 0; e < experts_dim; ++e) {
       const auto& rows = exp.expert_rows[static_cast<size_t>(e)];
-      for (size_t p_ = 0; p_ < rows.size() && !bad; ++p_) {
-        const int64_t pos = e * RT + static_cast<int64_t>(p_);
-        UBEP_TEST_EQ(src[2 * pos], rows[p_][0],
-                     ""
-                         << "expert " << e << " slot " << p_);
-        UBEP_TEST_EQ(src[2 * pos + 1], rows[p_][1],
-                     ""
-                         << "expert " << e << " slot " << p_);
-        for (int64_t h = 0; h < H; ++h) {
-          const float v = load_value(x, pos * H + h, c.dtype);
-          UBEP_TEST_EQ(v, p.value(static_cast<int>(rows[p_][0]), rows[p_][1], h), "");
-          store_value(comb_in.data(), pos * H + h, expert_fn(v, static_cast<int64_t>(me) * El + e),
-                      c.dtype);
+      int64_t prefix = 0;
+      for (int s = 0; s < R && !bad; ++s) {
+        const std::vector<size_t> ks = rows_of(e, s);
+        const int64_t begin = range_of(e, s, prefix, static_cast<int64_t>(ks.size()));
+        prefix += static_cast<int64_t>(ks.size());
+        for (size_t i = 0; i < ks.size() && !bad; ++i) {
+          const auto& want = rows[ks[i]];
+          const int64_t pos = e * RT + begin + static_cast<int64_t>(i);
+          UBEP_TEST_EQ(src[2 * pos], want[0],
+                       ""
+                           << "expert " << e << " slot " << pos);
+          UBEP_TEST_EQ(src[2 * pos + 1], want[1],
+                       ""
+                           << "expert " << e << " slot " << pos);
+          for (int64_t h = 0; h < H; ++h) {
+            const float v = load_value(x, pos * H + h, c.dtype);
+            UBEP_TEST_EQ(v, p.value(static_cast<int>(want[0]), want[1], h), "");
+            store_value(comb_in.data(), pos * H + h,
+                        expert_fn(v, static_cast<int64_t>(me) * El + e), c.dtype);
+          }
         }
       }
     }
@@ -135,7 +182,7 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
   CombineArgs ca;
   ca.handle = r.handle;
   if (c.layout == Layout::kThroughput)
-    ca.x = TensorView(comb_in.data(), c.dtype, {r.num_recv_rows, H});
+    ca.x = TensorView(comb_in.data(), c.dtype, {r.recv_x.dim(0), H});
   else
     ca.x = TensorView(comb_in.data(), c.dtype, {El, r.recv_x.dim(1), H});
   if (zero_copy_combine && buffer) {

@@ -7,6 +7,7 @@
 #include "reference.hpp"
 #include "ubep/baseline.hpp"
 #include "ubep/buffer.hpp"
+#include "ubep/error.hpp"
 
 namespace ubep::test {
 
@@ -21,6 +22,7 @@ struct Case {
   int topk = 2;
   Routing routing = Routing::kUniform;
   Layout layout = Layout::kThroughput;
+  Placement placement = Placement::kAuto;
   std::vector<int64_t> tokens;  // per rank; empty = capacity on every rank
   uint64_t seed = 1;
   std::string describe() const;

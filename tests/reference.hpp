@@ -7,7 +7,7 @@
 #include <random>
 #include <vector>
 
-#include "core/bf16.hpp"
+#include "ubep/bf16.hpp"
 #include "ubep/buffer.hpp"
 
 namespace ubep::test {

@@ -22,21 +22,31 @@ std::vector<int64_t> token_counts(const Case& c, int ranks, uint64_t seed) {
   return t;
 }
 
-// Runs the case with bsp, ubep and the baseline; all must match the reference and each other.
+// Runs the case with bsp, ubep (each with both placements) and the baseline; all must match the
+// reference and each other.
 void run_case(int ranks, Case c, int repeats = 2) {
+  Case other = c;
+  other.placement = placement_for(c.layout) == Placement::kCompact ? Placement::kPerSource
+                                                                    : Placement::kCompact;
   const Problem p = make_problem(ranks, c.experts, c.hidden, c.dtype,
                                  token_counts(c, ranks, c.seed), c.topk, c.routing, c.seed);
   std::vector<std::vector<char>> y(static_cast<size_t>(ranks) * 3);
   run_on_threads(ranks, [&](Group& g) {
     Buffer bsp(g, config_for(c, Algorithm::kBsp));
     Buffer ubep(g, config_for(c, Algorithm::kUbep));
+    Buffer bsp_other(g, config_for(other, Algorithm::kBsp));
+    Buffer ubep_other(g, config_for(other, Algorithm::kUbep));
     AlltoallBaseline base(g, config_for(c, Algorithm::kBsp));
     for (int rep = 0; rep < repeats; ++rep) {
       auto a = run_and_check(g, c, p, &bsp, nullptr);
       auto b = run_and_check(g, c, p, &ubep, nullptr, /*zero_copy_combine=*/rep % 2 == 1);
       auto d = run_and_check(g, c, p, nullptr, &base);
+      auto a2 = run_and_check(g, other, p, &bsp_other, nullptr);
+      auto b2 = run_and_check(g, other, p, &ubep_other, nullptr, rep % 2 == 0);
       EXPECT_EQ(a, b) << "bsp and ubep differ on rank " << g.rank();
       EXPECT_EQ(a, d) << "bsp and the baseline differ on rank " << g.rank();
+      EXPECT_EQ(a, a2) << "bsp's placements differ on rank " << g.rank();
+      EXPECT_EQ(a, b2) << "ubep's placements differ on rank " << g.rank();
       if (rep == 0)
         y[static_cast<size_t>(g.rank())] = a;
       else

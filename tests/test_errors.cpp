@@ -43,6 +43,17 @@ TEST_P(BadInput, RejectedWithTheValueAndBufferStaysUsable) {
       dispatch(a);
     };
     expect_invalid([&] { with_expert(8); }, "expert id 8");
+    if (buf) {  // the baseline validates with the same routine; the Buffer also checks devices
+      DispatchArgs np = good;
+      np.topk_idx.data = nullptr;
+      expect_invalid([&] { dispatch(np); }, "topk_idx has no data");
+      np = good;
+      np.topk_weights.data = nullptr;
+      expect_invalid([&] { dispatch(np); }, "topk_weights has no data");
+      np = good;
+      np.x.device = Device{DeviceType::kCuda, 1};
+      expect_invalid([&] { dispatch(np); }, {"x is on cuda:1", "the buffer on cpu"});
+    }
     expect_invalid([&] { with_expert(-2); }, "expert id -2");
     run_and_check(g, c, p, buf.get(), base.get());  // still usable
 

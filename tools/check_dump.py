@@ -40,6 +40,7 @@ def main(d):
             errors += 1
             print("MISMATCH:", what)
 
+    per_source = meta.get("placement") == "per-source"
     for me in range(R):
         recv_x, recv_src, count = load(me, "recv_x"), load(me, "recv_src"), load(me, "recv_count")
         if layout == "throughput":
@@ -61,7 +62,11 @@ def main(d):
             for le in range(El):
                 rows = [(s, t) for s in range(R) for t in range(len(x[s])) if me * El + le in list(idx[s][t])]
                 per_expert.append(len(rows))
-                for p, (s, t) in enumerate(rows):
+                # Compact: rows packed from slot 0; per-source: source s from slot s * rows_per_source.
+                seen = [0] * R
+                for i, (s, t) in enumerate(rows):
+                    p = s * meta["rows_per_source"] + seen[s] if per_source else i
+                    seen[s] += 1
                     check(tuple(recv_src[le][p]) == (s, t), f"rank {me} expert {le} slot {p}: source differs")
                     check(np.array_equal(recv_x[le][p], x[s][t]), f"rank {me} expert {le} slot {p}: data differs")
         check(list(count) == per_expert, f"rank {me}: recv_count {list(count)} != {per_expert}")

@@ -43,15 +43,21 @@ int main(int argc, char** argv) {
       DispatchResult r =
           buf.dispatch(p.inputs[static_cast<size_t>(me)].args(dt, hidden, Layout::kLatency));
       // 2. a simple expert per local expert: y = x * (1 + e%5) + 0.25 * (e%3) for global expert e.
-      const int64_t RT = r.recv_x.dim(1);
+      // Rows of expert e from source s: recv_x[e, begin : begin + count], (begin, count) =
+      // recv_range[e, s] (per-source placement: each source has its own region, no waiting).
+      const int64_t RT = r.recv_x.dim(1), R = g.size();
+      const auto* range = r.recv_range.as<const int64_t>();
       std::vector<char> out(r.recv_x.bytes(), 0);
       for (int e = 0; e < El; ++e) {
-        for (int64_t s = 0; s < r.recv_count.as<int64_t>()[e]; ++s) {
-          for (int64_t h = 0; h < hidden; ++h) {
-            const int64_t i = (e * RT + s) * hidden + h;
-            const uint16_t v = float_to_bf16(test::expert_fn(load_value(r.recv_x.data, i, dt),
-                                                             static_cast<int64_t>(me) * El + e));
-            std::memcpy(&out[static_cast<size_t>(i) * 2], &v, 2);
+        for (int64_t src = 0; src < R; ++src) {
+          const int64_t* rr = range + 2 * (e * R + src);
+          for (int64_t s = rr[0]; s < rr[0] + rr[1]; ++s) {
+            for (int64_t h = 0; h < hidden; ++h) {
+              const int64_t i = (e * RT + s) * hidden + h;
+              const uint16_t v = float_to_bf16(test::expert_fn(load_value(r.recv_x.data, i, dt),
+                                                               static_cast<int64_t>(me) * El + e));
+              std::memcpy(&out[static_cast<size_t>(i) * 2], &v, 2);
+            }
           }
         }
       }

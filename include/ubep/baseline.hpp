@@ -2,7 +2,10 @@
 // all-to-all-v of tokens and metadata -> unpack; combine mirrors it. On process groups the
 // exchanges are MPI_Alltoall(v); on thread groups, the group's equivalent bulk exchange.
 // Same inputs, outputs and bit-exact results as ubep::Buffer, so benchmarks and tests can put
-// the two side by side.
+// the two side by side. With config.num_workers > 0 (or -1: cores per rank - 1, as Buffer sizes
+// it) the pack, unpack and reduce loops are split over that many helper threads plus the caller,
+// so the baseline gets the cores ubep gets. Every config value and every pointer and shape of a
+// call is checked: bad input raises InvalidArgument naming the value, never a crash.
 #pragma once
 
 #include <memory>

@@ -33,6 +33,19 @@ enum class Layout : uint8_t {
 const char* layout_name(Layout l);
 Layout parse_layout(const std::string& name);  // "throughput" | "latency"
 
+// Where a destination puts the rows it receives (docs/SEMANTICS.md, "Placement").
+enum class Placement : uint8_t {
+  kAuto,       // the measured default for the call's layout (placement_for)
+  kCompact,    // rows packed by source rank: a sender's offset at a destination is a prefix sum
+               // of the lower ranks' counts there, so it waits for their count records
+  kPerSource,  // a fixed region of max_tokens_per_rank rows per source: a sender computes every
+               // offset from its own routing and never waits for a peer before writing
+};
+const char* placement_name(Placement p);
+Placement parse_placement(const std::string& name);  // "auto" | "compact" | "per-source"
+// The placement kAuto resolves to for a layout.
+Placement placement_for(Layout layout);
+
 // How the ubep algorithm tells a reader that a message is complete (the sync ablation).
 enum class SyncMode : uint8_t {
   kFused,        // token-flag fusion: epoch tag inside the message, written last (default)
@@ -65,6 +78,10 @@ struct BufferConfig {
   std::string topology;
   // Allocate the combine staging for the latency layout (max_tokens * max_topk rows).
   bool enable_latency_layout = true;
+  // Where received rows go; every rank must use the same (checked at construction).
+  Placement placement = Placement::kAuto;
+  // Where the tensors passed to this buffer live (every TensorView is checked against it).
+  Device device;
   // First epoch number (tests start near the 32-bit wrap-around).
   uint64_t initial_epoch = 0;
 };
@@ -92,6 +109,13 @@ struct DispatchResult {
   TensorView recv_topk_weights;
   TensorView recv_src;
   TensorView recv_count;  // [local_experts] int64: rows received per local expert
+  // Where each source's rows are (DeepEP's packed_recv_layout_range): int64 (begin, count),
+  // latency [local_experts, ranks, 2] (row index within recv_x[e]), throughput [ranks, 2]
+  // (row of recv_x). Compact placement: ranges are contiguous, in rank order. Per-source:
+  // begin = source * max_tokens_per_rank, and rows outside the ranges are not valid; in the
+  // throughput layout recv_x then has max_tokens_per_rank * ranks rows.
+  TensorView recv_range;
+  Placement placement = Placement::kCompact;
   uint64_t handle = 0;    // identifies this dispatch for combine
 };
 
@@ -101,6 +125,9 @@ struct DispatchResult {
 struct CombineArgs {
   TensorView x;
   uint64_t handle = 0;
+  // x holds the rows in the order Buffer::compact() produced them ([valid rows, hidden]),
+  // not in the dispatch's placement.
+  bool compacted = false;
   // Latency layout, optional: the weights combine applies, [num_tokens, k] fp32, replacing the
   // ones given to dispatch (DeepEP's low_latency_combine takes its weights here). Only used on
   // the token's owner, so only on one host (across hosts the relay has them from dispatch).
@@ -128,6 +155,12 @@ class Buffer {
   void combine_send(const CombineArgs& args);
   TensorView combine_recv();
 
+  // The valid rows of the last dispatch's recv_x, copied contiguously into Buffer memory (for
+  // an expert GEMM that needs dense rows): [valid rows, hidden], ordered by local expert
+  // (latency; expert e's rows start at recv_count[0] + ... + recv_count[e-1]) or overall
+  // (throughput), then by source rank and source token. Valid until the next dispatch. Combine
+  // takes outputs in this order with CombineArgs::compacted.
+  TensorView compact();
   // While a split-phase call is outstanding: the views its *_recv will return, so they can be
   // handed out before the data arrives (DeepEP's return_recv_hook); their contents are valid
   // once *_recv has returned. pending_dispatch: after a latency-layout dispatch_send (recv_x,

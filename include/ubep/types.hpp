@@ -15,12 +15,22 @@ size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 DType parse_dtype(const std::string& name);  // "bf16" | "fp32"; throws InvalidArgument
 
+// Where a tensor's memory lives. Host memory is kCpu; kCuda is device memory of GPU `index`.
+enum class DeviceType : uint8_t { kCpu, kCuda };
+struct Device {
+  DeviceType type = DeviceType::kCpu;
+  int index = 0;
+  bool operator==(const Device&) const = default;
+  std::string describe() const;  // "cpu" | "cuda:1"
+};
+
 // A non-owning view of a dense, row-major tensor of up to 3 dimensions.
 struct TensorView {
   void* data = nullptr;
   DType dtype = DType::kFP32;
   std::array<int64_t, 3> shape{0, 0, 0};
   int ndim = 0;
+  Device device;  // the Buffer checks that it matches its own
 
   TensorView() = default;
   TensorView(void* d, DType t, std::initializer_list<int64_t> dims);
@@ -36,7 +46,7 @@ struct TensorView {
   T* as() const {
     return static_cast<T*>(data);
   }
-  std::string describe() const;  // e.g. "bf16[128, 7168]"
+  std::string describe() const;  // e.g. "bf16[128, 7168]", "bf16[128, 7168] on cuda:0"
 };
 
 }  // namespace ubep

@@ -133,13 +133,15 @@ pb::object PyBuffer::combine_recv(pb::handle self, int kind) {
 
 pb::object PyBuffer::view(pb::handle self, const std::string& which, uint64_t handle, int kind) {
   PyBuffer& b = self.cast<PyBuffer&>();
-  UBEP_CHECK_ARG(which == "combine_buffer" || which == "recv_src", "unknown view '", which, "'");
+  UBEP_CHECK_ARG(which == "combine_buffer" || which == "recv_src" || which == "recv_range",
+                 "unknown view '", which, "'");
   UBEP_CHECK_ARG(handle == b.last_handle_, which, ": handle ", handle,
                  " is not the last dispatch on this buffer (", b.last_handle_,
                  "): its memory has been reused");
   if (which == "combine_buffer")
     return to_array(b.buf_->combine_buffer(), self, static_cast<Kind>(kind));
-  return to_array(b.last_result_.recv_src, self, static_cast<Kind>(kind));
+  return to_array(which == "recv_src" ? b.last_result_.recv_src : b.last_result_.recv_range, self,
+                  static_cast<Kind>(kind));
 }
 
 pb::dict PyBuffer::last_stats() const {
@@ -166,6 +168,7 @@ pb::dict PyBuffer::config() const {
   d["sync"] = sync_mode_name(c.sync);
   d["num_workers"] = buf_->num_workers();
   d["enable_latency_layout"] = c.enable_latency_layout;
+  d["placement"] = placement_name(c.placement);
   return d;
 }
 
@@ -177,15 +180,17 @@ void identity_expert(Buffer& buf, const DispatchResult& r) {
   TensorView out = buf.combine_buffer();
   const auto* src = static_cast<const char*>(r.recv_x.data);
   auto* dst = static_cast<char*>(out.data);
-  if (r.layout == Layout::kLatency) {
-    const auto* counts = r.recv_count.as<const int64_t>();
-    const size_t per_expert = static_cast<size_t>(r.recv_x.dim(1)) * row;
-    for (int64_t e = 0; e < r.recv_count.dim(0); ++e)
-      std::memcpy(dst + static_cast<size_t>(e) * per_expert,
-                  src + static_cast<size_t>(e) * per_expert, static_cast<size_t>(counts[e]) * row);
-  } else {
-    std::memcpy(dst, src, static_cast<size_t>(r.num_recv_rows) * row);
-  }
+  // The valid rows: each (expert, source) range of recv_range (contiguous when compact).
+  const bool latency = r.layout == Layout::kLatency;
+  const int64_t experts = latency ? r.recv_x.dim(0) : 1;
+  const int64_t ranks = r.recv_range.dim(latency ? 1 : 0), rows = latency ? r.recv_x.dim(1) : 0;
+  const auto* range = r.recv_range.as<const int64_t>();
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t s = 0; s < ranks; ++s) {
+      const int64_t* rr = range + 2 * (e * ranks + s);
+      const size_t at = static_cast<size_t>(e * rows + rr[0]) * row;
+      std::memcpy(dst + at, src + at, static_cast<size_t>(rr[1]) * row);
+    }
 }
 }  // namespace
 
@@ -220,7 +225,7 @@ pb::list PyBuffer::time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk
       identity_expert(buf, r);
       if (barrier) buf.group().barrier();
       const auto t2 = Clock::now();
-      buf.combine({buf.combine_buffer(), r.handle, {}});
+      buf.combine({buf.combine_buffer(), r.handle});
       const auto t3 = Clock::now();
       if (i >= warmup)
         times.emplace_back(std::chrono::duration<double, std::micro>(t1 - t0).count(),
@@ -239,7 +244,7 @@ void bind_buffer(pb::module_& m) {
       .def(pb::init([](pb::object group, int64_t max_tokens_per_rank, int64_t hidden,
                        const std::string& dtype, int num_experts, int max_topk,
                        const std::string& algorithm, int num_workers, bool enable_latency_layout,
-                       const std::string& sync) {
+                       const std::string& sync, const std::string& placement) {
              BufferConfig c;
              c.max_tokens_per_rank = max_tokens_per_rank;
              c.hidden = hidden;
@@ -250,11 +255,13 @@ void bind_buffer(pb::module_& m) {
              c.num_workers = num_workers;
              c.enable_latency_layout = enable_latency_layout;
              c.sync = parse_sync_mode(sync);
+             c.placement = parse_placement(placement);
              return std::make_unique<PyBuffer>(std::move(group), c);
            }),
            pb::arg("group"), pb::arg("max_tokens_per_rank"), pb::arg("hidden"), pb::arg("dtype"),
            pb::arg("num_experts"), pb::arg("max_topk"), pb::arg("algorithm"),
-           pb::arg("num_workers"), pb::arg("enable_latency_layout"), pb::arg("sync"))
+           pb::arg("num_workers"), pb::arg("enable_latency_layout"), pb::arg("sync"),
+           pb::arg("placement"))
       .def("dispatch", &PyBuffer::dispatch)
       .def("dispatch_recv", &PyBuffer::dispatch_recv)
       .def("combine", &PyBuffer::combine)

@@ -29,7 +29,7 @@ class PyBuffer {
   static pb::object combine(pb::handle self, pb::handle x, uint64_t handle, pb::handle topk_weights,
                             int kind, bool send_only);
   static pb::object combine_recv(pb::handle self, int kind);
-  // "combine_buffer" or "recv_src" of the dispatch `handle`, which must be the last one.
+  // "combine_buffer", "recv_src" or "recv_range" of the dispatch `handle` (the last one).
   static pb::object view(pb::handle self, const std::string& which, uint64_t handle, int kind);
 
   pb::dict last_stats() const;

@@ -54,6 +54,13 @@ class Handle:
         dispatch on the Buffer."""
         return self._buffer._buf.view("recv_src", self.id, self.kind)
 
+    @property
+    def recv_range(self):
+        """Where each source's rows are (DeepEP's packed_recv_layout_range), int64 (begin,
+        count): [local_experts, ranks, 2] (latency, row within recv_x[e]) or [ranks, 2]
+        (throughput). Only while this is the last dispatch on the Buffer."""
+        return self._buffer._buf.view("recv_range", self.id, self.kind)
+
     def __repr__(self):
         return f"<ubep.Handle dispatch {self.id} ({self.layout}, {self.num_tokens} tokens)>"
 
@@ -70,17 +77,22 @@ class Buffer:
     Unlike DeepEP's byte budgets, ubep sizes the buffer by shape: ``hidden``, ``num_experts``,
     ``max_tokens_per_rank`` (DeepEP's num_max_dispatch_tokens_per_rank), ``max_topk`` and
     ``dtype`` (torch.bfloat16 / torch.float32, "bf16" / "fp32"; NumPy bf16 is uint16 bits).
+
+    ``placement``: "compact" (default, DeepEP's packing: recv_x[e, :recv_count[e]] are the
+    rows of local expert e), "per-source" (source s's rows for expert e start at row
+    s * max_tokens_per_rank, so senders never wait for each other's counts; see
+    Handle.recv_range) or "auto" (ubep's measured default: per-source for the latency layout).
     """
 
     def __init__(self, group, *, hidden, num_experts, max_tokens_per_rank=128, max_topk=8,
                  dtype="bf16", algorithm="ubep", num_workers=-1, enable_latency_layout=True,
-                 sync="fused", timeout=60.0):
+                 sync="fused", placement="compact", timeout=60.0):
         from .groups import as_group  # late: groups imports torch.distributed lazily
         self.group = as_group(group, timeout=timeout)
         self._buf = _ubep.Buffer(self.group, int(max_tokens_per_rank), int(hidden),
                                  _arrays.dtype_name(dtype), int(num_experts), int(max_topk),
                                  str(algorithm), int(num_workers), bool(enable_latency_layout),
-                                 str(sync))
+                                 str(sync), str(placement))
         self.rank = self.group.rank
         self.num_ranks = self.group.size
         self.hidden = int(hidden)

@@ -1,22 +1,54 @@
+#include <algorithm>
 #include <cstring>
 #include <string>
+#include <thread>
 
-#include "core/bf16.hpp"
-#include "core/local_array.hpp"
 #include "backend/cpu/row_kernels.hpp"
+#include "core/local_array.hpp"
 #include "core/stage_timer.hpp"
 #include "ep/protocol.hpp"
 #include "ep/routing.hpp"
+#include "baseline/team.hpp"
 #include "ubep/baseline.hpp"
+#include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep {
+
+using baseline::resolve_workers;
+using baseline::Team;
+
+namespace {
+
+// Rejects every config that would divide by zero or size nothing, before anything is sized.
+const BufferConfig& checked(const Group& g, const BufferConfig& c) {
+  UBEP_CHECK_ARG(c.hidden >= 1, "AlltoallBaseline: hidden must be >= 1, got ", c.hidden);
+  UBEP_CHECK_ARG(c.max_tokens_per_rank >= 1, "AlltoallBaseline: max_tokens_per_rank must be >= 1, got ",
+                 c.max_tokens_per_rank);
+  UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32,
+                 "AlltoallBaseline: dtype must be bf16 or fp32, got ", dtype_name(c.dtype));
+  UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0, "AlltoallBaseline: num_experts ",
+                 c.num_experts, " must be a positive multiple of the group size ", g.size());
+  UBEP_CHECK_ARG(c.max_topk >= 1 && c.max_topk <= 64,
+                 "AlltoallBaseline: max_topk must be in [1, 64], got ", c.max_topk);
+  UBEP_CHECK_ARG(c.num_workers >= -1 && c.num_workers <= 1024,
+                 "AlltoallBaseline: num_workers must be in [-1, 1024], got ", c.num_workers);
+  return c;
+}
+
+}  // namespace
 
 struct AlltoallBaseline::Impl {
   struct Contribution {
     int rank;
     const char* row;
     const float* weight;
+  };
+  // Per team member: the reduction's scratch.
+  struct Scratch {
+    std::vector<Contribution> contrib;
+    std::vector<const void*> rows;
+    std::vector<float> weights, acc, part;
   };
   Group& group;
   BufferConfig cfg;
@@ -34,19 +66,19 @@ struct AlltoallBaseline::Impl {
   std::vector<int64_t> sb, so, rb, ro;  // alltoallv bytes / offsets
   std::vector<int64_t> tok_sb, tok_so;
   std::vector<int64_t> per_owner, fill, expect, where;  // latency combine scratch
+  std::vector<int64_t> pack_row;                        // latency combine: source row of slot i
+  std::vector<int64_t> row_prefix;                      // [R + 1] rows before each peer's block
   LocalArray send_buf, recv_buf;
   LocalArray recv_x, recv_idx, recv_w, recv_src, recv_count, lat_x, lat_src, lat_k, y;
   LocalArray comb_send, comb_recv;
   std::vector<int64_t> expert_offset;                   // [El, R]
   std::vector<int32_t> comb_meta_send, comb_meta_recv;  // latency combine: (token, k) per row
-  std::vector<float> acc, part;
-  std::vector<Contribution> contrib;
-  std::vector<const void*> rows_scratch;
-  std::vector<float> weights_scratch;
+  std::vector<Scratch> scratch;  // [team size]
+  Team team;
 
   Impl(Group& g, const BufferConfig& c)
       : group(g),
-        cfg(c),
+        cfg(checked(g, c)),
         rank(g.rank()),
         ranks(g.size()),
         El(c.num_experts / g.size()),
@@ -54,9 +86,8 @@ struct AlltoallBaseline::Impl {
         RB(static_cast<size_t>(c.hidden) * dtype_size(c.dtype)),
         meta_bytes(ep::round_up(8 + 12 * static_cast<size_t>(c.max_topk), 16)),
         rec_bytes(RB + meta_bytes),
-        routing(g.size(), c.num_experts, c.max_tokens_per_rank, c.max_topk) {
-    UBEP_CHECK_ARG(c.num_experts % g.size() == 0, "num_experts ", c.num_experts,
-                   " must be a multiple of the group size ", g.size());
+        routing(g.size(), c.num_experts, c.max_tokens_per_rank, c.max_topk),
+        team(resolve_workers(g, c.num_workers)) {
     const auto R = static_cast<size_t>(ranks), Tz = static_cast<size_t>(T),
                K = static_cast<size_t>(c.max_topk);
     send_counts.resize(R * (1 + static_cast<size_t>(El)));
@@ -87,11 +118,16 @@ struct AlltoallBaseline::Impl {
     fill.resize(R);
     expect.resize(R);
     where.resize(Tz * K);
-    acc.resize(static_cast<size_t>(c.hidden));
-    part.resize(static_cast<size_t>(c.hidden));
-    contrib.reserve(static_cast<size_t>(std::max(ranks, c.max_topk)));
-    rows_scratch.reserve(contrib.capacity());
-    weights_scratch.reserve(contrib.capacity());
+    pack_row.resize(R * Tz * K);
+    row_prefix.resize(R + 1);
+    scratch.resize(static_cast<size_t>(team.size()));
+    for (Scratch& sc : scratch) {
+      sc.acc.resize(static_cast<size_t>(c.hidden));
+      sc.part.resize(static_cast<size_t>(c.hidden));
+      sc.contrib.reserve(static_cast<size_t>(std::max(ranks, c.max_topk)));
+      sc.rows.reserve(sc.contrib.capacity());
+      sc.weights.reserve(sc.contrib.capacity());
+    }
     stats.stage_us.reserve(8);
   }
 
@@ -106,18 +142,20 @@ struct AlltoallBaseline::Impl {
   // Reduces one token's contributions, given in the fixed order (ascending rank or k) with the
   // rank that computed each: per host from 0, then host partials in ascending host order (the
   // first taken as is) -- on one host simply the sum in the given order. Same order as ubep.
-  void reduce(char* out, const std::vector<Contribution>& cs) {
+  void reduce(char* out, Scratch& sc) {
+    const std::vector<Contribution>& cs = sc.contrib;
+    std::vector<float>& acc = sc.acc;
+    std::vector<float>& part = sc.part;
     const int64_t H = cfg.hidden;
     if (group.num_hosts() == 1) {  // the same fused kernel as ubep::Buffer
-      rows_scratch.clear();
-      weights_scratch.clear();
+      sc.rows.clear();
+      sc.weights.clear();
       for (const Contribution& c : cs) {
-        rows_scratch.push_back(c.row);
-        weights_scratch.push_back(c.weight ? *c.weight : 1.0f);
+        sc.rows.push_back(c.row);
+        sc.weights.push_back(c.weight ? *c.weight : 1.0f);
       }
       const bool weighted = !cs.empty() && cs.front().weight;
-      kernels::reduce_rows(out, cfg.dtype, H, rows_scratch.data(),
-                           weighted ? weights_scratch.data() : nullptr,
+      kernels::reduce_rows(out, cfg.dtype, H, sc.rows.data(), weighted ? sc.weights.data() : nullptr,
                            static_cast<int>(cs.size()));
       return;
     }
@@ -158,6 +196,11 @@ const char* AlltoallBaseline::name() const {
 
 DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
   Impl& b = *impl_;
+  // Pointers first: the shape checks below read the routing arrays.
+  UBEP_CHECK_ARG(a.topk_idx.data != nullptr || a.topk_idx.numel() == 0,
+                 "dispatch: topk_idx has no data");
+  UBEP_CHECK_ARG(a.topk_weights.data != nullptr || a.topk_weights.numel() == 0,
+                 "dispatch: topk_weights has no data");
   UBEP_CHECK_ARG(a.layout == Layout::kThroughput || b.cfg.enable_latency_layout,
                  "dispatch: latency layout needs enable_latency_layout");
   b.routing.build(a, b.cfg);
@@ -165,7 +208,8 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
   b.layout = a.layout;
   ++b.seq;
   const int R = b.ranks, El = b.El, K = b.routing.topk;
-  // Pack per destination.
+  const auto rec = static_cast<int64_t>(b.rec_bytes);
+  // Counts and offsets per destination (serial: R entries), then the rows in parallel.
   int64_t off = 0;
   for (int d = 0; d < R; ++d) {
     const int32_t n = b.routing.dest_rows[static_cast<size_t>(d)];
@@ -173,13 +217,20 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
     c[0] = n;
     std::memcpy(c + 1, &b.routing.dest_expert_rows[static_cast<size_t>(d * El)],
                 static_cast<size_t>(El) * 4);
-    b.sb[d] = n * static_cast<int64_t>(b.rec_bytes);
+    b.row_prefix[static_cast<size_t>(d)] = off / rec;
+    b.sb[d] = n * rec;
     b.so[d] = off;
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t t = b.routing.dest_token(d, i);
-      char* rec = b.send_buf.get() + off + i * static_cast<int64_t>(b.rec_bytes);
-      std::memcpy(rec, static_cast<const char*>(a.x.data) + static_cast<size_t>(t) * b.RB, b.RB);
-      auto* meta = reinterpret_cast<int32_t*>(rec + b.RB);
+    off += b.sb[d];
+  }
+  b.row_prefix[static_cast<size_t>(R)] = off / rec;
+  b.team.for_range(off / rec, [&](int, int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const auto it = std::upper_bound(b.row_prefix.begin(), b.row_prefix.begin() + R + 1, g);
+      const int d = static_cast<int>(it - b.row_prefix.begin()) - 1;
+      const int32_t t = b.routing.dest_token(d, g - b.row_prefix[static_cast<size_t>(d)]);
+      char* r = b.send_buf.get() + g * rec;
+      std::memcpy(r, static_cast<const char*>(a.x.data) + static_cast<size_t>(t) * b.RB, b.RB);
+      auto* meta = reinterpret_cast<int32_t*>(r + b.RB);
       meta[0] = t;
       for (int j = 0; j < K; ++j) {
         const size_t tk = static_cast<size_t>(t) * static_cast<size_t>(K) + static_cast<size_t>(j);
@@ -190,8 +241,7 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
         reinterpret_cast<float*>(meta)[1 + 2 * K + j] = here ? b.routing.topk_weights[tk] : 0.0f;
       }
     }
-    off += b.sb[d];
-  }
+  });
   timer.lap("pack");
   // Sizes first (like MPI_Alltoall of counts), then the tokens and metadata.
   b.tok_sb = b.sb;  // keep the token exchange's sizes (no reallocation: same size)
@@ -203,7 +253,8 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
   std::fill(counts, counts + El, 0);
   for (int s = 0; s < R; ++s) {
     const int32_t* c = &b.recv_counts[static_cast<size_t>(s * (1 + El))];
-    b.rb[s] = c[0] * static_cast<int64_t>(b.rec_bytes);
+    b.row_prefix[static_cast<size_t>(s)] = roff / rec;
+    b.rb[s] = c[0] * rec;
     b.ro[s] = roff;
     roff += b.rb[s];
     for (int e = 0; e < El; ++e) {
@@ -211,21 +262,22 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
       counts[e] += c[1 + e];
     }
   }
+  b.row_prefix[static_cast<size_t>(R)] = roff / rec;
   b.group.alltoallv(b.send_buf.get(), b.tok_sb.data(), b.tok_so.data(), b.recv_buf.get(),
                     b.rb.data(), b.ro.data());
   timer.lap("token alltoallv");
-  // Unpack.
-  const int64_t rows = roff / static_cast<int64_t>(b.rec_bytes);
+  // Unpack: every received row has its own place (its position, or its (expert, slot)s).
+  const int64_t rows = roff / rec;
   b.num_recv_rows = rows;
   const int64_t RT = static_cast<int64_t>(R) * b.T;
-  int64_t pos = 0;
-  for (int s = 0; s < R; ++s) {
-    const int64_t n = b.recv_counts[static_cast<size_t>(s * (1 + El))];
-    for (int64_t i = 0; i < n; ++i, ++pos) {
-      const char* rec = b.recv_buf.get() + pos * static_cast<int64_t>(b.rec_bytes);
-      const auto* meta = reinterpret_cast<const int32_t*>(rec + b.RB);
+  b.team.for_range(rows, [&](int, int64_t begin, int64_t end) {
+    for (int64_t pos = begin; pos < end; ++pos) {
+      const auto it = std::upper_bound(b.row_prefix.begin(), b.row_prefix.begin() + R + 1, pos);
+      const int s = static_cast<int>(it - b.row_prefix.begin()) - 1;
+      const char* r = b.recv_buf.get() + pos * rec;
+      const auto* meta = reinterpret_cast<const int32_t*>(r + b.RB);
       if (b.layout == Layout::kThroughput) {
-        std::memcpy(b.recv_x.get() + pos * static_cast<int64_t>(b.RB), rec, b.RB);
+        std::memcpy(b.recv_x.get() + pos * static_cast<int64_t>(b.RB), r, b.RB);
         b.recv_src.get<int64_t>()[2 * pos] = s;
         b.recv_src.get<int64_t>()[2 * pos + 1] = meta[0];
         for (int j = 0; j < K; ++j) {
@@ -238,14 +290,14 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
           if (e < 0) continue;
           const int64_t p =
               e * RT + b.expert_offset[static_cast<size_t>(e * R + s)] + meta[1 + K + j];
-          std::memcpy(b.lat_x.get() + p * static_cast<int64_t>(b.RB), rec, b.RB);
+          std::memcpy(b.lat_x.get() + p * static_cast<int64_t>(b.RB), r, b.RB);
           b.lat_src.get<int64_t>()[2 * p] = s;
           b.lat_src.get<int64_t>()[2 * p + 1] = meta[0];
           b.lat_k.get<int8_t>()[p] = static_cast<int8_t>(j);
         }
       }
     }
-  }
+  });
   timer.lap("unpack");
   DispatchResult r;
   r.layout = b.layout;
@@ -270,6 +322,7 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
                  " does not belong to the last dispatch (", b.seq, ")");
   UBEP_CHECK_ARG(a.x.dtype == b.cfg.dtype, "combine: x dtype ", dtype_name(a.x.dtype),
                  " does not match the buffer's ", dtype_name(b.cfg.dtype));
+  UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine: x has no data");
   StageTimer timer(b.stats);
   const int R = b.ranks, El = b.El, K = b.routing.topk, Kmax = b.cfg.max_topk;
   const int64_t RT = static_cast<int64_t>(R) * b.T;
@@ -293,29 +346,33 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
     b.group.alltoallv(a.x.data, b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(),
                       b.ro.data());
     timer.lap("row alltoallv");
-    // Unpack + reduce: the i-th row from rank p is token dest_tokens[p][i]. Accumulate per token
-    // in ascending rank order.
-    std::vector<int64_t>& cursor = b.so;  // reuse: next row index per rank
-    std::fill(cursor.begin(), cursor.end(), 0);
-    for (int64_t t = 0; t < N; ++t) {
-      b.contrib.clear();
-      for (int p = 0; p < R; ++p) {
-        if (!b.routing.sent(t, p)) continue;
-        b.contrib.push_back({p, b.comb_recv.get() + b.ro[p] + cursor[p]++ * RB, nullptr});
+    // Unpack + reduce: rank p returns my rows in the order I sent them, so token t's row from p
+    // is at its slot among my tokens for p. Accumulate per token in ascending rank order.
+    b.team.for_range(N, [&](int m, int64_t begin, int64_t end) {
+      Impl::Scratch& sc = b.scratch[static_cast<size_t>(m)];
+      for (int64_t t = begin; t < end; ++t) {
+        sc.contrib.clear();
+        for (int p = 0; p < R; ++p) {
+          if (!b.routing.sent(t, p)) continue;
+          sc.contrib.push_back({p, b.comb_recv.get() + b.ro[p] + b.routing.slot_at(t, p) * RB,
+                                nullptr});
+        }
+        b.reduce(b.y.get() + t * RB, sc);
       }
-      b.reduce(b.y.get() + t * RB, b.contrib);
-    }
+    });
   } else {
     UBEP_CHECK_ARG(
         a.x.ndim == 3 && a.x.dim(0) == El && a.x.dim(1) == RT && a.x.dim(2) == b.cfg.hidden,
         "combine: x must be [", El, ", ", RT, ", ", b.cfg.hidden, "], got ", a.x.describe());
-    // Pack rows per owner with their (token, k).
+    // Pack rows per owner with their (token, k): the slots serially (integers), the rows'
+    // bytes in parallel.
     const auto* counts = b.recv_count.get<int64_t>();
+    const auto* src = b.lat_src.get<int64_t>();
     std::vector<int64_t>& per_owner = b.per_owner;
     std::fill(per_owner.begin(), per_owner.end(), 0);
     for (int e = 0; e < El; ++e)
       for (int64_t p = 0; p < counts[e]; ++p)
-        ++per_owner[static_cast<size_t>(b.lat_src.get<int64_t>()[2 * (e * RT + p)])];
+        ++per_owner[static_cast<size_t>(src[2 * (e * RT + p)])];
     int64_t off = 0;
     for (int p = 0; p < R; ++p) {
       b.so[p] = off;
@@ -326,15 +383,19 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
     for (int e = 0; e < El; ++e) {
       for (int64_t p = 0; p < counts[e]; ++p) {
         const int64_t row = e * RT + p;
-        const int owner = static_cast<int>(b.lat_src.get<int64_t>()[2 * row]);
+        const int owner = static_cast<int>(src[2 * row]);
         const int64_t i = fill[static_cast<size_t>(owner)]++;
-        std::memcpy(b.comb_send.get() + i * RB, static_cast<const char*>(a.x.data) + row * RB,
-                    b.RB);
-        b.comb_meta_send[static_cast<size_t>(2 * i)] =
-            static_cast<int32_t>(b.lat_src.get<int64_t>()[2 * row + 1]);
+        b.pack_row[static_cast<size_t>(i)] = row;
+        b.comb_meta_send[static_cast<size_t>(2 * i)] = static_cast<int32_t>(src[2 * row + 1]);
         b.comb_meta_send[static_cast<size_t>(2 * i + 1)] = b.lat_k.get<int8_t>()[row];
       }
     }
+    b.team.for_range(off, [&](int, int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        std::memcpy(b.comb_send.get() + i * RB,
+                    static_cast<const char*>(a.x.data) + b.pack_row[static_cast<size_t>(i)] * RB,
+                    b.RB);
+    });
     timer.lap("pack");
     // Expected rows from each expert rank: my (token, k) pairs whose expert lives there.
     std::vector<int64_t>& expect = b.expect;
@@ -370,17 +431,20 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
     for (int64_t i = 0; i < total; ++i)
       where[static_cast<size_t>(b.comb_meta_recv[static_cast<size_t>(2 * i)] * Kmax +
                                 b.comb_meta_recv[static_cast<size_t>(2 * i + 1)])] = i;
-    for (int64_t t = 0; t < N; ++t) {
-      b.contrib.clear();
-      for (int j = 0; j < K; ++j) {
-        const size_t tk = static_cast<size_t>(t * K + j);
-        if (b.routing.topk_idx[tk] < 0) continue;
-        b.contrib.push_back({b.routing.topk_idx[tk] / El,
-                             b.comb_recv.get() + where[static_cast<size_t>(t * Kmax + j)] * RB,
-                             &b.routing.topk_weights[tk]});
+    b.team.for_range(N, [&](int m, int64_t begin, int64_t end) {
+      Impl::Scratch& sc = b.scratch[static_cast<size_t>(m)];
+      for (int64_t t = begin; t < end; ++t) {
+        sc.contrib.clear();
+        for (int j = 0; j < K; ++j) {
+          const size_t tk = static_cast<size_t>(t * K + j);
+          if (b.routing.topk_idx[tk] < 0) continue;
+          sc.contrib.push_back({b.routing.topk_idx[tk] / El,
+                                b.comb_recv.get() + where[static_cast<size_t>(t * Kmax + j)] * RB,
+                                &b.routing.topk_weights[tk]});
+        }
+        b.reduce(b.y.get() + t * RB, sc);
       }
-      b.reduce(b.y.get() + t * RB, b.contrib);
-    }
+    });
   }
   timer.lap("unpack + reduce");
   return TensorView(b.y.get(), b.cfg.dtype, {N, b.cfg.hidden});

@@ -17,7 +17,8 @@ std::vector<int> Bootstrap::host_map() {
   std::map<std::string, int> ids;
   std::vector<int> hosts(static_cast<size_t>(size()));
   for (int r = 0; r < size(); ++r) {
-    const std::string name(&all[static_cast<size_t>(r) * kLen], strnlen(&all[static_cast<size_t>(r) * kLen], kLen));
+    const std::string name(&all[static_cast<size_t>(r) * kLen],
+                           strnlen(&all[static_cast<size_t>(r) * kLen], kLen));
     auto it = ids.try_emplace(name, static_cast<int>(ids.size())).first;
     hosts[static_cast<size_t>(r)] = it->second;
   }

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "core/enum_names.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep {
@@ -20,24 +21,22 @@ size_t dtype_size(DType t) {
   throw InvalidArgument("unknown dtype");
 }
 
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::kBF16:
-      return "bf16";
-    case DType::kFP32:
-      return "fp32";
-    case DType::kInt32:
-      return "int32";
-    case DType::kInt64:
-      return "int64";
-  }
-  return "?";
+namespace {
+constexpr detail::EnumName<DType> kDTypes[] = {{DType::kBF16, "bf16"},
+                                               {DType::kFP32, "fp32"},
+                                               {DType::kInt32, "int32"},
+                                               {DType::kInt64, "int64"}};
+constexpr detail::EnumName<DType> kPayloadDTypes[] = {{DType::kBF16, "bf16"},
+                                                      {DType::kFP32, "fp32"}};
+}  // namespace
+
+const char* dtype_name(DType t) { return detail::enum_name(kDTypes, t); }
+DType parse_dtype(const std::string& name) {
+  return detail::parse_enum(kPayloadDTypes, name, "dtype");
 }
 
-DType parse_dtype(const std::string& name) {
-  if (name == "bf16") return DType::kBF16;
-  if (name == "fp32") return DType::kFP32;
-  throw InvalidArgument("unknown dtype '" + name + "' (expected bf16 or fp32)");
+std::string Device::describe() const {
+  return type == DeviceType::kCpu ? std::string("cpu") : "cuda:" + std::to_string(index);
 }
 
 TensorView::TensorView(void* d, DType t, std::initializer_list<int64_t> dims) : data(d), dtype(t) {
@@ -56,6 +55,7 @@ std::string TensorView::describe() const {
   os << dtype_name(dtype) << "[";
   for (int i = 0; i < ndim; ++i) os << (i ? ", " : "") << shape[static_cast<size_t>(i)];
   os << "]";
+  if (device.type != DeviceType::kCpu) os << " on " << device.describe();
   return os.str();
 }
 

@@ -16,7 +16,6 @@ namespace ubep::ep {
 namespace {
 constexpr int kDispatchOp = 0, kCombineOp = 1;
 
-
 void set_flags_and_verify(Buffer::Impl& b, int op) {
   const Window& w = b.win;
   // Flags travel through shared memory, so only within the host; the barriers cover the rest.
@@ -52,8 +51,8 @@ void Bsp::dispatch_send(const DispatchArgs& a) {
   if (b.relay) b.relay->start_dispatch(a);
   for (int d = 0; d < b.ranks; ++d) {
     if (!b.same_host(d)) continue;
-    b.win.publish_count(d, b.rank, routing.dest_rows[static_cast<size_t>(d)], routing.topk,
-                    &routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
+    b.win.publish_count(d, b.rank, routing.dest_rows[static_cast<size_t>(d)], routing.topk, call.shape(),
+                        &routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
   }
   if (b.relay)  // relayed sources' count records are part of this stage
     b.wait_for([&] { return b.relay->counts_forwarded(); }, true,
@@ -85,12 +84,12 @@ void Bsp::combine_send(const CombineArgs& a) {
   const CallState& call = b.call;
   const Window& w = b.win;
   StageTimer timer(b.stats);
-  call.for_each_output_row(0, 1, [&](int64_t row) {
+  call.for_each_output_row(0, 1, [&](int64_t row, int64_t packed) {
     int owner;
     int64_t slot;
     call.row_owner(w, b.cfg.max_topk, row, &owner, &slot);
-    const char* data =
-        static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes();
+    const char* data = static_cast<const char*>(a.x.data) +
+                       static_cast<size_t>(a.compacted ? packed : row) * b.row_bytes();
     if (b.same_host(owner)) {
       // Plain stores: the owner reduces these rows right away, so they should stay in cache.
       w.put_row(w.at<char>(owner, w.map().push) + static_cast<size_t>(slot) * b.row_bytes(), data,

@@ -17,6 +17,9 @@ constexpr detail::EnumName<Layout> kLayouts[] = {{Layout::kThroughput, "throughp
                                                  {Layout::kLatency, "latency"}};
 constexpr detail::EnumName<SyncMode> kSyncModes[] = {{SyncMode::kFused, "fused"},
                                                      {SyncMode::kStopAndWait, "stop-and-wait"}};
+constexpr detail::EnumName<Placement> kPlacements[] = {{Placement::kAuto, "auto"},
+                                                       {Placement::kCompact, "compact"},
+                                                       {Placement::kPerSource, "per-source"}};
 constexpr detail::EnumName<SendSchedule> kSchedules[] = {
     {SendSchedule::kEqualSlices, "equal"},
     {SendSchedule::kNaive, "naive"},
@@ -34,6 +37,14 @@ const char* sync_mode_name(SyncMode m) { return detail::enum_name(kSyncModes, m)
 SyncMode parse_sync_mode(const std::string& n) {
   return detail::parse_enum(kSyncModes, n, "sync mode");
 }
+const char* placement_name(Placement p) { return detail::enum_name(kPlacements, p); }
+Placement parse_placement(const std::string& n) {
+  return detail::parse_enum(kPlacements, n, "placement");
+}
+Placement placement_for(Layout layout) {
+  // Measured (docs/SEMANTICS.md, "Placement"): see there for why each layout gets its default.
+  return layout == Layout::kLatency ? Placement::kPerSource : Placement::kCompact;
+}
 const char* send_schedule_name(SendSchedule s) { return detail::enum_name(kSchedules, s); }
 SendSchedule parse_send_schedule(const std::string& n) {
   return detail::parse_enum(kSchedules, n, "send schedule");
@@ -47,6 +58,8 @@ BufferConfig checked(const Group& g, BufferConfig c) {
   UBEP_CHECK_ARG(c.max_tokens_per_rank < (int64_t{1} << 30),
                  "max_tokens_per_rank too large: ", c.max_tokens_per_rank);
   UBEP_CHECK_ARG(c.hidden >= 1, "hidden must be >= 1, got ", c.hidden);
+  UBEP_CHECK_ARG(c.device.type == DeviceType::kCpu, "Buffer: device ", c.device.describe(),
+                 " is not served by the CPU backend (the CUDA backend: docs/CUDA.md)");
   UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32,
                  "buffer dtype must be bf16 or fp32, got ", dtype_name(c.dtype));
   UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0, "Buffer: num_experts ",
@@ -74,10 +87,12 @@ void check_same_config(Group& g, const BufferConfig& c) {
                           c.enable_latency_layout,
                           static_cast<int64_t>(c.initial_epoch),
                           static_cast<int64_t>(c.sync),
-                          static_cast<int64_t>(c.algorithm)};
+                          static_cast<int64_t>(c.algorithm),
+                          static_cast<int64_t>(c.placement)};
   static const char* names[] = {"max_tokens_per_rank", "hidden",   "dtype",
                                 "num_experts",         "max_topk", "enable_latency_layout",
-                                "initial_epoch",       "sync",     "algorithm"};
+                                "initial_epoch",       "sync",     "algorithm",
+                                "placement"};
   constexpr size_t n = sizeof mine / sizeof mine[0];
   std::vector<int64_t> all(n * static_cast<size_t>(g.size()));
   g.allgather(mine, all.data(), sizeof mine);
@@ -107,6 +122,8 @@ Buffer::Impl::Impl(Group& g, const BufferConfig& c)
       wait{std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout)} {
   win.set_sync(cfg.sync);
   y = LocalArray(static_cast<size_t>(T) * row_bytes());
+  // Virtual until touched (MAP_NORESERVE): costs nothing unless compact() is used.
+  compacted = LocalArray(static_cast<size_t>(win.map().comb_rows()) * row_bytes());
   part.resize(static_cast<size_t>(cfg.hidden));
   if (cfg.schedule != SendSchedule::kEqualSlices) {
     sched::Topology topo =
@@ -143,14 +160,19 @@ DispatchResult Buffer::Impl::result() const {
   r.handle = win.seq();
   const int64_t K = call.routing.topk;
   r.recv_count = TensorView(call.recv_count.get(), DType::kInt64, {local_experts});
+  r.placement = call.placement;
   if (layout == Layout::kThroughput) {
+    const int64_t span = call.tp_span();
     r.num_recv_rows = num_recv_rows;
-    r.recv_x = TensorView(win.at<char>(rank, m.tp_x), cfg.dtype, {num_recv_rows, cfg.hidden});
-    r.recv_topk_idx = TensorView(win.at<char>(rank, m.tp_idx), DType::kInt32, {num_recv_rows, K});
-    r.recv_topk_weights = TensorView(win.at<char>(rank, m.tp_w), DType::kFP32, {num_recv_rows, K});
-    r.recv_src = TensorView(win.at<char>(rank, m.tp_src), DType::kInt64, {num_recv_rows, 2});
+    r.recv_x = TensorView(win.at<char>(rank, m.tp_x), cfg.dtype, {span, cfg.hidden});
+    r.recv_topk_idx = TensorView(win.at<char>(rank, m.tp_idx), DType::kInt32, {span, K});
+    r.recv_topk_weights = TensorView(win.at<char>(rank, m.tp_w), DType::kFP32, {span, K});
+    r.recv_src = TensorView(win.at<char>(rank, m.tp_src), DType::kInt64, {span, 2});
+    r.recv_range = TensorView(call.recv_range.get(), DType::kInt64, {ranks, 2});
   } else {
-    r.recv_x = TensorView(win.at<char>(rank, m.lat_x), cfg.dtype, {local_experts, RT(), cfg.hidden});
+    r.recv_range = TensorView(call.recv_range.get(), DType::kInt64, {local_experts, ranks, 2});
+    r.recv_x =
+        TensorView(win.at<char>(rank, m.lat_x), cfg.dtype, {local_experts, RT(), cfg.hidden});
     r.recv_src = TensorView(win.at<char>(rank, m.lat_src), DType::kInt64, {local_experts, RT(), 2});
   }
   return r;
@@ -159,8 +181,20 @@ DispatchResult Buffer::Impl::result() const {
 TensorView Buffer::Impl::combine_input_view() const {
   char* base = win.at<char>(rank, win.map().comb_x);
   if (call.layout == Layout::kThroughput)
-    return TensorView(base, cfg.dtype, {call.num_recv_rows, cfg.hidden});
+    return TensorView(base, cfg.dtype, {call.tp_span(), cfg.hidden});
   return TensorView(base, cfg.dtype, {local_experts, RT(), cfg.hidden});
+}
+
+TensorView Buffer::Impl::compact_rows() {
+  const ep::WindowLayout& m = win.map();
+  const char* from =
+      win.at<char>(rank, call.layout == Layout::kThroughput ? m.tp_x : m.lat_x);
+  char* to = compacted.get();
+  call.for_each_output_row(0, 1, [&](int64_t row, int64_t packed) {
+    dp->put(to + static_cast<size_t>(packed) * row_bytes(),
+            from + static_cast<size_t>(row) * row_bytes(), row_bytes());
+  });
+  return TensorView(to, cfg.dtype, {call.num_recv_rows, cfg.hidden});
 }
 
 TensorView Buffer::Impl::y_view() const {
@@ -191,11 +225,15 @@ void Buffer::Impl::check_combine(const CombineArgs& a) const {
                  " does not belong to the last dispatch on this buffer (", win.seq(), ")");
   UBEP_CHECK_ARG(a.x.dtype == cfg.dtype, "combine: x dtype ", dtype_name(a.x.dtype),
                  " does not match the buffer's ", dtype_name(cfg.dtype));
-  const int64_t num_recv_rows = call.num_recv_rows;
-  if (call.layout == Layout::kThroughput) {
-    UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == num_recv_rows && a.x.dim(1) == cfg.hidden,
-                   "combine: x must be [", num_recv_rows, ", ", cfg.hidden,
-                   "] (one row per received row), got ", a.x.describe());
+  if (a.compacted || call.layout == Layout::kThroughput) {
+    const int64_t rows = a.compacted ? call.num_recv_rows : call.tp_span();
+    UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == rows && a.x.dim(1) == cfg.hidden,
+                   "combine: x must be [", rows, ", ", cfg.hidden, "] (",
+                   a.compacted ? "the rows in compact() order"
+                   : call.placement == Placement::kPerSource
+                       ? "shaped like recv_x: per-source placement"
+                       : "one row per received row",
+                   "), got ", a.x.describe());
   } else {
     UBEP_CHECK_ARG(a.x.ndim == 3 && a.x.dim(0) == local_experts && a.x.dim(1) == RT() &&
                        a.x.dim(2) == cfg.hidden,
@@ -203,12 +241,16 @@ void Buffer::Impl::check_combine(const CombineArgs& a) const {
                    "] (latency layout), got ", a.x.describe());
   }
   UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine: x has no data");
+  UBEP_CHECK_ARG(a.x.device == cfg.device, "combine: x is on ", a.x.device.describe(),
+                 ", the buffer on ", cfg.device.describe());
   if (a.topk_weights.ndim != 0) {
     const TensorView& w = a.topk_weights;
     const ep::Routing& routing = call.routing;
     UBEP_CHECK_ARG(call.layout == Layout::kLatency,
                    "combine: topk_weights can only replace the dispatch's in the latency layout");
     UBEP_CHECK_ARG(!multi_host(), "combine: topk_weights cannot be replaced across hosts");
+    UBEP_CHECK_ARG(w.device.type == DeviceType::kCpu,
+                   "combine: topk_weights must be in host memory, got ", w.device.describe());
     UBEP_CHECK_ARG(w.ndim == 2 && w.dtype == DType::kFP32 && w.dim(0) == routing.num_tokens &&
                        w.dim(1) == routing.topk && (w.data != nullptr || w.numel() == 0),
                    "combine: topk_weights must be fp32 [", routing.num_tokens, ", ", routing.topk,
@@ -229,6 +271,10 @@ Buffer::Impl::~Impl() = default;
 
 namespace {
 void report_topk_mismatch(const Buffer::Impl& b) {
+  const int shape = b.call.shape_mismatch();
+  UBEP_CHECK_ARG(shape < 0, "dispatch: rank ", shape,
+                 " made a different call (layout or placement) than rank ", b.rank, " (",
+                 layout_name(b.call.layout), ", ", placement_name(b.call.placement), ")");
   const int other = b.call.topk_mismatch();
   UBEP_CHECK_ARG(other < 0, "dispatch: rank ", other, " used a different topk than rank ", b.rank,
                  " (", b.call.routing.topk, ")");
@@ -276,8 +322,9 @@ TensorView Buffer::combine(const CombineArgs& args) {
 
 void Buffer::dispatch_send(const DispatchArgs& args) {
   Impl& b = *impl_;
-  UBEP_CHECK_ARG(b.algorithm().split_phase(), "dispatch_send: split-phase calls need the ubep "
-                                              "algorithm, this buffer runs ",
+  UBEP_CHECK_ARG(b.algorithm().split_phase(),
+                 "dispatch_send: split-phase calls need the ubep "
+                 "algorithm, this buffer runs ",
                  algorithm_name(b.cfg.algorithm));
   CallScope scope(b);
   b.begin_dispatch(args);
@@ -300,8 +347,9 @@ DispatchResult Buffer::dispatch_recv() {
 
 void Buffer::combine_send(const CombineArgs& args) {
   Impl& b = *impl_;
-  UBEP_CHECK_ARG(b.algorithm().split_phase(), "combine_send: split-phase calls need the ubep "
-                                              "algorithm, this buffer runs ",
+  UBEP_CHECK_ARG(b.algorithm().split_phase(),
+                 "combine_send: split-phase calls need the ubep "
+                 "algorithm, this buffer runs ",
                  algorithm_name(b.cfg.algorithm));
   CallScope scope(b);
   b.check_combine(args);
@@ -350,6 +398,11 @@ void Buffer::set_sync_mode(SyncMode m) {
 }
 const CallStats& Buffer::last_stats() const { return impl_->stats; }
 size_t Buffer::shared_bytes() const { return impl_->win.bytes(); }
+TensorView Buffer::compact() {
+  UBEP_CHECK_ARG(impl_->have_dispatch, "compact: no dispatch on this buffer yet");
+  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kIdle, "compact: a split-phase call is outstanding");
+  return impl_->compact_rows();
+}
 TensorView Buffer::combine_buffer() const {
   UBEP_CHECK_ARG(impl_->have_dispatch, "combine_buffer: no dispatch on this buffer yet");
   return impl_->combine_input_view();

@@ -44,6 +44,7 @@ struct Buffer::Impl {
   std::vector<int64_t> plan_rows;  // [R] rows per destination handed to the scheduler
 
   LocalArray y;             // [T, row] combine output
+  LocalArray compacted;     // [valid rows, row] compact() output
   std::vector<float> part;  // [hidden] one host's partial (multi-host combine)
   std::vector<float> acc;   // [members, hidden] fp32 accumulators
   CallStats stats;
@@ -74,6 +75,7 @@ struct Buffer::Impl {
   void begin_dispatch(const DispatchArgs& a);
   DispatchResult result() const;
   TensorView combine_input_view() const;
+  TensorView compact_rows();
   TensorView y_view() const;
   void check_combine(const CombineArgs& a) const;
   void set_combine_weights(const CombineArgs& a);  // after check_combine accepted them

@@ -11,6 +11,7 @@ CallState::CallState(int r, const BufferConfig& cfg, int R, bool)
       row_offset_at(static_cast<size_t>(R)),
       expert_offset_at(static_cast<size_t>(R) * static_cast<size_t>(cfg.num_experts / R)),
       recv_count(static_cast<size_t>(cfg.num_experts / R) * 8),
+      recv_range(static_cast<size_t>(cfg.num_experts / R) * static_cast<size_t>(R) * 16),
       offsets_ready_(static_cast<size_t>(R)) {}
 
 void CallState::begin(const DispatchArgs& a, const BufferConfig& cfg, size_t row_bytes) {
@@ -24,12 +25,19 @@ void CallState::begin(const DispatchArgs& a, const BufferConfig& cfg, size_t row
   }
   stream_rows = rows * static_cast<double>(row_bytes) >= kStreamBytes;
   layout = a.layout;
+  placement = cfg.placement == Placement::kAuto ? placement_for(layout) : cfg.placement;
   topk_mismatch_.store(-1, std::memory_order_relaxed);
+  shape_mismatch_.store(-1, std::memory_order_relaxed);
 }
 
 void CallState::compute_offsets(const Window& w, int dest) {
-  int64_t rows = 0;
   int64_t* eo = &expert_offset_at[static_cast<size_t>(dest * local_experts)];
+  if (placement == Placement::kPerSource) {
+    std::fill(eo, eo + local_experts, rank * T);
+    row_offset_at[static_cast<size_t>(dest)] = rank * T;
+    return;
+  }
+  int64_t rows = 0;
   std::fill(eo, eo + local_experts, 0);
   for (int s = 0; s < rank; ++s) {
     CountRecord rec = w.count(dest, s);
@@ -44,13 +52,33 @@ void CallState::receive_counts(const Window& w) {
   int64_t rows = 0;
   auto* counts = recv_count.get<int64_t>();
   std::fill(counts, counts + local_experts, 0);
+  const bool per_source = placement == Placement::kPerSource;
   for (int s = 0; s < ranks; ++s) {
     CountRecord rec = w.count(rank, s);
     if (*rec.topk() != routing.topk) topk_mismatch_.store(s, std::memory_order_relaxed);
+    if (*rec.shape() != shape()) {
+      // A different call: its counts mean something else, so read none of them.
+      shape_mismatch_.store(s, std::memory_order_relaxed);
+      continue;
+    }
+    if (layout == Layout::kThroughput) {
+      int64_t* r = recv_range.get<int64_t>() + 2 * s;
+      r[0] = per_source ? s * T : rows;
+      r[1] = *rec.rows();
+    }
     rows += *rec.rows();
-    for (int e = 0; e < local_experts; ++e) counts[e] += rec.expert_rows()[e];
+    for (int e = 0; e < local_experts; ++e) {
+      if (layout == Layout::kLatency) {
+        int64_t* r = recv_range.get<int64_t>() + 2 * (e * ranks + s);
+        r[0] = per_source ? s * T : counts[e];
+        r[1] = rec.expert_rows()[e];
+      }
+      counts[e] += rec.expert_rows()[e];
+    }
   }
-  num_recv_rows = rows;
+  num_recv_rows = layout == Layout::kThroughput ? rows : 0;
+  if (layout == Layout::kLatency)
+    for (int e = 0; e < local_experts; ++e) num_recv_rows += counts[e];
 }
 
 void CallState::row_owner(const Window& w, int max_topk, int64_t row, int* owner,

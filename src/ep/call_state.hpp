@@ -23,6 +23,11 @@ class CallState {
 
   Routing routing;
   Layout layout = Layout::kThroughput;
+  Placement placement = Placement::kCompact;  // resolved (never kAuto)
+  // The count record's call-shape word for this call (protocol.hpp).
+  int32_t shape() const {
+    return call_shape(static_cast<int>(layout), static_cast<int>(placement));
+  }
   int rank, ranks, local_experts;
   int64_t T;  // max tokens per rank
   int64_t RT() const { return static_cast<int64_t>(ranks) * T; }
@@ -37,7 +42,10 @@ class CallState {
   // of the lower-ranked sources). Kept for combine, which reads the rows back there.
   std::vector<int64_t> row_offset_at;     // [R] throughput
   std::vector<int64_t> expert_offset_at;  // [R, El] latency
-  // Reads the count records of sources below this rank at `dest` (they must be visible).
+  // Whether the offsets at a destination depend on the lower ranks' count records there.
+  bool offsets_need_counts() const { return placement == Placement::kCompact; }
+  // Compact: reads the count records of sources below this rank at `dest` (they must be
+  // visible). Per-source: this rank's fixed region, from nothing but its rank.
   void compute_offsets(const Window& w, int dest);
   // Point-to-point signal from the offset role (one writer) to the token senders of this rank:
   // offsets for `dest` are computed. Release/acquire on a rank-local word; the generation
@@ -52,11 +60,22 @@ class CallState {
 
   // --- receiver side ---
   LocalArray recv_count;  // [El] int64
-  int64_t num_recv_rows = 0;
-  // After every count record of this call is visible: per-expert counts and total rows.
+  LocalArray recv_range;  // int64 (begin, count): latency [El, R, 2], throughput [R, 2]
+  int64_t num_recv_rows = 0;  // valid rows in all
+  // After every count record of this call is visible: per-expert counts, each source's range
+  // (from the placement) and total rows.
   void receive_counts(const Window& w);
-  // A source whose topk differed from ours in this call, or -1.
+  // Rows the dispatch output spans (throughput: per-source placement leaves gaps).
+  int64_t tp_span() const { return placement == Placement::kPerSource ? RT() : num_recv_rows; }
+  // A source whose topk, or call shape, differed from ours in this call, or -1.
   int topk_mismatch() const { return topk_mismatch_.load(std::memory_order_relaxed); }
+  int shape_mismatch() const { return shape_mismatch_.load(std::memory_order_relaxed); }
+  // (begin, count) of source s's rows (throughput: e is ignored).
+  const int64_t* range(int e, int s) const {
+    const size_t i = layout == Layout::kLatency ? static_cast<size_t>(e * ranks + s)
+                                                : static_cast<size_t>(s);
+    return recv_range.get<int64_t>() + 2 * i;
+  }
 
   // Writes one token's row(s) for `dest` on behalf of `source` (itself or, on a relay, a rank
   // of another host): idx/w/expert_slot are the token's K entries, slot its index among the
@@ -70,11 +89,11 @@ class CallState {
   // This rank's token slot i for `dest`, read from x.
   template <typename Done>
   void send_rows(const Window& win, const void* x, int dest, int64_t i, Done&& done) const;
-  // Receiver: the tag of every expected row, in order; visit(tag, description-index).
+  // Receiver: the tag of every expected row, in order; visit(tag, row index in the output).
   template <typename Visit>
   void for_each_expected_row(const Window& win, Visit&& visit) const;
-  // Combine, expert side: member m's equal share of the received rows (index into the
-  // dispatch output; in the latency layout only the recv_count[e] valid slots of each expert).
+  // Combine, expert side: member m's equal share of the valid received rows, in compact order;
+  // visit(row index in the dispatch output, index in compact order).
   template <typename Visit>
   void for_each_output_row(int m, int members, Visit&& visit) const;
   // bsp combine: the owner of received row `row` and its slot in the owner's staging.
@@ -85,6 +104,18 @@ class CallState {
   std::vector<std::atomic<uint64_t>> offsets_ready_;  // [R]
   uint64_t send_generation_ = 0;
   std::atomic<int> topk_mismatch_{-1};
+  std::atomic<int> shape_mismatch_{-1};
+  // Visits every (expert or 0, source) range in compact order: fn(e, s, begin, count, base)
+  // where base is the output index of row 0 of expert e (latency) or 0.
+  template <typename Fn>
+  void for_each_range(Fn&& fn) const {
+    const int experts = layout == Layout::kLatency ? local_experts : 1;
+    for (int e = 0; e < experts; ++e)
+      for (int s = 0; s < ranks; ++s) {
+        const int64_t* r = range(e, s);
+        fn(e, s, r[0], r[1], layout == Layout::kLatency ? e * RT() : int64_t{0});
+      }
+  }
 };
 
 template <typename Done>
@@ -140,33 +171,22 @@ void CallState::send_rows(const Window& win, const void* x, int dest, int64_t i,
 
 template <typename Visit>
 void CallState::for_each_expected_row(const Window& win, Visit&& visit) const {
-  if (layout == Layout::kThroughput) {
-    const Tag* tags = win.at<Tag>(rank, win.map().tp_tag);
-    for (int64_t pos = 0; pos < num_recv_rows; ++pos) visit(tags + pos, pos);
-  } else {
-    const Tag* tags = win.at<Tag>(rank, win.map().lat_tag);
-    const auto* counts = recv_count.get<int64_t>();
-    for (int e = 0; e < local_experts; ++e)
-      for (int64_t p = 0; p < counts[e]; ++p) visit(tags + e * RT() + p, e * RT() + p);
-  }
+  const Tag* tags = win.at<Tag>(
+      rank, layout == Layout::kThroughput ? win.map().tp_tag : win.map().lat_tag);
+  for_each_range([&](int, int, int64_t begin, int64_t count, int64_t base) {
+    for (int64_t p = base + begin; p < base + begin + count; ++p) visit(tags + p, p);
+  });
 }
 
 template <typename Visit>
 void CallState::for_each_output_row(int m, int members, Visit&& visit) const {
-  if (layout == Layout::kThroughput) {
-    for (int64_t row = num_recv_rows * m / members; row < num_recv_rows * (m + 1) / members; ++row)
-      visit(row);
-    return;
-  }
-  const auto* counts = recv_count.get<int64_t>();
-  int64_t total = 0;
-  for (int e = 0; e < local_experts; ++e) total += counts[e];
-  const int64_t begin = total * m / members, end = total * (m + 1) / members;
-  int64_t seen = 0;  // valid rows of the experts before e
-  for (int e = 0; e < local_experts && seen < end; seen += counts[e], ++e) {
-    const int64_t p0 = std::max<int64_t>(begin - seen, 0), p1 = std::min(counts[e], end - seen);
-    for (int64_t p = p0; p < p1; ++p) visit(e * RT() + p);
-  }
+  const int64_t begin = num_recv_rows * m / members, end = num_recv_rows * (m + 1) / members;
+  int64_t seen = 0;  // valid rows of the ranges before this one
+  for_each_range([&](int, int, int64_t first, int64_t count, int64_t base) {
+    const int64_t p0 = std::max<int64_t>(begin - seen, 0), p1 = std::min(count, end - seen);
+    for (int64_t p = p0; p < p1; ++p) visit(base + first + p, seen + p);
+    seen += count;
+  });
 }
 
 }  // namespace ubep::ep

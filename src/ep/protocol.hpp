@@ -36,20 +36,28 @@ UBEP_HD inline constexpr uint32_t tag_of(uint64_t seq) {
 }
 UBEP_HD inline constexpr int half_of(uint64_t seq) { return static_cast<int>(seq & 1u); }
 
+// Call shape word of a count record: what a receiver must agree on with every sender.
+UBEP_HD inline constexpr int32_t call_shape(int layout, int placement) {
+  return layout | (placement << 8);
+}
+
 // An epoch tag word. Written only through a backend's release store, read only through its
 // acquire load; aligned so both are single, lock-free accesses on every backend.
 using Tag = uint32_t;
 
-// Count record, one per (source, destination) per call: [rows, topk, rows per local expert][tag].
+// Count record, one per (source, destination) per call:
+//   [rows, topk, call shape (layout | placement << 8), rows per local expert][tag].
+// The call shape lets a receiver name a peer that made a different call instead of misreading.
 struct CountRecord {
   char* base;
   int local_experts;
   UBEP_HD int32_t* rows() const { return reinterpret_cast<int32_t*>(base); }
   UBEP_HD int32_t* topk() const { return rows() + 1; }
-  UBEP_HD int32_t* expert_rows() const { return rows() + 2; }
+  UBEP_HD int32_t* shape() const { return rows() + 2; }
+  UBEP_HD int32_t* expert_rows() const { return rows() + 3; }
   UBEP_HD Tag* tag() const { return reinterpret_cast<Tag*>(base + tag_offset(local_experts)); }
   UBEP_HD static constexpr size_t tag_offset(int el) {
-    return round_up(8 + 4 * static_cast<size_t>(el), 8);
+    return round_up(12 + 4 * static_cast<size_t>(el), 8);
   }
   UBEP_HD static constexpr size_t bytes(int el) {
     return round_up(tag_offset(el) + sizeof(Tag), kCacheLine);

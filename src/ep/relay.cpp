@@ -103,10 +103,11 @@ void HostRelay::pack(const DispatchArgs& a) {
       std::memcpy(meta, &tok, 4);
       std::memcpy(meta + 4, idx, 4 * static_cast<size_t>(K));
       std::memcpy(meta + 4 + 4 * static_cast<size_t>(K),
-                  &call_.routing.topk_weights[static_cast<size_t>(t * K)], 4 * static_cast<size_t>(K));
+                  &call_.routing.topk_weights[static_cast<size_t>(t * K)],
+                  4 * static_cast<size_t>(K));
       ++n;
     }
-    const int32_t header[2] = {n, K};
+    const int32_t header[3] = {n, K, call_.shape()};
     std::memcpy(out, header, sizeof header);
     const size_t bytes = kHeader + static_cast<size_t>(n) * rec;
     const auto& target = hosts_[h];
@@ -132,7 +133,8 @@ void HostRelay::walk(const Relayed& s, Visit&& visit) const {
   std::fill(experts.begin(), experts.end(), 0);
   int32_t slots[64];
   for (int i = 0; i < n; ++i) {
-    PackedToken p{const_cast<char*>(msg) + kHeader + static_cast<size_t>(i) * record_bytes(), win_.row_bytes(), K};
+    PackedToken p{const_cast<char*>(msg) + kHeader + static_cast<size_t>(i) * record_bytes(),
+                  win_.row_bytes(), K};
     for (int j = 0; j < K; ++j) {
       const int32_t e = p.idx()[j];
       slots[j] = -1;
@@ -160,14 +162,17 @@ void HostRelay::write_counts(Relayed& s) {
     for (int j = 0; j < p.K; ++j)
       if (p.idx()[j] >= 0 && p.idx()[j] / El == d) ++experts[static_cast<size_t>(p.idx()[j])];
   });
-  if (K == 0) std::memcpy(&K, s.msg[win_.half()].data() + 4, 4);
-  for (int d : hosts_[static_cast<size_t>(my_host_)])
-    win_.publish_count(d, s.source, rows[static_cast<size_t>(d)], K,
-                     &experts[static_cast<size_t>(d * El)]);
+  int32_t header[3];
+  std::memcpy(header, s.msg[win_.half()].data(), sizeof header);
+  if (K == 0) K = header[1];
+  for (int d : hosts_[static_cast<size_t>(my_host_)])  // the source's call shape, as it sent it
+    win_.publish_count(d, s.source, rows[static_cast<size_t>(d)], K, header[2],
+                       &experts[static_cast<size_t>(d * El)]);
   s.counted = true;
 }
 
 bool HostRelay::lower_counts_ready(const Relayed& s, int dest) const {
+  if (!call_.offsets_need_counts()) return true;  // per-source placement: nothing to wait for
   for (int lower = 0; lower < s.source; ++lower)
     if (!win_.count_arrived(dest, lower)) return false;
   return true;
@@ -175,7 +180,19 @@ bool HostRelay::lower_counts_ready(const Relayed& s, int dest) const {
 
 void HostRelay::forward(Relayed& s) {
   const int El = call_.local_experts;
+  int32_t header[3];
+  std::memcpy(header, s.msg[win_.half()].data(), sizeof header);
+  if (header[2] != call_.shape()) {  // a different call: receivers name it from the count record
+    s.forwarded = true;
+    return;
+  }
   for (int d : hosts_[static_cast<size_t>(my_host_)]) {
+    if (!call_.offsets_need_counts()) {  // per-source: the source's fixed region
+      int64_t* eo = &s.expert_off[static_cast<size_t>(d * El)];
+      std::fill(eo, eo + El, s.source * call_.T);
+      s.row_off[static_cast<size_t>(d)] = s.source * call_.T;
+      continue;
+    }
     int64_t rows = 0;
     int64_t* eo = &s.expert_off[static_cast<size_t>(d * El)];
     std::fill(eo, eo + El, 0);
@@ -265,8 +282,8 @@ void HostRelay::advance_partials(Relayed& s) {
   float* weights = gather_weights_.data();
   int64_t* dslot = gather_slots_.data();
   for (; s.cursor < n; ++s.cursor) {
-    PackedToken p{const_cast<char*>(msg) + kHeader + static_cast<size_t>(s.cursor) * record_bytes(), win_.row_bytes(),
-                  K};
+    PackedToken p{const_cast<char*>(msg) + kHeader + static_cast<size_t>(s.cursor) * record_bytes(),
+                  win_.row_bytes(), K};
     int count = 0;
     bool ready = true;
     if (call_.layout == Layout::kThroughput) {
@@ -277,7 +294,8 @@ void HostRelay::advance_partials(Relayed& s) {
         const int64_t pos = s.row_off[static_cast<size_t>(d)] + s.rows_seen[static_cast<size_t>(d)];
         dslot[count] = d;
         ready = ready && win_.arrived(win_.at<ep::Tag>(d, win_.map().comb_tag) + pos);
-        rows[count++] = win_.at<char>(d, win_.map().comb_x) + static_cast<size_t>(pos) * win_.row_bytes();
+        rows[count++] =
+            win_.at<char>(d, win_.map().comb_x) + static_cast<size_t>(pos) * win_.row_bytes();
       }
     } else {
       for (int j = 0; j < K; ++j) {
@@ -290,7 +308,8 @@ void HostRelay::advance_partials(Relayed& s) {
         dslot[count] = e;
         weights[count] = p.w()[j];
         ready = ready && win_.arrived(win_.at<ep::Tag>(d, win_.map().comb_tag) + pos);
-        rows[count++] = win_.at<char>(d, win_.map().comb_x) + static_cast<size_t>(pos) * win_.row_bytes();
+        rows[count++] =
+            win_.at<char>(d, win_.map().comb_x) + static_cast<size_t>(pos) * win_.row_bytes();
       }
     }
     if (!ready) return;  // resume here on the next progress()

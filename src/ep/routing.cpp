@@ -22,6 +22,10 @@ Routing::Routing(int r, int num_experts, int64_t t, int k)
 
 void validate_dispatch(const DispatchArgs& a, const BufferConfig& cfg) {
   UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "dispatch: x has no data");
+  for (const auto& [name, t] : {std::pair{"x", &a.x}, std::pair{"topk_idx", &a.topk_idx},
+                                std::pair{"topk_weights", &a.topk_weights}})
+    UBEP_CHECK_ARG(t->device == cfg.device, "dispatch: ", name, " is on ", t->device.describe(),
+                   ", the buffer on ", cfg.device.describe());
   UBEP_CHECK_ARG(a.x.ndim == 2, "dispatch: x must be [num_tokens, hidden], got ", a.x.describe());
   const int64_t n = a.x.dim(0);
   UBEP_CHECK_ARG(a.x.dtype == cfg.dtype, "dispatch: x dtype ", dtype_name(a.x.dtype),
@@ -43,6 +47,9 @@ void validate_dispatch(const DispatchArgs& a, const BufferConfig& cfg) {
   UBEP_CHECK_ARG(a.topk_weights.dim(0) == n && a.topk_weights.dim(1) == k,
                  "dispatch: topk_weights shape ", a.topk_weights.describe(),
                  " does not match topk_idx ", a.topk_idx.describe());
+  UBEP_CHECK_ARG(a.topk_idx.data != nullptr || n * k == 0, "dispatch: topk_idx has no data");
+  UBEP_CHECK_ARG(a.topk_weights.data != nullptr || n * k == 0,
+                 "dispatch: topk_weights has no data");
   const auto* idx = a.topk_idx.as<const int64_t>();
   for (int64_t t = 0; t < n; ++t) {
     for (int64_t j = 0; j < k; ++j) {

@@ -81,9 +81,8 @@ void Ubep::dispatch_send(const DispatchArgs& a) {
     b.scheduler->plan({b.rank, 0, b.plan_rows, static_cast<int64_t>(b.row_bytes())}, b.plan);
   }
   auto wait_offsets = [&](int d) {
-    wait_until(
-        [&] { return call.offsets_signalled(d, signal); },
-        b.wait, [&] { return detail::concat("offsets for rank ", d); });
+    wait_until([&] { return call.offsets_signalled(d, signal); }, b.wait,
+               [&] { return detail::concat("offsets for rank ", d); });
   };
   b.dp->run_roles([&](int m) {
     if (m == 0) {
@@ -91,8 +90,8 @@ void Ubep::dispatch_send(const DispatchArgs& a) {
       for (int k = 1; k <= b.ranks; ++k) {
         const int d = (b.rank + k) % b.ranks;
         if (!b.same_host(d)) continue;
-        b.win.publish_count(d, b.rank, routing.dest_rows[static_cast<size_t>(d)], routing.topk,
-                        &routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
+        b.win.publish_count(d, b.rank, routing.dest_rows[static_cast<size_t>(d)], routing.topk, call.shape(),
+                            &routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
       }
     }
     if (b.scheduler) {
@@ -100,7 +99,7 @@ void Ubep::dispatch_send(const DispatchArgs& a) {
         for (int k = 1; k <= b.ranks; ++k) {
           const int d = (b.rank + k) % b.ranks;
           if (!b.same_host(d)) continue;
-          wait_counts(b, d, b.rank, true);
+          if (call.offsets_need_counts()) wait_counts(b, d, b.rank, true);
           call.compute_offsets(b.win, d);
           call.signal_offsets(d, signal);
         }
@@ -117,7 +116,7 @@ void Ubep::dispatch_send(const DispatchArgs& a) {
       const int d = (b.rank + k) % b.ranks;
       if (!b.same_host(d)) continue;  // reached through the relay
       if (m == 0) {
-        wait_counts(b, d, b.rank, true);
+        if (call.offsets_need_counts()) wait_counts(b, d, b.rank, true);
         call.compute_offsets(b.win, d);
         call.signal_offsets(d, signal);
       } else {
@@ -146,8 +145,9 @@ void Ubep::dispatch_recv() {
   b.call.receive_counts(b.win);
   timer.lap("counts + prefix sum");
   b.call.for_each_expected_row(b.win, [&](const Tag* tag, int64_t row) {
-    b.wait_for([&] { return b.win.arrived(tag); }, true,
-               [&] { return detail::concat("dispatch row ", row, " (epoch tag ", b.win.tag(), ")"); });
+    b.wait_for(
+        [&] { return b.win.arrived(tag); }, true,
+        [&] { return detail::concat("dispatch row ", row, " (epoch tag ", b.win.tag(), ")"); });
   });
   // A relay leaves only when what it relays is forwarded and its own sends are done.
   if (b.relay)
@@ -163,12 +163,13 @@ void Ubep::combine_send(const CombineArgs& a) {
   const int members = b.dp->members();
   char* comb = b.win.at<char>(b.rank, b.win.map().comb_x);
   Tag* tags = b.win.at<Tag>(b.rank, b.win.map().comb_tag);
-  const bool zero_copy = a.x.data == comb;
+  const bool zero_copy = a.x.data == comb && !a.compacted;
   b.dp->run_roles([&](int m) {
-    b.call.for_each_output_row(m, members, [&](int64_t row) {
+    b.call.for_each_output_row(m, members, [&](int64_t row, int64_t packed) {
+      const int64_t from = a.compacted ? packed : row;
       if (!zero_copy)  // plain stores: the owners read these rows right away
         b.win.put_row(comb + static_cast<size_t>(row) * b.row_bytes(),
-                      static_cast<const char*>(a.x.data) + static_cast<size_t>(row) * b.row_bytes(),
+                      static_cast<const char*>(a.x.data) + static_cast<size_t>(from) * b.row_bytes(),
                       false);
       b.win.complete(tags + row);
     });

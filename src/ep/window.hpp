@@ -42,10 +42,10 @@ class Window {
 
   // --- messages ---
   // Count record from `source` at `dest`, completed in the buffer's sync mode.
-  void publish_count(int dest, int source, int32_t rows, int32_t topk,
+  void publish_count(int dest, int source, int32_t rows, int32_t topk, int32_t shape,
                      const int32_t* expert_rows) const {
     CountRecord rec = count(dest, source);
-    const int32_t head[2] = {rows, topk};
+    const int32_t head[3] = {rows, topk, shape};
     dp_.put(rec.rows(), head, sizeof head);
     dp_.put(rec.expert_rows(), expert_rows, static_cast<size_t>(map_.local_experts) * 4);
     if (sync_ == SyncMode::kFused)

@@ -11,7 +11,7 @@
 #include <random>
 #include <thread>
 
-#include "core/bf16.hpp"
+#include "ubep/bf16.hpp"
 #include "ubep/buffer.hpp"
 #include "ubep/error.hpp"
 #include "ubep/group.hpp"
@@ -136,6 +136,8 @@ void run_case(const Case& c) {
     bc.num_experts = c.experts;
     bc.max_topk = c.topk;
     bc.algorithm = Algorithm::kUbep;
+    // last_outputs_latency() writes each expert's rows from slot 0: the compact placement.
+    bc.placement = Placement::kCompact;
     Buffer buffer(g, bc);
     ExpertLayerConfig lc;
     lc.max_tokens_per_rank = c.capacity;

@@ -11,9 +11,9 @@
 #include <memory>
 #include <random>
 
-#include "core/bf16.hpp"
 #include "npy.hpp"
 #include "ubep/baseline.hpp"
+#include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
 #include "ubep/scheduler.hpp"
 
@@ -116,15 +116,17 @@ CombineArgs expert_identity(const DispatchResult& r, Buffer* buf, size_t row_byt
   TensorView out = buf->combine_buffer();
   const auto* src = static_cast<const char*>(r.recv_x.data);
   auto* dst = static_cast<char*>(out.data);
-  if (r.layout == Layout::kThroughput) {
-    std::memcpy(dst, src, static_cast<size_t>(r.num_recv_rows) * row_bytes);
-  } else {
-    const int64_t rows = r.recv_x.dim(1);
-    for (int64_t e = 0; e < r.recv_x.dim(0); ++e)
-      std::memcpy(dst + static_cast<size_t>(e * rows) * row_bytes,
-                  src + static_cast<size_t>(e * rows) * row_bytes,
-                  static_cast<size_t>(r.recv_count.as<int64_t>()[e]) * row_bytes);
-  }
+  // The valid rows: each (expert, source) range of recv_range (contiguous when compact).
+  const bool latency = r.layout == Layout::kLatency;
+  const int64_t experts = latency ? r.recv_x.dim(0) : 1, ranks = r.recv_range.dim(latency ? 1 : 0);
+  const int64_t rows = latency ? r.recv_x.dim(1) : 0;
+  const auto* range = r.recv_range.as<const int64_t>();
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t s = 0; s < ranks; ++s) {
+      const int64_t* rr = range + 2 * (e * ranks + s);
+      const size_t at = static_cast<size_t>(e * rows + rr[0]) * row_bytes;
+      std::memcpy(dst + at, src + at, static_cast<size_t>(rr[1]) * row_bytes);
+    }
   return CombineArgs{out, r.handle};
 }
 
@@ -168,6 +170,8 @@ std::vector<double> slowest_per_iter(Group& g, const std::vector<double>& mine) 
   return out;
 }
 
+}  // namespace
+
 double mean_over_ranks(Group& g, double v) {
   std::vector<double> all(static_cast<size_t>(g.size()));
   g.allgather(&v, all.data(), sizeof v);
@@ -175,6 +179,8 @@ double mean_over_ranks(Group& g, double v) {
   for (double x : all) s += x;
   return s / static_cast<double>(g.size());
 }
+
+namespace {
 
 double percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
@@ -207,6 +213,8 @@ class Progress {
   bool shown_ = false;
 };
 
+}  // namespace
+
 BenchRow make_row(Group& g, const std::string& impl, const std::string& variant,
                   const std::string& op, const std::vector<double>& times, double bytes) {
   BenchRow r;
@@ -220,6 +228,8 @@ BenchRow make_row(Group& g, const std::string& impl, const std::string& variant,
   r.gbps = r.median_us > 0 ? r.bytes / (r.median_us * 1e3) : 0;
   return r;
 }
+
+namespace {
 
 void dump_call(Group& g, const BenchOptions& o, const Input& in, const DispatchResult& r,
                const TensorView& y, const std::string& impl) {
@@ -242,6 +252,11 @@ void dump_call(Group& g, const BenchOptions& o, const Input& in, const DispatchR
               {r.num_recv_rows, o.topk}, 4);
   }
   write_npy(p + "recv_count.npy", r.recv_count.data, "<i8", {r.recv_count.dim(0)}, 8);
+  if (r.recv_range.data) {
+    std::vector<int64_t> rs(r.recv_range.shape.begin(),
+                            r.recv_range.shape.begin() + r.recv_range.ndim);
+    write_npy(p + "recv_range.npy", r.recv_range.data, "<i8", rs, 8);
+  }
   write_npy(p + "combine_in.npy", r.recv_x.data, xd, xs, es);  // identity expert
   write_npy(p + "y.npy", y.data, xd, {y.dim(0), y.dim(1)}, es);
   if (g.rank() == 0) {
@@ -251,7 +266,11 @@ void dump_call(Group& g, const BenchOptions& o, const Input& in, const DispatchR
       << dtype_name(o.dtype) << "\", \"bf16_as\": \"uint16 bit patterns\", \"layout\": \""
       << layout_name(o.layout) << "\", \"impl\": \"" << impl
       << "\", \"expert\": \"identity (combine_in = recv_x)\""
-      << ", \"latency_layout_rows\": \"recv_x[e, :recv_count[e]] are valid\"}\n";
+      << ", \"placement\": \"" << placement_name(r.placement) << "\""
+      << ", \"rows_per_source\": "
+      << (r.layout == Layout::kLatency ? r.recv_x.dim(1) / g.size() : o.tokens)
+      << ", \"latency_layout_rows\": \"compact: recv_x[e, :recv_count[e]]; per-source: "
+         "recv_x[e, s*rows_per_source : s*rows_per_source + recv_range[e, s, 1]]\"}\n";
   }
 }
 
@@ -269,6 +288,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   cfg.num_experts = o.experts;
   cfg.max_topk = o.topk;
   cfg.num_workers = o.workers;
+  cfg.placement = o.placement;
   cfg.enable_latency_layout = o.layout == Layout::kLatency;
   cfg.schedule = o.schedule;
   cfg.topology = o.topology;
@@ -293,7 +313,6 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   const int total = o.warmup + o.iters;
   std::vector<BenchRow> rows;
   Progress progress(g, o.quiet);
-  double dbytes_any = 0;
   bool dumped = o.dump.empty();
 
   auto measure = [&](const std::string& impl, const std::string& variant, auto&& dispatch,
@@ -331,7 +350,6 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
       }
       progress.update(impl + (variant.empty() ? "" : "/" + variant), i + 1, total);
     }
-    dbytes_any = dbytes;
     BenchRow rd = make_row(g, impl, variant, "dispatch", td, dbytes);
     rd.barriers = barriers / o.iters;
     rd.network_bytes = mean_over_ranks(g, net_bytes / o.iters);
@@ -368,152 +386,26 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     }
   }
 
-  // Copy bound: one plain memcpy of the same bytes, on every rank at once, in the same run.
-  if (dbytes_any == 0 && !o.algos.empty()) dbytes_any = 0;
-  for (const char* op : {"dispatch", "combine"}) {
-    const double bytes = std::string(op) == "dispatch" ? dbytes_any : cbytes;
-    std::vector<char> src(static_cast<size_t>(bytes) + 1, 1),
-        dst(static_cast<size_t>(bytes) + 1, 0);
-    std::vector<double> t;
-    for (int i = 0; i < total; ++i) {
-      auto t0 = Clock::now();
-      std::memcpy(dst.data(), src.data(), static_cast<size_t>(bytes));
-      const double us = us_since(t0);
-      if (i >= o.warmup) t.push_back(us);
-    }
-    rows.push_back(make_row(g, "copy", "", op, t, bytes));
+  // The bound and the floor, in the same run, on the same ranks (one host: they measure shared
+  // memory; across hosts the bound is the network, which this bench does not measure).
+  if (g.single_host()) {
+    const auto sends = send_rows(in.idx, o.tokens, o.topk, o.experts, g.size(), g.rank(), o.layout);
+    for (BenchRow& b : measure_bound(g, sends, in.x.data(), row_bytes, o.tokens, o.warmup, o.iters))
+      rows.push_back(std::move(b));
+    for (BenchRow& f : measure_floor(g, std::max(200, o.iters * 4))) rows.push_back(std::move(f));
+  }
+  double bound[2] = {0, 0}, floor_us = 0;
+  for (const BenchRow& r : rows) {
+    if (r.impl == "bound") bound[r.op == "dispatch" ? 0 : 1] = r.median_us;
+    if (r.impl == "floor") floor_us = r.median_us;
+  }
+  for (BenchRow& r : rows) {
+    if (r.op != "dispatch" && r.op != "combine") continue;
+    const double b = bound[r.op == "dispatch" ? 0 : 1];
+    if (b > 0) r.x_bound = r.median_us / b;
+    if (b + floor_us > 0 && floor_us > 0) r.x_floor_bound = r.median_us / (b + floor_us);
   }
   return rows;
-}
-
-std::vector<PolicyRow> policy_report(Group& g, const BenchOptions& o) {
-  std::vector<PolicyRow> out;
-  if (o.topology.empty()) return out;
-  Input in = make_input(g, o);
-  const sched::Topology topo = sched::parse_topology(o.topology, g.size());
-  const int El = o.experts / g.size();
-  // Latency layout: one unit per destination expert (the paper's (worker x expert) mapping);
-  // throughput: one unit per destination rank.
-  const bool per_expert = o.layout == Layout::kLatency;
-  std::vector<int64_t> rows(
-      per_expert ? static_cast<size_t>(o.experts) : static_cast<size_t>(g.size()), 0);
-  for (int64_t t = 0; t < o.tokens; ++t) {
-    std::vector<bool> seen(static_cast<size_t>(g.size()), false);
-    for (int j = 0; j < o.topk; ++j) {
-      const int64_t e = in.idx[static_cast<size_t>(t * o.topk + j)];
-      if (e < 0) continue;
-      if (per_expert)
-        ++rows[static_cast<size_t>(e)];
-      else if (!seen[static_cast<size_t>(e / El)]) {
-        seen[static_cast<size_t>(e / El)] = true;
-        ++rows[static_cast<size_t>(e / El)];
-      }
-    }
-  }
-  for (sched::Policy p :
-       {sched::Policy::kNaive, sched::Policy::kColumnMajor, sched::Policy::kBalanced}) {
-    sched::Scheduler s(topo, {o.plan_workers, p});
-    const sched::Plan plan = s.plan({g.rank(), per_expert ? El : 0, rows,
-                                     o.hidden * static_cast<int64_t>(dtype_size(o.dtype))});
-    PolicyRow r;
-    r.policy = sched::policy_name(p);
-    r.slowest_us = mean_over_ranks(g, plan.slowest_ns / 1e3);
-    r.mean_us = mean_over_ranks(g, plan.mean_ns / 1e3);
-    r.imbalance = mean_over_ranks(g, plan.imbalance);
-    out.push_back(r);
-  }
-  return out;
-}
-
-void print_policy_report(const Group& g, const BenchOptions& o,
-                         const std::vector<PolicyRow>& rows) {
-  if (g.rank() != 0 || rows.empty()) return;
-  std::printf(
-      "scheduler on topology %s, %d workers per rank, predicted send time (mean over ranks):\n",
-      o.topology.c_str(), o.plan_workers);
-  std::printf("  %-13s %12s %10s %18s\n", "policy", "slowest_us", "mean_us", "imbalance(max/mean)");
-  for (const auto& r : rows)
-    std::printf("  %-13s %12.2f %10.2f %18.3f\n", r.policy.c_str(), r.slowest_us, r.mean_us,
-                r.imbalance);
-}
-
-void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchRow>& rows) {
-  if (g.rank() != 0) return;
-  std::printf(
-      "ubep-bench: %s on %s(%d ranks), tokens=%lld hidden=%lld topk=%d experts=%d %s layout=%s "
-      "routing=%s iters=%d\n",
-      o.workload.c_str(), g.kind(), g.size(), static_cast<long long>(o.tokens),
-      static_cast<long long>(o.hidden), o.topk, o.experts, dtype_name(o.dtype),
-      layout_name(o.layout), o.routing.c_str(), o.iters);
-  std::printf("%-22s %-9s %11s %11s %9s %10s %9s\n", "impl", "op", "median_us", "p99_us", "GB/s",
-              "MB/rank", "barriers");
-  for (const auto& r : rows) {
-    const std::string name = r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")");
-    std::printf("%-22s %-9s %11.1f %11.1f %9.2f %10.2f", name.c_str(), r.op.c_str(), r.median_us,
-                r.p99_us, r.gbps, r.bytes / 1e6);
-    if (r.op == "dispatch" && (r.impl == "bsp" || r.impl == "ubep"))
-      std::printf(" %9.1f", r.barriers);
-    std::printf("\n");
-  }
-  // Dispatch + combine ratios against the baseline (medians).
-  std::map<std::string, double> total;
-  for (const auto& r : rows)
-    total[r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")] += r.median_us;
-  const std::string base = total.count("mpi") ? "mpi" : (total.count("a2a") ? "a2a" : "");
-  std::printf("dispatch+combine median:");
-  for (auto& [k, v] : total) {
-    std::printf("  %s %.1f us", k.c_str(), v);
-    if (!base.empty() && k != base) std::printf(" (%.2fx %s)", v / total[base], base.c_str());
-  }
-  std::printf("\n");
-  for (const auto& r : rows) {
-    if (r.op != "dispatch" || r.expected_network_rows == 0 || (r.impl != "bsp" && r.impl != "ubep"))
-      continue;
-    std::printf(
-        "%s dispatch across hosts (mean per rank per call): %.0f token rows (deduplicated volume "
-        "computed from the routing: %.0f), %.2f MB\n",
-        r.impl.c_str(), r.network_rows, r.expected_network_rows, r.network_bytes / 1e6);
-  }
-  for (const auto& r : rows) {
-    if (r.stages.empty() || r.op != "dispatch") continue;
-    std::printf("%s dispatch stages (mean us):",
-                (r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")).c_str());
-    for (auto& [n, us] : r.stages) std::printf("  %s %.1f", n.c_str(), us);
-    std::printf("\n");
-  }
-  std::fflush(stdout);
-}
-
-void write_json(const Group& g, const BenchOptions& o, const std::vector<BenchRow>& rows) {
-  if (g.rank() != 0 || o.json.empty()) return;
-  std::ofstream f(o.json);
-  if (!f) throw SystemError("cannot write " + o.json);
-  f << "{\"config\": {\"workload\": \"" << o.workload << "\", \"group\": \"" << g.kind()
-    << "\", \"ranks\": " << g.size() << ", \"tokens\": " << o.tokens << ", \"hidden\": " << o.hidden
-    << ", \"topk\": " << o.topk << ", \"experts\": " << o.experts << ", \"dtype\": \""
-    << dtype_name(o.dtype) << "\", \"layout\": \"" << layout_name(o.layout) << "\", \"routing\": \""
-    << o.routing << "\", \"iters\": " << o.iters << ", \"warmup\": " << o.warmup
-    << "},\n \"results\": [";
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const auto& r = rows[i];
-    f << (i ? ",\n  " : "\n  ") << "{\"impl\": \"" << r.impl << "\", \"op\": \"" << r.op
-      << "\", \"median_us\": " << r.median_us << ", \"p99_us\": " << r.p99_us
-      << ", \"gbps\": " << r.gbps << ", \"bytes_per_rank\": " << r.bytes;
-    if (!r.variant.empty()) f << ", \"sync\": \"" << r.variant << "\"";
-    if (r.impl == "bsp" || r.impl == "ubep") f << ", \"barriers\": " << r.barriers;
-    if (r.op == "dispatch" && r.expected_network_rows > 0)
-      f << ", \"network_rows\": " << r.network_rows
-        << ", \"expected_network_rows\": " << r.expected_network_rows
-        << ", \"network_bytes\": " << r.network_bytes;
-    if (!r.stages.empty()) {
-      f << ", \"stages_us\": {";
-      for (size_t s = 0; s < r.stages.size(); ++s)
-        f << (s ? ", " : "") << "\"" << r.stages[s].first << "\": " << r.stages[s].second;
-      f << "}";
-    }
-    f << "}";
-  }
-  f << "\n]}\n";
 }
 
 }  // namespace ubep::tools

@@ -1,5 +1,5 @@
-// The benchmark behind ubep-bench and the demo: MPI baseline, bsp, ubep and the copy bound,
-// measured in one run on one group.
+// The benchmark behind ubep-bench and the demo: MPI baseline, bsp, ubep, the measured
+// memory-bandwidth bound and the latency floor, in one run on one group.
 #pragma once
 
 #include <cstdint>
@@ -24,11 +24,15 @@ struct BenchOptions {
   std::string routing = "uniform";                // uniform | hot
   int iters = 50;
   int warmup = 5;
-  int workers = -1;
+  int workers = -1;  // worker threads per rank for ubep and the baseline (-1: cores / ranks - 1)
   std::string topology;  // preset/HxR/file for the scheduler report and the ubep schedule
   SendSchedule schedule = SendSchedule::kEqualSlices;
   int plan_workers = 8;  // workers assumed by the per-policy scheduler report
   uint64_t seed = 42;
+  Placement placement = Placement::kAuto;  // for bsp and ubep
+  // Non-empty: the straggler run instead of the comparison. Rank 0 arrives D µs late at every
+  // call, for each D; bsp, ubep-compact and ubep-per-source are timed on the other ranks.
+  std::vector<double> straggler_us;
   std::string json;  // write results here (rank 0)
   std::string dump;  // write one call's inputs/outputs as .npy here
   bool quiet = false;
@@ -38,16 +42,30 @@ struct BenchOptions {
 };
 
 struct BenchRow {
-  std::string impl;     // mpi | a2a | bsp | ubep | copy
-  std::string variant;  // sync mode for ubep, "" otherwise
-  std::string op;       // dispatch | combine
+  std::string impl;     // mpi | a2a | bsp | ubep | bound | floor | barrier
+  std::string variant;  // sync mode for ubep; the winning copy kernel for bound; "" otherwise
+  std::string op;       // dispatch | combine (floor: roundtrip; barrier: flag)
   double median_us = 0, p99_us = 0, gbps = 0;
   double bytes = 0;  // mean bytes received per rank per call
   double barriers = 0;
   std::vector<std::pair<std::string, double>> stages;  // mean µs per stage
   double network_bytes = 0, network_rows = 0;          // per rank per call, across hosts
   double expected_network_rows = 0;                    // deduplicated volume computed from routing
+  // Median over the bound of the same op (0 when there is none), and over floor + bound: what a
+  // call cannot beat (data must be copied, and a peer must see a flag).
+  double x_bound = 0, x_floor_bound = 0;
 };
+
+// Flags of ubep-bench, validated: every bad value raises InvalidArgument naming the flag and
+// the value (main() turns it into exit code 2). --help sets `help`.
+struct BenchCommand {
+  BenchOptions opt;
+  int ranks = 2;
+  double timeout_s = 60;
+  bool help = false;
+};
+BenchCommand parse_bench_args(int argc, const char* const* argv);
+extern const char* const kBenchUsage;
 
 // Predicted cost of this rank's send work under each scheduling policy.
 struct PolicyRow {
@@ -60,10 +78,45 @@ void print_policy_report(const Group& group, const BenchOptions& opt,
 
 // Collective over the group; every rank returns the same rows.
 std::vector<BenchRow> run_bench(Group& group, const BenchOptions& opt);
+// The straggler run (--straggler-us): rows with impl bsp | ubep-compact | ubep-per-source, op
+// dispatch_send (ubep's send phase; bsp has none, its whole dispatch is shown) and dispatch,
+// variant "late=D", timed on the ranks that are not late; compact() timed as op "compact".
+std::vector<BenchRow> run_straggler(Group& group, const BenchOptions& opt);
+void print_straggler_table(const Group& group, const BenchOptions& opt,
+                           const std::vector<BenchRow>& rows);
 
 // Rank 0 prints/writes; other ranks do nothing.
 void print_table(const Group& group, const BenchOptions& opt, const std::vector<BenchRow>& rows);
 void write_json(const Group& group, const BenchOptions& opt, const std::vector<BenchRow>& rows);
+
+// Shared by the measurements (bench.cpp, bounds.cpp): per-iteration times of this rank ->
+// a row whose median and p99 are over the slowest rank of each iteration.
+BenchRow make_row(Group& g, const std::string& impl, const std::string& variant,
+                  const std::string& op, const std::vector<double>& times, double bytes);
+double mean_over_ranks(Group& g, double v);
+
+// Rows of one call as the benchmark's routing sends them: (destination rank, token), by
+// destination in rotated order from the next rank, tokens in order. Latency layout: one row
+// per selected (token, k); throughput: one per (token, destination rank).
+struct SendRow {
+  int dest;
+  int64_t token;
+};
+std::vector<SendRow> send_rows(const std::vector<int64_t>& topk_idx, int64_t tokens, int topk,
+                               int experts, int ranks, int me, Layout layout);
+
+// The memory-bandwidth bound (impl "bound", ops dispatch and combine), measured with every rank
+// copying at once: dispatch copies each sent row from x into its destination's shared window
+// (the peer's memory, where the call writes it); combine copies each row back from there into
+// its token's output row. Fastest of memcpy and a non-temporal store loop, per op; the row's
+// variant names the winner.
+std::vector<BenchRow> measure_bound(Group& g, const std::vector<SendRow>& sends, const char* x,
+                                    size_t row_bytes, int64_t tokens, int warmup, int iters);
+// The latency floor (impl "floor", op "roundtrip"): a one-cache-line flag round trip between
+// ranks 0 and 1 through shared memory; and one all-to-all flag barrier (impl "barrier", op
+// "flag"), as bsp makes after each stage, with every rank arriving together. Empty on one rank
+// or when ranks 0 and 1 do not share memory.
+std::vector<BenchRow> measure_floor(Group& g, int iters);
 
 // Random routing for one rank: distinct experts per token, uniform or with 8 hot experts.
 void make_routing(int64_t tokens, int topk, int experts, const std::string& routing, uint64_t seed,

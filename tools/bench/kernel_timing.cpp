@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "core/bf16.hpp"
 #include "backend/cpu/row_kernels.hpp"
+#include "ubep/bf16.hpp"
 
 using namespace ubep;
 using Clock = std::chrono::steady_clock;

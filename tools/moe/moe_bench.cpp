@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/bf16.hpp"
+#include "ubep/bf16.hpp"
 #include "ubep/buffer.hpp"
 #include "ubep/error.hpp"
 #include "ubep/group.hpp"

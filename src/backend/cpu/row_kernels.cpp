@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "core/bf16.hpp"
+#include "ubep/bf16.hpp"
 
 #if defined(__x86_64__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
 #define UBEP_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))

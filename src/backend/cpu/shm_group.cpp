@@ -157,7 +157,8 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
   control_ = allocate_window(sizeof(ArrivalCounter));
   barrier_ = std::make_unique<FlagBarrier>(
       rank(), size(), [this](int p) { return static_cast<ArrivalCounter*>(control_->base(p)); });
-  log::debug("rank ", rank(), "/", size(), " on host ", Group::host_of(rank()), " of ", num_hosts());
+  log::debug("rank ", rank(), "/", size(), " on host ", Group::host_of(rank()), " of ",
+             num_hosts());
 }
 
 ShmGroup::~ShmGroup() = default;
@@ -191,8 +192,9 @@ namespace ubep {
 std::unique_ptr<Group> make_bootstrap_group(std::shared_ptr<Bootstrap> bootstrap,
                                             GroupOptions options) {
   UBEP_CHECK_ARG(bootstrap != nullptr, "make_bootstrap_group: bootstrap is null");
-  UBEP_CHECK_ARG(options.timeout.count() > 0, "make_bootstrap_group: timeout must be positive, got ",
-                 options.timeout.count(), " ms");
+  UBEP_CHECK_ARG(options.timeout.count() > 0,
+                 "make_bootstrap_group: timeout must be positive, got ", options.timeout.count(),
+                 " ms");
   std::vector<int> hosts = cpu::resolve_hosts(*bootstrap, options);
   return std::make_unique<cpu::ShmGroup>(std::move(bootstrap), options, std::move(hosts), nullptr);
 }

@@ -1,5 +1,5 @@
 // Processes on one host sharing POSIX shared memory, set up over any Bootstrap. The MPI group
-// (src/bootstrap/mpi_bootstrap.cpp) is one with an MPI bootstrap, MPI_Alltoallv and, across
+// (src/bootstrap/mpi_group.cpp) is one with an MPI bootstrap, MPI_Alltoallv and, across
 // hosts, the MPI transport.
 #pragma once
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <thread>
 
-#include "core/wait.hpp"
 #include "backend/cpu/flag_barrier.hpp"
+#include "core/wait.hpp"
 #include "transport/inproc/inproc_remote.hpp"
 #include "ubep/error.hpp"
 #include "ubep/group.hpp"

@@ -1,10 +1,10 @@
 // Ranks as processes started by mpirun: an MPI bootstrap (set-up), the shared-memory group of
 // the CPU backend on each host, MPI_Alltoallv for the baseline, and MPI point-to-point between
 // hosts.
+#include "ubep/mpi_group.hpp"
 #include "backend/cpu/shm_group.hpp"
 #include "transport/mpi/mpi_remote.hpp"
 #include "ubep/error.hpp"
-#include "ubep/mpi_group.hpp"
 
 namespace ubep {
 

@@ -1,0 +1,192 @@
+// `validate`: the local preset against ubep-bench runs of shapes the calibration never timed.
+// `sensitivity`: how much each paper comparison moves when one [ASSUME] parameter of the cm384
+// preset moves over its plausible range.
+//
+// `calibrate` times the library's kernels on two shapes only (decode: 2 ranks x 128 tokens,
+// top-8, latency layout; prefill: 2 ranks x 4096 tokens, throughput; hidden 7168 bf16). Cases of
+// exactly those shapes are marked used_for_calibration; every other case (other token counts,
+// hidden sizes, top-k, rank counts) is a prediction of something never timed, and the summary
+// counts those separately. Nothing here changes a parameter to fit a measurement.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "sim/experiments.hpp"
+#include "sim/json.hpp"
+#include "ubep/error.hpp"
+
+namespace ubep::sim {
+
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  UBEP_CHECK_ARG(in.good(), "cannot read ubep-bench JSON '", path, "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string config_str(const std::string& text, const std::string& key) {
+  std::smatch m;
+  UBEP_CHECK_ARG(std::regex_search(text, m, std::regex("\"" + key + "\":\\s*\"([^\"]*)\"")),
+                 "ubep-bench JSON has no config \"", key, "\"");
+  return m[1].str();
+}
+
+double config_num(const std::string& text, const std::string& key) {
+  std::smatch m;
+  UBEP_CHECK_ARG(std::regex_search(text, m, std::regex("\"" + key + "\":\\s*([-+0-9.eE]+)")),
+                 "ubep-bench JSON has no config \"", key, "\"");
+  return std::stod(m[1].str());
+}
+
+struct BenchCase {
+  std::string file, group, layout, dtype;
+  int ranks = 0, topk = 0, experts = 0, hidden = 0;
+  int64_t tokens = 0;
+  std::map<std::pair<std::string, std::string>, double> median;  // (impl, op) -> µs
+};
+
+BenchCase read_case(const std::string& path) {
+  const std::string text = slurp(path);
+  BenchCase c;
+  c.file = path;
+  c.group = config_str(text, "group");
+  c.layout = config_str(text, "layout");
+  c.dtype = config_str(text, "dtype");
+  c.ranks = static_cast<int>(config_num(text, "ranks"));
+  c.tokens = static_cast<int64_t>(config_num(text, "tokens"));
+  c.hidden = static_cast<int>(config_num(text, "hidden"));
+  c.topk = static_cast<int>(config_num(text, "topk"));
+  c.experts = static_cast<int>(config_num(text, "experts"));
+  const std::regex re(
+      "\"impl\":\\s*\"([a-z0-9_]+)\",\\s*\"op\":\\s*\"([a-z]+)\",\\s*\"median_us\":\\s*([-+0-9.eE]+)"
+      "[^}]*?(\"sync\":\\s*\"([a-z-]+)\")?");
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator();
+       ++it) {
+    const auto& m = *it;
+    if (m[5].matched && m[5].str() != "fused") continue;
+    c.median[{m[1].str(), m[2].str()}] = std::stod(m[3].str());
+  }
+  return c;
+}
+
+// The two shapes `calibrate` times (calibrate.cpp, cmd_calibrate).
+bool calibrated_shape(const BenchCase& c) {
+  const bool common = c.ranks == 2 && c.hidden == 7168 && c.topk == 8 && c.experts == 256 &&
+                      c.dtype == "bf16";
+  return common && ((c.tokens == 128 && c.layout == "latency") ||
+                    (c.tokens == 4096 && c.layout == "throughput"));
+}
+
+std::string case_name(const BenchCase& c) {
+  return detail::concat(c.group, " ", c.ranks, "r ", c.tokens, "t h", c.hidden, " top", c.topk,
+                        " ", c.layout);
+}
+
+}  // namespace
+
+int cmd_validate(const Options& o) {
+  UBEP_CHECK_ARG(!o.measured.empty(), "validate needs --measured FILE[,FILE...] (ubep-bench --json)");
+  // Files of the same shape are repeats (sim/validate.sh runs each case in several rounds, since
+  // this machine is shared with other people's compile jobs). The model describes the machine
+  // undisturbed, so the measured value is the least disturbed run: the smallest of the runs'
+  // medians (the median over runs is kept too, and the spread is printed).
+  std::vector<std::vector<BenchCase>> cases;
+  std::stringstream ss(o.measured);
+  for (std::string f; std::getline(ss, f, ',');) {
+    if (f.empty()) continue;
+    BenchCase c = read_case(f);
+    auto it = std::find_if(cases.begin(), cases.end(),
+                           [&](const auto& v) { return case_name(v[0]) == case_name(c); });
+    if (it == cases.end())
+      cases.push_back({std::move(c)});
+    else
+      it->push_back(std::move(c));
+  }
+  Json j;
+  j.begin_object().kv("experiment", "validate").key("rows").begin_array();
+  std::printf("%-40s %-5s %-9s %6s %12s %17s %12s %8s  %s\n", "case", "algo", "op", "calib",
+              "min_of_runs_us", "(..max, runs)", "predicted_us", "error", "rate set, core share");
+  int unseen = 0, unseen_ok = 0, seen = 0, seen_ok = 0;
+  double worst_unseen = 0;
+  for (const auto& runs : cases) {
+    const BenchCase& c = runs[0];
+    const Preset p = make_preset("local", c.ranks, o.calibration);
+    Options oc = o;
+    oc.latency_layout = c.layout == "latency";
+    oc.hidden = c.hidden;
+    oc.elem_bytes = c.dtype == "fp32" ? 4 : 2;
+    oc.hot = 0;
+    const Traffic t = draw_traffic(c.ranks, c.experts, c.topk, c.tokens, 0, 1.0, o.seed);
+    const bool calib = calibrated_shape(c);
+    for (Algo a : {Algo::kBsp, Algo::kUbep}) {
+      for (Op op : {Op::kDispatch, Op::kCombine}) {
+        std::vector<double> meds;
+        for (const BenchCase& r : runs) {
+          auto it = r.median.find({algo_name(a), op_name(op)});
+          if (it != r.median.end()) meds.push_back(it->second);
+        }
+        if (meds.empty()) continue;
+        std::sort(meds.begin(), meds.end());
+        const double measured = meds.front();
+        const double median_of_runs = meds.size() % 2 ? meds[meds.size() / 2]
+                                                      : (meds[meds.size() / 2 - 1] + meds[meds.size() / 2]) / 2;
+        const CallConfig cc = call_config(oc, a, op);
+        const double pred = simulate_call(p, cc, t).makespan_ns / 1e3;
+        const Preset eff = effective_preset(p, cc, t);
+        const double err = (pred / measured - 1) * 100;
+        const bool ok = std::abs(err) <= 25;
+        (calib ? seen : unseen) += 1;
+        (calib ? seen_ok : unseen_ok) += ok;
+        if (!calib) worst_unseen = std::max(worst_unseen, std::abs(err));
+        const std::string spread =
+            detail::concat("(..", static_cast<int>(meds.back()), ", ", meds.size(), ")");
+        std::printf("%-40s %-5s %-9s %6s %12.1f %17s %12.1f %+7.1f%%  %s, %.2f\n",
+                    case_name(c).c_str(), algo_name(a), op_name(op), calib ? "yes" : "no", measured,
+                    spread.c_str(), pred, err, eff.cost.rate_set.c_str(), eff.cost.core_share);
+        j.begin_object()
+            .kv("case", case_name(c))
+            .kv("group", c.group)
+            .kv("ranks", c.ranks)
+            .kv("tokens", static_cast<double>(c.tokens))
+            .kv("hidden", c.hidden)
+            .kv("topk", c.topk)
+            .kv("experts", c.experts)
+            .kv("layout", c.layout)
+            .kv("algo", algo_name(a))
+            .kv("op", op_name(op))
+            .kv("measured_us", measured)
+            .kv("runs", static_cast<int>(meds.size()))
+            .kv("measured_median_of_runs_us", median_of_runs)
+            .kv("measured_max_us", meds.back())
+            .kv("predicted_us", pred)
+            .kv("error_pct", err)
+            .kv("used_for_calibration", calib)
+            .kv("rate_set", eff.cost.rate_set)
+            .kv("core_share", eff.cost.core_share)
+            .end_object();
+      }
+    }
+  }
+  j.end_array()
+      .kv("unseen_cases", unseen)
+      .kv("unseen_within_25pct", unseen_ok)
+      .kv("calibrated_cases", seen)
+      .kv("calibrated_within_25pct", seen_ok)
+      .end_object();
+  std::printf(
+      "unseen shapes: %d of %d within 25%% (%.0f%%; largest error %.1f%%); calibrated shapes: %d "
+      "of %d\n",
+      unseen_ok, unseen, unseen ? 100.0 * unseen_ok / unseen : 0.0, worst_unseen, seen_ok, seen);
+  if (!o.json.empty()) j.write(o.json);
+  return 0;
+}
+
+}  // namespace ubep::sim

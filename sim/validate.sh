@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The local preset against shapes `calibrate` never timed (EXPERIMENTS.md §5):
+#   1. ubep-sim calibrate       (times the library's kernels on the decode and prefill shapes)
+#   2. ubep-bench on 9 cases    (the two calibrated shapes and 7 unseen ones), bsp and ubep,
+#                               UBEP_VALIDATE_REPEATS rounds (default 3) over all cases, so a
+#                               neighbour's load burst hits one round of a case, not all
+#                               (validate takes a case's least disturbed run)
+#   3. ubep-sim validate        (one row per case, algo and op: measured, predicted, calibrated?)
+# Writes docs/sim/validate/*.json and docs/sim/validate.json; prints the validate table.
+# Needs build/ (Release) with ubep-bench and ubep-sim. Run on a quiet machine: check `uptime`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+bench=build/tools/ubep-bench
+sim=build/sim/ubep-sim
+out=${UBEP_VALIDATE_DIR:-docs/sim/validate}
+mkdir -p "$out"
+echo "load at start: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+$sim calibrate --out "$out/calibration.json" >&2
+files=()
+rm -f "$out"/*_r[0-9]*.json
+run() {  # run <name> <command...>
+  local name=${1}_r$round
+  shift
+  echo "[validate] $name: $* --algo bsp,ubep --quiet --json $out/$name.json" >&2
+  "$@" --algo bsp,ubep --quiet --json "$out/$name.json" > /dev/null
+  files+=("$out/$name.json")
+}
+two="mpirun -np 2 $bench"
+for round in $(seq 1 "${UBEP_VALIDATE_REPEATS:-3}"); do
+run decode $two --workload decode                     # calibrated shape
+run prefill $two --workload prefill                   # calibrated shape
+run tokens32 $two --workload decode --tokens 32       # unseen from here on
+run tokens512 $two --workload prefill --tokens 512
+run tokens2048 $two --workload prefill --tokens 2048
+run hidden4096 $two --workload decode --hidden 4096
+run top4 $two --workload decode --topk 4
+run threads3 $bench --ranks 3 --workload decode --experts 192
+run threads4 $bench --ranks 4 --workload decode
+done
+echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+$sim validate --calibration "$out/calibration.json" --measured "$(IFS=,; echo "${files[*]}")" \
+  --json docs/sim/validate.json

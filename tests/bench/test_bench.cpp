@@ -1,0 +1,185 @@
+// ubep-bench's input handling and measurements, and the MPI baseline's validation and worker
+// split (tools/bench, src/baseline).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "bench/bench.hpp"
+#include "expect_invalid.hpp"
+#include "harness.hpp"
+#include "ubep/baseline.hpp"
+#include "ubep/group.hpp"
+
+namespace ubep::test {
+namespace {
+
+tools::BenchCommand parse(std::vector<std::string> args) {
+  std::vector<const char*> argv{"ubep-bench"};
+  for (auto& a : args) argv.push_back(a.c_str());
+  return tools::parse_bench_args(static_cast<int>(argv.size()), argv.data());
+}
+
+TEST(BenchFlags, BadValuesNameTheFlagAndTheValue) {
+  expect_invalid([] { parse({"--hidden", "0"}); }, {"--hidden", "got 0"});
+  expect_invalid([] { parse({"--hidden", "-3"}); }, {"--hidden", "got -3"});
+  expect_invalid([] { parse({"--tokens", "99999999999"}); }, {"--tokens", "99999999999"});
+  expect_invalid([] { parse({"--tokens", "-1"}); }, {"--tokens", "got -1"});
+  expect_invalid([] { parse({"--timeout", "-1"}); }, {"--timeout", "got -1"});
+  expect_invalid([] { parse({"--timeout", "0"}); }, {"--timeout", "got 0"});
+  expect_invalid([] { parse({"--ranks", "0"}); }, {"--ranks", "got 0"});
+  expect_invalid([] { parse({"--workers", "-2"}); }, {"--workers", "got -2"});
+  expect_invalid([] { parse({"--topk", "12x"}); }, {"bad number '12x'", "--topk"});
+  expect_invalid([] { parse({"--algo", "mpi,foo"}); }, "'foo'");
+  expect_invalid([] { parse({"--routing", "zipf"}); }, "'zipf'");
+  expect_invalid([] { parse({"--experts", "4", "--topk", "8"}); }, "exceeds --experts 4");
+  expect_invalid([] { parse({"--iters"}); }, "missing value after --iters");
+  // Fits the int range but not the memory: refused before anything is sized.
+  expect_invalid([] { parse({"--tokens", "1000000", "--hidden", "1000000"}); }, "GB per rank");
+}
+
+TEST(BenchFlags, GoodValuesAreKept) {
+  const auto c = parse({"--workload", "tiny", "--hidden", "64", "--timeout", "2.5", "--workers",
+                        "3", "--ranks", "4"});
+  EXPECT_EQ(c.opt.tokens, 1);
+  EXPECT_EQ(c.opt.hidden, 64);
+  EXPECT_DOUBLE_EQ(c.timeout_s, 2.5);
+  EXPECT_EQ(c.opt.workers, 3);
+  EXPECT_EQ(c.ranks, 4);
+  EXPECT_TRUE(parse({"--help"}).help);
+}
+
+TEST(BenchBound, SendRowsFollowTheLayout) {
+  // 2 tokens, top-2 of 4 experts on 2 ranks (2 per rank). Token 0 -> experts 0, 1 (rank 0
+  // twice); token 1 -> experts 1, 3 (ranks 0 and 1).
+  const std::vector<int64_t> idx{0, 1, 1, 3};
+  const auto lat = tools::send_rows(idx, 2, 2, 4, 2, 0, Layout::kLatency);
+  ASSERT_EQ(lat.size(), 4u);  // one row per selected (token, k)
+  EXPECT_EQ(lat[0].dest, 1);  // rotated: the next rank first
+  EXPECT_EQ(lat[0].token, 1);
+  EXPECT_EQ(lat[1].dest, 0);
+  const auto thr = tools::send_rows(idx, 2, 2, 4, 2, 0, Layout::kThroughput);
+  ASSERT_EQ(thr.size(), 3u);  // one row per (token, destination rank)
+}
+
+TEST(BenchBound, BoundAndFloorAreMeasuredOnEveryRank) {
+  std::vector<std::vector<tools::BenchRow>> got(2);
+  run_on_threads(2, [&](Group& g) {
+    tools::BenchOptions o;
+    o.tokens = 8;
+    o.hidden = 256;
+    o.experts = 8;
+    o.topk = 2;
+    o.iters = 3;
+    o.warmup = 1;
+    o.algos = {"ubep"};
+    o.quiet = true;
+    got[static_cast<size_t>(g.rank())] = tools::run_bench(g, o);
+  });
+  for (const auto& rows : got) {
+    int bounds = 0, floors = 0;
+    for (const auto& r : rows) {
+      if (r.impl == "bound") {
+        ++bounds;
+        EXPECT_TRUE(r.variant == "memcpy" || r.variant.rfind("nt-store-", 0) == 0 ||
+                    (r.op == "combine" && r.variant == "or-reduce"))
+            << r.variant;
+        EXPECT_GT(r.median_us, 0);
+        EXPECT_DOUBLE_EQ(r.bytes, 16.0 * 256 * 2);  // 8 tokens x top-2 rows of 512 bytes
+      }
+      if (r.impl == "floor") {
+        ++floors;
+        EXPECT_GT(r.median_us, 0);
+      }
+      if (r.impl == "ubep") EXPECT_GT(r.x_bound, 0) << r.op;
+    }
+    EXPECT_EQ(bounds, 2);
+    EXPECT_EQ(floors, 1);
+  }
+}
+
+TEST(Baseline, BadConfigIsInvalidArgumentNotACrash) {
+  run_on_threads(1, [&](Group& g) {
+    BufferConfig c;
+    c.max_tokens_per_rank = 4;
+    c.hidden = 0;  // divided by in the latency combine: SIGFPE before the check
+    c.num_experts = 4;
+    c.max_topk = 2;
+    expect_invalid([&] { AlltoallBaseline b(g, c); }, {"hidden", "got 0"});
+    c.hidden = 16;
+    c.max_topk = 0;
+    expect_invalid([&] { AlltoallBaseline b(g, c); }, {"max_topk", "got 0"});
+    c.max_topk = 2;
+    c.max_tokens_per_rank = 0;
+    expect_invalid([&] { AlltoallBaseline b(g, c); }, "max_tokens_per_rank");
+    c.max_tokens_per_rank = 4;
+    c.num_workers = -5;
+    expect_invalid([&] { AlltoallBaseline b(g, c); }, {"num_workers", "got -5"});
+  });
+}
+
+TEST(Baseline, NullPointersAreInvalidArgument) {
+  run_on_threads(1, [&](Group& g) {
+    BufferConfig c;
+    c.max_tokens_per_rank = 4;
+    c.hidden = 16;
+    c.dtype = DType::kFP32;
+    c.num_experts = 4;
+    c.max_topk = 2;
+    AlltoallBaseline b(g, c);
+    std::vector<float> x(4 * 16, 1.0f), w(8, 0.5f);
+    std::vector<int64_t> idx{0, 1, 1, 2, 2, 3, 3, 0};
+    DispatchArgs a;
+    a.x = TensorView(x.data(), DType::kFP32, {4, 16});
+    a.topk_idx = TensorView(nullptr, DType::kInt64, {4, 2});
+    a.topk_weights = TensorView(w.data(), DType::kFP32, {4, 2});
+    expect_invalid([&] { b.dispatch(a); }, "topk_idx has no data");
+    a.topk_idx = TensorView(idx.data(), DType::kInt64, {4, 2});
+    a.topk_weights = TensorView(nullptr, DType::kFP32, {4, 2});
+    expect_invalid([&] { b.dispatch(a); }, "topk_weights has no data");
+    a.topk_weights = TensorView(w.data(), DType::kFP32, {4, 2});
+    a.x = TensorView(nullptr, DType::kFP32, {4, 16});
+    expect_invalid([&] { b.dispatch(a); }, "x has no data");
+    a.x = TensorView(x.data(), DType::kFP32, {4, 16});
+    const DispatchResult r = b.dispatch(a);  // still usable after the rejections
+    CombineArgs ca{r.recv_x, r.handle};
+    ca.x.data = nullptr;
+    expect_invalid([&] { b.combine(ca); }, "x has no data");
+    ca.x = r.recv_x;
+    EXPECT_EQ(b.combine(ca).dim(0), 4);
+  });
+}
+
+// The worker split must not change a bit: same outputs with 0 and 2 helpers per rank, checked
+// against the reference by the harness too.
+TEST(Baseline, WorkersGiveTheSameBits) {
+  for (Layout layout : {Layout::kThroughput, Layout::kLatency}) {
+    Case c;
+    c.experts = 12;
+    c.hidden = 40;
+    c.dtype = DType::kBF16;
+    c.capacity = 9;
+    c.topk = 3;
+    c.layout = layout;
+    c.tokens = {9, 0, 5};
+    const int ranks = 3;
+    const Problem p =
+        make_problem(ranks, c.experts, c.hidden, c.dtype, c.tokens, c.topk, c.routing, c.seed);
+    std::vector<std::vector<char>> y0(ranks), y2(ranks);
+    run_on_threads(ranks, [&](Group& g) {
+      BufferConfig cfg = config_for(c, Algorithm::kBsp);
+      cfg.num_workers = 0;
+      AlltoallBaseline b0(g, cfg);
+      cfg.num_workers = 2;
+      AlltoallBaseline b2(g, cfg);
+      y0[static_cast<size_t>(g.rank())] = run_and_check(g, c, p, nullptr, &b0);
+      y2[static_cast<size_t>(g.rank())] = run_and_check(g, c, p, nullptr, &b2);
+    });
+    for (int r = 0; r < ranks; ++r)
+      EXPECT_EQ(y0[static_cast<size_t>(r)], y2[static_cast<size_t>(r)])
+          << "rank " << r << " layout " << layout_name(layout);
+  }
+}
+
+}  // namespace
+}  // namespace ubep::test
