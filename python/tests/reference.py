@@ -103,28 +103,34 @@ def combine_throughput(spec, disp, expert_out, num_tokens):
     return ys
 
 
-def dispatch_latency(spec, xs, idxs):
-    """Per destination: recv_x [El, T*R, H] (valid rows only; the rest zero), recv_count,
-    recv_src, and where each (source, token, k) landed: slot[(s, t, k)] = (d, e, slot)."""
+def dispatch_latency(spec, xs, idxs, placement="compact"):
+    """Per destination: recv_x [El, T*R, H] (valid rows only; the rest zero), valid [El, T*R]
+    (which rows are defined), recv_count, recv_src, and where each (source, token, k) landed:
+    where[(s, t, k)] = (d, e, row). Compact: expert e's rows packed from 0, by source rank then
+    token. Per-source: source s's rows for expert e start at row s * T."""
     RT = spec.T * spec.R
     out, where = [], {}
     for d in range(spec.R):
         recv_x = np.zeros((spec.El, RT, spec.H), dtype=xs[0].dtype)
         recv_src = np.zeros((spec.El, RT, 2), dtype=np.int64)
+        valid = np.zeros((spec.El, RT), dtype=bool)
         count = np.zeros(spec.El, dtype=np.int64)
         for e in range(spec.El):
             g = d * spec.El + e
             for s in range(spec.R):
+                n_s = 0  # rows from source s for expert e so far
                 for t in range(xs[s].shape[0]):
                     ks = np.nonzero(idxs[s][t] == g)[0]
                     if ks.size == 0:
                         continue
-                    p = count[e]
+                    p = count[e] if placement == "compact" else s * spec.T + n_s
                     recv_x[e, p] = xs[s][t]
                     recv_src[e, p] = (s, t)
+                    valid[e, p] = True
                     where[(s, t, int(ks[0]))] = (d, e, p)
                     count[e] += 1
-        out.append(dict(recv_x=recv_x, recv_count=count, recv_src=recv_src))
+                    n_s += 1
+        out.append(dict(recv_x=recv_x, recv_count=count, recv_src=recv_src, valid=valid))
     return out, where
 
 

@@ -34,6 +34,16 @@ def test_more_ranks(ranks):
 
 
 @pytest.mark.parametrize("algorithm", ["ubep", "bsp"])
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+def test_per_source_placement(algorithm, framework):
+    """placement="per-source" (ubep's default for the latency layout under "auto")."""
+    spec = ref.Spec(ranks=3, experts=6, topk=2, dtype="bf16", seed=6)
+    got = ubep.run_on_threads(3, lambda g: worker.run_rank(
+        g, spec, "latency", algorithm, framework, placement="per-source"), timeout=30)
+    worker.check(spec, "latency", got, placement="per-source")
+
+
+@pytest.mark.parametrize("algorithm", ["ubep", "bsp"])
 def test_split_phase_hooks(algorithm):
     """return_recv_hook=True: recv_x/recv_count/y are filled once the hooks return."""
     spec = ref.Spec(ranks=2, dtype="bf16", seed=3)
