@@ -86,8 +86,12 @@ std::string shape_str(const int64_t* v, int n) {
 // detach(), since dispatch and combine are not differentiable ops.
 pb::object take_capsule(pb::handle obj, const char* what) {
   try {
-    if (g_torch_to_dlpack && Py_TYPE(obj.ptr()) == g_torch_tensor_type)
-      return (*g_torch_to_dlpack)(obj);
+    if (g_torch_to_dlpack && Py_TYPE(obj.ptr()) == g_torch_tensor_type) {
+      // Vectorcall without an argument tuple: this runs for every array of every call.
+      PyObject* cap = PyObject_CallOneArg(g_torch_to_dlpack->ptr(), obj.ptr());
+      if (!cap) throw pb::error_already_set();
+      return pb::reinterpret_steal<pb::object>(cap);
+    }
     if (!pb::hasattr(obj, "__dlpack__"))
       throw InvalidArgument(detail::concat(
           what, ": expected an array with __dlpack__ (torch.Tensor", " or numpy.ndarray), got ",
@@ -229,8 +233,12 @@ void set_converters(pb::object torch_from_dlpack, pb::object numpy_from_dlpack) 
 }
 
 pb::object to_array(const TensorView& v, pb::handle owner, Kind kind) {
-  if (kind == Kind::kTorch && g_torch_from_dlpack)
-    return (*g_torch_from_dlpack)(export_capsule(v, owner));
+  if (kind == Kind::kTorch && g_torch_from_dlpack) {
+    pb::capsule cap = export_capsule(v, owner);
+    PyObject* t = PyObject_CallOneArg(g_torch_from_dlpack->ptr(), cap.ptr());
+    if (!t) throw pb::error_already_set();
+    return pb::reinterpret_steal<pb::object>(t);
+  }
   pb::object out = pb::cast(ArrayOut{v, pb::reinterpret_borrow<pb::object>(owner)});
   if (kind == Kind::kNumpy && g_numpy_from_dlpack) return (*g_numpy_from_dlpack)(out);
   return out;

@@ -46,6 +46,8 @@ def parse(argv=None):
     p.add_argument("--iters", type=int, default=None)
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--placement", default="auto",
+                   help="auto (as ubep-bench: per-source for latency) | compact | per-source")
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--ubep-bench", default=None, help="ubep-bench binary for the C++ figure")
     p.add_argument("--no-ubep-bench", action="store_true", help="skip the ubep-bench run")
@@ -143,11 +145,13 @@ def _rank(rank, ranks, port, args, out_path):
         idx, w = torch.from_numpy(idx_np), torch.from_numpy(w_np)
         row = H * 2
         buf = ubep.Buffer(group, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=K,
-                          dtype=torch.bfloat16, enable_latency_layout=latency)
+                          dtype=torch.bfloat16, enable_latency_layout=latency,
+                          placement=args.placement)
         cfg = dict(workload=name, group=f"processes({ranks}, torch.distributed gloo set-up)",
                    ranks=ranks, tokens=T, hidden=H, topk=K, experts=E, dtype="bf16",
                    layout=wl["layout"], routing="uniform", iters=iters, warmup=warmup,
-                   num_workers=buf.config()["num_workers"], barrier_before_each_call=sync)
+                   num_workers=buf.config()["num_workers"], placement=buf.config()["placement"],
+                   barrier_before_each_call=sync)
         report["configs"].append(cfg)
         for algo in [a for a in algos if a in ("ubep", "bsp")]:
             buf.algorithm = algo
@@ -244,12 +248,13 @@ def find_ubep_bench(arg):
     return shutil.which("ubep-bench")
 
 
-def run_ubep_bench(path, workload, ranks, algos, iters, warmup):
+def run_ubep_bench(path, workload, ranks, algos, iters, warmup, placement):
     """The C++ benchmark on the same shape: process ranks under mpirun when available."""
     algos = ",".join(a for a in algos if a in ("ubep", "bsp")) or "ubep"
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "b.json")
-        cmd = [path, "--workload", workload, "--algo", algos, "--json", out, "--quiet"]
+        cmd = [path, "--workload", workload, "--algo", algos, "--json", out, "--quiet",
+               "--placement", placement]
         if iters:
             cmd += ["--iters", str(iters)]
         if warmup is not None:
@@ -283,7 +288,8 @@ def main(argv=None):
     for name in args.workloads:
         if not exe:
             break
-        res, cmd, err = run_ubep_bench(exe, name, args.ranks, algos, args.iters, args.warmup)
+        res, cmd, err = run_ubep_bench(exe, name, args.ranks, algos, args.iters, args.warmup,
+                                       args.placement)
         entry = dict(workload=name, command=cmd)
         if res:
             entry["results"] = [r for r in res["results"] if r["impl"] in ("ubep", "bsp")]

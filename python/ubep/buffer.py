@@ -34,7 +34,7 @@ class Handle:
     """Identifies one dispatch for its combine (one combine per dispatch), and keeps the routing
     for a cached dispatch (``dispatch(x, handle=h)``)."""
 
-    __slots__ = ("id", "layout", "num_tokens", "topk_idx", "topk_weights", "kind", "_buffer",
+    __slots__ = ("id", "layout", "topk_idx", "topk_weights", "kind", "_buffer",
                  "_combine_buffer")
 
     def __init__(self, buffer, hid, layout, topk_idx, topk_weights, kind):
@@ -43,9 +43,12 @@ class Handle:
         self.layout = layout
         self.topk_idx = topk_idx
         self.topk_weights = topk_weights
-        self.num_tokens = topk_idx.shape[0]
         self.kind = kind
         self._combine_buffer = None
+
+    @property
+    def num_tokens(self):
+        return self.topk_idx.shape[0]
 
     @property
     def recv_src(self):
@@ -239,7 +242,8 @@ class Buffer:
         topk_idx must be the dispatch's (ubep routes with what it saw at dispatch)."""
         if zero_copy:
             x = self.get_next_low_latency_combine_buffer(handle)
-        if topk_idx is not None and tuple(topk_idx.shape) != tuple(handle.topk_idx.shape):
+        if (topk_idx is not None and topk_idx is not handle.topk_idx
+                and tuple(topk_idx.shape) != tuple(handle.topk_idx.shape)):
             raise _ubep.InvalidArgument(
                 f"low_latency_combine: topk_idx shape {tuple(topk_idx.shape)} differs from the "
                 f"dispatch's {tuple(handle.topk_idx.shape)}")
