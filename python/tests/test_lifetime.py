@@ -161,3 +161,35 @@ def test_ctrl_c_interrupts_a_wait_in_the_main_thread():
     assert proc.returncode == 3, (out, err)
     assert "KeyboardInterrupt" in out
     assert time.monotonic() - t0 < 10
+
+
+class Foreign:
+    """An array from a framework ubep does not know: only the DLPack protocol."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, stream=None):
+        return self._a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_other_frameworks_get_dlpack_objects():
+    """Inputs that are neither torch nor NumPy come back as ubep.ArrayOut, which both
+    torch.utils.dlpack.from_dlpack and numpy.from_dlpack (fp32) take without a copy."""
+    def fn(g):
+        buf = ubep.Buffer(g, hidden=8, num_experts=2, max_tokens_per_rank=2, max_topk=1,
+                          dtype="fp32")
+        x = np.arange(16, dtype=np.float32).reshape(2, 8)
+        idx = np.array([[1], [0]], dtype=np.int64)
+        recv_x, recv_count, h, _, _ = buf.low_latency_dispatch(Foreign(x), idx, 2, 2)
+        assert type(recv_x).__name__ == "ArrayOut" and recv_x.shape == (2, 2, 8)
+        t = torch.utils.dlpack.from_dlpack(recv_x)
+        n = np.from_dlpack(recv_x)
+        assert t.data_ptr() == n.ctypes.data  # both view the same ubep memory
+        assert t[0, 0].tolist() == x[1].tolist() and n[1, 0].tolist() == x[0].tolist()
+        return True
+
+    assert ubep.run_on_threads(1, fn, timeout=10)[0]

@@ -216,7 +216,7 @@ class Buffer:
 
         buf = self._buf
 
-        def hook():
+        def hook(x=x, topk_idx=topk_idx):  # the inputs stay alive until the call completes
             buf.dispatch_recv(kind)
             if stats is not None:
                 _arrays.accumulate(stats, recv_count)
@@ -254,7 +254,7 @@ class Buffer:
         if split:
             buf = self._buf
 
-            def hook():
+            def hook(x=x):  # the input stays alive until the call completes
                 buf.combine_recv(kind)
                 if out is not None:
                     _arrays.copy_into(out, y)
