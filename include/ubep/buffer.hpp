@@ -131,7 +131,7 @@ struct CombineArgs {
   // Latency layout, optional: the weights combine applies, [num_tokens, k] fp32, replacing the
   // ones given to dispatch (DeepEP's low_latency_combine takes its weights here). Only used on
   // the token's owner, so only on one host (across hosts the relay has them from dispatch).
-  TensorView topk_weights;
+  TensorView topk_weights = {};
 };
 
 class Buffer {
