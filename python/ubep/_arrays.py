@@ -53,12 +53,6 @@ def owned(a):
     return np.array(a, copy=True)
 
 
-def ones(kind, shape):
-    if kind == TORCH:
-        return torch.ones(shape, dtype=torch.float32)
-    return np.ones(shape, dtype=np.float32)
-
-
 def copy_into(out, y):
     """out[...] = y for torch or NumPy ``out``; returns out."""
     if _TorchTensor is not None and isinstance(out, _TorchTensor):

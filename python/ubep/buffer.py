@@ -102,7 +102,6 @@ class Buffer:
         self.num_experts = int(num_experts)
         self.max_tokens_per_rank = int(max_tokens_per_rank)
         self.num_local_experts = self._buf.num_local_experts
-        self._ones = {}
 
     # --- configuration -------------------------------------------------------------------
     @property
@@ -121,15 +120,6 @@ class Buffer:
         """The last call: {"barriers", "stage_us": [(stage, us)...], "network_bytes",
         "network_rows"}."""
         return self._buf.last_stats()
-
-    def _placeholder_weights(self, kind, shape):
-        # Latency dispatch without weights (DeepEP passes them to combine): fixed ones, never
-        # written, so they can be shared across calls.
-        key = (kind, tuple(shape))
-        w = self._ones.get(key)
-        if w is None:
-            w = self._ones[key] = _arrays.ones(kind, tuple(shape))
-        return w
 
     # --- throughput layout (DeepEP "normal") ---------------------------------------------
     def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None, async_finish=False,
@@ -153,8 +143,6 @@ class Buffer:
             if handle is None:
                 raise _ubep.InvalidArgument("dispatch: topk_idx is required (or a handle to reuse)")
             topk_idx, topk_weights = handle.topk_idx, handle.topk_weights
-        if topk_weights is None:
-            topk_weights = self._placeholder_weights(kind_of(topk_idx), topk_idx.shape)
         recv_x, recv_idx, recv_w, recv_count, hid = self._buf.dispatch(
             x, topk_idx, topk_weights, False, kind, False)
         counts = [int(c) for c in recv_count.tolist()]
