@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every test: the unit and thread-rank suites, the multi-process suites under
-# mpirun (2 and 4 processes, and 2 forced hosts over TCP), then the thread-rank suites again
-# under ThreadSanitizer and AddressSanitizer.
+# mpirun (2 and 4 processes, and 2 forced hosts over TCP), the Python package's pytest suite
+# (ctest "python"), then the thread-rank suites again under ThreadSanitizer and AddressSanitizer
+# (without the Python package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
