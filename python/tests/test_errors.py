@@ -154,6 +154,10 @@ def _combine_errors(g):
     expect("does not belong to the last dispatch", lambda: buf.low_latency_combine(
         recv_x, idx, w, h))
     expect("is not the last dispatch", lambda: h.recv_src)
+    other = ubep.Buffer(g, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=K)
+    _, _, oh, _, _ = other.low_latency_dispatch(x, idx, T, E, topk_weights=w)
+    expect("belongs to another Buffer", lambda: buf.low_latency_combine(recv_x, idx, w, oh))
+    other.low_latency_combine(recv_x, idx, w, oh)
     # Throughput layout: wrong row count.
     rx, _, rw, _, th, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
     expect("one row per received row", lambda: buf.combine(rx[:1].contiguous(), th))
@@ -162,7 +166,7 @@ def _combine_errors(g):
 
 
 def test_bad_combine_inputs():
-    assert len(ubep.run_on_threads(1, _combine_errors, timeout=10)[0]) == 11
+    assert len(ubep.run_on_threads(1, _combine_errors, timeout=10)[0]) == 12
 
 
 @pytest.mark.parametrize("kwargs,needle", [

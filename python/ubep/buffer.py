@@ -72,6 +72,12 @@ def _no_hook():
     pass
 
 
+def _own(buffer, handle, what):
+    # Dispatch numbers are per Buffer: another Buffer's handle could carry a valid-looking one.
+    if handle._buffer is not buffer:
+        raise _ubep.InvalidArgument(f"{what}: {handle!r} belongs to another Buffer")
+
+
 class Buffer:
     """One rank's communication buffer (collective: every rank of the group makes it with the
     same arguments). ``group``: a ``ubep.Group`` (``run_on_threads``), a ``torch.distributed``
@@ -142,6 +148,7 @@ class Buffer:
         if topk_idx is None:
             if handle is None:
                 raise _ubep.InvalidArgument("dispatch: topk_idx is required (or a handle to reuse)")
+            _own(self, handle, "dispatch")
             topk_idx, topk_weights = handle.topk_idx, handle.topk_weights
         recv_x, recv_idx, recv_w, recv_count, hid = self._buf.dispatch(
             x, topk_idx, topk_weights, False, kind, False)
@@ -159,6 +166,7 @@ class Buffer:
         of the rank's local experts. Returns (combined_x [tokens, hidden], combined_topk_weights,
         event); combined_topk_weights is the dispatch's topk_weights when topk_weights is given
         (what DeepEP's reduction of unchanged recv_topk_weights yields), else None."""
+        _own(self, handle, "combine")
         y = self._buf.combine(x, handle.id, None, kind_of(x), False)
         if bias is not None:
             for b in (bias if isinstance(bias, (tuple, list)) else (bias,)):
@@ -215,6 +223,7 @@ class Buffer:
         """Where experts may write their outputs, shaped like recv_x, in ubep's shared memory:
         low_latency_combine(..., zero_copy=True) then reads them in place. Valid until the next
         dispatch."""
+        _own(self, handle, "get_next_low_latency_combine_buffer")
         if handle._combine_buffer is None:
             handle._combine_buffer = self._buf.view("combine_buffer", handle.id, handle.kind)
         return handle._combine_buffer
@@ -228,6 +237,7 @@ class Buffer:
         """y[t] = sum over selected k, ascending, of topk_weights[t, k] * x[expert, slot]
         (fp32 accumulation, one rounding). Returns (combined_x [tokens, hidden], event, hook).
         topk_idx must be the dispatch's (ubep routes with what it saw at dispatch)."""
+        _own(self, handle, "low_latency_combine")
         if zero_copy:
             x = self.get_next_low_latency_combine_buffer(handle)
         if (topk_idx is not None and topk_idx is not handle.topk_idx
