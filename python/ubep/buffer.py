@@ -127,6 +127,15 @@ class Buffer:
         "network_rows"}."""
         return self._buf.last_stats()
 
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank=None, hidden=None,
+                                 num_experts=None):
+        """DeepEP zeroes its receive flags between uses; ubep's messages carry epoch tags, so
+        there is nothing to clean. Kept so DeepEP code runs unchanged."""
+
+    @staticmethod
+    def set_num_sms(num_sms):
+        """DeepEP's GPU SM budget; no meaning on the CPU (ubep: num_workers=)."""
+
     # --- throughput layout (DeepEP "normal") ---------------------------------------------
     def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None, async_finish=False,
                             allocate_on_comm_stream=False):
