@@ -51,7 +51,8 @@ def run_on_threads(ranks, fn, *, timeout=60.0, ranks_per_host=0):
         first = next((f for f in failures if not isinstance(f[1], _ubep.TimeoutError)),
                      failures[0])
         rank, err = first
-        err.add_note(f"(raised by thread rank {rank} of {ranks})")
+        if hasattr(err, "add_note"):  # Python >= 3.11
+            err.add_note(f"(raised by thread rank {rank} of {ranks})")
         raise err
     return results
 
