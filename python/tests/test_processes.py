@@ -67,6 +67,7 @@ def test_example_moe_layer(launch):
     """examples/moe_layer.py: ubep forward == the dense layer on one process."""
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if launch == "threads":
         cmd = [sys.executable, EXAMPLE, "--dtype", "bf16", "--algo", "bsp"]
     elif launch == "torchrun":

@@ -144,6 +144,7 @@ def _torch_rank(rank, out_dir, port):
     import os
     import torch.distributed as dist
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # one host: never depend on DNS
     dist.init_process_group("gloo", rank=rank, world_size=2)
     spec = ref.Spec(ranks=2, dtype="bf16")
     group = ubep.make_group()  # the default group; the first config passes the ProcessGroup

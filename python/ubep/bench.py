@@ -128,6 +128,7 @@ def _rank(rank, ranks, port, args, out_path):
     import ubep
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local processes: never depend on DNS
     dist.init_process_group("gloo", rank=rank, world_size=ranks)
     group = ubep.make_group()
     algos = [a for a in args.algo.split(",") if a]
