@@ -210,3 +210,23 @@ def test_peer_that_never_comes_times_out():
 
     elapsed = ubep.run_on_threads(2, fn, timeout=1.0)[0]
     assert 0.9 < elapsed < 10
+
+
+def test_numpy_inputs_checked_too():
+    def fn(g):
+        buf = ubep.Buffer(g, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=K,
+                          dtype="fp32")
+        idx = np.array([[0, 1], [2, -1]])
+        ro = np.zeros((2, H), dtype=np.float32)
+        ro.flags.writeable = False  # NumPy refuses to export read-only arrays through DLPack
+        cases = [(ro, "could not be exported through DLPack"),
+                 (np.zeros((2, H)), "must be float32, got float64"),
+                 (np.zeros((H, 2), dtype=np.float32).T, "must be contiguous"),
+                 (np.zeros((2, H), dtype=np.uint16), "must be float32, got uint16")]
+        for x, needle in cases:
+            with pytest.raises(ubep.InvalidArgument, match=needle):
+                buf.low_latency_dispatch(x, idx, T, E)
+        y = buf.low_latency_dispatch(np.ones((2, H), dtype=np.float32), idx, T, E)
+        return y[1].tolist()
+
+    assert ubep.run_on_threads(1, fn, timeout=10)[0] == [1, 1, 1, 0]
