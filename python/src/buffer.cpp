@@ -18,30 +18,6 @@ namespace ubep::python {
 
 namespace {
 
-// Python's main thread (the one its signal handlers run in), whichever thread imported us.
-unsigned long g_main_thread = 0;
-
-// Runs a C++ call without the GIL. If a Ctrl-C ended one of its waits, the Python handler runs
-// here (in the main thread: KeyboardInterrupt); elsewhere the Error says it was interrupted.
-template <typename F>
-auto without_gil(F&& f) {
-  const bool main = PyThread_get_thread_ident() == g_main_thread;
-  // A stale flag (Ctrl-C handled by Python outside any wait) must not end this call's waits.
-  // Only the main thread clears: thread ranks may be waiting on it from other threads.
-  if (main) clear_interrupt();
-  try {
-    pb::gil_scoped_release nogil;
-    return f();
-  } catch (const Error&) {
-    if (!interrupt_pending()) throw;
-    if (main) {
-      clear_interrupt();
-      if (PyErr_CheckSignals() != 0) throw pb::error_already_set();
-    }
-    throw;
-  }
-}
-
 DType dtype_of(const std::string& name) { return parse_dtype(name); }
 
 }  // namespace
@@ -239,8 +215,6 @@ pb::list PyBuffer::time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk
 }
 
 void bind_buffer(pb::module_& m) {
-  g_main_thread =
-      pb::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   pb::class_<PyBuffer>(m, "Buffer")
       .def(pb::init([](pb::object group, int64_t max_tokens_per_rank, int64_t hidden,
                        const std::string& dtype, int num_experts, int max_topk,

@@ -11,6 +11,7 @@ namespace ubep::python {
 namespace {
 
 std::atomic<bool> g_interrupted{false};
+unsigned long g_main_thread = 0;
 struct sigaction g_previous {};
 
 void on_sigint(int sig, siginfo_t* info, void* ctx) {
@@ -27,6 +28,11 @@ bool hook() { return g_interrupted.load(std::memory_order_relaxed); }
 }  // namespace
 
 void install_interrupt_hook() {
+  if (g_main_thread == 0)
+    g_main_thread = pybind11::module_::import("threading")
+                        .attr("main_thread")()
+                        .attr("ident")
+                        .cast<unsigned long>();
   wait_interrupt_hook.store(&hook);
   struct sigaction current {};
   if (sigaction(SIGINT, nullptr, &current) != 0) return;
@@ -46,6 +52,7 @@ void install_interrupt_hook() {
   sigaction(SIGINT, &mine, nullptr);
 }
 
+bool in_main_thread() { return PyThread_get_thread_ident() == g_main_thread; }
 bool interrupt_pending() { return g_interrupted.load(std::memory_order_relaxed); }
 void clear_interrupt() { g_interrupted.store(false, std::memory_order_relaxed); }
 void raise_interrupt_flag() { g_interrupted.store(true, std::memory_order_relaxed); }

@@ -62,8 +62,13 @@ void bind_groups(pb::module_& m) {
       .def_property_readonly("num_hosts", &Group::num_hosts)
       .def("host_of", &Group::host_of)
       .def_property_readonly("barrier_count", &Group::barrier_count)
-      .def(
-          "barrier", [](Group& g) { g.barrier(); }, pb::call_guard<pb::gil_scoped_release>())
+      .def("barrier",
+           [](Group& g) {
+             without_gil([&] {
+               g.barrier();
+               return 0;
+             });
+           })
       .def("__repr__", [](const Group& g) {
         return std::string("<ubep.Group ") + g.kind() + " rank " + std::to_string(g.rank()) +
                " of " + std::to_string(g.size()) + ">";
@@ -88,12 +93,12 @@ void bind_groups(pb::module_& m) {
 PYBIND11_MODULE(_ubep, m) {
   using namespace ubep::python;
   m.doc() = "ubep C++ extension: groups, Buffer, DLPack arrays (use the ubep package).";
+  install_interrupt_hook();
   bind_errors(m);
   bind_arrays(m);
   bind_groups(m);
   bind_buffer(m);
   bind_bootstrap(m);
-  install_interrupt_hook();
   m.def("_install_interrupt_hook", &install_interrupt_hook);
   m.def("_interrupt_pending", &interrupt_pending);
   m.def("_clear_interrupt", &clear_interrupt);
