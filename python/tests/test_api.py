@@ -62,6 +62,17 @@ def _extras(g):
     return True
 
 
+def test_groups():
+    def fn(g):
+        before = g.barrier_count
+        g.barrier()
+        return g.rank, g.size, g.kind, g.num_hosts, g.host_of(g.rank), g.barrier_count - before
+
+    assert ubep.run_on_threads(3, fn) == [(r, 3, "threads", 1, 0, 1) for r in range(3)]
+    hosts = ubep.run_on_threads(4, lambda g: [g.host_of(r) for r in range(4)], ranks_per_host=2)
+    assert hosts[0] == [0, 0, 1, 1]
+
+
 def test_deepep_extras():
     assert all(ubep.run_on_threads(2, _extras, timeout=30))
 

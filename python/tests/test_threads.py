@@ -44,11 +44,12 @@ def test_per_source_placement(algorithm, framework):
 
 
 @pytest.mark.parametrize("algorithm", ["ubep", "bsp"])
-def test_split_phase_hooks(algorithm):
+@pytest.mark.parametrize("framework", ["torch", "numpy"])
+def test_split_phase_hooks(algorithm, framework):
     """return_recv_hook=True: recv_x/recv_count/y are filled once the hooks return."""
     spec = ref.Spec(ranks=2, dtype="bf16", seed=3)
     got = ubep.run_on_threads(
-        2, lambda g: worker.run_rank(g, spec, "latency", algorithm, "torch", hook=True),
+        2, lambda g: worker.run_rank(g, spec, "latency", algorithm, framework, hook=True),
         timeout=30)
     worker.check(spec, "latency", got)
 
