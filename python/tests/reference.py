@@ -28,8 +28,10 @@ def to_raw(f32, dtype):
 class Spec:
     """Shapes of one test world."""
 
-    def __init__(self, ranks=2, tokens=6, hidden=40, experts=8, topk=3, dtype="bf16", seed=1):
+    def __init__(self, ranks=2, tokens=6, hidden=40, experts=8, topk=3, dtype="bf16", seed=1,
+                 ranks_per_host=0):
         self.R, self.T, self.H, self.E, self.K = ranks, tokens, hidden, experts, topk
+        self.ranks_per_host = ranks_per_host  # > 0: hosts of that many ranks (the relay)
         self.El = experts // ranks
         self.dtype, self.seed = dtype, seed
 
@@ -89,16 +91,38 @@ def dispatch_throughput(spec, xs, idxs, ws):
     return out
 
 
+def host_of(spec, rank):
+    return rank // spec.ranks_per_host if spec.ranks_per_host else 0
+
+
+def add_by_host(spec, shape, contributions):
+    """contributions: (rank, float32 row) in the documented order. One host: their sum from 0
+    in that order. Across hosts: each host's partial from 0 in that order, then the partials
+    added in ascending host order (SEMANTICS.md, Arithmetic)."""
+    hosts = sorted({host_of(spec, r) for r, _ in contributions})
+    total = np.zeros(shape, dtype=np.float32)
+    for h in hosts:
+        part = np.zeros(shape, dtype=np.float32)
+        for r, v in contributions:
+            if host_of(spec, r) == h:
+                part = part + v
+        total = total + part
+    return total
+
+
 def combine_throughput(spec, disp, expert_out, num_tokens):
     """y per owner: sum over destination ranks ascending of the row sent back for the token."""
     ys = []
     for s in range(spec.R):
-        acc = np.zeros((num_tokens[s], spec.H), dtype=np.float32)
+        contrib = [[] for _ in range(num_tokens[s])]
         for d in range(spec.R):
             vals = values(expert_out[d], spec.dtype)
             for row, (src_rank, t) in enumerate(disp[d]["recv_src"]):
                 if src_rank == s:
-                    acc[t] = acc[t] + vals[row]
+                    contrib[t].append((d, vals[row]))
+        acc = np.zeros((num_tokens[s], spec.H), dtype=np.float32)
+        for t in range(num_tokens[s]):
+            acc[t] = add_by_host(spec, spec.H, contrib[t])
         ys.append(to_raw(acc, spec.dtype))
     return ys
 
@@ -141,11 +165,13 @@ def combine_latency(spec, where, expert_out, idxs, ws):
         n = idxs[s].shape[0]
         acc = np.zeros((n, spec.H), dtype=np.float32)
         for t in range(n):
+            contrib = []
             for k in range(spec.K):
                 if idxs[s][t, k] < 0:
                     continue
                 d, e, p = where[(s, t, k)]
                 prod = np.float32(ws[s][t, k]) * values(expert_out[d][e, p], spec.dtype)
-                acc[t] = acc[t] + prod.astype(np.float32)
+                contrib.append((d, prod.astype(np.float32)))
+            acc[t] = add_by_host(spec, spec.H, contrib)
         ys.append(to_raw(acc, spec.dtype))
     return ys

@@ -34,6 +34,18 @@ def test_more_ranks(ranks):
 
 
 @pytest.mark.parametrize("algorithm", ["ubep", "bsp"])
+@pytest.mark.parametrize("layout", ["throughput", "latency"])
+def test_two_hosts_over_the_relay(algorithm, layout):
+    """4 thread ranks as 2 hosts of 2: traffic between them takes the cross-host relay, and
+    combine adds per-host partials (the reference models that order)."""
+    spec = ref.Spec(ranks=4, experts=8, topk=3, dtype="fp32", seed=8, ranks_per_host=2)
+    got = ubep.run_on_threads(
+        4, lambda g: worker.run_rank(g, spec, layout, algorithm, "torch"), timeout=30,
+        ranks_per_host=2)
+    worker.check(spec, layout, got)
+
+
+@pytest.mark.parametrize("algorithm", ["ubep", "bsp"])
 @pytest.mark.parametrize("framework", ["torch", "numpy"])
 def test_per_source_placement(algorithm, framework):
     """placement="per-source" (ubep's default for the latency layout under "auto")."""
