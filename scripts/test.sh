@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every test: the unit and thread-rank suites, the multi-process suites under
-# mpirun (2 and 4 processes, and 2 forced hosts over TCP), then the thread-rank suites again
-# under ThreadSanitizer and AddressSanitizer.
+# mpirun (2 and 4 processes, and 2 forced hosts over TCP), the Python package's pytest suite
+# (ctest "python"), then the thread-rank suites again under ThreadSanitizer and AddressSanitizer
+# (without the Python package).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -17,7 +18,7 @@ cmake --build build -j"$jobs"
 if [ "${UBEP_SKIP_SANITIZERS:-0}" != 1 ]; then
   for san in thread address; do
     cmake -S . -B "build-$san" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_SANITIZE=$san \
-          -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF >/dev/null
+          -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF -DUBEP_WITH_PYTHON=OFF >/dev/null
     cmake --build "build-$san" -j"$jobs"
     (cd "build-$san" && TSAN_OPTIONS=halt_on_error=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$jobs")
   done

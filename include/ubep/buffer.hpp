@@ -128,6 +128,10 @@ struct CombineArgs {
   // x holds the rows in the order Buffer::compact() produced them ([valid rows, hidden]),
   // not in the dispatch's placement.
   bool compacted = false;
+  // Latency layout, optional: the weights combine applies, [num_tokens, k] fp32, replacing the
+  // ones given to dispatch (DeepEP's low_latency_combine takes its weights here). Only used on
+  // the token's owner, so only on one host (across hosts the relay has them from dispatch).
+  TensorView topk_weights = {};
 };
 
 class Buffer {
@@ -157,6 +161,13 @@ class Buffer {
   // (throughput), then by source rank and source token. Valid until the next dispatch. Combine
   // takes outputs in this order with CombineArgs::compacted.
   TensorView compact();
+  // While a split-phase call is outstanding: the views its *_recv will return, so they can be
+  // handed out before the data arrives (DeepEP's return_recv_hook); their contents are valid
+  // once *_recv has returned. pending_dispatch: after a latency-layout dispatch_send (recv_x,
+  // recv_src, recv_count; throughput row counts are unknown until the data is there).
+  // pending_combine: after combine_send, y.
+  DispatchResult pending_dispatch() const;
+  TensorView pending_combine() const;
 
   // Zero-copy combine input for the last dispatch, shaped like its recv_x, in shared memory.
   // Experts that write their output here save combine a copy (the owners read it in place).

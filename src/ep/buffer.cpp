@@ -243,6 +243,24 @@ void Buffer::Impl::check_combine(const CombineArgs& a) const {
   UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine: x has no data");
   UBEP_CHECK_ARG(a.x.device == cfg.device, "combine: x is on ", a.x.device.describe(),
                  ", the buffer on ", cfg.device.describe());
+  if (a.topk_weights.ndim != 0) {
+    const TensorView& w = a.topk_weights;
+    const ep::Routing& routing = call.routing;
+    UBEP_CHECK_ARG(call.layout == Layout::kLatency,
+                   "combine: topk_weights can only replace the dispatch's in the latency layout");
+    UBEP_CHECK_ARG(!multi_host(), "combine: topk_weights cannot be replaced across hosts");
+    UBEP_CHECK_ARG(w.device.type == DeviceType::kCpu,
+                   "combine: topk_weights must be in host memory, got ", w.device.describe());
+    UBEP_CHECK_ARG(w.ndim == 2 && w.dtype == DType::kFP32 && w.dim(0) == routing.num_tokens &&
+                       w.dim(1) == routing.topk && (w.data != nullptr || w.numel() == 0),
+                   "combine: topk_weights must be fp32 [", routing.num_tokens, ", ", routing.topk,
+                   "] like the dispatch's topk_idx, got ", w.describe());
+  }
+}
+
+void Buffer::Impl::set_combine_weights(const CombineArgs& a) {
+  if (a.topk_weights.ndim != 0)
+    std::memcpy(call.routing.topk_weights.data(), a.topk_weights.data, a.topk_weights.bytes());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -338,6 +356,7 @@ TensorView Buffer::combine(const CombineArgs& args) {
   b.start_call("combine");
   CallScope scope(b);
   inputs_of(b, [&] { b.check_combine(args); });
+  b.set_combine_weights(args);
   b.combined = true;
   phase_of(b, "combine", [&] {
     ep::Algorithm& algo = b.algorithm();
@@ -384,6 +403,7 @@ void Buffer::combine_send(const CombineArgs& args) {
   b.start_call("combine_send");
   CallScope scope(b);
   inputs_of(b, [&] { b.check_combine(args); });
+  b.set_combine_weights(args);
   b.combined = true;
   phase_of(b, "combine_send", [&] { b.algorithm().combine_send(args); });
   b.phase = Impl::Phase::kCombineSent;
@@ -398,6 +418,19 @@ TensorView Buffer::combine_recv() {
   CallScope scope(b);
   phase_of(b, "combine_recv", [&] { b.algorithm().combine_recv(); });
   return b.y_view();
+}
+
+DispatchResult Buffer::pending_dispatch() const {
+  const Impl& b = *impl_;
+  UBEP_CHECK_ARG(b.phase == Impl::Phase::kDispatchSent && b.call.layout == Layout::kLatency,
+                 "pending_dispatch: no latency-layout dispatch_send outstanding");
+  return b.result();
+}
+
+TensorView Buffer::pending_combine() const {
+  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kCombineSent,
+                 "pending_combine: no combine_send outstanding");
+  return impl_->y_view();
 }
 
 const BufferConfig& Buffer::config() const { return impl_->cfg; }

@@ -92,6 +92,7 @@ struct Buffer::Impl {
   TensorView compact_rows();
   TensorView y_view() const;
   void check_combine(const CombineArgs& a) const;
+  void set_combine_weights(const CombineArgs& a);  // after check_combine accepted them
 };
 
 inline constexpr int kMaxFusedRows = 256;  // > max_topk (64); groups up to 256 ranks

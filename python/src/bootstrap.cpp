@@ -1,0 +1,71 @@
+// make_bootstrap_group over a Python object: the set-up collectives (allgather of segment and
+// host names, barriers) are the framework's (torch.distributed all_gather_object on gloo,
+// mpi4py's allgather), called back from C++ with the GIL taken; the data path never calls them.
+#include <pybind11/pybind11.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "ubep/bootstrap.hpp"
+#include "ubep/error.hpp"
+
+namespace pb = pybind11;
+
+namespace ubep::python {
+
+namespace {
+
+class PyBootstrap : public Bootstrap {
+ public:
+  explicit PyBootstrap(pb::object impl) : impl_(std::move(impl)) {
+    rank_ = impl_.attr("rank")().cast<int>();
+    size_ = impl_.attr("size")().cast<int>();
+  }
+  ~PyBootstrap() override {
+    pb::gil_scoped_acquire gil;
+    impl_ = pb::object();
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void allgather(const void* in, void* out, size_t bytes) override {
+    pb::gil_scoped_acquire gil;
+    pb::bytes all = impl_.attr("allgather")(pb::bytes(static_cast<const char*>(in), bytes));
+    const std::string_view v = all;
+    UBEP_CHECK(v.size() == bytes * static_cast<size_t>(size_), SystemError,
+               "bootstrap allgather returned ", v.size(), " bytes, expected ",
+               bytes * static_cast<size_t>(size_), " (", size_, " ranks x ", bytes, ")");
+    std::memcpy(out, v.data(), v.size());
+  }
+
+  void barrier() override {
+    pb::gil_scoped_acquire gil;
+    impl_.attr("barrier")();
+  }
+
+ private:
+  pb::object impl_;
+  int rank_ = 0;
+  int size_ = 0;
+};
+
+}  // namespace
+
+void bind_bootstrap(pb::module_& m) {
+  m.def(
+      "make_bootstrap_group",
+      [](pb::object impl, double timeout_s) {
+        UBEP_CHECK_ARG(timeout_s > 0, "timeout must be > 0 seconds, got ", timeout_s);
+        auto boot = std::make_shared<PyBootstrap>(std::move(impl));
+        GroupOptions o;
+        o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+        // Collective: the callbacks take the GIL back when they need it.
+        pb::gil_scoped_release nogil;
+        return make_bootstrap_group(boot, o);
+      },
+      pb::arg("bootstrap"), pb::arg("timeout") = 60.0,
+      "A Group of the processes of `bootstrap` (rank(), size(), allgather(bytes) -> bytes of "
+      "all ranks in rank order, barrier()), which must all be on this host.");
+}
+
+}  // namespace ubep::python

@@ -1,0 +1,260 @@
+// _ubep.Buffer: ubep::Buffer with arrays through DLPack. The methods here are the hot path, so
+// they do the argument work in C++ (one Python call per dispatch or combine) and hand results
+// back already converted to the caller's framework. The DeepEP-shaped API is ubep/buffer.py.
+#include "buffer.hpp"
+
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "arrays.hpp"
+#include "interrupt.hpp"
+#include "ubep/error.hpp"
+
+namespace ubep::python {
+
+namespace {
+
+DType dtype_of(const std::string& name) { return parse_dtype(name); }
+
+}  // namespace
+
+PyBuffer::PyBuffer(pb::object group_obj, BufferConfig cfg) : group_(std::move(group_obj)) {
+  install_interrupt_hook();
+  Group& g = group_.cast<Group&>();
+  buf_ = without_gil([&] { return std::make_unique<Buffer>(g, cfg); });
+}
+
+PyBuffer::~PyBuffer() {
+  pb::gil_scoped_release nogil;  // joins the worker threads
+  buf_.reset();
+}
+
+pb::tuple PyBuffer::dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
+                             pb::handle topk_weights, bool latency, int kind, bool send_only) {
+  PyBuffer& b = self.cast<PyBuffer&>();
+  Buffer& buf = *b.buf_;
+  Borrowed bx = borrow(x, "dispatch: x", buf.config().dtype);
+  Borrowed bi = borrow(topk_idx, "dispatch: topk_idx", DType::kInt64);
+  DispatchArgs a;
+  a.x = bx.view;
+  a.topk_idx = bi.view;
+  Borrowed bw;
+  if (topk_weights.is_none()) {
+    // Weights that come later, with combine (DeepEP's low-latency API): ones meanwhile, without
+    // an array to export from Python.
+    const size_t n = static_cast<size_t>(std::max<int64_t>(bi.view.numel(), 0));
+    if (b.ones_.size() < n) b.ones_.assign(n, 1.0f);
+    a.topk_weights = TensorView(b.ones_.data(), DType::kFP32, {bi.view.dim(0), bi.view.dim(1)});
+    if (bi.view.ndim != 2) a.topk_weights = bi.view;  // let validation name the bad topk_idx
+  } else {
+    bw = borrow(topk_weights, "dispatch: topk_weights", DType::kFP32);
+    a.topk_weights = bw.view;
+  }
+  a.layout = latency ? Layout::kLatency : Layout::kThroughput;
+  DispatchResult r = without_gil([&] {
+    if (!send_only) return buf.dispatch(a);
+    buf.dispatch_send(a);
+    return buf.pending_dispatch();
+  });
+  return b.result_tuple(self, r, kind);
+}
+
+pb::tuple PyBuffer::dispatch_recv(pb::handle self, int kind) {
+  PyBuffer& b = self.cast<PyBuffer&>();
+  DispatchResult r = without_gil([&] { return b.buf_->dispatch_recv(); });
+  return b.result_tuple(self, r, kind);
+}
+
+pb::tuple PyBuffer::result_tuple(pb::handle self, const DispatchResult& r, int kind) {
+  last_handle_ = r.handle;
+  last_result_ = r;
+  const Kind k = static_cast<Kind>(kind);
+  pb::object none = pb::none();
+  const bool tp = r.layout == Layout::kThroughput;
+  return pb::make_tuple(to_array(r.recv_x, self, k), tp ? to_array(r.recv_topk_idx, self, k) : none,
+                        tp ? to_array(r.recv_topk_weights, self, k) : none,
+                        to_array(r.recv_count, self, k), r.handle);
+}
+
+pb::object PyBuffer::combine(pb::handle self, pb::handle x, uint64_t handle,
+                             pb::handle topk_weights, int kind, bool send_only) {
+  PyBuffer& b = self.cast<PyBuffer&>();
+  Buffer& buf = *b.buf_;
+  Borrowed bx = borrow(x, "combine: x", buf.config().dtype);
+  Borrowed bw;
+  CombineArgs a;
+  a.x = bx.view;
+  a.handle = handle;
+  if (!topk_weights.is_none()) {
+    bw = borrow(topk_weights, "combine: topk_weights", DType::kFP32);
+    a.topk_weights = bw.view;
+  }
+  TensorView y = without_gil([&] {
+    if (!send_only) return buf.combine(a);
+    buf.combine_send(a);
+    return buf.pending_combine();
+  });
+  return to_array(y, self, static_cast<Kind>(kind));
+}
+
+pb::object PyBuffer::combine_recv(pb::handle self, int kind) {
+  PyBuffer& b = self.cast<PyBuffer&>();
+  TensorView y = without_gil([&] { return b.buf_->combine_recv(); });
+  return to_array(y, self, static_cast<Kind>(kind));
+}
+
+pb::object PyBuffer::view(pb::handle self, const std::string& which, uint64_t handle, int kind) {
+  PyBuffer& b = self.cast<PyBuffer&>();
+  UBEP_CHECK_ARG(which == "combine_buffer" || which == "recv_src" || which == "recv_range",
+                 "unknown view '", which, "'");
+  UBEP_CHECK_ARG(handle == b.last_handle_, which, ": handle ", handle,
+                 " is not the last dispatch on this buffer (", b.last_handle_,
+                 "): its memory has been reused");
+  if (which == "combine_buffer")
+    return to_array(b.buf_->combine_buffer(), self, static_cast<Kind>(kind));
+  return to_array(which == "recv_src" ? b.last_result_.recv_src : b.last_result_.recv_range, self,
+                  static_cast<Kind>(kind));
+}
+
+pb::dict PyBuffer::last_stats() const {
+  const CallStats& s = buf_->last_stats();
+  pb::list stages;
+  for (const auto& [name, us] : s.stage_us) stages.append(pb::make_tuple(name, us));
+  pb::dict d;
+  d["barriers"] = s.barriers;
+  d["stage_us"] = stages;
+  d["network_bytes"] = s.network_bytes;
+  d["network_rows"] = s.network_rows;
+  return d;
+}
+
+pb::dict PyBuffer::config() const {
+  const BufferConfig& c = buf_->config();
+  pb::dict d;
+  d["max_tokens_per_rank"] = c.max_tokens_per_rank;
+  d["hidden"] = c.hidden;
+  d["dtype"] = dtype_name(c.dtype);
+  d["num_experts"] = c.num_experts;
+  d["max_topk"] = c.max_topk;
+  d["algorithm"] = algorithm_name(c.algorithm);
+  d["sync"] = sync_mode_name(c.sync);
+  d["num_workers"] = buf_->num_workers();
+  d["enable_latency_layout"] = c.enable_latency_layout;
+  d["placement"] = placement_name(c.placement);
+  return d;
+}
+
+namespace {
+// The benchmarks' expert: the identity, writing the received rows into the zero-copy combine
+// buffer (as ubep-bench does; a real expert GEMM writes its output there).
+void identity_expert(Buffer& buf, const DispatchResult& r) {
+  const size_t row = static_cast<size_t>(buf.config().hidden) * dtype_size(buf.config().dtype);
+  TensorView out = buf.combine_buffer();
+  const auto* src = static_cast<const char*>(r.recv_x.data);
+  auto* dst = static_cast<char*>(out.data);
+  // The valid rows: each (expert, source) range of recv_range (contiguous when compact).
+  const bool latency = r.layout == Layout::kLatency;
+  const int64_t experts = latency ? r.recv_x.dim(0) : 1;
+  const int64_t ranks = r.recv_range.dim(latency ? 1 : 0), rows = latency ? r.recv_x.dim(1) : 0;
+  const auto* range = r.recv_range.as<const int64_t>();
+  for (int64_t e = 0; e < experts; ++e)
+    for (int64_t s = 0; s < ranks; ++s) {
+      const int64_t* rr = range + 2 * (e * ranks + s);
+      const size_t at = static_cast<size_t>(e * rows + rr[0]) * row;
+      std::memcpy(dst + at, src + at, static_cast<size_t>(rr[1]) * row);
+    }
+}
+}  // namespace
+
+void PyBuffer::expert_identity() {
+  UBEP_CHECK_ARG(last_handle_ != ~uint64_t{0}, "expert_identity: no dispatch yet");
+  without_gil([&] {
+    identity_expert(*buf_, last_result_);
+    return 0;
+  });
+}
+
+// The calls of a Python loop, timed in C++ with the GIL released throughout: dispatch, the
+// identity expert (untimed), zero-copy combine. Their difference to the same loop from Python
+// (ubep.bench) is the binding's cost. barrier: a group barrier (untimed) before each timed
+// call, so untimed work in between does not show up as one rank waiting for another inside
+// the next call.
+pb::list PyBuffer::time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk_weights,
+                              bool latency, int iters, int warmup, bool barrier) {
+  Buffer& buf = *buf_;
+  Borrowed bx = borrow(x, "time_calls: x", buf.config().dtype);
+  Borrowed bi = borrow(topk_idx, "time_calls: topk_idx", DType::kInt64);
+  Borrowed bw = borrow(topk_weights, "time_calls: topk_weights", DType::kFP32);
+  DispatchArgs a{bx.view, bi.view, bw.view, latency ? Layout::kLatency : Layout::kThroughput};
+  std::vector<std::pair<double, double>> times;
+  without_gil([&] {
+    using Clock = std::chrono::steady_clock;
+    for (int i = 0; i < warmup + iters; ++i) {
+      if (barrier) buf.group().barrier();
+      const auto t0 = Clock::now();
+      DispatchResult r = buf.dispatch(a);
+      const auto t1 = Clock::now();
+      identity_expert(buf, r);
+      if (barrier) buf.group().barrier();
+      const auto t2 = Clock::now();
+      buf.combine({buf.combine_buffer(), r.handle});
+      const auto t3 = Clock::now();
+      if (i >= warmup)
+        times.emplace_back(std::chrono::duration<double, std::micro>(t1 - t0).count(),
+                           std::chrono::duration<double, std::micro>(t3 - t2).count());
+    }
+    return 0;
+  });
+  pb::list out;
+  for (auto& [d, c] : times) out.append(pb::make_tuple(d, c));
+  return out;
+}
+
+void bind_buffer(pb::module_& m) {
+  pb::class_<PyBuffer>(m, "Buffer")
+      .def(pb::init([](pb::object group, int64_t max_tokens_per_rank, int64_t hidden,
+                       const std::string& dtype, int num_experts, int max_topk,
+                       const std::string& algorithm, int num_workers, bool enable_latency_layout,
+                       const std::string& sync, const std::string& placement) {
+             BufferConfig c;
+             c.max_tokens_per_rank = max_tokens_per_rank;
+             c.hidden = hidden;
+             c.dtype = dtype_of(dtype);
+             c.num_experts = num_experts;
+             c.max_topk = max_topk;
+             c.algorithm = parse_algorithm(algorithm);
+             c.num_workers = num_workers;
+             c.enable_latency_layout = enable_latency_layout;
+             c.sync = parse_sync_mode(sync);
+             c.placement = parse_placement(placement);
+             return std::make_unique<PyBuffer>(std::move(group), c);
+           }),
+           pb::arg("group"), pb::arg("max_tokens_per_rank"), pb::arg("hidden"), pb::arg("dtype"),
+           pb::arg("num_experts"), pb::arg("max_topk"), pb::arg("algorithm"),
+           pb::arg("num_workers"), pb::arg("enable_latency_layout"), pb::arg("sync"),
+           pb::arg("placement"))
+      .def("dispatch", &PyBuffer::dispatch)
+      .def("dispatch_recv", &PyBuffer::dispatch_recv)
+      .def("combine", &PyBuffer::combine)
+      .def("combine_recv", &PyBuffer::combine_recv)
+      .def("view", &PyBuffer::view)
+      .def("last_stats", &PyBuffer::last_stats)
+      .def("config", &PyBuffer::config)
+      .def("time_calls", &PyBuffer::time_calls)
+      .def("expert_identity", &PyBuffer::expert_identity,
+           "Benchmark helper: copies the last dispatch's received rows into the combine buffer.")
+      .def("set_algorithm",
+           [](PyBuffer& b, const std::string& a) { b.buffer().set_algorithm(parse_algorithm(a)); })
+      .def_property_readonly(
+          "algorithm", [](PyBuffer& b) { return algorithm_name(b.buffer().config().algorithm); })
+      .def_property_readonly("num_local_experts",
+                             [](PyBuffer& b) { return b.buffer().num_local_experts(); })
+      .def_property_readonly("shared_bytes", [](PyBuffer& b) { return b.buffer().shared_bytes(); })
+      .def_property_readonly("group", [](PyBuffer& b) { return b.group_object(); });
+}
+
+}  // namespace ubep::python

@@ -1,0 +1,56 @@
+// The Buffer binding (see buffer.cpp).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ubep/buffer.hpp"
+
+namespace ubep::python {
+
+namespace pb = pybind11;
+
+class PyBuffer {
+ public:
+  // Collective over the group's ranks (made with the GIL released: thread ranks call it at once).
+  PyBuffer(pb::object group, BufferConfig cfg);
+  ~PyBuffer();
+
+  // `self` is this object: every exported view holds a reference to it, so the Buffer's memory
+  // outlives the last view. kind: how results are returned (arrays.hpp Kind).
+  // topk_weights may be None (ones; the latency layout's combine takes the real ones).
+  // Returns (recv_x, recv_topk_idx | None, recv_topk_weights | None, recv_count, handle).
+  static pb::tuple dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
+                            pb::handle topk_weights, bool latency, int kind, bool send_only);
+  static pb::tuple dispatch_recv(pb::handle self, int kind);
+  static pb::object combine(pb::handle self, pb::handle x, uint64_t handle, pb::handle topk_weights,
+                            int kind, bool send_only);
+  static pb::object combine_recv(pb::handle self, int kind);
+  // "combine_buffer", "recv_src" or "recv_range" of the dispatch `handle` (the last one).
+  static pb::object view(pb::handle self, const std::string& which, uint64_t handle, int kind);
+
+  pb::dict last_stats() const;
+  pb::dict config() const;
+  pb::list time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk_weights, bool latency,
+                      int iters, int warmup, bool barrier);
+  void expert_identity();
+
+  Buffer& buffer() { return *buf_; }
+  pb::object group_object() const { return group_; }
+
+ private:
+  pb::tuple result_tuple(pb::handle self, const DispatchResult& r, int kind);
+
+  pb::object group_;  // keeps the Group (and its shared memory) alive as long as the Buffer
+  std::unique_ptr<Buffer> buf_;
+  std::vector<float> ones_;  // dispatch weights when None (they come with combine)
+  uint64_t last_handle_ = ~uint64_t{0};
+  DispatchResult last_result_;
+};
+
+void bind_buffer(pb::module_& m);
+
+}  // namespace ubep::python

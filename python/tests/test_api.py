@@ -1,0 +1,93 @@
+"""The DeepEP-shaped extras: get_dispatch_layout, cached dispatch, expert_alignment, events,
+last_stats, the algorithm switch, and python3 -m ubep.bench's JSON."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import reference as ref
+import ubep
+
+
+def test_get_dispatch_layout_matches_a_direct_count():
+    rng = np.random.default_rng(0)
+    idx = rng.integers(-1, 16, size=(50, 4))
+    per_rank, rdma, per_expert, in_rank = ubep.get_dispatch_layout(idx, 16, 4)
+    assert rdma is None
+    want_in_rank = np.zeros((50, 4), dtype=bool)
+    for t in range(50):
+        for e in idx[t]:
+            if e >= 0:
+                want_in_rank[t, e // 4] = True
+    np.testing.assert_array_equal(in_rank, want_in_rank)
+    np.testing.assert_array_equal(per_rank, want_in_rank.sum(0))
+    np.testing.assert_array_equal(per_expert, [(idx == e).sum() for e in range(16)])
+    t_rank, _, t_expert, t_in = ubep.get_dispatch_layout(torch.from_numpy(idx), 16, 4)
+    assert isinstance(t_rank, torch.Tensor) and t_rank.dtype == torch.int32
+    assert t_rank.tolist() == per_rank.tolist() and t_in.numpy().tolist() == in_rank.tolist()
+    with pytest.raises(ubep.InvalidArgument, match="expert id 16"):
+        ubep.get_dispatch_layout(np.array([[16]]), 16, 4)
+
+
+def _extras(g):
+    spec = ref.Spec(ranks=2, dtype="fp32", seed=9)
+    buf = ubep.Buffer(g, hidden=spec.H, num_experts=spec.E, max_tokens_per_rank=spec.T,
+                      max_topk=spec.K, dtype=torch.float32)
+    x, idx, w = (torch.from_numpy(a) for a in ref.make_inputs(spec, g.rank, 0))
+    layout = buf.get_dispatch_layout(idx, spec.E, None)
+    assert len(layout) == 5 and isinstance(layout[-1], ubep.EventOverlap)
+    rx, ridx, rw, counts, h, event = buf.dispatch(x, num_tokens_per_rank=layout[0],
+                                                  is_token_in_rank=layout[3],
+                                                  topk_idx=idx, topk_weights=w,
+                                                  expert_alignment=4)
+    event.current_stream_wait()
+    assert all(c % 4 == 0 for c in counts)
+    first = rx.clone()
+    y, cw, _ = buf.combine(rx, h, topk_weights=rw, copy=True)
+    assert cw is w
+    # Cached dispatch (DeepEP: the handle's layout, new data).
+    rx2, _, _, _, h2, _ = buf.dispatch(x * 2, handle=h)
+    assert torch.equal(rx2, first * 2)
+    y2, _, _ = buf.combine(rx2, h2, bias=torch.ones(1, spec.H))
+    assert torch.equal(y2, y * 2 + 1)
+    stats = buf.last_stats()
+    assert stats["barriers"] == 0 and [s for s, _ in stats["stage_us"]]
+    buf.algorithm = "bsp"
+    buf.dispatch(x, topk_idx=idx, topk_weights=w)
+    assert buf.algorithm == "bsp" and buf.last_stats()["barriers"] == 3
+    return True
+
+
+def test_groups():
+    def fn(g):
+        before = g.barrier_count
+        g.barrier()
+        return g.rank, g.size, g.kind, g.num_hosts, g.host_of(g.rank), g.barrier_count - before
+
+    assert ubep.run_on_threads(3, fn) == [(r, 3, "threads", 1, 0, 1) for r in range(3)]
+    hosts = ubep.run_on_threads(4, lambda g: [g.host_of(r) for r in range(4)], ranks_per_host=2)
+    assert hosts[0] == [0, 0, 1, 1]
+
+
+def test_deepep_extras():
+    assert all(ubep.run_on_threads(2, _extras, timeout=30))
+
+
+def test_bench_json(tmp_path):
+    out = tmp_path / "b.json"
+    proc = subprocess.run([sys.executable, "-m", "ubep.bench", "--workload", "tiny", "--iters",
+                           "5", "--warmup", "1", "--no-ubep-bench", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rep = json.loads(out.read_text())
+    assert rep["config"]["workload"] == "tiny" and rep["config"]["ranks"] == 2
+    impls = {(r["impl"], r["op"]) for r in rep["results"]}
+    assert impls == {(i, o) for i in ("ubep", "bsp", "torch") for o in ("dispatch", "combine")}
+    for r in rep["results"]:
+        assert r["median_us"] > 0 and r["p99_us"] >= r["median_us"] and r["gbps"] > 0
+    assert {(b["impl"], b["op"]) for b in rep["binding"]} == {
+        (i, o) for i in ("ubep", "bsp") for o in ("dispatch", "combine")}

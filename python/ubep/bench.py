@@ -1,0 +1,343 @@
+"""python3 -m ubep.bench: ubep from Python beside the torch.distributed path users write today,
+and beside the same calls timed in C++ (the binding's overhead).
+
+On ``--ranks`` local processes (torch.multiprocessing, gloo for set-up), per workload:
+
+* ``ubep`` / ``bsp``: Buffer.low_latency_dispatch / dispatch and the matching combine, called
+  from Python (results as torch views; the identity expert copies the received rows into the
+  zero-copy combine buffer, untimed, as ubep-bench does);
+* ``torch``: permute (token, expert) rows by destination, ``all_to_all_single`` of counts, of
+  rows (bf16 bytes as float16: gloo has no bf16) and of expert ids over gloo, un-permute by
+  expert; back: re-permute,
+  ``all_to_all_single``, weighted ``index_add_`` in fp32, cast;
+* the same ubep calls in a C++ loop inside the extension (``cpp``), and, when found, the
+  ``ubep-bench`` binary on the same shape (``--ubep-bench PATH``; mpirun if available).
+
+Each timed call starts after an untimed ubep group barrier (``--no-barrier``: back to back, as
+ubep-bench), so the untimed work between calls (the identity expert, Python bookkeeping) does
+not show up as one rank waiting for the other. Times are per iteration the slowest rank's; median and p99 over iterations; GB/s = bytes
+received per rank / median. ``--json FILE`` writes ubep-bench's schema
+``{"config", "results": [{"impl", "op", "median_us", "p99_us", "gbps"}]}`` plus
+``"binding"``: per algorithm and op, Python vs C++ median and the difference.
+"""
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+WORKLOADS = {  # as ubep-bench: hidden 7168, top-8 of 256 experts, bf16
+    "decode": dict(tokens=128, layout="latency", iters=50, warmup=5),
+    "prefill": dict(tokens=4096, layout="throughput", iters=10, warmup=2),
+    "tiny": dict(tokens=1, layout="latency", iters=500, warmup=50),
+}
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(
+        prog="python3 -m ubep.bench",
+        description="ubep from Python vs the torch.distributed gloo all_to_all path and vs the "
+                    "same calls timed in C++ (the binding's overhead), on local processes.")
+    p.add_argument("--workload", default="decode", help="decode | prefill | tiny | all")
+    p.add_argument("--ranks", type=int, default=2, help="local processes (default 2)")
+    p.add_argument("--algo", default="ubep,bsp,torch", help="comma list of ubep,bsp,torch")
+    p.add_argument("--iters", type=int, default=None, help="measured iterations (per workload "
+                   "default: decode 50, prefill 10, tiny 500)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up iterations")
+    p.add_argument("--seed", type=int, default=1, help="routing and data seed")
+    p.add_argument("--placement", default="auto",
+                   help="auto (as ubep-bench: per-source for latency) | compact | per-source")
+    p.add_argument("--json", default=None, help="write the results here")
+    p.add_argument("--ubep-bench", default=None, help="ubep-bench binary for the C++ figure")
+    p.add_argument("--no-ubep-bench", action="store_true", help="skip the ubep-bench run")
+    p.add_argument("--no-barrier", action="store_true",
+                   help="time calls back to back (as ubep-bench) instead of starting each timed "
+                        "call after an untimed group barrier")
+    return p.parse_args(argv)
+
+
+def routing(rng, tokens, topk, experts):
+    idx = np.stack([rng.choice(experts, size=topk, replace=False) for _ in range(tokens)])
+    return idx.astype(np.int64).reshape(tokens, topk), rng.uniform(
+        0.05, 1.0, size=(tokens, topk)).astype(np.float32)
+
+
+def slowest(dist, times):
+    """Per iteration, the slowest rank's time (all_gather over gloo, outside the timed part)."""
+    import torch
+    t = torch.tensor(times, dtype=torch.float64)
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return torch.stack(out).max(dim=0).values.numpy()
+
+
+def summary(per_iter, bytes_per_rank):
+    med = float(np.median(per_iter))
+    p99 = float(np.sort(per_iter)[min(len(per_iter) - 1, int(np.ceil(0.99 * len(per_iter))) - 1)])
+    return dict(median_us=med, p99_us=p99, gbps=bytes_per_rank / (med * 1e3) if med else 0.0,
+                bytes_per_rank=bytes_per_rank)
+
+
+def torch_path(dist, x, idx, w, ranks, experts):
+    """The gloo path, as two closures (dispatch, combine) sharing state."""
+    import torch
+    El = experts // ranks
+    state = {}
+
+    def wire(t):  # gloo (torch 1.13) has no bf16 or int16 all_to_all: same bytes as float16
+        return t.view(torch.float16) if t.dtype == torch.bfloat16 else t
+
+    def dispatch():
+        valid = idx >= 0
+        tok = torch.arange(idx.shape[0]).unsqueeze(1).expand_as(idx)[valid]
+        exp = idx[valid]
+        order = torch.argsort(exp, stable=True)  # by expert, hence by destination rank
+        tok, exp = tok[order], exp[order]
+        send_counts = torch.bincount(exp // El, minlength=ranks)
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts)
+        s, r = send_counts.tolist(), recv_counts.tolist()
+        rows = x.index_select(0, tok)
+        recv_rows = x.new_empty((sum(r), x.shape[1]))
+        dist.all_to_all_single(wire(recv_rows), wire(rows), r, s)
+        recv_exp = exp.new_empty(sum(r))
+        dist.all_to_all_single(recv_exp, exp, r, s)
+        perm = torch.argsort(recv_exp, stable=True)  # group by local expert (for the GEMMs)
+        state.update(tok=tok, w=w[valid][order], s=s, r=r, perm=perm)
+        return recv_rows.index_select(0, perm), torch.bincount(recv_exp % El, minlength=El)
+
+    def combine(expert_out):
+        back = torch.empty_like(expert_out)
+        back[state["perm"]] = expert_out  # un-permute to the received order
+        rows = expert_out.new_empty((sum(state["s"]), expert_out.shape[1]))
+        dist.all_to_all_single(wire(rows), wire(back), state["s"], state["r"])
+        y = torch.zeros((x.shape[0], x.shape[1]), dtype=torch.float32)
+        y.index_add_(0, state["tok"], rows.float() * state["w"].unsqueeze(1))
+        return y.to(x.dtype)
+
+    return dispatch, combine
+
+
+def _rank(rank, ranks, port, args, out_path):
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import ubep
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local processes: never depend on DNS
+    dist.init_process_group("gloo", rank=rank, world_size=ranks)
+    group = ubep.make_group()
+    algos = [a for a in args.algo.split(",") if a]
+    sync = not args.no_barrier
+    report = {"results": [], "binding": [], "configs": []}
+    for name in args.workloads:
+        wl = dict(WORKLOADS[name])
+        iters = args.iters or wl["iters"]
+        warmup = args.warmup if args.warmup is not None else wl["warmup"]
+        T, H, K, E = wl["tokens"], 7168, 8, 256
+        latency = wl["layout"] == "latency"
+        rng = np.random.default_rng(args.seed * 131 + rank)
+        idx_np, w_np = routing(rng, T, K, E)
+        x = torch.from_numpy(rng.uniform(-1, 1, size=(T, H)).astype(np.float32)).to(torch.bfloat16)
+        idx, w = torch.from_numpy(idx_np), torch.from_numpy(w_np)
+        row = H * 2
+        buf = ubep.Buffer(group, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=K,
+                          dtype=torch.bfloat16, enable_latency_layout=latency,
+                          placement=args.placement)
+        cfg = dict(workload=name, group=f"processes({ranks}, torch.distributed gloo set-up)",
+                   ranks=ranks, tokens=T, hidden=H, topk=K, experts=E, dtype="bf16",
+                   layout=wl["layout"], routing="uniform", iters=iters, warmup=warmup,
+                   num_workers=buf.config()["num_workers"], placement=buf.config()["placement"],
+                   barrier_before_each_call=sync)
+        report["configs"].append(cfg)
+        for algo in [a for a in algos if a in ("ubep", "bsp")]:
+            buf.algorithm = algo
+            td, tc, cpp = [], [], []
+            # Python and C++ loops in alternating rounds, so a change in machine load hits both.
+            rounds = min(5, iters)
+            for rnd in range(rounds):
+                n = iters // rounds + (rnd < iters % rounds)
+                w_up = warmup if rnd == 0 else 1
+                for i in range(w_up + n):
+                    if sync:
+                        group.barrier()
+                    t0 = time.perf_counter()
+                    if latency:
+                        rx, rc, h, _, _ = buf.low_latency_dispatch(x, idx, T, E, topk_weights=w)
+                    else:
+                        rx, _, _, counts, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+                    t1 = time.perf_counter()
+                    buf._buf.expert_identity()  # untimed, the same memcpy as the C++ loop
+                    cb = buf.get_next_combine_buffer(h)
+                    if sync:
+                        group.barrier()
+                    t2 = time.perf_counter()
+                    if latency:
+                        buf.low_latency_combine(cb, idx, w, h, zero_copy=True)
+                    else:
+                        buf.combine(cb, h)
+                    t3 = time.perf_counter()
+                    if i >= w_up:
+                        td.append((t1 - t0) * 1e6)
+                        tc.append((t3 - t2) * 1e6)
+                cpp += buf._buf.time_calls(x, idx, w, latency, n, w_up, sync)
+            if latency:
+                recv_rows = float(rc.sum())
+                back_rows = float((idx >= 0).sum())
+            else:
+                recv_rows = float(rx.shape[0])
+                back_rows = float(sum(len(set((e // (E // ranks)) for e in r if e >= 0))
+                                      for r in idx_np.tolist()))
+            for op, times, cpp_times, nbytes in (
+                    ("dispatch", td, [c[0] for c in cpp], recv_rows * row),
+                    ("combine", tc, [c[1] for c in cpp], back_rows * row)):
+                py = summary(slowest(dist, times), nbytes)
+                cc = summary(slowest(dist, cpp_times), nbytes)
+                report["results"].append(dict(impl=algo, op=op, workload=name, **py))
+                report["binding"].append(dict(
+                    impl=algo, op=op, workload=name, python_median_us=py["median_us"],
+                    cpp_median_us=cc["median_us"], cpp_p99_us=cc["p99_us"],
+                    overhead_us=py["median_us"] - cc["median_us"],
+                    overhead_pct=100.0 * (py["median_us"] - cc["median_us"]) / cc["median_us"]))
+        if "torch" in algos:
+            d_fn, c_fn = torch_path(dist, x, idx, w, ranks, E)
+            td, tc = [], []
+            for i in range(warmup + iters):
+                if sync:
+                    group.barrier()
+                t0 = time.perf_counter()
+                rows, _ = d_fn()
+                t1 = time.perf_counter()
+                if sync:
+                    group.barrier()
+                t2 = time.perf_counter()
+                c_fn(rows)
+                t3 = time.perf_counter()
+                if i >= warmup:
+                    td.append((t1 - t0) * 1e6)
+                    tc.append((t3 - t2) * 1e6)
+            pairs = float((idx >= 0).sum())
+            for op, times, nbytes in (("dispatch", td, rows.shape[0] * row),
+                                      ("combine", tc, pairs * row)):
+                report["results"].append(dict(impl="torch", op=op, workload=name,
+                                              **summary(slowest(dist, times), nbytes)))
+        del buf
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(report, f)
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_ubep_bench(arg):
+    if arg:
+        return arg
+    here = os.path.dirname(os.path.abspath(__file__))
+    for cand in (os.environ.get("UBEP_BENCH", ""),
+                 os.path.join(here, "..", "..", "tools", "ubep-bench")):
+        if cand and os.path.isfile(cand) and os.access(cand, os.X_OK):
+            return os.path.normpath(cand)
+    return shutil.which("ubep-bench")
+
+
+def run_ubep_bench(path, workload, ranks, algos, iters, warmup, placement):
+    """The C++ benchmark on the same shape: process ranks under mpirun when available."""
+    algos = ",".join(a for a in algos if a in ("ubep", "bsp")) or "ubep"
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "b.json")
+        cmd = [path, "--workload", workload, "--algo", algos, "--json", out, "--quiet",
+               "--placement", placement]
+        if iters:
+            cmd += ["--iters", str(iters)]
+        if warmup is not None:
+            cmd += ["--warmup", str(warmup)]
+        mpirun = shutil.which("mpirun")
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   OMPI_MCA_rmaps_base_oversubscribe="1")
+        cmd = ([mpirun, "-np", str(ranks)] + cmd) if mpirun else (cmd + ["--ranks", str(ranks)])
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+        if proc.returncode != 0 or not os.path.exists(out):
+            return None, " ".join(cmd), proc.stderr[-400:]
+        with open(out) as f:
+            return json.load(f), " ".join(cmd), ""
+
+
+def main(argv=None):
+    args = parse(argv)
+    args.workloads = list(WORKLOADS) if args.workload == "all" else args.workload.split(",")
+    for w in args.workloads:
+        if w not in WORKLOADS:
+            sys.exit(f"unknown workload '{w}' (expected decode, prefill, tiny or all)")
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "report.json")
+        mp.spawn(_rank, args=(args.ranks, free_port(), args, out), nprocs=args.ranks)
+        with open(out) as f:
+            report = json.load(f)
+    algos = args.algo.split(",")
+    report["ubep_bench"] = []
+    exe = None if args.no_ubep_bench else find_ubep_bench(args.ubep_bench)
+    for name in args.workloads:
+        if not exe:
+            break
+        res, cmd, err = run_ubep_bench(exe, name, args.ranks, algos, args.iters, args.warmup,
+                                       args.placement)
+        entry = dict(workload=name, command=cmd)
+        if res:
+            entry["results"] = [r for r in res["results"] if r["impl"] in ("ubep", "bsp")]
+        else:
+            entry["error"] = err
+        report["ubep_bench"].append(entry)
+    print_report(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(config=report["configs"][0] if len(report["configs"]) == 1 else
+                           report["configs"], results=report["results"],
+                           binding=report["binding"], ubep_bench=report["ubep_bench"]), f,
+                      indent=1)
+
+
+def print_report(rep):
+    for cfg in rep["configs"]:
+        w = cfg["workload"]
+        print(f"\n{w}: {cfg['ranks']} process ranks, tokens={cfg['tokens']} hidden={cfg['hidden']} "
+              f"top-{cfg['topk']} of {cfg['experts']} experts, bf16, {cfg['layout']} layout, "
+              f"iters={cfg['iters']}")
+        print(f"{'impl':<8} {'op':<9} {'median_us':>10} {'p99_us':>10} {'GB/s':>8}")
+        rows = [r for r in rep["results"] if r["workload"] == w]
+        for r in rows:
+            print(f"{r['impl']:<8} {r['op']:<9} {r['median_us']:>10.1f} {r['p99_us']:>10.1f} "
+                  f"{r['gbps']:>8.2f}")
+        tot = {}
+        for r in rows:
+            tot[r["impl"]] = tot.get(r["impl"], 0.0) + r["median_us"]
+        if "torch" in tot:
+            print("dispatch+combine median: " + "  ".join(
+                f"{k} {v:.1f} us ({v / tot['torch']:.2f}x torch)" for k, v in tot.items()))
+        for b in (b for b in rep["binding"] if b["workload"] == w):
+            print(f"binding {b['impl']:<5} {b['op']:<9} python {b['python_median_us']:9.1f} us"
+                  f"  C++ loop {b['cpp_median_us']:9.1f} us  overhead {b['overhead_us']:+7.1f} us"
+                  f" ({b['overhead_pct']:+.1f}%)")
+        for e in (e for e in rep["ubep_bench"] if e["workload"] == w):
+            if "results" in e:
+                print("ubep-bench (" + e["command"].split(" --json")[0] + "): " + "  ".join(
+                    f"{r['impl']} {r['op']} {r['median_us']:.1f} us" for r in e["results"]))
+            else:
+                print(f"ubep-bench failed: {e['error']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,303 @@
+"""ubep.Buffer: DeepEP's Buffer API over ubep's dispatch and combine (docs/PYTHON.md).
+
+Results are views of ubep's memory, in the framework of the input (torch or NumPy):
+
+* dispatch results (recv_x, recv_topk_idx, recv_topk_weights, recv_count) stay valid until the
+  next dispatch on this Buffer;
+* combine results until the next combine;
+* ``copy=True`` returns owned copies instead.
+
+A view keeps the Buffer's memory mapped, so a stale view is never a crash, only stale data.
+"""
+from . import _arrays, _ubep
+from ._arrays import kind_of, owned
+
+
+class EventOverlap:
+    """DeepEP's event handle. Calls finish before they return on the CPU, so there is nothing to
+    wait for: the methods exist so DeepEP code runs unchanged."""
+
+    def current_stream_wait(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+_EVENT = EventOverlap()
+
+
+class Handle:
+    """Identifies one dispatch for its combine (one combine per dispatch), and keeps the routing
+    for a cached dispatch (``dispatch(x, handle=h)``)."""
+
+    __slots__ = ("id", "layout", "topk_idx", "topk_weights", "kind", "_buffer",
+                 "_combine_buffer")
+
+    def __init__(self, buffer, hid, layout, topk_idx, topk_weights, kind):
+        self._buffer = buffer
+        self.id = hid
+        self.layout = layout
+        self.topk_idx = topk_idx
+        self.topk_weights = topk_weights
+        self.kind = kind
+        self._combine_buffer = None
+
+    @property
+    def num_tokens(self):
+        return self.topk_idx.shape[0]
+
+    @property
+    def recv_src(self):
+        """(source rank, source token) of every received row: [rows, 2] (throughput) or
+        [local_experts, max_tokens * ranks, 2] (latency), int64. Only while this is the last
+        dispatch on the Buffer."""
+        return self._buffer._buf.view("recv_src", self.id, self.kind)
+
+    @property
+    def recv_range(self):
+        """Where each source's rows are (DeepEP's packed_recv_layout_range), int64 (begin,
+        count): [local_experts, ranks, 2] (latency, row within recv_x[e]) or [ranks, 2]
+        (throughput). Only while this is the last dispatch on the Buffer."""
+        return self._buffer._buf.view("recv_range", self.id, self.kind)
+
+    def __repr__(self):
+        return f"<ubep.Handle dispatch {self.id} ({self.layout}, {self.num_tokens} tokens)>"
+
+
+def _no_hook():
+    pass
+
+
+def _own(buffer, handle, what):
+    # Dispatch numbers are per Buffer: another Buffer's handle could carry a valid-looking one.
+    if handle._buffer is not buffer:
+        raise _ubep.InvalidArgument(f"{what}: {handle!r} belongs to another Buffer")
+
+
+class Buffer:
+    """One rank's communication buffer (collective: every rank of the group makes it with the
+    same arguments). ``group``: a ``ubep.Group`` (``run_on_threads``), a ``torch.distributed``
+    process group, or an mpi4py communicator.
+
+    Unlike DeepEP's byte budgets, ubep sizes the buffer by shape: ``hidden``, ``num_experts``,
+    ``max_tokens_per_rank`` (DeepEP's num_max_dispatch_tokens_per_rank), ``max_topk`` and
+    ``dtype`` (torch.bfloat16 / torch.float32, "bf16" / "fp32"; NumPy bf16 is uint16 bits).
+
+    ``placement``: "compact" (default, DeepEP's packing: recv_x[e, :recv_count[e]] are the
+    rows of local expert e), "per-source" (source s's rows for expert e start at row
+    s * max_tokens_per_rank, so senders never wait for each other's counts; see
+    Handle.recv_range) or "auto" (ubep's measured default: per-source for the latency layout).
+    """
+
+    def __init__(self, group, *, hidden, num_experts, max_tokens_per_rank=128, max_topk=8,
+                 dtype="bf16", algorithm="ubep", num_workers=-1, enable_latency_layout=True,
+                 sync="fused", placement="compact", timeout=60.0):
+        from .groups import as_group  # late: groups imports torch.distributed lazily
+        self.group = as_group(group, timeout=timeout)
+        self._buf = _ubep.Buffer(self.group, int(max_tokens_per_rank), int(hidden),
+                                 _arrays.dtype_name(dtype), int(num_experts), int(max_topk),
+                                 str(algorithm), int(num_workers), bool(enable_latency_layout),
+                                 str(sync), str(placement))
+        self.rank = self.group.rank
+        self.num_ranks = self.group.size
+        self.hidden = int(hidden)
+        self.num_experts = int(num_experts)
+        self.max_tokens_per_rank = int(max_tokens_per_rank)
+        self.num_local_experts = self._buf.num_local_experts
+
+    # --- configuration -------------------------------------------------------------------
+    @property
+    def algorithm(self):
+        """"ubep" (barrier-free) or "bsp" (staged, 3+2 barriers); settable between calls."""
+        return self._buf.algorithm
+
+    @algorithm.setter
+    def algorithm(self, name):
+        self._buf.set_algorithm(str(name))
+
+    def config(self):
+        return self._buf.config()
+
+    def last_stats(self):
+        """The last call: {"barriers", "stage_us": [(stage, us)...], "network_bytes",
+        "network_rows"}."""
+        return self._buf.last_stats()
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank=None, hidden=None,
+                                 num_experts=None):
+        """DeepEP zeroes its receive flags between uses; ubep's messages carry epoch tags, so
+        there is nothing to clean. Kept so DeepEP code runs unchanged."""
+
+    @staticmethod
+    def set_num_sms(num_sms):
+        """DeepEP's GPU SM budget; no meaning on the CPU (ubep: num_workers=)."""
+
+    # --- throughput layout (DeepEP "normal") ---------------------------------------------
+    def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None, async_finish=False,
+                            allocate_on_comm_stream=False):
+        """(num_tokens_per_rank [ranks], None, num_tokens_per_expert [experts],
+        is_token_in_rank [tokens, ranks] bool, event) as DeepEP; counts are int32."""
+        return get_dispatch_layout(topk_idx, num_experts, self.num_ranks) + (_EVENT,)
+
+    def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                 is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
+                 topk_weights=None, expert_alignment=1, num_worst_tokens=0, config=None,
+                 previous_event=None, async_finish=False, allocate_on_comm_stream=False, *,
+                 copy=False):
+        """Throughput-layout dispatch. Returns (recv_x [rows, hidden], recv_topk_idx [rows, k]
+        int32 local expert ids or -1, recv_topk_weights [rows, k] fp32,
+        num_recv_tokens_per_expert_list, handle, event). The layout arguments are accepted for
+        DeepEP compatibility and not needed: ubep routes from topk_idx. With ``handle`` and no
+        topk_idx, the handle's routing is dispatched again (DeepEP's cached dispatch)."""
+        kind = kind_of(x)
+        if topk_idx is None:
+            if handle is None:
+                raise _ubep.InvalidArgument("dispatch: topk_idx is required (or a handle to reuse)")
+            _own(self, handle, "dispatch")
+            topk_idx, topk_weights = handle.topk_idx, handle.topk_weights
+        recv_x, recv_idx, recv_w, recv_count, hid = self._buf.dispatch(
+            x, topk_idx, topk_weights, False, kind, False)
+        counts = [int(c) for c in recv_count.tolist()]
+        if expert_alignment > 1:
+            counts = [-(-c // expert_alignment) * expert_alignment for c in counts]
+        h = Handle(self, hid, "throughput", topk_idx, topk_weights, kind)
+        if copy:
+            recv_x, recv_idx, recv_w = owned(recv_x), owned(recv_idx), owned(recv_w)
+        return recv_x, recv_idx, recv_w, counts, h, _EVENT
+
+    def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
+                async_finish=False, allocate_on_comm_stream=False, *, copy=False):
+        """Throughput-layout combine: x [rows, hidden] holds, per received row, the weighted sum
+        of the rank's local experts. Returns (combined_x [tokens, hidden], combined_topk_weights,
+        event); combined_topk_weights is the dispatch's topk_weights when topk_weights is given
+        (what DeepEP's reduction of unchanged recv_topk_weights yields), else None."""
+        _own(self, handle, "combine")
+        y = self._buf.combine(x, handle.id, None, kind_of(x), False)
+        if bias is not None:
+            for b in (bias if isinstance(bias, (tuple, list)) else (bias,)):
+                if b is not None:
+                    y = y + b
+        elif copy:
+            y = owned(y)
+        return y, (handle.topk_weights if topk_weights is not None else None), _EVENT
+
+    # --- latency layout (DeepEP "low latency") -------------------------------------------
+    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
+                             cumulative_local_expert_recv_stats=None, use_fp8=False,
+                             round_scale=False, use_ue8m0=False, async_finish=False,
+                             return_recv_hook=False, *, topk_weights=None, copy=False):
+        """Returns (recv_x [local_experts, max_tokens * ranks, hidden], recv_count
+        [local_experts] int64, handle, event, hook). With return_recv_hook=True the call only
+        sends: recv_x and recv_count are filled once hook() returns (the split phase; compute
+        in between). ``topk_weights`` may be given here or to low_latency_combine."""
+        if num_max_dispatch_tokens_per_rank != self.max_tokens_per_rank:
+            raise _ubep.InvalidArgument(
+                f"low_latency_dispatch: num_max_dispatch_tokens_per_rank "
+                f"{num_max_dispatch_tokens_per_rank} differs from the buffer's "
+                f"max_tokens_per_rank {self.max_tokens_per_rank}")
+        if num_experts != self.num_experts:
+            raise _ubep.InvalidArgument(
+                f"low_latency_dispatch: num_experts {num_experts} differs from the buffer's "
+                f"{self.num_experts}")
+        if use_fp8:
+            raise _ubep.InvalidArgument(
+                "low_latency_dispatch: use_fp8=True is not supported yet (bf16 and fp32 only)")
+        kind = kind_of(x)
+        split = return_recv_hook and self._buf.algorithm == "ubep"
+        recv_x, _, _, recv_count, hid = self._buf.dispatch(x, topk_idx, topk_weights, True, kind,
+                                                           split)
+        h = Handle(self, hid, "latency", topk_idx, topk_weights, kind)
+        stats = cumulative_local_expert_recv_stats
+        if not split:
+            if stats is not None:
+                _arrays.accumulate(stats, recv_count)
+            if copy:
+                recv_x, recv_count = owned(recv_x), owned(recv_count)
+            return recv_x, recv_count, h, _EVENT, _no_hook if return_recv_hook else None
+
+        buf = self._buf
+
+        def hook(x=x, topk_idx=topk_idx):  # the inputs stay alive until the call completes
+            buf.dispatch_recv(kind)
+            if stats is not None:
+                _arrays.accumulate(stats, recv_count)
+
+        return recv_x, recv_count, h, _EVENT, hook
+
+    def get_next_low_latency_combine_buffer(self, handle):
+        """Where experts may write their outputs, shaped like recv_x, in ubep's shared memory:
+        low_latency_combine(..., zero_copy=True) then reads them in place. Valid until the next
+        dispatch."""
+        _own(self, handle, "get_next_low_latency_combine_buffer")
+        if handle._combine_buffer is None:
+            handle._combine_buffer = self._buf.view("combine_buffer", handle.id, handle.kind)
+        return handle._combine_buffer
+
+    # The throughput layout has the same zero-copy input ([rows, hidden]; pass it to combine).
+    get_next_combine_buffer = get_next_low_latency_combine_buffer
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False,
+                            zero_copy=False, async_finish=False, return_recv_hook=False,
+                            out=None, *, copy=False):
+        """y[t] = sum over selected k, ascending, of topk_weights[t, k] * x[expert, slot]
+        (fp32 accumulation, one rounding). Returns (combined_x [tokens, hidden], event, hook).
+        topk_idx must be the dispatch's (ubep routes with what it saw at dispatch)."""
+        _own(self, handle, "low_latency_combine")
+        if zero_copy:
+            x = self.get_next_low_latency_combine_buffer(handle)
+        if (topk_idx is not None and topk_idx is not handle.topk_idx
+                and tuple(topk_idx.shape) != tuple(handle.topk_idx.shape)):
+            raise _ubep.InvalidArgument(
+                f"low_latency_combine: topk_idx shape {tuple(topk_idx.shape)} differs from the "
+                f"dispatch's {tuple(handle.topk_idx.shape)}")
+        w = None if topk_weights is None or topk_weights is handle.topk_weights else topk_weights
+        kind = kind_of(x)
+        split = return_recv_hook and self._buf.algorithm == "ubep"
+        y = self._buf.combine(x, handle.id, w, kind, split)
+        if split:
+            buf = self._buf
+
+            def hook(x=x):  # the input stays alive until the call completes
+                buf.combine_recv(kind)
+                if out is not None:
+                    _arrays.copy_into(out, y)
+
+            return (out if out is not None else y), _EVENT, hook
+        if out is not None:
+            y = _arrays.copy_into(out, y)
+        elif copy:
+            y = owned(y)
+        return y, _EVENT, _no_hook if return_recv_hook else None
+
+
+def get_dispatch_layout(topk_idx, num_experts, num_ranks):
+    """DeepEP's layout from topk_idx [tokens, k] (-1 = none): (num_tokens_per_rank [ranks],
+    None, num_tokens_per_expert [experts], is_token_in_rank [tokens, ranks] bool), int32 counts,
+    torch or NumPy like topk_idx."""
+    import numpy as np
+    kind = kind_of(topk_idx)
+    idx = np.from_dlpack(topk_idx) if kind != _arrays.NUMPY else topk_idx
+    idx = np.asarray(idx, dtype=np.int64)
+    if num_experts % num_ranks:
+        raise _ubep.InvalidArgument(
+            f"get_dispatch_layout: num_experts {num_experts} is not a multiple of the "
+            f"{num_ranks} ranks")
+    bad = (idx < -1) | (idx >= num_experts)
+    if bad.any():
+        raise _ubep.InvalidArgument(
+            f"get_dispatch_layout: expert id {int(idx[bad][0])} outside [-1, {num_experts})")
+    valid = idx >= 0
+    per_expert = np.bincount(idx[valid], minlength=num_experts).astype(np.int32)
+    in_rank = np.zeros((idx.shape[0], num_ranks), dtype=bool)
+    rows, _ = np.nonzero(valid)
+    in_rank[rows, idx[valid] // (num_experts // num_ranks)] = True
+    per_rank = in_rank.sum(axis=0).astype(np.int32)
+    if kind == _arrays.TORCH:
+        torch = _arrays.torch
+        return (torch.from_numpy(per_rank), None, torch.from_numpy(per_expert),
+                torch.from_numpy(in_rank))
+    return per_rank, None, per_expert, in_rank
