@@ -133,8 +133,7 @@ __device__ inline void routing_meet(const RankCtx& c) {
     }
     return;
   }
-  const int t = static_cast<int>(threadIdx.x);
-  if (t >= 1 && t < p.blocks_per_rank)
+  for (int t = 1 + static_cast<int>(threadIdx.x); t < p.blocks_per_rank; t += static_cast<int>(blockDim.x))
     wait_tag<false>(done + t, p.gen, p.timeout_cycles, p.error, c.rank, c.rank, cuda_hd::kWaitLocal, t);
   __syncthreads();
 }
