@@ -7,6 +7,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -56,7 +57,9 @@ struct RankInputs {
     x = std::make_unique<DevMem>(xb);
     idx = std::make_unique<DevMem>(in.topk_idx.size() * 8);
     w = std::make_unique<DevMem>(in.topk_weights.size() * 4);
-    upload(x->p, p.dtype == DType::kBF16 ? static_cast<const void*>(in.x_bf16.data()) : in.x_f32.data(), xb);
+    upload(x->p,
+           p.dtype == DType::kBF16 ? static_cast<const void*>(in.x_bf16.data()) : in.x_f32.data(),
+           xb);
     upload(idx->p, in.topk_idx.data(), in.topk_idx.size() * 8);
     upload(w->p, in.topk_weights.data(), in.topk_weights.size() * 4);
     args.x = on_device(x->p, p.dtype, {in.tokens, p.hidden});
@@ -71,9 +74,10 @@ inline std::string fail(const std::string& what) { throw std::runtime_error(what
 inline bool same_row(const test::Problem& p, int s, int64_t t, const char* row) {
   const test::RankInput& in = p.inputs[static_cast<size_t>(s)];
   const size_t rb = static_cast<size_t>(p.hidden) * dtype_size(p.dtype);
-  const char* want = p.dtype == DType::kBF16
-                         ? reinterpret_cast<const char*>(in.x_bf16.data()) + static_cast<size_t>(t) * rb
-                         : reinterpret_cast<const char*>(in.x_f32.data()) + static_cast<size_t>(t) * rb;
+  const char* want =
+      p.dtype == DType::kBF16
+          ? reinterpret_cast<const char*>(in.x_bf16.data()) + static_cast<size_t>(t) * rb
+          : reinterpret_cast<const char*>(in.x_f32.data()) + static_cast<size_t>(t) * rb;
   return std::memcmp(want, row, rb) == 0;
 }
 
@@ -85,9 +89,10 @@ inline std::vector<char> check_dispatch(const test::Problem& p, int d, const Dis
   const size_t rb = static_cast<size_t>(p.hidden) * dtype_size(p.dtype);
   const auto counts = download<int64_t>(r.recv_count.data, static_cast<size_t>(El));
   for (int le = 0; le < El; ++le)
-    if (counts[static_cast<size_t>(le)] != static_cast<int64_t>(ex.expert_rows[static_cast<size_t>(le)].size()))
-      fail("rank " + std::to_string(d) + " recv_count[" + std::to_string(le) + "] = " +
-           std::to_string(counts[static_cast<size_t>(le)]) + ", want " +
+    if (counts[static_cast<size_t>(le)] !=
+        static_cast<int64_t>(ex.expert_rows[static_cast<size_t>(le)].size()))
+      fail("rank " + std::to_string(d) + " recv_count[" + std::to_string(le) +
+           "] = " + std::to_string(counts[static_cast<size_t>(le)]) + ", want " +
            std::to_string(ex.expert_rows[static_cast<size_t>(le)].size()));
   std::vector<char> comb(static_cast<size_t>(r.recv_x.numel()) * dtype_size(p.dtype));
   auto expert_row = [&](int64_t s, int64_t t, int64_t which, char* out) {
@@ -121,12 +126,17 @@ inline std::vector<char> check_dispatch(const test::Problem& p, int d, const Dis
     for (int le = 0; le < El; ++le) {
       const auto& rows = ex.expert_rows[static_cast<size_t>(le)];
       const size_t base = static_cast<size_t>(le * RT);
-      const auto x = download<char>(static_cast<char*>(r.recv_x.data) + base * rb, rows.size() * rb);
-      const auto src = download<int64_t>(static_cast<int64_t*>(r.recv_src.data) + 2 * base, rows.size() * 2);
+      const auto x =
+          download<char>(static_cast<char*>(r.recv_x.data) + base * rb, rows.size() * rb);
+      const auto src =
+          download<int64_t>(static_cast<int64_t*>(r.recv_src.data) + 2 * base, rows.size() * 2);
       for (size_t q = 0; q < rows.size(); ++q) {
-        const std::string at = "rank " + std::to_string(d) + " expert " + std::to_string(le) + " slot " + std::to_string(q);
-        if (src[2 * q] != rows[q][0] || src[2 * q + 1] != rows[q][1]) fail(at + ": recv_src differs");
-        if (!same_row(p, static_cast<int>(rows[q][0]), rows[q][1], x.data() + q * rb)) fail(at + ": recv_x differs");
+        const std::string at = "rank " + std::to_string(d) + " expert " + std::to_string(le) +
+                               " slot " + std::to_string(q);
+        if (src[2 * q] != rows[q][0] || src[2 * q + 1] != rows[q][1])
+          fail(at + ": recv_src differs");
+        if (!same_row(p, static_cast<int>(rows[q][0]), rows[q][1], x.data() + q * rb))
+          fail(at + ": recv_x differs");
         expert_row(rows[q][0], rows[q][1], d * El + le, comb.data() + (base + q) * rb);
       }
     }

@@ -39,8 +39,9 @@ class PairBootstrap final : public Bootstrap {
   void io(bool send, const void* p, size_t n) {
     size_t done = 0;
     while (done < n) {
-      const ssize_t k = send ? ::write(fd_, static_cast<const char*>(p) + done, n - done)
-                             : ::read(fd_, const_cast<char*>(static_cast<const char*>(p)) + done, n - done);
+      const ssize_t k =
+          send ? ::write(fd_, static_cast<const char*>(p) + done, n - done)
+               : ::read(fd_, const_cast<char*>(static_cast<const char*>(p)) + done, n - done);
       if (k <= 0) throw std::runtime_error("bootstrap socket closed");
       done += static_cast<size_t>(k);
     }
@@ -51,7 +52,8 @@ class PairBootstrap final : public Bootstrap {
 int run_rank(int rank, int fd) {
   std::string why;
   if (!cuda::device_available(&why)) {
-    if (rank == 0) std::cout << "SKIPPED: no usable CUDA device (" << why << "); IPC smoke test did not run\n";
+    if (rank == 0)
+      std::cout << "SKIPPED: no usable CUDA device (" << why << "); IPC smoke test did not run\n";
     return kSkip;
   }
   int devices = 0;
@@ -77,8 +79,9 @@ int run_rank(int rank, int fd) {
         ck(cudaStreamCreate(&s), "stream");
         auto st = reinterpret_cast<cuda::Stream>(s);
         for (int call = 0; call < 3; ++call) {
-          const test::Problem p = test::make_problem(2, 8, cfg.hidden, cfg.dtype, {32, 17 + call}, 4,
-                                                     test::Routing::kWithDrops, 77u + static_cast<unsigned>(call));
+          const test::Problem p =
+              test::make_problem(2, 8, cfg.hidden, cfg.dtype, {32, 17 + call}, 4,
+                                 test::Routing::kWithDrops, 77u + static_cast<unsigned>(call));
           RankInputs in(p, rank, layout);
           DispatchResult r;
           if (algo == Algorithm::kUbep) {

@@ -96,21 +96,28 @@ TEST(CudaHd, FixedOrderSumMatchesCpuBackend) {
 }
 
 TEST(CudaHd, ScratchRegionsAreDisjointAlignedAndInside) {
-  for (auto [R, El, K, T] : {std::tuple{2, 4, 2, 7}, std::tuple{8, 32, 8, 128},
-                             std::tuple{16, 1, 64, 4096}}) {
+  for (auto [R, El, K, T] :
+       {std::tuple{2, 4, 2, 7}, std::tuple{8, 32, 8, 128}, std::tuple{16, 1, 64, 4096}}) {
     const cuda_hd::ScratchLayout s(R, El, K, T);
     const std::vector<std::pair<size_t, size_t>> regions = {
-        {s.idx, size_t(T) * K * 4},       {s.w, size_t(T) * K * 4},
-        {s.expert_slot, size_t(T) * K * 4}, {s.dest_slot, size_t(T) * R * 4},
-        {s.dest_tokens, size_t(R) * T * 4}, {s.dest_rows, size_t(R) * 4},
-        {s.dest_expert_rows, size_t(R) * El * 4}, {s.row_offset_at, size_t(R) * 8},
-        {s.expert_offset_at, size_t(R) * El * 8}, {s.recv_count, size_t(El) * 8},
-        {s.info, 32}, {s.routing_done, cuda_hd::kMaxBlocksPerRank * 4},
+        {s.idx, size_t(T) * K * 4},
+        {s.w, size_t(T) * K * 4},
+        {s.expert_slot, size_t(T) * K * 4},
+        {s.dest_slot, size_t(T) * R * 4},
+        {s.dest_tokens, size_t(R) * T * 4},
+        {s.dest_rows, size_t(R) * 4},
+        {s.dest_expert_rows, size_t(R) * El * 4},
+        {s.row_offset_at, size_t(R) * 8},
+        {s.expert_offset_at, size_t(R) * El * 8},
+        {s.recv_count, size_t(El) * 8},
+        {s.info, 32},
+        {s.routing_done, cuda_hd::kMaxBlocksPerRank * 4},
         {s.offsets_ready, size_t(R) * 4}};
     for (size_t i = 0; i < regions.size(); ++i) {
       EXPECT_EQ(regions[i].first % 128, 0u);
       EXPECT_LE(regions[i].first + regions[i].second, s.total);
-      if (i + 1 < regions.size()) EXPECT_LE(regions[i].first + regions[i].second, regions[i + 1].first);
+      if (i + 1 < regions.size())
+        EXPECT_LE(regions[i].first + regions[i].second, regions[i + 1].first);
     }
   }
 }
@@ -122,6 +129,10 @@ TEST(CudaHd, LaunchParamsFitTheKernelParameterLimit) {
   EXPECT_EQ(cuda_hd::sanitize_expert(8, 8), -1);
   EXPECT_EQ(cuda_hd::sanitize_expert(-7, 8), -1);
   EXPECT_EQ(cuda_hd::sanitize_expert(7, 8), 7);
+  // Token 0: 3, 5, 3 (repeat), 9 (out of range), -1; token 1: 3 (a repeat of token 0 is fine).
+  const int64_t idx[10] = {3, 5, 3, 9, -1, 3, 0, 1, 2, 4};
+  const int32_t want[10] = {3, 5, -1, -1, -1, 3, 0, 1, 2, 4};
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(cuda_hd::expert_at(idx, i / 5, i % 5, 5, 8), want[i]) << i;
 }
 
 // A host model of the kernels' placement: count records from ep::Routing (the numbering the
@@ -137,8 +148,8 @@ TEST_P(PlacementModel, MatchesReference) {
   const int64_t H = 24, T = 9;
   std::vector<int64_t> tokens;
   for (int r = 0; r < R; ++r) tokens.push_back(r == 1 ? 0 : (r * 5 + 3) % (T + 1));
-  const test::Problem p =
-      test::make_problem(R, E, H, dt, tokens, K, test::Routing::kWithDrops, 11u + static_cast<unsigned>(R));
+  const test::Problem p = test::make_problem(R, E, H, dt, tokens, K, test::Routing::kWithDrops,
+                                             11u + static_cast<unsigned>(R));
   BufferConfig cfg;
   cfg.max_tokens_per_rank = T;
   cfg.hidden = H;
@@ -155,7 +166,8 @@ TEST_P(PlacementModel, MatchesReference) {
   // Offsets: what compute_offsets (dispatch.cuh) sums from the count records of sources < s.
   auto row_off = [&](int s, int d) {
     int64_t n = 0;
-    for (int q = 0; q < s; ++q) n += routing[static_cast<size_t>(q)].dest_rows[static_cast<size_t>(d)];
+    for (int q = 0; q < s; ++q)
+      n += routing[static_cast<size_t>(q)].dest_rows[static_cast<size_t>(d)];
     return n;
   };
   auto expert_off = [&](int s, int d, int le) {
@@ -165,22 +177,25 @@ TEST_P(PlacementModel, MatchesReference) {
     return n;
   };
   // Dispatch: (source, token, k) at every position of every destination.
-  std::vector<std::vector<std::array<int64_t, 3>>> at(static_cast<size_t>(R),
-                                                      std::vector<std::array<int64_t, 3>>(
-                                                          static_cast<size_t>(std::max<int64_t>(RT * El, RT)), {-1, -1, -1}));
+  std::vector<std::vector<std::array<int64_t, 3>>> at(
+      static_cast<size_t>(R),
+      std::vector<std::array<int64_t, 3>>(static_cast<size_t>(std::max<int64_t>(RT * El, RT)),
+                                          {-1, -1, -1}));
   for (int s = 0; s < R; ++s) {
     const ep::Routing& ro = routing[static_cast<size_t>(s)];
     for (int d = 0; d < R; ++d)
       for (int64_t i = 0; i < ro.dest_rows[static_cast<size_t>(d)]; ++i) {
         const int32_t t = ro.dest_token(d, i);
         if (layout == Layout::kThroughput) {
-          at[static_cast<size_t>(d)][static_cast<size_t>(cuda_hd::tp_position(row_off(s, d), i))] = {s, t, -1};
+          at[static_cast<size_t>(d)][static_cast<size_t>(cuda_hd::tp_position(row_off(s, d), i))] =
+              {s, t, -1};
         } else {
           for (int j = 0; j < K; ++j) {
             const int32_t e = ro.topk_idx[static_cast<size_t>(t * K + j)];
             if (e < 0 || e / El != d) continue;
-            const int64_t pos = cuda_hd::lat_position(RT, e % El, expert_off(s, d, e % El),
-                                                      ro.expert_slot[static_cast<size_t>(t * K + j)]);
+            const int64_t pos =
+                cuda_hd::lat_position(RT, e % El, expert_off(s, d, e % El),
+                                      ro.expert_slot[static_cast<size_t>(t * K + j)]);
             at[static_cast<size_t>(d)][static_cast<size_t>(pos)] = {s, t, j};
           }
         }
@@ -240,15 +255,18 @@ TEST_P(PlacementModel, MatchesReference) {
           acc = layout == Layout::kLatency ? cuda_hd::add_weighted_term(acc, w, v)
                                            : cuda_hd::add_term(acc, v);
         }
-        const float got = dt == DType::kBF16 ? cuda_hd::bf16_to_float(cuda_hd::float_to_bf16(acc)) : acc;
-        ASSERT_EQ(bits(got), bits(want[static_cast<size_t>(t * H + h)])) << "rank " << s << " token " << t;
+        const float got =
+            dt == DType::kBF16 ? cuda_hd::bf16_to_float(cuda_hd::float_to_bf16(acc)) : acc;
+        ASSERT_EQ(bits(got), bits(want[static_cast<size_t>(t * H + h)]))
+            << "rank " << s << " token " << t;
       }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, PlacementModel,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4, 8),
-                                            ::testing::Values(Layout::kThroughput, Layout::kLatency),
+                                            ::testing::Values(Layout::kThroughput,
+                                                              Layout::kLatency),
                                             ::testing::Values(DType::kBF16, DType::kFP32)));
 
 // ---- host logic ---------------------------------------------------------------------------
@@ -266,7 +284,7 @@ BufferConfig cuda_config() {
 TEST(CudaHost, ConfigChecks) {
   BufferConfig cfg = cuda_config();
   EXPECT_NO_THROW(cuda_host::check_config(cfg, 4, 4));
-  EXPECT_THROW(cuda_host::check_config(cfg, 3, 3), InvalidArgument);  // 8 experts, 3 ranks
+  EXPECT_THROW(cuda_host::check_config(cfg, 3, 3), InvalidArgument);    // 8 experts, 3 ranks
   EXPECT_THROW(cuda_host::check_config(cfg, 32, 32), InvalidArgument);  // > kMaxVirtualRanks
   cfg.device = {};
   EXPECT_THROW(cuda_host::check_config(cfg, 4, 4), InvalidArgument);  // cpu device

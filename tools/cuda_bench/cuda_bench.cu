@@ -64,7 +64,8 @@ __global__ void copy_rows(char* const* dst, const char* const* src, int64_t n, s
 }
 
 // Warp per token: out = round(sum of up to R rows, ascending rank), bf16, fixed order.
-__global__ void reduce_rows(char* const* out, const char* const* rows, int R, int64_t n, int64_t hidden) {
+__global__ void reduce_rows(char* const* out, const char* const* rows, int R, int64_t n,
+                            int64_t hidden) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x / 32);
   for (int64_t t = (blockIdx.x * blockDim.x + threadIdx.x) / 32; t < n; t += warps) {
@@ -89,7 +90,8 @@ __global__ void reduce_rows(char* const* out, const char* const* rows, int R, in
         };
         o[i] = rn(acc[2 * i]) | (rn(acc[2 * i + 1]) << 16);
       }
-      *reinterpret_cast<int4*>(out[t] + h * 2) = make_int4(int(o[0]), int(o[1]), int(o[2]), int(o[3]));
+      *reinterpret_cast<int4*>(out[t] + h * 2) =
+          make_int4(int(o[0]), int(o[1]), int(o[2]), int(o[3]));
     }
   }
 }
@@ -98,7 +100,8 @@ template <typename T>
 T* dev_copy(const std::vector<T>& v) {
   T* p = nullptr;
   ck(cudaMalloc(&p, std::max<size_t>(v.size() * sizeof(T), 16)), "cudaMalloc");
-  if (!v.empty()) ck(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  if (!v.empty())
+    ck(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
   return p;
 }
 
@@ -128,7 +131,8 @@ struct Timer {
   }
 };
 
-void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters, std::vector<Row>& out) {
+void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters,
+                 std::vector<Row>& out) {
   const size_t rb = static_cast<size_t>(sh.hidden) * 2;
   const int El = sh.experts / R;
   BufferConfig cfg;
@@ -154,7 +158,8 @@ void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters, s
   for (int r = 0; r < R; ++r) {
     ck(cudaMalloc(&x[static_cast<size_t>(r)], static_cast<size_t>(sh.tokens) * rb), "x");
     fill_bf16<<<256, 256, 0, s>>>(reinterpret_cast<uint16_t*>(x[static_cast<size_t>(r)]),
-                                  static_cast<size_t>(sh.tokens * sh.hidden), static_cast<uint32_t>(r));
+                                  static_cast<size_t>(sh.tokens * sh.hidden),
+                                  static_cast<uint32_t>(r));
     std::vector<float> w;
     for (int64_t t = 0; t < sh.tokens; ++t) {
       std::vector<int64_t> chosen;
@@ -178,14 +183,17 @@ void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters, s
     args.push_back(a);
   }
   // Host routing: rows[s][d] and the bytes one op moves.
-  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(R), std::vector<int64_t>(static_cast<size_t>(R)));
-  std::vector<std::vector<std::vector<int64_t>>> toks(static_cast<size_t>(R), std::vector<std::vector<int64_t>>(static_cast<size_t>(R)));
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(R),
+                                         std::vector<int64_t>(static_cast<size_t>(R)));
+  std::vector<std::vector<std::vector<int64_t>>> toks(
+      static_cast<size_t>(R), std::vector<std::vector<int64_t>>(static_cast<size_t>(R)));
   double moved = 0;
   for (int s0 = 0; s0 < R; ++s0)
     for (int64_t t = 0; t < sh.tokens; ++t) {
       std::vector<bool> to(static_cast<size_t>(R), false);
       for (int j = 0; j < sh.topk; ++j) {
-        to[static_cast<size_t>(idx[static_cast<size_t>(s0)][static_cast<size_t>(t * sh.topk + j)] / El)] = true;
+        to[static_cast<size_t>(idx[static_cast<size_t>(s0)][static_cast<size_t>(t * sh.topk + j)] /
+                               El)] = true;
         if (layout == Layout::kLatency) moved += static_cast<double>(rb);
       }
       for (int d = 0; d < R; ++d)
@@ -197,7 +205,8 @@ void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters, s
     }
   auto add = [&](const std::string& impl, const std::string& op, const std::vector<double>& us) {
     const double med = Timer::pct(us, 0.5);
-    out.push_back({sh.name, layout_name(layout), impl, op, med, Timer::pct(us, 0.99), moved / (med * 1e3)});
+    out.push_back(
+        {sh.name, layout_name(layout), impl, op, med, Timer::pct(us, 0.99), moved / (med * 1e3)});
     std::printf("%-8s %-10s %-11s %-9s %10.1f %10.1f %9.1f\n", sh.name.c_str(), layout_name(layout),
                 impl.c_str(), op.c_str(), med, Timer::pct(us, 0.99), moved / (med * 1e3));
     std::fflush(stdout);
@@ -223,7 +232,8 @@ void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters, s
         }
       });
       std::vector<CombineArgs> cargs;  // zero-copy: the "experts" wrote into combine_buffer
-      for (int r = 0; r < R; ++r) cargs.push_back({vb.combine_buffer(r), res[static_cast<size_t>(r)].handle});
+      for (int r = 0; r < R; ++r)
+        cargs.push_back({vb.combine_buffer(r), res[static_cast<size_t>(r)].handle});
       const double c_us = timed([&] {
         if (split) {
           vb.combine_send(cargs, st);
@@ -258,26 +268,35 @@ void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters, s
 
   // pack_copy (throughput layout): buffers per rank, copy plans precomputed on the host.
   if (layout == Layout::kThroughput) {
-    std::vector<char*> send(static_cast<size_t>(R)), recv(static_cast<size_t>(R)), outb(static_cast<size_t>(R)),
-        back(static_cast<size_t>(R)), y(static_cast<size_t>(R));
+    std::vector<char*> send(static_cast<size_t>(R)), recv(static_cast<size_t>(R)),
+        outb(static_cast<size_t>(R)), back(static_cast<size_t>(R)), y(static_cast<size_t>(R));
     const size_t cap = static_cast<size_t>(R * sh.tokens) * rb;
     for (int r = 0; r < R; ++r)
       for (auto* v : {&send, &recv, &outb, &back, &y})
         ck(cudaMalloc(&(*v)[static_cast<size_t>(r)], cap), "pack_copy buffers");
     std::vector<char*> pk_dst, pk_src, un_dst, un_src, red_out;
     std::vector<const char*> red_rows;
-    std::vector<std::vector<int64_t>> soff(static_cast<size_t>(R), std::vector<int64_t>(static_cast<size_t>(R) + 1, 0)),
+    std::vector<std::vector<int64_t>> soff(static_cast<size_t>(R),
+                                           std::vector<int64_t>(static_cast<size_t>(R) + 1, 0)),
         roff(static_cast<size_t>(R), std::vector<int64_t>(static_cast<size_t>(R) + 1, 0));
     for (int s0 = 0; s0 < R; ++s0)
       for (int d = 0; d < R; ++d) {
-        soff[static_cast<size_t>(s0)][static_cast<size_t>(d) + 1] = soff[static_cast<size_t>(s0)][static_cast<size_t>(d)] + rows[static_cast<size_t>(s0)][static_cast<size_t>(d)];
-        roff[static_cast<size_t>(d)][static_cast<size_t>(s0) + 1] = roff[static_cast<size_t>(d)][static_cast<size_t>(s0)] + rows[static_cast<size_t>(s0)][static_cast<size_t>(d)];
+        soff[static_cast<size_t>(s0)][static_cast<size_t>(d) + 1] =
+            soff[static_cast<size_t>(s0)][static_cast<size_t>(d)] +
+            rows[static_cast<size_t>(s0)][static_cast<size_t>(d)];
+        roff[static_cast<size_t>(d)][static_cast<size_t>(s0) + 1] =
+            roff[static_cast<size_t>(d)][static_cast<size_t>(s0)] +
+            rows[static_cast<size_t>(s0)][static_cast<size_t>(d)];
       }
     for (int s0 = 0; s0 < R; ++s0)
       for (int d = 0; d < R; ++d)
         for (size_t k = 0; k < toks[static_cast<size_t>(s0)][static_cast<size_t>(d)].size(); ++k) {
           const int64_t t = toks[static_cast<size_t>(s0)][static_cast<size_t>(d)][k];
-          pk_dst.push_back(send[static_cast<size_t>(s0)] + static_cast<size_t>(soff[static_cast<size_t>(s0)][static_cast<size_t>(d)] + static_cast<int64_t>(k)) * rb);
+          pk_dst.push_back(
+              send[static_cast<size_t>(s0)] +
+              static_cast<size_t>(soff[static_cast<size_t>(s0)][static_cast<size_t>(d)] +
+                                  static_cast<int64_t>(k)) *
+                  rb);
           pk_src.push_back(x[static_cast<size_t>(s0)] + static_cast<size_t>(t) * rb);
         }
     for (int d = 0; d < R; ++d)
@@ -291,8 +310,13 @@ void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters, s
         for (int d = 0; d < R; ++d) {
           const auto& v = toks[static_cast<size_t>(s0)][static_cast<size_t>(d)];
           const auto it = std::find(v.begin(), v.end(), t);
-          red_rows.push_back(it == v.end() ? nullptr
-                                           : back[static_cast<size_t>(s0)] + static_cast<size_t>(soff[static_cast<size_t>(s0)][static_cast<size_t>(d)] + (it - v.begin())) * rb);
+          red_rows.push_back(
+              it == v.end()
+                  ? nullptr
+                  : back[static_cast<size_t>(s0)] +
+                        static_cast<size_t>(soff[static_cast<size_t>(s0)][static_cast<size_t>(d)] +
+                                            (it - v.begin())) *
+                            rb);
         }
       }
     char** pk_dst_d = dev_copy(pk_dst);
@@ -310,15 +334,20 @@ void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters, s
     Timer td{s}, tc{s};
     td.run(warmup, iters, [&] {
       copy_rows<<<264, 512, 0, s>>>(pk_dst_d, pk_src_d, npk, rb);
-      cudaMemcpyAsync(counts_pinned, counts_d, counts_h.size() * sizeof(int), cudaMemcpyDeviceToHost, s);
+      cudaMemcpyAsync(counts_pinned, counts_d, counts_h.size() * sizeof(int),
+                      cudaMemcpyDeviceToHost, s);
       cudaStreamSynchronize(s);  // the host needs the counts to size the copies
       for (int s0 = 0; s0 < R; ++s0)
         for (int d = 0; d < R; ++d) {
-          const size_t n = static_cast<size_t>(rows[static_cast<size_t>(s0)][static_cast<size_t>(d)]) * rb;
+          const size_t n =
+              static_cast<size_t>(rows[static_cast<size_t>(s0)][static_cast<size_t>(d)]) * rb;
           if (n)
-            cudaMemcpyAsync(recv[static_cast<size_t>(d)] + static_cast<size_t>(roff[static_cast<size_t>(d)][static_cast<size_t>(s0)]) * rb,
-                            send[static_cast<size_t>(s0)] + static_cast<size_t>(soff[static_cast<size_t>(s0)][static_cast<size_t>(d)]) * rb, n,
-                            cudaMemcpyDeviceToDevice, s);
+            cudaMemcpyAsync(
+                recv[static_cast<size_t>(d)] +
+                    static_cast<size_t>(roff[static_cast<size_t>(d)][static_cast<size_t>(s0)]) * rb,
+                send[static_cast<size_t>(s0)] +
+                    static_cast<size_t>(soff[static_cast<size_t>(s0)][static_cast<size_t>(d)]) * rb,
+                n, cudaMemcpyDeviceToDevice, s);
         }
       copy_rows<<<264, 512, 0, s>>>(un_dst_d, un_src_d, nun, rb);
     });
@@ -326,11 +355,15 @@ void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters, s
       // pack back = the expert output is already per source, contiguous: one copy per peer
       for (int s0 = 0; s0 < R; ++s0)
         for (int d = 0; d < R; ++d) {
-          const size_t n = static_cast<size_t>(rows[static_cast<size_t>(s0)][static_cast<size_t>(d)]) * rb;
+          const size_t n =
+              static_cast<size_t>(rows[static_cast<size_t>(s0)][static_cast<size_t>(d)]) * rb;
           if (n)
-            cudaMemcpyAsync(back[static_cast<size_t>(s0)] + static_cast<size_t>(soff[static_cast<size_t>(s0)][static_cast<size_t>(d)]) * rb,
-                            outb[static_cast<size_t>(d)] + static_cast<size_t>(roff[static_cast<size_t>(d)][static_cast<size_t>(s0)]) * rb, n,
-                            cudaMemcpyDeviceToDevice, s);
+            cudaMemcpyAsync(
+                back[static_cast<size_t>(s0)] +
+                    static_cast<size_t>(soff[static_cast<size_t>(s0)][static_cast<size_t>(d)]) * rb,
+                outb[static_cast<size_t>(d)] +
+                    static_cast<size_t>(roff[static_cast<size_t>(d)][static_cast<size_t>(s0)]) * rb,
+                n, cudaMemcpyDeviceToDevice, s);
         }
       reduce_rows<<<264, 512, 0, s>>>(red_out_d, red_rows_d, R, nred, sh.hidden);
     });
@@ -339,9 +372,10 @@ void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters, s
     ck(cudaStreamSynchronize(s), "pack_copy");
     for (auto* v : {&send, &recv, &outb, &back, &y})
       for (char* p : *v) cudaFree(p);
-    for (void* p : {static_cast<void*>(pk_dst_d), static_cast<void*>(pk_src_d), static_cast<void*>(un_dst_d),
-                    static_cast<void*>(un_src_d), static_cast<void*>(red_out_d), static_cast<void*>(red_rows_d),
-                    static_cast<void*>(counts_d)})
+    for (void* p :
+         {static_cast<void*>(pk_dst_d), static_cast<void*>(pk_src_d), static_cast<void*>(un_dst_d),
+          static_cast<void*>(un_src_d), static_cast<void*>(red_out_d),
+          static_cast<void*>(red_rows_d), static_cast<void*>(counts_d)})
       cudaFree(p);
     cudaFreeHost(counts_pinned);
   }
@@ -358,15 +392,23 @@ int main(int argc, char** argv) {
   int R = 8, iters = 50, warmup = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--workload") workload = v;
-    else if (k == "--layout") layouts = v;
-    else if (k == "--ranks") R = std::stoi(v);
-    else if (k == "--iters") iters = std::stoi(v);
-    else if (k == "--warmup") warmup = std::stoi(v);
-    else if (k == "--json") json = v;
+    if (k == "--workload")
+      workload = v;
+    else if (k == "--layout")
+      layouts = v;
+    else if (k == "--ranks")
+      R = std::stoi(v);
+    else if (k == "--iters")
+      iters = std::stoi(v);
+    else if (k == "--warmup")
+      warmup = std::stoi(v);
+    else if (k == "--json")
+      json = v;
     else {
-      std::fprintf(stderr, "usage: ubep-cuda-bench [--workload decode|prefill|tiny|all] [--layout throughput|latency|both]"
-                           " [--ranks 8] [--iters 50] [--warmup 5] [--json FILE]\n");
+      std::fprintf(stderr,
+                   "usage: ubep-cuda-bench [--workload decode|prefill|tiny|all] [--layout "
+                   "throughput|latency|both]"
+                   " [--ranks 8] [--iters 50] [--warmup 5] [--json FILE]\n");
       return 2;
     }
   }
@@ -377,10 +419,12 @@ int main(int argc, char** argv) {
   }
   cudaDeviceProp prop;
   cudaGetDeviceProperties(&prop, 0);
-  std::printf("ubep-cuda-bench on %s: %d virtual ranks, single-GPU loopback (not NVLink)\n", prop.name, R);
-  std::printf("%-8s %-10s %-11s %-9s %10s %10s %9s\n", "workload", "layout", "impl", "op", "median_us", "p99_us", "GB/s");
-  const std::vector<Shape> shapes = {{"decode", 128, 7168, 8, 256}, {"prefill", 4096, 7168, 8, 256},
-                                     {"tiny", 8, 256, 2, 4 * R}};
+  std::printf("ubep-cuda-bench on %s: %d virtual ranks, single-GPU loopback (not NVLink)\n",
+              prop.name, R);
+  std::printf("%-8s %-10s %-11s %-9s %10s %10s %9s\n", "workload", "layout", "impl", "op",
+              "median_us", "p99_us", "GB/s");
+  const std::vector<Shape> shapes = {
+      {"decode", 128, 7168, 8, 256}, {"prefill", 4096, 7168, 8, 256}, {"tiny", 8, 256, 2, 4 * R}};
   std::vector<Row> rows;
   for (const Shape& sh : shapes) {
     if (workload != "all" && workload != sh.name) continue;
@@ -396,13 +440,16 @@ int main(int argc, char** argv) {
   }
   if (!json.empty()) {
     std::ofstream f(json);
-    f << "{\"config\": {\"bench\": \"ubep-cuda-bench\", \"device\": \"" << prop.name << "\", \"ranks\": " << R
-      << ", \"note\": \"single-GPU loopback (virtual ranks), not NVLink\", \"dtype\": \"bf16\", \"iters\": " << iters
-      << ", \"warmup\": " << warmup << "},\n \"results\": [";
+    f << "{\"config\": {\"bench\": \"ubep-cuda-bench\", \"device\": \"" << prop.name
+      << "\", \"ranks\": " << R
+      << ", \"note\": \"single-GPU loopback (virtual ranks), not NVLink\", \"dtype\": \"bf16\", "
+         "\"iters\": "
+      << iters << ", \"warmup\": " << warmup << "},\n \"results\": [";
     for (size_t i = 0; i < rows.size(); ++i)
-      f << (i ? ",\n  " : "\n  ") << "{\"workload\": \"" << rows[i].workload << "\", \"layout\": \"" << rows[i].layout
-        << "\", \"impl\": \"" << rows[i].impl << "\", \"op\": \"" << rows[i].op << "\", \"median_us\": " << rows[i].median_us
-        << ", \"p99_us\": " << rows[i].p99_us << ", \"gbps\": " << rows[i].gbps << "}";
+      f << (i ? ",\n  " : "\n  ") << "{\"workload\": \"" << rows[i].workload << "\", \"layout\": \""
+        << rows[i].layout << "\", \"impl\": \"" << rows[i].impl << "\", \"op\": \"" << rows[i].op
+        << "\", \"median_us\": " << rows[i].median_us << ", \"p99_us\": " << rows[i].p99_us
+        << ", \"gbps\": " << rows[i].gbps << "}";
     f << "\n]}\n";
   }
   return 0;

@@ -87,8 +87,9 @@ IpcBuffer::IpcBuffer(std::shared_ptr<Bootstrap> bootstrap, BufferConfig config, 
       continue;
     }
     void* p = nullptr;
-    check_cuda(cudaIpcOpenMemHandle(&p, all[static_cast<size_t>(r)], cudaIpcMemLazyEnablePeerAccess),
-               "cudaIpcOpenMemHandle");
+    check_cuda(
+        cudaIpcOpenMemHandle(&p, all[static_cast<size_t>(r)], cudaIpcMemLazyEnablePeerAccess),
+        "cudaIpcOpenMemHandle");
     bases[static_cast<size_t>(r)] = static_cast<char*>(p);
     maps->opened.push_back(static_cast<char*>(p));
   }

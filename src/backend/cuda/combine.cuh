@@ -25,7 +25,9 @@ __device__ inline void combine_send(const RankCtx& c) {
   // this launch; the release store below carries them to the readers.
   const bool copy = in != nullptr && in != comb;
   auto one = [&](int64_t pos) {
-    if (copy) warp_copy(comb + static_cast<size_t>(pos) * rb, in + static_cast<size_t>(pos) * rb, rb, c.lane);
+    if (copy)
+      warp_copy(comb + static_cast<size_t>(pos) * rb, in + static_cast<size_t>(pos) * rb, rb,
+                c.lane);
     __syncwarp();
     if (c.lane == 0) publish_tag(tags + pos, p.tag, p.stop_and_wait);
   };
@@ -71,8 +73,12 @@ struct ElemIO<uint16_t> {  // bf16
 };
 template <>
 struct ElemIO<float> {
-  __device__ static float get(const char* row, int64_t h) { return reinterpret_cast<const float*>(row)[h]; }
-  __device__ static void put(char* row, int64_t h, float v) { reinterpret_cast<float*>(row)[h] = v; }
+  __device__ static float get(const char* row, int64_t h) {
+    return reinterpret_cast<const float*>(row)[h];
+  }
+  __device__ static void put(char* row, int64_t h, float v) {
+    reinterpret_cast<float*>(row)[h] = v;
+  }
   static constexpr int kVec = 4;
   __device__ static void unpack(int4 raw, float* v) {
     v[0] = __int_as_float(raw.x);
@@ -81,7 +87,8 @@ struct ElemIO<float> {
     v[3] = __int_as_float(raw.w);
   }
   __device__ static int4 pack(const float* v) {
-    return make_int4(__float_as_int(v[0]), __float_as_int(v[1]), __float_as_int(v[2]), __float_as_int(v[3]));
+    return make_int4(__float_as_int(v[0]), __float_as_int(v[1]), __float_as_int(v[2]),
+                     __float_as_int(v[3]));
   }
 };
 
@@ -133,9 +140,11 @@ __device__ inline void reduce_token(const RankCtx& c, int64_t t) {
   // Each lane waits for its own contributions' tags (bounded), in parallel.
   bool ok = true;
   if (lo.on)
-    ok = wait_tag<true>(lo.tag, p.tag, p.timeout_cycles, p.error, c.rank, lo.peer, cuda_hd::kWaitCombineRow, t);
+    ok = wait_tag<true>(lo.tag, p.tag, p.timeout_cycles, p.error, c.rank, lo.peer,
+                        cuda_hd::kWaitCombineRow, t);
   if (ok && hi.on)
-    ok = wait_tag<true>(hi.tag, p.tag, p.timeout_cycles, p.error, c.rank, hi.peer, cuda_hd::kWaitCombineRow, t);
+    ok = wait_tag<true>(hi.tag, p.tag, p.timeout_cycles, p.error, c.rank, hi.peer,
+                        cuda_hd::kWaitCombineRow, t);
   if (!__all_sync(0xffffffffu, ok)) return;
   const unsigned m_lo = __ballot_sync(0xffffffffu, lo.on), m_hi = __ballot_sync(0xffffffffu, hi.on);
   const int n = __popc(m_lo) + __popc(m_hi);
@@ -174,10 +183,12 @@ __device__ inline void reduce_token(const RankCtx& c, int64_t t) {
         const uint32_t* tag;
         nth(i, &row, &w, &tag);
         float v[V];
-        IO::unpack(*reinterpret_cast<const int4*>(row + h0 * static_cast<int64_t>(sizeof(Elem))), v);
+        IO::unpack(*reinterpret_cast<const int4*>(row + h0 * static_cast<int64_t>(sizeof(Elem))),
+                   v);
 #pragma unroll
         for (int k = 0; k < V; ++k)
-          acc[k] = weighted ? cuda_hd::add_weighted_term(acc[k], w, v[k]) : cuda_hd::add_term(acc[k], v[k]);
+          acc[k] = weighted ? cuda_hd::add_weighted_term(acc[k], w, v[k])
+                            : cuda_hd::add_term(acc[k], v[k]);
       }
       *reinterpret_cast<int4*>(out + h0 * static_cast<int64_t>(sizeof(Elem))) = IO::pack(acc);
     }

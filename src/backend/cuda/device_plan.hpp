@@ -27,7 +27,8 @@ struct ScratchLayout {
   size_t info = 0, routing_done = 0, offsets_ready = 0, total = 0;
 
   ScratchLayout() = default;
-  ScratchLayout(int r, int el, int k, int64_t t) : ranks(r), local_experts(el), max_topk(k), max_tokens(t) {
+  ScratchLayout(int r, int el, int k, int64_t t)
+      : ranks(r), local_experts(el), max_topk(k), max_tokens(t) {
     size_t off = 0;
     auto take = [&](size_t bytes) {
       const size_t at = off;
@@ -36,17 +37,17 @@ struct ScratchLayout {
     };
     const auto T = static_cast<size_t>(t), R = static_cast<size_t>(r), K = static_cast<size_t>(k),
                El = static_cast<size_t>(el);
-    idx = take(T * K * 4);                   // int32 global expert ids (-1: none)
-    w = take(T * K * 4);                     // fp32 weights
-    expert_slot = take(T * K * 4);           // int32 slot among this rank's rows for that expert
-    dest_slot = take(T * R * 4);             // int32 slot among this rank's rows for that rank
-    dest_tokens = take(R * T * 4);           // int32 token of each (rank, slot)
-    dest_rows = take(R * 4);                 // int32
-    dest_expert_rows = take(R * El * 4);     // int32
-    row_offset_at = take(R * 8);             // int64: where this rank's rows start at rank d
-    expert_offset_at = take(R * El * 8);     // int64
-    recv_count = take(El * 8);               // int64: rows received per local expert
-    info = take(4 * 8);                      // int64: num_tokens, topk, num_recv_rows, spare
+    idx = take(T * K * 4);                // int32 global expert ids (-1: none)
+    w = take(T * K * 4);                  // fp32 weights
+    expert_slot = take(T * K * 4);        // int32 slot among this rank's rows for that expert
+    dest_slot = take(T * R * 4);          // int32 slot among this rank's rows for that rank
+    dest_tokens = take(R * T * 4);        // int32 token of each (rank, slot)
+    dest_rows = take(R * 4);              // int32
+    dest_expert_rows = take(R * El * 4);  // int32
+    row_offset_at = take(R * 8);          // int64: where this rank's rows start at rank d
+    expert_offset_at = take(R * El * 8);  // int64
+    recv_count = take(El * 8);            // int64: rows received per local expert
+    info = take(4 * 8);                   // int64: num_tokens, topk, num_recv_rows, spare
     routing_done = take(kMaxBlocksPerRank * 4);  // uint32 generation per block
     offsets_ready = take(R * 4);                 // uint32 generation per destination
     total = off;
@@ -70,6 +71,17 @@ UBEP_HD inline int64_t lat_position(int64_t rt_rows, int le, int64_t expert_offs
 UBEP_HD inline int32_t sanitize_expert(int64_t e, int experts) {
   return (e >= 0 && e < experts) ? static_cast<int32_t>(e) : -1;
 }
+// Expert k of token t as the kernels route it: sanitized, and -1 where the same id already
+// appeared at a lower k of the token (the CPU rejects repeats; the device cannot throw before
+// sending, so it routes a repeat nowhere and reports it). Every role uses this one function, so
+// the count records, the rows and the combine agree on what was sent.
+UBEP_HD inline int32_t expert_at(const int64_t* idx, int64_t t, int j, int K, int experts) {
+  const int64_t e = idx[t * K + j];
+  if (e < 0 || e >= experts) return -1;
+  for (int j2 = 0; j2 < j; ++j2)
+    if (idx[t * K + j2] == e) return -1;
+  return static_cast<int32_t>(e);
+}
 
 // The error word a bounded spin (or an input check) writes to host-mapped memory. The first
 // writer wins (atomic CAS on `code`); the host turns it into ubep::TimeoutError or
@@ -91,15 +103,15 @@ struct ErrorInfo {
 
 // What one launch does (bitmask): the dispatch phases and the combine phases.
 enum Phase : uint32_t {
-  kSend = 1,     // dispatch: routing, count records, offsets, rows
-  kRecv = 2,     // dispatch: counts, prefix sum, wait for every row
-  kCombSend = 4, // combine: rows into the combine window, tags
-  kCombRecv = 8, // combine: owners pull and reduce
+  kSend = 1,      // dispatch: routing, count records, offsets, rows
+  kRecv = 2,      // dispatch: counts, prefix sum, wait for every row
+  kCombSend = 4,  // combine: rows into the combine window, tags
+  kCombRecv = 8,  // combine: owners pull and reduce
 };
 
 // Inputs and outputs of one rank in one call.
 struct RankIO {
-  const void* x = nullptr;        // dispatch: [tokens, hidden]
+  const void* x = nullptr;  // dispatch: [tokens, hidden]
   const int64_t* topk_idx = nullptr;
   const float* topk_w = nullptr;
   int64_t tokens = 0;
@@ -121,15 +133,15 @@ struct LaunchParams {
   int64_t hidden = 0;
   int elem_bytes = 0;  // 2: bf16, 4: fp32
   uint32_t phases = 0;
-  uint32_t tag = 0;    // tag_of(seq)
-  int half = 0;        // half_of(seq)
-  uint32_t gen = 0;    // rank-local signal generation (one per dispatch launch, never 0)
+  uint32_t tag = 0;          // tag_of(seq)
+  int half = 0;              // half_of(seq)
+  uint32_t gen = 0;          // rank-local signal generation (one per dispatch launch, never 0)
   uint32_t barrier_seq = 0;  // bsp across processes: value of the first group barrier
   bool latency = false;
   bool stop_and_wait = false;
   bool bsp = false;
   long long timeout_cycles = 0;
-  ErrorInfo* error = nullptr;       // host-mapped
+  ErrorInfo* error = nullptr;         // host-mapped
   int64_t* host_recv_rows = nullptr;  // host-mapped [local_ranks]: num_recv_rows
   RankIO io[kMaxVirtualRanks];
 };

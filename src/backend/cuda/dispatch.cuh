@@ -60,7 +60,8 @@ __device__ inline void route(const RankCtx& c, int* smem) {
   const int stride = p.blocks_per_rank * static_cast<int>(blockDim.x);
   for (int64_t i = c.b * static_cast<int>(blockDim.x) + threadIdx.x; i < n * K; i += stride) {
     const int64_t e = c.io.topk_idx[i];
-    const int32_t s = cuda_hd::sanitize_expert(e, p.experts);
+    const int32_t s =
+        cuda_hd::expert_at(c.io.topk_idx, i / K, static_cast<int>(i % K), K, p.experts);
     if (s != e && e != -1) report(p.error, cuda_hd::kBadExpert, c.rank, -1, 0, i, 0);
     idx[i] = s;
     w[i] = c.io.topk_w[i];
@@ -80,7 +81,7 @@ __device__ inline void route(const RankCtx& c, int* smem) {
       const int64_t t = c0 + c.lane;
       bool on = false;
       for (int j = 0; j < K; ++j) {
-        const int32_t e = t < n ? cuda_hd::sanitize_expert(c.io.topk_idx[t * K + j], p.experts) : -1;
+        const int32_t e = t < n ? cuda_hd::expert_at(c.io.topk_idx, t, j, K, p.experts) : -1;
         const bool mine = e >= 0 && e / El == r;
         chunk[c.lane * K + j] = mine ? e : -1;
         on = on || mine;
@@ -133,8 +134,10 @@ __device__ inline void routing_meet(const RankCtx& c) {
     }
     return;
   }
-  for (int t = 1 + static_cast<int>(threadIdx.x); t < p.blocks_per_rank; t += static_cast<int>(blockDim.x))
-    wait_tag<false>(done + t, p.gen, p.timeout_cycles, p.error, c.rank, c.rank, cuda_hd::kWaitLocal, t);
+  for (int t = 1 + static_cast<int>(threadIdx.x); t < p.blocks_per_rank;
+       t += static_cast<int>(blockDim.x))
+    wait_tag<false>(done + t, p.gen, p.timeout_cycles, p.error, c.rank, c.rank, cuda_hd::kWaitLocal,
+                    t);
   __syncthreads();
 }
 
@@ -212,7 +215,8 @@ __device__ inline void send_rows(const RankCtx& c) {
           c.win<float>(d, p.map.tp_w)[pos * K + j] = here ? w[t * K + j] : 0.0f;
         }
         __syncwarp();
-        if (c.lane == 0) publish_tag(c.win<uint32_t>(d, p.map.tp_tag) + pos, p.tag, p.stop_and_wait);
+        if (c.lane == 0)
+          publish_tag(c.win<uint32_t>(d, p.map.tp_tag) + pos, p.tag, p.stop_and_wait);
       } else {
         for (int j = 0; j < K; ++j) {
           const int32_t e = idx[t * K + j];
@@ -259,7 +263,8 @@ __device__ inline void receive(const RankCtx& c) {
       if (p.host_recv_rows) p.host_recv_rows[c.lr] = rows;
     }
   }
-  const int64_t first = static_cast<int64_t>(c.gw) * 32 + c.lane, step = static_cast<int64_t>(c.W) * 32;
+  const int64_t first = static_cast<int64_t>(c.gw) * 32 + c.lane,
+                step = static_cast<int64_t>(c.W) * 32;
   if (!p.latency) {
     const uint32_t* tags = c.win<uint32_t>(c.rank, p.map.tp_tag);
     for (int64_t pos = first; pos < rows; pos += step)
@@ -296,8 +301,17 @@ __device__ inline RankCtx make_ctx(const LaunchParams& p) {
   const int lr = Peers::local_rank(p), b = Peers::block_in_rank(p);
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5,
             warps = static_cast<int>(blockDim.x) >> 5;
-  return RankCtx{p,    p.io[lr], lr,        p.first_rank + lr, b, lane, warp, warps,
-                 b * warps + warp, p.blocks_per_rank * warps, p.io[lr].scratch};
+  return RankCtx{p,
+                 p.io[lr],
+                 lr,
+                 p.first_rank + lr,
+                 b,
+                 lane,
+                 warp,
+                 warps,
+                 b * warps + warp,
+                 p.blocks_per_rank * warps,
+                 p.io[lr].scratch};
 }
 
 template <class Peers>
@@ -311,7 +325,8 @@ __global__ void __launch_bounds__(512, 1) dispatch_kernel(const LaunchParams p) 
     if (c.b == 0 && c.warp == 0) send_counts(c);
     if (p.bsp) Peers::group_barrier(p, 0);
     if (c.b == 0)
-      for (int k = 1 + c.warp; k <= p.ranks; k += c.warps) compute_offsets(c, (c.rank + k) % p.ranks);
+      for (int k = 1 + c.warp; k <= p.ranks; k += c.warps)
+        compute_offsets(c, (c.rank + k) % p.ranks);
     send_rows(c);
     if (p.bsp) Peers::group_barrier(p, 1);
   }

@@ -50,9 +50,8 @@ Engine::Engine(bool virtual_ranks, int ranks, int first_rank, int local_ranks,
   check_cuda(cudaSetDevice(device_), "cudaSetDevice");
   threads_ = opts.threads_per_block;
   smem_ = cuda_host::dispatch_smem(threads_ / 32, cfg.max_topk, cfg.num_experts / ranks);
-  bpr_ = cuda_host::blocks_per_rank(opts.blocks_per_rank,
-                                    coresident_blocks(virtual_, threads_, smem_, device_),
-                                    local_ranks_);
+  bpr_ = cuda_host::blocks_per_rank(
+      opts.blocks_per_rank, coresident_blocks(virtual_, threads_, smem_, device_), local_ranks_);
   int khz = 0;
   check_cuda(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device_), "clock rate");
   timeout_cycles_ = static_cast<long long>(opts.timeout_s * 1e3 * std::max(khz, 1));
@@ -66,8 +65,7 @@ Engine::Engine(bool virtual_ranks, int ranks, int first_rank, int local_ranks,
   check_cuda(cudaMemset(scratch_, 0, L * smap_.total), "scratch zeroing");
   check_cuda(cudaMalloc(&y_, std::max<size_t>(L * y_bytes, 16)), "output allocation");
   check_cuda(cudaMalloc(&bases_dev_, static_cast<size_t>(ranks) * sizeof(char*)), "peer table");
-  check_cuda(cudaHostAlloc(&error_, sizeof(cuda_hd::ErrorInfo), cudaHostAllocMapped),
-             "error word");
+  check_cuda(cudaHostAlloc(&error_, sizeof(cuda_hd::ErrorInfo), cudaHostAllocMapped), "error word");
   *error_ = {};
   check_cuda(cudaHostGetDevicePointer(&error_dev_, error_, 0), "error word mapping");
   check_cuda(cudaHostAlloc(&recv_rows_, L * sizeof(int64_t), cudaHostAllocMapped), "row counts");
@@ -79,7 +77,8 @@ Engine::Engine(bool virtual_ranks, int ranks, int first_rank, int local_ranks,
   }
   if (virtual_) {
     std::vector<char*> b(static_cast<size_t>(ranks));
-    for (int r = 0; r < ranks; ++r) b[static_cast<size_t>(r)] = own_ + static_cast<size_t>(r) * map_.total;
+    for (int r = 0; r < ranks; ++r)
+      b[static_cast<size_t>(r)] = own_ + static_cast<size_t>(r) * map_.total;
     set_bases(b);
   }
   check_cuda(cudaDeviceSynchronize(), "buffer set-up");
@@ -97,9 +96,9 @@ Engine::~Engine() {
 
 void Engine::set_bases(const std::vector<char*>& bases) {
   bases_ = bases;
-  check_cuda(cudaMemcpy(bases_dev_, bases.data(), bases.size() * sizeof(char*),
-                        cudaMemcpyHostToDevice),
-             "peer table upload");
+  check_cuda(
+      cudaMemcpy(bases_dev_, bases.data(), bases.size() * sizeof(char*), cudaMemcpyHostToDevice),
+      "peer table upload");
 }
 
 cuda_hd::LaunchParams Engine::params(uint32_t phases) const {
@@ -184,8 +183,8 @@ std::vector<DispatchResult> Engine::results() {
   for (int i = 0; i < local_ranks_; ++i)
     out.push_back(cuda_host::dispatch_views(
         map_, cfg_, bases_[static_cast<size_t>(first_rank_ + i)], ep::half_of(seq_), layout_,
-        topk_[static_cast<size_t>(i)], smap_.at<char>(io_[static_cast<size_t>(i)].scratch, smap_.recv_count),
-        handle_));
+        topk_[static_cast<size_t>(i)],
+        smap_.at<char>(io_[static_cast<size_t>(i)].scratch, smap_.recv_count), handle_));
   return out;
 }
 
@@ -205,7 +204,8 @@ void Engine::combine(std::span<const CombineArgs> args, uint32_t phases, cudaStr
     const std::vector<DispatchResult> res = results();
     for (int i = 0; i < local_ranks_; ++i) {
       const CombineArgs& a = args[static_cast<size_t>(i)];
-      cuda_host::check_combine(a, cfg_, res[static_cast<size_t>(i)].recv_x, handle_, first_rank_ + i);
+      cuda_host::check_combine(a, cfg_, res[static_cast<size_t>(i)].recv_x, handle_,
+                               first_rank_ + i);
       io_[static_cast<size_t>(i)].comb_in = a.x.data;
     }
     have_dispatch_ = false;  // combine at most once per dispatch (see src/ep/ubep.cpp)

@@ -66,9 +66,9 @@ class Engine {
   int device_ = 0, bpr_ = 1, threads_ = 512;
   size_t smem_ = 0;
   long long timeout_cycles_ = 0;
-  char* own_ = nullptr;       // local_ranks windows
-  char* scratch_ = nullptr;   // local_ranks scratch areas
-  char* y_ = nullptr;         // local_ranks combine outputs [T, row]
+  char* own_ = nullptr;      // local_ranks windows
+  char* scratch_ = nullptr;  // local_ranks scratch areas
+  char* y_ = nullptr;        // local_ranks combine outputs [T, row]
   char** bases_dev_ = nullptr;
   std::vector<char*> bases_;
   cuda_hd::ErrorInfo* error_ = nullptr;  // host-mapped

@@ -34,7 +34,9 @@ UBEP_HD inline float bits_float(uint32_t b) {
 #endif
 }
 
-UBEP_HD inline float bf16_to_float(uint16_t v) { return bits_float(static_cast<uint32_t>(v) << 16); }
+UBEP_HD inline float bf16_to_float(uint16_t v) {
+  return bits_float(static_cast<uint32_t>(v) << 16);
+}
 
 // Same integer recipe as ubep::float_to_bf16, so host and device round identically by
 // construction (not __float2bfloat16_rn, whose NaN payload is not specified to match).

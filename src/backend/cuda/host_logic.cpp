@@ -17,8 +17,8 @@ void check_config(const BufferConfig& cfg, int ranks, int local_ranks) {
   UBEP_CHECK_ARG(local_ranks >= 1 && local_ranks <= cuda_hd::kMaxVirtualRanks,
                  "CUDA buffer: ", local_ranks, " ranks in one launch, at most ",
                  cuda_hd::kMaxVirtualRanks);
-  UBEP_CHECK_ARG(ranks <= cuda_hd::kMaxContributions, "CUDA buffer: ranks ", ranks,
-                 " exceeds ", cuda_hd::kMaxContributions);
+  UBEP_CHECK_ARG(ranks <= cuda_hd::kMaxContributions, "CUDA buffer: ranks ", ranks, " exceeds ",
+                 cuda_hd::kMaxContributions);
   UBEP_CHECK_ARG(cfg.num_experts > 0 && cfg.num_experts % ranks == 0, "CUDA buffer: num_experts ",
                  cfg.num_experts, " is not a positive multiple of ranks ", ranks);
   UBEP_CHECK_ARG(cfg.max_topk >= 1 && cfg.max_topk <= cuda_hd::kMaxContributions,
@@ -42,9 +42,10 @@ void check_dispatch(const DispatchArgs& a, const BufferConfig& cfg, int rank) {
   const int64_t n = a.x.dim(0);
   UBEP_CHECK_ARG(n >= 0 && n <= cfg.max_tokens_per_rank, "dispatch (rank ", rank, "): num_tokens ",
                  n, " exceeds max_tokens_per_rank=", cfg.max_tokens_per_rank);
-  UBEP_CHECK_ARG(a.topk_idx.ndim == 2 && a.topk_idx.dtype == DType::kInt64 && a.topk_idx.dim(0) == n,
-                 "dispatch (rank ", rank, "): topk_idx must be int64 [", n, ", k], got ",
-                 a.topk_idx.describe());
+  UBEP_CHECK_ARG(
+      a.topk_idx.ndim == 2 && a.topk_idx.dtype == DType::kInt64 && a.topk_idx.dim(0) == n,
+      "dispatch (rank ", rank, "): topk_idx must be int64 [", n, ", k], got ",
+      a.topk_idx.describe());
   const int64_t k = a.topk_idx.dim(1);
   UBEP_CHECK_ARG(k >= 1 && k <= cfg.max_topk, "dispatch (rank ", rank, "): topk ", k,
                  " outside [1, max_topk=", cfg.max_topk, "]");
@@ -78,8 +79,8 @@ int blocks_per_rank(int requested, int coresident, int local_ranks) {
 }
 
 size_t dispatch_smem(int warps, int max_topk, int local_experts) {
-  return static_cast<size_t>(warps) * (32u * static_cast<size_t>(max_topk) +
-                                       static_cast<size_t>(local_experts)) * sizeof(int);
+  return static_cast<size_t>(warps) *
+         (32u * static_cast<size_t>(max_topk) + static_cast<size_t>(local_experts)) * sizeof(int);
 }
 
 ep::WindowLayout window_layout(const BufferConfig& cfg, int ranks) {
@@ -137,8 +138,8 @@ std::string describe(const cuda_hd::ErrorInfo& e, double timeout_s) {
       return "no error";
     case cuda_hd::kBadExpert:
       return detail::concat("dispatch (rank ", e.rank, "): the expert id at flat index ", e.index,
-                            " of topk_idx (token*topk + k) is outside [-1, num_experts); it was "
-                            "routed nowhere");
+                            " of topk_idx (token*topk + k) is outside [-1, num_experts) or repeats "
+                            "an earlier id of its token; it was routed nowhere");
     case cuda_hd::kTopkMismatch:
       return detail::concat("dispatch: rank ", e.peer, " sent topk ", e.index, " to rank ", e.rank,
                             ", which dispatched with a different topk");
@@ -158,8 +159,8 @@ std::string describe(const cuda_hd::ErrorInfo& e, double timeout_s) {
           what = detail::concat("rank ", e.peer, " at bsp's group barrier");
           break;
         default:
-          what = detail::concat("a signal between the blocks of rank ", e.rank, " (item ",
-                                e.index, ")");
+          what = detail::concat("a signal between the blocks of rank ", e.rank, " (item ", e.index,
+                                ")");
       }
       return detail::concat("rank ", e.rank, " timed out after ", timeout_s, " s waiting for ",
                             what, " (epoch tag ", e.tag,

@@ -34,8 +34,7 @@ cuda_hd::ScratchLayout scratch_layout(const BufferConfig& cfg, int ranks);
 
 // Dispatch result views of `rank` into its window `base` (device memory) for call `seq`.
 DispatchResult dispatch_views(const ep::WindowLayout& m, const BufferConfig& cfg, void* base,
-                              int half, Layout layout, int topk, void* recv_count,
-                              uint64_t handle);
+                              int half, Layout layout, int topk, void* recv_count, uint64_t handle);
 TensorView combine_view(const ep::WindowLayout& m, const BufferConfig& cfg, void* base, int half,
                         Layout layout);
 

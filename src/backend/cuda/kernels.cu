@@ -19,16 +19,16 @@ void launch(void (*kernel)(cuda_hd::LaunchParams), const cuda_hd::LaunchParams& 
 
 template <class Peers>
 int fit(int block, size_t smem, int device) {
-  check_cuda(cudaFuncSetAttribute(reinterpret_cast<const void*>(&cuda_dev::dispatch_kernel<Peers>),
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)),
-             "dispatch kernel shared memory");
+  check_cuda(
+      cudaFuncSetAttribute(reinterpret_cast<const void*>(&cuda_dev::dispatch_kernel<Peers>),
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+      "dispatch kernel shared memory");
   int per_sm_d = 0, per_sm_c = 0, sms = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
                  &per_sm_d, cuda_dev::dispatch_kernel<Peers>, block, smem),
              "dispatch occupancy");
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm_c, cuda_dev::combine_kernel<Peers>,
-                                                           block, 0),
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                 &per_sm_c, cuda_dev::combine_kernel<Peers>, block, 0),
              "combine occupancy");
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count");
   return std::min(per_sm_d, per_sm_c) * sms;
@@ -44,15 +44,18 @@ int coresident_blocks(bool virtual_ranks, int block, size_t smem, int device) {
 void launch_dispatch(bool virtual_ranks, const cuda_hd::LaunchParams& p, int grid, int block,
                      size_t smem, cudaStream_t s) {
   if (virtual_ranks)
-    launch<cuda_dev::VirtualPeers>(cuda_dev::dispatch_kernel<cuda_dev::VirtualPeers>, p, grid, block, smem, s);
+    launch<cuda_dev::VirtualPeers>(cuda_dev::dispatch_kernel<cuda_dev::VirtualPeers>, p, grid,
+                                   block, smem, s);
   else
-    launch<cuda_dev::IpcPeers>(cuda_dev::dispatch_kernel<cuda_dev::IpcPeers>, p, grid, block, smem, s);
+    launch<cuda_dev::IpcPeers>(cuda_dev::dispatch_kernel<cuda_dev::IpcPeers>, p, grid, block, smem,
+                               s);
 }
 
 void launch_combine(bool virtual_ranks, const cuda_hd::LaunchParams& p, int grid, int block,
                     cudaStream_t s) {
   if (virtual_ranks)
-    launch<cuda_dev::VirtualPeers>(cuda_dev::combine_kernel<cuda_dev::VirtualPeers>, p, grid, block, 0, s);
+    launch<cuda_dev::VirtualPeers>(cuda_dev::combine_kernel<cuda_dev::VirtualPeers>, p, grid, block,
+                                   0, s);
   else
     launch<cuda_dev::IpcPeers>(cuda_dev::combine_kernel<cuda_dev::IpcPeers>, p, grid, block, 0, s);
 }

@@ -49,8 +49,8 @@ struct IpcPeers {
     if (blockIdx.x == 0 && s < p.ranks) {
       __threadfence_system();
       st_release_sys(p.map.stage_flag(p.bases[s], 0, p.first_rank), value);
-      wait_reached(p.map.stage_flag(p.bases[p.first_rank], 0, s), value, p.timeout_cycles,
-                   p.error, p.first_rank, s);
+      wait_reached(p.map.stage_flag(p.bases[p.first_rank], 0, s), value, p.timeout_cycles, p.error,
+                   p.first_rank, s);
     }
     cooperative_groups::this_grid().sync();
   }

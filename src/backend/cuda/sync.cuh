@@ -70,8 +70,7 @@ __device__ __forceinline__ bool aborted(const ErrorInfo* err) {
 // as another thread of the launch reported one (so a dead peer ends the launch, not a hang).
 template <bool System>
 __device__ __noinline__ bool wait_tag(const uint32_t* tag, uint32_t want, long long timeout_cycles,
-                                      ErrorInfo* err, int rank, int peer, int what,
-                                      int64_t index) {
+                                      ErrorInfo* err, int rank, int peer, int what, int64_t index) {
   auto load = [&] { return System ? ld_acquire_sys(tag) : ld_acquire_gpu(tag); };
   if (load() == want) return true;
   const long long deadline = clock64() + timeout_cycles;
