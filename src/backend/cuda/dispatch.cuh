@@ -21,6 +21,7 @@
 #pragma once
 
 #include "backend/cuda/peers.cuh"
+#include "backend/cuda/routing_hd.hpp"
 
 namespace ubep::cuda_dev {
 
@@ -73,44 +74,30 @@ __device__ inline void route(const RankCtx& c, int* smem) {
   }
   int* chunk = smem + c.warp * (32 * K + El);  // [32][K] experts on r (-1 elsewhere)
   int* ecount = chunk + 32 * K;                // [El] running rows per local expert of r
-  const unsigned lt = (1u << c.lane) - 1u;
   for (int r = c.gw; r < R; r += c.W) {
     for (int le = c.lane; le < El; le += 32) ecount[le] = 0;
     int32_t rows = 0;
     for (int64_t c0 = 0; c0 < n; c0 += 32) {
       const int64_t t = c0 + c.lane;
-      bool on = false;
-      for (int j = 0; j < K; ++j) {
-        const int32_t e = t < n ? cuda_hd::expert_at(c.io.topk_idx, t, j, K, p.experts) : -1;
-        const bool mine = e >= 0 && e / El == r;
-        chunk[c.lane * K + j] = mine ? e : -1;
-        on = on || mine;
-      }
-      __syncwarp();
+      const bool on =
+          cuda_hd::chunk_row(c.io.topk_idx, t, n, K, p.experts, El, r, chunk + c.lane * K);
+      __syncwarp();  // the chunk table (and, first time, ecount's zeros) before any lane reads it
       const unsigned ballot = __ballot_sync(0xffffffffu, on);
       if (t < n) {
-        const int32_t slot = on ? rows + __popc(ballot & lt) : -1;
+        const int32_t slot = on ? cuda_hd::chunk_dest_slot(rows, ballot, c.lane) : -1;
         dslot[t * R + r] = slot;
         if (on) dtok[static_cast<int64_t>(r) * T + slot] = static_cast<int32_t>(t);
-        // Slot among this rank's rows for expert e: rows of earlier chunks plus earlier lanes
-        // (tokens) of this chunk that also chose e (a token chooses an expert at most once).
         for (int j = 0; j < K; ++j) {
           const int e = chunk[c.lane * K + j];
-          if (e < 0) continue;
-          int cnt = ecount[e - r * El];
-          for (int l = 0; l < c.lane; ++l)
-            for (int j2 = 0; j2 < K; ++j2) cnt += chunk[l * K + j2] == e;
-          eslot[t * K + j] = cnt;
+          if (e >= 0)
+            eslot[t * K + j] = cuda_hd::chunk_expert_slot(chunk, K, c.lane, e, ecount[e - r * El]);
         }
       }
-      __syncwarp();
-      for (int le = c.lane; le < El; le += 32) {
-        int add = 0;
-        for (int l = 0; l < 32 * K; ++l) add += chunk[l] == r * El + le;
-        ecount[le] += add;
-      }
-      rows += __popc(ballot);
-      __syncwarp();
+      __syncwarp();  // every lane read ecount before the lanes update it
+      for (int le = c.lane; le < El; le += 32)
+        ecount[le] += cuda_hd::chunk_expert_count(chunk, K, r * El + le);
+      rows += cuda_hd::popcount(ballot);
+      __syncwarp();  // updates done before the next chunk overwrites the table
     }
     if (c.lane == 0) c.s<int32_t>(p.scratch.dest_rows)[r] = rows;
     for (int le = c.lane; le < El; le += 32)
