@@ -116,8 +116,9 @@ TEST(CudaHd, ScratchRegionsAreDisjointAlignedAndInside) {
     for (size_t i = 0; i < regions.size(); ++i) {
       EXPECT_EQ(regions[i].first % 128, 0u);
       EXPECT_LE(regions[i].first + regions[i].second, s.total);
-      if (i + 1 < regions.size())
+      if (i + 1 < regions.size()) {
         EXPECT_LE(regions[i].first + regions[i].second, regions[i + 1].first);
+      }
     }
   }
 }

@@ -101,6 +101,14 @@ struct ErrorInfo {
   uint32_t tag, pad;
 };
 
+// Where kernels report: the first reporter claims `claim` (device memory: atomics there are
+// reliable on every platform, unlike atomics on host-mapped memory over PCIe), then writes `info`
+// (host-mapped) with plain stores and a system fence. Everyone else polls `claim` to give up.
+struct ErrorSink {
+  ErrorInfo* info = nullptr;  // host-mapped
+  uint32_t* claim = nullptr;  // device memory: 0, or the code of the first report
+};
+
 // What one launch does (bitmask): the dispatch phases and the combine phases.
 enum Phase : uint32_t {
   kSend = 1,      // dispatch: routing, count records, offsets, rows
@@ -141,7 +149,7 @@ struct LaunchParams {
   bool stop_and_wait = false;
   bool bsp = false;
   long long timeout_cycles = 0;
-  ErrorInfo* error = nullptr;         // host-mapped
+  ErrorSink error;
   int64_t* host_recv_rows = nullptr;  // host-mapped [local_ranks]: num_recv_rows
   RankIO io[kMaxVirtualRanks];
 };

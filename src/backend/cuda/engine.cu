@@ -1,6 +1,8 @@
 #include "backend/cuda/engine.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <cstring>
 
 #include "ubep/error.hpp"
 
@@ -68,6 +70,8 @@ Engine::Engine(bool virtual_ranks, int ranks, int first_rank, int local_ranks,
   check_cuda(cudaHostAlloc(&error_, sizeof(cuda_hd::ErrorInfo), cudaHostAllocMapped), "error word");
   *error_ = {};
   check_cuda(cudaHostGetDevicePointer(&error_dev_, error_, 0), "error word mapping");
+  check_cuda(cudaMalloc(&claim_, sizeof(uint32_t)), "error claim");
+  check_cuda(cudaMemset(claim_, 0, sizeof(uint32_t)), "error claim zeroing");
   check_cuda(cudaHostAlloc(&recv_rows_, L * sizeof(int64_t), cudaHostAllocMapped), "row counts");
   std::fill(recv_rows_, recv_rows_ + L, int64_t{-1});
   check_cuda(cudaHostGetDevicePointer(&recv_rows_dev_, recv_rows_, 0), "row count mapping");
@@ -90,6 +94,7 @@ Engine::~Engine() {
   cudaFree(scratch_);
   cudaFree(y_);
   cudaFree(bases_dev_);
+  cudaFree(claim_);
   cudaFreeHost(error_);
   cudaFreeHost(recv_rows_);
 }
@@ -123,7 +128,7 @@ cuda_hd::LaunchParams Engine::params(uint32_t phases) const {
   p.stop_and_wait = sync == SyncMode::kStopAndWait;
   p.bsp = algorithm == Algorithm::kBsp;
   p.timeout_cycles = timeout_cycles_;
-  p.error = error_dev_;
+  p.error = {error_dev_, claim_};
   p.host_recv_rows = recv_rows_dev_;
   for (int i = 0; i < local_ranks_; ++i) p.io[i] = io_[static_cast<size_t>(i)];
   return p;
@@ -135,7 +140,17 @@ void Engine::set_start_delays(const std::vector<uint32_t>& ns) {
   for (size_t i = 0; i < ns.size(); ++i) io_[i].start_delay_ns = ns[i];
 }
 
-void Engine::check_error() const { cuda_host::throw_if_error(*error_, opts_.timeout_s); }
+// The device writes the details, a system fence, then the code: a non-zero code read here means
+// the details are complete (the acquire fence orders the reads after it).
+void Engine::check_error() const {
+  const uint32_t code = *reinterpret_cast<const volatile uint32_t*>(&error_->code);
+  if (code == 0) return;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  cuda_hd::ErrorInfo e;
+  std::memcpy(&e, error_, sizeof e);
+  e.code = code;
+  cuda_host::throw_if_error(e, opts_.timeout_s);
+}
 
 void Engine::dispatch(std::span<const DispatchArgs> args, uint32_t phases, cudaStream_t s) {
   check_error();

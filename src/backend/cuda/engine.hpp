@@ -74,6 +74,7 @@ class Engine {
   cuda_hd::ErrorInfo* error_ = nullptr;  // host-mapped
   int64_t* recv_rows_ = nullptr;         // host-mapped [local_ranks]
   cuda_hd::ErrorInfo* error_dev_ = nullptr;
+  uint32_t* claim_ = nullptr;  // device memory (ErrorSink::claim)
   int64_t* recv_rows_dev_ = nullptr;
 
   uint64_t next_seq_, seq_ = 0;

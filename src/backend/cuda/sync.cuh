@@ -18,6 +18,7 @@
 namespace ubep::cuda_dev {
 
 using cuda_hd::ErrorInfo;
+using cuda_hd::ErrorSink;
 
 __device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
@@ -46,23 +47,28 @@ __device__ __forceinline__ void publish_tag(uint32_t* tag, uint32_t value, bool 
   st_release_sys(tag, value);
 }
 
-// Records the first error of the launch in host-mapped memory (CAS on the code, then the
-// details, then a system fence so the host sees them once the stream completes).
-__device__ __noinline__ void report(ErrorInfo* err, uint32_t code, int rank, int peer, int what,
+// Records the first error in the buffer's life: claim it (CAS in device memory), write the
+// details to host-mapped memory, system fence, then the code, which the host reads after the
+// stream completes (cuda_host::throw_if_error).
+__device__ __noinline__ void report(ErrorSink err, uint32_t code, int rank, int peer, int what,
                                     int64_t index, uint32_t tag) {
-  if (atomicCAS_system(&err->code, 0u, 0xFFFFFFFFu) != 0u) return;  // someone reported first
-  err->rank = rank;
-  err->peer = peer;
-  err->what = what;
-  err->index = index;
-  err->tag = tag;
+  if (atomicCAS(err.claim, 0u, code) != 0u) return;  // someone reported first
+  volatile ErrorInfo* e = err.info;
+  e->rank = rank;
+  e->peer = peer;
+  e->what = what;
+  e->index = index;
+  e->tag = tag;
   __threadfence_system();
-  atomicExch_system(&err->code, code);
+  e->code = code;
+  __threadfence_system();
 }
 
-__device__ __forceinline__ bool aborted(const ErrorInfo* err) {
-  const uint32_t c = ld_volatile(&err->code);
-  return c != 0u && c != static_cast<uint32_t>(cuda_hd::kBadExpert);  // bad ids: carry on
+// A reported timeout or protocol error ends every wait of the launch (bad expert ids do not:
+// they were routed nowhere and the call completes consistently).
+__device__ __forceinline__ bool aborted(ErrorSink err) {
+  const uint32_t c = ld_volatile(err.claim);
+  return c != 0u && c != static_cast<uint32_t>(cuda_hd::kBadExpert);
 }
 
 // Waits until *tag == want (acquire at the given scope). Bounded: past the clock64 deadline it
@@ -70,7 +76,7 @@ __device__ __forceinline__ bool aborted(const ErrorInfo* err) {
 // as another thread of the launch reported one (so a dead peer ends the launch, not a hang).
 template <bool System>
 __device__ __noinline__ bool wait_tag(const uint32_t* tag, uint32_t want, long long timeout_cycles,
-                                      ErrorInfo* err, int rank, int peer, int what, int64_t index) {
+                                      ErrorSink err, int rank, int peer, int what, int64_t index) {
   auto load = [&] { return System ? ld_acquire_sys(tag) : ld_acquire_gpu(tag); };
   if (load() == want) return true;
   const long long deadline = clock64() + timeout_cycles;
@@ -90,7 +96,7 @@ __device__ __noinline__ bool wait_tag(const uint32_t* tag, uint32_t want, long l
 
 // Wrap-safe "counter reached want" for bsp's monotonic barrier flags.
 __device__ __noinline__ bool wait_reached(const uint32_t* flag, uint32_t want,
-                                          long long timeout_cycles, ErrorInfo* err, int rank,
+                                          long long timeout_cycles, ErrorSink err, int rank,
                                           int peer) {
   const long long deadline = clock64() + timeout_cycles;
   for (unsigned n = 0;; ++n) {
