@@ -251,9 +251,13 @@ int main(int argc, char** argv) {
     c.epoch = 0;
     c.calls = 3;
     c.ranks = 3;
-    c.hidden = 100;  // scalar paths: rows not a multiple of 16 bytes
-    for (DType dt : {DType::kBF16, DType::kFP32}) {
+    // Rows that are not 16-byte multiples: byte copies and scalar reduction (bf16, 198-byte
+    // rows), 4-byte copies and scalar reduction (fp32, 404-byte rows), 4-byte copies and the
+    // scalar bf16 reduction (bf16, 200-byte rows).
+    for (auto [dt, h] : {std::pair{DType::kBF16, 99}, std::pair{DType::kFP32, 101},
+                         std::pair{DType::kBF16, 100}}) {
       c.dtype = dt;
+      c.hidden = h;
       add(c);
     }
     c.hidden = 7168;  // the decode row size, hot routing
