@@ -3,9 +3,12 @@
 // against tests/reference.cpp.
 #pragma once
 
+#if !defined(UBEP_CUDA_HOST_SIM)
 #include <cuda_runtime.h>
+#endif
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -19,6 +22,27 @@ namespace ubep::gpu_test {
 
 inline constexpr int kSkip = 77;  // ctest SKIP_RETURN_CODE
 
+#if defined(UBEP_CUDA_HOST_SIM)
+// The CPU simulation (test_cuda_sim.cpp): "device" memory is host memory.
+struct DevMem {
+  void* p = nullptr;
+  explicit DevMem(size_t n) : p(std::aligned_alloc(256, (n + 255) / 256 * 256 + 256)) {
+    std::memset(p, 0, (n + 255) / 256 * 256 + 256);
+  }
+  ~DevMem() { std::free(p); }
+  DevMem(const DevMem&) = delete;
+  DevMem& operator=(const DevMem&) = delete;
+};
+inline void upload(void* dst, const void* src, size_t n) {
+  if (n) std::memcpy(dst, src, n);
+}
+template <typename T>
+std::vector<T> download(const void* src, size_t count) {
+  std::vector<T> v(count);
+  if (count) std::memcpy(v.data(), src, count * sizeof(T));
+  return v;
+}
+#else
 inline void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
@@ -40,6 +64,7 @@ std::vector<T> download(const void* src, size_t count) {
   if (count) ck(cudaMemcpy(v.data(), src, count * sizeof(T), cudaMemcpyDeviceToHost), "download");
   return v;
 }
+#endif
 
 inline TensorView on_device(void* p, DType t, std::initializer_list<int64_t> dims) {
   TensorView v(p, t, dims);

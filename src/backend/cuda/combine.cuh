@@ -172,8 +172,13 @@ __device__ inline void reduce_token(const RankCtx& c, int64_t t) {
   }
   char* out = static_cast<char*>(c.io.y) + static_cast<size_t>(t) * p.map.row_bytes;
   constexpr int V = IO::kVec;
+  // The loops over hidden run the same trip count on every lane (nth() shuffles across the
+  // warp: a lane-dependent bound would leave lanes out of a full-mask __shfl_sync); lanes past
+  // the end of the row only skip the loads and the store.
   if (H % V == 0) {
-    for (int64_t h0 = static_cast<int64_t>(c.lane) * V; h0 < H; h0 += 32 * V) {
+    for (int64_t base = 0; base < H; base += 32 * V) {
+      const int64_t h0 = base + static_cast<int64_t>(c.lane) * V;
+      const bool active = h0 < H;
       float acc[V];
 #pragma unroll
       for (int k = 0; k < V; ++k) acc[k] = 0.0f;
@@ -182,6 +187,7 @@ __device__ inline void reduce_token(const RankCtx& c, int64_t t) {
         float w;
         const uint32_t* tag;
         nth(i, &row, &w, &tag);
+        if (!active) continue;
         float v[V];
         IO::unpack(*reinterpret_cast<const int4*>(row + h0 * static_cast<int64_t>(sizeof(Elem))),
                    v);
@@ -190,20 +196,23 @@ __device__ inline void reduce_token(const RankCtx& c, int64_t t) {
           acc[k] = weighted ? cuda_hd::add_weighted_term(acc[k], w, v[k])
                             : cuda_hd::add_term(acc[k], v[k]);
       }
-      *reinterpret_cast<int4*>(out + h0 * static_cast<int64_t>(sizeof(Elem))) = IO::pack(acc);
+      if (active)
+        *reinterpret_cast<int4*>(out + h0 * static_cast<int64_t>(sizeof(Elem))) = IO::pack(acc);
     }
   } else {
-    for (int64_t h = c.lane; h < H; h += 32) {
+    for (int64_t base = 0; base < H; base += 32) {
+      const int64_t h = base + c.lane;
       float acc = 0.0f;
       for (int i = 0; i < n; ++i) {
         const char* row;
         float w;
         const uint32_t* tag;
         nth(i, &row, &w, &tag);
+        if (h >= H) continue;
         const float v = IO::get(row, h);
         acc = weighted ? cuda_hd::add_weighted_term(acc, w, v) : cuda_hd::add_term(acc, v);
       }
-      IO::put(out, h, acc);
+      if (h < H) IO::put(out, h, acc);
     }
   }
 }

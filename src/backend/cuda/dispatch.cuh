@@ -181,8 +181,11 @@ __device__ inline void send_rows(const RankCtx& c) {
   const int32_t* eslot = c.s<int32_t>(p.scratch.expert_slot);
   for (int k = 1; k <= R; ++k) {
     const int d = (c.rank + k) % R;
-    if (!wait_tag<false>(c.s<uint32_t>(p.scratch.offsets_ready) + d, p.gen, p.timeout_cycles,
-                         p.error, c.rank, c.rank, cuda_hd::kWaitLocal, d))
+    // Warp-uniform outcome: a lane that gave up (another thread timed out) and a lane that saw
+    // the signal must not split, or the __syncwarp below would wait for absent lanes.
+    if (!__all_sync(0xffffffffu, wait_tag<false>(c.s<uint32_t>(p.scratch.offsets_ready) + d, p.gen,
+                                                 p.timeout_cycles, p.error, c.rank, c.rank,
+                                                 cuda_hd::kWaitLocal, d)))
       return;
     const int32_t n = c.s<int32_t>(p.scratch.dest_rows)[d];
     const int64_t row_off = c.s<int64_t>(p.scratch.row_offset_at)[d];
@@ -230,8 +233,8 @@ __device__ inline void receive(const RankCtx& c) {
   const int64_t RT = p.map.tp_rows();
   int64_t rows = 0;
   for (int s = 0; s < R; ++s) {
-    if (!wait_tag<true>(c.count_tag(c.rank, s), p.tag, p.timeout_cycles, p.error, c.rank, s,
-                        cuda_hd::kWaitCount, c.rank))
+    if (!__all_sync(0xffffffffu, wait_tag<true>(c.count_tag(c.rank, s), p.tag, p.timeout_cycles,
+                                                p.error, c.rank, s, cuda_hd::kWaitCount, c.rank)))
       return;
     ep::CountRecord rec = p.map.count(c.base(c.rank), p.half, s);
     rows += *rec.rows();
@@ -275,12 +278,8 @@ __device__ inline void receive(const RankCtx& c) {
 // must wait for it point to point -- the skew a real group has, inside one launch.
 __device__ inline void start_delay(const RankCtx& c) {
   if (c.io.start_delay_ns == 0) return;
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do {
-    __nanosleep(1000);
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  } while (t - t0 < c.io.start_delay_ns);
+  const unsigned long long t0 = globaltimer_ns();
+  while (globaltimer_ns() - t0 < c.io.start_delay_ns) __nanosleep(1000);
 }
 
 template <class Peers>
@@ -303,7 +302,7 @@ __device__ inline RankCtx make_ctx(const LaunchParams& p) {
 
 template <class Peers>
 __global__ void __launch_bounds__(512, 1) dispatch_kernel(const LaunchParams p) {
-  extern __shared__ int smem[];
+  UBEP_DYNAMIC_SMEM(smem);
   const RankCtx c = make_ctx<Peers>(p);
   if (p.phases & cuda_hd::kSend) {
     start_delay(c);

@@ -11,8 +11,6 @@
 //  Across hosts: not a policy yet (docs/CUDA.md: NCCL GIN put + signal, or the MPI relay).
 #pragma once
 
-#include <cooperative_groups.h>
-
 #include "backend/cuda/sync.cuh"
 
 namespace ubep::cuda_dev {
@@ -28,9 +26,7 @@ struct VirtualPeers {
   }
   // bsp's group barrier: every rank is in this grid, so the grid barrier is the group barrier
   // (it also orders memory, grid-wide).
-  __device__ static void group_barrier(const LaunchParams&, int) {
-    cooperative_groups::this_grid().sync();
-  }
+  __device__ static void group_barrier(const LaunchParams&, int) { grid_barrier(); }
 };
 
 struct IpcPeers {
@@ -43,7 +39,7 @@ struct IpcPeers {
   // compared wrap-safe: a fast rank that already arrived at the next barrier never hides its
   // arrival at this one. Then the blocks meet again, so nobody runs ahead of the exchange.
   __device__ static void group_barrier(const LaunchParams& p, int k) {
-    cooperative_groups::this_grid().sync();
+    grid_barrier();
     const int s = static_cast<int>(threadIdx.x);
     const uint32_t value = p.barrier_seq + static_cast<uint32_t>(k);
     if (blockIdx.x == 0 && s < p.ranks) {
@@ -52,7 +48,7 @@ struct IpcPeers {
       wait_reached(p.map.stage_flag(p.bases[p.first_rank], 0, s), value, p.timeout_cycles, p.error,
                    p.first_rank, s);
     }
-    cooperative_groups::this_grid().sync();
+    grid_barrier();
   }
 };
 

@@ -13,6 +13,12 @@
 
 #include <cstdint>
 
+#if defined(UBEP_CUDA_HOST_SIM)
+#include "cuda_host_sim.hpp"  // tests/cuda/sim: the CPU test build of the kernels
+#else
+#include <cooperative_groups.h>
+#endif
+
 #include "backend/cuda/device_plan.hpp"
 
 namespace ubep::cuda_dev {
@@ -20,6 +26,23 @@ namespace ubep::cuda_dev {
 using cuda_hd::ErrorInfo;
 using cuda_hd::ErrorSink;
 
+#if defined(UBEP_CUDA_HOST_SIM)
+// CPU test build: the same operations as C++ atomics (tests/cuda/sim/cuda_host_sim.hpp).
+inline void st_release_sys(uint32_t* p, uint32_t v) {
+  std::atomic_ref<uint32_t>(*p).store(v, std::memory_order_release);
+}
+inline uint32_t ld_acquire_sys(const uint32_t* p) {
+  return std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(p)).load(std::memory_order_acquire);
+}
+inline void st_release_gpu(uint32_t* p, uint32_t v) { st_release_sys(p, v); }
+inline uint32_t ld_acquire_gpu(const uint32_t* p) { return ld_acquire_sys(p); }
+inline uint32_t ld_volatile(const uint32_t* p) {
+  return std::atomic_ref<uint32_t>(*const_cast<uint32_t*>(p)).load(std::memory_order_relaxed);
+}
+inline unsigned long long globaltimer_ns() { return static_cast<unsigned long long>(clock64()); }
+inline void grid_barrier() { ubep::sim::self.grid->arrive_and_wait(); }
+#define UBEP_DYNAMIC_SMEM(name) int* name = ::ubep::sim::self.block->smem.data()
+#else
 __device__ __forceinline__ void st_release_sys(uint32_t* p, uint32_t v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -39,6 +62,15 @@ __device__ __forceinline__ uint32_t ld_acquire_gpu(const uint32_t* p) {
 __device__ __forceinline__ uint32_t ld_volatile(const uint32_t* p) {
   return *reinterpret_cast<const volatile uint32_t*>(p);
 }
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// The grid barrier of a cooperative launch (also a grid-wide memory fence).
+__device__ __forceinline__ void grid_barrier() { cooperative_groups::this_grid().sync(); }
+#define UBEP_DYNAMIC_SMEM(name) extern __shared__ int name[]
+#endif
 
 // Marks a written message complete. stop_and_wait (the sync ablation): a full system fence first,
 // then the flag -- the fence makes the release redundant, which is the point of the ablation.
