@@ -53,6 +53,8 @@ class SimBuffer {
   }
   Algorithm algorithm = Algorithm::kUbep;
   SyncMode sync = SyncMode::kFused;
+  long long timeout_ns = 20'000'000'000LL;  // clock64 counts ns in the simulation
+  void set_start_delay(int r, uint32_t ns) { io_[static_cast<size_t>(r)].start_delay_ns = ns; }
 
   void dispatch(std::span<const DispatchArgs> args, uint32_t phases) {
     if (phases & cuda_hd::kSend) {
@@ -101,7 +103,8 @@ class SimBuffer {
   }
   int64_t num_recv_rows(int r) const { return recv_rows_[static_cast<size_t>(r)]; }
   void check_error() const {
-    for (const auto& e : errors_) cuda_host::throw_if_error(e, 20.0);
+    for (const auto& e : errors_)
+      cuda_host::throw_if_error(e, static_cast<double>(timeout_ns) * 1e-9);
   }
 
  private:
@@ -126,7 +129,7 @@ class SimBuffer {
     p.latency = layout_ == Layout::kLatency;
     p.stop_and_wait = sync == SyncMode::kStopAndWait;
     p.bsp = algorithm == Algorithm::kBsp;
-    p.timeout_cycles = 20'000'000'000LL;  // ns in the simulation
+    p.timeout_cycles = timeout_ns;
     p.error = {&errors_[e], &claims_[e]};
     p.host_recv_rows = recv_rows_.data() + first;
     for (int i = 0; i < local; ++i) p.io[i] = io_[static_cast<size_t>(first + i)];
@@ -183,11 +186,14 @@ struct SimCase {
   SyncMode sync = SyncMode::kFused;
   uint64_t epoch = 0;
   int64_t hidden = 40;
+  int64_t tokens = 9;  // > 32: several routing chunks
+  bool delays = false;
+  int topk = 3, experts_per_rank = 3;
 };
 
 void run_case(const SimCase& c) {
-  const int R = c.ranks, El = 3, K = 3;
-  const int64_t T = 9;
+  const int R = c.ranks, El = c.experts_per_rank, K = c.topk;
+  const int64_t T = c.tokens;
   BufferConfig cfg;
   cfg.device = {DeviceType::kCuda, 0};
   cfg.max_tokens_per_rank = T;
@@ -199,6 +205,9 @@ void run_case(const SimCase& c) {
   SimBuffer b(R, cfg, c.ipc);
   b.algorithm = c.algo;
   b.sync = c.sync;
+  if (c.delays)
+    for (int r = 0; r < R; ++r)
+      b.set_start_delay(r, static_cast<uint32_t>((r * 7919) % 5) * 2000000u);
   std::mt19937 rng(static_cast<unsigned>(R * 31 + c.hidden));
   for (int call = 0; call < 3; ++call) {  // three calls: both halves, then the first again
     std::vector<int64_t> tokens;
@@ -281,10 +290,101 @@ std::vector<SimCase> cases() {
     v.push_back(
         {2, l, DType::kFP32, Algorithm::kUbep, true, false, false, SyncMode::kFused, 0, 101});
   }
+  // Several routing chunks (70 tokens), rows spanning several warp iterations with a partial
+  // last one (bf16 hidden 600: 75 vectors; fp32 hidden 300), 8 ranks, skewed starts.
+  for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
+    SimCase c{2, l, DType::kBF16, Algorithm::kUbep, true, false, false};
+    c.tokens = 70;
+    c.topk = 4;
+    c.experts_per_rank = 5;
+    v.push_back(c);
+    c.algo = Algorithm::kBsp;
+    c.split = false;
+    c.ipc = true;
+    v.push_back(c);
+    SimCase h{2, l, DType::kBF16, Algorithm::kUbep, false, true, false};
+    h.hidden = 600;
+    v.push_back(h);
+    h.dtype = DType::kFP32;
+    h.hidden = 300;
+    v.push_back(h);
+    SimCase big{8, l, DType::kBF16, Algorithm::kUbep, true, false, false};
+    big.tokens = 5;
+    big.delays = true;
+    v.push_back(big);
+  }
   return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, KernelsOnCpu, ::testing::ValuesIn(cases()));
+
+// A rank that starts late past the timeout: the others' bounded waits report it, every other
+// spinning thread gives up, the launch ends, and the host gets a TimeoutError naming the rank.
+TEST(KernelsOnCpuErrors, LateRankTimesOutNamingIt) {
+  BufferConfig cfg;
+  cfg.device = {DeviceType::kCuda, 0};
+  cfg.max_tokens_per_rank = 6;
+  cfg.hidden = 16;
+  cfg.num_experts = 4;
+  cfg.max_topk = 2;
+  for (bool ipc : {false, true}) {
+    SimBuffer b(2, cfg, ipc);
+    b.timeout_ns = 100'000'000;  // 0.1 s
+    b.set_start_delay(1, 600'000'000u);
+    const test::Problem p =
+        test::make_problem(2, 4, 16, cfg.dtype, {6, 6}, 2, test::Routing::kUniform, 1);
+    std::vector<std::unique_ptr<gpu_test::RankInputs>> in;
+    std::vector<DispatchArgs> args;
+    for (int r = 0; r < 2; ++r) {
+      in.push_back(std::make_unique<gpu_test::RankInputs>(p, r, Layout::kThroughput));
+      for (TensorView* v :
+           {&in.back()->args.x, &in.back()->args.topk_idx, &in.back()->args.topk_weights})
+        v->device = cfg.device;
+      args.push_back(in.back()->args);
+    }
+    b.dispatch(args, cuda_hd::kSend | cuda_hd::kRecv);
+    try {
+      b.check_error();
+      FAIL() << "no timeout reported";
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0 timed out"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("of rank 1"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// An expert id past num_experts and a repeated id: routed nowhere by every role (the call
+// completes, nothing out of bounds), reported as InvalidArgument.
+TEST(KernelsOnCpuErrors, BadExpertIdsAreReportedAndRoutedNowhere) {
+  BufferConfig cfg;
+  cfg.device = {DeviceType::kCuda, 0};
+  cfg.max_tokens_per_rank = 6;
+  cfg.hidden = 16;
+  cfg.num_experts = 4;
+  cfg.max_topk = 2;
+  SimBuffer b(2, cfg, false);
+  test::Problem p = test::make_problem(2, 4, 16, cfg.dtype, {6, 6}, 2, test::Routing::kUniform, 2);
+  p.inputs[1].topk_idx[3] = 99;
+  p.inputs[0].topk_idx[5] = p.inputs[0].topk_idx[4];
+  std::vector<std::unique_ptr<gpu_test::RankInputs>> in;
+  std::vector<DispatchArgs> args;
+  for (int r = 0; r < 2; ++r) {
+    in.push_back(std::make_unique<gpu_test::RankInputs>(p, r, Layout::kThroughput));
+    for (TensorView* v :
+         {&in.back()->args.x, &in.back()->args.topk_idx, &in.back()->args.topk_weights})
+      v->device = cfg.device;
+    args.push_back(in.back()->args);
+  }
+  b.dispatch(args, cuda_hd::kSend | cuda_hd::kRecv);
+  EXPECT_THROW(b.check_error(), InvalidArgument);
+  // What arrived is what the sanitized routing says: the reference with those ids dropped.
+  p.inputs[1].topk_idx[3] = -1;
+  p.inputs[0].topk_idx[5] = -1;
+  const std::vector<DispatchResult> res = b.results();
+  for (int d = 0; d < 2; ++d)
+    EXPECT_NO_THROW(
+        gpu_test::check_dispatch(p, d, res[static_cast<size_t>(d)], b.num_recv_rows(d), 2, 12, 2));
+}
 
 }  // namespace
 }  // namespace ubep
