@@ -50,6 +50,11 @@ Engine::Engine(bool virtual_ranks, int ranks, int first_rank, int local_ranks,
   if (!device_available(&why)) throw SystemError("CUDA buffer: " + why);
   device_ = cfg.device.index;
   check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+  int coop = 0;
+  check_cuda(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, device_),
+             "cooperative launch attribute");
+  UBEP_CHECK(coop != 0, SystemError, "CUDA buffer: device ", device_,
+             " does not support cooperative launches (every rank's blocks must be co-resident)");
   threads_ = opts.threads_per_block;
   smem_ = cuda_host::dispatch_smem(threads_ / 32, cfg.max_topk, cfg.num_experts / ranks);
   bpr_ = cuda_host::blocks_per_rank(

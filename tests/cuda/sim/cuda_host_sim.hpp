@@ -16,6 +16,8 @@
 #include <bit>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <thread>
@@ -41,6 +43,7 @@ namespace ubep::sim {
 struct Warp {
   std::barrier<> bar{32};
   uint64_t slot[32] = {};
+  int site[32] = {};  // source line of the collective each lane is at
 };
 struct Block {
   std::unique_ptr<std::barrier<>> bar;
@@ -57,12 +60,27 @@ inline thread_local Self self;
 inline thread_local dim3 tid, bid;
 inline dim3 bdim, gdim;
 
+// Every warp collective checks that all 32 lanes called the same one (same source line): a
+// full-mask collective reached by only some lanes, or by lanes at different call sites, is a bug
+// on the GPU (undefined behaviour) that would otherwise show here only as a hang or pass.
+inline void check_site(int line) {
+  Warp& w = *self.warp;
+  for (int l = 0; l < 32; ++l)
+    if (w.site[l] != line) {
+      std::fprintf(stderr, "cuda_host_sim: warp collective at line %d, lane %d is at line %d\n", line,
+                   l, w.site[l]);
+      std::abort();
+    }
+}
+
 template <typename T>
-T exchange(T v, int src) {
+T exchange(T v, int src, int line) {
   uint64_t b = 0;
   std::memcpy(&b, &v, sizeof v);
   self.warp->slot[self.lane] = b;
+  self.warp->site[self.lane] = line;
   self.warp->bar.arrive_and_wait();
+  check_site(line);
   const uint64_t got = self.warp->slot[src];
   self.warp->bar.arrive_and_wait();
   T r;
@@ -70,13 +88,22 @@ T exchange(T v, int src) {
   return r;
 }
 
-inline unsigned ballot(bool p) {
+inline unsigned ballot(bool p, int line) {
   self.warp->slot[self.lane] = p ? 1 : 0;
+  self.warp->site[self.lane] = line;
   self.warp->bar.arrive_and_wait();
+  check_site(line);
   unsigned m = 0;
   for (int l = 0; l < 32; ++l) m |= (self.warp->slot[l] ? 1u : 0u) << l;
   self.warp->bar.arrive_and_wait();
   return m;
+}
+
+inline void syncwarp(int line) {
+  self.warp->site[self.lane] = line;
+  self.warp->bar.arrive_and_wait();
+  check_site(line);
+  self.warp->bar.arrive_and_wait();
 }
 
 // Runs kernel(params) on grid x block simulated threads (block a multiple of 32) with
@@ -114,13 +141,19 @@ void launch(Kernel kernel, const Params& params, int grid, int block, size_t sme
 #define blockDim (::ubep::sim::bdim)
 #define gridDim (::ubep::sim::gdim)
 
-inline void __syncwarp(unsigned = 0xffffffffu) { ubep::sim::self.warp->bar.arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu, int line = __builtin_LINE()) {
+  ubep::sim::syncwarp(line);
+}
 inline void __syncthreads() { ubep::sim::self.block->bar->arrive_and_wait(); }
-inline unsigned __ballot_sync(unsigned, bool p) { return ubep::sim::ballot(p); }
-inline bool __all_sync(unsigned, bool p) { return ubep::sim::ballot(p) == 0xffffffffu; }
+inline unsigned __ballot_sync(unsigned, bool p, int line = __builtin_LINE()) {
+  return ubep::sim::ballot(p, line);
+}
+inline bool __all_sync(unsigned, bool p, int line = __builtin_LINE()) {
+  return ubep::sim::ballot(p, line) == 0xffffffffu;
+}
 template <typename T>
-T __shfl_sync(unsigned, T v, int src) {
-  return ubep::sim::exchange(v, src);
+T __shfl_sync(unsigned, T v, int src, int line = __builtin_LINE()) {
+  return ubep::sim::exchange(v, src, line);
 }
 inline int __popc(unsigned v) { return std::popcount(v); }
 inline int __ffs(int v) { return __builtin_ffs(v); }
