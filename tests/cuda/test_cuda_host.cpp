@@ -12,6 +12,7 @@
 #include "backend/cpu/row_kernels.hpp"
 #include "backend/cuda/hd_math.hpp"
 #include "backend/cuda/host_logic.hpp"
+#include "backend/cuda/sequencer.hpp"
 #include "core/bf16.hpp"
 #include "ep/routing.hpp"
 #include "reference.hpp"
@@ -393,6 +394,59 @@ TEST(CudaHost, ErrorWordsBecomeExceptionsNamingPeerAndMessage) {
   EXPECT_THROW(cuda_host::throw_if_error(e, 1.0), InvalidArgument);
   e.code = cuda_hd::kTopkMismatch;
   EXPECT_THROW(cuda_host::throw_if_error(e, 1.0), InvalidArgument);
+}
+
+// The call state machine the engine launches from: misuse is refused before any launch, and the
+// parameters carry the epoch (tag, half), fresh generations and bsp's barrier counts.
+TEST(CudaHost, SequencerStateAndParameters) {
+  BufferConfig cfg = cuda_config();
+  cfg.initial_epoch = 0xFFFFFFFEull;
+  cfg.algorithm = Algorithm::kBsp;
+  cuda_host::Sequencer q(cfg, 4, 0, 2);
+  std::vector<char> mem(4096);
+  q.set_bases({mem.data(), mem.data(), mem.data(), mem.data()});
+  for (int i = 0; i < 2; ++i) q.set_rank_memory(i, mem.data(), mem.data());
+  auto dev = [&](DType t, std::initializer_list<int64_t> dims) {
+    TensorView v(mem.data(), t, dims);
+    v.device = cfg.device;
+    return v;
+  };
+  DispatchArgs a;
+  a.x = dev(DType::kBF16, {4, 16});
+  a.topk_idx = dev(DType::kInt64, {4, 2});
+  a.topk_weights = dev(DType::kFP32, {4, 2});
+  const std::vector<DispatchArgs> args{a, a};
+  const cuda_host::LaunchResources res;
+  EXPECT_THROW(q.dispatch({}, cuda_hd::kRecv, res), InvalidArgument);     // recv without send
+  EXPECT_THROW(q.combine({}, cuda_hd::kCombSend, res), InvalidArgument);  // no dispatch yet
+  EXPECT_THROW(q.dispatch(std::span(args).first(1), cuda_hd::kSend, res), InvalidArgument);
+  const cuda_hd::LaunchParams p1 = q.dispatch(args, cuda_hd::kSend, res);
+  EXPECT_EQ(p1.tag, ep::tag_of(0xFFFFFFFEull));
+  EXPECT_EQ(p1.half, 0);
+  EXPECT_EQ(p1.gen, 1u);
+  EXPECT_EQ(p1.barrier_seq, 1u);
+  EXPECT_TRUE(p1.bsp);
+  EXPECT_EQ(p1.io[1].tokens, 4);
+  EXPECT_THROW(q.dispatch(args, cuda_hd::kSend, res), InvalidArgument);  // recv outstanding
+  q.dispatch({}, cuda_hd::kRecv, res);
+  std::vector<CombineArgs> c(2);
+  for (int i = 0; i < 2; ++i)
+    c[static_cast<size_t>(i)] = {q.results()[static_cast<size_t>(i)].recv_x, 999};
+  EXPECT_THROW(q.combine(c, cuda_hd::kCombSend, res), InvalidArgument);  // wrong handle
+  for (auto& x : c) x.handle = q.results()[0].handle;
+  const cuda_hd::LaunchParams pc = q.combine(c, cuda_hd::kCombSend | cuda_hd::kCombRecv, res);
+  EXPECT_EQ(pc.barrier_seq, 3u);  // after the dispatch's two group barriers
+  EXPECT_THROW(q.combine(c, cuda_hd::kCombSend, res), InvalidArgument);  // at most once
+  const cuda_hd::LaunchParams p2 = q.dispatch(args, cuda_hd::kSend | cuda_hd::kRecv, res);
+  EXPECT_EQ(p2.tag, ep::tag_of(0xFFFFFFFFull));
+  EXPECT_NE(p2.tag, p1.tag);
+  EXPECT_EQ(p2.half, 1);
+  EXPECT_EQ(p2.gen, 2u);
+  EXPECT_EQ(p2.barrier_seq, 4u);
+  const cuda_hd::LaunchParams p3 = q.dispatch(args, cuda_hd::kSend | cuda_hd::kRecv, res);
+  EXPECT_NE(p3.tag, 0u);      // across the 32-bit wrap-around, never 0
+  EXPECT_NE(p3.tag, p1.tag);  // same half as p1, different tag
+  EXPECT_EQ(p3.half, p1.half);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 
 #include "backend/cuda/combine.cuh"
 #include "backend/cuda/host_logic.hpp"
+#include "backend/cuda/sequencer.hpp"
 #include "gpu_support.hpp"
 
 namespace ubep {
@@ -22,7 +23,9 @@ namespace {
 
 using cuda_hd::LaunchParams;
 
-// The engine (src/backend/cuda/engine.cu) without the CUDA runtime.
+// The engine (src/backend/cuda/engine.cu) without the CUDA runtime: the same Sequencer builds
+// every launch's parameters (virtual ranks: one for all ranks; IPC: one per "process"), the
+// memory is host memory, and the launches run on simulated threads.
 class SimBuffer {
  public:
   SimBuffer(int R, const BufferConfig& cfg, bool ipc, int bpr = 2, int threads = 64)
@@ -36,71 +39,53 @@ class SimBuffer {
         windows_(static_cast<size_t>(R) * map_.total),
         scratch_(static_cast<size_t>(R) * smap_.total),
         y_(static_cast<size_t>(R * cfg.max_tokens_per_rank) * map_.row_bytes),
-        io_(static_cast<size_t>(R)),
         recv_rows_(static_cast<size_t>(R), -1),
-        next_seq_(cfg.initial_epoch) {
-    cuda_host::check_config(cfg, R, ipc ? 1 : R);
-    for (int r = 0; r < R; ++r) {
+        errors_(static_cast<size_t>(R)),
+        claims_(static_cast<size_t>(R), 0u) {
+    for (int r = 0; r < R; ++r)
       bases_.push_back(static_cast<char*>(windows_.p) + static_cast<size_t>(r) * map_.total);
-      io_[static_cast<size_t>(r)].scratch =
-          static_cast<char*>(scratch_.p) + static_cast<size_t>(r) * smap_.total;
-      io_[static_cast<size_t>(r)].y =
-          static_cast<char*>(y_.p) +
-          static_cast<size_t>(r * cfg.max_tokens_per_rank) * map_.row_bytes;
+    const int procs = ipc ? R : 1, local = ipc ? 1 : R;
+    for (int q = 0; q < procs; ++q) {
+      seqs_.push_back(std::make_unique<cuda_host::Sequencer>(cfg, R, q, local));
+      for (int i = 0; i < local; ++i) {
+        const size_t r = static_cast<size_t>(q + i);
+        seqs_.back()->set_rank_memory(
+            i, static_cast<char*>(scratch_.p) + r * smap_.total,
+            static_cast<char*>(y_.p) +
+                r * static_cast<size_t>(cfg.max_tokens_per_rank) * map_.row_bytes);
+      }
+      seqs_.back()->set_bases(bases_);
     }
-    errors_.resize(static_cast<size_t>(ipc ? R : 1));
-    claims_.assign(errors_.size(), 0u);
   }
-  Algorithm algorithm = Algorithm::kUbep;
-  SyncMode sync = SyncMode::kFused;
   long long timeout_ns = 20'000'000'000LL;  // clock64 counts ns in the simulation
-  void set_start_delay(int r, uint32_t ns) { io_[static_cast<size_t>(r)].start_delay_ns = ns; }
+  void set_algorithm(Algorithm a) {
+    for (auto& q : seqs_) q->algorithm = a;
+  }
+  void set_sync(SyncMode m) {
+    for (auto& q : seqs_) q->sync = m;
+  }
+  void set_start_delay(int r, uint32_t ns) {
+    delays_.resize(static_cast<size_t>(R_));
+    delays_[static_cast<size_t>(r)] = ns;
+  }
 
   void dispatch(std::span<const DispatchArgs> args, uint32_t phases) {
-    if (phases & cuda_hd::kSend) {
-      seq_ = next_seq_++;
-      if (++gen_ == 0) gen_ = 1;
-      layout_ = args[0].layout;
-      for (int r = 0; r < R_; ++r) {
-        const DispatchArgs& a = args[static_cast<size_t>(r)];
-        cuda_host::check_dispatch(a, cfg_, r);
-        cuda_hd::RankIO& io = io_[static_cast<size_t>(r)];
-        io.x = a.x.data;
-        io.topk_idx = a.topk_idx.as<const int64_t>();
-        io.topk_w = a.topk_weights.as<const float>();
-        io.tokens = a.x.dim(0);
-        io.topk = static_cast<int>(a.topk_idx.dim(1));
-      }
-    }
-    run(phases, true);
-    if (algorithm == Algorithm::kBsp && (phases & cuda_hd::kSend)) barrier_seq_ += 2;
+    run(args, {}, phases, true);
   }
-  void combine(const std::vector<CombineArgs>& args, uint32_t phases) {
-    if (phases & cuda_hd::kCombSend)
-      for (int r = 0; r < R_; ++r)
-        io_[static_cast<size_t>(r)].comb_in = args[static_cast<size_t>(r)].x.data;
-    run(phases, false);
-    if (algorithm == Algorithm::kBsp) barrier_seq_ += 1;
-  }
-  std::vector<DispatchResult> results() {
-    std::vector<DispatchResult> out;
-    for (int r = 0; r < R_; ++r)
-      out.push_back(cuda_host::dispatch_views(
-          map_, cfg_, bases_[static_cast<size_t>(r)], ep::half_of(seq_), layout_,
-          io_[static_cast<size_t>(r)].topk,
-          smap_.at<char>(io_[static_cast<size_t>(r)].scratch, smap_.recv_count), seq_ + 1));
+  void combine(std::span<const CombineArgs> args, uint32_t phases) { run({}, args, phases, false); }
+  template <typename T>
+  std::vector<T> gather(std::vector<T> (cuda_host::Sequencer::*fn)() const) const {
+    std::vector<T> out;
+    for (const auto& q : seqs_)
+      for (auto& v : ((*q).*fn)()) out.push_back(v);
     return out;
   }
+  std::vector<DispatchResult> results() const { return gather(&cuda_host::Sequencer::results); }
+  std::vector<TensorView> outputs() const { return gather(&cuda_host::Sequencer::outputs); }
   TensorView combine_buffer(int r) const {
-    return cuda_host::combine_view(map_, cfg_, bases_[static_cast<size_t>(r)], ep::half_of(seq_),
-                                   layout_);
+    return ipc_ ? seqs_[static_cast<size_t>(r)]->combine_buffer(0) : seqs_[0]->combine_buffer(r);
   }
-  TensorView output(int r) const {
-    TensorView v(io_[static_cast<size_t>(r)].y, cfg_.dtype,
-                 {io_[static_cast<size_t>(r)].tokens, cfg_.hidden});
-    v.device = cfg_.device;
-    return v;
-  }
+  TensorView output(int r) const { return outputs()[static_cast<size_t>(r)]; }
   int64_t num_recv_rows(int r) const { return recv_rows_[static_cast<size_t>(r)]; }
   void check_error() const {
     for (const auto& e : errors_)
@@ -108,56 +93,49 @@ class SimBuffer {
   }
 
  private:
-  LaunchParams params(uint32_t phases, int first, int local, size_t e) {
-    LaunchParams p;
-    p.map = map_;
-    p.scratch = smap_;
-    p.bases = bases_.data();
-    p.ranks = R_;
-    p.first_rank = first;
-    p.local_ranks = local;
-    p.experts = cfg_.num_experts;
-    p.local_experts = cfg_.num_experts / R_;
-    p.blocks_per_rank = bpr_;
-    p.hidden = cfg_.hidden;
-    p.elem_bytes = static_cast<int>(dtype_size(cfg_.dtype));
-    p.phases = phases;
-    p.tag = ep::tag_of(seq_);
-    p.half = ep::half_of(seq_);
-    p.gen = gen_;
-    p.barrier_seq = barrier_seq_;
-    p.latency = layout_ == Layout::kLatency;
-    p.stop_and_wait = sync == SyncMode::kStopAndWait;
-    p.bsp = algorithm == Algorithm::kBsp;
-    p.timeout_cycles = timeout_ns;
-    p.error = {&errors_[e], &claims_[e]};
-    p.host_recv_rows = recv_rows_.data() + first;
-    for (int i = 0; i < local; ++i) p.io[i] = io_[static_cast<size_t>(first + i)];
-    return p;
-  }
-  void run(uint32_t phases, bool dispatch) {
+  void run(std::span<const DispatchArgs> dargs, std::span<const CombineArgs> cargs, uint32_t phases,
+           bool dispatch) {
     const size_t smem =
         cuda_host::dispatch_smem(threads_ / 32, cfg_.max_topk, cfg_.num_experts / R_);
-    auto go = [&](const LaunchParams& p, int grid) {
-      if (dispatch)
+    std::vector<cuda_hd::LaunchParams> ps;
+    for (size_t q = 0; q < seqs_.size(); ++q) {
+      if (!delays_.empty()) {
+        std::vector<uint32_t> d(delays_.begin() + static_cast<long>(ipc_ ? q : 0),
+                                delays_.begin() + static_cast<long>(ipc_ ? q + 1 : delays_.size()));
+        seqs_[q]->set_start_delays(d);
+      }
+      cuda_host::LaunchResources res;
+      res.bases = bases_.data();
+      res.blocks_per_rank = bpr_;
+      res.timeout_cycles = timeout_ns;
+      res.error = {&errors_[q], &claims_[q]};
+      res.host_recv_rows = recv_rows_.data() + q;
+      const size_t n = ipc_ ? 1 : static_cast<size_t>(R_);
+      ps.push_back(dispatch
+                       ? seqs_[q]->dispatch(dargs.empty() ? dargs : dargs.subspan(ipc_ ? q : 0, n),
+                                            phases, res)
+                       : seqs_[q]->combine(cargs.empty() ? cargs : cargs.subspan(ipc_ ? q : 0, n),
+                                           phases, res));
+    }
+    auto go = [&](const cuda_hd::LaunchParams& p, int grid) {
+      if (ipc_) {
+        if (dispatch)
+          sim::launch(&cuda_dev::dispatch_kernel<cuda_dev::IpcPeers>, p, grid, threads_, smem);
+        else
+          sim::launch(&cuda_dev::combine_kernel<cuda_dev::IpcPeers>, p, grid, threads_, 0);
+      } else if (dispatch) {
         sim::launch(&cuda_dev::dispatch_kernel<cuda_dev::VirtualPeers>, p, grid, threads_, smem);
-      else
+      } else {
         sim::launch(&cuda_dev::combine_kernel<cuda_dev::VirtualPeers>, p, grid, threads_, 0);
+      }
     };
     if (!ipc_) {
-      go(params(phases, 0, R_, 0), R_ * bpr_);
+      go(ps[0], R_ * bpr_);
     } else {  // one "process" per rank, concurrently
       std::vector<std::thread> procs;
-      for (int r = 0; r < R_; ++r)
-        procs.emplace_back([&, r, p = params(phases, r, 1, static_cast<size_t>(r))] {
-          if (dispatch)
-            sim::launch(&cuda_dev::dispatch_kernel<cuda_dev::IpcPeers>, p, bpr_, threads_, smem);
-          else
-            sim::launch(&cuda_dev::combine_kernel<cuda_dev::IpcPeers>, p, bpr_, threads_, 0);
-        });
+      for (size_t q = 0; q < ps.size(); ++q) procs.emplace_back([&, q] { go(ps[q], bpr_); });
       for (auto& t : procs) t.join();
     }
-    (void)go;
   }
 
   int R_;
@@ -168,13 +146,11 @@ class SimBuffer {
   cuda_hd::ScratchLayout smap_;
   gpu_test::DevMem windows_, scratch_, y_;
   std::vector<char*> bases_;
-  std::vector<cuda_hd::RankIO> io_;
   std::vector<int64_t> recv_rows_;
   std::vector<cuda_hd::ErrorInfo> errors_;
   std::vector<uint32_t> claims_;
-  uint64_t next_seq_, seq_ = 0;
-  uint32_t gen_ = 0, barrier_seq_ = 1;
-  Layout layout_ = Layout::kThroughput;
+  std::vector<uint32_t> delays_;
+  std::vector<std::unique_ptr<cuda_host::Sequencer>> seqs_;
 };
 
 struct SimCase {
@@ -203,8 +179,8 @@ void run_case(const SimCase& c) {
   cfg.max_topk = K;
   cfg.initial_epoch = c.epoch;
   SimBuffer b(R, cfg, c.ipc);
-  b.algorithm = c.algo;
-  b.sync = c.sync;
+  b.set_algorithm(c.algo);
+  b.set_sync(c.sync);
   if (c.delays)
     for (int r = 0; r < R; ++r)
       b.set_start_delay(r, static_cast<uint32_t>((r * 7919) % 5) * 2000000u);

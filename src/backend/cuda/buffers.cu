@@ -14,15 +14,12 @@ cudaStream_t st(Stream s) { return reinterpret_cast<cudaStream_t>(s); }
 // ---- VirtualBuffer --------------------------------------------------------------------------
 
 VirtualBuffer::VirtualBuffer(int ranks, BufferConfig config, Options options)
-    : e_(std::make_unique<Engine>(true, ranks, 0, ranks, config, options)) {
-  e_->algorithm = config.algorithm;
-  e_->sync = config.sync;
-}
+    : e_(std::make_unique<Engine>(true, ranks, 0, ranks, config, options)) {}
 VirtualBuffer::~VirtualBuffer() = default;
 int VirtualBuffer::ranks() const { return e_->ranks(); }
 const BufferConfig& VirtualBuffer::config() const { return e_->config(); }
-void VirtualBuffer::set_algorithm(Algorithm a) { e_->algorithm = a; }
-void VirtualBuffer::set_sync_mode(SyncMode m) { e_->sync = m; }
+void VirtualBuffer::set_algorithm(Algorithm a) { e_->set_algorithm(a); }
+void VirtualBuffer::set_sync_mode(SyncMode m) { e_->set_sync_mode(m); }
 int VirtualBuffer::blocks_per_rank() const { return e_->blocks_per_rank(); }
 void VirtualBuffer::set_start_delays(const std::vector<uint32_t>& ns) { e_->set_start_delays(ns); }
 
@@ -73,8 +70,6 @@ IpcBuffer::IpcBuffer(std::shared_ptr<Bootstrap> bootstrap, BufferConfig config, 
     : bootstrap_(std::move(bootstrap)) {
   const int R = bootstrap_->size(), me = bootstrap_->rank();
   e_ = std::make_unique<Engine>(false, R, me, 1, config, options);
-  e_->algorithm = config.algorithm;
-  e_->sync = config.sync;
   cudaIpcMemHandle_t mine;
   check_cuda(cudaIpcGetMemHandle(&mine, e_->own_windows()), "cudaIpcGetMemHandle");
   std::vector<cudaIpcMemHandle_t> all(static_cast<size_t>(R));
@@ -111,8 +106,8 @@ IpcBuffer::~IpcBuffer() {
 int IpcBuffer::rank() const { return bootstrap_->rank(); }
 int IpcBuffer::ranks() const { return e_->ranks(); }
 const BufferConfig& IpcBuffer::config() const { return e_->config(); }
-void IpcBuffer::set_algorithm(Algorithm a) { e_->algorithm = a; }
-void IpcBuffer::set_sync_mode(SyncMode m) { e_->sync = m; }
+void IpcBuffer::set_algorithm(Algorithm a) { e_->set_algorithm(a); }
+void IpcBuffer::set_sync_mode(SyncMode m) { e_->set_sync_mode(m); }
 void IpcBuffer::dispatch_send(const DispatchArgs& a, Stream s) {
   e_->dispatch({&a, 1}, cuda_hd::kSend, st(s));
 }

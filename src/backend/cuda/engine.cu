@@ -34,12 +34,7 @@ Engine::Engine(bool virtual_ranks, int ranks, int first_rank, int local_ranks,
       local_ranks_(local_ranks),
       cfg_(cfg),
       opts_(opts),
-      map_(cuda_host::window_layout(cfg, ranks)),
-      smap_(cuda_host::scratch_layout(cfg, ranks)),
-      next_seq_(cfg.initial_epoch),
-      io_(static_cast<size_t>(local_ranks)),
-      topk_(static_cast<size_t>(local_ranks), 0) {
-  cuda_host::check_config(cfg, ranks, local_ranks);
+      seq_(cfg, ranks, first_rank, local_ranks) {
   UBEP_CHECK_ARG(opts.threads_per_block >= 32 && opts.threads_per_block <= 512 &&
                      opts.threads_per_block % 32 == 0,
                  "CUDA buffer: threads_per_block ", opts.threads_per_block,
@@ -61,33 +56,39 @@ Engine::Engine(bool virtual_ranks, int ranks, int first_rank, int local_ranks,
       opts.blocks_per_rank, coresident_blocks(virtual_, threads_, smem_, device_), local_ranks_);
   int khz = 0;
   check_cuda(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device_), "clock rate");
-  timeout_cycles_ = static_cast<long long>(opts.timeout_s * 1e3 * std::max(khz, 1));
+  res_.timeout_cycles = static_cast<long long>(opts.timeout_s * 1e3 * std::max(khz, 1));
+  res_.blocks_per_rank = bpr_;
+  const ep::WindowLayout& map = seq_.map();
+  const cuda_hd::ScratchLayout& smap = seq_.scratch_map();
 
   const auto L = static_cast<size_t>(local_ranks_);
-  const size_t y_bytes = static_cast<size_t>(cfg.max_tokens_per_rank) * map_.row_bytes;
+  const size_t y_bytes = static_cast<size_t>(cfg.max_tokens_per_rank) * map.row_bytes;
   // Windows start zeroed (a tag is never 0) and are never cleaned again.
-  check_cuda(cudaMalloc(&own_, L * map_.total), "window allocation");
-  check_cuda(cudaMemset(own_, 0, L * map_.total), "window zeroing");
-  check_cuda(cudaMalloc(&scratch_, L * smap_.total), "scratch allocation");
-  check_cuda(cudaMemset(scratch_, 0, L * smap_.total), "scratch zeroing");
+  check_cuda(cudaMalloc(&own_, L * map.total), "window allocation");
+  check_cuda(cudaMemset(own_, 0, L * map.total), "window zeroing");
+  check_cuda(cudaMalloc(&scratch_, L * smap.total), "scratch allocation");
+  check_cuda(cudaMemset(scratch_, 0, L * smap.total), "scratch zeroing");
   check_cuda(cudaMalloc(&y_, std::max<size_t>(L * y_bytes, 16)), "output allocation");
   check_cuda(cudaMalloc(&bases_dev_, static_cast<size_t>(ranks) * sizeof(char*)), "peer table");
   check_cuda(cudaHostAlloc(&error_, sizeof(cuda_hd::ErrorInfo), cudaHostAllocMapped), "error word");
   *error_ = {};
-  check_cuda(cudaHostGetDevicePointer(&error_dev_, error_, 0), "error word mapping");
+  cuda_hd::ErrorInfo* error_dev = nullptr;
+  check_cuda(cudaHostGetDevicePointer(&error_dev, error_, 0), "error word mapping");
   check_cuda(cudaMalloc(&claim_, sizeof(uint32_t)), "error claim");
   check_cuda(cudaMemset(claim_, 0, sizeof(uint32_t)), "error claim zeroing");
   check_cuda(cudaHostAlloc(&recv_rows_, L * sizeof(int64_t), cudaHostAllocMapped), "row counts");
   std::fill(recv_rows_, recv_rows_ + L, int64_t{-1});
-  check_cuda(cudaHostGetDevicePointer(&recv_rows_dev_, recv_rows_, 0), "row count mapping");
-  for (size_t i = 0; i < L; ++i) {
-    io_[i].scratch = scratch_ + i * smap_.total;
-    io_[i].y = y_ + i * y_bytes;
-  }
+  int64_t* recv_rows_dev = nullptr;
+  check_cuda(cudaHostGetDevicePointer(&recv_rows_dev, recv_rows_, 0), "row count mapping");
+  for (size_t i = 0; i < L; ++i)
+    seq_.set_rank_memory(static_cast<int>(i), scratch_ + i * smap.total, y_ + i * y_bytes);
+  res_.bases = bases_dev_;
+  res_.error = {error_dev, claim_};
+  res_.host_recv_rows = recv_rows_dev;
   if (virtual_) {
     std::vector<char*> b(static_cast<size_t>(ranks));
     for (int r = 0; r < ranks; ++r)
-      b[static_cast<size_t>(r)] = own_ + static_cast<size_t>(r) * map_.total;
+      b[static_cast<size_t>(r)] = own_ + static_cast<size_t>(r) * map.total;
     set_bases(b);
   }
   check_cuda(cudaDeviceSynchronize(), "buffer set-up");
@@ -105,44 +106,10 @@ Engine::~Engine() {
 }
 
 void Engine::set_bases(const std::vector<char*>& bases) {
-  bases_ = bases;
+  seq_.set_bases(bases);
   check_cuda(
       cudaMemcpy(bases_dev_, bases.data(), bases.size() * sizeof(char*), cudaMemcpyHostToDevice),
       "peer table upload");
-}
-
-cuda_hd::LaunchParams Engine::params(uint32_t phases) const {
-  cuda_hd::LaunchParams p;
-  p.map = map_;
-  p.scratch = smap_;
-  p.bases = bases_dev_;
-  p.ranks = ranks_;
-  p.first_rank = first_rank_;
-  p.local_ranks = local_ranks_;
-  p.experts = cfg_.num_experts;
-  p.local_experts = cfg_.num_experts / ranks_;
-  p.blocks_per_rank = bpr_;
-  p.hidden = cfg_.hidden;
-  p.elem_bytes = static_cast<int>(dtype_size(cfg_.dtype));
-  p.phases = phases;
-  p.tag = ep::tag_of(seq_);
-  p.half = ep::half_of(seq_);
-  p.gen = gen_;
-  p.barrier_seq = barrier_seq_;
-  p.latency = layout_ == Layout::kLatency;
-  p.stop_and_wait = sync == SyncMode::kStopAndWait;
-  p.bsp = algorithm == Algorithm::kBsp;
-  p.timeout_cycles = timeout_cycles_;
-  p.error = {error_dev_, claim_};
-  p.host_recv_rows = recv_rows_dev_;
-  for (int i = 0; i < local_ranks_; ++i) p.io[i] = io_[static_cast<size_t>(i)];
-  return p;
-}
-
-void Engine::set_start_delays(const std::vector<uint32_t>& ns) {
-  UBEP_CHECK_ARG(static_cast<int>(ns.size()) == local_ranks_, "start delays: ", ns.size(),
-                 " values for ", local_ranks_, " ranks");
-  for (size_t i = 0; i < ns.size(); ++i) io_[i].start_delay_ns = ns[i];
 }
 
 // The device writes the details, a system fence, then the code: a non-zero code read here means
@@ -160,95 +127,19 @@ void Engine::check_error() const {
 void Engine::dispatch(std::span<const DispatchArgs> args, uint32_t phases, cudaStream_t s) {
   check_error();
   check_cuda(cudaSetDevice(device_), "cudaSetDevice");
-  if (phases & cuda_hd::kSend) {
-    UBEP_CHECK_ARG(static_cast<int>(args.size()) == local_ranks_, "dispatch: ", args.size(),
-                   " argument sets for ", local_ranks_, " ranks");
-    UBEP_CHECK_ARG(!dispatch_open_ && !combine_open_,
-                   "dispatch: the previous split-phase call is still outstanding");
-    for (int i = 0; i < local_ranks_; ++i) {
-      const DispatchArgs& a = args[static_cast<size_t>(i)];
-      cuda_host::check_dispatch(a, cfg_, first_rank_ + i);
-      UBEP_CHECK_ARG(a.layout == args[0].layout, "dispatch: ranks disagree on the layout");
-      UBEP_CHECK_ARG(a.layout == Layout::kThroughput || cfg_.enable_latency_layout,
-                     "dispatch: latency layout needs BufferConfig::enable_latency_layout");
-    }
-    seq_ = next_seq_++;
-    if (++gen_ == 0) gen_ = 1;  // rank-local signals: a stale value never equals gen
-    layout_ = args[0].layout;
-    for (int i = 0; i < local_ranks_; ++i) {
-      const DispatchArgs& a = args[static_cast<size_t>(i)];
-      cuda_hd::RankIO& io = io_[static_cast<size_t>(i)];
-      io.x = a.x.data;
-      io.topk_idx = a.topk_idx.as<const int64_t>();
-      io.topk_w = a.topk_weights.as<const float>();
-      io.tokens = a.x.dim(0);
-      io.topk = static_cast<int>(a.topk_idx.dim(1));
-      io.comb_in = nullptr;
-      topk_[static_cast<size_t>(i)] = io.topk;
-    }
-    handle_ = seq_ + 1;
-    have_dispatch_ = true;
-    dispatch_open_ = !(phases & cuda_hd::kRecv);
-  } else {
-    UBEP_CHECK_ARG(dispatch_open_, "dispatch_recv without dispatch_send");
-    dispatch_open_ = false;
-  }
-  const cuda_hd::LaunchParams p = params(phases);
-  if (algorithm == Algorithm::kBsp && (phases & cuda_hd::kSend)) barrier_seq_ += 2;
-  launch_dispatch(virtual_, p, local_ranks_ * bpr_, threads_, smem_, s);
-}
-
-std::vector<DispatchResult> Engine::results() {
-  std::vector<DispatchResult> out;
-  for (int i = 0; i < local_ranks_; ++i)
-    out.push_back(cuda_host::dispatch_views(
-        map_, cfg_, bases_[static_cast<size_t>(first_rank_ + i)], ep::half_of(seq_), layout_,
-        topk_[static_cast<size_t>(i)],
-        smap_.at<char>(io_[static_cast<size_t>(i)].scratch, smap_.recv_count), handle_));
-  return out;
-}
-
-TensorView Engine::combine_buffer(int i) const {
-  return cuda_host::combine_view(map_, cfg_, bases_[static_cast<size_t>(first_rank_ + i)],
-                                 ep::half_of(seq_), layout_);
+  launch_dispatch(virtual_, seq_.dispatch(args, phases, res_), local_ranks_ * bpr_, threads_, smem_,
+                  s);
 }
 
 void Engine::combine(std::span<const CombineArgs> args, uint32_t phases, cudaStream_t s) {
   check_error();
   check_cuda(cudaSetDevice(device_), "cudaSetDevice");
-  if (phases & cuda_hd::kCombSend) {
-    UBEP_CHECK_ARG(have_dispatch_ && !dispatch_open_ && !combine_open_,
-                   "combine: needs a completed dispatch and no outstanding call");
-    UBEP_CHECK_ARG(static_cast<int>(args.size()) == local_ranks_, "combine: ", args.size(),
-                   " argument sets for ", local_ranks_, " ranks");
-    const std::vector<DispatchResult> res = results();
-    for (int i = 0; i < local_ranks_; ++i) {
-      const CombineArgs& a = args[static_cast<size_t>(i)];
-      cuda_host::check_combine(a, cfg_, res[static_cast<size_t>(i)].recv_x, handle_,
-                               first_rank_ + i);
-      io_[static_cast<size_t>(i)].comb_in = a.x.data;
-    }
-    have_dispatch_ = false;  // combine at most once per dispatch (see src/ep/ubep.cpp)
-    combine_open_ = !(phases & cuda_hd::kCombRecv);
-  } else {
-    UBEP_CHECK_ARG(combine_open_, "combine_recv without combine_send");
-    combine_open_ = false;
-  }
-  const cuda_hd::LaunchParams p = params(phases);
-  if (algorithm == Algorithm::kBsp) barrier_seq_ += 1;
-  launch_combine(virtual_, p, local_ranks_ * bpr_, threads_, s);
+  launch_combine(virtual_, seq_.combine(args, phases, res_), local_ranks_ * bpr_, threads_, s);
 }
 
-std::vector<TensorView> Engine::outputs() {
-  std::vector<TensorView> out;
-  for (int i = 0; i < local_ranks_; ++i) {
-    const cuda_hd::RankIO& io = io_[static_cast<size_t>(i)];
-    TensorView v(io.y, cfg_.dtype, {io.tokens, cfg_.hidden});
-    v.device = cfg_.device;
-    out.push_back(v);
-  }
-  return out;
-}
+std::vector<DispatchResult> Engine::results() { return seq_.results(); }
+TensorView Engine::combine_buffer(int i) const { return seq_.combine_buffer(i); }
+std::vector<TensorView> Engine::outputs() { return seq_.outputs(); }
 
 int64_t Engine::num_recv_rows(int i, cudaStream_t s) {
   synchronize(s);

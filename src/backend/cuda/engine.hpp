@@ -10,6 +10,7 @@
 
 #include "backend/cuda/device_plan.hpp"
 #include "backend/cuda/host_logic.hpp"
+#include "backend/cuda/sequencer.hpp"
 #include "ubep/cuda.hpp"
 
 namespace ubep::cuda {
@@ -33,7 +34,7 @@ class Engine {
   ~Engine();
 
   // Memory of this process's own windows: one allocation, local_ranks windows of window_bytes.
-  size_t window_bytes() const { return map_.total; }
+  size_t window_bytes() const { return seq_.map().total; }
   char* own_windows() const { return own_; }
   void set_bases(const std::vector<char*>& bases);  // after IPC mapping (or own windows)
 
@@ -50,40 +51,26 @@ class Engine {
   const BufferConfig& config() const { return cfg_; }
   int ranks() const { return ranks_; }
   int blocks_per_rank() const { return bpr_; }
-  void set_start_delays(const std::vector<uint32_t>& ns);
-  Algorithm algorithm = Algorithm::kUbep;
-  SyncMode sync = SyncMode::kFused;
+  void set_start_delays(const std::vector<uint32_t>& ns) { seq_.set_start_delays(ns); }
+  void set_algorithm(Algorithm a) { seq_.algorithm = a; }
+  void set_sync_mode(SyncMode m) { seq_.sync = m; }
 
  private:
-  cuda_hd::LaunchParams params(uint32_t phases) const;
-
   bool virtual_;
   int ranks_, first_rank_, local_ranks_;
   BufferConfig cfg_;
   Options opts_;
-  ep::WindowLayout map_;
-  cuda_hd::ScratchLayout smap_;
+  cuda_host::Sequencer seq_;  // call state and kernel parameters (host only, tested on CPU)
+  cuda_host::LaunchResources res_;
   int device_ = 0, bpr_ = 1, threads_ = 512;
   size_t smem_ = 0;
-  long long timeout_cycles_ = 0;
   char* own_ = nullptr;      // local_ranks windows
   char* scratch_ = nullptr;  // local_ranks scratch areas
   char* y_ = nullptr;        // local_ranks combine outputs [T, row]
   char** bases_dev_ = nullptr;
-  std::vector<char*> bases_;
   cuda_hd::ErrorInfo* error_ = nullptr;  // host-mapped
   int64_t* recv_rows_ = nullptr;         // host-mapped [local_ranks]
-  cuda_hd::ErrorInfo* error_dev_ = nullptr;
-  uint32_t* claim_ = nullptr;  // device memory (ErrorSink::claim)
-  int64_t* recv_rows_dev_ = nullptr;
-
-  uint64_t next_seq_, seq_ = 0;
-  uint32_t gen_ = 0, barrier_seq_ = 1;
-  bool have_dispatch_ = false, dispatch_open_ = false, combine_open_ = false;
-  Layout layout_ = Layout::kThroughput;
-  uint64_t handle_ = 0;
-  std::vector<cuda_hd::RankIO> io_;
-  std::vector<int> topk_;
+  uint32_t* claim_ = nullptr;            // device memory (ErrorSink::claim)
 };
 
 }  // namespace ubep::cuda
