@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA backend's checks on a GPU machine, in one go (docs/CUDA.md). Writes everything under
-# $OUT (default ./gpu_out): per-step logs, ptxas register/spill report, GPU test results, the
+# $OUT (default build-gpu/out): per-step logs, ptxas register/spill report, GPU test results, the
 # 2-process CUDA IPC smoke test, compute-sanitizer memcheck and racecheck, the bench table
 # (single-GPU loopback, virtual ranks: NOT NVLink) and summary.txt. A failing step does not stop
 # the others; the exit status is non-zero if any step failed. Budget: < 8 minutes on one H200
@@ -11,8 +11,8 @@
 #   UBEP_CUDA_ARCH=90a (default: the local GPU's, else 90a)   UBEP_GPU_BUILD=build-gpu
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
 BUILD=${UBEP_GPU_BUILD:-build-gpu}
+OUT=${OUT:-$PWD/$BUILD/out}
 mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
