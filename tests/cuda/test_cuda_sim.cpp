@@ -284,6 +284,13 @@ std::vector<SimCase> cases() {
     h.dtype = DType::kFP32;
     h.hidden = 300;
     v.push_back(h);
+    // Fewer tokens than warps: the combine splits rows among warps (vector and scalar paths).
+    for (int64_t hid : {1000, 999}) {
+      SimCase few{2, l, DType::kBF16, Algorithm::kUbep, true, false, false};
+      few.tokens = 2;
+      few.hidden = hid;
+      v.push_back(few);
+    }
     SimCase big{8, l, DType::kBF16, Algorithm::kUbep, true, false, false};
     big.tokens = 5;
     big.delays = true;

@@ -131,7 +131,7 @@ __device__ inline Contribution locate(const RankCtx& c, int64_t t, int i) {
 }
 
 template <typename Elem>
-__device__ inline void reduce_token(const RankCtx& c, int64_t t) {
+__device__ inline void reduce_token(const RankCtx& c, int64_t t, int part, int parts) {
   using IO = ElemIO<Elem>;
   const LaunchParams& p = c.p;
   const int64_t H = p.hidden;
@@ -176,7 +176,9 @@ __device__ inline void reduce_token(const RankCtx& c, int64_t t) {
   // warp: a lane-dependent bound would leave lanes out of a full-mask __shfl_sync); lanes past
   // the end of the row only skip the loads and the store.
   if (H % V == 0) {
-    for (int64_t base = 0; base < H; base += 32 * V) {
+    const int64_t step = 32 * V, pieces = (H + step - 1) / step;
+    for (int64_t base = pieces * part / parts * step; base < pieces * (part + 1) / parts * step;
+         base += step) {
       const int64_t h0 = base + static_cast<int64_t>(c.lane) * V;
       const bool active = h0 < H;
       float acc[V];
@@ -200,7 +202,9 @@ __device__ inline void reduce_token(const RankCtx& c, int64_t t) {
         *reinterpret_cast<int4*>(out + h0 * static_cast<int64_t>(sizeof(Elem))) = IO::pack(acc);
     }
   } else {
-    for (int64_t base = 0; base < H; base += 32) {
+    const int64_t pieces = (H + 31) / 32;
+    for (int64_t base = pieces * part / parts * 32; base < pieces * (part + 1) / parts * 32;
+         base += 32) {
       const int64_t h = base + c.lane;
       float acc = 0.0f;
       for (int i = 0; i < n; ++i) {
@@ -226,12 +230,22 @@ __global__ void __launch_bounds__(512, 1) combine_kernel(const LaunchParams p) {
   }
   if (p.bsp) Peers::group_barrier(p, 0);
   if (p.phases & cuda_hd::kCombRecv) {
+    // Work items (token, part of the row): with fewer tokens than warps (decode), several
+    // warps share a token's row, each a contiguous run of 32-lane pieces, so every warp of the
+    // rank has work. The same fixed order per element: parts only split the elements.
     const int64_t n = c.io.tokens;
-    for (int64_t t = c.gw; t < n; t += c.W) {
+    const int64_t piece =
+        p.elem_bytes == 2 ? (p.hidden % 8 == 0 ? 256 : 32) : (p.hidden % 4 == 0 ? 128 : 32);
+    const int64_t max_parts = (p.hidden + piece - 1) / piece;
+    const int parts = static_cast<int>(
+        n > 0 ? (c.W / n < 1 ? 1 : (c.W / n > max_parts ? max_parts : c.W / n)) : 1);
+    for (int64_t item = c.gw; item < n * parts; item += c.W) {
+      const int64_t t = item / parts;
+      const int part = static_cast<int>(item % parts);
       if (p.elem_bytes == 2)
-        reduce_token<uint16_t>(c, t);
+        reduce_token<uint16_t>(c, t, part, parts);
       else
-        reduce_token<float>(c, t);
+        reduce_token<float>(c, t, part, parts);
     }
   }
 }
