@@ -54,7 +54,8 @@ jobs=$(nproc)
 
 step configure 45 cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DUBEP_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DUBEP_WITH_MPI=OFF \
-  -DUBEP_BUILD_TESTS=OFF -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_EXTRAS=OFF -DUBEP_INSTALL=OFF
+  -DUBEP_BUILD_TESTS=OFF -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_EXTRAS=OFF -DUBEP_INSTALL=OFF \
+  -DUBEP_BUILD_CUDA_TESTS=ON
 step build 150 cmake --build "$BUILD" -j"$jobs" --target ubep_cuda ubep_cuda_gpu_tests \
   ubep_cuda_ipc_smoke ubep-cuda-bench
 grep -E "Compiling entry|registers|spill" "$OUT/build.log" >"$OUT/ptxas_registers.txt" 2>/dev/null || true
