@@ -67,8 +67,8 @@ inline void check_site(int line) {
   Warp& w = *self.warp;
   for (int l = 0; l < 32; ++l)
     if (w.site[l] != line) {
-      std::fprintf(stderr, "cuda_host_sim: warp collective at line %d, lane %d is at line %d\n", line,
-                   l, w.site[l]);
+      std::fprintf(stderr, "cuda_host_sim: warp collective at line %d, lane %d is at line %d\n",
+                   line, l, w.site[l]);
       std::abort();
     }
 }
