@@ -291,6 +291,9 @@ std::vector<SimCase> cases() {
       few.hidden = hid;
       v.push_back(few);
     }
+    SimCase most{16, l, DType::kFP32, Algorithm::kBsp, false, false, false};  // kMaxVirtualRanks
+    most.tokens = 3;
+    v.push_back(most);
     SimCase big{8, l, DType::kBF16, Algorithm::kUbep, true, false, false};
     big.tokens = 5;
     big.delays = true;
@@ -299,7 +302,17 @@ std::vector<SimCase> cases() {
   return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(Cuda, KernelsOnCpu, ::testing::ValuesIn(cases()));
+INSTANTIATE_TEST_SUITE_P(Cuda, KernelsOnCpu, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<SimCase>& i) {
+                           const SimCase& c = i.param;
+                           return std::to_string(i.index) + "_R" + std::to_string(c.ranks) + "_" +
+                                  layout_name(c.layout) + "_" + dtype_name(c.dtype) + "_" +
+                                  algorithm_name(c.algo) + (c.split ? "_split" : "_oneshot") +
+                                  (c.zero_copy ? "_zerocopy" : "") + (c.ipc ? "_ipc" : "") +
+                                  (c.sync == SyncMode::kStopAndWait ? "_stopwait" : "") +
+                                  (c.epoch ? "_wrap" : "") + (c.delays ? "_delays" : "") + "_H" +
+                                  std::to_string(c.hidden) + "_T" + std::to_string(c.tokens);
+                         });
 
 // A rank that starts late past the timeout: the others' bounded waits report it, every other
 // spinning thread gives up, the launch ends, and the host gets a TimeoutError naming the rank.
