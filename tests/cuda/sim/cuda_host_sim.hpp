@@ -58,7 +58,7 @@ struct Self {
 };
 inline thread_local Self self;
 inline thread_local dim3 tid, bid;
-inline dim3 bdim, gdim;
+inline thread_local dim3 bdim, gdim;  // per simulated thread: launches may run concurrently
 
 // Every warp collective checks that all 32 lanes called the same one (same source line): a
 // full-mask collective reached by only some lanes, or by lanes at different call sites, is a bug
@@ -110,8 +110,6 @@ inline void syncwarp(int line) {
 // `smem_bytes` of dynamic shared memory per block; returns when every thread finished.
 template <typename Kernel, typename Params>
 void launch(Kernel kernel, const Params& params, int grid, int block, size_t smem_bytes) {
-  gdim = {static_cast<unsigned>(grid), 1, 1};
-  bdim = {static_cast<unsigned>(block), 1, 1};
   std::barrier<> grid_bar(grid * block);
   std::vector<std::unique_ptr<Block>> blocks;
   for (int b = 0; b < grid; ++b) {
@@ -125,6 +123,8 @@ void launch(Kernel kernel, const Params& params, int grid, int block, size_t sme
   for (int b = 0; b < grid; ++b)
     for (int t = 0; t < block; ++t)
       threads.emplace_back([&, b, t] {
+        gdim = {static_cast<unsigned>(grid), 1, 1};
+        bdim = {static_cast<unsigned>(block), 1, 1};
         tid = {static_cast<unsigned>(t), 0, 0};
         bid = {static_cast<unsigned>(b), 0, 0};
         self = {blocks[static_cast<size_t>(b)]->warps[static_cast<size_t>(t / 32)].get(),
