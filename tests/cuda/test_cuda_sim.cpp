@@ -382,5 +382,43 @@ TEST(KernelsOnCpuErrors, BadExpertIdsAreReportedAndRoutedNowhere) {
         gpu_test::check_dispatch(p, d, res[static_cast<size_t>(d)], b.num_recv_rows(d), 2, 12, 2));
 }
 
+// The GPU suite's back-to-back pattern: calls enqueued one after another, the combine input is
+// the dispatch output itself (identity experts), one check at the end (gpu_support's
+// expected_identity, which the GPU test relies on, is exercised here too).
+TEST(KernelsOnCpuBackToBack, IdentityExpertsManyCalls) {
+  for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
+    BufferConfig cfg;
+    cfg.device = {DeviceType::kCuda, 0};
+    cfg.max_tokens_per_rank = 5;
+    cfg.hidden = 48;
+    cfg.num_experts = 12;
+    cfg.max_topk = 3;
+    cfg.initial_epoch = 0xFFFFFFFFull - 6;  // crosses the wrap-around on the way
+    SimBuffer b(4, cfg, false);
+    const test::Problem p =
+        test::make_problem(4, 12, 48, cfg.dtype, {5, 5, 5, 5}, 3, test::Routing::kWithDrops, 9);
+    std::vector<std::unique_ptr<gpu_test::RankInputs>> in;
+    std::vector<DispatchArgs> args;
+    for (int r = 0; r < 4; ++r) {
+      in.push_back(std::make_unique<gpu_test::RankInputs>(p, r, l));
+      for (TensorView* v :
+           {&in.back()->args.x, &in.back()->args.topk_idx, &in.back()->args.topk_weights})
+        v->device = cfg.device;
+      args.push_back(in.back()->args);
+    }
+    for (int i = 0; i < 20; ++i) {
+      b.dispatch(args, cuda_hd::kSend);
+      b.dispatch({}, cuda_hd::kRecv);
+      std::vector<CombineArgs> c;
+      for (const DispatchResult& r : b.results()) c.push_back({r.recv_x, r.handle});
+      b.combine(c, cuda_hd::kCombSend);
+      b.combine({}, cuda_hd::kCombRecv);
+    }
+    b.check_error();
+    for (int r = 0; r < 4; ++r)
+      gpu_test::check_combine(p, r, b.output(r), gpu_test::expected_identity(p, r, l));
+  }
+}
+
 }  // namespace
 }  // namespace ubep
