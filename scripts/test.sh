@@ -18,7 +18,7 @@ cmake --build build -j"$jobs"
 if [ "${UBEP_SKIP_SANITIZERS:-0}" != 1 ]; then
   for san in thread address; do
     cmake -S . -B "build-$san" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_SANITIZE=$san \
-          -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF -DUBEP_WITH_PYTHON=OFF >/dev/null
+          -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null
     cmake --build "build-$san" -j"$jobs"
     (cd "build-$san" && TSAN_OPTIONS=halt_on_error=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$jobs")
   done

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The CUDA backend's checks on a GPU machine, in one go (docs/CUDA.md). Writes everything under
+# $OUT (default build-gpu/out): per-step logs, ptxas register/spill report, GPU test results, the
+# 2-process CUDA IPC smoke test, compute-sanitizer memcheck and racecheck, the bench table
+# (single-GPU loopback, virtual ranks: NOT NVLink) and summary.txt. A failing step does not stop
+# the others; the exit status is non-zero if any step failed. Budget: < 8 minutes on one H200
+# (the step time limits add up to 8 minutes; expected total is well under).
+#
+# Configures without Debian -dev packages: no MPI, no GoogleTest (the GPU tests are
+# self-contained), no hwloc/OpenBLAS (optional), only CMake, a C++20 compiler and nvcc.
+#   UBEP_CUDA_ARCH=90a (default: the local GPU's, else 90a)   UBEP_GPU_BUILD=build-gpu
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${UBEP_GPU_BUILD:-build-gpu}
+OUT=${OUT:-$PWD/$BUILD/out}
+mkdir -p "$OUT"
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+failed=0
+t_start=$(date +%s)
+
+# step NAME TIMEOUT_S CMD...: runs CMD with a timeout, log in $OUT/NAME.log, status in summary.
+step() {
+  local name=$1 limit=$2
+  shift 2
+  local t0 rc
+  t0=$(date +%s)
+  echo "=== $name: $*" | tee "$OUT/$name.log"
+  set +e
+  timeout --kill-after=10 "$limit" "$@" >>"$OUT/$name.log" 2>&1
+  rc=$?
+  set -e
+  local status=PASS
+  if [ "$rc" = 77 ]; then status=SKIPPED; elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then status="TIMEOUT(${limit}s)"; elif [ "$rc" != 0 ]; then status="FAIL(rc=$rc)"; fi
+  [ "$status" = PASS ] || [ "$status" = SKIPPED ] || failed=1
+  printf '%-22s %-14s %4ss\n' "$name" "$status" "$(( $(date +%s) - t0 ))" | tee -a "$SUMMARY"
+  tail -n 5 "$OUT/$name.log" | sed 's/^/    /'
+}
+
+{
+  echo "ubep gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || true
+  nvcc --version 2>&1 | tail -n 2 || true
+} | tee -a "$SUMMARY"
+
+arch=${UBEP_CUDA_ARCH:-}
+if [ -z "$arch" ]; then
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d ' .' || true)
+  case "$cc" in 90) arch=90a ;; "") arch=90a ;; *) arch=$cc ;; esac
+fi
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+jobs=$(nproc)
+
+step configure 45 cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DUBEP_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DUBEP_WITH_MPI=OFF \
+  -DUBEP_BUILD_TESTS=OFF -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_EXTRAS=OFF -DUBEP_INSTALL=OFF \
+  -DUBEP_BUILD_CUDA_TESTS=ON
+step build 150 cmake --build "$BUILD" -j"$jobs" --target ubep_cuda ubep_cuda_gpu_tests \
+  ubep_cuda_ipc_smoke ubep-cuda-bench
+grep -E "Compiling entry|registers|spill" "$OUT/build.log" >"$OUT/ptxas_registers.txt" 2>/dev/null || true
+
+T="$BUILD/tests/cuda"
+step gpu_tests 75 "$T/ubep_cuda_gpu_tests"
+step ipc_smoke 40 "$T/ubep_cuda_ipc_smoke"
+if command -v compute-sanitizer >/dev/null; then
+  step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 3 "$T/ubep_cuda_gpu_tests" --quick
+  step racecheck 50 compute-sanitizer --tool racecheck --error-exitcode 3 "$T/ubep_cuda_gpu_tests" --quick
+else
+  echo "compute-sanitizer        not found      (memcheck/racecheck not run)" | tee -a "$SUMMARY"
+fi
+step bench 60 "$BUILD/tools/cuda_bench/ubep-cuda-bench" --iters 50 --warmup 5 --json "$OUT/bench.json"
+cp "$OUT/bench.log" "$OUT/bench_table.txt" 2>/dev/null || true
+
+echo "total $(( $(date +%s) - t_start ))s; bench: single-GPU loopback (virtual ranks), not NVLink" | tee -a "$SUMMARY"
+[ "$failed" = 0 ] && echo "gpu_check: all steps passed or skipped" | tee -a "$SUMMARY" || echo "gpu_check: SOME STEPS FAILED" | tee -a "$SUMMARY"
+exit "$failed"

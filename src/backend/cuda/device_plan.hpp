@@ -1,0 +1,157 @@
+// The CUDA backend's per-rank state and the placement arithmetic its kernels use, as plain
+// UBEP_HD code: compiled into the kernels and into the CPU-side tests (tests/cuda), which check
+// it against the CPU backend's CallState and the independent reference.
+//
+// Per rank, besides its window (ep::WindowLayout, shared with peers), the backend keeps a
+// private scratch area in device memory: the routing of the last dispatch (what the CPU keeps in
+// ep::Routing / CallState) and the rank-local signals between its blocks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "ep/protocol.hpp"
+
+namespace ubep::cuda_hd {
+
+inline constexpr int kMaxVirtualRanks = 16;  // ranks driven by one launch (kernel parameters)
+inline constexpr int kMaxBlocksPerRank = 64;
+inline constexpr int kMaxContributions = 64;  // max(ranks, max_topk) a combine warp gathers
+
+// Offsets of one rank's scratch arrays (bytes from the scratch base).
+struct ScratchLayout {
+  int ranks = 0, local_experts = 0, max_topk = 0;
+  int64_t max_tokens = 0;
+  size_t idx = 0, w = 0, expert_slot = 0, dest_slot = 0, dest_tokens = 0, dest_rows = 0;
+  size_t dest_expert_rows = 0, row_offset_at = 0, expert_offset_at = 0, recv_count = 0;
+  size_t info = 0, routing_done = 0, offsets_ready = 0, total = 0;
+
+  ScratchLayout() = default;
+  ScratchLayout(int r, int el, int k, int64_t t)
+      : ranks(r), local_experts(el), max_topk(k), max_tokens(t) {
+    size_t off = 0;
+    auto take = [&](size_t bytes) {
+      const size_t at = off;
+      off = ep::round_up(off + bytes, 128);
+      return at;
+    };
+    const auto T = static_cast<size_t>(t), R = static_cast<size_t>(r), K = static_cast<size_t>(k),
+               El = static_cast<size_t>(el);
+    idx = take(T * K * 4);                // int32 global expert ids (-1: none)
+    w = take(T * K * 4);                  // fp32 weights
+    expert_slot = take(T * K * 4);        // int32 slot among this rank's rows for that expert
+    dest_slot = take(T * R * 4);          // int32 slot among this rank's rows for that rank
+    dest_tokens = take(R * T * 4);        // int32 token of each (rank, slot)
+    dest_rows = take(R * 4);              // int32
+    dest_expert_rows = take(R * El * 4);  // int32
+    row_offset_at = take(R * 8);          // int64: where this rank's rows start at rank d
+    expert_offset_at = take(R * El * 8);  // int64
+    recv_count = take(El * 8);            // int64: rows received per local expert
+    info = take(4 * 8);                   // int64: num_tokens, topk, num_recv_rows, spare
+    routing_done = take(kMaxBlocksPerRank * 4);  // uint32 generation per block
+    offsets_ready = take(R * 4);                 // uint32 generation per destination
+    total = off;
+  }
+  template <typename T>
+  UBEP_HD T* at(void* base, size_t region) const {
+    return reinterpret_cast<T*>(static_cast<char*>(base) + region);
+  }
+};
+
+// Where row `slot` of `source` lands at its destination in the throughput layout, and where
+// the copy for local expert `le` lands in the latency layout (CallState::place_row).
+UBEP_HD inline int64_t tp_position(int64_t row_offset, int64_t slot) { return row_offset + slot; }
+UBEP_HD inline int64_t lat_position(int64_t rt_rows, int le, int64_t expert_offset,
+                                    int64_t expert_slot) {
+  return static_cast<int64_t>(le) * rt_rows + expert_offset + expert_slot;
+}
+
+// Global expert id as the kernels use it: ids outside [-1, experts) are reported as invalid and
+// routed nowhere, so a bad id can never make a kernel write out of bounds.
+UBEP_HD inline int32_t sanitize_expert(int64_t e, int experts) {
+  return (e >= 0 && e < experts) ? static_cast<int32_t>(e) : -1;
+}
+// Expert k of token t as the kernels route it: sanitized, and -1 where the same id already
+// appeared at a lower k of the token (the CPU rejects repeats; the device cannot throw before
+// sending, so it routes a repeat nowhere and reports it). Every role uses this one function, so
+// the count records, the rows and the combine agree on what was sent.
+UBEP_HD inline int32_t expert_at(const int64_t* idx, int64_t t, int j, int K, int experts) {
+  const int64_t e = idx[t * K + j];
+  if (e < 0 || e >= experts) return -1;
+  for (int j2 = 0; j2 < j; ++j2)
+    if (idx[t * K + j2] == e) return -1;
+  return static_cast<int32_t>(e);
+}
+
+// The error word a bounded spin (or an input check) writes to host-mapped memory. The first
+// writer wins (atomic CAS on `code`); the host turns it into ubep::TimeoutError or
+// ubep::InvalidArgument naming the waiter, the peer and the message.
+enum ErrorCode : uint32_t { kOk = 0, kTimeout = 1, kBadExpert = 2, kTopkMismatch = 3 };
+enum WaitWhat : int32_t {
+  kWaitCount = 1,        // a count record of `peer` at `rank` (index: destination)
+  kWaitDispatchRow = 2,  // a dispatch row at `rank` (index: row position)
+  kWaitCombineRow = 3,   // a combine row at `peer` for token `index` of `rank`
+  kWaitBarrier = 4,      // bsp's group barrier, flag of `peer`
+  kWaitLocal = 5,        // a rank-local signal between blocks (routing, offsets)
+};
+struct ErrorInfo {
+  uint32_t code;
+  int32_t rank, peer, what;
+  int64_t index;
+  uint32_t tag, pad;
+};
+
+// Where kernels report: the first reporter claims `claim` (device memory: atomics there are
+// reliable on every platform, unlike atomics on host-mapped memory over PCIe), then writes `info`
+// (host-mapped) with plain stores and a system fence. Everyone else polls `claim` to give up.
+struct ErrorSink {
+  ErrorInfo* info = nullptr;  // host-mapped
+  uint32_t* claim = nullptr;  // device memory: 0, or the code of the first report
+};
+
+// What one launch does (bitmask): the dispatch phases and the combine phases.
+enum Phase : uint32_t {
+  kSend = 1,      // dispatch: routing, count records, offsets, rows
+  kRecv = 2,      // dispatch: counts, prefix sum, wait for every row
+  kCombSend = 4,  // combine: rows into the combine window, tags
+  kCombRecv = 8,  // combine: owners pull and reduce
+};
+
+// Inputs and outputs of one rank in one call.
+struct RankIO {
+  const void* x = nullptr;  // dispatch: [tokens, hidden]
+  const int64_t* topk_idx = nullptr;
+  const float* topk_w = nullptr;
+  int64_t tokens = 0;
+  int topk = 0;
+  const void* comb_in = nullptr;  // combine input (nullptr or == comb window: zero-copy)
+  void* y = nullptr;              // combine output [tokens, hidden]
+  char* scratch = nullptr;        // this rank's scratch (ScratchLayout)
+  uint32_t start_delay_ns = 0;    // test hook: the rank starts this late (random skew)
+};
+
+// Kernel parameters of one launch (passed by value: no host staging, so back-to-back calls
+// never wait for the host).
+struct LaunchParams {
+  ep::WindowLayout map;
+  ScratchLayout scratch;
+  char* const* bases = nullptr;  // [ranks] every rank's window, in this process's address space
+  int ranks = 0, first_rank = 0, local_ranks = 0, experts = 0, local_experts = 0;
+  int blocks_per_rank = 0;
+  int64_t hidden = 0;
+  int elem_bytes = 0;  // 2: bf16, 4: fp32
+  uint32_t phases = 0;
+  uint32_t tag = 0;          // tag_of(seq)
+  int half = 0;              // half_of(seq)
+  uint32_t gen = 0;          // rank-local signal generation (one per dispatch launch, never 0)
+  uint32_t barrier_seq = 0;  // bsp across processes: value of the first group barrier
+  bool latency = false;
+  bool stop_and_wait = false;
+  bool bsp = false;
+  long long timeout_cycles = 0;
+  ErrorSink error;
+  int64_t* host_recv_rows = nullptr;  // host-mapped [local_ranks]: num_recv_rows
+  RankIO io[kMaxVirtualRanks];
+};
+
+}  // namespace ubep::cuda_hd

@@ -1,0 +1,181 @@
+#include "backend/cuda/host_logic.hpp"
+
+#include <algorithm>
+
+#include "ubep/error.hpp"
+
+namespace ubep::cuda_host {
+
+namespace {
+Device cuda_device(const BufferConfig& cfg) { return cfg.device; }
+}  // namespace
+
+void check_config(const BufferConfig& cfg, int ranks, int local_ranks) {
+  UBEP_CHECK_ARG(cfg.device.type == DeviceType::kCuda, "CUDA buffer: config.device is ",
+                 cfg.device.describe(), ", expected cuda:<index>");
+  UBEP_CHECK_ARG(ranks >= 1, "CUDA buffer: ranks ", ranks, " < 1");
+  UBEP_CHECK_ARG(local_ranks >= 1 && local_ranks <= cuda_hd::kMaxVirtualRanks,
+                 "CUDA buffer: ", local_ranks, " ranks in one launch, at most ",
+                 cuda_hd::kMaxVirtualRanks);
+  UBEP_CHECK_ARG(ranks <= cuda_hd::kMaxContributions, "CUDA buffer: ranks ", ranks, " exceeds ",
+                 cuda_hd::kMaxContributions);
+  UBEP_CHECK_ARG(cfg.num_experts > 0 && cfg.num_experts % ranks == 0, "CUDA buffer: num_experts ",
+                 cfg.num_experts, " is not a positive multiple of ranks ", ranks);
+  UBEP_CHECK_ARG(cfg.max_topk >= 1 && cfg.max_topk <= cuda_hd::kMaxContributions,
+                 "CUDA buffer: max_topk ", cfg.max_topk, " outside [1, ",
+                 cuda_hd::kMaxContributions, "]");
+  UBEP_CHECK_ARG(cfg.max_tokens_per_rank >= 1 && cfg.max_tokens_per_rank <= (int64_t{1} << 30),
+                 "CUDA buffer: max_tokens_per_rank ", cfg.max_tokens_per_rank, " out of range");
+  UBEP_CHECK_ARG(cfg.hidden >= 1, "CUDA buffer: hidden ", cfg.hidden, " < 1");
+  UBEP_CHECK_ARG(cfg.dtype == DType::kBF16 || cfg.dtype == DType::kFP32,
+                 "CUDA buffer: dtype must be bf16 or fp32, got ", dtype_name(cfg.dtype));
+}
+
+void check_dispatch(const DispatchArgs& a, const BufferConfig& cfg, int rank) {
+  for (const auto& [name, t] : {std::pair{"x", &a.x}, std::pair{"topk_idx", &a.topk_idx},
+                                std::pair{"topk_weights", &a.topk_weights}})
+    UBEP_CHECK_ARG(t->device == cuda_device(cfg), "dispatch (rank ", rank, "): ", name, " is on ",
+                   t->device.describe(), ", the buffer on ", cfg.device.describe());
+  UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dtype == cfg.dtype && a.x.dim(1) == cfg.hidden,
+                 "dispatch (rank ", rank, "): x must be ", dtype_name(cfg.dtype), "[tokens, ",
+                 cfg.hidden, "], got ", a.x.describe());
+  const int64_t n = a.x.dim(0);
+  UBEP_CHECK_ARG(n >= 0 && n <= cfg.max_tokens_per_rank, "dispatch (rank ", rank, "): num_tokens ",
+                 n, " exceeds max_tokens_per_rank=", cfg.max_tokens_per_rank);
+  UBEP_CHECK_ARG(
+      a.topk_idx.ndim == 2 && a.topk_idx.dtype == DType::kInt64 && a.topk_idx.dim(0) == n,
+      "dispatch (rank ", rank, "): topk_idx must be int64 [", n, ", k], got ",
+      a.topk_idx.describe());
+  const int64_t k = a.topk_idx.dim(1);
+  UBEP_CHECK_ARG(k >= 1 && k <= cfg.max_topk, "dispatch (rank ", rank, "): topk ", k,
+                 " outside [1, max_topk=", cfg.max_topk, "]");
+  UBEP_CHECK_ARG(a.topk_weights.ndim == 2 && a.topk_weights.dtype == DType::kFP32 &&
+                     a.topk_weights.dim(0) == n && a.topk_weights.dim(1) == k,
+                 "dispatch (rank ", rank, "): topk_weights must be fp32 [", n, ", ", k, "], got ",
+                 a.topk_weights.describe());
+  UBEP_CHECK_ARG(n == 0 || (a.x.data && a.topk_idx.data && a.topk_weights.data), "dispatch (rank ",
+                 rank, "): null data pointer");
+}
+
+void check_combine(const CombineArgs& a, const BufferConfig& cfg, const TensorView& recv_x,
+                   uint64_t handle, int rank) {
+  UBEP_CHECK_ARG(a.handle == handle, "combine (rank ", rank, "): handle ", a.handle,
+                 " is not the last dispatch's ", handle);
+  UBEP_CHECK_ARG(a.x.device == cfg.device, "combine (rank ", rank, "): x is on ",
+                 a.x.device.describe(), ", the buffer on ", cfg.device.describe());
+  UBEP_CHECK_ARG(a.x.dtype == recv_x.dtype && a.x.ndim == recv_x.ndim && a.x.shape == recv_x.shape,
+                 "combine (rank ", rank, "): x must be shaped like recv_x ", recv_x.describe(),
+                 ", got ", a.x.describe());
+  UBEP_CHECK_ARG(a.x.data != nullptr, "combine (rank ", rank, "): x has no data");
+}
+
+int blocks_per_rank(int requested, int coresident, int local_ranks) {
+  const int fit = coresident / std::max(local_ranks, 1);
+  UBEP_CHECK_ARG(fit >= 1, "CUDA buffer: ", local_ranks, " ranks need ", local_ranks,
+                 " co-resident blocks, the device holds ", coresident);
+  int b = requested > 0 ? requested : fit;
+  b = std::min({b, fit, cuda_hd::kMaxBlocksPerRank});
+  return std::max(b, 1);
+}
+
+size_t dispatch_smem(int warps, int max_topk, int local_experts) {
+  return static_cast<size_t>(warps) *
+         (32u * static_cast<size_t>(max_topk) + static_cast<size_t>(local_experts)) * sizeof(int);
+}
+
+ep::WindowLayout window_layout(const BufferConfig& cfg, int ranks) {
+  return ep::WindowLayout(static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dtype), ranks,
+                          cfg.num_experts / ranks, cfg.max_topk, cfg.max_tokens_per_rank,
+                          cfg.enable_latency_layout);
+}
+
+cuda_hd::ScratchLayout scratch_layout(const BufferConfig& cfg, int ranks) {
+  return cuda_hd::ScratchLayout(ranks, cfg.num_experts / ranks, cfg.max_topk,
+                                cfg.max_tokens_per_rank);
+}
+
+namespace {
+TensorView view(void* p, DType t, std::initializer_list<int64_t> dims, Device d) {
+  TensorView v(p, t, dims);
+  v.device = d;
+  return v;
+}
+}  // namespace
+
+DispatchResult dispatch_views(const ep::WindowLayout& m, const BufferConfig& cfg, void* base,
+                              int half, Layout layout, int topk, void* recv_count,
+                              uint64_t handle) {
+  DispatchResult r;
+  r.layout = layout;
+  r.num_recv_rows = -1;  // on the device (recv_count) until someone synchronises
+  r.handle = handle;
+  const Device d = cfg.device;
+  const int64_t RT = m.tp_rows(), El = m.local_experts;
+  if (layout == Layout::kThroughput) {
+    r.recv_x = view(m.at<char>(base, half, m.tp_x), cfg.dtype, {RT, cfg.hidden}, d);
+    r.recv_topk_idx = view(m.at<char>(base, half, m.tp_idx), DType::kInt32, {RT, topk}, d);
+    r.recv_topk_weights = view(m.at<char>(base, half, m.tp_w), DType::kFP32, {RT, topk}, d);
+    r.recv_src = view(m.at<char>(base, half, m.tp_src), DType::kInt64, {RT, 2}, d);
+  } else {
+    r.recv_x = view(m.at<char>(base, half, m.lat_x), cfg.dtype, {El, RT, cfg.hidden}, d);
+    r.recv_src = view(m.at<char>(base, half, m.lat_src), DType::kInt64, {El, RT, 2}, d);
+  }
+  r.recv_count = view(recv_count, DType::kInt64, {El}, d);
+  return r;
+}
+
+TensorView combine_view(const ep::WindowLayout& m, const BufferConfig& cfg, void* base, int half,
+                        Layout layout) {
+  const int64_t RT = m.tp_rows(), El = m.local_experts;
+  char* p = m.at<char>(base, half, m.comb_x);
+  return layout == Layout::kThroughput ? view(p, cfg.dtype, {RT, cfg.hidden}, cfg.device)
+                                       : view(p, cfg.dtype, {El, RT, cfg.hidden}, cfg.device);
+}
+
+std::string describe(const cuda_hd::ErrorInfo& e, double timeout_s) {
+  switch (e.code) {
+    case cuda_hd::kOk:
+      return "no error";
+    case cuda_hd::kBadExpert:
+      return detail::concat("dispatch (rank ", e.rank, "): the expert id at flat index ", e.index,
+                            " of topk_idx (token*topk + k) is outside [-1, num_experts) or repeats "
+                            "an earlier id of its token; it was routed nowhere");
+    case cuda_hd::kTopkMismatch:
+      return detail::concat("dispatch: rank ", e.peer, " sent topk ", e.index, " to rank ", e.rank,
+                            ", which dispatched with a different topk");
+    case cuda_hd::kTimeout: {
+      std::string what;
+      switch (e.what) {
+        case cuda_hd::kWaitCount:
+          what = detail::concat("the count record of rank ", e.peer, " at rank ", e.index);
+          break;
+        case cuda_hd::kWaitDispatchRow:
+          what = detail::concat("dispatch row ", e.index, " at rank ", e.rank);
+          break;
+        case cuda_hd::kWaitCombineRow:
+          what = detail::concat("the combine row of token ", e.index, " at rank ", e.peer);
+          break;
+        case cuda_hd::kWaitBarrier:
+          what = detail::concat("rank ", e.peer, " at bsp's group barrier");
+          break;
+        default:
+          what = detail::concat("a signal between the blocks of rank ", e.rank, " (item ", e.index,
+                                ")");
+      }
+      return detail::concat("rank ", e.rank, " timed out after ", timeout_s, " s waiting for ",
+                            what, " (epoch tag ", e.tag,
+                            "; is that rank alive, making the same call, and did it accept its "
+                            "inputs?)");
+    }
+    default:
+      return detail::concat("unknown CUDA kernel error code ", e.code);
+  }
+}
+
+void throw_if_error(const cuda_hd::ErrorInfo& e, double timeout_s) {
+  if (e.code == cuda_hd::kOk || e.code == 0xFFFFFFFFu) return;
+  if (e.code == cuda_hd::kTimeout) throw TimeoutError(describe(e, timeout_s));
+  throw InvalidArgument(describe(e, timeout_s));
+}
+
+}  // namespace ubep::cuda_host

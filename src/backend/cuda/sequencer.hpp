@@ -1,0 +1,70 @@
+// The host side of a CUDA buffer's calls, without the CUDA runtime: the state machine of split
+// and one-shot calls, epochs (tags, halves), rank-local generations, bsp's barrier counts, the
+// inputs of the last dispatch, the kernel parameters of every launch and the result views.
+// The engine (engine.cu) launches what it returns on a stream; the CPU simulation test
+// (tests/cuda/test_cuda_sim.cpp) launches it on simulated threads -- the same sequencing code.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "backend/cuda/device_plan.hpp"
+#include "ubep/buffer.hpp"
+
+namespace ubep::cuda_host {
+
+// What the launcher owns: the kernel-side peer table, the launch shape, the error sink.
+struct LaunchResources {
+  char* const* bases = nullptr;  // [ranks] in device memory (the kernels read it)
+  int blocks_per_rank = 1;
+  long long timeout_cycles = 0;
+  cuda_hd::ErrorSink error;
+  int64_t* host_recv_rows = nullptr;  // [local_ranks], host-mapped
+};
+
+class Sequencer {
+ public:
+  // Local ranks [first_rank, first_rank + local_ranks) of a group of `ranks`.
+  Sequencer(const BufferConfig& cfg, int ranks, int first_rank, int local_ranks);
+
+  const ep::WindowLayout& map() const { return map_; }
+  const cuda_hd::ScratchLayout& scratch_map() const { return smap_; }
+  const BufferConfig& config() const { return cfg_; }
+  int local_ranks() const { return local_; }
+  // Per local rank: its scratch and output memory; every rank's window base (host copy of the
+  // kernel's peer table, for the result views).
+  void set_rank_memory(int i, char* scratch, void* y);
+  void set_bases(std::vector<char*> bases) { bases_ = std::move(bases); }
+  void set_start_delays(const std::vector<uint32_t>& ns);
+
+  // Validates and records a dispatch launch (phases kSend and/or kRecv) and returns its kernel
+  // parameters. Throws InvalidArgument (nothing recorded) on a bad call.
+  cuda_hd::LaunchParams dispatch(std::span<const DispatchArgs> args, uint32_t phases,
+                                 const LaunchResources& res);
+  // The same for a combine launch (kCombSend and/or kCombRecv).
+  cuda_hd::LaunchParams combine(std::span<const CombineArgs> args, uint32_t phases,
+                                const LaunchResources& res);
+
+  std::vector<DispatchResult> results() const;  // views of the last dispatch, per local rank
+  TensorView combine_buffer(int i) const;
+  std::vector<TensorView> outputs() const;  // combine outputs, per local rank
+
+  Algorithm algorithm = Algorithm::kUbep;
+  SyncMode sync = SyncMode::kFused;
+
+ private:
+  cuda_hd::LaunchParams params(uint32_t phases, const LaunchResources& res) const;
+
+  BufferConfig cfg_;
+  int ranks_, first_, local_;
+  ep::WindowLayout map_;
+  cuda_hd::ScratchLayout smap_;
+  std::vector<char*> bases_;
+  std::vector<cuda_hd::RankIO> io_;
+  uint64_t next_seq_, seq_ = 0;
+  uint32_t gen_ = 0, barrier_seq_ = 1;
+  bool have_dispatch_ = false, dispatch_open_ = false, combine_open_ = false;
+  Layout layout_ = Layout::kThroughput;
+};
+
+}  // namespace ubep::cuda_host

@@ -1,0 +1,424 @@
+// The CUDA kernels executed on the CPU: dispatch.cuh and combine.cuh compiled by the host
+// compiler against tests/cuda/sim/cuda_host_sim.hpp (every GPU thread a std::thread, warps and
+// blocks meeting at barriers) and driven like the engine drives them -- virtual ranks in one
+// launch (VirtualPeers) and one launch per rank running concurrently (IpcPeers, the processes of
+// the IPC path) -- with every output compared bit for bit with tests/reference.cpp.
+//
+// This runs the kernels' code, not a GPU: it checks indexing, roles, waits, placement, the
+// fixed-order reduction, bsp's barriers, halves and epochs across calls. It does not check the
+// GPU memory model, scheduling or performance (docs/CUDA.md).
+#include <gtest/gtest.h>
+
+#include <random>
+#include <span>
+#include <thread>
+
+#include "backend/cuda/combine.cuh"
+#include "backend/cuda/host_logic.hpp"
+#include "backend/cuda/sequencer.hpp"
+#include "gpu_support.hpp"
+
+namespace ubep {
+namespace {
+
+using cuda_hd::LaunchParams;
+
+// The engine (src/backend/cuda/engine.cu) without the CUDA runtime: the same Sequencer builds
+// every launch's parameters (virtual ranks: one for all ranks; IPC: one per "process"), the
+// memory is host memory, and the launches run on simulated threads.
+class SimBuffer {
+ public:
+  SimBuffer(int R, const BufferConfig& cfg, bool ipc, int bpr = 2, int threads = 64)
+      : R_(R),
+        cfg_(cfg),
+        ipc_(ipc),
+        bpr_(bpr),
+        threads_(threads),
+        map_(cuda_host::window_layout(cfg, R)),
+        smap_(cuda_host::scratch_layout(cfg, R)),
+        windows_(static_cast<size_t>(R) * map_.total),
+        scratch_(static_cast<size_t>(R) * smap_.total),
+        y_(static_cast<size_t>(R * cfg.max_tokens_per_rank) * map_.row_bytes),
+        recv_rows_(static_cast<size_t>(R), -1),
+        errors_(static_cast<size_t>(R)),
+        claims_(static_cast<size_t>(R), 0u) {
+    for (int r = 0; r < R; ++r)
+      bases_.push_back(static_cast<char*>(windows_.p) + static_cast<size_t>(r) * map_.total);
+    const int procs = ipc ? R : 1, local = ipc ? 1 : R;
+    for (int q = 0; q < procs; ++q) {
+      seqs_.push_back(std::make_unique<cuda_host::Sequencer>(cfg, R, q, local));
+      for (int i = 0; i < local; ++i) {
+        const size_t r = static_cast<size_t>(q + i);
+        seqs_.back()->set_rank_memory(
+            i, static_cast<char*>(scratch_.p) + r * smap_.total,
+            static_cast<char*>(y_.p) +
+                r * static_cast<size_t>(cfg.max_tokens_per_rank) * map_.row_bytes);
+      }
+      seqs_.back()->set_bases(bases_);
+    }
+  }
+  long long timeout_ns = 20'000'000'000LL;  // clock64 counts ns in the simulation
+  void set_algorithm(Algorithm a) {
+    for (auto& q : seqs_) q->algorithm = a;
+  }
+  void set_sync(SyncMode m) {
+    for (auto& q : seqs_) q->sync = m;
+  }
+  void set_start_delay(int r, uint32_t ns) {
+    delays_.resize(static_cast<size_t>(R_));
+    delays_[static_cast<size_t>(r)] = ns;
+  }
+
+  void dispatch(std::span<const DispatchArgs> args, uint32_t phases) {
+    run(args, {}, phases, true);
+  }
+  void combine(std::span<const CombineArgs> args, uint32_t phases) { run({}, args, phases, false); }
+  template <typename T>
+  std::vector<T> gather(std::vector<T> (cuda_host::Sequencer::*fn)() const) const {
+    std::vector<T> out;
+    for (const auto& q : seqs_)
+      for (auto& v : ((*q).*fn)()) out.push_back(v);
+    return out;
+  }
+  std::vector<DispatchResult> results() const { return gather(&cuda_host::Sequencer::results); }
+  std::vector<TensorView> outputs() const { return gather(&cuda_host::Sequencer::outputs); }
+  TensorView combine_buffer(int r) const {
+    return ipc_ ? seqs_[static_cast<size_t>(r)]->combine_buffer(0) : seqs_[0]->combine_buffer(r);
+  }
+  TensorView output(int r) const { return outputs()[static_cast<size_t>(r)]; }
+  int64_t num_recv_rows(int r) const { return recv_rows_[static_cast<size_t>(r)]; }
+  void check_error() const {
+    for (const auto& e : errors_)
+      cuda_host::throw_if_error(e, static_cast<double>(timeout_ns) * 1e-9);
+  }
+
+ private:
+  void run(std::span<const DispatchArgs> dargs, std::span<const CombineArgs> cargs, uint32_t phases,
+           bool dispatch) {
+    const size_t smem =
+        cuda_host::dispatch_smem(threads_ / 32, cfg_.max_topk, cfg_.num_experts / R_);
+    std::vector<cuda_hd::LaunchParams> ps;
+    for (size_t q = 0; q < seqs_.size(); ++q) {
+      if (!delays_.empty()) {
+        std::vector<uint32_t> d(delays_.begin() + static_cast<long>(ipc_ ? q : 0),
+                                delays_.begin() + static_cast<long>(ipc_ ? q + 1 : delays_.size()));
+        seqs_[q]->set_start_delays(d);
+      }
+      cuda_host::LaunchResources res;
+      res.bases = bases_.data();
+      res.blocks_per_rank = bpr_;
+      res.timeout_cycles = timeout_ns;
+      res.error = {&errors_[q], &claims_[q]};
+      res.host_recv_rows = recv_rows_.data() + q;
+      const size_t n = ipc_ ? 1 : static_cast<size_t>(R_);
+      ps.push_back(dispatch
+                       ? seqs_[q]->dispatch(dargs.empty() ? dargs : dargs.subspan(ipc_ ? q : 0, n),
+                                            phases, res)
+                       : seqs_[q]->combine(cargs.empty() ? cargs : cargs.subspan(ipc_ ? q : 0, n),
+                                           phases, res));
+    }
+    auto go = [&](const cuda_hd::LaunchParams& p, int grid) {
+      if (ipc_) {
+        if (dispatch)
+          sim::launch(&cuda_dev::dispatch_kernel<cuda_dev::IpcPeers>, p, grid, threads_, smem);
+        else
+          sim::launch(&cuda_dev::combine_kernel<cuda_dev::IpcPeers>, p, grid, threads_, 0);
+      } else if (dispatch) {
+        sim::launch(&cuda_dev::dispatch_kernel<cuda_dev::VirtualPeers>, p, grid, threads_, smem);
+      } else {
+        sim::launch(&cuda_dev::combine_kernel<cuda_dev::VirtualPeers>, p, grid, threads_, 0);
+      }
+    };
+    if (!ipc_) {
+      go(ps[0], R_ * bpr_);
+    } else {  // one "process" per rank, concurrently
+      std::vector<std::thread> procs;
+      for (size_t q = 0; q < ps.size(); ++q) procs.emplace_back([&, q] { go(ps[q], bpr_); });
+      for (auto& t : procs) t.join();
+    }
+  }
+
+  int R_;
+  BufferConfig cfg_;
+  bool ipc_;
+  int bpr_, threads_;
+  ep::WindowLayout map_;
+  cuda_hd::ScratchLayout smap_;
+  gpu_test::DevMem windows_, scratch_, y_;
+  std::vector<char*> bases_;
+  std::vector<int64_t> recv_rows_;
+  std::vector<cuda_hd::ErrorInfo> errors_;
+  std::vector<uint32_t> claims_;
+  std::vector<uint32_t> delays_;
+  std::vector<std::unique_ptr<cuda_host::Sequencer>> seqs_;
+};
+
+struct SimCase {
+  int ranks;
+  Layout layout;
+  DType dtype;
+  Algorithm algo;
+  bool split, zero_copy, ipc;
+  SyncMode sync = SyncMode::kFused;
+  uint64_t epoch = 0;
+  int64_t hidden = 40;
+  int64_t tokens = 9;  // > 32: several routing chunks
+  bool delays = false;
+  int topk = 3, experts_per_rank = 3;
+};
+
+void run_case(const SimCase& c) {
+  const int R = c.ranks, El = c.experts_per_rank, K = c.topk;
+  const int64_t T = c.tokens;
+  BufferConfig cfg;
+  cfg.device = {DeviceType::kCuda, 0};
+  cfg.max_tokens_per_rank = T;
+  cfg.hidden = c.hidden;
+  cfg.dtype = c.dtype;
+  cfg.num_experts = R * El;
+  cfg.max_topk = K;
+  cfg.initial_epoch = c.epoch;
+  SimBuffer b(R, cfg, c.ipc);
+  b.set_algorithm(c.algo);
+  b.set_sync(c.sync);
+  if (c.delays)
+    for (int r = 0; r < R; ++r)
+      b.set_start_delay(r, static_cast<uint32_t>((r * 7919) % 5) * 2000000u);
+  std::mt19937 rng(static_cast<unsigned>(R * 31 + c.hidden));
+  for (int call = 0; call < 3; ++call) {  // three calls: both halves, then the first again
+    std::vector<int64_t> tokens;
+    for (int r = 0; r < R; ++r)
+      tokens.push_back(call == 0 && r == 0 ? T : static_cast<int64_t>(rng() % (T + 1)));
+    const test::Problem p =
+        test::make_problem(R, R * El, c.hidden, c.dtype, tokens, K,
+                           call == 1 ? test::Routing::kHot : test::Routing::kWithDrops, rng());
+    std::vector<std::unique_ptr<gpu_test::RankInputs>> in;
+    std::vector<DispatchArgs> args;
+    for (int r = 0; r < R; ++r) {
+      in.push_back(std::make_unique<gpu_test::RankInputs>(p, r, c.layout));
+      for (TensorView* v :
+           {&in.back()->args.x, &in.back()->args.topk_idx, &in.back()->args.topk_weights})
+        v->device = cfg.device;
+      args.push_back(in.back()->args);
+    }
+    if (c.split) {
+      b.dispatch(args, cuda_hd::kSend);
+      b.dispatch({}, cuda_hd::kRecv);
+    } else {
+      b.dispatch(args, cuda_hd::kSend | cuda_hd::kRecv);
+    }
+    b.check_error();
+    const std::vector<DispatchResult> res = b.results();
+    std::vector<std::unique_ptr<gpu_test::DevMem>> mem;
+    std::vector<CombineArgs> cargs;
+    for (int d = 0; d < R; ++d) {
+      const std::vector<char> comb = gpu_test::check_dispatch(p, d, res[static_cast<size_t>(d)],
+                                                              b.num_recv_rows(d), El, R * T, K);
+      CombineArgs a{res[static_cast<size_t>(d)].recv_x, res[static_cast<size_t>(d)].handle};
+      if (c.zero_copy) {
+        a.x = b.combine_buffer(d);
+      } else {
+        mem.push_back(std::make_unique<gpu_test::DevMem>(comb.size()));
+        a.x.data = mem.back()->p;
+      }
+      gpu_test::upload(a.x.data, comb.data(), comb.size());
+      cargs.push_back(a);
+    }
+    if (c.split) {
+      b.combine(cargs, cuda_hd::kCombSend);
+      b.combine(cargs, cuda_hd::kCombRecv);
+    } else {
+      b.combine(cargs, cuda_hd::kCombSend | cuda_hd::kCombRecv);
+    }
+    b.check_error();
+    for (int r = 0; r < R; ++r)
+      gpu_test::check_combine(p, r, b.output(r), test::expected_combine(p, r, c.layout));
+  }
+}
+
+class KernelsOnCpu : public ::testing::TestWithParam<SimCase> {};
+
+TEST_P(KernelsOnCpu, BitIdenticalToReference) {
+  try {
+    run_case(GetParam());
+  } catch (const std::exception& e) {
+    FAIL() << e.what();
+  }
+}
+
+std::vector<SimCase> cases() {
+  std::vector<SimCase> v;
+  for (int R : {2, 3, 4})
+    for (Layout l : {Layout::kThroughput, Layout::kLatency})
+      for (DType dt : {DType::kBF16, DType::kFP32}) {
+        v.push_back({R, l, dt, Algorithm::kUbep, true, false, false});
+        v.push_back({R, l, dt, Algorithm::kUbep, false, true, false});
+        v.push_back({R, l, dt, Algorithm::kBsp, false, false, false});
+      }
+  for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
+    v.push_back({3, l, DType::kBF16, Algorithm::kUbep, true, true, true});   // IPC policy
+    v.push_back({2, l, DType::kFP32, Algorithm::kBsp, false, false, true});  // IPC bsp barrier
+    v.push_back({3, l, DType::kBF16, Algorithm::kUbep, true, false, false, SyncMode::kStopAndWait});
+    v.push_back({2, l, DType::kBF16, Algorithm::kUbep, true, false, false, SyncMode::kFused,
+                 0xFFFFFFFFull - 1});
+    v.push_back(
+        {2, l, DType::kBF16, Algorithm::kUbep, true, false, false, SyncMode::kFused, 0, 99});
+    v.push_back(
+        {2, l, DType::kFP32, Algorithm::kUbep, true, false, false, SyncMode::kFused, 0, 101});
+  }
+  // Several routing chunks (70 tokens), rows spanning several warp iterations with a partial
+  // last one (bf16 hidden 600: 75 vectors; fp32 hidden 300), 8 ranks, skewed starts.
+  for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
+    SimCase c{2, l, DType::kBF16, Algorithm::kUbep, true, false, false};
+    c.tokens = 70;
+    c.topk = 4;
+    c.experts_per_rank = 5;
+    v.push_back(c);
+    c.algo = Algorithm::kBsp;
+    c.split = false;
+    c.ipc = true;
+    v.push_back(c);
+    SimCase h{2, l, DType::kBF16, Algorithm::kUbep, false, true, false};
+    h.hidden = 600;
+    v.push_back(h);
+    h.dtype = DType::kFP32;
+    h.hidden = 300;
+    v.push_back(h);
+    // Fewer tokens than warps: the combine splits rows among warps (vector and scalar paths).
+    for (int64_t hid : {1000, 999}) {
+      SimCase few{2, l, DType::kBF16, Algorithm::kUbep, true, false, false};
+      few.tokens = 2;
+      few.hidden = hid;
+      v.push_back(few);
+    }
+    SimCase most{16, l, DType::kFP32, Algorithm::kBsp, false, false, false};  // kMaxVirtualRanks
+    most.tokens = 3;
+    v.push_back(most);
+    SimCase big{8, l, DType::kBF16, Algorithm::kUbep, true, false, false};
+    big.tokens = 5;
+    big.delays = true;
+    v.push_back(big);
+  }
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, KernelsOnCpu, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<SimCase>& i) {
+                           const SimCase& c = i.param;
+                           return std::to_string(i.index) + "_R" + std::to_string(c.ranks) + "_" +
+                                  layout_name(c.layout) + "_" + dtype_name(c.dtype) + "_" +
+                                  algorithm_name(c.algo) + (c.split ? "_split" : "_oneshot") +
+                                  (c.zero_copy ? "_zerocopy" : "") + (c.ipc ? "_ipc" : "") +
+                                  (c.sync == SyncMode::kStopAndWait ? "_stopwait" : "") +
+                                  (c.epoch ? "_wrap" : "") + (c.delays ? "_delays" : "") + "_H" +
+                                  std::to_string(c.hidden) + "_T" + std::to_string(c.tokens);
+                         });
+
+// A rank that starts late past the timeout: the others' bounded waits report it, every other
+// spinning thread gives up, the launch ends, and the host gets a TimeoutError naming the rank.
+TEST(KernelsOnCpuErrors, LateRankTimesOutNamingIt) {
+  BufferConfig cfg;
+  cfg.device = {DeviceType::kCuda, 0};
+  cfg.max_tokens_per_rank = 6;
+  cfg.hidden = 16;
+  cfg.num_experts = 4;
+  cfg.max_topk = 2;
+  for (bool ipc : {false, true}) {
+    SimBuffer b(2, cfg, ipc);
+    b.timeout_ns = 100'000'000;  // 0.1 s
+    b.set_start_delay(1, 600'000'000u);
+    const test::Problem p =
+        test::make_problem(2, 4, 16, cfg.dtype, {6, 6}, 2, test::Routing::kUniform, 1);
+    std::vector<std::unique_ptr<gpu_test::RankInputs>> in;
+    std::vector<DispatchArgs> args;
+    for (int r = 0; r < 2; ++r) {
+      in.push_back(std::make_unique<gpu_test::RankInputs>(p, r, Layout::kThroughput));
+      for (TensorView* v :
+           {&in.back()->args.x, &in.back()->args.topk_idx, &in.back()->args.topk_weights})
+        v->device = cfg.device;
+      args.push_back(in.back()->args);
+    }
+    b.dispatch(args, cuda_hd::kSend | cuda_hd::kRecv);
+    try {
+      b.check_error();
+      FAIL() << "no timeout reported";
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find("rank 0 timed out"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("of rank 1"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// An expert id past num_experts and a repeated id: routed nowhere by every role (the call
+// completes, nothing out of bounds), reported as InvalidArgument.
+TEST(KernelsOnCpuErrors, BadExpertIdsAreReportedAndRoutedNowhere) {
+  BufferConfig cfg;
+  cfg.device = {DeviceType::kCuda, 0};
+  cfg.max_tokens_per_rank = 6;
+  cfg.hidden = 16;
+  cfg.num_experts = 4;
+  cfg.max_topk = 2;
+  SimBuffer b(2, cfg, false);
+  test::Problem p = test::make_problem(2, 4, 16, cfg.dtype, {6, 6}, 2, test::Routing::kUniform, 2);
+  p.inputs[1].topk_idx[3] = 99;
+  p.inputs[0].topk_idx[5] = p.inputs[0].topk_idx[4];
+  std::vector<std::unique_ptr<gpu_test::RankInputs>> in;
+  std::vector<DispatchArgs> args;
+  for (int r = 0; r < 2; ++r) {
+    in.push_back(std::make_unique<gpu_test::RankInputs>(p, r, Layout::kThroughput));
+    for (TensorView* v :
+         {&in.back()->args.x, &in.back()->args.topk_idx, &in.back()->args.topk_weights})
+      v->device = cfg.device;
+    args.push_back(in.back()->args);
+  }
+  b.dispatch(args, cuda_hd::kSend | cuda_hd::kRecv);
+  EXPECT_THROW(b.check_error(), InvalidArgument);
+  // What arrived is what the sanitized routing says: the reference with those ids dropped.
+  p.inputs[1].topk_idx[3] = -1;
+  p.inputs[0].topk_idx[5] = -1;
+  const std::vector<DispatchResult> res = b.results();
+  for (int d = 0; d < 2; ++d)
+    EXPECT_NO_THROW(
+        gpu_test::check_dispatch(p, d, res[static_cast<size_t>(d)], b.num_recv_rows(d), 2, 12, 2));
+}
+
+// The GPU suite's back-to-back pattern: calls enqueued one after another, the combine input is
+// the dispatch output itself (identity experts), one check at the end (gpu_support's
+// expected_identity, which the GPU test relies on, is exercised here too).
+TEST(KernelsOnCpuBackToBack, IdentityExpertsManyCalls) {
+  for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
+    BufferConfig cfg;
+    cfg.device = {DeviceType::kCuda, 0};
+    cfg.max_tokens_per_rank = 5;
+    cfg.hidden = 48;
+    cfg.num_experts = 12;
+    cfg.max_topk = 3;
+    cfg.initial_epoch = 0xFFFFFFFFull - 6;  // crosses the wrap-around on the way
+    SimBuffer b(4, cfg, false);
+    const test::Problem p =
+        test::make_problem(4, 12, 48, cfg.dtype, {5, 5, 5, 5}, 3, test::Routing::kWithDrops, 9);
+    std::vector<std::unique_ptr<gpu_test::RankInputs>> in;
+    std::vector<DispatchArgs> args;
+    for (int r = 0; r < 4; ++r) {
+      in.push_back(std::make_unique<gpu_test::RankInputs>(p, r, l));
+      for (TensorView* v :
+           {&in.back()->args.x, &in.back()->args.topk_idx, &in.back()->args.topk_weights})
+        v->device = cfg.device;
+      args.push_back(in.back()->args);
+    }
+    for (int i = 0; i < 20; ++i) {
+      b.dispatch(args, cuda_hd::kSend);
+      b.dispatch({}, cuda_hd::kRecv);
+      std::vector<CombineArgs> c;
+      for (const DispatchResult& r : b.results()) c.push_back({r.recv_x, r.handle});
+      b.combine(c, cuda_hd::kCombSend);
+      b.combine({}, cuda_hd::kCombRecv);
+    }
+    b.check_error();
+    for (int r = 0; r < 4; ++r)
+      gpu_test::check_combine(p, r, b.output(r), gpu_test::expected_identity(p, r, l));
+  }
+}
+
+}  // namespace
+}  // namespace ubep
