@@ -13,7 +13,7 @@
 #include "backend/cuda/hd_math.hpp"
 #include "backend/cuda/host_logic.hpp"
 #include "backend/cuda/sequencer.hpp"
-#include "core/bf16.hpp"
+#include "ubep/bf16.hpp"
 #include "ep/routing.hpp"
 #include "reference.hpp"
 #include "ubep/error.hpp"
