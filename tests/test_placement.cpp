@@ -2,6 +2,7 @@
 // that makes it worth having -- a sender never waits for a late peer.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -56,9 +57,8 @@ TEST(Placement, RangesWithEmptyAndFullSources) {
             EXPECT_EQ(rr[0], placement == Placement::kPerSource ? s * T : prefix) << "source " << s;
             prefix += want;
             // Every row of the range is the source's token i, in order.
-            const int64_t base = 0;
             for (int64_t i = 0; i < rr[1]; ++i) {
-              const int64_t row = base + rr[0] + i;
+              const int64_t row = rr[0] + i;
               const auto* src = r.recv_src.as<const int64_t>() + 2 * row;
               EXPECT_EQ(src[0], s);
               EXPECT_EQ(src[1], i);
@@ -66,7 +66,9 @@ TEST(Placement, RangesWithEmptyAndFullSources) {
                         static_cast<float>(s * 1000 + i * H + 3));
             }
           }
-          if (latency && g.rank() == 1) EXPECT_EQ(r.recv_count.as<const int64_t>()[0], T + 2);
+          if (latency && g.rank() == 1) {
+            EXPECT_EQ(r.recv_count.as<const int64_t>()[0], T + 2);
+          }
           // compact(): the valid rows, dense, by (expert,) source, token.
           TensorView packed = buf.compact();
           ASSERT_EQ(packed.dim(0), g.rank() == 1 ? T + 2 : 0);
@@ -126,8 +128,9 @@ void late_rank_case(Placement placement) {
             buf.dispatch_send(a);
           } else {
             buf.dispatch_send(a);
-            if (placement == Placement::kCompact)
+            if (placement == Placement::kCompact) {
               EXPECT_TRUE(rank0_started.load()) << "compact send finished before rank 0 came";
+            }
             sent_early.fetch_add(1);
           }
           DispatchResult r = buf.dispatch_recv();
@@ -145,6 +148,92 @@ void late_rank_case(Placement placement) {
 
 TEST(Placement, PerSourceSendsNeverWaitForALateRank) { late_rank_case(Placement::kPerSource); }
 TEST(Placement, CompactSendsWaitForLowerRanks) { late_rank_case(Placement::kCompact); }
+
+// The receive hook per piece: with per-source placement, ranks 1..R-1 get every range that
+// ranks 1..R-1 send them -- rows valid, (begin, count) equal to the final recv_range -- while
+// rank 0 has not started its call (event order: rank 0 waits for them, bounded). Compact
+// placement only checks the ranges (they need rank 0's counts).
+void receive_hook_case(Placement placement, Layout layout) {
+  constexpr int R = 4;
+  Case c;
+  c.capacity = 16;
+  c.hidden = 32;
+  c.experts = 8;
+  c.topk = 2;
+  c.layout = layout;
+  c.placement = placement;
+  const bool per_source = placement == Placement::kPerSource;
+  const bool latency = layout == Layout::kLatency;
+  std::atomic<int> hooks_done{0};
+  run_on_threads(R, [&](Group& g) {
+    Buffer buf(g, config_for(c, Algorithm::kUbep));
+    const int El = buf.num_local_experts();
+    const Problem p = make_problem(R, c.experts, c.hidden, c.dtype, {16, 9, 0, 16}, c.topk,
+                                   Routing::kUniform, 11);
+    for (int call = 0; call < 3; ++call) {
+      const DispatchArgs a = p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, layout);
+      const int first = g.rank() != 0 && per_source ? 1 : 0;  // sources waited for early
+      if (g.rank() == 0 && per_source) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (hooks_done.load() < (R - 1) * (call + 1) &&
+               std::chrono::steady_clock::now() < deadline)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        EXPECT_EQ(hooks_done.load(), (R - 1) * (call + 1))
+            << "call " << call << ": a receive hook waited for the late rank 0";
+      }
+      buf.dispatch_send(a);
+      std::vector<std::array<int64_t, 2>> seen;
+      const DispatchResult pending = latency ? buf.pending_dispatch() : DispatchResult{};
+      for (int e = 0; e < (latency ? El : 1); ++e)
+        for (int s = first; s < R; ++s) {
+          const std::array<int64_t, 2> range = buf.wait_recv_range(s, e);
+          seen.push_back(range);
+          if (!latency) continue;  // throughput views are known only after dispatch_recv
+          for (int64_t i = 0; i < range[1]; ++i) {
+            const auto* src = pending.recv_src.as<const int64_t>() + 2 * (e * R * c.capacity +
+                                                                          range[0] + i);
+            EXPECT_EQ(src[0], s) << "expert " << e << " row " << range[0] + i;
+          }
+        }
+      if (g.rank() != 0) hooks_done.fetch_add(1);
+      const DispatchResult r = buf.dispatch_recv();
+      size_t i = 0;
+      for (int e = 0; e < (latency ? El : 1); ++e)
+        for (int s = first; s < R; ++s, ++i) {
+          const int64_t* want = r.recv_range.as<const int64_t>() + 2 * (e * R + s);
+          EXPECT_EQ(seen[i][0], want[0]) << "expert " << e << " source " << s;
+          EXPECT_EQ(seen[i][1], want[1]) << "expert " << e << " source " << s;
+        }
+      expect_invalid([&] { buf.wait_recv_range(0, 0); }, {"no dispatch_send outstanding"});
+      run_and_check(g, c, p, &buf, nullptr);  // the buffer stays right for whole calls
+      g.barrier();
+    }
+  });
+}
+
+TEST(Placement, ReceiveHookPerSourceNeverWaitsForALateRank) {
+  receive_hook_case(Placement::kPerSource, Layout::kLatency);
+  receive_hook_case(Placement::kPerSource, Layout::kThroughput);
+}
+TEST(Placement, ReceiveHookCompactRanges) {
+  receive_hook_case(Placement::kCompact, Layout::kLatency);
+  receive_hook_case(Placement::kCompact, Layout::kThroughput);
+}
+
+TEST(Placement, ReceiveHookRejectsBadArguments) {
+  run_on_threads(2, [&](Group& g) {
+    Case c;
+    c.layout = Layout::kLatency;
+    Buffer buf(g, config_for(c, Algorithm::kUbep));
+    const Problem p = make_problem(2, c.experts, c.hidden, c.dtype, {8, 8}, c.topk,
+                                   Routing::kUniform, 5);
+    buf.dispatch_send(p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout));
+    expect_invalid([&] { buf.wait_recv_range(2, 0); }, {"source 2", "[0, 2)"});
+    expect_invalid([&] { buf.wait_recv_range(-1, 0); }, {"source -1"});
+    expect_invalid([&] { buf.wait_recv_range(0, 4); }, {"local_expert 4", "[0, 4)"});
+    buf.dispatch_recv();  // a rejected hook leaves the call intact
+  });
+}
 
 // Ranks that make different calls are named, for both algorithms, instead of misreading rows.
 TEST(Placement, MismatchedLayoutIsNamed) {

@@ -167,6 +167,15 @@ class Buffer {
   // recv_src, recv_count; throughput row counts are unknown until the data is there).
   // pending_combine: after combine_send, y.
   DispatchResult pending_dispatch() const;
+  // The receive hook per piece, after dispatch_send: waits (bounded by the group's timeout)
+  // until the rows `source` sends to local expert `local_expert` (latency layout; throughput:
+  // local_expert 0, all of the source's rows) have arrived, and returns their (begin, count) --
+  // recv_range[local_expert][source] of the coming result: rows [begin, begin + count) of
+  // pending_dispatch().recv_x[local_expert] (throughput: of recv_x) are then valid. With
+  // per-source placement it waits for nothing from any other rank, so an expert can start on
+  // the sources that are there while a late rank is away; with compact placement the range
+  // also needs the count records of the lower ranks. dispatch_recv still completes the call.
+  std::array<int64_t, 2> wait_recv_range(int source, int local_expert = 0);
   TensorView pending_combine() const;
 
   // Zero-copy combine input for the last dispatch, shaped like its recv_x, in shared memory.

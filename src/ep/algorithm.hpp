@@ -5,6 +5,8 @@
 // they never touch peer memory except through the data path.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <memory>
 
 #include "ubep/buffer.hpp"
@@ -19,6 +21,10 @@ class Algorithm {
   // Preconditions (checked by Buffer): the call's routing is built, the window's epoch begun.
   virtual void dispatch_send(const DispatchArgs& a) = 0;
   virtual void dispatch_recv() = 0;
+  // Between dispatch_send and dispatch_recv of a split-phase algorithm (Buffer checks the
+  // arguments): waits until source s's rows for local expert e (throughput: e is 0) have
+  // arrived and returns their (begin, count).
+  virtual std::array<int64_t, 2> wait_recv_range(int s, int e) = 0;
   virtual void combine_send(const CombineArgs& a) = 0;
   virtual void combine_recv() = 0;
 };

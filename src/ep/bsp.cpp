@@ -60,6 +60,10 @@ class Bsp final : public Algorithm {
   bool split_phase() const override { return false; }
   void dispatch_send(const DispatchArgs& a) override;
   void dispatch_recv() override {}  // dispatch_send completed the call
+  std::array<int64_t, 2> wait_recv_range(int s, int e) override {
+    const int64_t* r = b_.call.range(e, s);
+    return {r[0], r[1]};
+  }
   void combine_send(const CombineArgs& a) override;
   void combine_recv() override {}
 

@@ -420,6 +420,26 @@ TensorView Buffer::combine_recv() {
   return b.y_view();
 }
 
+std::array<int64_t, 2> Buffer::wait_recv_range(int source, int local_expert) {
+  Impl& b = *impl_;
+  UBEP_CHECK(b.broken.empty(), BrokenBufferError,
+             "wait_recv_range: the buffer is broken after call ", b.calls, ": ", b.broken,
+             "; create a new Buffer");
+  UBEP_CHECK_ARG(b.phase == Impl::Phase::kDispatchSent,
+                 "wait_recv_range: no dispatch_send outstanding");
+  UBEP_CHECK_ARG(source >= 0 && source < b.ranks, "wait_recv_range: source ", source,
+                 " is not a rank of the group [0, ", b.ranks, ")");
+  if (b.call.layout == Layout::kLatency)
+    UBEP_CHECK_ARG(local_expert >= 0 && local_expert < b.local_experts,
+                   "wait_recv_range: local_expert ", local_expert, " is not in [0, ",
+                   b.local_experts, ")");
+  else
+    UBEP_CHECK_ARG(local_expert == 0, "wait_recv_range: local_expert ", local_expert,
+                   " must be 0 in the throughput layout (rows are not grouped by expert)");
+  return phase_of(b, "wait_recv_range",
+                  [&] { return b.algorithm().wait_recv_range(source, local_expert); });
+}
+
 DispatchResult Buffer::pending_dispatch() const {
   const Impl& b = *impl_;
   UBEP_CHECK_ARG(b.phase == Impl::Phase::kDispatchSent && b.call.layout == Layout::kLatency,

@@ -1,5 +1,7 @@
 #include "ep/call_state.hpp"
 
+#include "ubep/error.hpp"
+
 namespace ubep::ep {
 
 CallState::CallState(int r, const BufferConfig& cfg, int R, bool)
@@ -79,6 +81,19 @@ void CallState::receive_counts(const Window& w) {
   num_recv_rows = layout == Layout::kThroughput ? rows : 0;
   if (layout == Layout::kLatency)
     for (int e = 0; e < local_experts; ++e) num_recv_rows += counts[e];
+}
+
+std::array<int64_t, 2> CallState::range_from_counts(const Window& w, int e, int s) const {
+  int64_t begin = 0;
+  for (int src = first_range_source(s); src <= s; ++src) {
+    CountRecord rec = w.count(rank, src);
+    UBEP_CHECK_ARG(*rec.shape() == shape(), "dispatch: rank ", src,
+                   " made a different call (layout or placement) than rank ", rank);
+    const int64_t n = layout == Layout::kLatency ? rec.expert_rows()[e] : *rec.rows();
+    if (src < s) begin += n;
+    else return {placement == Placement::kPerSource ? s * T : begin, n};
+  }
+  return {0, 0};  // unreachable: the loop ends at s
 }
 
 void CallState::row_owner(const Window& w, int max_topk, int64_t row, int* owner,

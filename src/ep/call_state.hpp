@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <vector>
 
@@ -70,6 +71,11 @@ class CallState {
   // A source whose topk, or call shape, differed from ours in this call, or -1.
   int topk_mismatch() const { return topk_mismatch_.load(std::memory_order_relaxed); }
   int shape_mismatch() const { return shape_mismatch_.load(std::memory_order_relaxed); }
+  // Before receive_counts, for the receive hook: (begin, count) of source s's rows for local
+  // expert e (throughput: e is ignored), read from the count records of sources
+  // [first_range_source(s), s], which must be visible. A record of another call shape throws.
+  std::array<int64_t, 2> range_from_counts(const Window& w, int e, int s) const;
+  int first_range_source(int s) const { return placement == Placement::kPerSource ? s : 0; }
   // (begin, count) of source s's rows (throughput: e is ignored).
   const int64_t* range(int e, int s) const {
     const size_t i =

@@ -56,6 +56,7 @@ class Ubep final : public Algorithm {
   bool split_phase() const override { return true; }
   void dispatch_send(const DispatchArgs& a) override;
   void dispatch_recv() override;
+  std::array<int64_t, 2> wait_recv_range(int s, int e) override;
   void combine_send(const CombineArgs& a) override;
   void combine_recv() override;
 
@@ -156,6 +157,28 @@ void Ubep::dispatch_recv() {
                [] { return std::string("relay forwarding"); });
   b.stats.stage_us.insert(b.stats.stage_us.begin(), {"send", send_us});
   timer.lap("receive");
+}
+
+// The receive hook: only the count records the range depends on (source s's alone with
+// per-source placement) and the range's own rows are waited for, so a late rank delays only
+// the ranges it sends. dispatch_recv later waits for the rest (rows already seen return at once).
+std::array<int64_t, 2> Ubep::wait_recv_range(int s, int e) {
+  Buffer::Impl& b = b_;
+  for (int src = b.call.first_range_source(s); src <= s; ++src)
+    b.wait_for([&] { return b.win.count_arrived(b.rank, src); }, true, [&] {
+      return detail::concat("count record of rank ", src, " at rank ", b.rank, " (epoch tag ",
+                            b.win.tag(), ")");
+    });
+  const std::array<int64_t, 2> range = b.call.range_from_counts(b.win, e, s);
+  const bool latency = b.call.layout == Layout::kLatency;
+  const Tag* tags = b.win.at<Tag>(b.rank, latency ? b.win.map().lat_tag : b.win.map().tp_tag) +
+                    (latency ? e * b.RT() : 0);
+  for (int64_t p = range[0]; p < range[0] + range[1]; ++p)
+    b.wait_for([&] { return b.win.arrived(tags + p); }, true, [&] {
+      return detail::concat("dispatch row ", p, " from rank ", s, " (epoch tag ", b.win.tag(),
+                            ")");
+    });
+  return range;
 }
 
 void Ubep::combine_send(const CombineArgs& a) {
