@@ -120,6 +120,14 @@ pb::object PyBuffer::view(pb::handle self, const std::string& which, uint64_t ha
                   static_cast<Kind>(kind));
 }
 
+pb::tuple PyBuffer::wait_recv_range(uint64_t handle, int source, int local_expert) {
+  UBEP_CHECK_ARG(handle == last_handle_, "wait_recv_range: handle ", handle,
+                 " is not the outstanding dispatch on this buffer (", last_handle_, ")");
+  const std::array<int64_t, 2> r =
+      without_gil([&] { return buf_->wait_recv_range(source, local_expert); });
+  return pb::make_tuple(r[0], r[1]);
+}
+
 pb::dict PyBuffer::last_stats() const {
   const CallStats& s = buf_->last_stats();
   pb::list stages;
@@ -239,6 +247,7 @@ void bind_buffer(pb::module_& m) {
            pb::arg("placement"))
       .def("dispatch", &PyBuffer::dispatch)
       .def("dispatch_recv", &PyBuffer::dispatch_recv)
+      .def("wait_recv_range", &PyBuffer::wait_recv_range)
       .def("combine", &PyBuffer::combine)
       .def("combine_recv", &PyBuffer::combine_recv)
       .def("view", &PyBuffer::view)

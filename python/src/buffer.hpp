@@ -38,6 +38,9 @@ class PyBuffer {
                       int iters, int warmup, bool barrier);
   void expert_identity();
 
+  // The receive hook per piece of the outstanding dispatch `handle`: (begin, count).
+  pb::tuple wait_recv_range(uint64_t handle, int source, int local_expert);
+
   Buffer& buffer() { return *buf_; }
   pb::object group_object() const { return group_; }
 

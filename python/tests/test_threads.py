@@ -1,5 +1,6 @@
 """Thread ranks: every layout, algorithm, framework and dtype, bit-identical to the NumPy
 reference over several calls."""
+import numpy as np
 import pytest
 
 import reference as ref
@@ -75,3 +76,39 @@ def test_weights_given_to_combine_and_copy_input(framework):
         2, lambda g: worker.run_rank(g, spec, "latency", "ubep", framework, zero_copy=False,
                                      weights_at_combine=True), timeout=30)
     worker.check(spec, "latency", got)
+
+
+
+@pytest.mark.parametrize("placement", ["per-source", "compact"])
+def test_receive_hook_per_range(placement):
+    """Handle.wait_recv_range(source, expert) between a split dispatch and its hook: the rows
+    of the range are final when it returns (equal to what the completed call holds), the range
+    equals recv_range, the ranges add up to recv_count; out of the split phase or with a stale
+    handle it is refused."""
+    spec = ref.Spec(ranks=2, dtype="fp32", seed=9)
+
+    def body(g):
+        buf = ubep.Buffer(g, hidden=spec.H, num_experts=spec.E, max_tokens_per_rank=spec.T,
+                          max_topk=spec.K, dtype=spec.dtype, timeout=30.0, placement=placement)
+        x, idx, w = ref.make_inputs(spec, buf.rank, 0)
+        recv_x, recv_count, h, _, hook = buf.low_latency_dispatch(
+            x, idx, spec.T, spec.E, topk_weights=w, return_recv_hook=True)
+        seen = {}
+        for e in range(buf.num_local_experts):
+            for s in range(buf.num_ranks):
+                b, n = h.wait_recv_range(s, e)
+                seen[(e, s)] = (b, n, recv_x[e, b:b + n].copy())
+        with pytest.raises(ubep.InvalidArgument, match="not the outstanding dispatch"):
+            buf._buf.wait_recv_range(h.id + 1, 0, 0)
+        hook()
+        rr = h.recv_range
+        for (e, s), (b, n, rows) in seen.items():
+            assert (b, n) == (int(rr[e, s, 0]), int(rr[e, s, 1]))
+            assert np.array_equal(rows, recv_x[e, b:b + n])
+        for e in range(buf.num_local_experts):
+            assert sum(seen[(e, s)][1] for s in range(buf.num_ranks)) == int(recv_count[e])
+        with pytest.raises(ubep.InvalidArgument, match="no dispatch_send outstanding"):
+            h.wait_recv_range(0, 0)
+        return True
+
+    assert ubep.run_on_threads(2, body, timeout=30) == [True, True]

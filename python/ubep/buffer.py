@@ -64,6 +64,14 @@ class Handle:
         (throughput). Only while this is the last dispatch on the Buffer."""
         return self._buffer._buf.view("recv_range", self.id, self.kind)
 
+    def wait_recv_range(self, source, local_expert=0):
+        """The receive hook per piece, between a ``return_recv_hook=True`` dispatch and its
+        hook(): waits until the rows ``source`` sends to ``local_expert`` (throughput: 0, all its
+        rows) are in recv_x and returns their (begin, count). With placement="per-source" it
+        waits for no other rank, so an expert can start on the sources that are there while a
+        late rank is away."""
+        return self._buffer._buf.wait_recv_range(self.id, int(source), int(local_expert))
+
     def __repr__(self):
         return f"<ubep.Handle dispatch {self.id} ({self.layout}, {self.num_tokens} tokens)>"
 
