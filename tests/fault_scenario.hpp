@@ -161,15 +161,18 @@ inline void run_fault_scenario(Group& g, Algorithm algo, Fault fault, int victim
       seen = observe([&] { buf->combine(ca); });
     }
     const std::string call = "call " + std::to_string(fault_call);
-    EXPECT_TRUE(seen.kind == "PeerFailedError" || seen.kind == "TimeoutError") << seen.kind << ": "
-                                                                                << seen.what;
+    // BrokenBufferError: the echo of another peer that failed first (it names that peer); only
+    // with more than two ranks, where a peer can break before this one starts the call.
+    const bool echo = seen.kind == "BrokenBufferError" && g.size() > 2;
+    EXPECT_TRUE(seen.kind == "PeerFailedError" || seen.kind == "TimeoutError" || echo)
+        << seen.kind << ": " << seen.what;
     EXPECT_TRUE(contains(seen.what, call)) << seen.what;
     EXPECT_TRUE(contains(seen.what, "rank ")) << seen.what;
     const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(g.options().timeout);
     if (fault == Fault::kSkip) {
       EXPECT_LT(seen.after, timeout + kTimeoutMargin) << seen.what;
     } else {
-      EXPECT_EQ(seen.kind, "PeerFailedError") << seen.what;
+      EXPECT_TRUE(seen.kind == "PeerFailedError" || echo) << seen.kind << ": " << seen.what;
       EXPECT_LT(seen.after, kPublishedBound) << "published failure took " << seen.after.count()
                                              << " ms: " << seen.what;
     }

@@ -258,8 +258,8 @@ void Buffer::Impl::start_call(const char* what) {
         break;
       }
   }
-  UBEP_CHECK(broken.empty(), BrokenBufferError, what, ": the buffer is broken after call ", calls,
-             ": ", broken, "; create a new Buffer");
+  UBEP_CHECK(broken.empty(), BrokenBufferError, what, " (call ", calls + 1,
+             "): the buffer is broken after call ", calls, ": ", broken, "; create a new Buffer");
   watch.set_call(++calls);
 }
 
