@@ -25,11 +25,11 @@
 namespace ubep::test {
 
 enum class Fault {
-  kSkip,           // the victim never makes call 3 (dispatch): nothing is published
-  kRejectDispatch, // the victim's dispatch input is bad (an expert id out of range) in call 3
-  kRejectCombine,  // the victim's combine input is bad (wrong shape) in call 4
-  kThrow,          // the victim's caller throws between dispatch (3) and combine (4); unwinding
-                   // destroys its Buffer
+  kSkip,            // the victim never makes call 3 (dispatch): nothing is published
+  kRejectDispatch,  // the victim's dispatch input is bad (an expert id out of range) in call 3
+  kRejectCombine,   // the victim's combine input is bad (wrong shape) in call 4
+  kThrow,           // the victim's caller throws between dispatch (3) and combine (4); unwinding
+                    // destroys its Buffer
 };
 inline const char* fault_name(Fault f) {
   switch (f) {
@@ -53,8 +53,8 @@ inline constexpr std::chrono::milliseconds kTimeoutMargin{3000};
 // A problem whose every token has an expert on every rank (topk = ranks), so every rank's
 // dispatch and combine depend on every other rank: a failure anywhere reaches everyone.
 inline Problem all_ranks_problem(const Case& c, int ranks, uint64_t seed) {
-  Problem p = make_problem(ranks, c.experts, c.hidden, c.dtype, c.tokens, c.topk,
-                           Routing::kUniform, seed);
+  Problem p =
+      make_problem(ranks, c.experts, c.hidden, c.dtype, c.tokens, c.topk, Routing::kUniform, seed);
   const int El = c.experts / ranks;
   for (RankInput& in : p.inputs)
     for (int64_t t = 0; t < in.tokens; ++t)
@@ -99,8 +99,8 @@ Observed observe(Fn&& fn) {
   } catch (const std::exception& e) {
     o = {"other", e.what(), {}};
   }
-  o.after = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
-                                                                   t0);
+  o.after =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0);
   return o;
 }
 
@@ -173,8 +173,8 @@ inline void run_fault_scenario(Group& g, Algorithm algo, Fault fault, int victim
       EXPECT_LT(seen.after, timeout + kTimeoutMargin) << seen.what;
     } else {
       EXPECT_TRUE(seen.kind == "PeerFailedError" || echo) << seen.kind << ": " << seen.what;
-      EXPECT_LT(seen.after, kPublishedBound) << "published failure took " << seen.after.count()
-                                             << " ms: " << seen.what;
+      EXPECT_LT(seen.after, kPublishedBound)
+          << "published failure took " << seen.after.count() << " ms: " << seen.what;
     }
   }
   const bool named = me != victim &&

@@ -16,6 +16,9 @@
 #include "ubep/baseline.hpp"
 #include "ubep/error.hpp"
 #include "ubep/group.hpp"
+#ifdef UBEP_TEST_HAVE_MOE
+#include "ubep/moe.hpp"
+#endif
 
 namespace ubep::test {
 namespace {
@@ -51,8 +54,8 @@ TEST_P(OneRankFails, PeersNameItLaterCallsAreBrokenFreshBufferWorks) {
   const FaultParam fp = GetParam();
   GroupOptions opts;
   // A skipped call is only seen by the timeout; published failures must beat a long one.
-  opts.timeout = fp.fault == Fault::kSkip ? std::chrono::milliseconds(400)
-                                          : std::chrono::milliseconds(20000);
+  opts.timeout =
+      fp.fault == Fault::kSkip ? std::chrono::milliseconds(400) : std::chrono::milliseconds(20000);
   ThreadSync ts(fp.ranks);
   const int victim = fp.ranks - 2;  // 0 with 2 ranks, a middle rank with 3
   const Layout layout = fp.ranks == 3 ? Layout::kLatency : Layout::kThroughput;
@@ -72,11 +75,10 @@ std::vector<FaultParam> fault_params() {
   return ps;
 }
 
-INSTANTIATE_TEST_SUITE_P(All, OneRankFails, ::testing::ValuesIn(fault_params()),
-                         [](const auto& i) {
-                           return std::string(algorithm_name(i.param.algo)) + "_" +
-                                  fault_name(i.param.fault) + "_" + std::to_string(i.param.ranks);
-                         });
+INSTANTIATE_TEST_SUITE_P(All, OneRankFails, ::testing::ValuesIn(fault_params()), [](const auto& i) {
+  return std::string(algorithm_name(i.param.algo)) + "_" + fault_name(i.param.fault) + "_" +
+         std::to_string(i.param.ranks);
+});
 
 // Ranks that pass different layouts to the same call: every rank gets an error naming the rank
 // that differs (not wrong rows), and the buffer stays usable (the call completed everywhere).
@@ -140,6 +142,46 @@ TEST(NullPointers, EveryEntryNamesTheArgument) {
   });
 }
 
+#ifdef UBEP_TEST_HAVE_MOE
+// The moe executor: every pointer it reads is checked before any is read.
+TEST(ExpertLayerNull, EveryPointerIsNamed) {
+  Case c = fault_case(2, Layout::kThroughput);
+  const Problem p = all_ranks_problem(c, 2, 9);
+  run_on_threads(2, [&](Group& g) {
+    Buffer b(g, config_for(c, Algorithm::kUbep));
+    moe::ExpertLayerConfig lc;
+    lc.max_tokens_per_rank = c.capacity;
+    lc.hidden = c.hidden;
+    lc.dtype = c.dtype;
+    lc.num_experts = c.experts;
+    lc.max_topk = c.topk;
+    lc.tile_rows = 2;
+    moe::ExpertLayer layer(g, lc);
+    const DispatchArgs a =
+        p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout);
+    const DispatchResult d = b.dispatch(a);
+    const moe::TileFn fn = [](const moe::TileTask&) {};
+    for (const char* name : {"recv_x", "recv_src", "recv_topk_idx"}) {
+      DispatchResult bad = d;
+      TensorView& v = std::string(name) == "recv_x"     ? bad.recv_x
+                      : std::string(name) == "recv_src" ? bad.recv_src
+                                                        : bad.recv_topk_idx;
+      v.data = nullptr;
+      expect_invalid(
+          [&] { layer.run(bad, a.topk_idx, a.topk_weights, fn, moe::Schedule::kSerial); },
+          std::string(name) + " has no data");
+    }
+    TensorView idx = a.topk_idx, w = a.topk_weights;
+    idx.data = nullptr;
+    expect_invalid([&] { layer.run(d, idx, a.topk_weights, fn, moe::Schedule::kSerial); },
+                   "topk_idx has no data");
+    w.data = nullptr;
+    expect_invalid([&] { layer.run(d, a.topk_idx, w, fn, moe::Schedule::kSerial); },
+                   "topk_weights has no data");
+  });
+}
+#endif
+
 // A config rejected on one rank only: that rank names the value, its peers name the rank, and
 // nobody is left waiting in the set-up; then a good Buffer works.
 TEST(ConfigRejectedOnOneRank, EveryRankGetsAClearError) {
@@ -195,9 +237,10 @@ TEST(Waiting, SurvivorDoesNotBurnACore) {
     });
     const double share = cpu_during_wait.load() / wall.load();
     RecordProperty(std::string("cpu_share_") + algorithm_name(algo), std::to_string(share));
-    std::printf("%s: survivor process CPU while its peer stalls: %.3f s in %.3f s (%.1f%% of a core)\n",
-                algorithm_name(algo), cpu_during_wait.load(), wall.load(), 100 * share);
-    EXPECT_LT(share, 0.25) << algorithm_name(algo);
+    std::printf(
+        "%s: survivor process CPU while its peer stalls: %.3f s in %.3f s (%.1f%% of a core)\n",
+        algorithm_name(algo), cpu_during_wait.load(), wall.load(), 100 * share);
+    EXPECT_LT(share, 0.10) << algorithm_name(algo);
   }
 }
 

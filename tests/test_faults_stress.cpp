@@ -40,8 +40,8 @@ TEST(FaultStress, RandomRankFailsAtRandomPhase) {
         std::mt19937 local(static_cast<unsigned>(g.rank()) * 7919 + 1);
         for (int round = 0; round < kRounds && !::testing::Test::HasFailure(); ++round) {
           const Algorithm algo = shared() % 2 ? Algorithm::kBsp : Algorithm::kUbep;
-          const Fault fault =
-              std::array{Fault::kRejectDispatch, Fault::kRejectCombine, Fault::kThrow}[shared() % 3];
+          const Fault fault = std::array{Fault::kRejectDispatch, Fault::kRejectCombine,
+                                         Fault::kThrow}[shared() % 3];
           const int victim = static_cast<int>(shared() % kRanks);
           const Layout layout = shared() % 2 ? Layout::kLatency : Layout::kThroughput;
           if (local() % 2) std::this_thread::sleep_for(std::chrono::microseconds(local() % 3000));

@@ -31,8 +31,7 @@ BufferConfig checked(const Group& g, BufferConfig c) {
                  c.num_experts, " must be a positive multiple of the group size ", g.size());
   UBEP_CHECK_ARG(c.max_topk >= 1 && c.max_topk <= 64, "max_topk must be in [1, 64], got ",
                  c.max_topk);
-  UBEP_CHECK_ARG(c.num_workers <= 1024, "Buffer: num_workers must be <= 1024, got ",
-                 c.num_workers);
+  UBEP_CHECK_ARG(c.num_workers <= 1024, "Buffer: num_workers must be <= 1024, got ", c.num_workers);
   if (c.schedule != SendSchedule::kEqualSlices && !c.topology.empty()) {
     // Parsed again (deterministically) when the scheduler is built; here only to agree on it.
     const sched::Topology topo = sched::parse_topology(c.topology, g.size());
@@ -102,7 +101,8 @@ BufferConfig agree_on_config(Group& g, const BufferConfig& requested) {
     for (size_t f = 0; f < kFields; ++f)
       UBEP_CHECK_ARG(all[static_cast<size_t>(r)].fields[f] == all[0].fields[f],
                      "Buffer: ranks disagree on ", kFieldNames[f], ": rank 0 has ",
-                     all[0].fields[f], ", rank ", r, " has ", all[static_cast<size_t>(r)].fields[f]);
+                     all[0].fields[f], ", rank ", r, " has ",
+                     all[static_cast<size_t>(r)].fields[f]);
   return c;
 }
 

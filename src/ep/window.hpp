@@ -114,8 +114,8 @@ class FailureWatch final : public WaitAbort {
       // failure -- or in M+1, which r will never join.
       const uint32_t gone = w_.departure_of(r);
       if (gone != 0 && gone != fail_marker(call_) && gone != fail_marker(call_ + 1))
-        throw PeerFailedError(detail::concat("rank ", r,
-                                             " destroyed its Buffer before call ", call_,
+        throw PeerFailedError(detail::concat("rank ", r, " destroyed its Buffer before call ",
+                                             call_,
                                              " (its caller left, e.g. on an exception), so call ",
                                              call_, " cannot complete on rank ", me_));
     }
