@@ -13,9 +13,9 @@
 #include "backend/cuda/hd_math.hpp"
 #include "backend/cuda/host_logic.hpp"
 #include "backend/cuda/sequencer.hpp"
+#include "ubep/bf16.hpp"
 #include "ep/routing.hpp"
 #include "reference.hpp"
-#include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep {
