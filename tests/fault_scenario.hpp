@@ -45,6 +45,10 @@ inline const char* fault_name(Fault f) {
   return "?";
 }
 
+// Faults the peers only see by their timeout (nothing is published): a skipped call, and a
+// caller that throws between dispatch and combine (its Buffer is destroyed on unwinding).
+inline bool timed(Fault f) { return f == Fault::kSkip || f == Fault::kThrow; }
+
 // Published failures must reach the peers within this (the group's timeout is far longer).
 inline constexpr std::chrono::milliseconds kPublishedBound{2000};
 // Skipped calls: the peers' TimeoutError comes after the timeout, within this margin.
@@ -169,7 +173,7 @@ inline void run_fault_scenario(Group& g, Algorithm algo, Fault fault, int victim
     EXPECT_TRUE(contains(seen.what, call)) << seen.what;
     EXPECT_TRUE(contains(seen.what, "rank ")) << seen.what;
     const auto timeout = std::chrono::duration_cast<std::chrono::milliseconds>(g.options().timeout);
-    if (fault == Fault::kSkip) {
+    if (timed(fault)) {
       EXPECT_LT(seen.after, timeout + kTimeoutMargin) << seen.what;
     } else {
       EXPECT_TRUE(seen.kind == "PeerFailedError" || echo) << seen.kind << ": " << seen.what;
@@ -178,7 +182,7 @@ inline void run_fault_scenario(Group& g, Algorithm algo, Fault fault, int victim
     }
   }
   const bool named = me != victim &&
-                     seen.kind == (fault == Fault::kSkip ? "TimeoutError" : "PeerFailedError") &&
+                     seen.kind == (timed(fault) ? "TimeoutError" : "PeerFailedError") &&
                      contains(seen.what, "rank " + std::to_string(victim) + " ");
   EXPECT_TRUE(any_rank(named)) << "no peer named the victim, rank " << victim;
 

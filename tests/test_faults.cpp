@@ -55,7 +55,7 @@ TEST_P(OneRankFails, PeersNameItLaterCallsAreBrokenFreshBufferWorks) {
   GroupOptions opts;
   // A skipped call is only seen by the timeout; published failures must beat a long one.
   opts.timeout =
-      fp.fault == Fault::kSkip ? std::chrono::milliseconds(400) : std::chrono::milliseconds(20000);
+      timed(fp.fault) ? std::chrono::milliseconds(400) : std::chrono::milliseconds(20000);
   ThreadSync ts(fp.ranks);
   const int victim = fp.ranks - 2;  // 0 with 2 ranks, a middle rank with 3
   const Layout layout = fp.ranks == 3 ? Layout::kLatency : Layout::kThroughput;

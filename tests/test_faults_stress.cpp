@@ -1,6 +1,6 @@
 // Stress test of the failure words and bsp's window barrier (src/ep/window.hpp, bsp.cpp): many
 // rounds on thread ranks (more ranks than cores), each with a random algorithm, layout, victim
-// and failing phase (dispatch rejected, combine rejected, caller throws between the two) and
+// and failing phase (dispatch rejected on one rank, combine rejected on one rank) and
 // random delays on every rank, so failures land while peers are spinning, yielding, sleeping
 // or not yet waiting. Every round asserts: no hang (every wait is bounded, and the published
 // failure must arrive far sooner), the right error kinds on every rank, BrokenBufferError and
@@ -40,8 +40,8 @@ TEST(FaultStress, RandomRankFailsAtRandomPhase) {
         std::mt19937 local(static_cast<unsigned>(g.rank()) * 7919 + 1);
         for (int round = 0; round < kRounds && !::testing::Test::HasFailure(); ++round) {
           const Algorithm algo = shared() % 2 ? Algorithm::kBsp : Algorithm::kUbep;
-          const Fault fault = std::array{Fault::kRejectDispatch, Fault::kRejectCombine,
-                                         Fault::kThrow}[shared() % 3];
+          // Published faults only (a skip or throw is seen by the timeout: test_faults covers it).
+          const Fault fault = shared() % 2 ? Fault::kRejectDispatch : Fault::kRejectCombine;
           const int victim = static_cast<int>(shared() % kRanks);
           const Layout layout = shared() % 2 ? Layout::kLatency : Layout::kThroughput;
           if (local() % 2) std::this_thread::sleep_for(std::chrono::microseconds(local() % 3000));

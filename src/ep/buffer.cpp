@@ -214,11 +214,7 @@ void Buffer::Impl::set_combine_weights(const CombineArgs& a) {
 
 Buffer::Buffer(Group& group, BufferConfig config) : impl_(std::make_unique<Impl>(group, config)) {}
 Buffer::~Buffer() = default;
-Buffer::Impl::~Impl() {
-  // Peers waiting in a call this rank will never make learn it at once (FailureWatch). Memory
-  // stays valid for them: thread windows are shared, process windows stay mapped by the peers.
-  win.publish_departure(rank, calls);
-}
+Buffer::Impl::~Impl() = default;
 
 namespace {
 void report_topk_mismatch(const Buffer::Impl& b) {

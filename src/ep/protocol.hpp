@@ -95,7 +95,7 @@ struct WindowLayout {
 
   size_t counts = 0, tp_x = 0, tp_src = 0, tp_idx = 0, tp_w = 0, tp_tag = 0;
   size_t lat_x = 0, lat_src = 0, lat_k = 0, lat_tag = 0, comb_x = 0, comb_tag = 0, push = 0;
-  size_t half_bytes = 0, count_flags = 0, stage_flags = 0, fail_words = 0, gone_words = 0,
+  size_t half_bytes = 0, count_flags = 0, stage_flags = 0, fail_words = 0,
          total = 0;
   // bsp's flag slots: 0 = dispatch verify, 1 = combine verify, 2.. = its stage barriers.
   static constexpr int kStageSlots = 8;
@@ -129,7 +129,6 @@ struct WindowLayout {
     count_flags = take(2 * R * sizeof(Tag));
     stage_flags = take(kStageSlots * R * kCacheLine);
     fail_words = take(R * sizeof(Tag));
-    gone_words = take(R * sizeof(Tag));
     total = off;
   }
 
@@ -153,11 +152,6 @@ struct WindowLayout {
   // a new Buffer has new windows.
   UBEP_HD Tag* fail_word(void* base, int src) const {
     return reinterpret_cast<Tag*>(static_cast<char*>(base) + fail_words) + src;
-  }
-  // Departure word of source `src`: 0 while src's Buffer exists, fail_marker(M) once src
-  // destroyed it after its call M. Never reset (a new Buffer has new windows).
-  UBEP_HD Tag* gone_word(void* base, int src) const {
-    return reinterpret_cast<Tag*>(static_cast<char*>(base) + gone_words) + src;
   }
   // bsp's per-stage flags (kStageSlots slots, see above).
   UBEP_HD Tag* stage_flag(void* base, int op, int src) const {

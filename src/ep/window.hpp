@@ -74,13 +74,6 @@ class Window {
       if (r != me && peer(r)) dp_.publish(map_.fail_word(peer(r), me), word);
   }
   uint32_t failure_of(int source) const { return dp_.load(map_.fail_word(local(), source)); }
-  // A rank destroying its Buffer after its call `last_call` tells its local peers, so a peer
-  // waiting in a later call (the caller threw between calls and unwound) stops at once.
-  void publish_departure(int me, uint64_t last_call) const {
-    for (int r = 0; r < map_.ranks; ++r)
-      if (r != me && peer(r)) dp_.publish(map_.gone_word(peer(r), me), fail_marker(last_call));
-  }
-  uint32_t departure_of(int source) const { return dp_.load(map_.gone_word(local(), source)); }
 
  private:
   WindowLayout map_;
@@ -110,14 +103,6 @@ class FailureWatch final : public WaitAbort {
       if (v == fail_marker(call_))
         throw PeerFailedError(detail::concat("rank ", r, " rejected its input for call ", call_,
                                              ", so the call cannot complete on rank ", me_));
-      // Departed after call M: a peer can be in M-1 or M (finishing what r already sent) -- no
-      // failure -- or in M+1, which r will never join.
-      const uint32_t gone = w_.departure_of(r);
-      if (gone != 0 && gone != fail_marker(call_) && gone != fail_marker(call_ + 1))
-        throw PeerFailedError(detail::concat("rank ", r, " destroyed its Buffer before call ",
-                                             call_,
-                                             " (its caller left, e.g. on an exception), so call ",
-                                             call_, " cannot complete on rank ", me_));
     }
   }
 
