@@ -2,7 +2,10 @@
 // the CPU backend on each host, MPI_Alltoallv for the baseline, and MPI point-to-point between
 // hosts.
 #include "ubep/mpi_group.hpp"
+#include <cstring>
+
 #include "backend/cpu/shm_group.hpp"
+#include "core/wait.hpp"
 #include "transport/mpi/mpi_remote.hpp"
 #include "ubep/error.hpp"
 
@@ -20,21 +23,52 @@ void mpi_check(int rc, const char* what) {
   }
 }
 
+// Waits for a non-blocking collective, bounded by the group's timeout (sleeping with back-off,
+// like every wait of the library), so a rank that never arrives gives a TimeoutError instead of
+// a hang.
+void wait_request(MPI_Request& req, std::chrono::milliseconds timeout, const char* what,
+                  int ranks) {
+  WaitPolicy policy;
+  policy.timeout = timeout;
+  wait_until(
+      [&] {
+        int done = 0;
+        mpi_check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
+        return done != 0;
+      },
+      policy,
+      [&] { return detail::concat(what, " of the set-up (every one of the ", ranks, " ranks)"); });
+}
+
 class MpiBootstrap : public Bootstrap {
  public:
-  explicit MpiBootstrap(MPI_Comm comm) : comm_(comm) {
+  MpiBootstrap(MPI_Comm comm, std::chrono::milliseconds timeout) : comm_(comm), timeout_(timeout) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
   }
   ~MpiBootstrap() override { MPI_Comm_free(&comm_); }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // Bounded: MPI_Iallgather into staging the bootstrap owns. If a rank never arrives the wait
+  // times out and the staging is deliberately leaked, so a late arrival writes into live memory;
+  // the group is unusable after that anyway (a set-up collective failed).
   void allgather(const void* in, void* out, size_t bytes) override {
-    mpi_check(MPI_Allgather(in, static_cast<int>(bytes), MPI_BYTE, out, static_cast<int>(bytes),
-                            MPI_BYTE, comm_),
-              "MPI_Allgather");
+    const size_t n = static_cast<size_t>(size_);
+    auto* staging = new char[bytes * (n + 1)];
+    std::memcpy(staging, in, bytes);
+    MPI_Request req;
+    mpi_check(MPI_Iallgather(staging, static_cast<int>(bytes), MPI_BYTE, staging + bytes,
+                             static_cast<int>(bytes), MPI_BYTE, comm_, &req),
+              "MPI_Iallgather");
+    wait_request(req, timeout_, "MPI_Iallgather", size_);
+    std::memcpy(out, staging + bytes, bytes * n);
+    delete[] staging;
   }
-  void barrier() override { mpi_check(MPI_Barrier(comm_), "MPI_Barrier"); }
+  void barrier() override {
+    MPI_Request req;
+    mpi_check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
+    wait_request(req, timeout_, "MPI_Ibarrier", size_);
+  }
   // The ranks MPI says share memory (MPI_COMM_TYPE_SHARED), named by their lowest rank.
   std::vector<int> host_map() override {
     MPI_Comm local;
@@ -58,6 +92,7 @@ class MpiBootstrap : public Bootstrap {
 
  private:
   MPI_Comm comm_;
+  std::chrono::milliseconds timeout_;
   int rank_ = 0, size_ = 0;
 };
 
@@ -104,7 +139,7 @@ std::unique_ptr<Group> make_mpi_group(MPI_Comm comm, MpiGroupOptions options) {
                  options.timeout.count(), " ms");
   MPI_Comm dup;
   mpi_check(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup");
-  auto boot = std::make_shared<MpiBootstrap>(dup);
+  auto boot = std::make_shared<MpiBootstrap>(dup, options.timeout);
   std::vector<int> hosts = cpu::resolve_hosts(*boot, options);
   bool multi = false;
   for (int h : hosts) multi = multi || h != 0;

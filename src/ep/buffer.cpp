@@ -5,6 +5,7 @@
 #include "core/enum_names.hpp"
 #include "core/log.hpp"
 #include "ep/buffer_impl.hpp"
+#include "ep/config_agreement.hpp"
 #include "ep/relay.hpp"
 #include "ubep/error.hpp"
 
@@ -50,74 +51,20 @@ SendSchedule parse_send_schedule(const std::string& n) {
   return detail::parse_enum(kSchedules, n, "send schedule");
 }
 
-namespace {
-
-BufferConfig checked(const Group& g, BufferConfig c) {
-  UBEP_CHECK_ARG(c.max_tokens_per_rank >= 1, "max_tokens_per_rank must be >= 1, got ",
-                 c.max_tokens_per_rank);
-  UBEP_CHECK_ARG(c.max_tokens_per_rank < (int64_t{1} << 30),
-                 "max_tokens_per_rank too large: ", c.max_tokens_per_rank);
-  UBEP_CHECK_ARG(c.hidden >= 1, "hidden must be >= 1, got ", c.hidden);
-  UBEP_CHECK_ARG(c.device.type == DeviceType::kCpu, "Buffer: device ", c.device.describe(),
-                 " is not served by the CPU backend (the CUDA backend: docs/CUDA.md)");
-  UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32,
-                 "buffer dtype must be bf16 or fp32, got ", dtype_name(c.dtype));
-  UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0, "Buffer: num_experts ",
-                 c.num_experts, " must be a positive multiple of the group size ", g.size());
-  UBEP_CHECK_ARG(c.max_topk >= 1 && c.max_topk <= 64, "max_topk must be in [1, 64], got ",
-                 c.max_topk);
-  if (c.num_workers < 0) {
-    // Cores per rank on this host, minus the caller (which is a team member itself).
-    int local = 0;
-    for (int r = 0; r < g.size(); ++r) local += g.same_host(r, g.rank());
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    c.num_workers = std::max(0, cores / std::max(1, local) - 1);
-  }
-  return c;
-}
-
-// Every rank must build the same window map and speak the same protocol: compare the fields
-// that shape them across the group (collective), and name the first that differs.
-void check_same_config(Group& g, const BufferConfig& c) {
-  const int64_t mine[] = {c.max_tokens_per_rank,
-                          c.hidden,
-                          static_cast<int64_t>(c.dtype),
-                          c.num_experts,
-                          c.max_topk,
-                          c.enable_latency_layout,
-                          static_cast<int64_t>(c.initial_epoch),
-                          static_cast<int64_t>(c.sync),
-                          static_cast<int64_t>(c.algorithm),
-                          static_cast<int64_t>(c.placement)};
-  static const char* names[] = {
-      "max_tokens_per_rank",   "hidden",        "dtype", "num_experts", "max_topk",
-      "enable_latency_layout", "initial_epoch", "sync",  "algorithm",   "placement"};
-  constexpr size_t n = sizeof mine / sizeof mine[0];
-  std::vector<int64_t> all(n * static_cast<size_t>(g.size()));
-  g.allgather(mine, all.data(), sizeof mine);
-  for (int r = 0; r < g.size(); ++r)
-    for (size_t f = 0; f < n; ++f)
-      UBEP_CHECK_ARG(all[static_cast<size_t>(r) * n + f] == all[f], "Buffer: ranks disagree on ",
-                     names[f], ": rank 0 has ", all[f], ", rank ", r, " has ",
-                     all[static_cast<size_t>(r) * n + f]);
-}
-
-}  // namespace
-
 Buffer::Impl::Impl(Group& g, const BufferConfig& c)
     : group(g),
-      cfg(checked(g, c)),
+      cfg(ep::agree_on_config(g, c)),
       rank(g.rank()),
       ranks(g.size()),
       local_experts(cfg.num_experts / g.size()),
       T(cfg.max_tokens_per_rank),
-      dp((check_same_config(g, cfg), std::make_unique<cpu::CpuDataPath>(cfg.num_workers))),
+      dp(std::make_unique<cpu::CpuDataPath>(cfg.num_workers)),
       win(g,
           ep::WindowLayout(static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dtype), g.size(),
                            cfg.num_experts / g.size(), cfg.max_topk, cfg.max_tokens_per_rank,
                            cfg.enable_latency_layout),
           *dp, cfg.initial_epoch),
-      call(g.rank(), cfg, g.size(), cfg.enable_latency_layout),
+      call(g.rank(), cfg, g.size()),
       watch(win, g.rank()) {
   wait.timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout);
   wait.abort = &watch;
@@ -297,8 +244,18 @@ class CallScope {
 }  // namespace
 
 void Buffer::Impl::start_call(const char* what) {
-  UBEP_CHECK(broken.empty(), BrokenBufferError, what, ": the buffer is broken after call ", calls,
-             ": ", broken, "; create a new Buffer");
+  if (broken.empty()) {
+    // A peer whose buffer broke never joins another call on it, so neither can this rank: fail
+    // now with the buffer's error instead of at the first wait (and tell the other peers).
+    for (int r = 0; r < ranks; ++r)
+      if (r != rank && win.peer(r) && win.failure_of(r) == ep::kBroken) {
+        broken = detail::concat("rank ", r, "'s buffer broke (it failed a call)");
+        win.publish_failure(rank, ep::kBroken);
+        break;
+      }
+  }
+  UBEP_CHECK(broken.empty(), BrokenBufferError, what, " (call ", calls + 1,
+             "): the buffer is broken after call ", calls, ": ", broken, "; create a new Buffer");
   watch.set_call(++calls);
 }
 

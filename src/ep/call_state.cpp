@@ -4,7 +4,7 @@
 
 namespace ubep::ep {
 
-CallState::CallState(int r, const BufferConfig& cfg, int R, bool)
+CallState::CallState(int r, const BufferConfig& cfg, int R)
     : routing(R, cfg.num_experts, cfg.max_tokens_per_rank, cfg.max_topk),
       rank(r),
       ranks(R),

@@ -16,7 +16,7 @@ namespace ubep::ep {
 
 class CallState {
  public:
-  CallState(int rank, const BufferConfig& cfg, int ranks, bool latency_enabled);
+  CallState(int rank, const BufferConfig& cfg, int ranks);
 
   // Validates the inputs and builds the routing (throws before anything is written), then
   // decides the per-call store policy.

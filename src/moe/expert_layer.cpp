@@ -25,6 +25,8 @@
 //     finished seq-2 long ago unless it is a full call behind. Everything else (plan, in_/out_
 //     buffers, ready tags) is private to the rank and only touched inside WorkerTeam::run,
 //     whose completion (done counter, release/acquire) orders one run's writes before the next.
+#include <tuple>
+
 #include "moe/expert_layer_impl.hpp"
 
 namespace ubep::moe {
@@ -85,6 +87,15 @@ TensorView ExpertLayer::run(const DispatchResult& d, const TensorView& topk_idx,
                      topk_weights.dim(0) == tokens && topk_weights.dim(1) == K,
                  "ExpertLayer::run: topk_weights must be fp32 [", tokens, ", ", K, "], got ",
                  topk_weights.describe());
+  // Every pointer the call reads, before any is read.
+  const bool rows = d.num_recv_rows > 0;
+  for (const auto& [name, view, needed] :
+       {std::tuple{"recv_x", &d.recv_x, rows}, std::tuple{"recv_src", &d.recv_src, rows},
+        std::tuple{"recv_topk_idx", &d.recv_topk_idx, rows},
+        std::tuple{"recv_range", &d.recv_range, d.placement == Placement::kPerSource},
+        std::tuple{"topk_idx", &topk_idx, tokens * K > 0},
+        std::tuple{"topk_weights", &topk_weights, tokens * K > 0}})
+    UBEP_CHECK_ARG(!needed || view->data != nullptr, "ExpertLayer::run: ", name, " has no data");
   const auto* idx = topk_idx.as<const int64_t>();
   for (int64_t i = 0; i < tokens * K; ++i)
     UBEP_CHECK_ARG(idx[i] >= -1 && idx[i] < m.cfg.num_experts, "ExpertLayer::run: expert id ",

@@ -1,0 +1,109 @@
+// Buffer set-up: the config is validated on every rank and the verdicts are agreed in ONE
+// collective that every rank enters, whatever its own verdict. A rank that rejected its config
+// locally therefore never leaves its peers blocked in a later collective (MPI_Allgather would
+// wait forever): the rejecting rank throws its own InvalidArgument naming the value, every peer
+// throws an InvalidArgument naming the rank that rejected and why. Then the fields that shape
+// the window map and the protocol are compared across the group, naming the first that differs.
+#include <algorithm>
+#include <cstring>
+#include <exception>
+#include <thread>
+
+#include "ep/config_agreement.hpp"
+#include "ubep/error.hpp"
+#include "ubep/scheduler.hpp"
+
+namespace ubep::ep {
+
+namespace {
+
+BufferConfig checked(const Group& g, BufferConfig c) {
+  UBEP_CHECK_ARG(c.max_tokens_per_rank >= 1, "max_tokens_per_rank must be >= 1, got ",
+                 c.max_tokens_per_rank);
+  UBEP_CHECK_ARG(c.max_tokens_per_rank < (int64_t{1} << 30),
+                 "max_tokens_per_rank too large: ", c.max_tokens_per_rank);
+  UBEP_CHECK_ARG(c.hidden >= 1, "hidden must be >= 1, got ", c.hidden);
+  UBEP_CHECK_ARG(c.device.type == DeviceType::kCpu, "Buffer: device ", c.device.describe(),
+                 " is not served by the CPU backend (the CUDA backend: docs/CUDA.md)");
+  UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32,
+                 "buffer dtype must be bf16 or fp32, got ", dtype_name(c.dtype));
+  UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0, "Buffer: num_experts ",
+                 c.num_experts, " must be a positive multiple of the group size ", g.size());
+  UBEP_CHECK_ARG(c.max_topk >= 1 && c.max_topk <= 64, "max_topk must be in [1, 64], got ",
+                 c.max_topk);
+  UBEP_CHECK_ARG(c.num_workers <= 1024, "Buffer: num_workers must be <= 1024, got ", c.num_workers);
+  if (c.schedule != SendSchedule::kEqualSlices && !c.topology.empty()) {
+    // Parsed again (deterministically) when the scheduler is built; here only to agree on it.
+    const sched::Topology topo = sched::parse_topology(c.topology, g.size());
+    UBEP_CHECK_ARG(topo.ranks() == g.size(), "topology '", c.topology, "' has ", topo.ranks(),
+                   " ranks, the group ", g.size());
+  }
+  if (c.num_workers < 0) {
+    // Cores per rank on this host, minus the caller (which is a team member itself).
+    int local = 0;
+    for (int r = 0; r < g.size(); ++r) local += g.same_host(r, g.rank());
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    c.num_workers = std::max(0, cores / std::max(1, local) - 1);
+  }
+  return c;
+}
+
+constexpr const char* kFieldNames[] = {
+    "max_tokens_per_rank",   "hidden",        "dtype", "num_experts", "max_topk",
+    "enable_latency_layout", "initial_epoch", "sync",  "algorithm",   "placement"};
+constexpr size_t kFields = sizeof kFieldNames / sizeof kFieldNames[0];
+constexpr size_t kReasonBytes = 256;
+
+// What one rank contributes to the agreement: its verdict, then the fields every rank must share.
+struct Verdict {
+  int64_t ok = 0;
+  int64_t fields[kFields] = {};
+  char reason[kReasonBytes] = {};  // the rejection's message, truncated, NUL-terminated
+};
+
+}  // namespace
+
+BufferConfig agree_on_config(Group& g, const BufferConfig& requested) {
+  Verdict mine;
+  BufferConfig c;
+  std::exception_ptr rejection;
+  try {
+    c = checked(g, requested);
+    mine.ok = 1;
+  } catch (const std::exception& e) {
+    rejection = std::current_exception();
+    std::strncpy(mine.reason, e.what(), kReasonBytes - 1);
+  }
+  if (mine.ok) {
+    const int64_t fields[kFields] = {c.max_tokens_per_rank,
+                                     c.hidden,
+                                     static_cast<int64_t>(c.dtype),
+                                     c.num_experts,
+                                     c.max_topk,
+                                     c.enable_latency_layout,
+                                     static_cast<int64_t>(c.initial_epoch),
+                                     static_cast<int64_t>(c.sync),
+                                     static_cast<int64_t>(c.algorithm),
+                                     static_cast<int64_t>(c.placement)};
+    std::copy(fields, fields + kFields, mine.fields);
+  }
+  // Every rank gets here, accepted or not (bounded by the group's timeout on every backend).
+  std::vector<Verdict> all(static_cast<size_t>(g.size()));
+  g.allgather(&mine, all.data(), sizeof mine);
+  if (rejection) std::rethrow_exception(rejection);
+  for (int r = 0; r < g.size(); ++r) {
+    const Verdict& v = all[static_cast<size_t>(r)];
+    UBEP_CHECK_ARG(v.ok, "Buffer: rank ", r, " rejected its config (",
+                   std::string(v.reason, strnlen(v.reason, kReasonBytes)),
+                   "), so no rank can create this Buffer");
+  }
+  for (int r = 0; r < g.size(); ++r)
+    for (size_t f = 0; f < kFields; ++f)
+      UBEP_CHECK_ARG(all[static_cast<size_t>(r)].fields[f] == all[0].fields[f],
+                     "Buffer: ranks disagree on ", kFieldNames[f], ": rank 0 has ",
+                     all[0].fields[f], ", rank ", r, " has ",
+                     all[static_cast<size_t>(r)].fields[f]);
+  return c;
+}
+
+}  // namespace ubep::ep

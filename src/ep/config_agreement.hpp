@@ -1,0 +1,14 @@
+// Buffer set-up: validate the config on every rank and agree on the verdict (config_agreement.cpp).
+#pragma once
+
+#include "ubep/buffer.hpp"
+#include "ubep/group.hpp"
+
+namespace ubep::ep {
+
+// Collective over the group; every rank enters it, whatever its own verdict. Returns the checked
+// config (num_workers resolved). Throws InvalidArgument on every rank if any rank rejected its
+// config (naming the value on that rank, the rank elsewhere) or if the ranks' configs differ.
+BufferConfig agree_on_config(Group& g, const BufferConfig& requested);
+
+}  // namespace ubep::ep
