@@ -55,6 +55,10 @@ enum class Expect : uint8_t {
 };
 const char* expect_name(Expect e);
 
+// UBEP_FUZZ_STRICT=1: also generate the cases of the open findings (a rank with another layout;
+// bad inputs across hosts), which today end in a TimeoutError instead of the documented error.
+bool strict_mode();
+
 // Decodes arbitrary bytes into a scenario (never fails; missing bytes read as 0).
 Scenario decode(const uint8_t* data, size_t size);
 
