@@ -50,10 +50,12 @@ std::string for_each_row(const RankView& v, const DispatchResult& r, Fn&& fn) {
                    begin, ", ", count, ")");
       prefix += count;
       for (int64_t i = 0; i < count; ++i) {
-        const auto& want = latency ? ex.expert_rows[static_cast<size_t>(e)][ks[static_cast<size_t>(i)]]
-                                   : ex.src[ks[static_cast<size_t>(i)]];
+        const auto& want = latency
+                               ? ex.expert_rows[static_cast<size_t>(e)][ks[static_cast<size_t>(i)]]
+                               : ex.src[ks[static_cast<size_t>(i)]];
         const int64_t row = (latency ? e * r.recv_x.dim(1) : 0) + begin + i;
-        std::string err = fn(e, static_cast<int>(want[0]), want[1], row, ks[static_cast<size_t>(i)], ex);
+        std::string err =
+            fn(e, static_cast<int>(want[0]), want[1], row, ks[static_cast<size_t>(i)], ex);
         if (!err.empty()) return err;
       }
     }
@@ -94,29 +96,30 @@ std::string check_dispatch(const RankView& v, const DispatchResult& r) {
   }
   const auto* src = r.recv_src.as<const int64_t>();
   const char* x = static_cast<const char*>(r.recv_x.data);
-  return for_each_row(v, r, [&](int e, int s, int64_t t, int64_t row, size_t k,
-                                const test::ExpectedDispatch& ex2) -> std::string {
-    if (src[2 * row] != s || src[2 * row + 1] != t)
-      return say("expert ", e, " row ", row, ": src (", src[2 * row], ", ", src[2 * row + 1],
-                 "), want (", s, ", ", t, ")");
-    for (int64_t h = 0; h < H; ++h)
-      if (!same_bits(load_value(x, row * H + h, dt), p.value(s, t, h)))
-        return say("expert ", e, " row ", row, " h ", h, ": x ", load_value(x, row * H + h, dt),
-                   ", want ", p.value(s, t, h));
-    if (latency) return "";
-    const int K = p.inputs[0].topk;
-    const auto* idx = r.recv_topk_idx.as<const int32_t>();
-    const auto* w = r.recv_topk_weights.as<const float>();
-    for (int j = 0; j < K; ++j) {
-      if (idx[row * K + j] != ex2.local_idx[k][static_cast<size_t>(j)])
-        return say("row ", row, " k ", j, ": local expert ", idx[row * K + j], ", want ",
-                   ex2.local_idx[k][static_cast<size_t>(j)]);
-      if (!same_bits(w[row * K + j], ex2.weights[k][static_cast<size_t>(j)]))
-        return say("row ", row, " k ", j, ": weight ", w[row * K + j], ", want ",
-                   ex2.weights[k][static_cast<size_t>(j)]);
-    }
-    return "";
-  });
+  return for_each_row(v, r,
+                      [&](int e, int s, int64_t t, int64_t row, size_t k,
+                          const test::ExpectedDispatch& ex2) -> std::string {
+                        if (src[2 * row] != s || src[2 * row + 1] != t)
+                          return say("expert ", e, " row ", row, ": src (", src[2 * row], ", ",
+                                     src[2 * row + 1], "), want (", s, ", ", t, ")");
+                        for (int64_t h = 0; h < H; ++h)
+                          if (!same_bits(load_value(x, row * H + h, dt), p.value(s, t, h)))
+                            return say("expert ", e, " row ", row, " h ", h, ": x ",
+                                       load_value(x, row * H + h, dt), ", want ", p.value(s, t, h));
+                        if (latency) return "";
+                        const int K = p.inputs[0].topk;
+                        const auto* idx = r.recv_topk_idx.as<const int32_t>();
+                        const auto* w = r.recv_topk_weights.as<const float>();
+                        for (int j = 0; j < K; ++j) {
+                          if (idx[row * K + j] != ex2.local_idx[k][static_cast<size_t>(j)])
+                            return say("row ", row, " k ", j, ": local expert ", idx[row * K + j],
+                                       ", want ", ex2.local_idx[k][static_cast<size_t>(j)]);
+                          if (!same_bits(w[row * K + j], ex2.weights[k][static_cast<size_t>(j)]))
+                            return say("row ", row, " k ", j, ": weight ", w[row * K + j],
+                                       ", want ", ex2.weights[k][static_cast<size_t>(j)]);
+                        }
+                        return "";
+                      });
 }
 
 std::vector<char> expert_outputs(const RankView& v, const DispatchResult& r) {
@@ -141,7 +144,8 @@ std::string check_compact(const RankView& v, const TensorView& rows, std::vector
   std::vector<std::array<int64_t, 3>> want;  // (expert, rank, token)
   if (v.layout == Layout::kLatency) {
     for (int e = 0; e < El; ++e)
-      for (const auto& st : ex.expert_rows[static_cast<size_t>(e)]) want.push_back({e, st[0], st[1]});
+      for (const auto& st : ex.expert_rows[static_cast<size_t>(e)])
+        want.push_back({e, st[0], st[1]});
   } else {
     for (const auto& st : ex.src) want.push_back({0, st[0], st[1]});
   }

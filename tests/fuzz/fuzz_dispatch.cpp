@@ -22,11 +22,17 @@ namespace ubep::fuzz {
 
 // What a rank saw in one call.
 enum class Outcome : uint8_t {
-  kNotRun, kOk, kWrongResult, kInvalidArgument, kPeerFailed, kTimeout, kOtherError
+  kNotRun,
+  kOk,
+  kWrongResult,
+  kInvalidArgument,
+  kPeerFailed,
+  kTimeout,
+  kOtherError
 };
 const char* outcome_name(Outcome o) {
-  const char* n[] = {"not-run", "ok", "wrong-result", "InvalidArgument", "PeerFailedError",
-                     "TimeoutError", "other-error"};
+  const char* n[] = {"not-run",         "ok",           "wrong-result", "InvalidArgument",
+                     "PeerFailedError", "TimeoutError", "other-error"};
   return n[static_cast<int>(o)];
 }
 
@@ -42,11 +48,20 @@ DispatchArgs dispatch_args(const Scenario& s, const CallPlan& c, int me, std::ve
   const RankCall& rc = c.ranks[static_cast<size_t>(me)];
   DispatchArgs a = in.args(s.config.dtype, s.config.hidden, rc.layout);
   switch (rc.defect) {
-    case Defect::kNone: break;
-    case Defect::kNullX: a.x.data = nullptr; break;
-    case Defect::kNullIdx: a.topk_idx.data = nullptr; break;
-    case Defect::kNullWeights: a.topk_weights.data = nullptr; break;
-    case Defect::kWrongDtype: a.x.dtype = s.config.dtype == DType::kBF16 ? DType::kFP32 : DType::kBF16; break;
+    case Defect::kNone:
+      break;
+    case Defect::kNullX:
+      a.x.data = nullptr;
+      break;
+    case Defect::kNullIdx:
+      a.topk_idx.data = nullptr;
+      break;
+    case Defect::kNullWeights:
+      a.topk_weights.data = nullptr;
+      break;
+    case Defect::kWrongDtype:
+      a.x.dtype = s.config.dtype == DType::kBF16 ? DType::kFP32 : DType::kBF16;
+      break;
     case Defect::kWrongHidden:
       wide.assign(static_cast<size_t>(in.tokens * (s.config.hidden + 1)) + 1, 0.0f);
       a.x = TensorView(wide.data(), DType::kFP32, {in.tokens, s.config.hidden + 1});
@@ -118,7 +133,8 @@ bool run_call(const Scenario& s, const CallPlan& c, Buffer& buf, int me, RankLog
       if (c.combine == CombineMode::kZeroCopy) {
         TensorView zc = buf.combine_buffer();
         if (zc.bytes() != outputs.size()) err = "combine_buffer() has the wrong size";
-        if (!outputs.empty()) std::memcpy(zc.data, outputs.data(), std::min(zc.bytes(), outputs.size()));
+        if (!outputs.empty())
+          std::memcpy(zc.data, outputs.data(), std::min(zc.bytes(), outputs.size()));
         ca.x = zc;
       }
     }
@@ -130,8 +146,7 @@ bool run_call(const Scenario& s, const CallPlan& c, Buffer& buf, int me, RankLog
   log.dispatch.push_back(err.empty() ? Outcome::kOk : Outcome::kWrongResult);
   if (!err.empty() && log.message.empty()) log.message = "dispatch: " + err;
   // Keep communicating after a mismatch so the peers are not left waiting.
-  const bool replace =
-      c.replace_weights && s.ranks_per_host == 0 && rc.layout == Layout::kLatency;
+  const bool replace = c.replace_weights && s.ranks_per_host == 0 && rc.layout == Layout::kLatency;
   std::vector<float> weights = c.combine_weights[static_cast<size_t>(me)];
   if (replace) {
     const test::RankInput& in = problem.inputs[static_cast<size_t>(me)];
@@ -174,7 +189,8 @@ void run_rank(const Scenario& s, Group& g, RankLog& log) {
 // The first way the ranks' outcomes break the rules, or "".
 std::string judge(const Scenario& s, const std::vector<RankLog>& logs) {
   auto fail = [&](int r, const std::string& what) {
-    return "rank " + std::to_string(r) + ": " + what + " (" + logs[static_cast<size_t>(r)].message + ")";
+    return "rank " + std::to_string(r) + ": " + what + " (" + logs[static_cast<size_t>(r)].message +
+           ")";
   };
   for (int r = 0; r < s.ranks; ++r) {
     const Outcome want = config_valid(s) ? Outcome::kOk : Outcome::kInvalidArgument;
@@ -197,10 +213,12 @@ std::string judge(const Scenario& s, const std::vector<RankLog>& logs) {
       // so a rank still finishing the call before the failing one (or the dispatch of a call
       // whose combine fails) may abort it with PeerFailedError although it could complete.
       // Tolerated only there, only for that message; the call that fails is judged as usual.
-      const bool next_fails = i + 1 < s.calls.size() && expect_call(s, s.calls[i + 1]) != Expect::kSuccess;
-      const bool early_echo = (d == Outcome::kPeerFailed || cb == Outcome::kPeerFailed) &&
-                              l.message.find("its buffer is broken") != std::string::npos &&
-                              (next_fails || (e == Expect::kCombineRejected && d == Outcome::kPeerFailed));
+      const bool next_fails =
+          i + 1 < s.calls.size() && expect_call(s, s.calls[i + 1]) != Expect::kSuccess;
+      const bool early_echo =
+          (d == Outcome::kPeerFailed || cb == Outcome::kPeerFailed) &&
+          l.message.find("its buffer is broken") != std::string::npos &&
+          (next_fails || (e == Expect::kCombineRejected && d == Outcome::kPeerFailed));
       if (early_echo) excused[static_cast<size_t>(r)] = true;
       if (excused[static_cast<size_t>(r)]) continue;
       switch (e) {
@@ -227,7 +245,8 @@ std::string judge(const Scenario& s, const std::vector<RankLog>& logs) {
             return fail(r, call + "dispatch " + outcome_name(d) + ", combine " + outcome_name(cb));
           break;
         }
-        case Expect::kConfigRejected: break;
+        case Expect::kConfigRejected:
+          break;
       }
     }
     if (e != Expect::kSuccess) break;  // the ranks stopped there
@@ -263,7 +282,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const fuzz::RankLog& l = logs[static_cast<size_t>(r)];
       std::fprintf(stderr, "rank %d:", r);
       for (size_t i = 0; i < l.dispatch.size(); ++i)
-        std::fprintf(stderr, " call %zu dispatch %s combine %s;", i, fuzz::outcome_name(l.dispatch[i]),
+        std::fprintf(stderr, " call %zu dispatch %s combine %s;", i,
+                     fuzz::outcome_name(l.dispatch[i]),
                      i < l.combine.size() ? fuzz::outcome_name(l.combine[i]) : "not-run");
       std::fprintf(stderr, " first error: %s\n", l.message.c_str());
     }

@@ -58,7 +58,8 @@ float decode_weight(ByteReader& in) {
 float value_at(std::mt19937_64& rng, bool specials) {
   const float v = std::uniform_real_distribution<float>(-2.0f, 2.0f)(rng);
   if (!specials || rng() % 8 != 0) return v;
-  const float s[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+  const float s[] = {std::numeric_limits<float>::quiet_NaN(),
+                     std::numeric_limits<float>::infinity(),
                      -std::numeric_limits<float>::infinity(), -0.0f, 1e-42f};
   return s[rng() % 5];
 }
@@ -116,7 +117,8 @@ CallPlan decode_call(ByteReader& in, const Scenario& s) {
     RankCall rc;
     rc.layout = layout;
     // Another layout on one rank: only in strict mode (open finding F3, docs/FUZZING.md).
-    if (in.one_in(24) && strict_mode()) rc.layout = layout == Layout::kLatency ? Layout::kThroughput : Layout::kLatency;
+    if (in.one_in(24) && strict_mode())
+      rc.layout = layout == Layout::kLatency ? Layout::kThroughput : Layout::kLatency;
     if (in.one_in(6)) rc.defect = static_cast<Defect>(1 + in.byte() % 5);
     rc.bad_combine_handle = in.one_in(32);
     test::RankInput ri;
@@ -165,7 +167,8 @@ bool strict_mode() {
 }
 
 const char* defect_name(Defect d) {
-  const char* names[] = {"none", "null-x", "null-idx", "null-weights", "wrong-dtype", "wrong-hidden"};
+  const char* names[] = {"none",         "null-x",      "null-idx",
+                         "null-weights", "wrong-dtype", "wrong-hidden"};
   return names[static_cast<int>(d)];
 }
 
@@ -195,12 +198,23 @@ Scenario decode(const uint8_t* data, size_t size) {
   cfg.initial_epoch = epoch < 128 ? 0 : epoch < 224 ? 0xFFFFFFFFull - (epoch % 5) : in.u64();
   // Rarely a config the Buffer must reject (every rank passes the same one).
   switch (in.byte() % 32) {
-    case 0: cfg.hidden = 0; break;
-    case 1: cfg.num_experts += 1; break;  // not a multiple of the group size (unless 1 rank)
-    case 2: cfg.max_topk = 0; break;
-    case 3: cfg.max_tokens_per_rank = 0; break;
-    case 4: cfg.max_topk = 65; break;
-    default: break;
+    case 0:
+      cfg.hidden = 0;
+      break;
+    case 1:
+      cfg.num_experts += 1;
+      break;  // not a multiple of the group size (unless 1 rank)
+    case 2:
+      cfg.max_topk = 0;
+      break;
+    case 3:
+      cfg.max_tokens_per_rank = 0;
+      break;
+    case 4:
+      cfg.max_topk = 65;
+      break;
+    default:
+      break;
   }
   cfg.algorithm = in.one_in(2) ? Algorithm::kBsp : Algorithm::kUbep;
   const int calls = in.in(1, 3);
@@ -222,7 +236,8 @@ bool dispatch_valid(const Scenario& s, const CallPlan& c, int r) {
   if (in.tokens > cfg.max_tokens_per_rank) return false;
   if (in.topk < 1 || in.topk > cfg.max_topk) return false;
   switch (rc.defect) {
-    case Defect::kNone: break;
+    case Defect::kNone:
+      break;
     case Defect::kNullX:
       if (in.tokens * cfg.hidden > 0) return false;
       break;
@@ -231,7 +246,8 @@ bool dispatch_valid(const Scenario& s, const CallPlan& c, int r) {
       if (in.tokens * in.topk > 0) return false;
       break;
     case Defect::kWrongDtype:
-    case Defect::kWrongHidden: return false;
+    case Defect::kWrongHidden:
+      return false;
   }
   for (int64_t t = 0; t < in.tokens; ++t)
     for (int j = 0; j < in.topk; ++j) {

@@ -8,9 +8,9 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <dirent.h>
 #include <algorithm>
 #include <cstdlib>
-#include <dirent.h>
 #include <fstream>
 #include <random>
 #include <string>
@@ -133,8 +133,8 @@ TEST(ProcessRanksSoak, TenThousandCallsFlatMemoryNoLeftovers) {
   std::printf("rank %d: %ld calls, VmRSS first quarter %ld KiB, last quarter %ld KiB\n", me,
               g_calls, rss_first, rss_last);
   if (check_rss && g_calls >= 4000) {
-    EXPECT_LE(rss_last - rss_first, 512) << "VmRSS grew from " << rss_first << " to " << rss_last
-                                         << " KiB";
+    EXPECT_LE(rss_last - rss_first, 512)
+        << "VmRSS grew from " << rss_first << " to " << rss_last << " KiB";
   }
   EXPECT_TRUE(my_segments().empty()) << "left in /dev/shm: " << my_segments()[0];
 }
