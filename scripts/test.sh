@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds and runs every test: the unit and thread-rank suites, the multi-process suites under
-# mpirun (2 and 4 processes, and 2 forced hosts over TCP), the Python package's pytest suite
-# (ctest "python"), then the thread-rank suites again under ThreadSanitizer and AddressSanitizer
-# (without the Python package).
+# mpirun (2 and 4 processes, 2 forced hosts over TCP, kill -9 of a rank, a 10,000-call soak), the
+# Python package's pytest suite (ctest "python"); then every suite but Python again under
+# AddressSanitizer + UndefinedBehaviorSanitizer (the mpirun suites included), the thread-rank
+# suites under ThreadSanitizer, and a short libFuzzer run (docs/FUZZING.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -13,14 +14,29 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 (cd build && ctest --output-on-failure -j"$jobs")
 
-# The same suites (thread ranks, including the cross-host relay over the in-process transport)
-# under ThreadSanitizer and AddressSanitizer. UBEP_SKIP_SANITIZERS=1 skips them.
+# The same suites under sanitizers (UBEP_SKIP_SANITIZERS=1 skips them, UBEP_SKIP_FUZZ=1 the fuzz
+# run). AddressSanitizer + UndefinedBehaviorSanitizer: one build, MPI on, so the process-rank
+# suites run under mpirun with sanitized binaries (Open MPI's own leaks at exit are suppressed,
+# tests/mpi/lsan_mpi.supp). ThreadSanitizer: the thread-rank suites (MPI off: Open MPI is not
+# built with TSan and would only report itself).
 if [ "${UBEP_SKIP_SANITIZERS:-0}" != 1 ]; then
-  for san in thread address; do
-    cmake -S . -B "build-$san" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_SANITIZE=$san \
-          -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null
-    cmake --build "build-$san" -j"$jobs"
-    (cd "build-$san" && TSAN_OPTIONS=halt_on_error=1 ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j"$jobs")
-  done
+  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_SANITIZE=address,undefined \
+        -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=ON -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null
+  cmake --build build-asan -j"$jobs"
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+     ctest --output-on-failure -j"$jobs")
+  cmake -S . -B build-thread -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_SANITIZE=thread \
+        -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null
+  cmake --build build-thread -j"$jobs"
+  (cd build-thread && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs")
+fi
+
+# The fuzz target (clang, ASan + UBSan, libFuzzer): the checked-in seeds, then 20 s of new inputs.
+if [ "${UBEP_SKIP_FUZZ:-0}" != 1 ]; then
+  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+        -DUBEP_FUZZ=ON -DUBEP_BUILD_TESTS=OFF -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF \
+        -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null
+  cmake --build build-fuzz -j"$jobs" --target fuzz_dispatch
+  (cd build-fuzz && ctest --output-on-failure)
 fi
 echo "all tests passed"

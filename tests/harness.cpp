@@ -189,7 +189,8 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
     // The experts write straight into the buffer's shared combine input.
     TensorView zc = buffer->combine_buffer();
     EXPECT_EQ(zc.bytes(), comb_in.size());
-    std::memcpy(zc.data, comb_in.data(), std::min(zc.bytes(), comb_in.size()));
+    if (!comb_in.empty())  // no rows: nothing to copy (and data() may be null)
+      std::memcpy(zc.data, comb_in.data(), std::min(zc.bytes(), comb_in.size()));
     ca.x = zc;
   }
   TensorView y = buffer ? buffer->combine(ca) : baseline->combine(ca);

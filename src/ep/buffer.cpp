@@ -206,7 +206,7 @@ void Buffer::Impl::check_combine(const CombineArgs& a) const {
 }
 
 void Buffer::Impl::set_combine_weights(const CombineArgs& a) {
-  if (a.topk_weights.ndim != 0)
+  if (a.topk_weights.ndim != 0 && a.topk_weights.numel() > 0)  // no tokens: data may be null
     std::memcpy(call.routing.topk_weights.data(), a.topk_weights.data, a.topk_weights.bytes());
 }
 

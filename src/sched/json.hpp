@@ -9,6 +9,8 @@
 
 namespace ubep::sched::detail {
 
+struct JsonMember;
+
 struct JsonValue {
   enum class Kind { kNull, kBool, kNumber, kString, kArray, kObject };
   Kind kind = Kind::kNull;
@@ -16,10 +18,18 @@ struct JsonValue {
   double number = 0;
   std::string text;  // string value; for numbers, the literal as written
   std::vector<JsonValue> array;
-  std::vector<std::pair<std::string, JsonValue>> object;  // in file order
-  int line = 1, col = 1;                                  // where the value starts
+  // In file order. (A named member type, not std::pair: a pair of an incomplete JsonValue does
+  // not compile with clang and libstdc++.)
+  std::vector<JsonMember> object;
+  int line = 1, col = 1;  // where the value starts
 
   const char* kind_name() const;
+};
+
+struct JsonMember {
+  JsonMember(std::string key, JsonValue value) : first(std::move(key)), second(std::move(value)) {}
+  std::string first;
+  JsonValue second;
 };
 
 JsonValue parse_json(const std::string& text, const std::string& origin);

@@ -19,7 +19,7 @@ bool Mailboxes::take(int src, int dst, int tag, void* data, size_t capacity, siz
   std::vector<char>& msg = it->second.front();
   UBEP_CHECK_ARG(msg.size() <= capacity, "remote message of ", msg.size(), " bytes from rank ", src,
                  " exceeds the receive capacity ", capacity);
-  std::memcpy(data, msg.data(), msg.size());
+  if (!msg.empty()) std::memcpy(data, msg.data(), msg.size());  // an empty message has no data
   *bytes = msg.size();
   it->second.pop_front();
   return true;

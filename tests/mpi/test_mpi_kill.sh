@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Driver of test_mpi_kill (ctest mpi_kill_*): runs it under mpirun with OpenMPI's recovery on (a
+# killed rank does not end the job), then asserts that every survivor's failing call raised
+# TimeoutError or PeerFailedError within the bound, that the next call on the broken buffer
+# failed at once, and that no ubep segment of the job's processes is left in /dev/shm.
+# Usage: test_mpi_kill.sh <mpiexec> <test_mpi_kill> <ranks> <bsp|ubep>
+set -uo pipefail
+mpiexec=$1 binary=$2 ranks=$3 algo=$4
+timeout_ms=2000
+bound_ms=$((timeout_ms + 3000))  # the timeout plus slack for a loaded 2-core machine
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+# OpenMPI 4.1 (ompi_info): orte_enable_recovery keeps the job alive when a process dies,
+# orte_abort_on_non_zero_status=0 does not abort it when one exits abnormally.
+timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe -np "$ranks" \
+  --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0 \
+  "$binary" "$dir" "$algo" "$timeout_ms"
+rc=$?
+[ $rc -eq 124 ] && fail "mpirun still running after 120 s: a survivor hangs"
+echo "mpirun exit status $rc (not judged: the killed rank makes it non-zero)"
+
+victim=$((ranks - 1))
+[ -e "$dir/result.$victim" ] && fail "rank $victim was to be killed but wrote a result"
+for ((r = 0; r < victim; ++r)); do
+  [ -e "$dir/result.$r" ] || fail "survivor $r wrote no result"
+  read -r kind ms next next_ms calls < "$dir/result.$r"
+  echo "survivor $r: $kind after $ms ms ($calls), next call: $next after $next_ms ms"
+  case $kind in TimeoutError|PeerFailedError) ;; *) fail "survivor $r: $kind" ;; esac
+  awk -v a="$ms" -v b="$bound_ms" 'BEGIN { exit !(a <= b) }' || fail "survivor $r waited $ms ms > $bound_ms"
+  case $next in BrokenBufferError|PeerFailedError) ;; *) fail "survivor $r: next call gave $next" ;; esac
+  awk -v a="$next_ms" 'BEGIN { exit !(a <= 500) }' || fail "survivor $r: next call took $next_ms ms"
+done
+for ((r = 0; r < ranks; ++r)); do
+  [ -e "$dir/pid.$r" ] || fail "rank $r wrote no pid"
+  pid=$(cat "$dir/pid.$r")
+  left=$(ls /dev/shm 2>/dev/null | grep "^ubep-$pid-" || true)
+  [ -z "$left" ] || fail "rank $r (pid $pid) left in /dev/shm: $left"
+done
+echo "PASS: survivors failed within ${bound_ms} ms, nothing left in /dev/shm"
