@@ -7,6 +7,7 @@
 #include "ep/buffer_impl.hpp"
 #include "ep/relay.hpp"
 #include "ubep/error.hpp"
+#include "ubep/fp8.hpp"
 
 namespace ubep {
 
@@ -41,6 +42,9 @@ const char* placement_name(Placement p) { return detail::enum_name(kPlacements, 
 Placement parse_placement(const std::string& n) {
   return detail::parse_enum(kPlacements, n, "placement");
 }
+DType combine_dtype(const BufferConfig& c) {
+  return c.dtype == DType::kFP8E4M3 ? DType::kBF16 : c.dtype;
+}
 Placement placement_for(Layout layout) {
   // Measured (docs/SEMANTICS.md, "Placement"): see there for why each layout gets its default.
   return layout == Layout::kLatency ? Placement::kPerSource : Placement::kCompact;
@@ -60,8 +64,8 @@ BufferConfig checked(const Group& g, BufferConfig c) {
   UBEP_CHECK_ARG(c.hidden >= 1, "hidden must be >= 1, got ", c.hidden);
   UBEP_CHECK_ARG(c.device.type == DeviceType::kCpu, "Buffer: device ", c.device.describe(),
                  " is not served by the CPU backend (the CUDA backend: docs/CUDA.md)");
-  UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32,
-                 "buffer dtype must be bf16 or fp32, got ", dtype_name(c.dtype));
+  UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32 || c.dtype == DType::kFP8E4M3,
+                 "buffer dtype must be bf16, fp32 or fp8, got ", dtype_name(c.dtype));
   UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0, "Buffer: num_experts ",
                  c.num_experts, " must be a positive multiple of the group size ", g.size());
   UBEP_CHECK_ARG(c.max_topk >= 1 && c.max_topk <= 64, "max_topk must be in [1, 64], got ",
@@ -107,13 +111,15 @@ void check_same_config(Group& g, const BufferConfig& c) {
 Buffer::Impl::Impl(Group& g, const BufferConfig& c)
     : group(g),
       cfg(checked(g, c)),
+      cdtype(combine_dtype(cfg)),
       rank(g.rank()),
       ranks(g.size()),
       local_experts(cfg.num_experts / g.size()),
       T(cfg.max_tokens_per_rank),
       dp((check_same_config(g, cfg), std::make_unique<cpu::CpuDataPath>(cfg.num_workers))),
       win(g,
-          ep::WindowLayout(static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dtype), g.size(),
+          ep::WindowLayout(ep::row_codec(cfg.dtype, cfg.hidden),
+                           static_cast<size_t>(cfg.hidden) * dtype_size(cdtype), g.size(),
                            cfg.num_experts / g.size(), cfg.max_topk, cfg.max_tokens_per_rank,
                            cfg.enable_latency_layout),
           *dp, cfg.initial_epoch),
@@ -124,7 +130,13 @@ Buffer::Impl::Impl(Group& g, const BufferConfig& c)
   win.set_sync(cfg.sync);
   y = LocalArray(static_cast<size_t>(T) * row_bytes());
   // Virtual until touched (MAP_NORESERVE): costs nothing unless compact() is used.
-  compacted = LocalArray(static_cast<size_t>(win.map().comb_rows()) * row_bytes());
+  const auto most_rows = static_cast<size_t>(win.map().comb_rows());
+  compacted = LocalArray(most_rows * codec().payload_bytes);
+  if (codec().scale_bytes) {
+    compacted_scales = LocalArray(most_rows * codec().scale_bytes);
+    cast_x = LocalArray(static_cast<size_t>(T) * codec().payload_bytes);
+    cast_scales = LocalArray(static_cast<size_t>(T) * codec().scale_bytes);
+  }
   part.resize(static_cast<size_t>(cfg.hidden));
   if (cfg.schedule != SendSchedule::kEqualSlices) {
     sched::Topology topo =
@@ -160,12 +172,15 @@ DispatchResult Buffer::Impl::result() const {
   r.layout = layout;
   r.handle = win.seq();
   const int64_t K = call.routing.topk;
+  const auto scales = static_cast<int64_t>(codec().scale_bytes / sizeof(float));
   r.recv_count = TensorView(call.recv_count.get(), DType::kInt64, {local_experts});
   r.placement = call.placement;
   if (layout == Layout::kThroughput) {
     const int64_t span = call.tp_span();
     r.num_recv_rows = num_recv_rows;
     r.recv_x = TensorView(win.at<char>(rank, m.tp_x), cfg.dtype, {span, cfg.hidden});
+    if (scales)
+      r.recv_x_scales = TensorView(win.at<char>(rank, m.tp_scale), DType::kFP32, {span, scales});
     r.recv_topk_idx = TensorView(win.at<char>(rank, m.tp_idx), DType::kInt32, {span, K});
     r.recv_topk_weights = TensorView(win.at<char>(rank, m.tp_w), DType::kFP32, {span, K});
     r.recv_src = TensorView(win.at<char>(rank, m.tp_src), DType::kInt64, {span, 2});
@@ -174,6 +189,9 @@ DispatchResult Buffer::Impl::result() const {
     r.recv_range = TensorView(call.recv_range.get(), DType::kInt64, {local_experts, ranks, 2});
     r.recv_x =
         TensorView(win.at<char>(rank, m.lat_x), cfg.dtype, {local_experts, RT(), cfg.hidden});
+    if (scales)
+      r.recv_x_scales = TensorView(win.at<char>(rank, m.lat_scale), DType::kFP32,
+                                   {local_experts, RT(), scales});
     r.recv_src = TensorView(win.at<char>(rank, m.lat_src), DType::kInt64, {local_experts, RT(), 2});
   }
   return r;
@@ -182,23 +200,28 @@ DispatchResult Buffer::Impl::result() const {
 TensorView Buffer::Impl::combine_input_view() const {
   char* base = win.at<char>(rank, win.map().comb_x);
   if (call.layout == Layout::kThroughput)
-    return TensorView(base, cfg.dtype, {call.tp_span(), cfg.hidden});
-  return TensorView(base, cfg.dtype, {local_experts, RT(), cfg.hidden});
+    return TensorView(base, cdtype, {call.tp_span(), cfg.hidden});
+  return TensorView(base, cdtype, {local_experts, RT(), cfg.hidden});
 }
 
 TensorView Buffer::Impl::compact_rows() {
   const ep::WindowLayout& m = win.map();
-  const char* from = win.at<char>(rank, call.layout == Layout::kThroughput ? m.tp_x : m.lat_x);
+  const bool tp = call.layout == Layout::kThroughput;
+  const char* from = win.at<char>(rank, tp ? m.tp_x : m.lat_x);
+  const char* from_scales = win.at<char>(rank, tp ? m.tp_scale : m.lat_scale);
   char* to = compacted.get();
+  const size_t xb = codec().payload_bytes, sb = codec().scale_bytes;
   call.for_each_output_row(0, 1, [&](int64_t row, int64_t packed) {
-    dp->put(to + static_cast<size_t>(packed) * row_bytes(),
-            from + static_cast<size_t>(row) * row_bytes(), row_bytes());
+    const auto from_row = static_cast<size_t>(row), to_row = static_cast<size_t>(packed);
+    dp->put(to + to_row * xb, from + from_row * xb, xb);
+    if (sb) dp->put(compacted_scales.get() + to_row * sb, from_scales + from_row * sb, sb);
   });
+  compacted_rows = call.num_recv_rows;
   return TensorView(to, cfg.dtype, {call.num_recv_rows, cfg.hidden});
 }
 
 TensorView Buffer::Impl::y_view() const {
-  return TensorView(y.get(), cfg.dtype, {call.routing.num_tokens, cfg.hidden});
+  return TensorView(y.get(), cdtype, {call.routing.num_tokens, cfg.hidden});
 }
 
 void Buffer::Impl::begin_dispatch(const DispatchArgs& a) {
@@ -207,10 +230,36 @@ void Buffer::Impl::begin_dispatch(const DispatchArgs& a) {
   UBEP_CHECK_ARG(a.layout == Layout::kThroughput || cfg.enable_latency_layout,
                  "dispatch: latency layout requested but the buffer was created with "
                  "enable_latency_layout=false");
-  call.begin(a, cfg, row_bytes());  // validates: throws before anything is sent
+  call.begin(a, cfg, codec().row_bytes());  // validates: throws before anything is sent
+  set_dispatch_source(a);
   win.begin_call();
   have_dispatch = true;
+  compacted_rows = -1;
   combined = false;
+}
+
+// Where this rank's dispatch rows come from: x (and x_scales) as given, or for bf16/fp32 x on
+// an fp8 buffer, a copy cast to e4m3 by the role team (tokens split in equal slices; each
+// member writes only its own rows, and run_roles returns after every member's writes).
+void Buffer::Impl::set_dispatch_source(const DispatchArgs& a) {
+  const ep::RowCodec& c = codec();
+  if (cfg.dtype != DType::kFP8E4M3 || a.x.dtype == DType::kFP8E4M3) {
+    call.source = {static_cast<const char*>(a.x.data),
+                   static_cast<const char*>(a.x_scales.data), c};
+    return;
+  }
+  const int64_t n = a.x.dim(0), blocks = fp8_scales_per_row(cfg.hidden);
+  const int members = dp->members();
+  auto* codes = cast_x.get<uint8_t>();
+  auto* scales = cast_scales.get<float>();
+  dp->run_roles([&](int m) {
+    const int64_t t0 = n * m / members, t1 = n * (m + 1) / members;
+    fp8_quantize_rows(static_cast<const char*>(a.x.data) +
+                          static_cast<size_t>(t0 * cfg.hidden) * dtype_size(a.x.dtype),
+                      a.x.dtype, t1 - t0, cfg.hidden, cfg.fp8_pow2_scales,
+                      codes + t0 * cfg.hidden, scales + t0 * blocks);
+  });
+  call.source = {cast_x.get(), cast_scales.get(), c};
 }
 
 void Buffer::Impl::check_combine(const CombineArgs& a) const {
@@ -223,8 +272,9 @@ void Buffer::Impl::check_combine(const CombineArgs& a) const {
       "reading the rows of the first combine)");
   UBEP_CHECK_ARG(a.handle == win.seq(), "combine: handle ", a.handle,
                  " does not belong to the last dispatch on this buffer (", win.seq(), ")");
-  UBEP_CHECK_ARG(a.x.dtype == cfg.dtype, "combine: x dtype ", dtype_name(a.x.dtype),
-                 " does not match the buffer's ", dtype_name(cfg.dtype));
+  UBEP_CHECK_ARG(a.x.dtype == cdtype, "combine: x dtype ", dtype_name(a.x.dtype),
+                 " does not match the buffer's combine dtype ", dtype_name(cdtype),
+                 cfg.dtype == DType::kFP8E4M3 ? " (fp8 buffers combine in bf16)" : "");
   if (a.compacted || call.layout == Layout::kThroughput) {
     const int64_t rows = a.compacted ? call.num_recv_rows : call.tp_span();
     UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == rows && a.x.dim(1) == cfg.hidden,
@@ -454,6 +504,14 @@ TensorView Buffer::compact() {
   UBEP_CHECK_ARG(impl_->have_dispatch, "compact: no dispatch on this buffer yet");
   UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kIdle, "compact: a split-phase call is outstanding");
   return impl_->compact_rows();
+}
+TensorView Buffer::compact_scales() const {
+  const Impl& b = *impl_;
+  UBEP_CHECK_ARG(b.codec().scale_bytes != 0, "compact_scales: the buffer's dtype ",
+                 dtype_name(b.cfg.dtype), " has no scales (only fp8 has)");
+  UBEP_CHECK_ARG(b.compacted_rows >= 0, "compact_scales: call compact() first");
+  return TensorView(b.compacted_scales.get(), DType::kFP32,
+                    {b.compacted_rows, fp8_scales_per_row(b.cfg.hidden)});
 }
 TensorView Buffer::combine_buffer() const {
   UBEP_CHECK_ARG(impl_->have_dispatch, "combine_buffer: no dispatch on this buffer yet");
