@@ -100,10 +100,12 @@ struct DispatchArgs {
   // [num_tokens, hidden] in the buffer's dtype. fp8 buffers take either fp8 codes with their
   // x_scales, or bf16/fp32 values (x_scales empty) that ubep casts to fp8 on send.
   TensorView x;
-  TensorView x_scales;      // fp8 x only: [num_tokens, ceil(hidden/128)] fp32 (ubep/fp8.hpp)
   TensorView topk_idx;      // [num_tokens, k] int64, global expert id or -1, no id twice per token
   TensorView topk_weights;  // [num_tokens, k] fp32
   Layout layout = Layout::kThroughput;
+  // fp8 x only: [num_tokens, ceil(hidden/128)] fp32 scales (ubep/fp8.hpp). Last, so aggregate
+  // initializers written before fp8 keep their meaning.
+  TensorView x_scales = {};
 };
 
 // Outputs of one dispatch. Views into memory owned by the Buffer (shared memory, written in
