@@ -87,8 +87,7 @@ inline std::vector<uint16_t> dequantized_bf16(const DispatchResult& r, int64_t h
   for (int64_t row = 0; row < rows; ++row)
     for (int64_t h = 0; h < hidden; ++h)
       out[static_cast<size_t>(row * hidden + h)] = float_to_bf16(
-          static_cast<float>(ref_e4m3_value(codes[row * hidden + h])) *
-          scales[row * nb + h / 128]);
+          static_cast<float>(ref_e4m3_value(codes[row * hidden + h])) * scales[row * nb + h / 128]);
   return out;
 }
 

@@ -47,9 +47,9 @@ TEST(Fp8Codec, EncodesRandomFloatsAndTiesLikeTheReference) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> mag(-12.0f, 10.0f);
   for (int i = 0; i < 200000; ++i) {
-    const float v = std::ldexp(1.0f + static_cast<float>(rng() % 4096) / 4096.0f,
-                               static_cast<int>(mag(rng))) *
-                    (rng() % 2 ? 1.0f : -1.0f);
+    const float v =
+        std::ldexp(1.0f + static_cast<float>(rng() % 4096) / 4096.0f, static_cast<int>(mag(rng))) *
+        (rng() % 2 ? 1.0f : -1.0f);
     ASSERT_EQ(float_to_e4m3(v), ref_e4m3_encode(v)) << v;
   }
   // Exact midpoints round to the even code: 1 + 1/16 lies between 1 (0x38) and 1.125 (0x39).
@@ -153,7 +153,7 @@ TEST(Fp8Codec, SubnormalCodesAndPowerOfTwoScales) {
   x[0] = 3.0f;
   fp8_quantize_rows(x.data(), DType::kFP32, 1, 128, true, codes.data(), &scale);
   EXPECT_EQ(scale, std::ldexp(1.0f, -7));
-  EXPECT_EQ(e4m3_to_float(codes[0]), 384.0f);  // 3 * 128, exact
+  EXPECT_EQ(e4m3_to_float(codes[0]), 384.0f);               // 3 * 128, exact
   EXPECT_EQ(fp8_block_scale(448.0f * 0.25f, true), 0.25f);  // already a power of two: kept
 }
 

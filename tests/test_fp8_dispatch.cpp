@@ -134,8 +134,7 @@ TEST(Fp8Dispatch, CompactCopiesScalesToo) {
   const std::vector<RefFp8> q = ref_quantize_problem(p, false);
   run_on_threads(2, [&](Group& g) {
     Buffer buf(g, fp8_config(c, 4, 6, 2, Algorithm::kUbep));
-    buf.dispatch(fp8_args(p, q[static_cast<size_t>(g.rank())], g.rank(),
-                                                   c.layout));
+    buf.dispatch(fp8_args(p, q[static_cast<size_t>(g.rank())], g.rank(), c.layout));
     expect_invalid([&] { buf.compact_scales(); }, "compact() first");
     const TensorView x = buf.compact(), s = buf.compact_scales();
     ASSERT_EQ(s.dim(0), x.dim(0));
@@ -172,8 +171,8 @@ TEST(Fp8Dispatch, RejectsMismatchedInputsClearly) {
     DispatchArgs bad_shape = a;
     bad_shape.x_scales.shape[1] = 1;
     expect_invalid([&] { buf.dispatch(bad_shape); }, {"x_scales", "fp32[3, 1]"});
-    DispatchArgs bf16_with_scales = p.inputs[static_cast<size_t>(g.rank())].args(
-        DType::kBF16, c.hidden, c.layout);
+    DispatchArgs bf16_with_scales =
+        p.inputs[static_cast<size_t>(g.rank())].args(DType::kBF16, c.hidden, c.layout);
     bf16_with_scales.x_scales = a.x_scales;
     expect_invalid([&] { buf.dispatch(bf16_with_scales); }, {"x_scales", "bf16 x"});
     DispatchArgs int_x = a;

@@ -58,7 +58,7 @@ inline uint8_t float_to_e4m3(float v) {
   const float clamped = f < 0.015625f ? f : 0.015625f;  // NaN picks the bound: no UB below
   const auto sub = static_cast<uint32_t>((clamped * 512.0f + 8388608.0f) - 8388608.0f);
   uint32_t code = mag < 0x3c800000u ? sub : normal;
-  code = mag >= 0x43e00000u ? 0x7eu : code;        // >= 448, Inf included: saturate
+  code = mag >= 0x43e00000u ? 0x7eu : code;             // >= 448, Inf included: saturate
   code = mag > 0x7f800000u ? uint32_t{kFp8NaN} : code;  // NaN (sign dropped)
   return static_cast<uint8_t>(code | (mag > 0x7f800000u ? 0u : sign));
 }

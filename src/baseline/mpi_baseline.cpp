@@ -154,10 +154,10 @@ struct AlltoallBaseline::Impl {
       return {static_cast<const char*>(a.x.data), static_cast<const char*>(a.x_scales.data), XC};
     const int64_t H = cfg.hidden, blocks = fp8_scales_per_row(H);
     team.for_range(routing.num_tokens, [&](int, int64_t t0, int64_t t1) {
-      fp8_quantize_rows(static_cast<const char*>(a.x.data) +
-                            static_cast<size_t>(t0 * H) * dtype_size(a.x.dtype),
-                        a.x.dtype, t1 - t0, H, cfg.fp8_pow2_scales,
-                        cast_x.get<uint8_t>() + t0 * H, cast_scales.get<float>() + t0 * blocks);
+      fp8_quantize_rows(
+          static_cast<const char*>(a.x.data) + static_cast<size_t>(t0 * H) * dtype_size(a.x.dtype),
+          a.x.dtype, t1 - t0, H, cfg.fp8_pow2_scales, cast_x.get<uint8_t>() + t0 * H,
+          cast_scales.get<float>() + t0 * blocks);
     });
     return {cast_x.get(), cast_scales.get(), XC};
   }
@@ -193,8 +193,8 @@ struct AlltoallBaseline::Impl {
         sc.weights.push_back(c.weight ? *c.weight : 1.0f);
       }
       const bool weighted = !cs.empty() && cs.front().weight;
-      kernels::reduce_rows(out, cdtype, H, sc.rows.data(),
-                           weighted ? sc.weights.data() : nullptr, static_cast<int>(cs.size()));
+      kernels::reduce_rows(out, cdtype, H, sc.rows.data(), weighted ? sc.weights.data() : nullptr,
+                           static_cast<int>(cs.size()));
       return;
     }
     bool first = true;
@@ -354,8 +354,7 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
     r.recv_src = TensorView(b.recv_src.get(), DType::kInt64, {rows, 2});
   } else {
     r.recv_x = TensorView(b.lat_x.get(), b.cfg.dtype, {El, RT, b.cfg.hidden});
-    if (scales)
-      r.recv_x_scales = TensorView(b.lat_scales.get(), DType::kFP32, {El, RT, scales});
+    if (scales) r.recv_x_scales = TensorView(b.lat_scales.get(), DType::kFP32, {El, RT, scales});
     r.recv_src = TensorView(b.lat_src.get(), DType::kInt64, {El, RT, 2});
   }
   return r;

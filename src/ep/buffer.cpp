@@ -189,8 +189,8 @@ DispatchResult Buffer::Impl::result() const {
     r.recv_x =
         TensorView(win.at<char>(rank, m.lat_x), cfg.dtype, {local_experts, RT(), cfg.hidden});
     if (scales)
-      r.recv_x_scales = TensorView(win.at<char>(rank, m.lat_scale), DType::kFP32,
-                                   {local_experts, RT(), scales});
+      r.recv_x_scales =
+          TensorView(win.at<char>(rank, m.lat_scale), DType::kFP32, {local_experts, RT(), scales});
     r.recv_src = TensorView(win.at<char>(rank, m.lat_src), DType::kInt64, {local_experts, RT(), 2});
   }
   return r;

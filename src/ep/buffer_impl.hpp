@@ -58,8 +58,8 @@ struct Buffer::Impl {
   sched::Plan plan;
   std::vector<int64_t> plan_rows;  // [R] rows per destination handed to the scheduler
 
-  LocalArray y;             // [T, row] combine output
-  LocalArray compacted;     // [valid rows, payload] compact() output
+  LocalArray y;                 // [T, row] combine output
+  LocalArray compacted;         // [valid rows, payload] compact() output
   LocalArray compacted_scales;  // [valid rows, scales] its scales (fp8)
   int64_t compacted_rows = -1;  // rows of the last compact() (-1: none since the last dispatch)
   // fp8 cast on send: this rank's x as e4m3 codes and scales, [T, payload] and [T, scales].
@@ -74,7 +74,7 @@ struct Buffer::Impl {
   ep::Algorithm& algorithm() const { return cfg.algorithm == Algorithm::kBsp ? *bsp : *ubep; }
   void record_network();  // copies the relay's counters into stats
 
-  size_t row_bytes() const { return win.row_bytes(); }  // a combine row
+  size_t row_bytes() const { return win.row_bytes(); }       // a combine row
   const ep::RowCodec& codec() const { return win.codec(); }  // dispatch rows
   int64_t RT() const { return call.RT(); }
   bool multi_host() const { return relay != nullptr; }

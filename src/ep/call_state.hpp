@@ -85,10 +85,9 @@ class CallState {
   // source's rows for dest, row_off/expert_off where the source's rows start at dest; done(tag)
   // completes each row.
   template <typename Done>
-  void place_row(const Window& win, int dest, int source, int32_t t, RowRef row,
-                 const int32_t* idx, const float* w, int K, int64_t slot,
-                 const int32_t* expert_slot, int64_t row_off, const int64_t* expert_off,
-                 Done&& done) const;
+  void place_row(const Window& win, int dest, int source, int32_t t, RowRef row, const int32_t* idx,
+                 const float* w, int K, int64_t slot, const int32_t* expert_slot, int64_t row_off,
+                 const int64_t* expert_off, Done&& done) const;
   // This rank's token slot i for `dest`, read from `source`.
   template <typename Done>
   void send_rows(const Window& win, int dest, int64_t i, Done&& done) const;
@@ -131,8 +130,8 @@ void CallState::place_row(const Window& win, int dest, int source, int32_t t, Ro
   if (layout == Layout::kThroughput) {
     const auto pos = row_off + slot;
     const auto p = static_cast<size_t>(pos);
-    win.put_dispatch_row(win.at<char>(dest, m.tp_x) + p * xb, win.at<char>(dest, m.tp_scale) + p * sb,
-                         row, stream_rows);
+    win.put_dispatch_row(win.at<char>(dest, m.tp_x) + p * xb,
+                         win.at<char>(dest, m.tp_scale) + p * sb, row, stream_rows);
     const int64_t src[2] = {source, t};
     win.put(win.at<int64_t>(dest, m.tp_src) + 2 * pos, src, sizeof src);
     int32_t oidx[64];
@@ -168,8 +167,8 @@ template <typename Done>
 void CallState::send_rows(const Window& win, int dest, int64_t i, Done&& done) const {
   const int32_t t = routing.dest_token(dest, i);
   const size_t tK = static_cast<size_t>(t) * static_cast<size_t>(routing.topk);
-  place_row(win, dest, rank, t, source.row(t), &routing.topk_idx[tK], &routing.topk_weights[tK], routing.topk, i,
-            &routing.expert_slot[tK], row_offset_at[static_cast<size_t>(dest)],
+  place_row(win, dest, rank, t, source.row(t), &routing.topk_idx[tK], &routing.topk_weights[tK],
+            routing.topk, i, &routing.expert_slot[tK], row_offset_at[static_cast<size_t>(dest)],
             &expert_offset_at[static_cast<size_t>(dest * local_experts)], std::forward<Done>(done));
 }
 

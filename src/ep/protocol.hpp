@@ -140,7 +140,8 @@ struct WindowLayout {
   UBEP_HD int64_t push_rows() const { return max64(tp_rows(), max_tokens * max_topk); }
 
   size_t counts = 0, tp_x = 0, tp_scale = 0, tp_src = 0, tp_idx = 0, tp_w = 0, tp_tag = 0;
-  size_t lat_x = 0, lat_scale = 0, lat_src = 0, lat_k = 0, lat_tag = 0, comb_x = 0, comb_tag = 0, push = 0;
+  size_t lat_x = 0, lat_scale = 0, lat_src = 0, lat_k = 0, lat_tag = 0, comb_x = 0, comb_tag = 0,
+         push = 0;
   size_t half_bytes = 0, count_flags = 0, stage_flags = 0, fail_words = 0, total = 0;
   // bsp's flag slots: 0 = dispatch verify, 1 = combine verify, 2.. = its stage barriers.
   static constexpr int kStageSlots = 8;

@@ -27,10 +27,10 @@ namespace {
 void validate_dispatch_dtype(const DispatchArgs& a, const BufferConfig& cfg) {
   const bool fp8 = cfg.dtype == DType::kFP8E4M3;
   const bool cast = fp8 && (a.x.dtype == DType::kBF16 || a.x.dtype == DType::kFP32);
-  UBEP_CHECK_ARG(a.x.dtype == cfg.dtype || cast, "dispatch: x dtype ", dtype_name(a.x.dtype),
-                 " does not match the buffer's ", dtype_name(cfg.dtype),
-                 fp8 ? " (fp8 buffers take fp8 x with x_scales, or bf16/fp32 x to cast on send)"
-                     : "");
+  UBEP_CHECK_ARG(
+      a.x.dtype == cfg.dtype || cast, "dispatch: x dtype ", dtype_name(a.x.dtype),
+      " does not match the buffer's ", dtype_name(cfg.dtype),
+      fp8 ? " (fp8 buffers take fp8 x with x_scales, or bf16/fp32 x to cast on send)" : "");
   const TensorView& s = a.x_scales;
   if (a.x.dtype != DType::kFP8E4M3) {
     UBEP_CHECK_ARG(s.ndim == 0, "dispatch: x_scales ", s.describe(), " given with ",

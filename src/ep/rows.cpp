@@ -12,8 +12,8 @@ namespace ubep {
 void Buffer::Impl::set_dispatch_source(const DispatchArgs& a) {
   const ep::RowCodec& c = codec();
   if (cfg.dtype != DType::kFP8E4M3 || a.x.dtype == DType::kFP8E4M3) {
-    call.source = {static_cast<const char*>(a.x.data),
-                   static_cast<const char*>(a.x_scales.data), c};
+    call.source = {static_cast<const char*>(a.x.data), static_cast<const char*>(a.x_scales.data),
+                   c};
     return;
   }
   const int64_t n = a.x.dim(0), blocks = fp8_scales_per_row(cfg.hidden);
@@ -24,8 +24,8 @@ void Buffer::Impl::set_dispatch_source(const DispatchArgs& a) {
     const int64_t t0 = n * m / members, t1 = n * (m + 1) / members;
     fp8_quantize_rows(static_cast<const char*>(a.x.data) +
                           static_cast<size_t>(t0 * cfg.hidden) * dtype_size(a.x.dtype),
-                      a.x.dtype, t1 - t0, cfg.hidden, cfg.fp8_pow2_scales,
-                      codes + t0 * cfg.hidden, scales + t0 * blocks);
+                      a.x.dtype, t1 - t0, cfg.hidden, cfg.fp8_pow2_scales, codes + t0 * cfg.hidden,
+                      scales + t0 * blocks);
   });
   call.source = {cast_x.get(), cast_scales.get(), c};
 }

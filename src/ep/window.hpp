@@ -21,7 +21,7 @@ class Window {
 
   const WindowLayout& map() const { return map_; }
   backend::DataPath& dp() const { return dp_; }
-  size_t row_bytes() const { return map_.row_bytes; }  // a combine row
+  size_t row_bytes() const { return map_.row_bytes; }   // a combine row
   const RowCodec& codec() const { return map_.codec; }  // dispatch rows
   size_t bytes() const { return map_.total; }
 

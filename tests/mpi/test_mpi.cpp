@@ -131,8 +131,8 @@ TEST(ProcessRanksFp8, MatchesReferenceCodec) {
       make_problem(R, experts, hidden, DType::kBF16, tokens, topk, Routing::kWithDrops, 77);
   for (bool cast : {false, true}) {
     const std::vector<RefFp8> q = ref_quantize_problem(p, cast);
-    const DispatchArgs given = fp8_args(p, q[static_cast<size_t>(g.rank())], g.rank(),
-                                        Layout::kThroughput);
+    const DispatchArgs given =
+        fp8_args(p, q[static_cast<size_t>(g.rank())], g.rank(), Layout::kThroughput);
     for (Layout layout : {Layout::kThroughput, Layout::kLatency})
       for (Placement placement : {Placement::kCompact, Placement::kPerSource}) {
         SCOPED_TRACE(std::string(layout_name(layout)) + " " + placement_name(placement) +
@@ -145,9 +145,9 @@ TEST(ProcessRanksFp8, MatchesReferenceCodec) {
         cfg.num_experts = experts;
         cfg.max_topk = topk;
         cfg.placement = placement;
-        DispatchArgs a = cast ? p.inputs[static_cast<size_t>(g.rank())].args(DType::kBF16, hidden,
-                                                                            layout)
-                              : given;
+        DispatchArgs a =
+            cast ? p.inputs[static_cast<size_t>(g.rank())].args(DType::kBF16, hidden, layout)
+                 : given;
         a.layout = layout;
         auto check = [&](const DispatchResult& r, auto&& combine) {
           check_fp8_dispatch(r, p, q, g.rank());

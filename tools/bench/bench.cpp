@@ -450,11 +450,12 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     const auto sends = send_rows(in.idx, o.tokens, o.topk, o.experts, g.size(), g.rank(), o.layout);
     // The bound copies rows of the call's sizes: dispatch rows of the codec, combine rows of the
     // combine dtype (measured separately when they differ, as for fp8).
-    for (BenchRow& b : measure_bound(g, sends, in.x.data(), dispatch_row_bytes, o.tokens,
-                                     o.warmup, o.iters))
+    for (BenchRow& b :
+         measure_bound(g, sends, in.x.data(), dispatch_row_bytes, o.tokens, o.warmup, o.iters))
       if (b.op == "dispatch" || dispatch_row_bytes == row_bytes) rows.push_back(std::move(b));
     if (dispatch_row_bytes != row_bytes)
-      for (BenchRow& b : measure_bound(g, sends, in.x.data(), row_bytes, o.tokens, o.warmup, o.iters))
+      for (BenchRow& b :
+           measure_bound(g, sends, in.x.data(), row_bytes, o.tokens, o.warmup, o.iters))
         if (b.op == "combine") rows.push_back(std::move(b));
     for (BenchRow& f : measure_floor(g, std::max(200, o.iters * 4))) rows.push_back(std::move(f));
   }

@@ -119,8 +119,7 @@ BenchCommand parse_bench_args(int argc, const char* const* argv) {
         at = end + 1;
       }
       opt.dtype = opt.dtypes.front() == "fp8-cast" ? DType::kFP8E4M3 : parse_dtype(opt.dtypes[0]);
-    }
-    else if (a == "--layout")
+    } else if (a == "--layout")
       opt.layout = parse_layout(next());
     else if (a == "--routing") {
       opt.routing = next();

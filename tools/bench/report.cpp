@@ -70,8 +70,9 @@ void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchR
       "ubep-bench: %s on %s(%d ranks), tokens=%lld hidden=%lld topk=%d experts=%d %s layout=%s "
       "routing=%s iters=%d\n",
       o.workload.c_str(), g.kind(), g.size(), static_cast<long long>(o.tokens),
-      static_cast<long long>(o.hidden), o.topk, o.experts, o.fp8_cast ? "fp8-cast" : dtype_name(o.dtype),
-      layout_name(o.layout), o.routing.c_str(), o.iters);
+      static_cast<long long>(o.hidden), o.topk, o.experts,
+      o.fp8_cast ? "fp8-cast" : dtype_name(o.dtype), layout_name(o.layout), o.routing.c_str(),
+      o.iters);
   std::printf("%-22s %-9s %11s %11s %9s %10s %8s %9s\n", "impl", "op", "median_us", "p99_us",
               "GB/s", "MB/rank", "x_bound", "barriers");
   const BenchRow* floor = nullptr;
