@@ -64,7 +64,13 @@ SendSchedule parse_send_schedule(const std::string& name);  // equal|naive|colum
 struct BufferConfig {
   int64_t max_tokens_per_rank = 128;
   int64_t hidden = 7168;
+  // The dispatch dtype: bf16, fp32 or fp8 (e4m3 codes plus per-128-channel fp32 scales,
+  // ubep/fp8.hpp and docs/SEMANTICS.md "fp8 dispatch"). Combine runs in combine_dtype(): the
+  // same dtype, except that an fp8 buffer combines in bf16.
   DType dtype = DType::kBF16;
+  // fp8 buffers, when ubep casts bf16/fp32 inputs on send: round every scale up to a power of
+  // two (ue8m0-style, like DeepEP's round_scale), so dequantizing is an exponent add.
+  bool fp8_pow2_scales = false;
   int num_experts = 256;
   int max_topk = 8;
   Algorithm algorithm = Algorithm::kUbep;
@@ -86,12 +92,20 @@ struct BufferConfig {
   uint64_t initial_epoch = 0;
 };
 
+// The dtype of combine's input and output for a buffer: its dtype, or bf16 for fp8 buffers.
+DType combine_dtype(const BufferConfig& config);
+
 // Inputs of one dispatch, per rank.
 struct DispatchArgs {
-  TensorView x;             // [num_tokens, hidden] bf16|fp32 (the buffer's dtype)
+  // [num_tokens, hidden] in the buffer's dtype. fp8 buffers take either fp8 codes with their
+  // x_scales, or bf16/fp32 values (x_scales empty) that ubep casts to fp8 on send.
+  TensorView x;
   TensorView topk_idx;      // [num_tokens, k] int64, global expert id or -1, no id twice per token
   TensorView topk_weights;  // [num_tokens, k] fp32
   Layout layout = Layout::kThroughput;
+  // fp8 x only: [num_tokens, ceil(hidden/128)] fp32 scales (ubep/fp8.hpp). Last, so aggregate
+  // initializers written before fp8 keep their meaning.
+  TensorView x_scales = {};
 };
 
 // Outputs of one dispatch. Views into memory owned by the Buffer (shared memory, written in
@@ -105,6 +119,10 @@ struct DispatchResult {
   // Latency layout: recv_x [local_experts, max_tokens*ranks, hidden], recv_src
   // [local_experts, max_tokens*ranks, 2]; per expert, rows by source rank then token.
   TensorView recv_x;
+  // fp8 buffers: the scales of recv_x, one row per row of recv_x (same leading dimensions,
+  // last dimension ceil(hidden/128), fp32); rows outside the valid ranges are not valid.
+  // Empty (ndim 0) for bf16/fp32 buffers.
+  TensorView recv_x_scales;
   TensorView recv_topk_idx;
   TensorView recv_topk_weights;
   TensorView recv_src;
@@ -121,7 +139,8 @@ struct DispatchResult {
 
 // Inputs of one combine: one row per received row (throughput layout, already weighted and
 // reduced over the rank's local experts) or per (local expert, slot) (latency layout; combine
-// applies the weights). Same shape and dtype as the dispatch's recv_x.
+// applies the weights). Same shape as the dispatch's recv_x, in combine_dtype(config) (bf16 for
+// fp8 buffers).
 struct CombineArgs {
   TensorView x;
   uint64_t handle = 0;
@@ -143,7 +162,7 @@ class Buffer {
   Buffer& operator=(const Buffer&) = delete;
 
   DispatchResult dispatch(const DispatchArgs& args);
-  // y [num_tokens, hidden] in the buffer's dtype, for the tokens of the matching dispatch.
+  // y [num_tokens, hidden] in combine_dtype(), for the tokens of the matching dispatch.
   // A view into Buffer memory, valid until the next combine.
   TensorView combine(const CombineArgs& args);
 
@@ -161,6 +180,9 @@ class Buffer {
   // (throughput), then by source rank and source token. Valid until the next dispatch. Combine
   // takes outputs in this order with CombineArgs::compacted.
   TensorView compact();
+  // fp8 buffers: the scales of the rows compact() copied, [valid rows, ceil(hidden/128)] fp32,
+  // in the same order (compact() copies them too). Valid until the next dispatch.
+  TensorView compact_scales() const;
   // While a split-phase call is outstanding: the views its *_recv will return, so they can be
   // handed out before the data arrives (DeepEP's return_recv_hook); their contents are valid
   // once *_recv has returned. pending_dispatch: after a latency-layout dispatch_send (recv_x,

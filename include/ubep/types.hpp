@@ -9,11 +9,13 @@
 
 namespace ubep {
 
-enum class DType : uint8_t { kBF16, kFP32, kInt32, kInt64 };
+// kFP8E4M3: fp8 e4m3 codes (one byte each), always paired with per-128-channel fp32 scales
+// (ubep/fp8.hpp); a dispatch-only dtype (combine of an fp8 buffer is bf16).
+enum class DType : uint8_t { kBF16, kFP32, kInt32, kInt64, kFP8E4M3 };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
-DType parse_dtype(const std::string& name);  // "bf16" | "fp32"; throws InvalidArgument
+DType parse_dtype(const std::string& name);  // "bf16" | "fp32" | "fp8"; throws InvalidArgument
 
 // Where a tensor's memory lives. Host memory is kCpu; kCuda is device memory of GPU `index`.
 enum class DeviceType : uint8_t { kCpu, kCuda };

@@ -71,6 +71,8 @@ const char* expect_name(DType t) {
       return "int32";
     case DType::kInt64:
       return "int64";
+    case DType::kFP8E4M3:
+      return "fp8 e4m3 (not supported by the Python package yet)";
   }
   return "?";
 }
@@ -191,6 +193,8 @@ dl::DataType dl_type(DType t) {
       return {dl::kInt, 32, 1};
     case DType::kInt64:
       return {dl::kInt, 64, 1};
+    case DType::kFP8E4M3:  // e4m3 codes as bytes
+      return {dl::kUInt, 8, 1};
   }
   return {dl::kFloat, 32, 1};
 }

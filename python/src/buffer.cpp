@@ -232,6 +232,10 @@ void bind_buffer(pb::module_& m) {
              c.max_tokens_per_rank = max_tokens_per_rank;
              c.hidden = hidden;
              c.dtype = dtype_of(dtype);
+             // fp8 dispatch is C++-only for now (its scales have no place in this API yet).
+             UBEP_CHECK_ARG(c.dtype != DType::kFP8E4M3,
+                            "Buffer: dtype 'fp8' is not supported by the Python package yet "
+                            "(use bf16 or fp32; fp8 dispatch: the C++ API, docs/SEMANTICS.md)");
              c.num_experts = num_experts;
              c.max_topk = max_topk;
              c.algorithm = parse_algorithm(algorithm);

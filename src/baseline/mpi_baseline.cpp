@@ -12,6 +12,7 @@
 #include "ubep/baseline.hpp"
 #include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
+#include "ubep/fp8.hpp"
 
 namespace ubep {
 
@@ -25,8 +26,8 @@ const BufferConfig& checked(const Group& g, const BufferConfig& c) {
   UBEP_CHECK_ARG(c.hidden >= 1, "AlltoallBaseline: hidden must be >= 1, got ", c.hidden);
   UBEP_CHECK_ARG(c.max_tokens_per_rank >= 1,
                  "AlltoallBaseline: max_tokens_per_rank must be >= 1, got ", c.max_tokens_per_rank);
-  UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32,
-                 "AlltoallBaseline: dtype must be bf16 or fp32, got ", dtype_name(c.dtype));
+  UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32 || c.dtype == DType::kFP8E4M3,
+                 "AlltoallBaseline: dtype must be bf16, fp32 or fp8, got ", dtype_name(c.dtype));
   UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0,
                  "AlltoallBaseline: num_experts ", c.num_experts,
                  " must be a positive multiple of the group size ", g.size());
@@ -55,7 +56,10 @@ struct AlltoallBaseline::Impl {
   BufferConfig cfg;
   int rank, ranks, El;
   int64_t T;
-  size_t RB, meta_bytes, rec_bytes;
+  DType cdtype;     // combine_dtype(cfg)
+  ep::RowCodec XC;  // dispatch rows: on the wire payload then scales (protocol.hpp)
+  size_t XB;        // XC.row_bytes()
+  size_t RB, meta_bytes, rec_bytes;  // RB: a combine row
   ep::Routing routing;
   CallStats stats;
   Layout layout = Layout::kThroughput;
@@ -71,6 +75,7 @@ struct AlltoallBaseline::Impl {
   std::vector<int64_t> row_prefix;                      // [R + 1] rows before each peer's block
   LocalArray send_buf, recv_buf;
   LocalArray recv_x, recv_idx, recv_w, recv_src, recv_count, lat_x, lat_src, lat_k, y;
+  LocalArray recv_scales, lat_scales, cast_x, cast_scales;  // fp8 only
   LocalArray comb_send, comb_recv;
   std::vector<int64_t> expert_offset;                   // [El, R]
   std::vector<int32_t> comb_meta_send, comb_meta_recv;  // latency combine: (token, k) per row
@@ -84,9 +89,12 @@ struct AlltoallBaseline::Impl {
         ranks(g.size()),
         El(c.num_experts / g.size()),
         T(c.max_tokens_per_rank),
-        RB(static_cast<size_t>(c.hidden) * dtype_size(c.dtype)),
+        cdtype(combine_dtype(c)),
+        XC(ep::row_codec(c.dtype, c.hidden)),
+        XB(XC.row_bytes()),
+        RB(static_cast<size_t>(c.hidden) * dtype_size(cdtype)),
         meta_bytes(ep::round_up(8 + 12 * static_cast<size_t>(c.max_topk), 16)),
-        rec_bytes(RB + meta_bytes),
+        rec_bytes(ep::round_up(XB, 4) + meta_bytes),
         routing(g.size(), c.num_experts, c.max_tokens_per_rank, c.max_topk),
         team(resolve_workers(g, c.num_workers)) {
     const auto R = static_cast<size_t>(ranks), Tz = static_cast<size_t>(T),
@@ -99,13 +107,20 @@ struct AlltoallBaseline::Impl {
     ro.resize(R);
     send_buf = LocalArray(R * Tz * rec_bytes);
     recv_buf = LocalArray(R * Tz * rec_bytes);
-    recv_x = LocalArray(R * Tz * RB);
+    recv_x = LocalArray(R * Tz * XC.payload_bytes);
+    if (XC.scale_bytes) {
+      recv_scales = LocalArray(R * Tz * XC.scale_bytes);
+      cast_x = LocalArray(Tz * XC.payload_bytes);
+      cast_scales = LocalArray(Tz * XC.scale_bytes);
+      if (c.enable_latency_layout)
+        lat_scales = LocalArray(static_cast<size_t>(El) * R * Tz * XC.scale_bytes);
+    }
     recv_idx = LocalArray(R * Tz * K * 4);
     recv_w = LocalArray(R * Tz * K * 4);
     recv_src = LocalArray(R * Tz * 16);
     recv_count = LocalArray(static_cast<size_t>(El) * 8);
     if (c.enable_latency_layout) {
-      lat_x = LocalArray(static_cast<size_t>(El) * R * Tz * RB);
+      lat_x = LocalArray(static_cast<size_t>(El) * R * Tz * XC.payload_bytes);
       lat_src = LocalArray(static_cast<size_t>(El) * R * Tz * 16);
       lat_k = LocalArray(static_cast<size_t>(El) * R * Tz);
     }
@@ -132,6 +147,28 @@ struct AlltoallBaseline::Impl {
     stats.stage_us.reserve(8);
   }
 
+  // This rank's dispatch rows: x (and x_scales) as given, or bf16/fp32 x cast to fp8 with the
+  // same codec as ubep::Buffer (split over the team; each member writes only its tokens).
+  ep::RowArrays dispatch_source(const DispatchArgs& a) {
+    if (cfg.dtype != DType::kFP8E4M3 || a.x.dtype == DType::kFP8E4M3)
+      return {static_cast<const char*>(a.x.data), static_cast<const char*>(a.x_scales.data), XC};
+    const int64_t H = cfg.hidden, blocks = fp8_scales_per_row(H);
+    team.for_range(routing.num_tokens, [&](int, int64_t t0, int64_t t1) {
+      fp8_quantize_rows(
+          static_cast<const char*>(a.x.data) + static_cast<size_t>(t0 * H) * dtype_size(a.x.dtype),
+          a.x.dtype, t1 - t0, H, cfg.fp8_pow2_scales, cast_x.get<uint8_t>() + t0 * H,
+          cast_scales.get<float>() + t0 * blocks);
+    });
+    return {cast_x.get(), cast_scales.get(), XC};
+  }
+  // A received wire row into row `pos` of the payload and scale outputs.
+  void unpack_row(const LocalArray& x, const LocalArray& scales, int64_t pos, const char* wire) {
+    const auto p = static_cast<size_t>(pos);
+    std::memcpy(x.get() + p * XC.payload_bytes, wire, XC.payload_bytes);
+    if (XC.scale_bytes)
+      std::memcpy(scales.get() + p * XC.scale_bytes, wire + XC.payload_bytes, XC.scale_bytes);
+  }
+
   void exchange_fixed(const void* send, void* recv, size_t bytes_each) {
     for (int p = 0; p < ranks; ++p) {
       sb[p] = rb[p] = static_cast<int64_t>(bytes_each);
@@ -156,8 +193,8 @@ struct AlltoallBaseline::Impl {
         sc.weights.push_back(c.weight ? *c.weight : 1.0f);
       }
       const bool weighted = !cs.empty() && cs.front().weight;
-      kernels::reduce_rows(out, cfg.dtype, H, sc.rows.data(),
-                           weighted ? sc.weights.data() : nullptr, static_cast<int>(cs.size()));
+      kernels::reduce_rows(out, cdtype, H, sc.rows.data(), weighted ? sc.weights.data() : nullptr,
+                           static_cast<int>(cs.size()));
       return;
     }
     bool first = true;
@@ -168,9 +205,9 @@ struct AlltoallBaseline::Impl {
       for (const Contribution& c : cs) {
         if (group.host_of(c.rank) != h) continue;
         if (c.weight)
-          kernels::accumulate_row_weighted(p, c.row, cfg.dtype, H, *c.weight);
+          kernels::accumulate_row_weighted(p, c.row, cdtype, H, *c.weight);
         else
-          kernels::accumulate_row(p, c.row, cfg.dtype, H);
+          kernels::accumulate_row(p, c.row, cdtype, H);
         any = true;
       }
       if (!any) continue;
@@ -183,7 +220,7 @@ struct AlltoallBaseline::Impl {
       first = false;
     }
     if (first) std::fill(acc.begin(), acc.end(), 0.0f);
-    kernels::store_row(out, acc.data(), cfg.dtype, H);
+    kernels::store_row(out, acc.data(), cdtype, H);
   }
 };
 
@@ -206,6 +243,7 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
                  "dispatch: latency layout needs enable_latency_layout");
   b.routing.build(a, b.cfg);
   StageTimer timer(b.stats);
+  const ep::RowArrays source = b.dispatch_source(a);
   b.layout = a.layout;
   ++b.seq;
   const int R = b.ranks, El = b.El, K = b.routing.topk;
@@ -230,8 +268,10 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
       const int d = static_cast<int>(it - b.row_prefix.begin()) - 1;
       const int32_t t = b.routing.dest_token(d, g - b.row_prefix[static_cast<size_t>(d)]);
       char* r = b.send_buf.get() + g * rec;
-      std::memcpy(r, static_cast<const char*>(a.x.data) + static_cast<size_t>(t) * b.RB, b.RB);
-      auto* meta = reinterpret_cast<int32_t*>(r + b.RB);
+      const ep::RowRef x = source.row(t);
+      std::memcpy(r, x.payload, b.XC.payload_bytes);
+      if (b.XC.scale_bytes) std::memcpy(r + b.XC.payload_bytes, x.scales, b.XC.scale_bytes);
+      auto* meta = reinterpret_cast<int32_t*>(r + b.rec_bytes - b.meta_bytes);
       meta[0] = t;
       for (int j = 0; j < K; ++j) {
         const size_t tk = static_cast<size_t>(t) * static_cast<size_t>(K) + static_cast<size_t>(j);
@@ -276,9 +316,9 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
       const auto it = std::upper_bound(b.row_prefix.begin(), b.row_prefix.begin() + R + 1, pos);
       const int s = static_cast<int>(it - b.row_prefix.begin()) - 1;
       const char* r = b.recv_buf.get() + pos * rec;
-      const auto* meta = reinterpret_cast<const int32_t*>(r + b.RB);
+      const auto* meta = reinterpret_cast<const int32_t*>(r + b.rec_bytes - b.meta_bytes);
       if (b.layout == Layout::kThroughput) {
-        std::memcpy(b.recv_x.get() + pos * static_cast<int64_t>(b.RB), r, b.RB);
+        b.unpack_row(b.recv_x, b.recv_scales, pos, r);
         b.recv_src.get<int64_t>()[2 * pos] = s;
         b.recv_src.get<int64_t>()[2 * pos + 1] = meta[0];
         for (int j = 0; j < K; ++j) {
@@ -291,7 +331,7 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
           if (e < 0) continue;
           const int64_t p =
               e * RT + b.expert_offset[static_cast<size_t>(e * R + s)] + meta[1 + K + j];
-          std::memcpy(b.lat_x.get() + p * static_cast<int64_t>(b.RB), r, b.RB);
+          b.unpack_row(b.lat_x, b.lat_scales, p, r);
           b.lat_src.get<int64_t>()[2 * p] = s;
           b.lat_src.get<int64_t>()[2 * p + 1] = meta[0];
           b.lat_k.get<int8_t>()[p] = static_cast<int8_t>(j);
@@ -301,17 +341,20 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
   });
   timer.lap("unpack");
   DispatchResult r;
+  const auto scales = static_cast<int64_t>(b.XC.scale_bytes / sizeof(float));
   r.layout = b.layout;
   r.handle = b.seq;
   r.recv_count = TensorView(b.recv_count.get(), DType::kInt64, {El});
   if (b.layout == Layout::kThroughput) {
     r.num_recv_rows = rows;
     r.recv_x = TensorView(b.recv_x.get(), b.cfg.dtype, {rows, b.cfg.hidden});
+    if (scales) r.recv_x_scales = TensorView(b.recv_scales.get(), DType::kFP32, {rows, scales});
     r.recv_topk_idx = TensorView(b.recv_idx.get(), DType::kInt32, {rows, K});
     r.recv_topk_weights = TensorView(b.recv_w.get(), DType::kFP32, {rows, K});
     r.recv_src = TensorView(b.recv_src.get(), DType::kInt64, {rows, 2});
   } else {
     r.recv_x = TensorView(b.lat_x.get(), b.cfg.dtype, {El, RT, b.cfg.hidden});
+    if (scales) r.recv_x_scales = TensorView(b.lat_scales.get(), DType::kFP32, {El, RT, scales});
     r.recv_src = TensorView(b.lat_src.get(), DType::kInt64, {El, RT, 2});
   }
   return r;
@@ -321,8 +364,8 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
   Impl& b = *impl_;
   UBEP_CHECK_ARG(a.handle == b.seq && b.seq != 0, "combine: handle ", a.handle,
                  " does not belong to the last dispatch (", b.seq, ")");
-  UBEP_CHECK_ARG(a.x.dtype == b.cfg.dtype, "combine: x dtype ", dtype_name(a.x.dtype),
-                 " does not match the buffer's ", dtype_name(b.cfg.dtype));
+  UBEP_CHECK_ARG(a.x.dtype == b.cdtype, "combine: x dtype ", dtype_name(a.x.dtype),
+                 " does not match the buffer's combine dtype ", dtype_name(b.cdtype));
   UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine: x has no data");
   StageTimer timer(b.stats);
   const int R = b.ranks, El = b.El, K = b.routing.topk, Kmax = b.cfg.max_topk;
@@ -448,7 +491,7 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
     });
   }
   timer.lap("unpack + reduce");
-  return TensorView(b.y.get(), b.cfg.dtype, {N, b.cfg.hidden});
+  return TensorView(b.y.get(), b.cdtype, {N, b.cfg.hidden});
 }
 
 }  // namespace ubep

@@ -17,6 +17,8 @@ size_t dtype_size(DType t) {
       return 4;
     case DType::kInt64:
       return 8;
+    case DType::kFP8E4M3:
+      return 1;
   }
   throw InvalidArgument("unknown dtype");
 }
@@ -25,9 +27,10 @@ namespace {
 constexpr detail::EnumName<DType> kDTypes[] = {{DType::kBF16, "bf16"},
                                                {DType::kFP32, "fp32"},
                                                {DType::kInt32, "int32"},
-                                               {DType::kInt64, "int64"}};
-constexpr detail::EnumName<DType> kPayloadDTypes[] = {{DType::kBF16, "bf16"},
-                                                      {DType::kFP32, "fp32"}};
+                                               {DType::kInt64, "int64"},
+                                               {DType::kFP8E4M3, "fp8"}};
+constexpr detail::EnumName<DType> kPayloadDTypes[] = {
+    {DType::kBF16, "bf16"}, {DType::kFP32, "fp32"}, {DType::kFP8E4M3, "fp8"}};
 }  // namespace
 
 const char* dtype_name(DType t) { return detail::enum_name(kDTypes, t); }

@@ -42,6 +42,9 @@ const char* placement_name(Placement p) { return detail::enum_name(kPlacements, 
 Placement parse_placement(const std::string& n) {
   return detail::parse_enum(kPlacements, n, "placement");
 }
+DType combine_dtype(const BufferConfig& c) {
+  return c.dtype == DType::kFP8E4M3 ? DType::kBF16 : c.dtype;
+}
 Placement placement_for(Layout layout) {
   // Measured (docs/SEMANTICS.md, "Placement"): see there for why each layout gets its default.
   return layout == Layout::kLatency ? Placement::kPerSource : Placement::kCompact;
@@ -54,13 +57,15 @@ SendSchedule parse_send_schedule(const std::string& n) {
 Buffer::Impl::Impl(Group& g, const BufferConfig& c)
     : group(g),
       cfg(ep::agree_on_config(g, c)),
+      cdtype(combine_dtype(cfg)),
       rank(g.rank()),
       ranks(g.size()),
       local_experts(cfg.num_experts / g.size()),
       T(cfg.max_tokens_per_rank),
       dp(std::make_unique<cpu::CpuDataPath>(cfg.num_workers)),
       win(g,
-          ep::WindowLayout(static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dtype), g.size(),
+          ep::WindowLayout(ep::row_codec(cfg.dtype, cfg.hidden),
+                           static_cast<size_t>(cfg.hidden) * dtype_size(cdtype), g.size(),
                            cfg.num_experts / g.size(), cfg.max_topk, cfg.max_tokens_per_rank,
                            cfg.enable_latency_layout),
           *dp, cfg.initial_epoch),
@@ -71,7 +76,13 @@ Buffer::Impl::Impl(Group& g, const BufferConfig& c)
   win.set_sync(cfg.sync);
   y = LocalArray(static_cast<size_t>(T) * row_bytes());
   // Virtual until touched (MAP_NORESERVE): costs nothing unless compact() is used.
-  compacted = LocalArray(static_cast<size_t>(win.map().comb_rows()) * row_bytes());
+  const auto most_rows = static_cast<size_t>(win.map().comb_rows());
+  compacted = LocalArray(most_rows * codec().payload_bytes);
+  if (codec().scale_bytes) {
+    compacted_scales = LocalArray(most_rows * codec().scale_bytes);
+    cast_x = LocalArray(static_cast<size_t>(T) * codec().payload_bytes);
+    cast_scales = LocalArray(static_cast<size_t>(T) * codec().scale_bytes);
+  }
   part.resize(static_cast<size_t>(cfg.hidden));
   if (cfg.schedule != SendSchedule::kEqualSlices) {
     sched::Topology topo =
@@ -107,12 +118,15 @@ DispatchResult Buffer::Impl::result() const {
   r.layout = layout;
   r.handle = win.seq();
   const int64_t K = call.routing.topk;
+  const auto scales = static_cast<int64_t>(codec().scale_bytes / sizeof(float));
   r.recv_count = TensorView(call.recv_count.get(), DType::kInt64, {local_experts});
   r.placement = call.placement;
   if (layout == Layout::kThroughput) {
     const int64_t span = call.tp_span();
     r.num_recv_rows = num_recv_rows;
     r.recv_x = TensorView(win.at<char>(rank, m.tp_x), cfg.dtype, {span, cfg.hidden});
+    if (scales)
+      r.recv_x_scales = TensorView(win.at<char>(rank, m.tp_scale), DType::kFP32, {span, scales});
     r.recv_topk_idx = TensorView(win.at<char>(rank, m.tp_idx), DType::kInt32, {span, K});
     r.recv_topk_weights = TensorView(win.at<char>(rank, m.tp_w), DType::kFP32, {span, K});
     r.recv_src = TensorView(win.at<char>(rank, m.tp_src), DType::kInt64, {span, 2});
@@ -121,6 +135,9 @@ DispatchResult Buffer::Impl::result() const {
     r.recv_range = TensorView(call.recv_range.get(), DType::kInt64, {local_experts, ranks, 2});
     r.recv_x =
         TensorView(win.at<char>(rank, m.lat_x), cfg.dtype, {local_experts, RT(), cfg.hidden});
+    if (scales)
+      r.recv_x_scales =
+          TensorView(win.at<char>(rank, m.lat_scale), DType::kFP32, {local_experts, RT(), scales});
     r.recv_src = TensorView(win.at<char>(rank, m.lat_src), DType::kInt64, {local_experts, RT(), 2});
   }
   return r;
@@ -129,23 +146,12 @@ DispatchResult Buffer::Impl::result() const {
 TensorView Buffer::Impl::combine_input_view() const {
   char* base = win.at<char>(rank, win.map().comb_x);
   if (call.layout == Layout::kThroughput)
-    return TensorView(base, cfg.dtype, {call.tp_span(), cfg.hidden});
-  return TensorView(base, cfg.dtype, {local_experts, RT(), cfg.hidden});
-}
-
-TensorView Buffer::Impl::compact_rows() {
-  const ep::WindowLayout& m = win.map();
-  const char* from = win.at<char>(rank, call.layout == Layout::kThroughput ? m.tp_x : m.lat_x);
-  char* to = compacted.get();
-  call.for_each_output_row(0, 1, [&](int64_t row, int64_t packed) {
-    dp->put(to + static_cast<size_t>(packed) * row_bytes(),
-            from + static_cast<size_t>(row) * row_bytes(), row_bytes());
-  });
-  return TensorView(to, cfg.dtype, {call.num_recv_rows, cfg.hidden});
+    return TensorView(base, cdtype, {call.tp_span(), cfg.hidden});
+  return TensorView(base, cdtype, {local_experts, RT(), cfg.hidden});
 }
 
 TensorView Buffer::Impl::y_view() const {
-  return TensorView(y.get(), cfg.dtype, {call.routing.num_tokens, cfg.hidden});
+  return TensorView(y.get(), cdtype, {call.routing.num_tokens, cfg.hidden});
 }
 
 void Buffer::Impl::begin_dispatch(const DispatchArgs& a) {
@@ -154,9 +160,11 @@ void Buffer::Impl::begin_dispatch(const DispatchArgs& a) {
   UBEP_CHECK_ARG(a.layout == Layout::kThroughput || cfg.enable_latency_layout,
                  "dispatch: latency layout requested but the buffer was created with "
                  "enable_latency_layout=false");
-  call.begin(a, cfg, row_bytes());  // validates: throws before anything is sent
+  call.begin(a, cfg, codec().row_bytes());  // validates: throws before anything is sent
+  set_dispatch_source(a);
   win.begin_call();
   have_dispatch = true;
+  compacted_rows = -1;
   combined = false;
 }
 
@@ -170,8 +178,9 @@ void Buffer::Impl::check_combine(const CombineArgs& a) const {
       "reading the rows of the first combine)");
   UBEP_CHECK_ARG(a.handle == win.seq(), "combine: handle ", a.handle,
                  " does not belong to the last dispatch on this buffer (", win.seq(), ")");
-  UBEP_CHECK_ARG(a.x.dtype == cfg.dtype, "combine: x dtype ", dtype_name(a.x.dtype),
-                 " does not match the buffer's ", dtype_name(cfg.dtype));
+  UBEP_CHECK_ARG(a.x.dtype == cdtype, "combine: x dtype ", dtype_name(a.x.dtype),
+                 " does not match the buffer's combine dtype ", dtype_name(cdtype),
+                 cfg.dtype == DType::kFP8E4M3 ? " (fp8 buffers combine in bf16)" : "");
   if (a.compacted || call.layout == Layout::kThroughput) {
     const int64_t rows = a.compacted ? call.num_recv_rows : call.tp_span();
     UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == rows && a.x.dim(1) == cfg.hidden,

@@ -27,6 +27,7 @@ class HostRelay;
 struct Buffer::Impl {
   Group& group;
   BufferConfig cfg;
+  DType cdtype;  // combine_dtype(cfg): combine's rows (dispatch rows follow the window's codec)
   int rank, ranks, local_experts;
   int64_t T;  // max tokens per rank
   std::unique_ptr<backend::DataPath> dp;
@@ -57,8 +58,12 @@ struct Buffer::Impl {
   sched::Plan plan;
   std::vector<int64_t> plan_rows;  // [R] rows per destination handed to the scheduler
 
-  LocalArray y;             // [T, row] combine output
-  LocalArray compacted;     // [valid rows, row] compact() output
+  LocalArray y;                 // [T, row] combine output
+  LocalArray compacted;         // [valid rows, payload] compact() output
+  LocalArray compacted_scales;  // [valid rows, scales] its scales (fp8)
+  int64_t compacted_rows = -1;  // rows of the last compact() (-1: none since the last dispatch)
+  // fp8 cast on send: this rank's x as e4m3 codes and scales, [T, payload] and [T, scales].
+  LocalArray cast_x, cast_scales;
   std::vector<float> part;  // [hidden] one host's partial (multi-host combine)
   std::vector<float> acc;   // [members, hidden] fp32 accumulators
   CallStats stats;
@@ -69,7 +74,8 @@ struct Buffer::Impl {
   ep::Algorithm& algorithm() const { return cfg.algorithm == Algorithm::kBsp ? *bsp : *ubep; }
   void record_network();  // copies the relay's counters into stats
 
-  size_t row_bytes() const { return win.row_bytes(); }
+  size_t row_bytes() const { return win.row_bytes(); }       // a combine row
+  const ep::RowCodec& codec() const { return win.codec(); }  // dispatch rows
   int64_t RT() const { return call.RT(); }
   bool multi_host() const { return relay != nullptr; }
   bool same_host(int r) const { return group.same_host(r, rank); }
@@ -87,6 +93,7 @@ struct Buffer::Impl {
   const float* remote_partial(int h, int64_t t);
 
   void begin_dispatch(const DispatchArgs& a);
+  void set_dispatch_source(const DispatchArgs& a);  // call.source; casts to fp8 if asked
   DispatchResult result() const;
   TensorView combine_input_view() const;
   TensorView compact_rows();
@@ -110,13 +117,13 @@ void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
     if (layout == Layout::kThroughput) {
       for (int r = 0; r < ranks; ++r)
         if (routing.sent(t, r) && same_host(r))
-          dp->accumulate_row(p, locate(t, r), cfg.dtype, H, nullptr);
+          dp->accumulate_row(p, locate(t, r), cdtype, H, nullptr);
     } else {
       for (int j = 0; j < K; ++j) {
         const size_t tk = static_cast<size_t>(t * K + j);
         const int32_t e = routing.topk_idx[tk];
         if (e < 0 || !same_host(e / local_experts)) continue;
-        dp->accumulate_row(p, locate(t, j), cfg.dtype, H, &routing.topk_weights[tk]);
+        dp->accumulate_row(p, locate(t, j), cdtype, H, &routing.topk_weights[tk]);
       }
     }
   };
@@ -136,7 +143,7 @@ void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
         rows[n++] = locate(t, j);
       }
     }
-    dp->reduce_rows(out, cfg.dtype, H, rows, layout == Layout::kLatency ? weights : nullptr, n);
+    dp->reduce_rows(out, cdtype, H, rows, layout == Layout::kLatency ? weights : nullptr, n);
     return;
   }
   if (!multi_host()) {
@@ -164,7 +171,7 @@ void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
     }
     if (first) std::fill(a, a + H, 0.0f);
   }
-  dp->store_row(out, a, cfg.dtype, H);
+  dp->store_row(out, a, cdtype, H);
 }
 
 template <typename Pred, typename Describe>

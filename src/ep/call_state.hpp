@@ -22,6 +22,9 @@ class CallState {
   // decides the per-call store policy.
   void begin(const DispatchArgs& a, const BufferConfig& cfg, size_t row_bytes);
 
+  // This rank's dispatch rows, by token: the caller's x (and x_scales), or the cast-on-send
+  // staging copy (Buffer::Impl::begin_dispatch sets it after begin()).
+  RowArrays source;
   Routing routing;
   Layout layout = Layout::kThroughput;
   Placement placement = Placement::kCompact;  // resolved (never kAuto)
@@ -88,13 +91,12 @@ class CallState {
   // source's rows for dest, row_off/expert_off where the source's rows start at dest; done(tag)
   // completes each row.
   template <typename Done>
-  void place_row(const Window& win, int dest, int source, int32_t t, const char* row,
-                 const int32_t* idx, const float* w, int K, int64_t slot,
-                 const int32_t* expert_slot, int64_t row_off, const int64_t* expert_off,
-                 Done&& done) const;
-  // This rank's token slot i for `dest`, read from x.
+  void place_row(const Window& win, int dest, int source, int32_t t, RowRef row, const int32_t* idx,
+                 const float* w, int K, int64_t slot, const int32_t* expert_slot, int64_t row_off,
+                 const int64_t* expert_off, Done&& done) const;
+  // This rank's token slot i for `dest`, read from `source`.
   template <typename Done>
-  void send_rows(const Window& win, const void* x, int dest, int64_t i, Done&& done) const;
+  void send_rows(const Window& win, int dest, int64_t i, Done&& done) const;
   // Receiver: the tag of every expected row, in order; visit(tag, row index in the output).
   template <typename Visit>
   void for_each_expected_row(const Window& win, Visit&& visit) const;
@@ -125,15 +127,17 @@ class CallState {
 };
 
 template <typename Done>
-void CallState::place_row(const Window& win, int dest, int source, int32_t t, const char* row,
+void CallState::place_row(const Window& win, int dest, int source, int32_t t, RowRef row,
                           const int32_t* idx, const float* w, int K, int64_t slot,
                           const int32_t* expert_slot, int64_t row_off, const int64_t* expert_off,
                           Done&& done) const {
   const WindowLayout& m = win.map();
-  const size_t rb = win.row_bytes();
+  const size_t xb = m.codec.payload_bytes, sb = m.codec.scale_bytes;
   if (layout == Layout::kThroughput) {
-    const int64_t pos = row_off + slot;
-    win.put_row(win.at<char>(dest, m.tp_x) + static_cast<size_t>(pos) * rb, row, stream_rows);
+    const auto pos = row_off + slot;
+    const auto p = static_cast<size_t>(pos);
+    win.put_dispatch_row(win.at<char>(dest, m.tp_x) + p * xb,
+                         win.at<char>(dest, m.tp_scale) + p * sb, row, stream_rows);
     const int64_t src[2] = {source, t};
     win.put(win.at<int64_t>(dest, m.tp_src) + 2 * pos, src, sizeof src);
     int32_t oidx[64];
@@ -153,7 +157,9 @@ void CallState::place_row(const Window& win, int dest, int source, int32_t t, co
       if (e < 0 || e / local_experts != dest) continue;
       const int le = e % local_experts;
       const int64_t pos = le * RT() + expert_off[le] + expert_slot[j];
-      win.put_row(win.at<char>(dest, m.lat_x) + static_cast<size_t>(pos) * rb, row, stream_rows);
+      const auto p = static_cast<size_t>(pos);
+      win.put_dispatch_row(win.at<char>(dest, m.lat_x) + p * xb,
+                           win.at<char>(dest, m.lat_scale) + p * sb, row, stream_rows);
       const int64_t src[2] = {source, t};
       win.put(win.at<int64_t>(dest, m.lat_src) + 2 * pos, src, sizeof src);
       const auto k = static_cast<int8_t>(j);
@@ -164,14 +170,11 @@ void CallState::place_row(const Window& win, int dest, int source, int32_t t, co
 }
 
 template <typename Done>
-void CallState::send_rows(const Window& win, const void* x, int dest, int64_t i,
-                          Done&& done) const {
+void CallState::send_rows(const Window& win, int dest, int64_t i, Done&& done) const {
   const int32_t t = routing.dest_token(dest, i);
   const size_t tK = static_cast<size_t>(t) * static_cast<size_t>(routing.topk);
-  place_row(win, dest, rank, t,
-            static_cast<const char*>(x) + static_cast<size_t>(t) * win.row_bytes(),
-            &routing.topk_idx[tK], &routing.topk_weights[tK], routing.topk, i,
-            &routing.expert_slot[tK], row_offset_at[static_cast<size_t>(dest)],
+  place_row(win, dest, rank, t, source.row(t), &routing.topk_idx[tK], &routing.topk_weights[tK],
+            routing.topk, i, &routing.expert_slot[tK], row_offset_at[static_cast<size_t>(dest)],
             &expert_offset_at[static_cast<size_t>(dest * local_experts)], std::forward<Done>(done));
 }
 

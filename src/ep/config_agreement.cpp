@@ -25,8 +25,8 @@ BufferConfig checked(const Group& g, BufferConfig c) {
   UBEP_CHECK_ARG(c.hidden >= 1, "hidden must be >= 1, got ", c.hidden);
   UBEP_CHECK_ARG(c.device.type == DeviceType::kCpu, "Buffer: device ", c.device.describe(),
                  " is not served by the CPU backend (the CUDA backend: docs/CUDA.md)");
-  UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32,
-                 "buffer dtype must be bf16 or fp32, got ", dtype_name(c.dtype));
+  UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32 || c.dtype == DType::kFP8E4M3,
+                 "buffer dtype must be bf16, fp32 or fp8, got ", dtype_name(c.dtype));
   UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0, "Buffer: num_experts ",
                  c.num_experts, " must be a positive multiple of the group size ", g.size());
   UBEP_CHECK_ARG(c.max_topk >= 1 && c.max_topk <= 64, "max_topk must be in [1, 64], got ",

@@ -23,6 +23,8 @@
 #include <cstdint>
 
 #include "core/host_device.hpp"
+#include "ubep/fp8.hpp"
+#include "ubep/types.hpp"
 
 namespace ubep::ep {
 
@@ -70,18 +72,62 @@ struct CountRecord {
   }
 };
 
+// ---- Row codec ---------------------------------------------------------------------------
+// How one token row travels: its payload bytes, then optional per-row scale bytes (fp8: one
+// fp32 scale per 128 channels). Every format below sizes dispatch rows through the codec, so a
+// new dtype is a codec and a DType value, not an edit of every format. On the wire (relay
+// messages, the baseline's records) a row is payload then scales, contiguous; in a window and
+// in the user's tensors the two live in separate dense arrays (recv_x, recv_x_scales), so a
+// row in transit is a RowRef to both parts.
+struct RowCodec {
+  size_t payload_bytes = 0;  // hidden x element size
+  size_t scale_bytes = 0;    // per-row scales travelling with the payload (0: none)
+  UBEP_HD constexpr size_t row_bytes() const { return payload_bytes + scale_bytes; }
+};
+// The codec of a dispatch dtype (host side; device code receives the sizes).
+inline RowCodec row_codec(DType dtype, int64_t hidden) {
+  const auto h = static_cast<size_t>(hidden);
+  if (dtype == DType::kFP8E4M3)
+    return {h, static_cast<size_t>(fp8_scales_per_row(hidden)) * sizeof(float)};
+  return {h * dtype_size(dtype), 0};
+}
+struct RowRef {
+  const char* payload;
+  const char* scales;  // nullptr when the codec has no scales
+};
+// Rows stored as two dense arrays, [rows, payload] and [rows, scales] (a user's x and x_scales,
+// or a cast-on-send staging copy).
+struct RowArrays {
+  const char* payload = nullptr;
+  const char* scales = nullptr;
+  RowCodec codec;
+  UBEP_HD RowRef row(int64_t i) const {
+    const auto u = static_cast<size_t>(i);
+    return {payload + u * codec.payload_bytes,
+            codec.scale_bytes ? scales + u * codec.scale_bytes : nullptr};
+  }
+};
+// A contiguous wire row (payload then scales) as a RowRef.
+UBEP_HD inline RowRef wire_row(const char* row, const RowCodec& c) {
+  return {row, c.scale_bytes ? row + c.payload_bytes : nullptr};
+}
+
 // One rank's shared window. Each half holds, for the dispatch of that parity:
 //   counts  [R] count records (from every source)
 //   tp_*    throughput outputs, written by the senders at their final row:
-//           x [R*T, row], src [R*T, 2] i64, idx [R*T, K] i32, w [R*T, K] f32, tag [R*T]
-//   lat_*   latency outputs: x [El, R*T, row], src [El, R*T, 2] i64, k [El, R*T] i8,
-//           tag [El, R*T]
+//           x [R*T, payload], scale [R*T, scales], src [R*T, 2] i64, idx [R*T, K] i32,
+//           w [R*T, K] f32, tag [R*T]
+//   lat_*   latency outputs: x [El, R*T, payload], scale [El, R*T, scales], src [El, R*T, 2]
+//           i64, k [El, R*T] i8, tag [El, R*T]
 //   comb_*  the combine input of this rank (ubep's owners read it in place): rows shaped like
 //           the dispatch output, a tag per row
 //   push    bsp's combine staging on the owner: [max(R*T, T*K)] rows
+// Dispatch rows (x, scale) are sized by the dispatch codec, combine rows (comb, push) by
+// row_bytes, the combine dtype's row: they differ for fp8 (combine is bf16).
 // plus separate flags: count-record flags for the stop-and-wait sync mode and bsp's stage flags.
 struct WindowLayout {
-  size_t row_bytes = 0;
+  size_t row_bytes = 0;  // a combine row (and a dispatch row when the codec has no scales)
+  RowCodec codec;        // dispatch rows
   int ranks = 0, local_experts = 0, max_topk = 0;
   int64_t max_tokens = 0;
   bool latency = false;
@@ -93,16 +139,26 @@ struct WindowLayout {
   UBEP_HD int64_t comb_rows() const { return max64(tp_rows(), lat_rows()); }
   UBEP_HD int64_t push_rows() const { return max64(tp_rows(), max_tokens * max_topk); }
 
-  size_t counts = 0, tp_x = 0, tp_src = 0, tp_idx = 0, tp_w = 0, tp_tag = 0;
-  size_t lat_x = 0, lat_src = 0, lat_k = 0, lat_tag = 0, comb_x = 0, comb_tag = 0, push = 0;
-  size_t half_bytes = 0, count_flags = 0, stage_flags = 0, fail_words = 0,
-         total = 0;
+  size_t counts = 0, tp_x = 0, tp_scale = 0, tp_src = 0, tp_idx = 0, tp_w = 0, tp_tag = 0;
+  size_t lat_x = 0, lat_scale = 0, lat_src = 0, lat_k = 0, lat_tag = 0, comb_x = 0, comb_tag = 0,
+         push = 0;
+  size_t half_bytes = 0, count_flags = 0, stage_flags = 0, fail_words = 0, total = 0;
   // bsp's flag slots: 0 = dispatch verify, 1 = combine verify, 2.. = its stage barriers.
   static constexpr int kStageSlots = 8;
 
   WindowLayout() = default;
+  // Dispatch and combine rows of the same size, no scales (bf16/fp32).
   WindowLayout(size_t rb, int r, int el, int k, int64_t t, bool lat)
-      : row_bytes(rb), ranks(r), local_experts(el), max_topk(k), max_tokens(t), latency(lat) {
+      : WindowLayout(RowCodec{rb, 0}, rb, r, el, k, t, lat) {}
+  WindowLayout(RowCodec dispatch, size_t combine_rb, int r, int el, int k, int64_t t, bool lat)
+      : row_bytes(combine_rb),
+        codec(dispatch),
+        ranks(r),
+        local_experts(el),
+        max_topk(k),
+        max_tokens(t),
+        latency(lat) {
+    const size_t rb = combine_rb, xb = dispatch.payload_bytes, sb = dispatch.scale_bytes;
     size_t off = 0;
     auto take = [&](size_t bytes) {
       const size_t at = off;
@@ -112,12 +168,14 @@ struct WindowLayout {
     const auto R = static_cast<size_t>(r), TP = static_cast<size_t>(tp_rows()),
                LAT = static_cast<size_t>(lat_rows());
     counts = take(R * CountRecord::bytes(el));
-    tp_x = take(TP * rb);
+    tp_x = take(TP * xb);
+    tp_scale = take(TP * sb);
     tp_src = take(TP * 16);
     tp_idx = take(TP * static_cast<size_t>(k) * 4);
     tp_w = take(TP * static_cast<size_t>(k) * 4);
     tp_tag = take(TP * sizeof(Tag));
-    lat_x = take(LAT * rb);
+    lat_x = take(LAT * xb);
+    lat_scale = take(LAT * sb);
     lat_src = take(LAT * 16);
     lat_k = take(LAT);
     lat_tag = take(LAT * sizeof(Tag));
@@ -160,16 +218,6 @@ struct WindowLayout {
         (static_cast<size_t>(op) * static_cast<size_t>(ranks) + static_cast<size_t>(src)) *
             kCacheLine);
   }
-};
-
-// ---- Row codec ---------------------------------------------------------------------------
-// How one token row travels: its payload bytes, then optional per-row scale bytes (e.g. fp8
-// with one fp32 scale per 128 channels). Every format below sizes rows through the codec, so a
-// new dtype is a codec and a DType value, not an edit of every format.
-struct RowCodec {
-  size_t payload_bytes = 0;  // hidden x element size
-  size_t scale_bytes = 0;    // per-row scales travelling with the payload (0: none)
-  UBEP_HD constexpr size_t row_bytes() const { return payload_bytes + scale_bytes; }
 };
 
 // ---- Cross-host relay messages (src/ep/relay.cpp) -----------------------------------------

@@ -68,22 +68,24 @@ HostRelay::HostRelay(Group& g, const BufferConfig& cfg, ep::Window& win, ep::Cal
 bool HostRelay::local(int r) const { return g_.host_of(r) == my_host_; }
 
 size_t HostRelay::record_bytes() const {
-  return ep::relay_wire::record_bytes(win_.row_bytes(), cfg_.max_topk);
+  return ep::relay_wire::record_bytes(win_.codec().row_bytes(), cfg_.max_topk);
 }
 
-void HostRelay::start_dispatch(const DispatchArgs& a) {
+void HostRelay::start_dispatch() {
   sent_bytes_ = sent_rows_ = 0;
   const int half = win_.half();
   for (Relayed& s : relayed_) {
     s.counted = s.forwarded = false;
     s.request = remote_->irecv(s.source, kDispatchTag, s.msg[half].data(), s.msg[half].size());
   }
-  pack(a);
+  pack();
 }
 
-void HostRelay::pack(const DispatchArgs& a) {
+void HostRelay::pack() {
   const int K = call_.routing.topk, El = call_.local_experts;
-  const size_t rec = record_bytes(), RB = win_.row_bytes();
+  // A wire row is the codec's: payload then scales (protocol.hpp).
+  const ep::RowCodec& codec = win_.codec();
+  const size_t rec = record_bytes(), RB = codec.row_bytes();
   const size_t nh = hosts_.size();
   for (size_t h = 0; h < nh; ++h) {
     if (static_cast<int>(h) == my_host_) continue;
@@ -97,7 +99,9 @@ void HostRelay::pack(const DispatchArgs& a) {
       host_slot_[static_cast<size_t>(t) * nh + h] = there ? n : -1;
       if (!there) continue;
       char* r = out + kHeader + static_cast<size_t>(n) * rec;
-      std::memcpy(r, static_cast<const char*>(a.x.data) + static_cast<size_t>(t) * RB, RB);
+      const ep::RowRef src = call_.source.row(t);
+      std::memcpy(r, src.payload, codec.payload_bytes);
+      if (codec.scale_bytes) std::memcpy(r + codec.payload_bytes, src.scales, codec.scale_bytes);
       const auto tok = static_cast<int32_t>(t);
       char* meta = r + meta_offset(RB);
       std::memcpy(meta, &tok, 4);
@@ -134,7 +138,7 @@ void HostRelay::walk(const Relayed& s, Visit&& visit) const {
   int32_t slots[64];
   for (int i = 0; i < n; ++i) {
     PackedToken p{const_cast<char*>(msg) + kHeader + static_cast<size_t>(i) * record_bytes(),
-                  win_.row_bytes(), K};
+                  win_.codec().row_bytes(), K};
     for (int j = 0; j < K; ++j) {
       const int32_t e = p.idx()[j];
       slots[j] = -1;
@@ -204,8 +208,9 @@ void HostRelay::forward(Relayed& s) {
     s.row_off[static_cast<size_t>(d)] = rows;
   }
   walk(s, [&](int, const PackedToken& p, int d, int64_t slot, const int32_t* slots) {
-    call_.place_row(win_, d, s.source, *p.token(), p.row(), p.idx(), p.w(), p.K, slot, slots,
-                    s.row_off[static_cast<size_t>(d)], &s.expert_off[static_cast<size_t>(d * El)],
+    call_.place_row(win_, d, s.source, *p.token(), ep::wire_row(p.row(), win_.codec()), p.idx(),
+                    p.w(), p.K, slot, slots, s.row_off[static_cast<size_t>(d)],
+                    &s.expert_off[static_cast<size_t>(d * El)],
                     [&](ep::Tag* tag) { win_.complete(tag); });
   });
   s.forwarded = true;
@@ -283,7 +288,7 @@ void HostRelay::advance_partials(Relayed& s) {
   int64_t* dslot = gather_slots_.data();
   for (; s.cursor < n; ++s.cursor) {
     PackedToken p{const_cast<char*>(msg) + kHeader + static_cast<size_t>(s.cursor) * record_bytes(),
-                  win_.row_bytes(), K};
+                  win_.codec().row_bytes(), K};
     int count = 0;
     bool ready = true;
     if (call_.layout == Layout::kThroughput) {
@@ -317,10 +322,10 @@ void HostRelay::advance_partials(Relayed& s) {
     std::fill(part, part + H, 0.0f);
     for (int c = 0; c < count; ++c) {
       if (call_.layout == Layout::kThroughput) {
-        win_.dp().accumulate_row(part, rows[c], cfg_.dtype, H, nullptr);
+        win_.dp().accumulate_row(part, rows[c], combine_dtype(cfg_), H, nullptr);
         ++s.rows_seen[static_cast<size_t>(dslot[c])];
       } else {
-        win_.dp().accumulate_row(part, rows[c], cfg_.dtype, H, &weights[c]);
+        win_.dp().accumulate_row(part, rows[c], combine_dtype(cfg_), H, &weights[c]);
         ++s.experts_seen[static_cast<size_t>(dslot[c])];
       }
     }

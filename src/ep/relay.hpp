@@ -42,7 +42,7 @@ class HostRelay {
 
   // Dispatch: post receives from the sources this rank relays for, pack and send this rank's
   // tokens to its relays on the other hosts.
-  void start_dispatch(const DispatchArgs& a);
+  void start_dispatch();
   // Non-blocking relay work; true once every relayed message was forwarded and every send done.
   bool progress();
   // All relayed messages have arrived and their count records are written (bsp's stage 1).
@@ -76,7 +76,7 @@ class HostRelay {
   };
 
   size_t record_bytes() const;
-  void pack(const DispatchArgs& a);
+  void pack();  // this rank's rows, from CallState::source
   void write_counts(Relayed& s);
   bool lower_counts_ready(const Relayed& s, int dest) const;
   void forward(Relayed& s);

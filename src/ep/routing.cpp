@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "ubep/error.hpp"
+#include "ubep/fp8.hpp"
 
 namespace ubep::ep {
 
@@ -20,6 +21,33 @@ Routing::Routing(int r, int num_experts, int64_t t, int k)
   dest_expert_rows.resize(R * static_cast<size_t>(local_experts));
 }
 
+namespace {
+// x in the buffer's dtype; fp8 buffers also take bf16/fp32 x (cast on send) or fp8 x with its
+// scales [n, ceil(hidden/128)] fp32.
+void validate_dispatch_dtype(const DispatchArgs& a, const BufferConfig& cfg) {
+  const bool fp8 = cfg.dtype == DType::kFP8E4M3;
+  const bool cast = fp8 && (a.x.dtype == DType::kBF16 || a.x.dtype == DType::kFP32);
+  UBEP_CHECK_ARG(
+      a.x.dtype == cfg.dtype || cast, "dispatch: x dtype ", dtype_name(a.x.dtype),
+      " does not match the buffer's ", dtype_name(cfg.dtype),
+      fp8 ? " (fp8 buffers take fp8 x with x_scales, or bf16/fp32 x to cast on send)" : "");
+  const TensorView& s = a.x_scales;
+  if (a.x.dtype != DType::kFP8E4M3) {
+    UBEP_CHECK_ARG(s.ndim == 0, "dispatch: x_scales ", s.describe(), " given with ",
+                   dtype_name(a.x.dtype), " x (scales belong to fp8 x only)");
+    return;
+  }
+  const int64_t n = a.x.dim(0), nb = fp8_scales_per_row(cfg.hidden);
+  UBEP_CHECK_ARG(s.ndim == 2 && s.dtype == DType::kFP32 && s.dim(0) == n && s.dim(1) == nb,
+                 "dispatch: x_scales must be fp32 [", n, ", ", nb, "] (one scale per ",
+                 kFp8BlockSize, " channels of hidden ", cfg.hidden, "), got ",
+                 s.ndim == 0 ? std::string("none") : s.describe());
+  UBEP_CHECK_ARG(s.data != nullptr || n == 0, "dispatch: x_scales has no data");
+  UBEP_CHECK_ARG(s.device == cfg.device, "dispatch: x_scales is on ", s.device.describe(),
+                 ", the buffer on ", cfg.device.describe());
+}
+}  // namespace
+
 void validate_dispatch(const DispatchArgs& a, const BufferConfig& cfg) {
   UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "dispatch: x has no data");
   for (const auto& [name, t] : {std::pair{"x", &a.x}, std::pair{"topk_idx", &a.topk_idx},
@@ -28,8 +56,7 @@ void validate_dispatch(const DispatchArgs& a, const BufferConfig& cfg) {
                    ", the buffer on ", cfg.device.describe());
   UBEP_CHECK_ARG(a.x.ndim == 2, "dispatch: x must be [num_tokens, hidden], got ", a.x.describe());
   const int64_t n = a.x.dim(0);
-  UBEP_CHECK_ARG(a.x.dtype == cfg.dtype, "dispatch: x dtype ", dtype_name(a.x.dtype),
-                 " does not match the buffer's ", dtype_name(cfg.dtype));
+  validate_dispatch_dtype(a, cfg);
   UBEP_CHECK_ARG(a.x.dim(1) == cfg.hidden, "dispatch: x hidden size ", a.x.dim(1),
                  " does not match the buffer's hidden ", cfg.hidden);
   UBEP_CHECK_ARG(n >= 0 && n <= cfg.max_tokens_per_rank, "dispatch: num_tokens ", n,

@@ -64,7 +64,7 @@ class Ubep final : public Algorithm {
   Buffer::Impl& b_;
 };
 
-void Ubep::dispatch_send(const DispatchArgs& a) {
+void Ubep::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
   Buffer::Impl& b = b_;
   CallState& call = b.call;
   const Routing& routing = call.routing;
@@ -87,7 +87,7 @@ void Ubep::dispatch_send(const DispatchArgs& a) {
   };
   b.dp->run_roles([&](int m) {
     if (m == 0) {
-      if (b.relay) b.relay->start_dispatch(a);  // remote hosts first: their data has furthest to go
+      if (b.relay) b.relay->start_dispatch();  // remote hosts first: their data has furthest to go
       for (int k = 1; k <= b.ranks; ++k) {
         const int d = (b.rank + k) % b.ranks;
         if (!b.same_host(d)) continue;
@@ -109,7 +109,7 @@ void Ubep::dispatch_send(const DispatchArgs& a) {
       for (const sched::PlanItem& item : b.plan.worker_items(m)) {
         wait_offsets(item.dest_rank);
         for (int64_t i = item.row_begin; i < item.row_end; ++i)
-          call.send_rows(b.win, a.x.data, item.dest_rank, i, [&](Tag* t) { b.win.complete(t); });
+          call.send_rows(b.win, item.dest_rank, i, [&](Tag* t) { b.win.complete(t); });
       }
       return;
     }
@@ -127,7 +127,7 @@ void Ubep::dispatch_send(const DispatchArgs& a) {
       int64_t i0, i1;
       slice(routing.dest_rows[static_cast<size_t>(d)], m, members, &i0, &i1);
       for (int64_t i = i0; i < i1; ++i)
-        call.send_rows(b.win, a.x.data, d, i, [&](Tag* t) { b.win.complete(t); });
+        call.send_rows(b.win, d, i, [&](Tag* t) { b.win.complete(t); });
     }
   });
   // Across hosts, leave only once the messages this rank relays have arrived and their count

@@ -21,7 +21,8 @@ class Window {
 
   const WindowLayout& map() const { return map_; }
   backend::DataPath& dp() const { return dp_; }
-  size_t row_bytes() const { return map_.row_bytes; }
+  size_t row_bytes() const { return map_.row_bytes; }   // a combine row
+  const RowCodec& codec() const { return map_.codec; }  // dispatch rows
   size_t bytes() const { return map_.total; }
 
   // --- epochs: one sequence number per dispatch (its combine shares it) ---
@@ -66,6 +67,12 @@ class Window {
     dp_.put_row(dst, src, row_bytes(), stream);
   }
   void put(void* dst, const void* src, size_t bytes) const { dp_.put(dst, src, bytes); }
+  // A dispatch row: its payload into x_dst and its scales (if the codec has any) into scale_dst;
+  // both are ordered before the row's tag like any put_row.
+  void put_dispatch_row(char* x_dst, char* scale_dst, RowRef row, bool stream) const {
+    dp_.put_row(x_dst, row.payload, map_.codec.payload_bytes, stream);
+    if (map_.codec.scale_bytes) dp_.put_row(scale_dst, row.scales, map_.codec.scale_bytes, stream);
+  }
 
   // --- failures: a rank publishes into every local peer's window that it rejected a call or
   // that its buffer is broken; waits poll the words of their peers (FailureWatch).

@@ -6,6 +6,7 @@
 #include <random>
 #include <thread>
 
+#include "fp8_dispatch_check.hpp"
 #include "harness.hpp"
 #include "ubep/error.hpp"
 #include "ubep/mpi_group.hpp"
@@ -115,6 +116,58 @@ TEST(ProcessRanksErrors, BadInputThenValidCall) {
   a.topk_idx = TensorView(idx.data(), DType::kInt64, {4, 1});
   EXPECT_THROW(b.dispatch(a), InvalidArgument);
   run_and_check(g, c, p, &b, nullptr);
+}
+
+// fp8 dispatch on process ranks: codes and scales (given, or cast on send with power-of-two
+// scales) bit-identical to the reference codec through bsp, ubep and MPI_Alltoallv, both layouts
+// and placements; combine in bf16 against the reference sum.
+TEST(ProcessRanksFp8, MatchesReferenceCodec) {
+  Group& g = *g_group;
+  const int R = g.size(), experts = 4 * R, topk = 3;
+  const int64_t hidden = 200, capacity = 6;
+  std::vector<int64_t> tokens;
+  for (int r = 0; r < R; ++r) tokens.push_back((r * 5 + 3) % 7);
+  const Problem p =
+      make_problem(R, experts, hidden, DType::kBF16, tokens, topk, Routing::kWithDrops, 77);
+  for (bool cast : {false, true}) {
+    const std::vector<RefFp8> q = ref_quantize_problem(p, cast);
+    const DispatchArgs given =
+        fp8_args(p, q[static_cast<size_t>(g.rank())], g.rank(), Layout::kThroughput);
+    for (Layout layout : {Layout::kThroughput, Layout::kLatency})
+      for (Placement placement : {Placement::kCompact, Placement::kPerSource}) {
+        SCOPED_TRACE(std::string(layout_name(layout)) + " " + placement_name(placement) +
+                     (cast ? " cast-on-send" : " given"));
+        BufferConfig cfg;
+        cfg.max_tokens_per_rank = capacity;
+        cfg.hidden = hidden;
+        cfg.dtype = DType::kFP8E4M3;
+        cfg.fp8_pow2_scales = cast;
+        cfg.num_experts = experts;
+        cfg.max_topk = topk;
+        cfg.placement = placement;
+        DispatchArgs a =
+            cast ? p.inputs[static_cast<size_t>(g.rank())].args(DType::kBF16, hidden, layout)
+                 : given;
+        a.layout = layout;
+        auto check = [&](const DispatchResult& r, auto&& combine) {
+          check_fp8_dispatch(r, p, q, g.rank());
+          std::vector<uint16_t> out = dequantized_bf16(r, hidden);
+          CombineArgs ca;
+          ca.handle = r.handle;
+          ca.x = r.recv_x;
+          ca.x.data = out.data();
+          ca.x.dtype = DType::kBF16;
+          check_fp8_combine(combine(ca), p, q, g.rank(), layout);
+        };
+        for (Algorithm algo : {Algorithm::kBsp, Algorithm::kUbep}) {
+          cfg.algorithm = algo;
+          Buffer b(g, cfg);
+          check(b.dispatch(a), [&](const CombineArgs& ca) { return b.combine(ca); });
+        }
+        AlltoallBaseline base(g, cfg);
+        check(base.dispatch(a), [&](const CombineArgs& ca) { return base.combine(ca); });
+      }
+  }
 }
 
 // Forced hosts of 2 ranks (run with --mca btl tcp,self so the "network" is TCP): bsp, ubep and

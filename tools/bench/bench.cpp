@@ -11,10 +11,12 @@
 #include <memory>
 #include <random>
 
+#include "ep/protocol.hpp"
 #include "npy.hpp"
 #include "ubep/baseline.hpp"
 #include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
+#include "ubep/fp8.hpp"
 #include "ubep/scheduler.hpp"
 
 namespace ubep::tools {
@@ -80,18 +82,24 @@ struct Input {
   std::vector<char> x;
   std::vector<int64_t> idx;
   std::vector<float> w;
+  std::vector<uint8_t> codes;  // fp8: x quantized before the timed calls
+  std::vector<float> scales;
+  std::vector<uint16_t> expert_out;  // fp8: the expert's bf16 output for the baseline
   DispatchArgs args;
 };
 
 Input make_input(const Group& g, const BenchOptions& o) {
   Input in;
-  const size_t es = dtype_size(o.dtype);
+  // fp8 inputs start as bf16 values: cast on send, or quantized once here (not timed).
+  const bool fp8 = o.dtype == DType::kFP8E4M3;
+  const DType value_dtype = fp8 ? DType::kBF16 : o.dtype;
+  const size_t es = dtype_size(value_dtype);
   in.x.resize(static_cast<size_t>(o.tokens * o.hidden) * es);
   std::mt19937 rng(static_cast<unsigned>(o.seed * 977 + static_cast<uint64_t>(g.rank())));
   std::uniform_real_distribution<float> v(-1.0f, 1.0f);
   for (int64_t i = 0; i < o.tokens * o.hidden; ++i) {
     const float f = v(rng);
-    if (o.dtype == DType::kBF16) {
+    if (value_dtype == DType::kBF16) {
       const uint16_t b = float_to_bf16(f);
       std::memcpy(&in.x[static_cast<size_t>(i) * 2], &b, 2);
     } else {
@@ -100,7 +108,16 @@ Input make_input(const Group& g, const BenchOptions& o) {
   }
   make_routing(o.tokens, o.topk, o.experts, o.routing,
                o.seed * 131 + static_cast<uint64_t>(g.rank()), &in.idx, &in.w);
-  in.args.x = TensorView(in.x.data(), o.dtype, {o.tokens, o.hidden});
+  in.args.x = TensorView(in.x.data(), value_dtype, {o.tokens, o.hidden});
+  if (fp8 && !o.fp8_cast) {
+    const int64_t blocks = fp8_scales_per_row(o.hidden);
+    in.codes.resize(static_cast<size_t>(o.tokens * o.hidden));
+    in.scales.resize(static_cast<size_t>(o.tokens * blocks));
+    fp8_quantize_rows(in.x.data(), DType::kBF16, o.tokens, o.hidden, false, in.codes.data(),
+                      in.scales.data());
+    in.args.x = TensorView(in.codes.data(), DType::kFP8E4M3, {o.tokens, o.hidden});
+    in.args.x_scales = TensorView(in.scales.data(), DType::kFP32, {o.tokens, blocks});
+  }
   in.args.topk_idx = TensorView(in.idx.data(), DType::kInt64, {o.tokens, o.topk});
   in.args.topk_weights = TensorView(in.w.data(), DType::kFP32, {o.tokens, o.topk});
   in.args.layout = o.layout;
@@ -111,6 +128,43 @@ Input make_input(const Group& g, const BenchOptions& o) {
 // expert writes its output into the zero-copy combine buffer (as a real expert GEMM would write
 // its result there); that copy is the expert's work and is not timed. The baseline's combine
 // reads the rows where they are.
+// fp8 (the combine dtype is bf16): the expert dequantizes its valid rows into bf16, written
+// into the combine buffer (Buffer) or a bf16 copy shaped like recv_x (the baseline).
+CombineArgs expert_fp8(const DispatchResult& r, Buffer* buf, Input& in, int64_t hidden) {
+  TensorView out = r.recv_x;
+  out.dtype = DType::kBF16;
+  if (buf) {
+    out = buf->combine_buffer();
+  } else {
+    in.expert_out.resize(static_cast<size_t>(r.recv_x.numel()));
+    out.data = in.expert_out.data();
+  }
+  const bool latency = r.layout == Layout::kLatency;
+  const int64_t experts = latency ? r.recv_x.dim(0) : 1, rows = latency ? r.recv_x.dim(1) : 0;
+  const int64_t nb = fp8_scales_per_row(hidden);
+  std::vector<float> row(static_cast<size_t>(hidden));
+  auto convert = [&](int64_t at, int64_t n) {
+    for (int64_t i = at; i < at + n; ++i) {
+      fp8_dequantize_rows(r.recv_x.as<const uint8_t>() + i * hidden,
+                          r.recv_x_scales.as<const float>() + i * nb, 1, hidden, row.data());
+      for (int64_t h = 0; h < hidden; ++h)
+        out.as<uint16_t>()[i * hidden + h] = float_to_bf16(row[static_cast<size_t>(h)]);
+    }
+  };
+  for (int64_t e = 0; e < experts; ++e) {
+    if (r.recv_range.ndim == 0) {  // the baseline: rows packed from 0
+      convert(e * rows, latency ? r.recv_count.as<const int64_t>()[e] : r.num_recv_rows);
+      continue;
+    }
+    const int64_t ranks = r.recv_range.dim(latency ? 1 : 0);
+    for (int64_t s = 0; s < ranks; ++s) {
+      const int64_t* rr = r.recv_range.as<const int64_t>() + 2 * (e * ranks + s);
+      convert(e * rows + rr[0], rr[1]);
+    }
+  }
+  return CombineArgs{out, r.handle};
+}
+
 CombineArgs expert_identity(const DispatchResult& r, Buffer* buf, size_t row_bytes) {
   if (!buf) return CombineArgs{r.recv_x, r.handle};
   TensorView out = buf->combine_buffer();
@@ -308,12 +362,15 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
       }
     }
   }
-  const size_t row_bytes = static_cast<size_t>(o.hidden) * dtype_size(o.dtype);
+  // Dispatch rows as the codec sends them (fp8: codes + scales), combine rows in combine_dtype.
+  const size_t row_bytes = static_cast<size_t>(o.hidden) * dtype_size(combine_dtype(cfg));
+  const size_t dispatch_row_bytes = ep::row_codec(o.dtype, o.hidden).row_bytes();
+  const bool fp8 = o.dtype == DType::kFP8E4M3;
   const double cbytes = combine_bytes(in, o, g.size(), row_bytes);
   const int total = o.warmup + o.iters;
   std::vector<BenchRow> rows;
   Progress progress(g, o.quiet);
-  bool dumped = o.dump.empty();
+  bool dumped = o.dump.empty() || fp8;  // --dump writes bf16/fp32 calls only
 
   auto measure = [&](const std::string& impl, const std::string& variant, auto&& dispatch,
                      auto&& combine, auto&& stats, Buffer* buf) {
@@ -325,7 +382,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
       auto t0 = Clock::now();
       DispatchResult r = dispatch();
       const double d = us_since(t0);
-      dbytes = dispatch_bytes(r, row_bytes);
+      dbytes = dispatch_bytes(r, dispatch_row_bytes);
       const CallStats* sd = stats();
       if (i >= o.warmup && sd) {
         barriers += static_cast<double>(sd->barriers);
@@ -336,7 +393,8 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
           stage_sum[name] += us;
         }
       }
-      const CombineArgs ca = expert_identity(r, buf, row_bytes);
+      const CombineArgs ca =
+          fp8 ? expert_fp8(r, buf, in, o.hidden) : expert_identity(r, buf, row_bytes);
       t0 = Clock::now();
       TensorView y = combine(ca);
       const double c = us_since(t0);
@@ -390,8 +448,15 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   // memory; across hosts the bound is the network, which this bench does not measure).
   if (g.single_host()) {
     const auto sends = send_rows(in.idx, o.tokens, o.topk, o.experts, g.size(), g.rank(), o.layout);
-    for (BenchRow& b : measure_bound(g, sends, in.x.data(), row_bytes, o.tokens, o.warmup, o.iters))
-      rows.push_back(std::move(b));
+    // The bound copies rows of the call's sizes: dispatch rows of the codec, combine rows of the
+    // combine dtype (measured separately when they differ, as for fp8).
+    for (BenchRow& b :
+         measure_bound(g, sends, in.x.data(), dispatch_row_bytes, o.tokens, o.warmup, o.iters))
+      if (b.op == "dispatch" || dispatch_row_bytes == row_bytes) rows.push_back(std::move(b));
+    if (dispatch_row_bytes != row_bytes)
+      for (BenchRow& b :
+           measure_bound(g, sends, in.x.data(), row_bytes, o.tokens, o.warmup, o.iters))
+        if (b.op == "combine") rows.push_back(std::move(b));
     for (BenchRow& f : measure_floor(g, std::max(200, o.iters * 4))) rows.push_back(std::move(f));
   }
   double bound[2] = {0, 0}, floor_us = 0;
@@ -405,6 +470,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     if (b > 0) r.x_bound = r.median_us / b;
     if (b + floor_us > 0 && floor_us > 0) r.x_floor_bound = r.median_us / (b + floor_us);
   }
+  for (BenchRow& r : rows) r.dtype = fp8 && o.fp8_cast ? "fp8-cast" : dtype_name(o.dtype);
   return rows;
 }
 

@@ -18,6 +18,11 @@ struct BenchOptions {
   int topk = 8;
   int experts = 256;
   DType dtype = DType::kBF16;
+  // fp8 only: pass bf16 x and let ubep cast on send ("fp8-cast"), instead of fp8 codes and
+  // scales quantized before the timed calls ("fp8").
+  bool fp8_cast = false;
+  // --dtype's list (bf16, fp32, fp8, fp8-cast): main runs the bench once per entry.
+  std::vector<std::string> dtypes{"bf16"};
   Layout layout = Layout::kLatency;
   std::vector<std::string> algos{"mpi", "bsp", "ubep"};
   std::vector<SyncMode> syncs{SyncMode::kFused};  // variants of the ubep algorithm to run
@@ -44,6 +49,7 @@ struct BenchOptions {
 struct BenchRow {
   std::string impl;     // mpi | a2a | bsp | ubep | bound | floor | barrier
   std::string variant;  // sync mode for ubep; the winning copy kernel for bound; "" otherwise
+  std::string dtype;    // the --dtype entry the row was measured with
   std::string op;       // dispatch | combine (floor: roundtrip; barrier: flag)
   double median_us = 0, p99_us = 0, gbps = 0;
   double bytes = 0;  // mean bytes received per rank per call

@@ -38,8 +38,15 @@ int main(int argc, char** argv) {
       return;
     }
     auto policies = tools::policy_report(g, opt);
-    auto rows = tools::run_bench(g, opt);
-    tools::print_table(g, opt, rows);
+    std::vector<tools::BenchRow> rows;
+    for (const std::string& d : opt.dtypes) {  // --dtype bf16,fp8: one full run per entry
+      tools::BenchOptions o = opt;
+      o.fp8_cast = d == "fp8-cast";
+      o.dtype = o.fp8_cast ? DType::kFP8E4M3 : parse_dtype(d);
+      auto part = tools::run_bench(g, o);
+      tools::print_table(g, o, part);
+      rows.insert(rows.end(), part.begin(), part.end());
+    }
     tools::print_policy_report(g, opt, policies);
     tools::write_json(g, opt, rows);
   };

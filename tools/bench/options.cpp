@@ -2,6 +2,7 @@
 // flag is a message naming it and exit code 2 -- never a SIGFPE (hidden 0), a length_error
 // (negative sizes) or a bad_alloc (absurd token counts) from deep inside the run.
 #include <unistd.h>
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -19,7 +20,10 @@ Ranks: threads in this process (--ranks N), or processes when started by mpirun.
                        | tiny (1 token); all: hidden 7168, top-8 of 256 experts, bf16
   --tokens N           tokens per rank            --hidden N    hidden size
   --topk K             experts per token          --experts E   total experts
-  --dtype bf16|fp32    --layout throughput|latency
+  --dtype LIST         comma list of bf16, fp32, fp8 (e4m3 codes + scales made before the
+                       timed calls), fp8-cast (bf16 x, ubep casts on send); one run each,
+                       rows tagged with their dtype (fp8 combines in bf16)
+  --layout throughput|latency
   --routing uniform|hot  expert choice (hot: half the picks go to 8 hot experts)
   --algo LIST          comma list of mpi,bsp,ubep (default all; mpi = the MPI_Alltoallv
                        baseline, an in-process bulk exchange "a2a" on thread ranks)
@@ -104,9 +108,18 @@ BenchCommand parse_bench_args(int argc, const char* const* argv) {
       opt.topk = static_cast<int>(num(1, 64));
     else if (a == "--experts")
       opt.experts = static_cast<int>(num(1, 1 << 20));
-    else if (a == "--dtype")
-      opt.dtype = parse_dtype(next());
-    else if (a == "--layout")
+    else if (a == "--dtype") {
+      opt.dtypes.clear();
+      std::string list = next();
+      for (size_t at = 0; at <= list.size();) {
+        const size_t end = std::min(list.find(',', at), list.size());
+        const std::string entry = list.substr(at, end - at);
+        if (entry != "fp8-cast") parse_dtype(entry);  // throws naming the entry
+        opt.dtypes.push_back(entry);
+        at = end + 1;
+      }
+      opt.dtype = opt.dtypes.front() == "fp8-cast" ? DType::kFP8E4M3 : parse_dtype(opt.dtypes[0]);
+    } else if (a == "--layout")
       opt.layout = parse_layout(next());
     else if (a == "--routing") {
       opt.routing = next();

@@ -70,8 +70,9 @@ void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchR
       "ubep-bench: %s on %s(%d ranks), tokens=%lld hidden=%lld topk=%d experts=%d %s layout=%s "
       "routing=%s iters=%d\n",
       o.workload.c_str(), g.kind(), g.size(), static_cast<long long>(o.tokens),
-      static_cast<long long>(o.hidden), o.topk, o.experts, dtype_name(o.dtype),
-      layout_name(o.layout), o.routing.c_str(), o.iters);
+      static_cast<long long>(o.hidden), o.topk, o.experts,
+      o.fp8_cast ? "fp8-cast" : dtype_name(o.dtype), layout_name(o.layout), o.routing.c_str(),
+      o.iters);
   std::printf("%-22s %-9s %11s %11s %9s %10s %8s %9s\n", "impl", "op", "median_us", "p99_us",
               "GB/s", "MB/rank", "x_bound", "barriers");
   const BenchRow* floor = nullptr;
@@ -137,6 +138,14 @@ void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchR
   std::fflush(stdout);
 }
 
+namespace {
+std::string join_dtypes(const BenchOptions& o) {  // "bf16,fp8": every row carries its own
+  std::string s;
+  for (const std::string& d : o.dtypes) s += (s.empty() ? "" : ",") + d;
+  return s.empty() ? dtype_name(o.dtype) : s;
+}
+}  // namespace
+
 void write_json(const Group& g, const BenchOptions& o, const std::vector<BenchRow>& rows) {
   if (g.rank() != 0 || o.json.empty()) return;
   std::ofstream f(o.json);
@@ -144,12 +153,13 @@ void write_json(const Group& g, const BenchOptions& o, const std::vector<BenchRo
   f << "{\"config\": {\"workload\": \"" << o.workload << "\", \"group\": \"" << g.kind()
     << "\", \"ranks\": " << g.size() << ", \"tokens\": " << o.tokens << ", \"hidden\": " << o.hidden
     << ", \"topk\": " << o.topk << ", \"experts\": " << o.experts << ", \"dtype\": \""
-    << dtype_name(o.dtype) << "\", \"layout\": \"" << layout_name(o.layout) << "\", \"routing\": \""
+    << join_dtypes(o) << "\", \"layout\": \"" << layout_name(o.layout) << "\", \"routing\": \""
     << o.routing << "\", \"iters\": " << o.iters << ", \"warmup\": " << o.warmup
     << "},\n \"results\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     f << (i ? ",\n  " : "\n  ") << "{\"impl\": \"" << r.impl << "\", \"op\": \"" << r.op
+      << "\", \"dtype\": \"" << (r.dtype.empty() ? dtype_name(o.dtype) : r.dtype.c_str())
       << "\", \"median_us\": " << r.median_us << ", \"p99_us\": " << r.p99_us
       << ", \"gbps\": " << r.gbps << ", \"bytes_per_rank\": " << r.bytes;
     if (r.variant.rfind("late=", 0) == 0)  // the straggler run

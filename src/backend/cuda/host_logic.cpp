@@ -28,7 +28,8 @@ void check_config(const BufferConfig& cfg, int ranks, int local_ranks) {
                  "CUDA buffer: max_tokens_per_rank ", cfg.max_tokens_per_rank, " out of range");
   UBEP_CHECK_ARG(cfg.hidden >= 1, "CUDA buffer: hidden ", cfg.hidden, " < 1");
   UBEP_CHECK_ARG(cfg.dtype == DType::kBF16 || cfg.dtype == DType::kFP32,
-                 "CUDA buffer: dtype must be bf16 or fp32, got ", dtype_name(cfg.dtype));
+                 "CUDA buffer: dtype must be bf16 or fp32, got ", dtype_name(cfg.dtype),
+                 cfg.dtype == DType::kFP8E4M3 ? " (fp8 dispatch is CPU-backend only)" : "");
 }
 
 void check_dispatch(const DispatchArgs& a, const BufferConfig& cfg, int rank) {

@@ -1,0 +1,196 @@
+// The fp8 e4m3 codec (ubep/fp8.hpp) against the independent reference in fp8_reference.hpp:
+// every bf16 bit pattern, random fp32 values, and the block cases the format defines (zeros, the
+// amax floor, NaN/Inf, saturation, subnormals, power-of-two scales, a partial last block).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "fp8_reference.hpp"
+#include "ubep/error.hpp"
+#include "ubep/fp8.hpp"
+
+namespace ubep::test {
+namespace {
+
+uint32_t bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  return b;
+}
+
+TEST(Fp8Codec, DecodesEveryCodeLikeTheFormatDefinition) {
+  for (int c = 0; c < 256; ++c) {
+    const double want = ref_e4m3_value(c);
+    const float got = e4m3_to_float(static_cast<uint8_t>(c));
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << "code " << c;
+    } else {
+      EXPECT_EQ(static_cast<double>(got), want) << "code " << c;
+      EXPECT_EQ(std::signbit(got), (c & 0x80) != 0) << "code " << c;
+    }
+  }
+  EXPECT_EQ(e4m3_to_float(0x7E), 448.0f);
+  EXPECT_EQ(e4m3_to_float(0x01), std::ldexp(1.0f, -9));  // smallest subnormal
+}
+
+TEST(Fp8Codec, EncodesEveryBf16PatternLikeTheReference) {
+  for (uint32_t p = 0; p < 65536; ++p) {
+    const float v = bf16_to_float(static_cast<uint16_t>(p));
+    ASSERT_EQ(float_to_e4m3(v), ref_e4m3_encode(v)) << "bf16 pattern 0x" << std::hex << p;
+  }
+}
+
+TEST(Fp8Codec, EncodesRandomFloatsAndTiesLikeTheReference) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> mag(-12.0f, 10.0f);
+  for (int i = 0; i < 200000; ++i) {
+    const float v =
+        std::ldexp(1.0f + static_cast<float>(rng() % 4096) / 4096.0f, static_cast<int>(mag(rng))) *
+        (rng() % 2 ? 1.0f : -1.0f);
+    ASSERT_EQ(float_to_e4m3(v), ref_e4m3_encode(v)) << v;
+  }
+  // Exact midpoints round to the even code: 1 + 1/16 lies between 1 (0x38) and 1.125 (0x39).
+  EXPECT_EQ(float_to_e4m3(1.0625f), 0x38);
+  EXPECT_EQ(float_to_e4m3(1.1875f), 0x3A);  // between 1.125 (0x39) and 1.25 (0x3A): even
+  EXPECT_EQ(float_to_e4m3(std::ldexp(1.0f, -10)), 0x00);      // half the smallest subnormal
+  EXPECT_EQ(float_to_e4m3(3 * std::ldexp(1.0f, -10)), 0x02);  // 1.5 subnormal steps: even
+}
+
+TEST(Fp8Codec, SaturatesAndMapsNonFiniteValues) {
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(float_to_e4m3(448.0f), 0x7E);
+  EXPECT_EQ(float_to_e4m3(464.0f), 0x7E);  // the midpoint to the (absent) 480
+  EXPECT_EQ(float_to_e4m3(1e30f), 0x7E);
+  EXPECT_EQ(float_to_e4m3(-1e30f), 0xFE);
+  EXPECT_EQ(float_to_e4m3(inf), 0x7E);
+  EXPECT_EQ(float_to_e4m3(-inf), 0xFE);
+  EXPECT_EQ(float_to_e4m3(std::numeric_limits<float>::quiet_NaN()), 0x7F);
+  EXPECT_EQ(float_to_e4m3(-std::numeric_limits<float>::quiet_NaN()), 0x7F);
+  EXPECT_EQ(float_to_e4m3(-0.0f), 0x80);
+  EXPECT_EQ(float_to_e4m3(std::numeric_limits<float>::denorm_min()), 0x00);
+}
+
+// Quantizes rows with the library (from fp32 and from bf16) and with the reference; codes and
+// scales must match bit for bit.
+void expect_rows_match(const std::vector<float>& x, int64_t rows, int64_t hidden, bool pow2) {
+  const RefFp8 want = ref_fp8_quantize(x, rows, hidden, pow2);
+  std::vector<uint8_t> codes(x.size());
+  std::vector<float> scales(want.scales.size());
+  fp8_quantize_rows(x.data(), DType::kFP32, rows, hidden, pow2, codes.data(), scales.data());
+  EXPECT_EQ(codes, want.codes);
+  for (size_t i = 0; i < scales.size(); ++i)
+    EXPECT_EQ(bits(scales[i]), bits(want.scales[i])) << "scale " << i;
+}
+
+std::vector<float> random_rows(int64_t rows, int64_t hidden, uint64_t seed, float spread) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, spread);
+  std::vector<float> x(static_cast<size_t>(rows * hidden));
+  for (float& v : x) v = d(rng);
+  return x;
+}
+
+TEST(Fp8Codec, QuantizesBlocksLikeTheReference) {
+  for (bool pow2 : {false, true}) {
+    SCOPED_TRACE(pow2 ? "pow2 scales" : "exact scales");
+    expect_rows_match(random_rows(5, 512, 1, 1.0f), 5, 512, pow2);
+    expect_rows_match(random_rows(3, 7168, 2, 30.0f), 3, 7168, pow2);
+    expect_rows_match(random_rows(2, 200, 3, 0.01f), 2, 200, pow2);  // partial last block
+    expect_rows_match(random_rows(2, 5, 4, 1.0f), 2, 5, pow2);       // one short block
+  }
+}
+
+TEST(Fp8Codec, ZerosAndTheAmaxFloor) {
+  std::vector<float> zeros(256, 0.0f);
+  std::vector<uint8_t> codes(256, 0xAA);
+  float scales[2];
+  fp8_quantize_rows(zeros.data(), DType::kFP32, 1, 256, false, codes.data(), scales);
+  EXPECT_EQ(scales[0], 1e-4f / 448.0f);
+  EXPECT_EQ(codes, std::vector<uint8_t>(256, 0));
+  // Values below the floor: the scale stays at the floor's, so they encode small.
+  std::vector<float> tiny(128, 1e-6f);
+  tiny[3] = -2e-5f;
+  expect_rows_match(tiny, 1, 128, false);
+  fp8_quantize_rows(tiny.data(), DType::kFP32, 1, 128, false, codes.data(), scales);
+  EXPECT_EQ(scales[0], 1e-4f / 448.0f);
+  EXPECT_EQ(codes[3], ref_e4m3_encode(-2e-5f * (448.0f / 1e-4f)));
+}
+
+TEST(Fp8Codec, NonFiniteValuesDoNotSetTheScale) {
+  std::vector<float> x = random_rows(1, 256, 5, 2.0f);
+  x[7] = std::numeric_limits<float>::infinity();
+  x[9] = -std::numeric_limits<float>::infinity();
+  x[130] = std::numeric_limits<float>::quiet_NaN();
+  expect_rows_match(x, 1, 256, false);
+  std::vector<uint8_t> codes(256);
+  float scales[2];
+  fp8_quantize_rows(x.data(), DType::kFP32, 1, 256, false, codes.data(), scales);
+  EXPECT_EQ(codes[7], 0x7E);  // Inf saturates to +-448 * scale
+  EXPECT_EQ(codes[9], 0xFE);
+  EXPECT_EQ(codes[130], 0x7F);  // NaN stays NaN
+  EXPECT_TRUE(std::isfinite(scales[0]) && std::isfinite(scales[1]));
+  EXPECT_LT(scales[0], 1.0f);
+}
+
+TEST(Fp8Codec, SubnormalCodesAndPowerOfTwoScales) {
+  // One large value sets the scale; the rest fall in e4m3's subnormal range.
+  std::vector<float> x(128, 0.0f);
+  x[0] = 448.0f;
+  for (int i = 1; i < 128; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i) * 1e-4f;
+  expect_rows_match(x, 1, 128, false);
+  expect_rows_match(x, 1, 128, true);
+  std::vector<uint8_t> codes(128);
+  float scale;
+  fp8_quantize_rows(x.data(), DType::kFP32, 1, 128, false, codes.data(), &scale);
+  EXPECT_EQ(scale, 1.0f);
+  EXPECT_EQ(codes[10] & 0x78, 0);  // 1e-3: exponent field 0, a subnormal
+  EXPECT_NE(codes[10], 0);
+  // Power-of-two scales: amax 3 -> 3/448 rounds up to 2^-7.
+  x.assign(128, 1.0f);
+  x[0] = 3.0f;
+  fp8_quantize_rows(x.data(), DType::kFP32, 1, 128, true, codes.data(), &scale);
+  EXPECT_EQ(scale, std::ldexp(1.0f, -7));
+  EXPECT_EQ(e4m3_to_float(codes[0]), 384.0f);               // 3 * 128, exact
+  EXPECT_EQ(fp8_block_scale(448.0f * 0.25f, true), 0.25f);  // already a power of two: kept
+}
+
+TEST(Fp8Codec, Bf16InputMatchesAndRoundTripsWithinHalfAStep) {
+  const int64_t rows = 4, hidden = 300;
+  std::vector<float> x = random_rows(rows, hidden, 9, 3.0f);
+  std::vector<uint16_t> xb(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    xb[i] = float_to_bf16(x[i]);
+    x[i] = bf16_to_float(xb[i]);
+  }
+  const RefFp8 want = ref_fp8_quantize(x, rows, hidden, false);
+  std::vector<uint8_t> codes(x.size());
+  std::vector<float> scales(want.scales.size()), back(x.size());
+  fp8_quantize_rows(xb.data(), DType::kBF16, rows, hidden, false, codes.data(), scales.data());
+  EXPECT_EQ(codes, want.codes);
+  fp8_dequantize_rows(codes.data(), scales.data(), rows, hidden, back.data());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t h = 0; h < hidden; ++h) {
+      const size_t i = static_cast<size_t>(r * hidden + h);
+      const float scale = scales[static_cast<size_t>(r * want.blocks + h / 128)];
+      // 3 mantissa bits: half a step is 2^-4 of the value, or 2^-10 * scale when subnormal.
+      const float tol = std::max(std::fabs(x[i]) / 16.0f, std::ldexp(scale, -10));
+      EXPECT_LE(std::fabs(back[i] - x[i]), tol) << "row " << r << " channel " << h;
+    }
+}
+
+TEST(Fp8Codec, RejectsBadSources) {
+  float f = 0;
+  uint8_t c;
+  EXPECT_THROW(fp8_quantize_rows(&f, DType::kInt32, 1, 1, false, &c, &f), InvalidArgument);
+  EXPECT_THROW(fp8_quantize_rows(&f, DType::kFP32, 1, 0, false, &c, &f), InvalidArgument);
+  EXPECT_EQ(fp8_scales_per_row(7168), 56);
+  EXPECT_EQ(fp8_scales_per_row(200), 2);
+  EXPECT_EQ(parse_dtype("fp8"), DType::kFP8E4M3);
+  EXPECT_EQ(dtype_size(DType::kFP8E4M3), 1u);
+}
+
+}  // namespace
+}  // namespace ubep::test
