@@ -79,6 +79,21 @@ int main(int argc, char** argv) {
                     kernels::copy_row_to_peer(d0 + i * row,
                                               &rows[(i % 8) * static_cast<size_t>(hidden)], row);
                 }));
+    for (size_t batch : {4, 16, 64}) {
+      char name[64];
+      std::snprintf(name, sizeof name, "same stores, 1024 rows, fence per %zu rows", batch);
+      std::printf("%-44s %10.2f\n", name, time_us(it, [&] {
+                    char* d0 = w + span * static_cast<size_t>(half ^= 1);
+                    for (size_t i = 0; i < n; ++i) {
+                      stream_rows(d0 + i * row,
+                                  reinterpret_cast<const char*>(
+                                      &rows[(i % 8) * static_cast<size_t>(hidden)]),
+                                  row);
+                      if (i % batch == batch - 1) _mm_sfence();
+                    }
+                    _mm_sfence();
+                  }));
+    }
     std::printf("%-44s %10.2f\n", "same stores, 1024 rows, one fence", time_us(it, [&] {
                   char* d0 = w + span * static_cast<size_t>(half ^= 1);
                   for (size_t i = 0; i < n; ++i)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/cpu/reduce_bf16.hpp"
 #include "ubep/bf16.hpp"
 
 #if defined(__x86_64__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
@@ -136,7 +137,7 @@ const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
 }  // namespace
 #endif
 
-void copy_row_to_peer(void* dst, const void* src, size_t bytes) {
+bool stream_row_to_peer(void* dst, const void* src, size_t bytes) {
 #ifdef UBEP_STREAM_STORES
   if ((reinterpret_cast<uintptr_t>(dst) & 63) == 0 && bytes >= 1024) {
     const size_t n64 = bytes / 64;
@@ -147,17 +148,28 @@ void copy_row_to_peer(void* dst, const void* src, size_t bytes) {
     if (bytes % 64)
       std::memcpy(static_cast<char*>(dst) + n64 * 64, static_cast<const char*>(src) + n64 * 64,
                   bytes % 64);
-    _mm_sfence();
-    return;
+    return true;
   }
 #endif
   std::memcpy(dst, src, bytes);
+  return false;
+}
+
+void store_fence() {
+#ifdef UBEP_STREAM_STORES
+  _mm_sfence();
+#endif
+}
+
+void copy_row_to_peer(void* dst, const void* src, size_t bytes) {
+  if (stream_row_to_peer(dst, src, bytes)) store_fence();
 }
 
 void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
                  const float* weights, int n) {
   if (dtype == DType::kBF16) {
     auto* o = static_cast<uint16_t*>(out);
+    if (reduce_bf16_vector(o, hidden, rows, weights, n)) return;
     if (weights ? reduce_small<uint16_t, true>(o, hidden, rows, weights, n)
                 : reduce_small<uint16_t, false>(o, hidden, rows, weights, n))
       return;

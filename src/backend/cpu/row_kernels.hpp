@@ -20,6 +20,10 @@ void store_row(void* dst, const float* acc, DType dtype, int64_t hidden);
 // visible before any later store -- in particular before the release store of its epoch tag.
 // Falls back to memcpy for unaligned rows and in sanitizer builds.
 void copy_row_to_peer(void* dst, const void* src, size_t bytes);
+// The same stores without the fence: returns true if it used non-temporal stores, which are
+// ordered before later stores only after a store_fence() (CpuDataPath fences once per batch).
+bool stream_row_to_peer(void* dst, const void* src, size_t bytes);
+void store_fence();  // sfence: earlier non-temporal stores before every later store
 
 // out = round(((0 + w0*r0) + w1*r1) + ...) element-wise, in one pass over the rows (fp32
 // accumulator held per chunk): the same operations in the same order as the kernels above, so
