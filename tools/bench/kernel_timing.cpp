@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/reduce_bf16.hpp"
 #include "backend/cpu/row_kernels.hpp"
 #include "ubep/bf16.hpp"
 #if defined(__x86_64__)
@@ -55,6 +56,29 @@ int main(int argc, char** argv) {
     std::printf("%-44s %10.2f\n", name, time_us(iters, [&] {
                   kernels::reduce_rows(out.data(), DType::kBF16, hidden, p, w, n);
                 }));
+  }
+  {
+    // The 8-row reduction of combine by each kernel, interleaved so load affects all alike.
+    const void* p[8];
+    float w[8];
+    for (int i = 0; i < 8; ++i) {
+      p[i] = &rows[static_cast<size_t>(i * hidden)];
+      w[i] = 0.125f * static_cast<float>(i + 1);
+    }
+    double t[3] = {0, 0, 0};
+    for (int round = 0; round < 5; ++round) {
+      t[0] += time_us(iters / 5, [&] {
+        kernels::reduce_rows_portable(out.data(), DType::kBF16, hidden, p, w, 8);
+      });
+      for (int level = 1; level <= kernels::reduce_bf16_level(); ++level)
+        t[level] += time_us(iters / 5, [&] {
+          kernels::reduce_bf16_vector(out.data(), hidden, p, w, 8, level);
+        });
+    }
+    const char* names[3] = {"reduce 8 weighted rows: portable", "reduce 8 weighted rows: AVX2",
+                            "reduce 8 weighted rows: AVX-512F"};
+    for (int level = 0; level <= kernels::reduce_bf16_level(); ++level)
+      std::printf("%-44s %10.2f\n", names[level], t[level] / 5);
   }
   std::vector<char> dst(8 * row + 64);
   char* d = dst.data() + (64 - reinterpret_cast<uintptr_t>(dst.data()) % 64) % 64;

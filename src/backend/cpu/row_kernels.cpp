@@ -167,9 +167,16 @@ void copy_row_to_peer(void* dst, const void* src, size_t bytes) {
 
 void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
                  const float* weights, int n) {
+  if (dtype == DType::kBF16 &&
+      reduce_bf16_vector(static_cast<uint16_t*>(out), hidden, rows, weights, n))
+    return;
+  reduce_rows_portable(out, dtype, hidden, rows, weights, n);
+}
+
+void reduce_rows_portable(void* out, DType dtype, int64_t hidden, const void* const* rows,
+                          const float* weights, int n) {
   if (dtype == DType::kBF16) {
     auto* o = static_cast<uint16_t*>(out);
-    if (reduce_bf16_vector(o, hidden, rows, weights, n)) return;
     if (weights ? reduce_small<uint16_t, true>(o, hidden, rows, weights, n)
                 : reduce_small<uint16_t, false>(o, hidden, rows, weights, n))
       return;

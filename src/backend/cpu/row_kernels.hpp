@@ -30,5 +30,9 @@ void store_fence();  // sfence: earlier non-temporal stores before every later s
 // the same bits, with a fraction of the memory traffic. weights == nullptr: unweighted. n may be 0.
 void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
                  const float* weights, int n);
+// The same without the hand-vectorised bf16 kernels (reduce_bf16.hpp): compiler-vectorised,
+// for CPUs without AVX2 and to time against.
+void reduce_rows_portable(void* out, DType dtype, int64_t hidden, const void* const* rows,
+                          const float* weights, int n);
 
 }  // namespace ubep::kernels
