@@ -40,13 +40,19 @@ std::vector<uint16_t> expected_reduce(const std::vector<std::vector<uint16_t>>& 
 // NaN, and large values that overflow to Inf when summed.
 uint16_t random_bf16(std::mt19937& rng) {
   switch (rng() % 16) {
-    case 0: return 0x8000;  // -0
-    case 1: return 0x0001 + static_cast<uint16_t>(rng() % 0x7f);  // denormal
-    case 2: return rng() % 2 ? 0x7f80 : 0xff80;  // +-Inf
-    case 3: return 0x7fc1;  // NaN
-    case 4: return 0x7f7f;  // the largest finite
-    default: return float_to_bf16(std::ldexp(static_cast<float>(rng() % 20001) / 10000.0f - 1.0f,
-                                             static_cast<int>(rng() % 40) - 20));
+    case 0:
+      return 0x8000;  // -0
+    case 1:
+      return 0x0001 + static_cast<uint16_t>(rng() % 0x7f);  // denormal
+    case 2:
+      return rng() % 2 ? 0x7f80 : 0xff80;  // +-Inf
+    case 3:
+      return 0x7fc1;  // NaN
+    case 4:
+      return 0x7f7f;  // the largest finite
+    default:
+      return float_to_bf16(std::ldexp(static_cast<float>(rng() % 20001) / 10000.0f - 1.0f,
+                                      static_cast<int>(rng() % 40) - 20));
   }
 }
 
@@ -136,8 +142,7 @@ TEST(CpuDataPathStress, BatchedFencesReleaseEveryTagAfterItsRow) {
         reader_dp.publish(&ack, e, false);
       }
     });
-    std::vector<std::vector<char>> src(static_cast<size_t>(members),
-                                       std::vector<char>(row_bytes));
+    std::vector<std::vector<char>> src(static_cast<size_t>(members), std::vector<char>(row_bytes));
     bool acked = true;
     for (uint32_t e = 1; e <= kEpochs && acked; ++e) {
       writer.run_roles([&](int m) {

@@ -71,9 +71,8 @@ int main(int argc, char** argv) {
         kernels::reduce_rows_portable(out.data(), DType::kBF16, hidden, p, w, 8);
       });
       for (int level = 1; level <= kernels::reduce_bf16_level(); ++level)
-        t[level] += time_us(iters / 5, [&] {
-          kernels::reduce_bf16_vector(out.data(), hidden, p, w, 8, level);
-        });
+        t[level] += time_us(
+            iters / 5, [&] { kernels::reduce_bf16_vector(out.data(), hidden, p, w, 8, level); });
     }
     const char* names[3] = {"reduce 8 weighted rows: portable", "reduce 8 weighted rows: AVX2",
                             "reduce 8 weighted rows: AVX-512F"};
@@ -106,17 +105,17 @@ int main(int argc, char** argv) {
     for (size_t batch : {4, 16, 64}) {
       char name[64];
       std::snprintf(name, sizeof name, "same stores, 1024 rows, fence per %zu rows", batch);
-      std::printf("%-44s %10.2f\n", name, time_us(it, [&] {
-                    char* d0 = w + span * static_cast<size_t>(half ^= 1);
-                    for (size_t i = 0; i < n; ++i) {
-                      stream_rows(d0 + i * row,
-                                  reinterpret_cast<const char*>(
-                                      &rows[(i % 8) * static_cast<size_t>(hidden)]),
-                                  row);
-                      if (i % batch == batch - 1) _mm_sfence();
-                    }
-                    _mm_sfence();
-                  }));
+      std::printf(
+          "%-44s %10.2f\n", name, time_us(it, [&] {
+            char* d0 = w + span * static_cast<size_t>(half ^= 1);
+            for (size_t i = 0; i < n; ++i) {
+              stream_rows(
+                  d0 + i * row,
+                  reinterpret_cast<const char*>(&rows[(i % 8) * static_cast<size_t>(hidden)]), row);
+              if (i % batch == batch - 1) _mm_sfence();
+            }
+            _mm_sfence();
+          }));
     }
     std::printf("%-44s %10.2f\n", "same stores, 1024 rows, one fence", time_us(it, [&] {
                   char* d0 = w + span * static_cast<size_t>(half ^= 1);

@@ -49,8 +49,8 @@ __attribute__((target("avx512f"))) inline __m512i pack_avx512(__m512 even, __m51
 
 template <bool Weighted>
 __attribute__((target("avx512f"))) void reduce_avx512(uint16_t* out, int64_t hidden,
-                                                       const uint16_t* const* v, const float* w,
-                                                       int n) {
+                                                      const uint16_t* const* v, const float* w,
+                                                      int n) {
   const __m512i hi = _mm512_set1_epi32(-65536);  // 0xFFFF0000
   int64_t h = 0;
   // 64 elements per step: four independent accumulators keep the add chains overlapped.
