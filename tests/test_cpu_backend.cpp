@@ -80,6 +80,14 @@ TEST(RowKernels, VectorReductionIsBitIdenticalToTheFormula) {
           got.pop_back();
           ASSERT_EQ(got, want) << "level " << level << " hidden " << hidden << " n " << n
                                << (weighted ? " weighted" : "");
+          // Streamed (non-temporal) output: the same bits once fenced.
+          std::vector<uint16_t> streamed_storage(static_cast<size_t>(hidden) + 32);
+          uint16_t* streamed = streamed_storage.data();
+          while (reinterpret_cast<uintptr_t>(streamed) % 64) ++streamed;
+          ASSERT_TRUE(kernels::reduce_bf16_vector(streamed, hidden, ptrs.data(), wp, n, level,
+                                                  true));
+          kernels::store_fence();
+          ASSERT_EQ(std::vector<uint16_t>(streamed, streamed + hidden), want) << "streamed";
           std::vector<uint16_t> dispatched(static_cast<size_t>(hidden));
           kernels::reduce_rows(dispatched.data(), DType::kBF16, hidden, ptrs.data(), wp, n);
           ASSERT_EQ(dispatched, want);

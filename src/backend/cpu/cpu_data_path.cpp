@@ -126,8 +126,11 @@ void CpuDataPath::fence() const {
 }
 
 void CpuDataPath::reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
-                              const float* weights, int n) const {
-  kernels::reduce_rows(out, dtype, hidden, rows, weights, n);
+                              const float* weights, int n, bool stream) const {
+  kernels::reduce_rows(out, dtype, hidden, rows, weights, n, stream);
+  if (!stream) return;
+  held.unfenced = true;  // fenced when the role ends (run_roles' return publishes the output)
+  if (held.in_role == 0) held.release();
 }
 
 void CpuDataPath::accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden,

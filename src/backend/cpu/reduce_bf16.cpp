@@ -47,10 +47,19 @@ __attribute__((target("avx512f"))) inline __m512i pack_avx512(__m512 even, __m51
                          _mm512_and_si512(round_hi_avx512(odd), _mm512_set1_epi32(-65536)));
 }
 
+// Stores 64 bytes at out (64-byte aligned when stream): non-temporal stores skip the
+// read-for-ownership of output lines that nobody reads soon (large outputs).
+__attribute__((target("avx512f"))) inline void store_avx512(uint16_t* out, __m512i v, bool stream) {
+  if (stream)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(out), v);
+  else
+    _mm512_storeu_si512(out, v);
+}
+
 template <bool Weighted>
 __attribute__((target("avx512f"))) void reduce_avx512(uint16_t* out, int64_t hidden,
-                                                      const uint16_t* const* v, const float* w,
-                                                      int n) {
+                                                       const uint16_t* const* v, const float* w,
+                                                       int n, bool stream) {
   const __m512i hi = _mm512_set1_epi32(-65536);  // 0xFFFF0000
   int64_t h = 0;
   // 64 elements per step: four independent accumulators keep the add chains overlapped.
@@ -75,8 +84,8 @@ __attribute__((target("avx512f"))) void reduce_avx512(uint16_t* out, int64_t hid
       e1 = _mm512_add_ps(e1, a1);
       o1 = _mm512_add_ps(o1, b1);
     }
-    _mm512_storeu_si512(out + h, pack_avx512(e0, o0));
-    _mm512_storeu_si512(out + h + 32, pack_avx512(e1, o1));
+        store_avx512(out + h, pack_avx512(e0, o0), stream);
+    store_avx512(out + h + 32, pack_avx512(e1, o1), stream);
   }
   for (; h + 32 <= hidden; h += 32) {
     __m512 e = _mm512_setzero_ps(), o = e;
@@ -92,7 +101,7 @@ __attribute__((target("avx512f"))) void reduce_avx512(uint16_t* out, int64_t hid
       e = _mm512_add_ps(e, a);
       o = _mm512_add_ps(o, b);
     }
-    _mm512_storeu_si512(out + h, pack_avx512(e, o));
+        store_avx512(out + h, pack_avx512(e, o), stream);
   }
   reduce_tail(out, h, hidden, v, Weighted ? w : nullptr, n);
 }
@@ -109,7 +118,8 @@ __attribute__((target("avx2"))) inline __m256i round_hi_avx2(__m256 a) {
 
 template <bool Weighted>
 __attribute__((target("avx2"))) void reduce_avx2(uint16_t* out, int64_t hidden,
-                                                 const uint16_t* const* v, const float* w, int n) {
+                                                 const uint16_t* const* v, const float* w, int n,
+                                                 bool stream) {
   const __m256i hi = _mm256_set1_epi32(-65536);
   int64_t h = 0;
   for (; h + 16 <= hidden; h += 16) {
@@ -128,7 +138,10 @@ __attribute__((target("avx2"))) void reduce_avx2(uint16_t* out, int64_t hidden,
     }
     const __m256i packed = _mm256_or_si256(_mm256_srli_epi32(round_hi_avx2(e), 16),
                                            _mm256_and_si256(round_hi_avx2(o), hi));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + h), packed);
+        if (stream)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(out + h), packed);
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + h), packed);
   }
   reduce_tail(out, h, hidden, v, Weighted ? w : nullptr, n);
 }
@@ -147,23 +160,24 @@ int reduce_bf16_level() {
 }
 
 bool reduce_bf16_vector(uint16_t* out, int64_t hidden, const void* const* rows,
-                        const float* weights, int n, int level) {
+                        const float* weights, int n, int level, bool stream) {
 #ifdef UBEP_VECTOR_REDUCE
   if (level < 0) level = kLevel;
   level = level < kLevel ? level : kLevel;
   if (level == 0 || n > kMaxVectorRows) return false;
   const uint16_t* v[kMaxVectorRows];
   for (int r = 0; r < n; ++r) v[r] = static_cast<const uint16_t*>(rows[r]);
+    stream = stream && reinterpret_cast<uintptr_t>(out) % 64 == 0;
   if (level == 2) {
-    weights ? reduce_avx512<true>(out, hidden, v, weights, n)
-            : reduce_avx512<false>(out, hidden, v, nullptr, n);
+    weights ? reduce_avx512<true>(out, hidden, v, weights, n, stream)
+            : reduce_avx512<false>(out, hidden, v, nullptr, n, stream);
   } else {
-    weights ? reduce_avx2<true>(out, hidden, v, weights, n)
-            : reduce_avx2<false>(out, hidden, v, nullptr, n);
+    weights ? reduce_avx2<true>(out, hidden, v, weights, n, stream)
+            : reduce_avx2<false>(out, hidden, v, nullptr, n, stream);
   }
   return true;
 #else
-  (void)out, (void)hidden, (void)rows, (void)weights, (void)n, (void)level;
+    (void)out, (void)hidden, (void)rows, (void)weights, (void)n, (void)level, (void)stream;
   return false;
 #endif
 }

@@ -13,8 +13,9 @@ int reduce_bf16_level();
 
 // Reduces with the vector kernel of `level` (-1: the best; capped at what the CPU has) and
 // returns true, or returns false (nothing written) when no vector kernel applies: level 0, or
-// more than kMaxVectorRows rows. weights == nullptr: unweighted.
+// more than kMaxVectorRows rows. weights == nullptr: unweighted. stream: write `out` with
+// non-temporal stores where it is 64-byte aligned (the caller fences: store_fence()).
 bool reduce_bf16_vector(uint16_t* out, int64_t hidden, const void* const* rows,
-                        const float* weights, int n, int level = -1);
+                        const float* weights, int n, int level = -1, bool stream = false);
 
 }  // namespace ubep::kernels
