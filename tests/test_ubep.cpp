@@ -77,7 +77,8 @@ TEST(Ubep, SplitPhaseWithWorkInBetween) {
 // run must match the reference (run_and_check) and the first run, bit for bit.
 using Variant = std::pair<std::string, std::function<void(BufferConfig&)>>;
 void expect_variants_agree(Case c, const std::vector<int64_t>& tokens, uint64_t seed,
-                           const std::vector<Variant>& variants) {
+                           const std::vector<Variant>& variants,
+                           Algorithm algo = Algorithm::kUbep) {
   for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
     c.layout = l;
     const int ranks = static_cast<int>(tokens.size());
@@ -86,7 +87,7 @@ void expect_variants_agree(Case c, const std::vector<int64_t>& tokens, uint64_t 
     run_on_threads(ranks, [&](Group& g) {
       std::vector<char> first;
       for (const auto& [name, apply] : variants) {
-        BufferConfig cfg = config_for(c, Algorithm::kUbep);
+        BufferConfig cfg = config_for(c, algo);
         apply(cfg);
         Buffer b(g, cfg);
         auto y = run_and_check(g, c, p, &b, nullptr);
@@ -130,6 +131,24 @@ TEST(Ubep, SyncModesAndWorkerCountsAgree) {
              cfg.sync = m;
            }});
   expect_variants_agree(small_case(), {12, 3, 0, 11}, 5, variants);
+}
+
+// Latency calls of over 4 MiB (1040 rows of 4 KiB): large enough for streamed rows, whose fences
+// the CPU data path batches, and bf16, so combine runs the vectorised reduction; both
+// algorithms (bsp splits its loops over the workers too) with 0, 1 and 2 workers.
+TEST(Ubep, StreamedRowsAndWorkerCountsAgreeForBothAlgorithms) {
+  Case c;
+  c.experts = 16;
+  c.hidden = 2048;
+  c.dtype = DType::kBF16;
+  c.capacity = 130;
+  c.topk = 8;
+  std::vector<Variant> variants;
+  for (int workers : {0, 1, 2})
+    variants.push_back({std::to_string(workers) + " workers",
+                        [=](BufferConfig& cfg) { cfg.num_workers = workers; }});
+  for (Algorithm algo : {Algorithm::kUbep, Algorithm::kBsp})
+    expect_variants_agree(c, {130, 130}, 21, variants, algo);
 }
 
 // Thousands of back-to-back calls with changing routing and token counts, random delays on

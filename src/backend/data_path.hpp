@@ -38,7 +38,8 @@ class DataPath {
 
   // --- moving bytes ---
   // A token row into a peer's window. `stream`: the call is large, skip caching the
-  // destination (non-temporal stores). On return the row is ordered before any later publish().
+  // destination (non-temporal stores). The row is ordered before any later publish() of this
+  // thread (which fences first if needed: one fence can cover a batch of rows).
   virtual void put_row(void* dst, const void* src, size_t bytes, bool stream) const = 0;
   // Small metadata (or a local staging copy) with ordinary stores.
   virtual void put(void* dst, const void* src, size_t bytes) const = 0;
@@ -46,6 +47,9 @@ class DataPath {
   // --- completion (data-as-flag) ---
   // Release store of an epoch tag: every put before it, by this thread, is visible to a reader
   // whose arrived() returns true. stop_and_wait: a full fence first (the sync ablation).
+  // Inside run_roles, after streamed rows, the store may be held back to share one fence with
+  // the next tags; every held tag is stored before this thread's next arrived(), load(),
+  // fence(), stop-and-wait publish, or the end of its role function (docs/BACKENDS.md).
   virtual void publish(ep::Tag* tag, uint32_t value, bool stop_and_wait = false) const = 0;
   // Acquire load: true once `value` is there; the message's data is then visible.
   virtual bool arrived(const ep::Tag* tag, uint32_t value) const = 0;
@@ -55,9 +59,11 @@ class DataPath {
   virtual void fence() const = 0;
 
   // --- the fixed-order reduction (bit-identical across algorithms and backends) ---
-  // out = round(((0 + w0*r0) + w1*r1) + ...) in fp32; weights == nullptr: unweighted; n >= 0.
+    // out = round(((0 + w0*r0) + w1*r1) + ...) in fp32; weights == nullptr: unweighted; n >= 0.
+  // stream: the output is large, skip caching it; it is visible to other threads once the
+  // role function returns (inside run_roles) or when reduce_rows returns (outside).
   virtual void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
-                           const float* weights, int n) const = 0;
+                           const float* weights, int n, bool stream) const = 0;
   virtual void accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden,
                               const float* weight) const = 0;
   virtual void store_row(void* dst, const float* acc, DType dtype, int64_t hidden) const = 0;

@@ -89,14 +89,21 @@ void Bsp::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
                [] { return std::string("relayed counts"); });
   stage_barrier(b, 0);
   timer.lap("count exchange");
-  // Destinations in rotated order (as ubep does), so senders do not all start on the same rank.
-  for (int k = 1; k <= b.ranks; ++k) {
-    const int d = (b.rank + k) % b.ranks;
-    if (!b.same_host(d)) continue;
-    call.compute_offsets(b.win, d);
-    for (int64_t i = 0; i < routing.dest_rows[static_cast<size_t>(d)]; ++i)
-      call.send_rows(b.win, d, i, [](Tag*) {});
-  }
+  for (int d = 0; d < b.ranks; ++d)
+    if (b.same_host(d)) call.compute_offsets(b.win, d);
+  // The rows to each destination split over the worker team as ubep splits them (fair
+  // baseline); the barrier after this stage orders them for the receivers. Destinations in
+  // rotated order (as ubep does), so senders do not all start on the same rank.
+  b.dp->run_roles([&](int m) {
+    const int members = b.dp->members();
+    for (int k = 1; k <= b.ranks; ++k) {
+      const int d = (b.rank + k) % b.ranks;
+      if (!b.same_host(d)) continue;
+      const int64_t n = routing.dest_rows[static_cast<size_t>(d)];
+      for (int64_t i = n * m / members; i < n * (m + 1) / members; ++i)
+        call.send_rows(b.win, d, i, [](Tag*) {});
+    }
+  });
   if (b.relay)
     b.wait_for([&] { return b.relay->progress(); }, true,
                [] { return std::string("relay forwarding"); });
@@ -114,21 +121,23 @@ void Bsp::combine_send(const CombineArgs& a) {
   const CallState& call = b.call;
   const Window& w = b.win;
   StageTimer timer(b.stats);
-  call.for_each_output_row(0, 1, [&](int64_t row, int64_t packed) {
-    int owner;
-    int64_t slot;
-    call.row_owner(w, b.cfg.max_topk, row, &owner, &slot);
-    const char* data = static_cast<const char*>(a.x.data) +
-                       static_cast<size_t>(a.compacted ? packed : row) * b.row_bytes();
-    if (b.same_host(owner)) {
-      // Plain stores: the owner reduces these rows right away, so they should stay in cache.
-      w.put_row(w.at<char>(owner, w.map().push) + static_cast<size_t>(slot) * b.row_bytes(), data,
-                false);
-    } else {  // stage it for this host's relay to that owner
-      w.put_row(w.at<char>(b.rank, w.map().comb_x) + static_cast<size_t>(row) * b.row_bytes(), data,
-                false);
-      w.dp().publish(w.at<Tag>(b.rank, w.map().comb_tag) + row, w.tag());
-    }
+  b.dp->run_roles([&](int m) {  // the rows split over the worker team, like ubep's
+    call.for_each_output_row(m, b.dp->members(), [&](int64_t row, int64_t packed) {
+      int owner;
+      int64_t slot;
+      call.row_owner(w, b.cfg.max_topk, row, &owner, &slot);
+      const char* data = static_cast<const char*>(a.x.data) +
+                         static_cast<size_t>(a.compacted ? packed : row) * b.row_bytes();
+      if (b.same_host(owner)) {
+        // Plain stores: the owner reduces these rows right away, so they should stay in cache.
+        w.put_row(w.at<char>(owner, w.map().push) + static_cast<size_t>(slot) * b.row_bytes(), data,
+                  false);
+      } else {  // stage it for this host's relay to that owner
+        w.put_row(w.at<char>(b.rank, w.map().comb_x) + static_cast<size_t>(row) * b.row_bytes(),
+                  data, false);
+        w.dp().publish(w.at<Tag>(b.rank, w.map().comb_tag) + row, w.tag());
+      }
+    });
   });
   if (b.relay) b.relay->start_combine();
   stage_barrier(b, 3);
@@ -137,11 +146,22 @@ void Bsp::combine_send(const CombineArgs& a) {
   stage_barrier(b, 4);
   timer.lap("set-flag & verify");
   const char* push = w.at<char>(b.rank, w.map().push);
-  for (int64_t t = 0; t < call.routing.num_tokens; ++t) {
-    b.reduce_token(t, b.acc.data(), [&](int64_t tok, int j) {
-      const int64_t slot =
-          call.layout == Layout::kThroughput ? j * b.T + tok : tok * b.cfg.max_topk + j;
-      return push + static_cast<size_t>(slot) * b.row_bytes();
+  auto reduce = [&](int64_t t0, int64_t t1, float* acc) {
+    for (int64_t t = t0; t < t1; ++t)
+      b.reduce_token(t, acc, [&](int64_t tok, int j) {
+        const int64_t slot =
+            call.layout == Layout::kThroughput ? j * b.T + tok : tok * b.cfg.max_topk + j;
+        return push + static_cast<size_t>(slot) * b.row_bytes();
+      });
+  };
+  const int64_t tokens = call.routing.num_tokens;
+  if (b.relay) {  // across hosts the caller's thread drives the transport, so it reduces alone
+    reduce(0, tokens, b.acc.data());
+  } else {  // tokens split over the worker team, each member with its own accumulator row
+    b.dp->run_roles([&](int m) {
+      const int members = b.dp->members();
+      reduce(tokens * m / members, tokens * (m + 1) / members,
+             &b.acc[static_cast<size_t>(m) * static_cast<size_t>(b.cfg.hidden)]);
     });
   }
   if (b.relay)

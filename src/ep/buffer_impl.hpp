@@ -143,7 +143,11 @@ void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
         rows[n++] = locate(t, j);
       }
     }
-    dp->reduce_rows(out, cdtype, H, rows, layout == Layout::kLatency ? weights : nullptr, n);
+    // Outputs larger than the streaming threshold skip the cache (like dispatch's rows).
+    const bool stream = static_cast<double>(routing.num_tokens) * static_cast<double>(row_bytes()) >=
+                        ep::CallState::kStreamBytes;
+    dp->reduce_rows(out, cdtype, H, rows, layout == Layout::kLatency ? weights : nullptr, n,
+                    stream);
     return;
   }
   if (!multi_host()) {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "backend/cpu/reduce_bf16.hpp"
 #include "backend/cpu/row_kernels.hpp"
 #include "ubep/bf16.hpp"
 #if defined(__x86_64__)
@@ -56,6 +57,28 @@ int main(int argc, char** argv) {
                   kernels::reduce_rows(out.data(), DType::kBF16, hidden, p, w, n);
                 }));
   }
+  {
+    // The 8-row reduction of combine by each kernel, interleaved so load affects all alike.
+    const void* p[8];
+    float w[8];
+    for (int i = 0; i < 8; ++i) {
+      p[i] = &rows[static_cast<size_t>(i * hidden)];
+      w[i] = 0.125f * static_cast<float>(i + 1);
+    }
+    double t[3] = {0, 0, 0};
+    for (int round = 0; round < 5; ++round) {
+      t[0] += time_us(iters / 5, [&] {
+        kernels::reduce_rows_portable(out.data(), DType::kBF16, hidden, p, w, 8);
+      });
+      for (int level = 1; level <= kernels::reduce_bf16_level(); ++level)
+        t[level] += time_us(
+            iters / 5, [&] { kernels::reduce_bf16_vector(out.data(), hidden, p, w, 8, level); });
+    }
+    const char* names[3] = {"reduce 8 weighted rows: portable", "reduce 8 weighted rows: AVX2",
+                            "reduce 8 weighted rows: AVX-512F"};
+    for (int level = 0; level <= kernels::reduce_bf16_level(); ++level)
+      std::printf("%-44s %10.2f\n", names[level], t[level] / 5);
+  }
   std::vector<char> dst(8 * row + 64);
   char* d = dst.data() + (64 - reinterpret_cast<uintptr_t>(dst.data()) % 64) % 64;
   std::printf("%-44s %10.2f\n", "memcpy of 8 rows",
@@ -79,6 +102,21 @@ int main(int argc, char** argv) {
                     kernels::copy_row_to_peer(d0 + i * row,
                                               &rows[(i % 8) * static_cast<size_t>(hidden)], row);
                 }));
+    for (size_t batch : {4, 16, 64}) {
+      char name[64];
+      std::snprintf(name, sizeof name, "same stores, 1024 rows, fence per %zu rows", batch);
+      std::printf(
+          "%-44s %10.2f\n", name, time_us(it, [&] {
+            char* d0 = w + span * static_cast<size_t>(half ^= 1);
+            for (size_t i = 0; i < n; ++i) {
+              stream_rows(
+                  d0 + i * row,
+                  reinterpret_cast<const char*>(&rows[(i % 8) * static_cast<size_t>(hidden)]), row);
+              if (i % batch == batch - 1) _mm_sfence();
+            }
+            _mm_sfence();
+          }));
+    }
     std::printf("%-44s %10.2f\n", "same stores, 1024 rows, one fence", time_us(it, [&] {
                   char* d0 = w + span * static_cast<size_t>(half ^= 1);
                   for (size_t i = 0; i < n; ++i)

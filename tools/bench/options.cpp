@@ -33,8 +33,8 @@ Ranks: threads in this process (--ranks N), or processes when started by mpirun.
   --straggler-us LIST  instead of the comparison: rank 0 arrives D us late at every call, for
                        each D in the list (e.g. 0,1000,4000); prints bsp, ubep-compact and
                        ubep-per-source dispatch_send and dispatch on the other ranks
-  --workers N          worker threads per rank for ubep's roles and the baseline's pack,
-                       unpack and reduce (default: cores / ranks - 1; bsp does not use them)
+  --workers N          worker threads per rank for ubep's roles and for bsp's and the
+                       baseline's pack, unpack and reduce (default: cores / ranks - 1)
   --topology SPEC      preset (cm384, nvl72, h800), HxR (e.g. 2x2: also forces hosts of R
                        ranks, so traffic between them takes the cross-host relay over MPI
                        or the in-process transport) or a JSON file; prints the predicted

@@ -9,20 +9,86 @@
 
 namespace ubep::cpu {
 
+namespace {
+
+// One fence per batch of streamed rows, not per row.
+//
+// Why it is correct. Non-temporal stores are weakly ordered: a row written with them may
+// become visible after a later ordinary store, so an sfence must separate a row from the
+// release store of its tag. One sfence orders *every* earlier non-temporal store of this thread
+// before every later store, so a member that streams rows r1..rK, fences once, and only then
+// stores their K tags still shows each tag only after its row (writer: the member thread;
+// reader: whoever acquire-loads the tag -- it then sees the row, as before). Only the tags wait;
+// rows are never reordered with anything a reader acts on.
+//
+// Why nobody waits forever for a held-back tag. A tag is held back only inside run_roles (a
+// role function), at most kMaxHeld tags or kMaxHeldBytes of rows, and is released, in order,
+// before this thread next tests a tag (arrived/load: every bounded wait of the algorithms
+// goes through them), fences, publishes in stop-and-wait mode, or returns from its role
+// function (also by an exception: the rows before the tags were completely written). So a
+// member holds tags only while it is writing more rows; the one wait that does not go through
+// arrived -- ubep's token senders waiting for their own rank's offset role -- depends only on
+// count records of other ranks, which never wait for this call's rows (src/ep/ubep.cpp).
+// Outside roles every publish fences and stores at once.
+//
+// The state is per thread (an sfence orders only its own thread's stores); members of a team
+// are distinct threads, and a thread rank's caller thread is its own member 0.
+constexpr int kMaxHeld = 16;
+constexpr size_t kMaxHeldBytes = size_t{256} << 10;
+
+struct HeldTags {
+  bool unfenced = false;  // streamed stores since the last fence
+  int in_role = 0;        // depth of run_roles on this thread
+  int n = 0;
+  size_t bytes = 0;  // streamed row bytes since the last release
+  ep::Tag* tag[kMaxHeld];
+  uint32_t value[kMaxHeld];
+
+  void release() {
+    if (unfenced) kernels::store_fence();
+    unfenced = false;
+    for (int i = 0; i < n; ++i) publish_tag(tag[i], value[i]);
+    n = 0;
+    bytes = 0;
+  }
+};
+thread_local HeldTags held;
+
+// Marks this thread as running a role function for its lifetime; releases on the way out.
+struct RoleScope {
+  RoleScope() { ++held.in_role; }
+  ~RoleScope() {
+    held.release();
+    --held.in_role;
+  }
+  RoleScope(const RoleScope&) = delete;
+  RoleScope& operator=(const RoleScope&) = delete;
+};
+
+}  // namespace
+
 CpuDataPath::CpuDataPath(int workers) : team_(std::make_unique<WorkerTeam>(workers)) {}
 CpuDataPath::~CpuDataPath() = default;
 
 int CpuDataPath::members() const { return team_->size(); }
 
 void CpuDataPath::run_erased(void* obj, void (*fn)(void*, int)) {
-  team_->run([&](int m) { fn(obj, m); });
+  team_->run([&](int m) {
+    RoleScope scope;
+    fn(obj, m);
+  });
 }
 
 void CpuDataPath::put_row(void* dst, const void* src, size_t bytes, bool stream) const {
-  if (stream)  // ends with an sfence: ordered before the tag's release store
-    kernels::copy_row_to_peer(dst, src, bytes);
-  else
+  if (!stream) {
     std::memcpy(dst, src, bytes);
+    return;
+  }
+  // Also marked when the copy fell back to memcpy (unaligned rows, sanitizer builds), so the
+  // batching logic runs -- and is checked by TSan -- the same way everywhere.
+  kernels::stream_row_to_peer(dst, src, bytes);
+  held.unfenced = true;
+  held.bytes += bytes;
 }
 
 void CpuDataPath::put(void* dst, const void* src, size_t bytes) const {
@@ -30,21 +96,41 @@ void CpuDataPath::put(void* dst, const void* src, size_t bytes) const {
 }
 
 void CpuDataPath::publish(ep::Tag* tag, uint32_t value, bool stop_and_wait) const {
-  if (stop_and_wait) std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (stop_and_wait) {
+    held.release();
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  } else if (held.unfenced && held.in_role > 0) {
+    held.tag[held.n] = tag;
+    held.value[held.n] = value;
+    if (++held.n == kMaxHeld || held.bytes >= kMaxHeldBytes) held.release();
+    return;
+  } else {
+    held.release();  // fences if a row is unfenced (no tag is held outside roles)
+  }
   publish_tag(tag, value);
 }
 
 bool CpuDataPath::arrived(const ep::Tag* tag, uint32_t value) const {
+  if (held.n > 0 || held.unfenced) held.release();
   return tag_arrived(tag, value);
 }
 
-uint32_t CpuDataPath::load(const ep::Tag* tag) const { return load_tag(tag); }
+uint32_t CpuDataPath::load(const ep::Tag* tag) const {
+  if (held.n > 0 || held.unfenced) held.release();
+  return load_tag(tag);
+}
 
-void CpuDataPath::fence() const { std::atomic_thread_fence(std::memory_order_seq_cst); }
+void CpuDataPath::fence() const {
+  held.release();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
 
 void CpuDataPath::reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
-                              const float* weights, int n) const {
-  kernels::reduce_rows(out, dtype, hidden, rows, weights, n);
+                              const float* weights, int n, bool stream) const {
+  kernels::reduce_rows(out, dtype, hidden, rows, weights, n, stream);
+  if (!stream) return;
+  held.unfenced = true;  // fenced when the role ends (run_roles' return publishes the output)
+  if (held.in_role == 0) held.release();
 }
 
 void CpuDataPath::accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden,

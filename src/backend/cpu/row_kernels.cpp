@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend/cpu/reduce_bf16.hpp"
 #include "ubep/bf16.hpp"
 
 // Not under clang (the fuzz build): clang 14 has no target_clones on function templates.
@@ -138,7 +139,7 @@ const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
 }  // namespace
 #endif
 
-void copy_row_to_peer(void* dst, const void* src, size_t bytes) {
+bool stream_row_to_peer(void* dst, const void* src, size_t bytes) {
 #ifdef UBEP_STREAM_STORES
   if ((reinterpret_cast<uintptr_t>(dst) & 63) == 0 && bytes >= 1024) {
     const size_t n64 = bytes / 64;
@@ -149,15 +150,33 @@ void copy_row_to_peer(void* dst, const void* src, size_t bytes) {
     if (bytes % 64)
       std::memcpy(static_cast<char*>(dst) + n64 * 64, static_cast<const char*>(src) + n64 * 64,
                   bytes % 64);
-    _mm_sfence();
-    return;
+    return true;
   }
 #endif
   std::memcpy(dst, src, bytes);
+  return false;
+}
+
+void store_fence() {
+#ifdef UBEP_STREAM_STORES
+  _mm_sfence();
+#endif
+}
+
+void copy_row_to_peer(void* dst, const void* src, size_t bytes) {
+  if (stream_row_to_peer(dst, src, bytes)) store_fence();
 }
 
 void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
-                 const float* weights, int n) {
+                 const float* weights, int n, bool stream) {
+  if (dtype == DType::kBF16 &&
+      reduce_bf16_vector(static_cast<uint16_t*>(out), hidden, rows, weights, n, -1, stream))
+    return;
+  reduce_rows_portable(out, dtype, hidden, rows, weights, n);
+}
+
+void reduce_rows_portable(void* out, DType dtype, int64_t hidden, const void* const* rows,
+                          const float* weights, int n) {
   if (dtype == DType::kBF16) {
     auto* o = static_cast<uint16_t*>(out);
     if (weights ? reduce_small<uint16_t, true>(o, hidden, rows, weights, n)

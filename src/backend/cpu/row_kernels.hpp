@@ -20,11 +20,21 @@ void store_row(void* dst, const float* acc, DType dtype, int64_t hidden);
 // visible before any later store -- in particular before the release store of its epoch tag.
 // Falls back to memcpy for unaligned rows and in sanitizer builds.
 void copy_row_to_peer(void* dst, const void* src, size_t bytes);
+// The same stores without the fence: returns true if it used non-temporal stores, which are
+// ordered before later stores only after a store_fence() (CpuDataPath fences once per batch).
+bool stream_row_to_peer(void* dst, const void* src, size_t bytes);
+void store_fence();  // sfence: earlier non-temporal stores before every later store
 
 // out = round(((0 + w0*r0) + w1*r1) + ...) element-wise, in one pass over the rows (fp32
 // accumulator held per chunk): the same operations in the same order as the kernels above, so
 // the same bits, with a fraction of the memory traffic. weights == nullptr: unweighted. n may be 0.
+// stream: a large output, written with non-temporal stores where the kernel can (bf16); the
+// caller must store_fence() before another thread reads it.
 void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
-                 const float* weights, int n);
+                 const float* weights, int n, bool stream = false);
+// The same without the hand-vectorised bf16 kernels (reduce_bf16.hpp): compiler-vectorised,
+// for CPUs without AVX2 and to time against.
+void reduce_rows_portable(void* out, DType dtype, int64_t hidden, const void* const* rows,
+                          const float* weights, int n);
 
 }  // namespace ubep::kernels

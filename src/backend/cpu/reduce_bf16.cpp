@@ -1,0 +1,185 @@
+// Hand-vectorised bf16 reduction (AVX-512F, AVX2; chosen at run time), the hot loop of combine.
+//
+// Bit-identical to the portable kernel in row_kernels.cpp: per element the same fp32 operations
+// in the same order, a = ((0 + w0*r0) + w1*r1) + ..., one multiply and one add per row (no FMA),
+// then the same round-to-nearest-even to bf16 with NaNs kept quiet. What changes is only how
+// the bf16 values are widened: a 64-byte load holds 32 bf16; shifting each 32-bit lane left by
+// 16 gives the even elements as fp32 and masking off the low half gives the odd ones, so no
+// unpack is needed, and the two rounded halves are packed back with one shift and one mask.
+// The portable kernel widens with a zero-extension per 8 elements (about twice the operations).
+#include "backend/cpu/reduce_bf16.hpp"
+
+#include "ubep/bf16.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define UBEP_VECTOR_REDUCE 1
+#endif
+
+namespace ubep::kernels {
+
+namespace {
+
+// The tail (fewer elements than a vector): the portable formula, element by element.
+void reduce_tail(uint16_t* out, int64_t from, int64_t hidden, const uint16_t* const* v,
+                 const float* w, int n) {
+  for (int64_t h = from; h < hidden; ++h) {
+    float a = 0.0f;
+    for (int r = 0; r < n; ++r) a += w ? w[r] * bf16_to_float(v[r][h]) : bf16_to_float(v[r][h]);
+    out[h] = float_to_bf16(a);
+  }
+}
+
+#ifdef UBEP_VECTOR_REDUCE
+// float_to_bf16 on 16 lanes, result in the high half of each lane: NaN -> bits | 0x400000
+// (quiet), else bits + 0x7fff + ((bits >> 16) & 1).
+__attribute__((target("avx512f"))) inline __m512i round_hi_avx512(__m512 a) {
+  const __m512i bits = _mm512_castps_si512(a);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+  return _mm512_mask_or_epi32(rounded, nan, bits, _mm512_set1_epi32(0x400000));
+}
+
+__attribute__((target("avx512f"))) inline __m512i pack_avx512(__m512 even, __m512 odd) {
+  return _mm512_or_si512(_mm512_srli_epi32(round_hi_avx512(even), 16),
+                         _mm512_and_si512(round_hi_avx512(odd), _mm512_set1_epi32(-65536)));
+}
+
+// Stores 64 bytes at out (64-byte aligned when stream): non-temporal stores skip the
+// read-for-ownership of output lines that nobody reads soon (large outputs).
+__attribute__((target("avx512f"))) inline void store_avx512(uint16_t* out, __m512i v, bool stream) {
+  if (stream)
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(out), v);
+  else
+    _mm512_storeu_si512(out, v);
+}
+
+template <bool Weighted>
+__attribute__((target("avx512f"))) void reduce_avx512(uint16_t* out, int64_t hidden,
+                                                       const uint16_t* const* v, const float* w,
+                                                       int n, bool stream) {
+  const __m512i hi = _mm512_set1_epi32(-65536);  // 0xFFFF0000
+  int64_t h = 0;
+  // 64 elements per step: four independent accumulators keep the add chains overlapped.
+  for (; h + 64 <= hidden; h += 64) {
+    __m512 e0 = _mm512_setzero_ps(), o0 = e0, e1 = e0, o1 = e0;
+    for (int r = 0; r < n; ++r) {
+      const __m512i x0 = _mm512_loadu_si512(v[r] + h);
+      const __m512i x1 = _mm512_loadu_si512(v[r] + h + 32);
+      __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(x0, 16));
+      __m512 b0 = _mm512_castsi512_ps(_mm512_and_si512(x0, hi));
+      __m512 a1 = _mm512_castsi512_ps(_mm512_slli_epi32(x1, 16));
+      __m512 b1 = _mm512_castsi512_ps(_mm512_and_si512(x1, hi));
+      if constexpr (Weighted) {
+        const __m512 wr = _mm512_set1_ps(w[r]);
+        a0 = _mm512_mul_ps(wr, a0);
+        b0 = _mm512_mul_ps(wr, b0);
+        a1 = _mm512_mul_ps(wr, a1);
+        b1 = _mm512_mul_ps(wr, b1);
+      }
+      e0 = _mm512_add_ps(e0, a0);
+      o0 = _mm512_add_ps(o0, b0);
+      e1 = _mm512_add_ps(e1, a1);
+      o1 = _mm512_add_ps(o1, b1);
+    }
+        store_avx512(out + h, pack_avx512(e0, o0), stream);
+    store_avx512(out + h + 32, pack_avx512(e1, o1), stream);
+  }
+  for (; h + 32 <= hidden; h += 32) {
+    __m512 e = _mm512_setzero_ps(), o = e;
+    for (int r = 0; r < n; ++r) {
+      const __m512i x = _mm512_loadu_si512(v[r] + h);
+      __m512 a = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+      __m512 b = _mm512_castsi512_ps(_mm512_and_si512(x, hi));
+      if constexpr (Weighted) {
+        const __m512 wr = _mm512_set1_ps(w[r]);
+        a = _mm512_mul_ps(wr, a);
+        b = _mm512_mul_ps(wr, b);
+      }
+      e = _mm512_add_ps(e, a);
+      o = _mm512_add_ps(o, b);
+    }
+        store_avx512(out + h, pack_avx512(e, o), stream);
+  }
+  reduce_tail(out, h, hidden, v, Weighted ? w : nullptr, n);
+}
+
+__attribute__((target("avx2"))) inline __m256i round_hi_avx2(__m256 a) {
+  const __m256i bits = _mm256_castps_si256(a);
+  // Signed compare is exact here: both sides are below 2^31 after masking the sign.
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
+  return _mm256_blendv_epi8(rounded, _mm256_or_si256(bits, _mm256_set1_epi32(0x400000)), nan);
+}
+
+template <bool Weighted>
+__attribute__((target("avx2"))) void reduce_avx2(uint16_t* out, int64_t hidden,
+                                                 const uint16_t* const* v, const float* w, int n,
+                                                 bool stream) {
+  const __m256i hi = _mm256_set1_epi32(-65536);
+  int64_t h = 0;
+  for (; h + 16 <= hidden; h += 16) {
+    __m256 e = _mm256_setzero_ps(), o = e;
+    for (int r = 0; r < n; ++r) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v[r] + h));
+      __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+      __m256 b = _mm256_castsi256_ps(_mm256_and_si256(x, hi));
+      if constexpr (Weighted) {
+        const __m256 wr = _mm256_set1_ps(w[r]);
+        a = _mm256_mul_ps(wr, a);
+        b = _mm256_mul_ps(wr, b);
+      }
+      e = _mm256_add_ps(e, a);
+      o = _mm256_add_ps(o, b);
+    }
+    const __m256i packed = _mm256_or_si256(_mm256_srli_epi32(round_hi_avx2(e), 16),
+                                           _mm256_and_si256(round_hi_avx2(o), hi));
+        if (stream)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(out + h), packed);
+    else
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + h), packed);
+  }
+  reduce_tail(out, h, hidden, v, Weighted ? w : nullptr, n);
+}
+
+const int kLevel = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+#endif
+
+}  // namespace
+
+int reduce_bf16_level() {
+#ifdef UBEP_VECTOR_REDUCE
+  return kLevel;
+#else
+  return 0;
+#endif
+}
+
+bool reduce_bf16_vector(uint16_t* out, int64_t hidden, const void* const* rows,
+                        const float* weights, int n, int level, bool stream) {
+#ifdef UBEP_VECTOR_REDUCE
+  if (level < 0) level = kLevel;
+  level = level < kLevel ? level : kLevel;
+  if (level == 0 || n > kMaxVectorRows) return false;
+  const uint16_t* v[kMaxVectorRows];
+  for (int r = 0; r < n; ++r) v[r] = static_cast<const uint16_t*>(rows[r]);
+    stream = stream && reinterpret_cast<uintptr_t>(out) % 64 == 0;
+  if (level == 2) {
+    weights ? reduce_avx512<true>(out, hidden, v, weights, n, stream)
+            : reduce_avx512<false>(out, hidden, v, nullptr, n, stream);
+  } else {
+    weights ? reduce_avx2<true>(out, hidden, v, weights, n, stream)
+            : reduce_avx2<false>(out, hidden, v, nullptr, n, stream);
+  }
+  return true;
+#else
+    (void)out, (void)hidden, (void)rows, (void)weights, (void)n, (void)level, (void)stream;
+  return false;
+#endif
+}
+
+}  // namespace ubep::kernels

@@ -1,0 +1,185 @@
+// The CPU backend's hot paths checked on their own: the vectorised bf16 reduction against the
+// plain fp32 formula (bit for bit, every instruction set the CPU has), and the data path's
+// batched fences (rows streamed, tags held back and released) under concurrent readers.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "backend/cpu/cpu_data_path.hpp"
+#include "backend/cpu/reduce_bf16.hpp"
+#include "backend/cpu/row_kernels.hpp"
+#include "ubep/bf16.hpp"
+
+namespace ubep::test {
+namespace {
+
+// The definition: a = ((0 + w0*r0) + w1*r1) + ... in fp32, one rounding to bf16 at the end.
+std::vector<uint16_t> expected_reduce(const std::vector<std::vector<uint16_t>>& rows,
+                                      const float* w, int64_t hidden) {
+  std::vector<uint16_t> out(static_cast<size_t>(hidden));
+  for (int64_t h = 0; h < hidden; ++h) {
+    float a = 0.0f;
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const float x = bf16_to_float(rows[r][static_cast<size_t>(h)]);
+      const float term = w ? w[r] * x : x;
+      a = a + term;
+    }
+    out[static_cast<size_t>(h)] = float_to_bf16(a);
+  }
+  return out;
+}
+
+// Bit for bit, except that any NaN equals any NaN: which NaN comes out when two meet (or when
+// Inf - Inf makes one) is not fixed by C++ -- the compiler may commute an addition, and x86
+// returns the first operand's NaN -- so the portable kernels do not fix it either.
+std::vector<uint32_t> canonical(const std::vector<uint16_t>& v) {
+  std::vector<uint32_t> out;
+  for (uint16_t x : v) out.push_back((x & 0x7fff) > 0x7f80 ? 0x10000u : x);
+  return out;
+}
+
+// Values that exercise the rounding: normal numbers of both signs, ties, -0, denormals, Inf,
+// NaN, and large values that overflow to Inf when summed.
+uint16_t random_bf16(std::mt19937& rng, bool specials) {
+  switch (specials ? rng() % 16 : 15) {
+    case 0:
+      return 0x8000;  // -0
+    case 1:
+      return 0x0001 + static_cast<uint16_t>(rng() % 0x7f);  // denormal
+    case 2:
+      return rng() % 2 ? 0x7f80 : 0xff80;  // +-Inf
+    case 3:
+      return 0x7fc1;  // NaN
+    case 4:
+      return 0x7f7f;  // the largest finite
+    default:
+      return float_to_bf16(std::ldexp(static_cast<float>(rng() % 20001) / 10000.0f - 1.0f,
+                                      static_cast<int>(rng() % 40) - 20));
+  }
+}
+
+TEST(RowKernels, VectorReductionIsBitIdenticalToTheFormula) {
+  std::mt19937 rng(7);
+  int checked_levels = 0;
+  for (int level = 1; level <= kernels::reduce_bf16_level(); ++level, ++checked_levels)
+    for (int64_t hidden : {1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 200, 7168})
+      for (int n : {0, 1, 2, 3, 5, 8, 9})
+        for (int mode = 0; mode < 4; ++mode) {
+          const bool weighted = mode & 1, specials = mode & 2;  // specials: mostly Inf/NaN
+          std::vector<std::vector<uint16_t>> rows(static_cast<size_t>(n));
+          std::vector<const void*> ptrs;
+          std::vector<float> w;
+          for (auto& r : rows) {
+            r.resize(static_cast<size_t>(hidden));
+            for (auto& v : r) v = random_bf16(rng, specials);
+            ptrs.push_back(r.data());
+            w.push_back(static_cast<float>(rng() % 1000) / 333.0f - 1.0f);
+          }
+          const float* wp = weighted ? w.data() : nullptr;
+          const auto want = expected_reduce(rows, wp, hidden);
+          std::vector<uint16_t> got(static_cast<size_t>(hidden) + 1, 0xABCD);  // + a sentinel
+          ASSERT_TRUE(kernels::reduce_bf16_vector(got.data(), hidden, ptrs.data(), wp, n, level));
+          EXPECT_EQ(got.back(), 0xABCD) << "wrote past the row";
+          got.pop_back();
+          ASSERT_EQ(canonical(got), canonical(want)) << "level " << level << " hidden " << hidden
+                                                     << " n " << n << (weighted ? " weighted" : "") << (specials ? " specials" : "");
+          // Streamed (non-temporal) output: the same bits once fenced.
+          std::vector<uint16_t> streamed_storage(static_cast<size_t>(hidden) + 32);
+          uint16_t* streamed = streamed_storage.data();
+          while (reinterpret_cast<uintptr_t>(streamed) % 64) ++streamed;
+          ASSERT_TRUE(
+              kernels::reduce_bf16_vector(streamed, hidden, ptrs.data(), wp, n, level, true));
+          kernels::store_fence();
+          ASSERT_EQ(canonical(std::vector<uint16_t>(streamed, streamed + hidden)), canonical(want))
+              << "streamed";
+          std::vector<uint16_t> dispatched(static_cast<size_t>(hidden));
+          kernels::reduce_rows(dispatched.data(), DType::kBF16, hidden, ptrs.data(), wp, n);
+          ASSERT_EQ(canonical(dispatched), canonical(want));
+        }
+  if (checked_levels == 0) GTEST_SKIP() << "no AVX2 on this CPU: the portable kernel only";
+}
+
+TEST(RowKernels, VectorReductionDeclinesWhatItCannotDo) {
+  std::vector<uint16_t> row(64, 0x3f80), out(64, 0);
+  std::vector<const void*> ptrs(kernels::kMaxVectorRows + 1, row.data());
+  EXPECT_FALSE(kernels::reduce_bf16_vector(out.data(), 64, ptrs.data(), nullptr, 1, 0));
+  EXPECT_FALSE(kernels::reduce_bf16_vector(out.data(), 64, ptrs.data(), nullptr,
+                                           kernels::kMaxVectorRows + 1));
+  EXPECT_EQ(out, std::vector<uint16_t>(64, 0));
+}
+
+// Bounded wait for a reader outside the data path's roles.
+bool wait_tag(const cpu::CpuDataPath& dp, const ep::Tag* tag, uint32_t value) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (unsigned spin = 0; !dp.arrived(tag, value); ++spin)
+    if (spin % 64 == 0) {
+      if (std::chrono::steady_clock::now() > give_up) return false;
+      std::this_thread::yield();
+    }
+  return true;
+}
+
+// Writers (a team of 3 members) stream rows into a shared "window" and complete each with its
+// tag, as a dispatch does; a reader on another thread waits for every tag and checks the row
+// behind it, then acknowledges the epoch. Member 0 waits for that acknowledgement inside its
+// role, so its held-back tags must be released before it waits (else the reader never sees
+// them and the wait times out); the other members' tags are released when their role ends.
+// Row counts are not multiples of the batch, sizes both take and skip the streaming copy.
+TEST(CpuDataPathStress, BatchedFencesReleaseEveryTagAfterItsRow) {
+  for (size_t row_bytes : {size_t{4096}, size_t{1000}}) {
+    constexpr int kMembersRows = 37, kEpochs = 300;
+    cpu::CpuDataPath writer(2), reader_dp(0);
+    const int members = writer.members();
+    const int rows = members * kMembersRows;
+    std::vector<char> storage(static_cast<size_t>(rows) * row_bytes + 64);
+    char* window = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
+    std::vector<ep::Tag> tags(static_cast<size_t>(rows), 0);
+    alignas(64) ep::Tag ack = 0;
+    std::atomic<int> bad_rows{0}, lost{0};
+    std::thread reader([&] {
+      for (uint32_t e = 1; e <= kEpochs && lost == 0; ++e) {
+        for (int i = 0; i < rows; ++i) {
+          if (!wait_tag(reader_dp, &tags[static_cast<size_t>(i)], e)) {
+            lost = i + 1;
+            return;
+          }
+          const char* row = window + static_cast<size_t>(i) * row_bytes;
+          const char want = static_cast<char>(e * 31 + static_cast<uint32_t>(i));
+          for (size_t b = 0; b < row_bytes; ++b)
+            if (row[b] != want) {
+              ++bad_rows;
+              break;
+            }
+        }
+        reader_dp.publish(&ack, e, false);
+      }
+    });
+    std::vector<std::vector<char>> src(static_cast<size_t>(members), std::vector<char>(row_bytes));
+    bool acked = true;
+    for (uint32_t e = 1; e <= kEpochs && acked; ++e) {
+      writer.run_roles([&](int m) {
+        std::vector<char>& s = src[static_cast<size_t>(m)];
+        for (int i = m * kMembersRows; i < (m + 1) * kMembersRows; ++i) {
+          std::memset(s.data(), static_cast<char>(e * 31 + static_cast<uint32_t>(i)), row_bytes);
+          writer.put_row(window + static_cast<size_t>(i) * row_bytes, s.data(), row_bytes, true);
+          writer.publish(&tags[static_cast<size_t>(i)], e, false);
+        }
+        if (m == 0 && !wait_tag(writer, &ack, e)) acked = false;
+      });
+    }
+    reader.join();
+    EXPECT_TRUE(acked) << "row " << row_bytes << ": the reader never acknowledged an epoch";
+    EXPECT_EQ(lost.load(), 0) << "row " << row_bytes << ": a tag never became visible";
+    EXPECT_EQ(bad_rows.load(), 0) << "row " << row_bytes << ": a tag was visible before its row";
+  }
+}
+
+}  // namespace
+}  // namespace ubep::test
