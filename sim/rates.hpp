@@ -1,0 +1,38 @@
+// Per-call memory rates of the `local` preset (this machine), from the two shapes `calibrate`
+// timed. Each kernel's time is split into the memory streams it drives, each with its own cost
+// per byte, so a call whose streams are in other proportions than the calibrated shapes' is
+// predicted from the same two measurements (EXPERIMENTS.md §6):
+//  * dispatch placement (non-temporal stores): destination bytes written + source bytes read
+//    from beyond the core's L2 (a source that fits in L2 is read from memory once; a larger
+//    one once per row that copies it: the throughput layout streams its tokens once per
+//    destination rank, while decode's 1.8 MB of tokens stay in L2 for all their 8 copies);
+//  * combine reduction (in place, or from bsp's staging): input rows read + output rows written
+//    (decode writes one row per 8 read, prefill one per 2; top-4 one per 4);
+//  * plain copies below the library's non-temporal threshold (call_state.hpp kStreamBytes: small
+//    calls use plain stores because the receiver reads the rows while they are still in cache)
+//    run at the rate `calibrate` measured for a plain-store call of half that threshold.
+// The two per-byte costs of each split are solved from the decode and prefill measurements
+// (two equations, two unknowns: exact on the calibrated shapes, nothing fitted to others).
+#pragma once
+
+namespace ubep::sim {
+
+// t = first * x + second * y, solved from two measurements (t1 at (f1, s1), t2 at (f2, s2)).
+// valid = false when the system is singular or gives a non-positive cost (then the caller keeps
+// the nearest measured rate).
+struct TwoStreamCost {
+  double first_ns_per_byte = 0, second_ns_per_byte = 0;
+  bool valid = false;
+};
+TwoStreamCost solve_two_stream(double f1, double s1, double t1_ns, double f2, double s2,
+                               double t2_ns);
+
+// Source bytes a placement reads from beyond L2: the distinct bytes if they fit in L2 (read
+// once, then hit), else every row copy reads its row again.
+double source_read_bytes(double distinct_source_bytes, double copied_bytes, double l2_bytes);
+
+// Rate in GB/s (bytes per ns) at which a kernel moves `first` bytes when its time is
+// first * x + second * y (the second stream rides along: source reads, output writes).
+double two_stream_rate(const TwoStreamCost& cost, double first_bytes, double second_bytes);
+
+}  // namespace ubep::sim
