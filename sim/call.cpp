@@ -137,11 +137,15 @@ void apply_memory_streams(CostParams& c, const CallConfig& cfg, const Traffic& t
 
 }  // namespace
 
+double received_bytes(const Preset& preset, const CallConfig& cfg, const Traffic& traffic) {
+  return rows_per_rank(traffic, cfg.latency_layout, preset.topology.ranks()) *
+         row_payload_bytes(cfg.op, cfg.hidden, cfg.elem_bytes, traffic.topk);
+}
+
 Preset effective_preset(const Preset& preset, const CallConfig& cfg, const Traffic& traffic) {
   Preset p = preset;
   CostParams& c = p.cost;
-  const double bytes = rows_per_rank(traffic, cfg.latency_layout, preset.topology.ranks()) *
-                       row_payload_bytes(cfg.op, cfg.hidden, cfg.elem_bytes, traffic.topk);
+  const double bytes = received_bytes(preset, cfg, traffic);
   if (!c.rate_sets.empty()) {
     const CostParams::RateSet* best = nullptr;
     for (const auto& s : c.rate_sets)

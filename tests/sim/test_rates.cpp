@@ -20,7 +20,8 @@ constexpr double kO = 128.0 * 14336;
 
 std::string stream_calibration() {
   const std::string path = testing::TempDir() + "cal_streams.json";
-  std::ofstream(path) << std::setprecision(17) << "{\"decode_bytes\": " << 8 * kO << ", \"decode_copy_GBps\": 8"
+  std::ofstream(path) << std::setprecision(17) << "{\"decode_bytes\": " << 8 * kO
+                      << ", \"decode_copy_GBps\": 8"
                       << ", \"decode_stream_GBps\": 16, \"decode_reduce_GBps\": 10"
                       << ", \"decode_staged_reduce_GBps\": 10, \"decode_source_bytes\": " << kO
                       << ", \"decode_output_bytes\": " << kO << ", \"prefill_bytes\": " << 64 * kO
@@ -88,4 +89,13 @@ TEST(SimRates, PlainCopiesByCacheRegime) {
   EXPECT_NEAR(rates_for(Op::kCombine, Algo::kBsp, 32, 8, true).local_copy_GBps, 20, 1e-9);
   EXPECT_NEAR(rates_for(Op::kCombine, Algo::kBsp, 512, 8, true).local_copy_GBps, 8 - 2.0 * 2 / 3,
               1e-9);
+}
+
+// 3 ranks on 2 cores: the loop runs 3/2 x (1000 + 2000 + 3000) = 9000 ns per iteration, shared
+// over dispatch and combine as 1000 : 3000. With a core per rank the call keeps its own time.
+TEST(SimRates, TimeSlicedLoopIsSharedOverTheTimedCalls) {
+  EXPECT_DOUBLE_EQ(time_sliced_call_ns(1000, 1000, 3000, 2000, 3, 2), 2250);
+  EXPECT_DOUBLE_EQ(time_sliced_call_ns(3000, 1000, 3000, 2000, 3, 2), 6750);
+  EXPECT_DOUBLE_EQ(time_sliced_call_ns(3000, 1000, 3000, 2000, 2, 2), 3000);
+  EXPECT_DOUBLE_EQ(time_sliced_call_ns(3000, 1000, 3000, 2000, 4, 0), 3000);  // cores unknown
 }
