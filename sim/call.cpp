@@ -119,18 +119,14 @@ void apply_memory_streams(CostParams& c, const CallConfig& cfg, const Traffic& t
         two_stream_rate(stream, bytes, source_read_bytes(tokens_bytes, bytes, c.l2_bytes));
   if (reduce.valid) c.reduce_GBps = two_stream_rate(reduce, bytes, tokens_bytes);
   if (staged.valid) c.staged_reduce_GBps = two_stream_rate(staged, bytes, tokens_bytes);
-  // Plain copies: cache-resident below the non-temporal threshold; between the calibrated
-  // sizes, the rate moves with log(bytes) (the share of the rows that still hits in cache).
-  const RS& lo = a.bytes < b.bytes ? a : b;
-  const RS& hi = a.bytes < b.bytes ? b : a;
-  double copy;
-  if (c.cache_copy_GBps > 0 && bytes < c.stream_threshold_bytes) {
-    copy = c.cache_copy_GBps;
-  } else {
-    const double f = std::clamp(
-        std::log(std::max(bytes, 1.0) / lo.bytes) / std::log(hi.bytes / lo.bytes), 0.0, 1.0);
-    copy = lo.copy_GBps + f * (hi.copy_GBps - lo.copy_GBps);
-  }
+  // Plain copies: the share of the rows still in cache falls with the call's size; the rate
+  // moves with log(bytes) between the sizes measured (a cache-resident small call, decode,
+  // prefill), and stays at the end values outside them.
+  std::vector<std::pair<double, double>> copy_points = {{a.bytes, a.copy_GBps},
+                                                        {b.bytes, b.copy_GBps}};
+  if (c.cache_copy_GBps > 0 && c.cache_bytes > 0)
+    copy_points.emplace_back(c.cache_bytes, c.cache_copy_GBps);
+  const double copy = log_interpolate(copy_points, bytes);
   c.worker_GBps = c.local_copy_GBps = copy;
   c.rate_set += "+streams";
 }

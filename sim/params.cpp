@@ -117,10 +117,10 @@ CostParams gpu_cost(const char* name, int sms, double hbm_GBps, int comm_sms) {
 
 // The calibration file written by `ubep-sim calibrate`.
 struct Calibration {
-  double handoff_ns = 0;                     // one-way cross-core latency of a flag (ping-pong / 2)
-  int cores = 0;                             // cores of the calibrated machine (0: not recorded)
-  double l2_bytes = 0, cache_copy_GBps = 0;  // memory streams (0: not recorded)
-  std::vector<CostParams::RateSet> sets;     // per measured shape
+  double handoff_ns = 0;  // one-way cross-core latency of a flag (ping-pong / 2)
+  int cores = 0;          // cores of the calibrated machine (0: not recorded)
+  double l2_bytes = 0, cache_copy_GBps = 0, cache_bytes = 0;  // memory streams (0: not recorded)
+  std::vector<CostParams::RateSet> sets;                      // per measured shape
 };
 
 Calibration read_calibration(const std::string& path) {
@@ -158,6 +158,7 @@ Calibration read_calibration(const std::string& path) {
   };
   cal.l2_bytes = optional("l2_bytes");
   cal.cache_copy_GBps = optional("cache_copy_GBps");
+  cal.cache_bytes = optional("cache_bytes");
   for (const char* shape : {"decode", "prefill"}) {
     const std::string n = shape;
     CostParams::RateSet r;
@@ -208,12 +209,13 @@ Preset local_preset(int ranks, const std::string& file) {
       "local", {sched::Level{"self", 0, bus}, sched::Level{"shm", cal.handoff_ns, bus}}, ranks);
   c.l2_bytes = cal.l2_bytes;
   c.cache_copy_GBps = cal.cache_copy_GBps;
+  c.cache_bytes = cal.cache_bytes;
   src(c, "l2_bytes",
       "[MEAS] L2 per core (sysfs): a placement source that fits is read from memory once, a "
       "larger one once per row copy (rates.hpp)");
   src(c, "cache_copy_GBps",
-      "[MEAS] plain row copies of a call of half the non-temporal threshold (cache-resident), "
-      "used by plain copies of calls below the threshold");
+      "[MEAS] plain row copies of a call of half the non-temporal threshold (cache-resident); "
+      "plain copies move with log(bytes) from it to decode's and prefill's copy rates");
   c.cores = cal.cores;
   src(c, "cores",
       "[MEAS] cores of the calibrated machine; more ranks than cores share them: rates x "

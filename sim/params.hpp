@@ -95,6 +95,7 @@ struct CostParams {
   // copy rate of a call below stream_threshold_bytes (cache-resident rows), both [MEAS].
   double l2_bytes = 0;
   double cache_copy_GBps = 0;
+  double cache_bytes = 0;  // bytes per rank of that call
   // Cores the ranks share (local preset; 0 = a core per rank). With more ranks than cores the OS
   // time-slices them, so each rank gets cores / ranks of a core: every measured rate is scaled by
   // that share (effective_preset; the rates were measured with every core busy, so the memory

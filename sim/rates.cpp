@@ -1,6 +1,7 @@
 // Two-stream memory costs of the local preset (rates.hpp).
 #include "sim/rates.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace ubep::sim {
@@ -20,6 +21,18 @@ TwoStreamCost solve_two_stream(double f1, double s1, double t1_ns, double f2, do
 
 double source_read_bytes(double distinct_source_bytes, double copied_bytes, double l2_bytes) {
   return distinct_source_bytes <= l2_bytes ? distinct_source_bytes : copied_bytes;
+}
+
+double log_interpolate(std::vector<std::pair<double, double>> points, double x) {
+  std::sort(points.begin(), points.end());
+  if (points.empty()) return 0;
+  if (x <= points.front().first) return points.front().second;
+  for (size_t i = 1; i < points.size(); ++i) {
+    const auto& [x0, y0] = points[i - 1];
+    const auto& [x1, y1] = points[i];
+    if (x <= x1) return y0 + std::log(x / x0) / std::log(x1 / x0) * (y1 - y0);
+  }
+  return points.back().second;
 }
 
 double two_stream_rate(const TwoStreamCost& cost, double first_bytes, double second_bytes) {

@@ -8,12 +8,16 @@
 //    destination rank, while decode's 1.8 MB of tokens stay in L2 for all their 8 copies);
 //  * combine reduction (in place, or from bsp's staging): input rows read + output rows written
 //    (decode writes one row per 8 read, prefill one per 2; top-4 one per 4);
-//  * plain copies below the library's non-temporal threshold (call_state.hpp kStreamBytes: small
-//    calls use plain stores because the receiver reads the rows while they are still in cache)
-//    run at the rate `calibrate` measured for a plain-store call of half that threshold.
+//  * plain copies (bsp's staging, dispatches below the library's non-temporal threshold,
+//    call_state.hpp kStreamBytes: small calls use plain stores because the rows are still in
+//    cache when read): the rate moves with log(bytes) from the rate `calibrate` measured for a
+//    plain-store call of half that threshold (cache-resident) to decode's and prefill's.
 // The two per-byte costs of each split are solved from the decode and prefill measurements
 // (two equations, two unknowns: exact on the calibrated shapes, nothing fitted to others).
 #pragma once
+
+#include <utility>
+#include <vector>
 
 namespace ubep::sim {
 
@@ -30,6 +34,9 @@ TwoStreamCost solve_two_stream(double f1, double s1, double t1_ns, double f2, do
 // Source bytes a placement reads from beyond L2: the distinct bytes if they fit in L2 (read
 // once, then hit), else every row copy reads its row again.
 double source_read_bytes(double distinct_source_bytes, double copied_bytes, double l2_bytes);
+
+// Piecewise-linear in log(x) through (x, value) points (any order), constant beyond the ends.
+double log_interpolate(std::vector<std::pair<double, double>> points, double x);
 
 // Rate in GB/s (bytes per ns) at which a kernel moves `first` bytes when its time is
 // first * x + second * y (the second stream rides along: source reads, output writes).

@@ -29,7 +29,8 @@ std::string stream_calibration() {
                       << ", \"prefill_reduce_GBps\": 5, \"prefill_staged_reduce_GBps\": 5"
                       << ", \"prefill_source_bytes\": " << 32 * kO
                       << ", \"prefill_output_bytes\": " << 32 * kO
-                      << ", \"cache_copy_GBps\": 20, \"l2_bytes\": 2097152"
+                      << ", \"cache_copy_GBps\": 20, \"cache_bytes\": " << kO
+                      << ", \"l2_bytes\": 2097152"
                       << ", \"handoff_ns\": 100, \"row_bytes\": 14336, \"cores\": 2}";
   return path;
 }
@@ -82,13 +83,24 @@ TEST(SimRates, PlacementRateFollowsSourceResidency) {
               bytes / (bytes * 3 / 56 + kO / 14), 1e-9);
 }
 
-// Plain copies: below the 4 MiB non-temporal threshold the cache-resident rate (20); at 4x the
-// decode bytes, two thirds of the way (in log) from decode's 8 to prefill's 6 GB/s.
+// Plain copies: linear in log(bytes) through (O, 20), (8 O, 8), (64 O, 6) GB/s. Combine moves
+// tokens x 8 rows of 14336 B: 16 tokens = O, 32 tokens = 2 O (a third of the way from O to 8 O
+// in log: 20 - 12 / 3 = 16), 512 tokens = 32 O (two thirds from 8 O to 64 O: 8 - 2 x 2 / 3);
+// beyond the ends the end values.
 TEST(SimRates, PlainCopiesByCacheRegime) {
-  EXPECT_NEAR(rates_for(Op::kDispatch, Algo::kBsp, 32, 8, true).worker_GBps, 20, 1e-9);
-  EXPECT_NEAR(rates_for(Op::kCombine, Algo::kBsp, 32, 8, true).local_copy_GBps, 20, 1e-9);
-  EXPECT_NEAR(rates_for(Op::kCombine, Algo::kBsp, 512, 8, true).local_copy_GBps, 8 - 2.0 * 2 / 3,
-              1e-9);
+  auto copy = [](int64_t tokens) {
+    return rates_for(Op::kCombine, Algo::kBsp, tokens, 8, true).local_copy_GBps;
+  };
+  EXPECT_NEAR(copy(16), 20, 1e-9);
+  EXPECT_NEAR(copy(32), 16, 1e-9);
+  EXPECT_NEAR(copy(512), 8 - 2.0 * 2 / 3, 1e-9);
+  EXPECT_NEAR(copy(8), 20, 1e-9);
+  EXPECT_NEAR(copy(4096), 6, 1e-9);
+  // Below the non-temporal threshold a dispatch copies with plain stores at that rate too.
+  EXPECT_NEAR(rates_for(Op::kDispatch, Algo::kBsp, 16, 8, true).worker_GBps,
+              log_interpolate({{kO, 20}, {8 * kO, 8}}, 128.0 * (14336 + 8 + 96)), 1e-9);
+  EXPECT_NEAR(log_interpolate({{10, 1}, {1000, 3}}, 100), 2, 1e-12);
+  EXPECT_NEAR(log_interpolate({{1000, 3}, {10, 1}}, 1), 1, 1e-12);
 }
 
 // 3 ranks on 2 cores: the loop runs 3/2 x (1000 + 2000 + 3000) = 9000 ns per iteration, shared
