@@ -15,7 +15,8 @@ bench=build/tools/ubep-bench
 sim=build/sim/ubep-sim
 out=${UBEP_VALIDATE_DIR:-docs/sim/validate}
 mkdir -p "$out"
-echo "load at start: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+load() { echo "$1: loadavg $(cut -d' ' -f1-3 /proc/loadavg); cpu pressure $(head -1 /proc/pressure/cpu 2>/dev/null)"; }
+load "start $(date -u +%FT%TZ)" | tee "$out/load.txt" >&2
 $sim calibrate --out "$out/calibration.json" >&2
 files=()
 rm -f "$out"/*_r[0-9]*.json
@@ -38,6 +39,6 @@ run top4 $two --workload decode --topk 4
 run threads3 $bench --ranks 3 --workload decode --experts 192
 run threads4 $bench --ranks 4 --workload decode
 done
-echo "load at end: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+load "end $(date -u +%FT%TZ)" | tee -a "$out/load.txt" >&2
 $sim validate --calibration "$out/calibration.json" --measured "$(IFS=,; echo "${files[*]}")" \
-  --json docs/sim/validate.json
+  --json "${UBEP_VALIDATE_JSON:-docs/sim/validate.json}"
