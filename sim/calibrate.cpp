@@ -54,6 +54,21 @@ void pin(int cpu) {
   pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort
 }
 
+// L2 size of cpu0 from sysfs (0 when unknown: the model then treats every source as uncached).
+double l2_bytes() {
+  for (int i = 0; i < 8; ++i) {
+    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/";
+    std::ifstream level(dir + "level"), size(dir + "size");
+    int l = 0;
+    std::string sz;
+    if (!(level >> l) || !(size >> sz) || l != 2 || sz.empty()) continue;
+    const char unit = sz.back();
+    const double v = std::stod(sz);
+    return unit == 'K' ? v * 1024 : unit == 'M' ? v * 1024 * 1024 : v;
+  }
+  return 0;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -224,8 +239,16 @@ int cmd_calibrate(const Options& o) {
         .kv((n + "_copy_GBps").c_str(), r.copy)
         .kv((n + "_stream_GBps").c_str(), r.stream)
         .kv((n + "_reduce_GBps").c_str(), r.reduce)
-        .kv((n + "_staged_reduce_GBps").c_str(), r.staged_reduce);
+        .kv((n + "_staged_reduce_GBps").c_str(), r.staged_reduce)
+        .kv((n + "_source_bytes").c_str(), static_cast<double>(s.tokens) * kRow)
+        .kv((n + "_output_bytes").c_str(), static_cast<double>(s.tokens) * kRow);
   }
+  // A plain-store call of half the library's non-temporal threshold (call_state.hpp): the regime
+  // of small calls, whose rows stay in cache (rates.hpp). Its plain row copies set the rate.
+  const int64_t cache_tokens =
+      std::max<int64_t>(1, static_cast<int64_t>(2.0 * (1 << 20) / kRow / 8));
+  const ShapeRates cache = measure_shape(o, Shape{"cache", cache_tokens, 8, true}, 31);
+  j.kv("cache_copy_GBps", cache.copy).kv("cache_bytes", cache.bytes).kv("l2_bytes", l2_bytes());
   std::vector<double> hand;
   for (int p = 0; p < 7; ++p) hand.push_back(handoff_ns(100000));
   j.kv("handoff_ns", median(hand))
@@ -240,6 +263,8 @@ int cmd_calibrate(const Options& o) {
     std::printf("%-8s %10.1f %10.2f %10.2f %10.2f %14.2f\n", s.name, r.bytes / 1e6, r.copy,
                 r.stream, r.reduce, r.staged_reduce);
   }
+  std::printf("plain copies of a %.1f MB call (cache-resident): %.2f GB/s; L2 %.1f MiB\n",
+              cache.bytes / 1e6, cache.copy, l2_bytes() / (1 << 20));
   std::printf("cross-core handoff (one way): %.1f ns\nwrote %s\n", median(hand), o.out.c_str());
   return 0;
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "sim/rates.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::sim {
@@ -91,13 +92,56 @@ double rows_per_rank(const Traffic& t, bool latency_layout, int ranks) {
   return most;
 }
 
+// The call's rates from the memory streams it drives (rates.hpp), when the calibration recorded
+// them; otherwise the nearest set's rates stay.
+void apply_memory_streams(CostParams& c, const CallConfig& cfg, const Traffic& t, double bytes) {
+  if (c.l2_bytes <= 0 || c.rate_sets.size() != 2) return;
+  const CostParams::RateSet& a = c.rate_sets[0];
+  const CostParams::RateSet& b = c.rate_sets[1];
+  if (a.source_bytes <= 0 || b.source_bytes <= 0 || a.output_bytes <= 0 || b.output_bytes <= 0)
+    return;
+  const double row = static_cast<double>(cfg.hidden) * cfg.elem_bytes;
+  const double tokens_bytes = static_cast<double>(t.tokens_per_rank) * row;
+  auto solve = [&](double CostParams::RateSet::*rate, double CostParams::RateSet::*second,
+                   bool source) {
+    auto other = [&](const CostParams::RateSet& s) {
+      return source ? source_read_bytes(s.source_bytes, s.bytes, c.l2_bytes) : s.*second;
+    };
+    return solve_two_stream(a.bytes, other(a), a.bytes / (a.*rate), b.bytes, other(b),
+                            b.bytes / (b.*rate));
+  };
+  using RS = CostParams::RateSet;
+  const TwoStreamCost stream = solve(&RS::stream_GBps, nullptr, true);
+  const TwoStreamCost reduce = solve(&RS::reduce_GBps, &RS::output_bytes, false);
+  const TwoStreamCost staged = solve(&RS::staged_reduce_GBps, &RS::output_bytes, false);
+  if (stream.valid)
+    c.stream_GBps =
+        two_stream_rate(stream, bytes, source_read_bytes(tokens_bytes, bytes, c.l2_bytes));
+  if (reduce.valid) c.reduce_GBps = two_stream_rate(reduce, bytes, tokens_bytes);
+  if (staged.valid) c.staged_reduce_GBps = two_stream_rate(staged, bytes, tokens_bytes);
+  // Plain copies: the share of the rows still in cache falls with the call's size; the rate
+  // moves with log(bytes) between the sizes measured (a cache-resident small call, decode,
+  // prefill), and stays at the end values outside them.
+  std::vector<std::pair<double, double>> copy_points = {{a.bytes, a.copy_GBps},
+                                                        {b.bytes, b.copy_GBps}};
+  if (c.cache_copy_GBps > 0 && c.cache_bytes > 0)
+    copy_points.emplace_back(c.cache_bytes, c.cache_copy_GBps);
+  const double copy = log_interpolate(copy_points, bytes);
+  c.worker_GBps = c.local_copy_GBps = copy;
+  c.rate_set += "+streams";
+}
+
 }  // namespace
+
+double received_bytes(const Preset& preset, const CallConfig& cfg, const Traffic& traffic) {
+  return rows_per_rank(traffic, cfg.latency_layout, preset.topology.ranks()) *
+         row_payload_bytes(cfg.op, cfg.hidden, cfg.elem_bytes, traffic.topk);
+}
 
 Preset effective_preset(const Preset& preset, const CallConfig& cfg, const Traffic& traffic) {
   Preset p = preset;
   CostParams& c = p.cost;
-  const double bytes = rows_per_rank(traffic, cfg.latency_layout, preset.topology.ranks()) *
-                       row_payload_bytes(cfg.op, cfg.hidden, cfg.elem_bytes, traffic.topk);
+  const double bytes = received_bytes(preset, cfg, traffic);
   if (!c.rate_sets.empty()) {
     const CostParams::RateSet* best = nullptr;
     for (const auto& s : c.rate_sets)
@@ -110,6 +154,7 @@ Preset effective_preset(const Preset& preset, const CallConfig& cfg, const Traff
     c.reduce_GBps = best->reduce_GBps;
     c.staged_reduce_GBps = best->staged_reduce_GBps;
     c.rate_set = best->name;
+    apply_memory_streams(c, cfg, traffic, bytes);
     const int R = preset.topology.ranks();
     if (c.cores > 0 && R > c.cores) {
       c.core_share = static_cast<double>(c.cores) / R;

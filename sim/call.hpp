@@ -79,6 +79,10 @@ CallResult simulate_call(const Preset& preset, const CallConfig& config, const T
 // (CostParams::rate_sets), non-temporal copy rate for large dispatches.
 Preset effective_preset(const Preset& preset, const CallConfig& config, const Traffic& traffic);
 
+// Bytes the busiest rank moves in this call (rows x row payload; the rows a rank receives in a
+// uniform call, as many as it sends).
+double received_bytes(const Preset& preset, const CallConfig& config, const Traffic& traffic);
+
 // Payload bytes of one row (dispatch: hidden row + routing metadata, as protocol.hpp lays it
 // out; combine: the hidden row), and its size on the wire in a sync mode.
 double row_payload_bytes(Op op, int hidden, int elem_bytes, int topk);

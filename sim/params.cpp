@@ -117,9 +117,10 @@ CostParams gpu_cost(const char* name, int sms, double hbm_GBps, int comm_sms) {
 
 // The calibration file written by `ubep-sim calibrate`.
 struct Calibration {
-  double handoff_ns = 0;                  // one-way cross-core latency of a flag (ping-pong / 2)
-  int cores = 0;                          // cores of the calibrated machine (0: not recorded)
-  std::vector<CostParams::RateSet> sets;  // per measured shape
+  double handoff_ns = 0;  // one-way cross-core latency of a flag (ping-pong / 2)
+  int cores = 0;          // cores of the calibrated machine (0: not recorded)
+  double l2_bytes = 0, cache_copy_GBps = 0, cache_bytes = 0;  // memory streams (0: not recorded)
+  std::vector<CostParams::RateSet> sets;                      // per measured shape
 };
 
 Calibration read_calibration(const std::string& path) {
@@ -146,9 +147,23 @@ Calibration read_calibration(const std::string& path) {
     if (std::regex_search(text, m, std::regex("\"cores\"\\s*:\\s*([0-9]+)")))
       cal.cores = std::stoi(m[1].str());
   }
+  auto optional = [&](const std::string& key) {  // files of older ubep-sim versions lack these
+    std::smatch m;
+    if (!std::regex_search(text, m, std::regex("\"" + key + "\"\\s*:\\s*([-+0-9.eE]+)")))
+      return 0.0;
+    const double v = std::stod(m[1].str());
+    UBEP_CHECK_ARG(std::isfinite(v) && v >= 0, "calibration file '", path, "': bad ", key, " = ",
+                   v);
+    return v;
+  };
+  cal.l2_bytes = optional("l2_bytes");
+  cal.cache_copy_GBps = optional("cache_copy_GBps");
+  cal.cache_bytes = optional("cache_bytes");
   for (const char* shape : {"decode", "prefill"}) {
     const std::string n = shape;
     CostParams::RateSet r;
+    r.source_bytes = optional(n + "_source_bytes");
+    r.output_bytes = optional(n + "_output_bytes");
     r.name = n;
     r.bytes = get(n + "_bytes");
     r.copy_GBps = get(n + "_copy_GBps");
@@ -192,6 +207,15 @@ Preset local_preset(int ranks, const std::string& file) {
   const double bus = 1e4;
   sched::Topology topo(
       "local", {sched::Level{"self", 0, bus}, sched::Level{"shm", cal.handoff_ns, bus}}, ranks);
+  c.l2_bytes = cal.l2_bytes;
+  c.cache_copy_GBps = cal.cache_copy_GBps;
+  c.cache_bytes = cal.cache_bytes;
+  src(c, "l2_bytes",
+      "[MEAS] L2 per core (sysfs): a placement source that fits is read from memory once, a "
+      "larger one once per row copy (rates.hpp)");
+  src(c, "cache_copy_GBps",
+      "[MEAS] plain row copies of a call of half the non-temporal threshold (cache-resident); "
+      "plain copies move with log(bytes) from it to decode's and prefill's copy rates");
   c.cores = cal.cores;
   src(c, "cores",
       "[MEAS] cores of the calibrated machine; more ranks than cores share them: rates x "

@@ -84,9 +84,18 @@ struct CostParams {
     double stream_GBps = 0;         // non-temporal row copies (+ row metadata and tag), idem
     double reduce_GBps = 0;         // fused reduction, input bytes, idem: rows in place (ubep)
     double staged_reduce_GBps = 0;  // idem, rows just pushed into the owner's staging (bsp)
+    // The set's other memory streams (rates.hpp; 0 = not recorded, old calibration files):
+    double source_bytes = 0;  // distinct token bytes the placement copies from
+    double output_bytes = 0;  // bytes the reduction writes (one row per token)
   };
   std::vector<RateSet> rate_sets;
   std::string rate_set;  // the set a call used (effective_preset)
+  // Memory streams (local preset, rates.hpp; 0 = off, a call uses its nearest set's rates):
+  // the core's L2 (a placement source that fits is read from memory once), and the plain-store
+  // copy rate of a call below stream_threshold_bytes (cache-resident rows), both [MEAS].
+  double l2_bytes = 0;
+  double cache_copy_GBps = 0;
+  double cache_bytes = 0;  // bytes per rank of that call
   // Cores the ranks share (local preset; 0 = a core per rank). With more ranks than cores the OS
   // time-slices them, so each rank gets cores / ranks of a core: every measured rate is scaled by
   // that share (effective_preset; the rates were measured with every core busy, so the memory

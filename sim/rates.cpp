@@ -1,0 +1,54 @@
+// Two-stream memory costs of the local preset (rates.hpp).
+#include "sim/rates.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace ubep::sim {
+
+TwoStreamCost solve_two_stream(double f1, double s1, double t1_ns, double f2, double s2,
+                               double t2_ns) {
+  // Cramer's rule on [f1 s1; f2 s2] [x y]' = [t1 t2]'.
+  const double det = f1 * s2 - f2 * s1;
+  TwoStreamCost c;
+  if (!(std::abs(det) > 1e-9 * std::abs(f1 * s2))) return c;
+  c.first_ns_per_byte = (t1_ns * s2 - t2_ns * s1) / det;
+  c.second_ns_per_byte = (f1 * t2_ns - f2 * t1_ns) / det;
+  c.valid = std::isfinite(c.first_ns_per_byte) && std::isfinite(c.second_ns_per_byte) &&
+            c.first_ns_per_byte > 0 && c.second_ns_per_byte > 0;
+  return c;
+}
+
+double source_read_bytes(double distinct_source_bytes, double copied_bytes, double l2_bytes) {
+  return distinct_source_bytes <= l2_bytes ? distinct_source_bytes : copied_bytes;
+}
+
+double log_interpolate(std::vector<std::pair<double, double>> points, double x) {
+  std::sort(points.begin(), points.end());
+  if (points.empty()) return 0;
+  if (x <= points.front().first) return points.front().second;
+  for (size_t i = 1; i < points.size(); ++i) {
+    const auto& [x0, y0] = points[i - 1];
+    const auto& [x1, y1] = points[i];
+    if (x <= x1) return y0 + std::log(x / x0) / std::log(x1 / x0) * (y1 - y0);
+  }
+  return points.back().second;
+}
+
+double two_stream_rate(const TwoStreamCost& cost, double first_bytes, double second_bytes) {
+  const double ns = first_bytes * cost.first_ns_per_byte + second_bytes * cost.second_ns_per_byte;
+  return ns > 0 ? first_bytes / ns : 0;
+}
+
+}  // namespace ubep::sim
+
+namespace ubep::sim {
+
+double time_sliced_call_ns(double own_ns, double dispatch_ns, double combine_ns, double expert_ns,
+                           int ranks, int cores) {
+  if (cores <= 0 || ranks <= cores || dispatch_ns + combine_ns <= 0) return own_ns;
+  const double loop = static_cast<double>(ranks) / cores * (dispatch_ns + expert_ns + combine_ns);
+  return loop * own_ns / (dispatch_ns + combine_ns);
+}
+
+}  // namespace ubep::sim

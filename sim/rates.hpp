@@ -1,0 +1,60 @@
+// Per-call memory rates of the `local` preset (this machine), from the two shapes `calibrate`
+// timed. Each kernel's time is split into the memory streams it drives, each with its own cost
+// per byte, so a call whose streams are in other proportions than the calibrated shapes' is
+// predicted from the same two measurements (EXPERIMENTS.md §6):
+//  * dispatch placement (non-temporal stores): destination bytes written + source bytes read
+//    from beyond the core's L2 (a source that fits in L2 is read from memory once; a larger
+//    one once per row that copies it: the throughput layout streams its tokens once per
+//    destination rank, while decode's 1.8 MB of tokens stay in L2 for all their 8 copies);
+//  * combine reduction (in place, or from bsp's staging): input rows read + output rows written
+//    (decode writes one row per 8 read, prefill one per 2; top-4 one per 4);
+//  * plain copies (bsp's staging, dispatches below the library's non-temporal threshold,
+//    call_state.hpp kStreamBytes: small calls use plain stores because the rows are still in
+//    cache when read): the rate moves with log(bytes) from the rate `calibrate` measured for a
+//    plain-store call of half that threshold (cache-resident) to decode's and prefill's.
+// The two per-byte costs of each split are solved from the decode and prefill measurements
+// (two equations, two unknowns: exact on the calibrated shapes, nothing fitted to others).
+#pragma once
+
+#include <utility>
+#include <vector>
+
+namespace ubep::sim {
+
+// t = first * x + second * y, solved from two measurements (t1 at (f1, s1), t2 at (f2, s2)).
+// valid = false when the system is singular or gives a non-positive cost (then the caller keeps
+// the nearest measured rate).
+struct TwoStreamCost {
+  double first_ns_per_byte = 0, second_ns_per_byte = 0;
+  bool valid = false;
+};
+TwoStreamCost solve_two_stream(double f1, double s1, double t1_ns, double f2, double s2,
+                               double t2_ns);
+
+// Source bytes a placement reads from beyond L2: the distinct bytes if they fit in L2 (read
+// once, then hit), else every row copy reads its row again.
+double source_read_bytes(double distinct_source_bytes, double copied_bytes, double l2_bytes);
+
+// Piecewise-linear in log(x) through (x, value) points (any order), constant beyond the ends.
+double log_interpolate(std::vector<std::pair<double, double>> points, double x);
+
+// Rate in GB/s (bytes per ns) at which a kernel moves `first` bytes when its time is
+// first * x + second * y (the second stream rides along: source reads, output writes).
+double two_stream_rate(const TwoStreamCost& cost, double first_bytes, double second_bytes);
+
+}  // namespace ubep::sim
+
+namespace ubep::sim {
+
+// ubep-bench's loop with more ranks than cores (time-slicing): every iteration, each rank runs
+// dispatch, the untimed expert step (a plain copy of its received rows into the combine
+// buffer) and combine, so the loop is CPU-bound at ranks / cores x (dispatch + expert +
+// combine) per iteration. A call ends only when its slowest peer has done its part (all-to-all
+// dependencies: counts and rows in dispatch, the experts' tags in combine), and time-slicing
+// skews the ranks, so the slowest rank's timed calls span the CPU time of the peers' work in
+// between, the expert step included. The loop period is shared over the two timed calls in
+// proportion to their own work. Inputs are full-core times (ns); returns the call's time.
+double time_sliced_call_ns(double own_ns, double dispatch_ns, double combine_ns, double expert_ns,
+                           int ranks, int cores);
+
+}  // namespace ubep::sim

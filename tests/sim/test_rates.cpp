@@ -1,0 +1,113 @@
+// The local preset's memory streams (sim/rates.hpp): per-byte costs solved from the two
+// calibrated shapes, and the rates a call of another shape gets, against hand computations.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iomanip>
+#include <string>
+
+#include "sim/call.hpp"
+#include "sim/experiments.hpp"
+#include "sim/rates.hpp"
+
+using namespace ubep::sim;
+
+namespace {
+
+// Round numbers: O = one token row array of 128 tokens (128 x 14336 B); decode moves 8 O and
+// writes O, prefill moves 64 O and writes 32 O (4096 tokens, 2 copies each).
+constexpr double kO = 128.0 * 14336;
+
+std::string stream_calibration() {
+  const std::string path = testing::TempDir() + "cal_streams.json";
+  std::ofstream(path) << std::setprecision(17) << "{\"decode_bytes\": " << 8 * kO
+                      << ", \"decode_copy_GBps\": 8"
+                      << ", \"decode_stream_GBps\": 16, \"decode_reduce_GBps\": 10"
+                      << ", \"decode_staged_reduce_GBps\": 10, \"decode_source_bytes\": " << kO
+                      << ", \"decode_output_bytes\": " << kO << ", \"prefill_bytes\": " << 64 * kO
+                      << ", \"prefill_copy_GBps\": 6, \"prefill_stream_GBps\": 8"
+                      << ", \"prefill_reduce_GBps\": 5, \"prefill_staged_reduce_GBps\": 5"
+                      << ", \"prefill_source_bytes\": " << 32 * kO
+                      << ", \"prefill_output_bytes\": " << 32 * kO
+                      << ", \"cache_copy_GBps\": 20, \"cache_bytes\": " << kO
+                      << ", \"l2_bytes\": 2097152"
+                      << ", \"handoff_ns\": 100, \"row_bytes\": 14336, \"cores\": 2}";
+  return path;
+}
+
+CostParams rates_for(Op op, Algo algo, int64_t tokens, int topk, bool latency) {
+  const Preset p = make_preset("local", 2, stream_calibration());
+  CallConfig cc;
+  cc.op = op;
+  cc.algo = algo;
+  cc.latency_layout = latency;
+  return effective_preset(p, cc, draw_traffic(2, 256, topk, tokens, 0, 1.0, 1)).cost;
+}
+
+}  // namespace
+
+TEST(SimRates, SolvesTwoStreamsFromTwoMeasurements) {
+  // x = 0.05, y = 0.2 ns/B: t1 = 10x + 2y = 0.9, t2 = 100x + 50y = 15.
+  const TwoStreamCost c = solve_two_stream(10, 2, 0.9, 100, 50, 15);
+  ASSERT_TRUE(c.valid);
+  EXPECT_NEAR(c.first_ns_per_byte, 0.05, 1e-12);
+  EXPECT_NEAR(c.second_ns_per_byte, 0.2, 1e-12);
+  EXPECT_FALSE(solve_two_stream(10, 2, 1, 20, 4, 2).valid);    // same proportions: singular
+  EXPECT_FALSE(solve_two_stream(10, 2, 1, 100, 50, 1).valid);  // would need a negative cost
+  EXPECT_NEAR(two_stream_rate(c, 10, 2), 10 / 0.9, 1e-12);
+}
+
+TEST(SimRates, SourceFittingInL2IsReadOnce) {
+  EXPECT_EQ(source_read_bytes(1e6, 8e6, 2e6), 1e6);
+  EXPECT_EQ(source_read_bytes(7e6, 14e6, 2e6), 14e6);
+}
+
+// Reduction: 8x + y = 0.8 and 2x + y = 0.4 (ns per O-byte, from 10 and 5 GB/s), so x = 1/15,
+// y = 4/15. Top-4 reads 4 O and writes O: (4/15 + 4/15) O ns for 4 O bytes = 7.5 GB/s (the
+// nearest measured shape, decode, would say 10).
+TEST(SimRates, ReductionRateFollowsOutputShare) {
+  EXPECT_NEAR(rates_for(Op::kCombine, Algo::kUbep, 128, 4, true).reduce_GBps, 7.5, 1e-9);
+  EXPECT_NEAR(rates_for(Op::kCombine, Algo::kBsp, 128, 4, true).staged_reduce_GBps, 7.5, 1e-9);
+  EXPECT_NEAR(rates_for(Op::kCombine, Algo::kUbep, 128, 8, true).reduce_GBps, 10, 1e-9);
+}
+
+// Placement: decode's source (O) fits in L2 and is read once, prefill's (32 O) is read per row
+// (64 O): 8x + y = 0.5, x + y = 0.125, so x = 3/56, y = 1/14 ns/B. 512 tokens in the
+// throughput layout have a 7.3 MB source (> L2), read per row: 1 / (x + y) = 8 GB/s, though
+// the call moves as many bytes as decode (16 GB/s).
+TEST(SimRates, PlacementRateFollowsSourceResidency) {
+  EXPECT_NEAR(rates_for(Op::kDispatch, Algo::kUbep, 512, 8, false).worker_GBps, 8, 1e-9);
+  // Decode itself: 1024 rows of 14336 + 8 + 8 x 12 B, the source O read once.
+  const double bytes = 1024.0 * (14336 + 8 + 96);
+  EXPECT_NEAR(rates_for(Op::kDispatch, Algo::kUbep, 128, 8, true).worker_GBps,
+              bytes / (bytes * 3 / 56 + kO / 14), 1e-9);
+}
+
+// Plain copies: linear in log(bytes) through (O, 20), (8 O, 8), (64 O, 6) GB/s. Combine moves
+// tokens x 8 rows of 14336 B: 16 tokens = O, 32 tokens = 2 O (a third of the way from O to 8 O
+// in log: 20 - 12 / 3 = 16), 512 tokens = 32 O (two thirds from 8 O to 64 O: 8 - 2 x 2 / 3);
+// beyond the ends the end values.
+TEST(SimRates, PlainCopiesByCacheRegime) {
+  auto copy = [](int64_t tokens) {
+    return rates_for(Op::kCombine, Algo::kBsp, tokens, 8, true).local_copy_GBps;
+  };
+  EXPECT_NEAR(copy(16), 20, 1e-9);
+  EXPECT_NEAR(copy(32), 16, 1e-9);
+  EXPECT_NEAR(copy(512), 8 - 2.0 * 2 / 3, 1e-9);
+  EXPECT_NEAR(copy(8), 20, 1e-9);
+  EXPECT_NEAR(copy(4096), 6, 1e-9);
+  // Below the non-temporal threshold a dispatch copies with plain stores at that rate too.
+  EXPECT_NEAR(rates_for(Op::kDispatch, Algo::kBsp, 16, 8, true).worker_GBps,
+              log_interpolate({{kO, 20}, {8 * kO, 8}}, 128.0 * (14336 + 8 + 96)), 1e-9);
+  EXPECT_NEAR(log_interpolate({{10, 1}, {1000, 3}}, 100), 2, 1e-12);
+  EXPECT_NEAR(log_interpolate({{1000, 3}, {10, 1}}, 1), 1, 1e-12);
+}
+
+// 3 ranks on 2 cores: the loop runs 3/2 x (1000 + 2000 + 3000) = 9000 ns per iteration, shared
+// over dispatch and combine as 1000 : 3000. With a core per rank the call keeps its own time.
+TEST(SimRates, TimeSlicedLoopIsSharedOverTheTimedCalls) {
+  EXPECT_DOUBLE_EQ(time_sliced_call_ns(1000, 1000, 3000, 2000, 3, 2), 2250);
+  EXPECT_DOUBLE_EQ(time_sliced_call_ns(3000, 1000, 3000, 2000, 3, 2), 6750);
+  EXPECT_DOUBLE_EQ(time_sliced_call_ns(3000, 1000, 3000, 2000, 2, 2), 3000);
+  EXPECT_DOUBLE_EQ(time_sliced_call_ns(3000, 1000, 3000, 2000, 4, 0), 3000);  // cores unknown
+}
