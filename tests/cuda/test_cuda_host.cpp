@@ -349,7 +349,8 @@ TEST(CudaHost, ResultViewsPointIntoTheWindowHalf) {
   char* rc = reinterpret_cast<char*>(uintptr_t{1} << 30);
   for (int half : {0, 1}) {
     DispatchResult r =
-        cuda_host::dispatch_views(m, cfg, base, half, Layout::kThroughput, 2, rc, 42);
+        cuda_host::dispatch_views(m, cfg, base, half, Layout::kThroughput,
+                                  Placement::kCompact, 2, rc, rc + 4096, 42);
     EXPECT_EQ(r.recv_x.data, base + half * m.half_bytes + m.tp_x);
     EXPECT_EQ(r.recv_x.dim(0), 4 * 8);
     EXPECT_EQ(r.recv_topk_idx.data, base + half * m.half_bytes + m.tp_idx);
@@ -359,7 +360,8 @@ TEST(CudaHost, ResultViewsPointIntoTheWindowHalf) {
     EXPECT_EQ(r.recv_count.device, cfg.device);
     EXPECT_EQ(r.handle, 42u);
     EXPECT_EQ(r.num_recv_rows, -1);
-    r = cuda_host::dispatch_views(m, cfg, base, half, Layout::kLatency, 2, rc, 42);
+    r = cuda_host::dispatch_views(m, cfg, base, half, Layout::kLatency, Placement::kPerSource,
+                                  2, rc, rc + 4096, 42);
     EXPECT_EQ(r.recv_x.data, base + half * m.half_bytes + m.lat_x);
     EXPECT_EQ(r.recv_x.ndim, 3);
     EXPECT_EQ(r.recv_x.dim(0), 2);

@@ -72,6 +72,21 @@ class SimBuffer {
   void dispatch(std::span<const DispatchArgs> args, uint32_t phases) {
     run(args, {}, phases, true);
   }
+  // compact() as the engine does it: output memory on first use, a dispatch-kernel launch.
+  std::vector<TensorView> compact() {
+    if (!compact_) {
+      compact_ = std::make_unique<gpu_test::DevMem>(static_cast<size_t>(R_ * map_.comb_rows()) *
+                                                    map_.row_bytes);
+      for (size_t q = 0; q < seqs_.size(); ++q)
+        for (int i = 0; i < seqs_[q]->local_ranks(); ++i)
+          seqs_[q]->set_compact_memory(
+              i, static_cast<char*>(compact_->p) +
+                     (q + static_cast<size_t>(i)) * static_cast<size_t>(map_.comb_rows()) *
+                         map_.row_bytes);
+    }
+    run({}, {}, cuda_hd::kCompact, true);
+    return gather(&cuda_host::Sequencer::compacted);
+  }
   void combine(std::span<const CombineArgs> args, uint32_t phases) { run({}, args, phases, false); }
   template <typename T>
   std::vector<T> gather(std::vector<T> (cuda_host::Sequencer::*fn)() const) const {
@@ -111,11 +126,15 @@ class SimBuffer {
       res.error = {&errors_[q], &claims_[q]};
       res.host_recv_rows = recv_rows_.data() + q;
       const size_t n = ipc_ ? 1 : static_cast<size_t>(R_);
-      ps.push_back(dispatch
-                       ? seqs_[q]->dispatch(dargs.empty() ? dargs : dargs.subspan(ipc_ ? q : 0, n),
-                                            phases, res)
-                       : seqs_[q]->combine(cargs.empty() ? cargs : cargs.subspan(ipc_ ? q : 0, n),
-                                           phases, res));
+      if (phases == cuda_hd::kCompact)
+        ps.push_back(seqs_[q]->compact(res));
+      else
+        ps.push_back(
+            dispatch
+                ? seqs_[q]->dispatch(dargs.empty() ? dargs : dargs.subspan(ipc_ ? q : 0, n), phases,
+                                     res)
+                : seqs_[q]->combine(cargs.empty() ? cargs : cargs.subspan(ipc_ ? q : 0, n), phases,
+                                    res));
     }
     auto go = [&](const cuda_hd::LaunchParams& p, int grid) {
       if (ipc_) {
@@ -151,6 +170,7 @@ class SimBuffer {
   std::vector<uint32_t> claims_;
   std::vector<uint32_t> delays_;
   std::vector<std::unique_ptr<cuda_host::Sequencer>> seqs_;
+  std::unique_ptr<gpu_test::DevMem> compact_;
 };
 
 struct SimCase {
@@ -165,7 +185,14 @@ struct SimCase {
   int64_t tokens = 9;  // > 32: several routing chunks
   bool delays = false;
   int topk = 3, experts_per_rank = 3;
+  Placement placement = Placement::kAuto;
+  bool compacted = false;  // combine from compact()'s order (after checking compact())
+  bool extremes = false;   // empty sources and a full one (max_tokens rows to one expert)
 };
+
+size_t map_row_bytes(const BufferConfig& cfg) {
+  return static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dtype);
+}
 
 void run_case(const SimCase& c) {
   const int R = c.ranks, El = c.experts_per_rank, K = c.topk;
@@ -178,6 +205,7 @@ void run_case(const SimCase& c) {
   cfg.num_experts = R * El;
   cfg.max_topk = K;
   cfg.initial_epoch = c.epoch;
+  cfg.placement = c.placement;
   SimBuffer b(R, cfg, c.ipc);
   b.set_algorithm(c.algo);
   b.set_sync(c.sync);
@@ -189,9 +217,22 @@ void run_case(const SimCase& c) {
     std::vector<int64_t> tokens;
     for (int r = 0; r < R; ++r)
       tokens.push_back(call == 0 && r == 0 ? T : static_cast<int64_t>(rng() % (T + 1)));
-    const test::Problem p =
+    if (c.extremes)  // odd ranks send nothing; rank 0 is full
+      for (int r = 0; r < R; ++r) tokens[static_cast<size_t>(r)] = r % 2 ? 0 : T;
+    test::Problem p =
         test::make_problem(R, R * El, c.hidden, c.dtype, tokens, K,
                            call == 1 ? test::Routing::kHot : test::Routing::kWithDrops, rng());
+    if (c.extremes) {
+      // Rank 0's every token picks expert 1 (on rank 0) first: max_tokens rows from one source
+      // to one expert, its whole per-source region; its other picks avoid expert 1.
+      auto& idx = p.inputs[0].topk_idx;
+      for (int64_t t = 0; t < T; ++t)
+        for (int j = 0; j < K; ++j) {
+          int64_t& e = idx[static_cast<size_t>(t * K + j)];
+          if (j == 0) e = 1;
+          else if (e == 1) e = -1;
+        }
+    }
     std::vector<std::unique_ptr<gpu_test::RankInputs>> in;
     std::vector<DispatchArgs> args;
     for (int r = 0; r < R; ++r) {
@@ -211,11 +252,29 @@ void run_case(const SimCase& c) {
     const std::vector<DispatchResult> res = b.results();
     std::vector<std::unique_ptr<gpu_test::DevMem>> mem;
     std::vector<CombineArgs> cargs;
+    const Placement want_placement =
+        c.placement == Placement::kAuto ? placement_for(c.layout) : c.placement;
+    std::vector<TensorView> dense;
+    if (c.compacted) {
+      dense = b.compact();
+      b.check_error();
+    }
     for (int d = 0; d < R; ++d) {
-      const std::vector<char> comb = gpu_test::check_dispatch(p, d, res[static_cast<size_t>(d)],
-                                                              b.num_recv_rows(d), El, R * T, K);
+      EXPECT_EQ(res[static_cast<size_t>(d)].placement, want_placement);
+      std::vector<char> packed;
+      std::vector<char> comb = gpu_test::check_dispatch(p, d, res[static_cast<size_t>(d)],
+                                                        b.num_recv_rows(d), El, R * T, K, &packed);
       CombineArgs a{res[static_cast<size_t>(d)].recv_x, res[static_cast<size_t>(d)].handle};
-      if (c.zero_copy) {
+      if (c.compacted) {
+        gpu_test::check_compacted(p, d, c.layout, dense[static_cast<size_t>(d)]);
+        // The expert outputs in compact order, in a tensor of exactly the valid rows.
+        a.compacted = true;
+        mem.push_back(std::make_unique<gpu_test::DevMem>(packed.size()));
+        a.x = TensorView(mem.back()->p, c.dtype,
+                         {static_cast<int64_t>(packed.size() / map_row_bytes(cfg)), c.hidden});
+        a.x.device = cfg.device;
+        comb = std::move(packed);
+      } else if (c.zero_copy) {
         a.x = b.combine_buffer(d);
       } else {
         mem.push_back(std::make_unique<gpu_test::DevMem>(comb.size()));
@@ -299,6 +358,46 @@ std::vector<SimCase> cases() {
     big.delays = true;
     v.push_back(big);
   }
+  // Placement: the defaults above (auto: per-source for latency, compact for throughput); here
+  // the other placement of each layout, compact() and compacted combine, 1 and 8 ranks, empty
+  // sources and a full one.
+  for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
+    const Placement other =
+        placement_for(l) == Placement::kCompact ? Placement::kPerSource : Placement::kCompact;
+    for (int R : {2, 3, 4})
+      for (DType dt : {DType::kBF16, DType::kFP32}) {
+        SimCase c{R, l, dt, Algorithm::kUbep, true, false, false};
+        c.placement = other;
+        v.push_back(c);
+        c.algo = Algorithm::kBsp;
+        c.split = false;
+        c.zero_copy = true;
+        v.push_back(c);
+      }
+    for (Placement pl : {Placement::kCompact, Placement::kPerSource}) {
+      SimCase c{3, l, DType::kBF16, Algorithm::kUbep, true, false, false};
+      c.placement = pl;
+      c.compacted = true;
+      v.push_back(c);
+      c.ipc = true;
+      c.dtype = DType::kFP32;
+      v.push_back(c);
+      SimCase e{4, l, DType::kFP32, Algorithm::kUbep, true, false, false};
+      e.placement = pl;
+      e.extremes = true;
+      v.push_back(e);
+      e.compacted = true;
+      e.ranks = 3;
+      v.push_back(e);
+      SimCase one{1, l, DType::kBF16, Algorithm::kUbep, true, false, false};
+      one.placement = pl;
+      v.push_back(one);
+      SimCase eight{8, l, DType::kBF16, Algorithm::kUbep, false, true, false};
+      eight.placement = pl;
+      eight.tokens = 4;
+      v.push_back(eight);
+    }
+  }
   return v;
 }
 
@@ -310,7 +409,13 @@ INSTANTIATE_TEST_SUITE_P(Cuda, KernelsOnCpu, ::testing::ValuesIn(cases()),
                                   algorithm_name(c.algo) + (c.split ? "_split" : "_oneshot") +
                                   (c.zero_copy ? "_zerocopy" : "") + (c.ipc ? "_ipc" : "") +
                                   (c.sync == SyncMode::kStopAndWait ? "_stopwait" : "") +
-                                  (c.epoch ? "_wrap" : "") + (c.delays ? "_delays" : "") + "_H" +
+                                  (c.epoch ? "_wrap" : "") + (c.delays ? "_delays" : "") +
+                                  "_" + (c.placement == Placement::kAuto
+                                             ? std::string("auto")
+                                             : c.placement == Placement::kCompact ? "compact"
+                                                                                  : "persource") +
+                                  (c.compacted ? "_compacted" : "") +
+                                  (c.extremes ? "_extremes" : "") + "_H" +
                                   std::to_string(c.hidden) + "_T" + std::to_string(c.tokens);
                          });
 
