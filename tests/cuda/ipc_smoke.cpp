@@ -1,7 +1,7 @@
 // Two-process smoke test of the CUDA IPC path (label gpu): the process forks before touching
 // CUDA, the two processes find each other through a Bootstrap over a socketpair, each builds an
 // IpcBuffer on GPU 0 (or GPU `rank` when there are two), and runs dispatch + combine in both
-// layouts, ubep and bsp, checked bit for bit against the reference. Exit 77 (skipped) without
+// layouts, both placements (compact, per-source), ubep and bsp, checked bit for bit against the reference. Exit 77 (skipped) without
 // a GPU, as the GPU tests do.
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -61,8 +61,10 @@ int run_rank(int rank, int fd) {
   auto boot = std::make_shared<PairBootstrap>(rank, fd);
   int failed = 0;
   for (Algorithm algo : {Algorithm::kUbep, Algorithm::kBsp})
-    for (Layout layout : {Layout::kThroughput, Layout::kLatency}) {
-      const std::string name = std::string(algorithm_name(algo)) + ", " + layout_name(layout);
+    for (Layout layout : {Layout::kThroughput, Layout::kLatency})
+    for (Placement placement : {Placement::kCompact, Placement::kPerSource}) {
+      const std::string name = std::string(algorithm_name(algo)) + ", " + layout_name(layout) +
+                               ", " + placement_name(placement);
       try {
         BufferConfig cfg;
         cfg.device = {DeviceType::kCuda, devices > 1 ? rank : 0};
@@ -71,6 +73,7 @@ int run_rank(int rank, int fd) {
         cfg.num_experts = 8;
         cfg.max_topk = 4;
         cfg.algorithm = algo;
+        cfg.placement = placement;
         ck(cudaSetDevice(cfg.device.index), "cudaSetDevice");
         cuda::Options opts;
         opts.blocks_per_rank = 4;  // both processes may share one GPU: leave room for the other

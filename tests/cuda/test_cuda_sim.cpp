@@ -9,6 +9,8 @@
 // GPU memory model, scheduling or performance (docs/CUDA.md).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <functional>
 #include <random>
 #include <span>
 #include <thread>
@@ -101,6 +103,12 @@ class SimBuffer {
     return ipc_ ? seqs_[static_cast<size_t>(r)]->combine_buffer(0) : seqs_[0]->combine_buffer(r);
   }
   TensorView output(int r) const { return outputs()[static_cast<size_t>(r)]; }
+  // IPC: called on process q's thread as soon as its launch has returned.
+  std::function<void(size_t)> after_launch;
+  // The tag word of the count record from `src` in rank `at`'s window (half h).
+  const uint32_t* count_tag(int at, int src, int h) const {
+    return map_.count(bases_[static_cast<size_t>(at)], h, src).tag();
+  }
   int64_t num_recv_rows(int r) const { return recv_rows_[static_cast<size_t>(r)]; }
   void check_error() const {
     for (const auto& e : errors_)
@@ -152,7 +160,11 @@ class SimBuffer {
       go(ps[0], R_ * bpr_);
     } else {  // one "process" per rank, concurrently
       std::vector<std::thread> procs;
-      for (size_t q = 0; q < ps.size(); ++q) procs.emplace_back([&, q] { go(ps[q], bpr_); });
+      for (size_t q = 0; q < ps.size(); ++q)
+        procs.emplace_back([&, q] {
+          go(ps[q], bpr_);
+          if (after_launch) after_launch(q);
+        });
       for (auto& t : procs) t.join();
     }
   }
@@ -452,6 +464,69 @@ TEST(KernelsOnCpuErrors, LateRankTimesOutNamingIt) {
       EXPECT_NE(std::string(e.what()).find("of rank 1"), std::string::npos) << e.what();
     }
   }
+}
+
+// The point of per-source placement, as an event order (not a timing): rank 0 starts its
+// dispatch_send 1.5 s late (IPC: one launch per rank). With per-source placement, ranks 1 and 2
+// finish their send launches while rank 0's count records have not reached them -- they never
+// waited for it; with compact placement they cannot finish before those records are there
+// (their offsets are prefix sums over rank 0's counts). Then the call completes bit-identically.
+TEST(KernelsOnCpuPlacement, LateRankDelaysOnlyItsOwnRows) {
+  for (Placement pl : {Placement::kPerSource, Placement::kCompact})
+    for (Layout l : {Layout::kLatency, Layout::kThroughput}) {
+      BufferConfig cfg;
+      cfg.device = {DeviceType::kCuda, 0};
+      cfg.max_tokens_per_rank = 6;
+      cfg.hidden = 16;
+      cfg.num_experts = 6;
+      cfg.max_topk = 2;
+      cfg.placement = pl;
+      SimBuffer b(3, cfg, true);
+      b.set_start_delay(0, 1'500'000'000u);
+      std::atomic<uint32_t> seen[3] = {0, 0, 0};  // rank 0's count-record tag at q, when q ended
+      b.after_launch = [&](size_t q) {
+        if (q != 0)
+          seen[q].store(__atomic_load_n(b.count_tag(static_cast<int>(q), 0, 0), __ATOMIC_ACQUIRE));
+      };
+      const test::Problem p =
+          test::make_problem(3, 6, 16, cfg.dtype, {6, 5, 4}, 2, test::Routing::kUniform, 3);
+      std::vector<std::unique_ptr<gpu_test::RankInputs>> in;
+      std::vector<DispatchArgs> args;
+      for (int r = 0; r < 3; ++r) {
+        in.push_back(std::make_unique<gpu_test::RankInputs>(p, r, l));
+        for (TensorView* v :
+             {&in.back()->args.x, &in.back()->args.topk_idx, &in.back()->args.topk_weights})
+          v->device = cfg.device;
+        args.push_back(in.back()->args);
+      }
+      b.dispatch(args, cuda_hd::kSend);
+      const uint32_t tag = ep::tag_of(0);
+      for (int q = 1; q < 3; ++q) {
+        ASSERT_EQ(*b.count_tag(q, 0, 0), tag);  // it did arrive, later
+        if (pl == Placement::kPerSource)
+          EXPECT_EQ(seen[q].load(), 0u) << "rank " << q << "'s send waited for late rank 0 ("
+                                        << layout_name(l) << ")";
+        else
+          EXPECT_EQ(seen[q].load(), tag) << "compact: rank " << q << " cannot finish first";
+      }
+      b.after_launch = nullptr;
+      b.set_start_delay(0, 0);
+      b.dispatch({}, cuda_hd::kRecv);
+      b.check_error();
+      const std::vector<DispatchResult> res = b.results();
+      std::vector<CombineArgs> cargs;
+      for (int d = 0; d < 3; ++d) {
+        const std::vector<char> comb = gpu_test::check_dispatch(
+            p, d, res[static_cast<size_t>(d)], b.num_recv_rows(d), 2, 18, 2);
+        CombineArgs a{b.combine_buffer(d), res[static_cast<size_t>(d)].handle};
+        gpu_test::upload(a.x.data, comb.data(), comb.size());
+        cargs.push_back(a);
+      }
+      b.combine(cargs, cuda_hd::kCombSend | cuda_hd::kCombRecv);
+      b.check_error();
+      for (int r = 0; r < 3; ++r)
+        gpu_test::check_combine(p, r, b.output(r), test::expected_combine(p, r, l));
+    }
 }
 
 // An expert id past num_experts and a repeated id: routed nowhere by every role (the call
