@@ -83,10 +83,6 @@ UBEP_HD inline int32_t call_shape_of(bool latency, bool per_source) {
 UBEP_HD inline int64_t range_index(bool latency, int ranks, int le, int s) {
   return latency ? static_cast<int64_t>(le) * ranks + s : s;
 }
-// Rows the throughput dispatch output spans: per-source leaves gaps, compact is dense.
-UBEP_HD inline int64_t tp_span(bool per_source, int64_t rt_rows, int64_t valid_rows) {
-  return per_source ? rt_rows : valid_rows;
-}
 
 // Where row `slot` of `source` lands at its destination in the throughput layout, and where
 // the copy for local expert `le` lands in the latency layout (CallState::place_row).
