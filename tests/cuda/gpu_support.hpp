@@ -7,9 +7,9 @@
 #include <cuda_runtime.h>
 #endif
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
-#include <array>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -147,7 +147,8 @@ inline std::vector<char> check_dispatch(const test::Problem& p, int d, const Dis
   if (!latency && r.recv_x.dim(0) != RT)
     fail(me + " throughput recv_x has " + std::to_string(r.recv_x.dim(0)) + " rows, want " +
          std::to_string(RT) + " (capacity)");
-  const auto x = download<char>(r.recv_x.data, static_cast<size_t>(r.recv_x.numel()) * dtype_size(p.dtype));
+  const auto x =
+      download<char>(r.recv_x.data, static_cast<size_t>(r.recv_x.numel()) * dtype_size(p.dtype));
   const auto src = download<int64_t>(r.recv_src.data, static_cast<size_t>(r.recv_src.numel()));
   std::vector<int32_t> idx;
   std::vector<float> w;
@@ -167,8 +168,8 @@ inline std::vector<char> check_dispatch(const test::Problem& p, int d, const Dis
       const int64_t begin = per_source ? s * T : lower;
       lower += n;
       const int64_t* got = &range[static_cast<size_t>(2 * (le * (latency ? R : 0) + s))];
-      const std::string at = me + (latency ? " expert " + std::to_string(le) : "") + " source " +
-                             std::to_string(s);
+      const std::string at =
+          me + (latency ? " expert " + std::to_string(le) : "") + " source " + std::to_string(s);
       if (got[0] != begin || got[1] != n)
         fail(at + ": recv_range (" + std::to_string(got[0]) + ", " + std::to_string(got[1]) +
              "), want (" + std::to_string(begin) + ", " + std::to_string(n) + ")");

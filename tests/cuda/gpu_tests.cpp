@@ -105,17 +105,16 @@ void run_checked(const Case& c) {
     for (int d = 0; d < R; ++d) {
       const DispatchResult& r = res[static_cast<size_t>(d)];
       std::vector<char> packed;
-      std::vector<char> comb =
-          check_dispatch(p, d, r, vb.num_recv_rows(d, reinterpret_cast<cuda::Stream>(s)), El, RT,
-                         c.topk, &packed);
+      std::vector<char> comb = check_dispatch(
+          p, d, r, vb.num_recv_rows(d, reinterpret_cast<cuda::Stream>(s)), El, RT, c.topk, &packed);
       CombineArgs a;
       a.handle = r.handle;
       if (c.compacted) {
         check_compacted(p, d, c.layout, dense[static_cast<size_t>(d)]);
         comb_mem.push_back(std::make_unique<DevMem>(packed.size()));
         a.x = on_device(comb_mem.back()->p, c.dtype,
-                        {static_cast<int64_t>(packed.size() / (static_cast<size_t>(c.hidden) *
-                                                               dtype_size(c.dtype))),
+                        {static_cast<int64_t>(
+                             packed.size() / (static_cast<size_t>(c.hidden) * dtype_size(c.dtype))),
                          c.hidden});
         a.compacted = true;
         comb = std::move(packed);
@@ -229,7 +228,20 @@ int main(int argc, char** argv) {
   }
   // --quick (for compute-sanitizer): 2 and 4 ranks, 2 calls per case, no decode-size case,
   // 20 back-to-back calls.
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  // --filter SUBSTRING runs the matching cases only (e.g. "per-source"); both may be given.
+  bool quick = false;
+  std::string filter;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+    } else if (a == "--filter" && i + 1 < argc) {
+      filter = argv[++i];
+    } else {
+      std::cout << "usage: ubep_cuda_gpu_tests [--quick] [--filter SUBSTRING]\n";
+      return 2;
+    }
+  }
   std::vector<std::pair<std::string, std::function<void()>>> cases;
   auto add = [&](Case c) {
     if (quick && (c.hidden > 1024 || (c.ranks > 4 && !c.delays))) return;
@@ -328,8 +340,6 @@ int main(int argc, char** argv) {
     }
   cases.emplace_back("errors: timeout names the late rank, bad expert id", run_errors);
   int failed = 0, ran = 0;
-  // --filter SUBSTRING runs the matching cases only.
-  const std::string filter = argc > 2 && std::string(argv[1]) == "--filter" ? argv[2] : "";
   for (const auto& [name, fn] : cases) {
     if (!filter.empty() && name.find(filter) == std::string::npos) continue;
     std::cout << "RUN  " << name << std::endl;  // a hang (killed by the time limit) names its case

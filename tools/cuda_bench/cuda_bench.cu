@@ -481,8 +481,8 @@ int main(int argc, char** argv) {
       << iters << ", \"warmup\": " << warmup << "},\n \"results\": [";
     for (size_t i = 0; i < rows.size(); ++i)
       f << (i ? ",\n  " : "\n  ") << "{\"workload\": \"" << rows[i].workload << "\", \"layout\": \""
-        << rows[i].layout << "\", \"placement\": \"" << rows[i].placement
-        << "\", \"impl\": \"" << rows[i].impl << "\", \"op\": \"" << rows[i].op
+        << rows[i].layout << "\", \"placement\": \"" << rows[i].placement << "\", \"impl\": \""
+        << rows[i].impl << "\", \"op\": \"" << rows[i].op
         << "\", \"median_us\": " << rows[i].median_us << ", \"p99_us\": " << rows[i].p99_us
         << ", \"gbps\": " << rows[i].gbps << "}";
     f << "\n]}\n";

@@ -48,9 +48,9 @@ struct ScratchLayout {
     expert_offset_at = take(R * El * 8);  // int64
     recv_count = take(El * 8);            // int64: rows received per local expert
     recv_range = take(range_entries(r, el) * 16);  // int64 (begin, count) per (expert, source)
-    info = take(4 * 8);                   // int64: num_tokens, topk, num_recv_rows, spare
-    routing_done = take(kMaxBlocksPerRank * 4);  // uint32 generation per block
-    offsets_ready = take(R * 4);                 // uint32 generation per destination
+    info = take(4 * 8);                            // int64: num_tokens, topk, num_recv_rows, spare
+    routing_done = take(kMaxBlocksPerRank * 4);    // uint32 generation per block
+    offsets_ready = take(R * 4);                   // uint32 generation per destination
     total = off;
   }
   template <typename T>
@@ -117,8 +117,8 @@ enum ErrorCode : uint32_t {
   kTimeout = 1,
   kBadExpert = 2,
   kTopkMismatch = 3,
-  kShapeMismatch = 4,    // a source's count record names another layout or placement
-  kCompactedShort = 5,   // compacted combine input has fewer rows than were received
+  kShapeMismatch = 4,   // a source's count record names another layout or placement
+  kCompactedShort = 5,  // compacted combine input has fewer rows than were received
 };
 enum WaitWhat : int32_t {
   kWaitCount = 1,        // a count record of `peer` at `rank` (index: destination)
@@ -163,9 +163,9 @@ struct RankIO {
   // combine_in holds the rows in compact() order, with room for comb_in_rows of them.
   bool comb_in_compacted = false;
   int64_t comb_in_rows = 0;
-  void* compact_out = nullptr;    // compact(): [valid rows, hidden], capacity of the window
-  char* scratch = nullptr;        // this rank's scratch (ScratchLayout)
-  uint32_t start_delay_ns = 0;    // test hook: the rank starts this late (random skew)
+  void* compact_out = nullptr;  // compact(): [valid rows, hidden], capacity of the window
+  char* scratch = nullptr;      // this rank's scratch (ScratchLayout)
+  uint32_t start_delay_ns = 0;  // test hook: the rank starts this late (random skew)
 };
 
 // Kernel parameters of one launch (passed by value: no host staging, so back-to-back calls

@@ -293,7 +293,8 @@ __device__ inline void receive(const RankCtx& c) {
     int64_t before = 0;
     for (int s = 0; s < R; ++s) {
       const int64_t n = rec_rows(s, le);
-      const int64_t at = (p.latency ? le * RT : 0) + cuda_hd::source_offset(p.per_source, s, T, before);
+      const int64_t at =
+          (p.latency ? le * RT : 0) + cuda_hd::source_offset(p.per_source, s, T, before);
       before += n;
       for (int64_t q = first; q < n; q += step)
         if (!wait_tag<true>(tags + at + q, p.tag, p.timeout_cycles, p.error, c.rank, s,

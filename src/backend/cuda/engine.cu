@@ -145,8 +145,9 @@ std::vector<TensorView> Engine::compact(cudaStream_t s) {
     // The largest compact() output of either layout (the window's comb_rows), per local rank.
     const ep::WindowLayout& m = seq_.map();
     const size_t per_rank = static_cast<size_t>(m.comb_rows()) * m.row_bytes;
-    check_cuda(cudaMalloc(&compact_, std::max<size_t>(per_rank * static_cast<size_t>(local_ranks_), 16)),
-               "compact() output allocation");
+    check_cuda(
+        cudaMalloc(&compact_, std::max<size_t>(per_rank * static_cast<size_t>(local_ranks_), 16)),
+        "compact() output allocation");
     for (int i = 0; i < local_ranks_; ++i)
       seq_.set_compact_memory(i, compact_ + static_cast<size_t>(i) * per_rank);
   }

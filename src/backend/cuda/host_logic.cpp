@@ -9,7 +9,8 @@ namespace ubep::cuda_host {
 namespace {
 Device cuda_device(const BufferConfig& cfg) { return cfg.device; }
 // The kernels' call-shape word (cuda_hd::call_shape_of) spells the enums' values.
-static_assert(static_cast<int>(Layout::kThroughput) == 0 && static_cast<int>(Layout::kLatency) == 1);
+static_assert(static_cast<int>(Layout::kThroughput) == 0 &&
+              static_cast<int>(Layout::kLatency) == 1);
 static_assert(static_cast<int>(Placement::kCompact) == 1 &&
               static_cast<int>(Placement::kPerSource) == 2);
 }  // namespace
@@ -80,6 +81,9 @@ void check_combine(const CombineArgs& a, const BufferConfig& cfg, const TensorVi
         a.x.describe());
   }
   UBEP_CHECK_ARG(a.x.data != nullptr, "combine (rank ", rank, "): x has no data");
+  UBEP_CHECK_ARG(a.topk_weights.data == nullptr, "combine (rank ", rank,
+                 "): CombineArgs::topk_weights is not supported by the CUDA backend (the weights "
+                 "given to dispatch are used)");
 }
 
 int blocks_per_rank(int requested, int coresident, int local_ranks) {
@@ -159,8 +163,8 @@ std::string describe(const cuda_hd::ErrorInfo& e, double timeout_s) {
                             "an earlier id of its token; it was routed nowhere");
     case cuda_hd::kShapeMismatch:
       return detail::concat("dispatch: rank ", e.peer, " sent rank ", e.rank,
-                            " a count record for another layout or placement (call shape ",
-                            e.index, "); every rank must make the same call with the same "
+                            " a count record for another layout or placement (call shape ", e.index,
+                            "); every rank must make the same call with the same "
                             "BufferConfig::placement");
     case cuda_hd::kCompactedShort:
       return detail::concat("combine (rank ", e.rank, "): compacted input has ", e.tag,
