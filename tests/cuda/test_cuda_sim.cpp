@@ -284,8 +284,10 @@ TEST(KernelsOnCpuErrors, LateRankTimesOutNamingIt) {
   cfg.max_topk = 2;
   for (bool ipc : {false, true}) {
     SimBuffer b(2, cfg, ipc);
-    b.timeout_ns = 100'000'000;  // 0.1 s
-    b.set_start_delay(1, 600'000'000u);
+    // 0.5 s: long enough that rank 0's own blocks meet in time even under ThreadSanitizer on a
+    // loaded machine (0.1 s flaked at load average 150), far shorter than rank 1's delay.
+    b.timeout_ns = 500'000'000;
+    b.set_start_delay(1, 2'500'000'000u);
     const test::Problem p =
         test::make_problem(2, 4, 16, cfg.dtype, {6, 6}, 2, test::Routing::kUniform, 1);
     std::vector<std::unique_ptr<gpu_test::RankInputs>> in;
@@ -309,7 +311,7 @@ TEST(KernelsOnCpuErrors, LateRankTimesOutNamingIt) {
 }
 
 // The point of per-source placement, as an event order (not a timing): rank 0 starts its
-// dispatch_send 1.5 s late (IPC: one launch per rank). With per-source placement, ranks 1 and 2
+// dispatch_send 2 s late (IPC: one launch per rank). With per-source placement, ranks 1 and 2
 // finish their send launches while rank 0's count records have not reached them -- they never
 // waited for it; with compact placement they cannot finish before those records are there
 // (their offsets are prefix sums over rank 0's counts). Then the call completes bit-identically.
@@ -324,7 +326,7 @@ TEST(KernelsOnCpuPlacement, LateRankDelaysOnlyItsOwnRows) {
       cfg.max_topk = 2;
       cfg.placement = pl;
       SimBuffer b(3, cfg, true);
-      b.set_start_delay(0, 1'500'000'000u);
+      b.set_start_delay(0, 2'000'000'000u);
       std::atomic<uint32_t> seen[3] = {0, 0, 0};  // rank 0's count-record tag at q, when q ended
       b.after_launch = [&](size_t q) {
         if (q != 0)

@@ -13,7 +13,7 @@
 #include "backend/cuda/combine.cuh"
 #include "backend/cuda/host_logic.hpp"
 #include "backend/cuda/sequencer.hpp"
-#include "gpu_support.hpp"
+#include "cuda/gpu_support.hpp"
 
 namespace ubep {
 
