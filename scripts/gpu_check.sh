@@ -3,8 +3,11 @@
 # $OUT (default build-gpu/out): per-step logs, ptxas register/spill report, GPU test results, the
 # 2-process CUDA IPC smoke test, compute-sanitizer memcheck and racecheck, the bench table
 # (single-GPU loopback, virtual ranks: NOT NVLink) and summary.txt. A failing step does not stop
-# the others; the exit status is non-zero if any step failed. Budget: < 8 minutes on one H200
-# (the step time limits add up to 8 minutes; expected total is well under).
+# the others; the exit status is non-zero if any step failed. Budget: < 10 minutes on one H200
+# (the step time limits add up to 580 s; expected total is well under). Placement: the GPU
+# tests cover compact and per-source for both layouts (auto = per-source for latency); the
+# per-source cases also run as a step of their own (gpu_persource: its PASS/FAIL is visible in
+# the summary) and under memcheck; the bench times both placements and compact().
 #
 # Configures without Debian -dev packages: no MPI, no GoogleTest (the GPU tests are
 # self-contained), no hwloc/OpenBLAS (optional), only CMake, a C++20 compiler and nvcc.
@@ -61,15 +64,19 @@ step build 150 cmake --build "$BUILD" -j"$jobs" --target ubep_cuda ubep_cuda_gpu
 grep -E "Compiling entry|registers|spill" "$OUT/build.log" >"$OUT/ptxas_registers.txt" 2>/dev/null || true
 
 T="$BUILD/tests/cuda"
-step gpu_tests 75 "$T/ubep_cuda_gpu_tests"
-step ipc_smoke 40 "$T/ubep_cuda_ipc_smoke"
+step gpu_tests 90 "$T/ubep_cuda_gpu_tests"
+step gpu_persource 30 "$T/ubep_cuda_gpu_tests" --filter "per-source placement"
+step ipc_smoke 50 "$T/ubep_cuda_ipc_smoke"
 if command -v compute-sanitizer >/dev/null; then
   step memcheck 60 compute-sanitizer --tool memcheck --error-exitcode 3 "$T/ubep_cuda_gpu_tests" --quick
+  step memcheck_persource 30 compute-sanitizer --tool memcheck --error-exitcode 3 \
+    "$T/ubep_cuda_gpu_tests" --quick --filter "per-source placement"
   step racecheck 50 compute-sanitizer --tool racecheck --error-exitcode 3 "$T/ubep_cuda_gpu_tests" --quick
 else
   echo "compute-sanitizer        not found      (memcheck/racecheck not run)" | tee -a "$SUMMARY"
 fi
-step bench 60 "$BUILD/tools/cuda_bench/ubep-cuda-bench" --iters 50 --warmup 5 --json "$OUT/bench.json"
+step bench 75 "$BUILD/tools/cuda_bench/ubep-cuda-bench" --placement both --iters 50 --warmup 5 \
+  --json "$OUT/bench.json"
 cp "$OUT/bench.log" "$OUT/bench_table.txt" 2>/dev/null || true
 
 echo "total $(( $(date +%s) - t_start ))s; bench: single-GPU loopback (virtual ranks), not NVLink" | tee -a "$SUMMARY"

@@ -54,9 +54,12 @@ class VirtualBuffer {
 
   // Split phase (ubep): send enqueues routing, count records and rows; recv enqueues the wait.
   void dispatch_send(std::span<const DispatchArgs> per_rank, Stream stream);
-  // Views into the windows, valid until the next dispatch. recv_count is device memory. The
-  // throughput layout's recv_x is shaped by capacity [ranks*max_tokens, hidden]: the row count
-  // is recv_count's sum, on the device, or num_recv_rows() on the host (synchronising).
+  // Views into the windows, valid until the next dispatch. recv_count and recv_range are device
+  // memory. Rows go where BufferConfig::placement says (docs/SEMANTICS.md "Placement"; auto:
+  // per-source for the latency layout, compact for throughput), and recv_range gives each
+  // source's (begin, count). The throughput layout's recv_x is shaped by capacity
+  // [ranks*max_tokens, hidden] in both placements: compact rows are the first recv_count-sum
+  // (on the device, or num_recv_rows() on the host, synchronising).
   std::vector<DispatchResult> dispatch_recv(Stream stream);
   std::vector<DispatchResult> dispatch(std::span<const DispatchArgs> per_rank, Stream stream);
   void combine_send(std::span<const CombineArgs> per_rank, Stream stream);
@@ -64,6 +67,12 @@ class VirtualBuffer {
   std::vector<TensorView> combine(std::span<const CombineArgs> per_rank, Stream stream);
   // Zero-copy combine input of `rank` for the last dispatch (device memory, in its window).
   TensorView combine_buffer(int rank) const;
+  // Enqueues Buffer::compact(): every rank's valid received rows copied densely (by local
+  // expert in the latency layout, then source rank, then token), for expert GEMMs that need
+  // contiguous rows. Between dispatch_recv and combine; valid until the next compact(). Shaped by
+  // capacity [rows the window holds, hidden]: the first recv_count-sum rows are valid. Combine
+  // takes outputs in this order with CombineArgs::compacted (at least that many rows).
+  std::vector<TensorView> compact(Stream stream);
 
   int64_t num_recv_rows(int rank, Stream stream);  // synchronises with the stream
   void synchronize(Stream stream);                 // waits, then throws any kernel error
@@ -97,6 +106,7 @@ class IpcBuffer {
   TensorView combine_recv(Stream stream);
   TensorView combine(const CombineArgs& args, Stream stream);
   TensorView combine_buffer() const;
+  TensorView compact(Stream stream);
   int64_t num_recv_rows(Stream stream);
   void synchronize(Stream stream);
 

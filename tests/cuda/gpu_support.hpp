@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -106,67 +107,111 @@ inline bool same_row(const test::Problem& p, int s, int64_t t, const char* row) 
   return std::memcmp(want, row, rb) == 0;
 }
 
-// Checks rank d's dispatch outputs (device views, after synchronisation) bit for bit, and
-// returns the combine input the reference's expert function gives (host, shaped like recv_x).
+// Checks rank d's dispatch outputs (device views, after synchronisation) bit for bit in the
+// result's placement: recv_count, every source's (begin, count) in recv_range against the
+// reference (per-source: begin = source * max_tokens; compact: the rows of the lower sources),
+// and every row inside the ranges. Returns the combine input the reference's expert function
+// gives (host, shaped like recv_x, rows in the placement) and, in *packed, the same rows in
+// compact() order (by local expert, then source, then token).
 inline std::vector<char> check_dispatch(const test::Problem& p, int d, const DispatchResult& r,
-                                        int64_t num_rows, int El, int64_t RT, int topk) {
+                                        int64_t num_rows, int El, int64_t RT, int topk,
+                                        std::vector<char>* packed = nullptr) {
   const test::ExpectedDispatch ex = test::expected_dispatch(p, d);
+  const int R = p.ranks;
+  const int64_t T = RT / R;
+  const bool per_source = r.placement == Placement::kPerSource;
+  const bool latency = r.layout == Layout::kLatency;
   const size_t rb = static_cast<size_t>(p.hidden) * dtype_size(p.dtype);
+  const std::string me = "rank " + std::to_string(d) + " (" + placement_name(r.placement) + ")";
   const auto counts = download<int64_t>(r.recv_count.data, static_cast<size_t>(El));
   for (int le = 0; le < El; ++le)
     if (counts[static_cast<size_t>(le)] !=
         static_cast<int64_t>(ex.expert_rows[static_cast<size_t>(le)].size()))
-      fail("rank " + std::to_string(d) + " recv_count[" + std::to_string(le) +
+      fail(me + " recv_count[" + std::to_string(le) +
            "] = " + std::to_string(counts[static_cast<size_t>(le)]) + ", want " +
            std::to_string(ex.expert_rows[static_cast<size_t>(le)].size()));
+  const int groups = latency ? El : 1;
+  if (r.recv_range.numel() != static_cast<int64_t>(groups) * R * 2 ||
+      r.recv_range.dtype != DType::kInt64)
+    fail(me + " recv_range is " + r.recv_range.describe());
+  const auto range = download<int64_t>(r.recv_range.data, static_cast<size_t>(groups * R * 2));
   std::vector<char> comb(static_cast<size_t>(r.recv_x.numel()) * dtype_size(p.dtype));
+  std::vector<char> dense;
   auto expert_row = [&](int64_t s, int64_t t, int64_t which, char* out) {
     for (int64_t h = 0; h < p.hidden; ++h)
       store_value(out, h, test::expert_fn(p.value(static_cast<int>(s), t, h), which), p.dtype);
   };
-  if (r.layout == Layout::kThroughput) {
-    if (num_rows != static_cast<int64_t>(ex.src.size()))
-      fail("rank " + std::to_string(d) + " received " + std::to_string(num_rows) + " rows, want " +
-           std::to_string(ex.src.size()));
-    const auto x = download<char>(r.recv_x.data, static_cast<size_t>(num_rows) * rb);
-    const auto src = download<int64_t>(r.recv_src.data, static_cast<size_t>(num_rows) * 2);
-    const auto idx = download<int32_t>(r.recv_topk_idx.data, static_cast<size_t>(num_rows * topk));
-    const auto w = download<float>(r.recv_topk_weights.data, static_cast<size_t>(num_rows * topk));
-    for (int64_t i = 0; i < num_rows; ++i) {
-      const auto& e = ex.src[static_cast<size_t>(i)];
-      const std::string at = "rank " + std::to_string(d) + " row " + std::to_string(i);
-      if (src[static_cast<size_t>(2 * i)] != e[0] || src[static_cast<size_t>(2 * i + 1)] != e[1])
-        fail(at + ": recv_src differs");
-      if (!same_row(p, static_cast<int>(e[0]), e[1], x.data() + static_cast<size_t>(i) * rb))
-        fail(at + ": recv_x differs");
-      for (int j = 0; j < topk; ++j) {
-        const size_t k = static_cast<size_t>(i * topk + j);
-        if (idx[k] != ex.local_idx[static_cast<size_t>(i)][static_cast<size_t>(j)] ||
-            std::memcmp(&w[k], &ex.weights[static_cast<size_t>(i)][static_cast<size_t>(j)], 4) != 0)
-          fail(at + ": recv_topk_idx/weights differ at k " + std::to_string(j));
-      }
-      expert_row(e[0], e[1], d, comb.data() + static_cast<size_t>(i) * rb);
-    }
-  } else {
-    for (int le = 0; le < El; ++le) {
-      const auto& rows = ex.expert_rows[static_cast<size_t>(le)];
-      const size_t base = static_cast<size_t>(le * RT);
-      const auto x =
-          download<char>(static_cast<char*>(r.recv_x.data) + base * rb, rows.size() * rb);
-      const auto src =
-          download<int64_t>(static_cast<int64_t*>(r.recv_src.data) + 2 * base, rows.size() * 2);
-      for (size_t q = 0; q < rows.size(); ++q) {
-        const std::string at = "rank " + std::to_string(d) + " expert " + std::to_string(le) +
-                               " slot " + std::to_string(q);
-        if (src[2 * q] != rows[q][0] || src[2 * q + 1] != rows[q][1])
-          fail(at + ": recv_src differs");
-        if (!same_row(p, static_cast<int>(rows[q][0]), rows[q][1], x.data() + q * rb))
-          fail(at + ": recv_x differs");
-        expert_row(rows[q][0], rows[q][1], d * El + le, comb.data() + (base + q) * rb);
+  if (!latency && num_rows != static_cast<int64_t>(ex.src.size()))
+    fail(me + " received " + std::to_string(num_rows) + " rows, want " +
+         std::to_string(ex.src.size()));
+  if (!latency && r.recv_x.dim(0) != RT)
+    fail(me + " throughput recv_x has " + std::to_string(r.recv_x.dim(0)) + " rows, want " +
+         std::to_string(RT) + " (capacity)");
+  const auto x =
+      download<char>(r.recv_x.data, static_cast<size_t>(r.recv_x.numel()) * dtype_size(p.dtype));
+  const auto src = download<int64_t>(r.recv_src.data, static_cast<size_t>(r.recv_src.numel()));
+  std::vector<int32_t> idx;
+  std::vector<float> w;
+  if (!latency) {
+    idx = download<int32_t>(r.recv_topk_idx.data, static_cast<size_t>(RT * topk));
+    w = download<float>(r.recv_topk_weights.data, static_cast<size_t>(RT * topk));
+  }
+  for (int le = 0; le < groups; ++le) {
+    // The reference's rows of this expert (latency) or of all (throughput): by source, token.
+    std::vector<std::array<int64_t, 2>> want =
+        latency ? ex.expert_rows[static_cast<size_t>(le)] : ex.src;
+    size_t next = 0;  // index in `want` (compact order within this group)
+    int64_t lower = 0;
+    for (int s = 0; s < R; ++s) {
+      int64_t n = 0;
+      for (const auto& row : want) n += row[0] == s;
+      const int64_t begin = per_source ? s * T : lower;
+      lower += n;
+      const int64_t* got = &range[static_cast<size_t>(2 * (le * (latency ? R : 0) + s))];
+      const std::string at =
+          me + (latency ? " expert " + std::to_string(le) : "") + " source " + std::to_string(s);
+      if (got[0] != begin || got[1] != n)
+        fail(at + ": recv_range (" + std::to_string(got[0]) + ", " + std::to_string(got[1]) +
+             "), want (" + std::to_string(begin) + ", " + std::to_string(n) + ")");
+      for (int64_t q = 0; q < n; ++q, ++next) {
+        const auto& e = want[next];
+        const size_t pos = static_cast<size_t>((latency ? le * RT : 0) + begin + q);
+        const std::string row_at = at + " row " + std::to_string(q);
+        if (src[2 * pos] != e[0] || src[2 * pos + 1] != e[1]) fail(row_at + ": recv_src differs");
+        if (!same_row(p, static_cast<int>(e[0]), e[1], x.data() + pos * rb))
+          fail(row_at + ": recv_x differs");
+        if (!latency)
+          for (int j = 0; j < topk; ++j) {
+            const size_t k = pos * static_cast<size_t>(topk) + static_cast<size_t>(j);
+            if (idx[k] != ex.local_idx[next][static_cast<size_t>(j)] ||
+                std::memcmp(&w[k], &ex.weights[next][static_cast<size_t>(j)], 4) != 0)
+              fail(row_at + ": recv_topk_idx/weights differ at k " + std::to_string(j));
+          }
+        expert_row(e[0], e[1], latency ? d * El + le : d, comb.data() + pos * rb);
+        dense.insert(dense.end(), comb.data() + pos * rb, comb.data() + (pos + 1) * rb);
       }
     }
   }
+  if (packed) *packed = std::move(dense);
   return comb;
+}
+
+// Checks compact()'s output of rank d (device, first rows valid) against the reference's rows
+// in compact order: by local expert (latency), then source, then token.
+inline void check_compacted(const test::Problem& p, int d, Layout layout, const TensorView& c) {
+  const test::ExpectedDispatch ex = test::expected_dispatch(p, d);
+  std::vector<std::array<int64_t, 2>> want = ex.src;
+  if (layout == Layout::kLatency) {
+    want.clear();
+    for (const auto& rows : ex.expert_rows) want.insert(want.end(), rows.begin(), rows.end());
+  }
+  const size_t rb = static_cast<size_t>(p.hidden) * dtype_size(p.dtype);
+  if (c.ndim != 2 || c.dim(0) < static_cast<int64_t>(want.size()) || c.dim(1) != p.hidden)
+    fail("rank " + std::to_string(d) + " compact() is " + c.describe());
+  const auto x = download<char>(c.data, want.size() * rb);
+  for (size_t i = 0; i < want.size(); ++i)
+    if (!same_row(p, static_cast<int>(want[i][0]), want[i][1], x.data() + i * rb))
+      fail("rank " + std::to_string(d) + " compact() row " + std::to_string(i) + " differs");
 }
 
 // Checks rank me's combine output against expected (floats rounded to the dtype), bit for bit.

@@ -4,7 +4,9 @@
 // tests/reference.cpp. Cases: virtual ranks 2, 4, 8 (and 3); both layouts; bf16 and fp32; ubep
 // split-phase, ubep one-shot and bsp; stop-and-wait; random per-rank start delays; epoch tags
 // across the 32-bit wrap-around; 1,000 back-to-back calls without host synchronisation; the
-// scalar paths (hidden not a multiple of 8); error words (timeout, bad expert id, topk).
+// scalar paths (hidden not a multiple of 8); error words (timeout, bad expert id, topk);
+// placement: compact and per-source for both layouts (recv_range checked), compact() and
+// combine from compacted rows, empty sources and a full one.
 #include <chrono>
 #include <functional>
 #include <iostream>
@@ -32,11 +34,14 @@ struct Case {
   int64_t hidden = 256, tokens = 24;
   int topk = 4, experts_per_rank = 4;
   test::Routing routing = test::Routing::kWithDrops;
+  Placement placement = Placement::kAuto;
+  bool compacted = false;  // compact(), checked, then combine from compact order
   std::string name() const {
     return std::to_string(ranks) + " ranks, " + layout_name(layout) + ", " + dtype_name(dtype) +
            ", " + algorithm_name(algo) + (split ? " split" : " one-shot") +
            (sync == SyncMode::kStopAndWait ? ", stop-and-wait" : "") + (delays ? ", delays" : "") +
            (zero_copy ? ", zero-copy" : "") + (epoch ? ", epoch " + std::to_string(epoch) : "") +
+           ", " + placement_name(placement) + " placement" + (compacted ? ", compacted" : "") +
            ", hidden " + std::to_string(hidden) + ", " + std::to_string(calls) + " calls";
   }
 };
@@ -52,6 +57,7 @@ BufferConfig config_for(const Case& c) {
   cfg.algorithm = c.algo;
   cfg.sync = c.sync;
   cfg.initial_epoch = c.epoch;
+  cfg.placement = c.placement;
   return cfg;
 }
 
@@ -89,15 +95,30 @@ void run_checked(const Case& c) {
       res = vb.dispatch(args, reinterpret_cast<cuda::Stream>(s));
     }
     vb.synchronize(reinterpret_cast<cuda::Stream>(s));
+    std::vector<TensorView> dense;
+    if (c.compacted) {
+      dense = vb.compact(reinterpret_cast<cuda::Stream>(s));
+      vb.synchronize(reinterpret_cast<cuda::Stream>(s));
+    }
     std::vector<std::unique_ptr<DevMem>> comb_mem;
     std::vector<CombineArgs> cargs;
     for (int d = 0; d < R; ++d) {
       const DispatchResult& r = res[static_cast<size_t>(d)];
-      const std::vector<char> comb = check_dispatch(
-          p, d, r, vb.num_recv_rows(d, reinterpret_cast<cuda::Stream>(s)), El, RT, c.topk);
+      std::vector<char> packed;
+      std::vector<char> comb = check_dispatch(
+          p, d, r, vb.num_recv_rows(d, reinterpret_cast<cuda::Stream>(s)), El, RT, c.topk, &packed);
       CombineArgs a;
       a.handle = r.handle;
-      if (c.zero_copy) {
+      if (c.compacted) {
+        check_compacted(p, d, c.layout, dense[static_cast<size_t>(d)]);
+        comb_mem.push_back(std::make_unique<DevMem>(packed.size()));
+        a.x = on_device(comb_mem.back()->p, c.dtype,
+                        {static_cast<int64_t>(
+                             packed.size() / (static_cast<size_t>(c.hidden) * dtype_size(c.dtype))),
+                         c.hidden});
+        a.compacted = true;
+        comb = std::move(packed);
+      } else if (c.zero_copy) {
         a.x = vb.combine_buffer(d);
       } else {
         comb_mem.push_back(std::make_unique<DevMem>(comb.size()));
@@ -207,7 +228,20 @@ int main(int argc, char** argv) {
   }
   // --quick (for compute-sanitizer): 2 and 4 ranks, 2 calls per case, no decode-size case,
   // 20 back-to-back calls.
-  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  // --filter SUBSTRING runs the matching cases only (e.g. "per-source"); both may be given.
+  bool quick = false;
+  std::string filter;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--quick") {
+      quick = true;
+    } else if (a == "--filter" && i + 1 < argc) {
+      filter = argv[++i];
+    } else {
+      std::cout << "usage: ubep_cuda_gpu_tests [--quick] [--filter SUBSTRING]\n";
+      return 2;
+    }
+  }
   std::vector<std::pair<std::string, std::function<void()>>> cases;
   auto add = [&](Case c) {
     if (quick && (c.hidden > 1024 || (c.ranks > 4 && !c.delays))) return;
@@ -277,10 +311,35 @@ int main(int argc, char** argv) {
     b.tokens = 16;
     cases.emplace_back("back-to-back: " + b.name(), [b] { run_back_to_back(b); });
   }
+  // Placement: the other placement of each layout (auto gives per-source for latency, compact
+  // for throughput), compact() + compacted combine, empty sources and a full rank.
+  for (Layout l : {Layout::kThroughput, Layout::kLatency})
+    for (Placement pl : {Placement::kCompact, Placement::kPerSource}) {
+      Case c;
+      c.layout = l;
+      c.placement = pl;
+      for (int R : {2, 4, 8})
+        for (int mode = 0; mode < 3; ++mode) {
+          c.ranks = R;
+          c.algo = mode == 2 ? Algorithm::kBsp : Algorithm::kUbep;
+          c.split = mode == 0;
+          c.zero_copy = mode == 1;
+          add(c);
+        }
+      c.ranks = 4;
+      c.algo = Algorithm::kUbep;
+      c.split = true;
+      c.zero_copy = false;
+      c.compacted = true;
+      c.dtype = DType::kFP32;
+      add(c);
+      c.routing = test::Routing::kHot;  // hot experts: full per-source regions
+      c.dtype = DType::kBF16;
+      c.calls = 4;
+      add(c);
+    }
   cases.emplace_back("errors: timeout names the late rank, bad expert id", run_errors);
   int failed = 0, ran = 0;
-  // --filter SUBSTRING runs the matching cases only.
-  const std::string filter = argc > 2 && std::string(argv[1]) == "--filter" ? argv[2] : "";
   for (const auto& [name, fn] : cases) {
     if (!filter.empty() && name.find(filter) == std::string::npos) continue;
     std::cout << "RUN  " << name << std::endl;  // a hang (killed by the time limit) names its case

@@ -1,8 +1,8 @@
 // Two-process smoke test of the CUDA IPC path (label gpu): the process forks before touching
 // CUDA, the two processes find each other through a Bootstrap over a socketpair, each builds an
 // IpcBuffer on GPU 0 (or GPU `rank` when there are two), and runs dispatch + combine in both
-// layouts, ubep and bsp, checked bit for bit against the reference. Exit 77 (skipped) without
-// a GPU, as the GPU tests do.
+// layouts, both placements (compact, per-source), ubep and bsp, checked bit for bit against the
+// reference. Exit 77 (skipped) without a GPU, as the GPU tests do.
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -61,50 +61,53 @@ int run_rank(int rank, int fd) {
   auto boot = std::make_shared<PairBootstrap>(rank, fd);
   int failed = 0;
   for (Algorithm algo : {Algorithm::kUbep, Algorithm::kBsp})
-    for (Layout layout : {Layout::kThroughput, Layout::kLatency}) {
-      const std::string name = std::string(algorithm_name(algo)) + ", " + layout_name(layout);
-      try {
-        BufferConfig cfg;
-        cfg.device = {DeviceType::kCuda, devices > 1 ? rank : 0};
-        cfg.max_tokens_per_rank = 32;
-        cfg.hidden = 512;
-        cfg.num_experts = 8;
-        cfg.max_topk = 4;
-        cfg.algorithm = algo;
-        ck(cudaSetDevice(cfg.device.index), "cudaSetDevice");
-        cuda::Options opts;
-        opts.blocks_per_rank = 4;  // both processes may share one GPU: leave room for the other
-        cuda::IpcBuffer buf(boot, cfg, opts);
-        cudaStream_t s;
-        ck(cudaStreamCreate(&s), "stream");
-        auto st = reinterpret_cast<cuda::Stream>(s);
-        for (int call = 0; call < 3; ++call) {
-          const test::Problem p =
-              test::make_problem(2, 8, cfg.hidden, cfg.dtype, {32, 17 + call}, 4,
-                                 test::Routing::kWithDrops, 77u + static_cast<unsigned>(call));
-          RankInputs in(p, rank, layout);
-          DispatchResult r;
-          if (algo == Algorithm::kUbep) {
-            buf.dispatch_send(in.args, st);
-            r = buf.dispatch_recv(st);
-          } else {
-            r = buf.dispatch(in.args, st);
+    for (Layout layout : {Layout::kThroughput, Layout::kLatency})
+      for (Placement placement : {Placement::kCompact, Placement::kPerSource}) {
+        const std::string name = std::string(algorithm_name(algo)) + ", " + layout_name(layout) +
+                                 ", " + placement_name(placement);
+        try {
+          BufferConfig cfg;
+          cfg.device = {DeviceType::kCuda, devices > 1 ? rank : 0};
+          cfg.max_tokens_per_rank = 32;
+          cfg.hidden = 512;
+          cfg.num_experts = 8;
+          cfg.max_topk = 4;
+          cfg.algorithm = algo;
+          cfg.placement = placement;
+          ck(cudaSetDevice(cfg.device.index), "cudaSetDevice");
+          cuda::Options opts;
+          opts.blocks_per_rank = 4;  // both processes may share one GPU: leave room for the other
+          cuda::IpcBuffer buf(boot, cfg, opts);
+          cudaStream_t s;
+          ck(cudaStreamCreate(&s), "stream");
+          auto st = reinterpret_cast<cuda::Stream>(s);
+          for (int call = 0; call < 3; ++call) {
+            const test::Problem p =
+                test::make_problem(2, 8, cfg.hidden, cfg.dtype, {32, 17 + call}, 4,
+                                   test::Routing::kWithDrops, 77u + static_cast<unsigned>(call));
+            RankInputs in(p, rank, layout);
+            DispatchResult r;
+            if (algo == Algorithm::kUbep) {
+              buf.dispatch_send(in.args, st);
+              r = buf.dispatch_recv(st);
+            } else {
+              r = buf.dispatch(in.args, st);
+            }
+            const int64_t rows = buf.num_recv_rows(st);
+            const std::vector<char> comb = check_dispatch(p, rank, r, rows, 4, 64, 4);
+            CombineArgs ca{buf.combine_buffer(), r.handle};
+            upload(ca.x.data, comb.data(), comb.size());
+            const TensorView y = buf.combine(ca, st);
+            buf.synchronize(st);
+            check_combine(p, rank, y, test::expected_combine(p, rank, layout));
           }
-          const int64_t rows = buf.num_recv_rows(st);
-          const std::vector<char> comb = check_dispatch(p, rank, r, rows, 4, 64, 4);
-          CombineArgs ca{buf.combine_buffer(), r.handle};
-          upload(ca.x.data, comb.data(), comb.size());
-          const TensorView y = buf.combine(ca, st);
-          buf.synchronize(st);
-          check_combine(p, rank, y, test::expected_combine(p, rank, layout));
+          cudaStreamDestroy(s);
+          std::cout << "rank " << rank << " PASS " << name << "\n";
+        } catch (const std::exception& e) {
+          ++failed;
+          std::cout << "rank " << rank << " FAIL " << name << ": " << e.what() << "\n";
         }
-        cudaStreamDestroy(s);
-        std::cout << "rank " << rank << " PASS " << name << "\n";
-      } catch (const std::exception& e) {
-        ++failed;
-        std::cout << "rank " << rank << " FAIL " << name << ": " << e.what() << "\n";
       }
-    }
   return failed ? 1 : 0;
 }
 

@@ -9,6 +9,8 @@
 // GPU memory model, scheduling or performance (docs/CUDA.md).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <functional>
 #include <random>
 #include <span>
 #include <thread>
@@ -17,141 +19,12 @@
 #include "backend/cuda/host_logic.hpp"
 #include "backend/cuda/sequencer.hpp"
 #include "gpu_support.hpp"
+#include "sim_buffer.hpp"
 
 namespace ubep {
 namespace {
 
 using cuda_hd::LaunchParams;
-
-// The engine (src/backend/cuda/engine.cu) without the CUDA runtime: the same Sequencer builds
-// every launch's parameters (virtual ranks: one for all ranks; IPC: one per "process"), the
-// memory is host memory, and the launches run on simulated threads.
-class SimBuffer {
- public:
-  SimBuffer(int R, const BufferConfig& cfg, bool ipc, int bpr = 2, int threads = 64)
-      : R_(R),
-        cfg_(cfg),
-        ipc_(ipc),
-        bpr_(bpr),
-        threads_(threads),
-        map_(cuda_host::window_layout(cfg, R)),
-        smap_(cuda_host::scratch_layout(cfg, R)),
-        windows_(static_cast<size_t>(R) * map_.total),
-        scratch_(static_cast<size_t>(R) * smap_.total),
-        y_(static_cast<size_t>(R * cfg.max_tokens_per_rank) * map_.row_bytes),
-        recv_rows_(static_cast<size_t>(R), -1),
-        errors_(static_cast<size_t>(R)),
-        claims_(static_cast<size_t>(R), 0u) {
-    for (int r = 0; r < R; ++r)
-      bases_.push_back(static_cast<char*>(windows_.p) + static_cast<size_t>(r) * map_.total);
-    const int procs = ipc ? R : 1, local = ipc ? 1 : R;
-    for (int q = 0; q < procs; ++q) {
-      seqs_.push_back(std::make_unique<cuda_host::Sequencer>(cfg, R, q, local));
-      for (int i = 0; i < local; ++i) {
-        const size_t r = static_cast<size_t>(q + i);
-        seqs_.back()->set_rank_memory(
-            i, static_cast<char*>(scratch_.p) + r * smap_.total,
-            static_cast<char*>(y_.p) +
-                r * static_cast<size_t>(cfg.max_tokens_per_rank) * map_.row_bytes);
-      }
-      seqs_.back()->set_bases(bases_);
-    }
-  }
-  long long timeout_ns = 20'000'000'000LL;  // clock64 counts ns in the simulation
-  void set_algorithm(Algorithm a) {
-    for (auto& q : seqs_) q->algorithm = a;
-  }
-  void set_sync(SyncMode m) {
-    for (auto& q : seqs_) q->sync = m;
-  }
-  void set_start_delay(int r, uint32_t ns) {
-    delays_.resize(static_cast<size_t>(R_));
-    delays_[static_cast<size_t>(r)] = ns;
-  }
-
-  void dispatch(std::span<const DispatchArgs> args, uint32_t phases) {
-    run(args, {}, phases, true);
-  }
-  void combine(std::span<const CombineArgs> args, uint32_t phases) { run({}, args, phases, false); }
-  template <typename T>
-  std::vector<T> gather(std::vector<T> (cuda_host::Sequencer::*fn)() const) const {
-    std::vector<T> out;
-    for (const auto& q : seqs_)
-      for (auto& v : ((*q).*fn)()) out.push_back(v);
-    return out;
-  }
-  std::vector<DispatchResult> results() const { return gather(&cuda_host::Sequencer::results); }
-  std::vector<TensorView> outputs() const { return gather(&cuda_host::Sequencer::outputs); }
-  TensorView combine_buffer(int r) const {
-    return ipc_ ? seqs_[static_cast<size_t>(r)]->combine_buffer(0) : seqs_[0]->combine_buffer(r);
-  }
-  TensorView output(int r) const { return outputs()[static_cast<size_t>(r)]; }
-  int64_t num_recv_rows(int r) const { return recv_rows_[static_cast<size_t>(r)]; }
-  void check_error() const {
-    for (const auto& e : errors_)
-      cuda_host::throw_if_error(e, static_cast<double>(timeout_ns) * 1e-9);
-  }
-
- private:
-  void run(std::span<const DispatchArgs> dargs, std::span<const CombineArgs> cargs, uint32_t phases,
-           bool dispatch) {
-    const size_t smem =
-        cuda_host::dispatch_smem(threads_ / 32, cfg_.max_topk, cfg_.num_experts / R_);
-    std::vector<cuda_hd::LaunchParams> ps;
-    for (size_t q = 0; q < seqs_.size(); ++q) {
-      if (!delays_.empty()) {
-        std::vector<uint32_t> d(delays_.begin() + static_cast<long>(ipc_ ? q : 0),
-                                delays_.begin() + static_cast<long>(ipc_ ? q + 1 : delays_.size()));
-        seqs_[q]->set_start_delays(d);
-      }
-      cuda_host::LaunchResources res;
-      res.bases = bases_.data();
-      res.blocks_per_rank = bpr_;
-      res.timeout_cycles = timeout_ns;
-      res.error = {&errors_[q], &claims_[q]};
-      res.host_recv_rows = recv_rows_.data() + q;
-      const size_t n = ipc_ ? 1 : static_cast<size_t>(R_);
-      ps.push_back(dispatch
-                       ? seqs_[q]->dispatch(dargs.empty() ? dargs : dargs.subspan(ipc_ ? q : 0, n),
-                                            phases, res)
-                       : seqs_[q]->combine(cargs.empty() ? cargs : cargs.subspan(ipc_ ? q : 0, n),
-                                           phases, res));
-    }
-    auto go = [&](const cuda_hd::LaunchParams& p, int grid) {
-      if (ipc_) {
-        if (dispatch)
-          sim::launch(&cuda_dev::dispatch_kernel<cuda_dev::IpcPeers>, p, grid, threads_, smem);
-        else
-          sim::launch(&cuda_dev::combine_kernel<cuda_dev::IpcPeers>, p, grid, threads_, 0);
-      } else if (dispatch) {
-        sim::launch(&cuda_dev::dispatch_kernel<cuda_dev::VirtualPeers>, p, grid, threads_, smem);
-      } else {
-        sim::launch(&cuda_dev::combine_kernel<cuda_dev::VirtualPeers>, p, grid, threads_, 0);
-      }
-    };
-    if (!ipc_) {
-      go(ps[0], R_ * bpr_);
-    } else {  // one "process" per rank, concurrently
-      std::vector<std::thread> procs;
-      for (size_t q = 0; q < ps.size(); ++q) procs.emplace_back([&, q] { go(ps[q], bpr_); });
-      for (auto& t : procs) t.join();
-    }
-  }
-
-  int R_;
-  BufferConfig cfg_;
-  bool ipc_;
-  int bpr_, threads_;
-  ep::WindowLayout map_;
-  cuda_hd::ScratchLayout smap_;
-  gpu_test::DevMem windows_, scratch_, y_;
-  std::vector<char*> bases_;
-  std::vector<int64_t> recv_rows_;
-  std::vector<cuda_hd::ErrorInfo> errors_;
-  std::vector<uint32_t> claims_;
-  std::vector<uint32_t> delays_;
-  std::vector<std::unique_ptr<cuda_host::Sequencer>> seqs_;
-};
 
 struct SimCase {
   int ranks;
@@ -165,7 +38,14 @@ struct SimCase {
   int64_t tokens = 9;  // > 32: several routing chunks
   bool delays = false;
   int topk = 3, experts_per_rank = 3;
+  Placement placement = Placement::kAuto;
+  bool compacted = false;  // combine from compact()'s order (after checking compact())
+  bool extremes = false;   // empty sources and a full one (max_tokens rows to one expert)
 };
+
+size_t map_row_bytes(const BufferConfig& cfg) {
+  return static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dtype);
+}
 
 void run_case(const SimCase& c) {
   const int R = c.ranks, El = c.experts_per_rank, K = c.topk;
@@ -178,6 +58,7 @@ void run_case(const SimCase& c) {
   cfg.num_experts = R * El;
   cfg.max_topk = K;
   cfg.initial_epoch = c.epoch;
+  cfg.placement = c.placement;
   SimBuffer b(R, cfg, c.ipc);
   b.set_algorithm(c.algo);
   b.set_sync(c.sync);
@@ -189,9 +70,24 @@ void run_case(const SimCase& c) {
     std::vector<int64_t> tokens;
     for (int r = 0; r < R; ++r)
       tokens.push_back(call == 0 && r == 0 ? T : static_cast<int64_t>(rng() % (T + 1)));
-    const test::Problem p =
+    if (c.extremes)  // odd ranks send nothing; rank 0 is full
+      for (int r = 0; r < R; ++r) tokens[static_cast<size_t>(r)] = r % 2 ? 0 : T;
+    test::Problem p =
         test::make_problem(R, R * El, c.hidden, c.dtype, tokens, K,
                            call == 1 ? test::Routing::kHot : test::Routing::kWithDrops, rng());
+    if (c.extremes) {
+      // Rank 0's every token picks expert 1 (on rank 0) first: max_tokens rows from one source
+      // to one expert, its whole per-source region; its other picks avoid expert 1.
+      auto& idx = p.inputs[0].topk_idx;
+      for (int64_t t = 0; t < T; ++t)
+        for (int j = 0; j < K; ++j) {
+          int64_t& e = idx[static_cast<size_t>(t * K + j)];
+          if (j == 0)
+            e = 1;
+          else if (e == 1)
+            e = -1;
+        }
+    }
     std::vector<std::unique_ptr<gpu_test::RankInputs>> in;
     std::vector<DispatchArgs> args;
     for (int r = 0; r < R; ++r) {
@@ -211,11 +107,29 @@ void run_case(const SimCase& c) {
     const std::vector<DispatchResult> res = b.results();
     std::vector<std::unique_ptr<gpu_test::DevMem>> mem;
     std::vector<CombineArgs> cargs;
+    const Placement want_placement =
+        c.placement == Placement::kAuto ? placement_for(c.layout) : c.placement;
+    std::vector<TensorView> dense;
+    if (c.compacted) {
+      dense = b.compact();
+      b.check_error();
+    }
     for (int d = 0; d < R; ++d) {
-      const std::vector<char> comb = gpu_test::check_dispatch(p, d, res[static_cast<size_t>(d)],
-                                                              b.num_recv_rows(d), El, R * T, K);
+      EXPECT_EQ(res[static_cast<size_t>(d)].placement, want_placement);
+      std::vector<char> packed;
+      std::vector<char> comb = gpu_test::check_dispatch(p, d, res[static_cast<size_t>(d)],
+                                                        b.num_recv_rows(d), El, R * T, K, &packed);
       CombineArgs a{res[static_cast<size_t>(d)].recv_x, res[static_cast<size_t>(d)].handle};
-      if (c.zero_copy) {
+      if (c.compacted) {
+        gpu_test::check_compacted(p, d, c.layout, dense[static_cast<size_t>(d)]);
+        // The expert outputs in compact order, in a tensor of exactly the valid rows.
+        a.compacted = true;
+        mem.push_back(std::make_unique<gpu_test::DevMem>(packed.size()));
+        a.x = TensorView(mem.back()->p, c.dtype,
+                         {static_cast<int64_t>(packed.size() / map_row_bytes(cfg)), c.hidden});
+        a.x.device = cfg.device;
+        comb = std::move(packed);
+      } else if (c.zero_copy) {
         a.x = b.combine_buffer(d);
       } else {
         mem.push_back(std::make_unique<gpu_test::DevMem>(comb.size()));
@@ -299,6 +213,46 @@ std::vector<SimCase> cases() {
     big.delays = true;
     v.push_back(big);
   }
+  // Placement: the defaults above (auto: per-source for latency, compact for throughput); here
+  // the other placement of each layout, compact() and compacted combine, 1 and 8 ranks, empty
+  // sources and a full one.
+  for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
+    const Placement other =
+        placement_for(l) == Placement::kCompact ? Placement::kPerSource : Placement::kCompact;
+    for (int R : {2, 3, 4})
+      for (DType dt : {DType::kBF16, DType::kFP32}) {
+        SimCase c{R, l, dt, Algorithm::kUbep, true, false, false};
+        c.placement = other;
+        v.push_back(c);
+        c.algo = Algorithm::kBsp;
+        c.split = false;
+        c.zero_copy = true;
+        v.push_back(c);
+      }
+    for (Placement pl : {Placement::kCompact, Placement::kPerSource}) {
+      SimCase c{3, l, DType::kBF16, Algorithm::kUbep, true, false, false};
+      c.placement = pl;
+      c.compacted = true;
+      v.push_back(c);
+      c.ipc = true;
+      c.dtype = DType::kFP32;
+      v.push_back(c);
+      SimCase e{4, l, DType::kFP32, Algorithm::kUbep, true, false, false};
+      e.placement = pl;
+      e.extremes = true;
+      v.push_back(e);
+      e.compacted = true;
+      e.ranks = 3;
+      v.push_back(e);
+      SimCase one{1, l, DType::kBF16, Algorithm::kUbep, true, false, false};
+      one.placement = pl;
+      v.push_back(one);
+      SimCase eight{8, l, DType::kBF16, Algorithm::kUbep, false, true, false};
+      eight.placement = pl;
+      eight.tokens = 4;
+      v.push_back(eight);
+    }
+  }
   return v;
 }
 
@@ -310,7 +264,12 @@ INSTANTIATE_TEST_SUITE_P(Cuda, KernelsOnCpu, ::testing::ValuesIn(cases()),
                                   algorithm_name(c.algo) + (c.split ? "_split" : "_oneshot") +
                                   (c.zero_copy ? "_zerocopy" : "") + (c.ipc ? "_ipc" : "") +
                                   (c.sync == SyncMode::kStopAndWait ? "_stopwait" : "") +
-                                  (c.epoch ? "_wrap" : "") + (c.delays ? "_delays" : "") + "_H" +
+                                  (c.epoch ? "_wrap" : "") + (c.delays ? "_delays" : "") + "_" +
+                                  (c.placement == Placement::kAuto      ? std::string("auto")
+                                   : c.placement == Placement::kCompact ? "compact"
+                                                                        : "persource") +
+                                  (c.compacted ? "_compacted" : "") +
+                                  (c.extremes ? "_extremes" : "") + "_H" +
                                   std::to_string(c.hidden) + "_T" + std::to_string(c.tokens);
                          });
 
@@ -325,8 +284,10 @@ TEST(KernelsOnCpuErrors, LateRankTimesOutNamingIt) {
   cfg.max_topk = 2;
   for (bool ipc : {false, true}) {
     SimBuffer b(2, cfg, ipc);
-    b.timeout_ns = 100'000'000;  // 0.1 s
-    b.set_start_delay(1, 600'000'000u);
+    // 0.5 s: long enough that rank 0's own blocks meet in time even under ThreadSanitizer on a
+    // loaded machine (0.1 s flaked at load average 150), far shorter than rank 1's delay.
+    b.timeout_ns = 500'000'000;
+    b.set_start_delay(1, 2'500'000'000u);
     const test::Problem p =
         test::make_problem(2, 4, 16, cfg.dtype, {6, 6}, 2, test::Routing::kUniform, 1);
     std::vector<std::unique_ptr<gpu_test::RankInputs>> in;
@@ -347,6 +308,69 @@ TEST(KernelsOnCpuErrors, LateRankTimesOutNamingIt) {
       EXPECT_NE(std::string(e.what()).find("of rank 1"), std::string::npos) << e.what();
     }
   }
+}
+
+// The point of per-source placement, as an event order (not a timing): rank 0 starts its
+// dispatch_send 2 s late (IPC: one launch per rank). With per-source placement, ranks 1 and 2
+// finish their send launches while rank 0's count records have not reached them -- they never
+// waited for it; with compact placement they cannot finish before those records are there
+// (their offsets are prefix sums over rank 0's counts). Then the call completes bit-identically.
+TEST(KernelsOnCpuPlacement, LateRankDelaysOnlyItsOwnRows) {
+  for (Placement pl : {Placement::kPerSource, Placement::kCompact})
+    for (Layout l : {Layout::kLatency, Layout::kThroughput}) {
+      BufferConfig cfg;
+      cfg.device = {DeviceType::kCuda, 0};
+      cfg.max_tokens_per_rank = 6;
+      cfg.hidden = 16;
+      cfg.num_experts = 6;
+      cfg.max_topk = 2;
+      cfg.placement = pl;
+      SimBuffer b(3, cfg, true);
+      b.set_start_delay(0, 2'000'000'000u);
+      std::atomic<uint32_t> seen[3] = {0, 0, 0};  // rank 0's count-record tag at q, when q ended
+      b.after_launch = [&](size_t q) {
+        if (q != 0)
+          seen[q].store(__atomic_load_n(b.count_tag(static_cast<int>(q), 0, 0), __ATOMIC_ACQUIRE));
+      };
+      const test::Problem p =
+          test::make_problem(3, 6, 16, cfg.dtype, {6, 5, 4}, 2, test::Routing::kUniform, 3);
+      std::vector<std::unique_ptr<gpu_test::RankInputs>> in;
+      std::vector<DispatchArgs> args;
+      for (int r = 0; r < 3; ++r) {
+        in.push_back(std::make_unique<gpu_test::RankInputs>(p, r, l));
+        for (TensorView* v :
+             {&in.back()->args.x, &in.back()->args.topk_idx, &in.back()->args.topk_weights})
+          v->device = cfg.device;
+        args.push_back(in.back()->args);
+      }
+      b.dispatch(args, cuda_hd::kSend);
+      const uint32_t tag = ep::tag_of(0);
+      for (int q = 1; q < 3; ++q) {
+        ASSERT_EQ(*b.count_tag(q, 0, 0), tag);  // it did arrive, later
+        if (pl == Placement::kPerSource)
+          EXPECT_EQ(seen[q].load(), 0u)
+              << "rank " << q << "'s send waited for late rank 0 (" << layout_name(l) << ")";
+        else
+          EXPECT_EQ(seen[q].load(), tag) << "compact: rank " << q << " cannot finish first";
+      }
+      b.after_launch = nullptr;
+      b.set_start_delay(0, 0);
+      b.dispatch({}, cuda_hd::kRecv);
+      b.check_error();
+      const std::vector<DispatchResult> res = b.results();
+      std::vector<CombineArgs> cargs;
+      for (int d = 0; d < 3; ++d) {
+        const std::vector<char> comb = gpu_test::check_dispatch(p, d, res[static_cast<size_t>(d)],
+                                                                b.num_recv_rows(d), 2, 18, 2);
+        CombineArgs a{b.combine_buffer(d), res[static_cast<size_t>(d)].handle};
+        gpu_test::upload(a.x.data, comb.data(), comb.size());
+        cargs.push_back(a);
+      }
+      b.combine(cargs, cuda_hd::kCombSend | cuda_hd::kCombRecv);
+      b.check_error();
+      for (int r = 0; r < 3; ++r)
+        gpu_test::check_combine(p, r, b.output(r), test::expected_combine(p, r, l));
+    }
 }
 
 // An expert id past num_experts and a repeated id: routed nowhere by every role (the call

@@ -8,8 +8,10 @@
 //             copies, unpack + fixed-order reduce. Routing is precomputed on the host and not
 //             timed, which flatters this baseline. Throughput layout only.
 //   copy_bound one device-to-device cudaMemcpyAsync of the same bytes the op moves.
+// ubep and bsp run once per --placement (compact, per-source; auto resolves per layout); ubep
+// also times compact() (op "compact": the valid rows copied densely, for a dense expert GEMM).
 // Timed with CUDA events, median and p99 over --iters. `ubep-bench --backend cuda` maps here.
-// JSON (--json FILE): {"config": {...}, "results": [{"impl","op","median_us","p99_us","gbps"}]}.
+// JSON (--json FILE): {"config": {...}, "results": [{"impl","placement","op","median_us",...}]}.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -40,7 +42,7 @@ struct Shape {
 };
 
 struct Row {
-  std::string workload, layout, impl, op;
+  std::string workload, layout, placement, impl, op;
   double median_us, p99_us, gbps;
 };
 
@@ -131,8 +133,9 @@ struct Timer {
   }
 };
 
-void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters,
-                 std::vector<Row>& out) {
+// One shape, layout and placement; `baselines`: also copy_bound and pack_copy (placement-free).
+void bench_shape(const Shape& sh, int R, Layout layout, Placement placement, bool baselines,
+                 int warmup, int iters, std::vector<Row>& out) {
   const size_t rb = static_cast<size_t>(sh.hidden) * 2;
   const int El = sh.experts / R;
   BufferConfig cfg;
@@ -143,6 +146,9 @@ void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters,
   cfg.num_experts = sh.experts;
   cfg.max_topk = sh.topk;
   cfg.enable_latency_layout = layout == Layout::kLatency;
+  cfg.placement = placement;
+  const std::string pl_name =
+      placement_name(placement == Placement::kAuto ? placement_for(layout) : placement);
   cuda::VirtualBuffer vb(R, cfg);
   cudaStream_t s;
   ck(cudaStreamCreate(&s), "stream");
@@ -205,10 +211,12 @@ void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters,
     }
   auto add = [&](const std::string& impl, const std::string& op, const std::vector<double>& us) {
     const double med = Timer::pct(us, 0.5);
-    out.push_back(
-        {sh.name, layout_name(layout), impl, op, med, Timer::pct(us, 0.99), moved / (med * 1e3)});
-    std::printf("%-8s %-10s %-11s %-9s %10.1f %10.1f %9.1f\n", sh.name.c_str(), layout_name(layout),
-                impl.c_str(), op.c_str(), med, Timer::pct(us, 0.99), moved / (med * 1e3));
+    const std::string pl = impl == "ubep" || impl == "bsp" ? pl_name : "-";
+    out.push_back({sh.name, layout_name(layout), pl, impl, op, med, Timer::pct(us, 0.99),
+                   moved / (med * 1e3)});
+    std::printf("%-8s %-10s %-10s %-11s %-9s %10.1f %10.1f %9.1f\n", sh.name.c_str(),
+                layout_name(layout), pl.c_str(), impl.c_str(), op.c_str(), med,
+                Timer::pct(us, 0.99), moved / (med * 1e3));
     std::fflush(stdout);
   };
   // One event pair around each op; the ops are enqueued exactly as an application would.
@@ -220,7 +228,7 @@ void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters,
   for (Algorithm algo : {Algorithm::kUbep, Algorithm::kBsp}) {
     vb.set_algorithm(algo);
     const bool split = algo == Algorithm::kUbep;
-    std::vector<double> td, tc;
+    std::vector<double> td, tc, tk;
     for (int i = 0; i < warmup + iters; ++i) {
       std::vector<DispatchResult> res;
       const double d_us = timed([&] {
@@ -231,6 +239,8 @@ void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters,
           res = vb.dispatch(args, st);
         }
       });
+      // compact(): one local copy of the valid rows (what a dense expert GEMM would need).
+      const double k_us = split ? timed([&] { vb.compact(st); }) : 0.0;
       std::vector<CombineArgs> cargs;  // zero-copy: the "experts" wrote into combine_buffer
       for (int r = 0; r < R; ++r)
         cargs.push_back({vb.combine_buffer(r), res[static_cast<size_t>(r)].handle});
@@ -245,11 +255,20 @@ void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters,
       if (i >= warmup) {
         td.push_back(d_us);
         tc.push_back(c_us);
+        tk.push_back(k_us);
       }
     }
     vb.synchronize(st);
     add(algorithm_name(algo), "dispatch", td);
     add(algorithm_name(algo), "combine", tc);
+    if (split) add(algorithm_name(algo), "compact", tk);
+  }
+  if (!baselines) {
+    for (char* p : x) cudaFree(p);
+    for (auto* p : idx_d) cudaFree(p);
+    for (auto* p : w_d) cudaFree(p);
+    cudaStreamDestroy(s);
+    return;
   }
 
   // copy_bound: one device-to-device copy of the bytes the op moves.
@@ -388,7 +407,7 @@ void bench_shape(const Shape& sh, int R, Layout layout, int warmup, int iters,
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string workload = "all", layouts = "both", json;
+  std::string workload = "all", layouts = "both", placements = "both", json;
   int R = 8, iters = 50, warmup = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -396,6 +415,8 @@ int main(int argc, char** argv) {
       workload = v;
     else if (k == "--layout")
       layouts = v;
+    else if (k == "--placement")
+      placements = v;
     else if (k == "--ranks")
       R = std::stoi(v);
     else if (k == "--iters")
@@ -407,7 +428,7 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr,
                    "usage: ubep-cuda-bench [--workload decode|prefill|tiny|all] [--layout "
-                   "throughput|latency|both]"
+                   "throughput|latency|both] [--placement auto|compact|per-source|both]"
                    " [--ranks 8] [--iters 50] [--warmup 5] [--json FILE]\n");
       return 2;
     }
@@ -421,8 +442,18 @@ int main(int argc, char** argv) {
   cudaGetDeviceProperties(&prop, 0);
   std::printf("ubep-cuda-bench on %s: %d virtual ranks, single-GPU loopback (not NVLink)\n",
               prop.name, R);
-  std::printf("%-8s %-10s %-11s %-9s %10s %10s %9s\n", "workload", "layout", "impl", "op",
-              "median_us", "p99_us", "GB/s");
+  std::vector<Placement> pls;
+  try {
+    if (placements == "both")
+      pls = {Placement::kCompact, Placement::kPerSource};
+    else
+      pls = {parse_placement(placements)};
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ubep-cuda-bench: %s\n", e.what());
+    return 2;
+  }
+  std::printf("%-8s %-10s %-10s %-11s %-9s %10s %10s %9s\n", "workload", "layout", "placement",
+              "impl", "op", "median_us", "p99_us", "GB/s");
   const std::vector<Shape> shapes = {
       {"decode", 128, 7168, 8, 256}, {"prefill", 4096, 7168, 8, 256}, {"tiny", 8, 256, 2, 4 * R}};
   std::vector<Row> rows;
@@ -431,10 +462,13 @@ int main(int argc, char** argv) {
     for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
       if (layouts != "both" && layouts != layout_name(l)) continue;
       if (sh.name == "prefill" && l == Layout::kLatency) continue;  // [El, R*T] rows: too large
-      try {
-        bench_shape(sh, R, l, warmup, iters, rows);
-      } catch (const std::exception& e) {
-        std::printf("%-8s %-10s FAILED: %s\n", sh.name.c_str(), layout_name(l), e.what());
+      for (size_t k = 0; k < pls.size(); ++k) {
+        try {
+          bench_shape(sh, R, l, pls[k], k + 1 == pls.size(), warmup, iters, rows);
+        } catch (const std::exception& e) {
+          std::printf("%-8s %-10s %-10s FAILED: %s\n", sh.name.c_str(), layout_name(l),
+                      placement_name(pls[k]), e.what());
+        }
       }
     }
   }
@@ -447,7 +481,8 @@ int main(int argc, char** argv) {
       << iters << ", \"warmup\": " << warmup << "},\n \"results\": [";
     for (size_t i = 0; i < rows.size(); ++i)
       f << (i ? ",\n  " : "\n  ") << "{\"workload\": \"" << rows[i].workload << "\", \"layout\": \""
-        << rows[i].layout << "\", \"impl\": \"" << rows[i].impl << "\", \"op\": \"" << rows[i].op
+        << rows[i].layout << "\", \"placement\": \"" << rows[i].placement << "\", \"impl\": \""
+        << rows[i].impl << "\", \"op\": \"" << rows[i].op
         << "\", \"median_us\": " << rows[i].median_us << ", \"p99_us\": " << rows[i].p99_us
         << ", \"gbps\": " << rows[i].gbps << "}";
     f << "\n]}\n";

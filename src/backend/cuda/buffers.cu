@@ -46,6 +46,7 @@ std::vector<TensorView> VirtualBuffer::combine(std::span<const CombineArgs> a, S
   return e_->outputs();
 }
 TensorView VirtualBuffer::combine_buffer(int rank) const { return e_->combine_buffer(rank); }
+std::vector<TensorView> VirtualBuffer::compact(Stream s) { return e_->compact(st(s)); }
 int64_t VirtualBuffer::num_recv_rows(int rank, Stream s) { return e_->num_recv_rows(rank, st(s)); }
 void VirtualBuffer::synchronize(Stream s) { e_->synchronize(st(s)); }
 
@@ -131,6 +132,7 @@ TensorView IpcBuffer::combine(const CombineArgs& a, Stream s) {
   return e_->outputs()[0];
 }
 TensorView IpcBuffer::combine_buffer() const { return e_->combine_buffer(0); }
+TensorView IpcBuffer::compact(Stream s) { return e_->compact(st(s))[0]; }
 int64_t IpcBuffer::num_recv_rows(Stream s) { return e_->num_recv_rows(0, st(s)); }
 void IpcBuffer::synchronize(Stream s) { e_->synchronize(st(s)); }
 

@@ -15,7 +15,7 @@ namespace ubep::cuda_dev {
 
 __device__ inline void combine_send(const RankCtx& c) {
   const LaunchParams& p = c.p;
-  const int El = p.local_experts;
+  const int R = p.ranks, El = p.local_experts;
   const int64_t RT = p.map.tp_rows();
   const size_t rb = p.map.row_bytes;
   char* comb = c.win<char>(c.rank, p.map.comb_x);
@@ -23,22 +23,35 @@ __device__ inline void combine_send(const RankCtx& c) {
   const char* in = static_cast<const char*>(c.io.comb_in);
   // Zero-copy: the experts' kernel wrote the rows earlier in stream order, so they happen-before
   // this launch; the release store below carries them to the readers.
-  const bool copy = in != nullptr && in != comb;
-  auto one = [&](int64_t pos) {
-    if (copy)
-      warp_copy(comb + static_cast<size_t>(pos) * rb, in + static_cast<size_t>(pos) * rb, rb,
-                c.lane);
-    __syncwarp();
-    if (c.lane == 0) publish_tag(tags + pos, p.tag, p.stop_and_wait);
-  };
-  if (!p.latency) {
-    const int64_t rows = c.s<int64_t>(p.scratch.info)[2];
-    for (int64_t pos = c.gw; pos < rows; pos += c.W) one(pos);
-  } else {
-    const int64_t* rc = c.s<int64_t>(p.scratch.recv_count);
-    for (int le = 0; le < El; ++le)
-      for (int64_t q = c.gw; q < rc[le]; q += c.W) one(le * RT + q);
+  const bool compacted = c.io.comb_in_compacted;
+  const bool copy = in != nullptr && (in != comb || compacted);
+  const int64_t* range = c.s<int64_t>(p.scratch.recv_range);
+  if (compacted && c.s<int64_t>(p.scratch.info)[2] > c.io.comb_in_rows) {
+    // Fewer rows than were received: refuse rather than read past the caller's tensor. The
+    // report ends every wait of the owners (they give up instead of timing out).
+    if (c.gw == 0 && c.lane == 0)
+      report(p.error, cuda_hd::kCompactedShort, c.rank, -1, 0, c.s<int64_t>(p.scratch.info)[2],
+             static_cast<uint32_t>(c.io.comb_in_rows));
+    return;
   }
+  // Every valid row of the dispatch output, range by range (the ranges receive() published):
+  // `pos` its place in the dispatch output (= in the combine window), `packed` its index in
+  // compact order (the input's row when it is compacted).
+  int64_t packed = 0;
+  for (int le = 0; le < (p.latency ? El : 1); ++le)
+    for (int s = 0; s < R; ++s) {
+      const int64_t* r = range + 2 * cuda_hd::range_index(p.latency, R, le, s);
+      const int64_t at = (p.latency ? le * RT : 0) + r[0];
+      for (int64_t q = c.gw; q < r[1]; q += c.W) {
+        const int64_t pos = at + q, from = compacted ? packed + q : pos;
+        if (copy)
+          warp_copy(comb + static_cast<size_t>(pos) * rb, in + static_cast<size_t>(from) * rb, rb,
+                    c.lane);
+        __syncwarp();
+        if (c.lane == 0) publish_tag(tags + pos, p.tag, p.stop_and_wait);
+      }
+      packed += r[1];
+    }
 }
 
 template <typename Elem>

@@ -24,7 +24,7 @@ struct ScratchLayout {
   int64_t max_tokens = 0;
   size_t idx = 0, w = 0, expert_slot = 0, dest_slot = 0, dest_tokens = 0, dest_rows = 0;
   size_t dest_expert_rows = 0, row_offset_at = 0, expert_offset_at = 0, recv_count = 0;
-  size_t info = 0, routing_done = 0, offsets_ready = 0, total = 0;
+  size_t recv_range = 0, info = 0, routing_done = 0, offsets_ready = 0, total = 0;
 
   ScratchLayout() = default;
   ScratchLayout(int r, int el, int k, int64_t t)
@@ -47,16 +47,42 @@ struct ScratchLayout {
     row_offset_at = take(R * 8);          // int64: where this rank's rows start at rank d
     expert_offset_at = take(R * El * 8);  // int64
     recv_count = take(El * 8);            // int64: rows received per local expert
-    info = take(4 * 8);                   // int64: num_tokens, topk, num_recv_rows, spare
-    routing_done = take(kMaxBlocksPerRank * 4);  // uint32 generation per block
-    offsets_ready = take(R * 4);                 // uint32 generation per destination
+    recv_range = take(range_entries(r, el) * 16);  // int64 (begin, count) per (expert, source)
+    info = take(4 * 8);                            // int64: num_tokens, topk, num_recv_rows, spare
+    routing_done = take(kMaxBlocksPerRank * 4);    // uint32 generation per block
+    offsets_ready = take(R * 4);                   // uint32 generation per destination
     total = off;
   }
   template <typename T>
   UBEP_HD T* at(void* base, size_t region) const {
     return reinterpret_cast<T*>(static_cast<char*>(base) + region);
   }
+  // Entries of recv_range: [El, R] for the latency layout, [R] for the throughput layout (the
+  // region holds the larger).
+  UBEP_HD static size_t range_entries(int r, int el) {
+    return static_cast<size_t>(r) * static_cast<size_t>(el > 1 ? el : 1);
+  }
 };
+
+// ---- Placement (docs/SEMANTICS.md "Placement"; the CPU's ep::CallState) ----------------------
+// Where source `source`'s rows start at a destination, per local expert (latency) or overall
+// (throughput). Per-source placement: its fixed region of max_tokens rows, known from its own
+// rank alone -- the sender never waits for a peer. Compact: after the rows every lower-ranked
+// source sent there (`lower_rows`, the sum of their count records), which the sender must read.
+UBEP_HD inline int64_t source_offset(bool per_source, int source, int64_t max_tokens,
+                                     int64_t lower_rows) {
+  return per_source ? static_cast<int64_t>(source) * max_tokens : lower_rows;
+}
+// The count record's call-shape word (ep::call_shape with the values of ubep::Layout and
+// ubep::Placement; host_logic.cpp asserts they match): receivers refuse a source that made a
+// different call instead of reading its rows at the wrong place.
+UBEP_HD inline int32_t call_shape_of(bool latency, bool per_source) {
+  return ep::call_shape(latency ? 1 : 0, per_source ? 2 : 1);
+}
+// Index of (local expert le, source s) in recv_range (throughput: le is ignored).
+UBEP_HD inline int64_t range_index(bool latency, int ranks, int le, int s) {
+  return latency ? static_cast<int64_t>(le) * ranks + s : s;
+}
 
 // Where row `slot` of `source` lands at its destination in the throughput layout, and where
 // the copy for local expert `le` lands in the latency layout (CallState::place_row).
@@ -86,7 +112,14 @@ UBEP_HD inline int32_t expert_at(const int64_t* idx, int64_t t, int j, int K, in
 // The error word a bounded spin (or an input check) writes to host-mapped memory. The first
 // writer wins (atomic CAS on `code`); the host turns it into ubep::TimeoutError or
 // ubep::InvalidArgument naming the waiter, the peer and the message.
-enum ErrorCode : uint32_t { kOk = 0, kTimeout = 1, kBadExpert = 2, kTopkMismatch = 3 };
+enum ErrorCode : uint32_t {
+  kOk = 0,
+  kTimeout = 1,
+  kBadExpert = 2,
+  kTopkMismatch = 3,
+  kShapeMismatch = 4,   // a source's count record names another layout or placement
+  kCompactedShort = 5,  // compacted combine input has fewer rows than were received
+};
 enum WaitWhat : int32_t {
   kWaitCount = 1,        // a count record of `peer` at `rank` (index: destination)
   kWaitDispatchRow = 2,  // a dispatch row at `rank` (index: row position)
@@ -115,6 +148,7 @@ enum Phase : uint32_t {
   kRecv = 2,      // dispatch: counts, prefix sum, wait for every row
   kCombSend = 4,  // combine: rows into the combine window, tags
   kCombRecv = 8,  // combine: owners pull and reduce
+  kCompact = 16,  // dispatch kernel, alone: copy the valid received rows densely (compact())
 };
 
 // Inputs and outputs of one rank in one call.
@@ -126,8 +160,12 @@ struct RankIO {
   int topk = 0;
   const void* comb_in = nullptr;  // combine input (nullptr or == comb window: zero-copy)
   void* y = nullptr;              // combine output [tokens, hidden]
-  char* scratch = nullptr;        // this rank's scratch (ScratchLayout)
-  uint32_t start_delay_ns = 0;    // test hook: the rank starts this late (random skew)
+  // combine_in holds the rows in compact() order, with room for comb_in_rows of them.
+  bool comb_in_compacted = false;
+  int64_t comb_in_rows = 0;
+  void* compact_out = nullptr;  // compact(): [valid rows, hidden], capacity of the window
+  char* scratch = nullptr;      // this rank's scratch (ScratchLayout)
+  uint32_t start_delay_ns = 0;  // test hook: the rank starts this late (random skew)
 };
 
 // Kernel parameters of one launch (passed by value: no host staging, so back-to-back calls
@@ -146,6 +184,7 @@ struct LaunchParams {
   uint32_t gen = 0;          // rank-local signal generation (one per dispatch launch, never 0)
   uint32_t barrier_seq = 0;  // bsp across processes: value of the first group barrier
   bool latency = false;
+  bool per_source = false;  // placement of this dispatch (resolved: never auto)
   bool stop_and_wait = false;
   bool bsp = false;
   long long timeout_cycles = 0;

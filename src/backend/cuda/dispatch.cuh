@@ -9,14 +9,17 @@
 //     Each block then raises routing_done[b] = gen (release, gpu scope); block 0 waits for all.
 //  2. count role (block 0, warp 0): one count record to every destination, rotated order,
 //     completed by its tag (release, system scope). No wait before it.
-//  3. offset role (block 0, warp w takes destinations w, w+warps, ...): waits point to point for
-//     the count records of the lower ranks at that destination, computes where this rank's rows
-//     start there, raises offsets_ready[d] = gen (release, gpu scope). The only dependency.
+//  3. offset role (block 0, warp w takes destinations w, w+warps, ...): computes where this
+//     rank's rows start at that destination and raises offsets_ready[d] = gen (release, gpu
+//     scope). Compact placement: after waiting point to point for the count records of the lower
+//     ranks there (the only dependency on a peer). Per-source: its fixed region, no wait -- the
+//     signal then only carries the routing of every block to the token warps.
 //  4. token warps (every warp of the rank): per destination, wait for offsets_ready[d], then
 //     rows gw, gw+W, ...: 16-byte copies straight into the final place, metadata, __syncwarp,
 //     lane 0 publishes the row's tag (release, system scope).
 //  5. receive (kRecv, may be a separate launch: split phase): wait for every count record at
-//     this rank, prefix sums, then every expected row's tag.
+//     this rank, each source's (begin, count) range per expert, then every expected row's tag.
+//  kCompact (a launch of its own, after the receive): the valid rows copied densely.
 // bsp: the same code with a group barrier after 2 and after 4 (then every wait is satisfied).
 #pragma once
 
@@ -138,6 +141,7 @@ __device__ inline void send_counts(const RankCtx& c) {
     if (c.lane == 0) {
       *rec.rows() = c.s<int32_t>(p.scratch.dest_rows)[d];
       *rec.topk() = c.io.topk;
+      *rec.shape() = cuda_hd::call_shape_of(p.latency, p.per_source);
     }
     for (int le = c.lane; le < El; le += 32)
       rec.expert_rows()[le] = c.s<int32_t>(p.scratch.dest_expert_rows)[d * El + le];
@@ -148,21 +152,27 @@ __device__ inline void send_counts(const RankCtx& c) {
   }
 }
 
-// 3. Offset role for destination d (one warp): count records of sources below this rank.
+// 3. Offset role for destination d (one warp). Compact: the count records of the sources below
+// this rank (each lane acquires them itself); per-source: nothing to wait for.
 __device__ inline void compute_offsets(const RankCtx& c, int d) {
   const LaunchParams& p = c.p;
   const int El = p.local_experts;
+  const int64_t T = p.scratch.max_tokens;
   int64_t rows = 0;
   int64_t* eo = c.s<int64_t>(p.scratch.expert_offset_at) + static_cast<int64_t>(d) * El;
   for (int le = c.lane; le < El; le += 32) eo[le] = 0;
-  for (int s = 0; s < c.rank; ++s) {
+  for (int s = 0; s < (p.per_source ? 0 : c.rank); ++s) {
     wait_tag<true>(c.count_tag(d, s), p.tag, p.timeout_cycles, p.error, c.rank, s,
                    cuda_hd::kWaitCount, d);
     ep::CountRecord rec = p.map.count(c.base(d), p.half, s);
     rows += *rec.rows();
     for (int le = c.lane; le < El; le += 32) eo[le] += rec.expert_rows()[le];
   }
-  if (c.lane == 0) c.s<int64_t>(p.scratch.row_offset_at)[d] = rows;
+  for (int le = c.lane; le < El; le += 32)
+    eo[le] = cuda_hd::source_offset(p.per_source, c.rank, T, eo[le]);
+  if (c.lane == 0)
+    c.s<int64_t>(p.scratch.row_offset_at)[d] =
+        cuda_hd::source_offset(p.per_source, c.rank, T, rows);
   __syncwarp();
   if (c.lane == 0) {
     __threadfence();
@@ -226,11 +236,13 @@ __device__ inline void send_rows(const RankCtx& c) {
 }
 
 // 5. Receive: every warp waits for the count records (each lane acquires them itself before
-// reading them), then the lanes wait for disjoint sets of row tags.
+// reading them), warp 0 publishes recv_count and each source's range, then the lanes wait for
+// disjoint sets of row tags, source range by source range.
 __device__ inline void receive(const RankCtx& c) {
   const LaunchParams& p = c.p;
   const int R = p.ranks, El = p.local_experts;
-  const int64_t RT = p.map.tp_rows();
+  const int64_t RT = p.map.tp_rows(), T = p.scratch.max_tokens;
+  const int32_t shape = cuda_hd::call_shape_of(p.latency, p.per_source);
   int64_t rows = 0;
   for (int s = 0; s < R; ++s) {
     if (!__all_sync(0xffffffffu, wait_tag<true>(c.count_tag(c.rank, s), p.tag, p.timeout_cycles,
@@ -240,13 +252,34 @@ __device__ inline void receive(const RankCtx& c) {
     rows += *rec.rows();
     if (c.gw == 0 && c.lane == 0 && *rec.topk() != c.io.topk)
       report(p.error, cuda_hd::kTopkMismatch, c.rank, s, 0, *rec.topk(), 0);
+    // Another layout or placement: its rows are not where this call looks (warp-uniform: every
+    // lane read the same acquired word). Report it; the error ends the launch's waits.
+    if (*rec.shape() != shape) {
+      if (c.gw == 0 && c.lane == 0)
+        report(p.error, cuda_hd::kShapeMismatch, c.rank, s, 0, *rec.shape(), 0);
+      return;
+    }
   }
+  auto rec_rows = [&](int s, int le) -> int64_t {
+    const ep::CountRecord rec = p.map.count(c.base(c.rank), p.half, s);
+    return p.latency ? rec.expert_rows()[le] : *rec.rows();
+  };
   if (c.gw == 0) {
     int64_t* rc = c.s<int64_t>(p.scratch.recv_count);
+    int64_t* range = c.s<int64_t>(p.scratch.recv_range);
     for (int le = c.lane; le < El; le += 32) {
       int64_t n = 0;
       for (int s = 0; s < R; ++s) n += p.map.count(c.base(c.rank), p.half, s).expert_rows()[le];
       rc[le] = n;
+    }
+    for (int le = c.lane; le < (p.latency ? El : 1); le += 32) {
+      int64_t before = 0;  // rows of the lower sources (compact placement)
+      for (int s = 0; s < R; ++s) {
+        const int64_t n = rec_rows(s, le), at = cuda_hd::range_index(p.latency, R, le, s);
+        range[2 * at] = cuda_hd::source_offset(p.per_source, s, T, before);
+        range[2 * at + 1] = n;
+        before += n;
+      }
     }
     if (c.lane == 0) {
       c.s<int64_t>(p.scratch.info)[2] = rows;
@@ -255,23 +288,43 @@ __device__ inline void receive(const RankCtx& c) {
   }
   const int64_t first = static_cast<int64_t>(c.gw) * 32 + c.lane,
                 step = static_cast<int64_t>(c.W) * 32;
-  if (!p.latency) {
-    const uint32_t* tags = c.win<uint32_t>(c.rank, p.map.tp_tag);
-    for (int64_t pos = first; pos < rows; pos += step)
-      if (!wait_tag<true>(tags + pos, p.tag, p.timeout_cycles, p.error, c.rank, -1,
-                          cuda_hd::kWaitDispatchRow, pos))
-        return;
-  } else {
-    const uint32_t* tags = c.win<uint32_t>(c.rank, p.map.lat_tag);
-    for (int le = 0; le < El; ++le) {
-      int64_t n = 0;
-      for (int s = 0; s < R; ++s) n += p.map.count(c.base(c.rank), p.half, s).expert_rows()[le];
+  const uint32_t* tags = c.win<uint32_t>(c.rank, p.latency ? p.map.lat_tag : p.map.tp_tag);
+  for (int le = 0; le < (p.latency ? El : 1); ++le) {
+    int64_t before = 0;
+    for (int s = 0; s < R; ++s) {
+      const int64_t n = rec_rows(s, le);
+      const int64_t at =
+          (p.latency ? le * RT : 0) + cuda_hd::source_offset(p.per_source, s, T, before);
+      before += n;
       for (int64_t q = first; q < n; q += step)
-        if (!wait_tag<true>(tags + le * RT + q, p.tag, p.timeout_cycles, p.error, c.rank, -1,
-                            cuda_hd::kWaitDispatchRow, le * RT + q))
+        if (!wait_tag<true>(tags + at + q, p.tag, p.timeout_cycles, p.error, c.rank, s,
+                            cuda_hd::kWaitDispatchRow, at + q))
           return;
     }
   }
+}
+
+// The valid rows of this rank's last dispatch output, copied densely into compact_out in
+// compact order (by local expert in the latency layout, then source, then token): the ranges
+// receive() published, read after the receive's launch completed (stream order).
+__device__ inline void compact_rows(const RankCtx& c) {
+  const LaunchParams& p = c.p;
+  const int R = p.ranks, El = p.local_experts;
+  const int64_t RT = p.map.tp_rows();
+  const size_t rb = p.map.row_bytes;
+  const int64_t* range = c.s<int64_t>(p.scratch.recv_range);
+  const char* from = c.win<char>(c.rank, p.latency ? p.map.lat_x : p.map.tp_x);
+  char* to = static_cast<char*>(c.io.compact_out);
+  int64_t packed = 0;
+  for (int le = 0; le < (p.latency ? El : 1); ++le)
+    for (int s = 0; s < R; ++s) {
+      const int64_t* r = range + 2 * cuda_hd::range_index(p.latency, R, le, s);
+      const int64_t at = (p.latency ? le * RT : 0) + r[0];
+      for (int64_t q = c.gw; q < r[1]; q += c.W)
+        warp_copy(to + static_cast<size_t>(packed + q) * rb,
+                  from + static_cast<size_t>(at + q) * rb, rb, c.lane);
+      packed += r[1];
+    }
 }
 
 // Test hook (VirtualBuffer::set_start_delays): this rank's blocks start late, so the others
@@ -317,6 +370,7 @@ __global__ void __launch_bounds__(512, 1) dispatch_kernel(const LaunchParams p) 
     if (p.bsp) Peers::group_barrier(p, 1);
   }
   if (p.phases & cuda_hd::kRecv) receive(c);
+  if (p.phases & cuda_hd::kCompact) compact_rows(c);
 }
 
 }  // namespace ubep::cuda_dev

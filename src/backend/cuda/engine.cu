@@ -99,6 +99,7 @@ Engine::~Engine() {
   cudaFree(own_);
   cudaFree(scratch_);
   cudaFree(y_);
+  cudaFree(compact_);
   cudaFree(bases_dev_);
   cudaFree(claim_);
   cudaFreeHost(error_);
@@ -135,6 +136,23 @@ void Engine::combine(std::span<const CombineArgs> args, uint32_t phases, cudaStr
   check_error();
   check_cuda(cudaSetDevice(device_), "cudaSetDevice");
   launch_combine(virtual_, seq_.combine(args, phases, res_), local_ranks_ * bpr_, threads_, s);
+}
+
+std::vector<TensorView> Engine::compact(cudaStream_t s) {
+  check_error();
+  check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+  if (!compact_) {
+    // The largest compact() output of either layout (the window's comb_rows), per local rank.
+    const ep::WindowLayout& m = seq_.map();
+    const size_t per_rank = static_cast<size_t>(m.comb_rows()) * m.row_bytes;
+    check_cuda(
+        cudaMalloc(&compact_, std::max<size_t>(per_rank * static_cast<size_t>(local_ranks_), 16)),
+        "compact() output allocation");
+    for (int i = 0; i < local_ranks_; ++i)
+      seq_.set_compact_memory(i, compact_ + static_cast<size_t>(i) * per_rank);
+  }
+  launch_dispatch(virtual_, seq_.compact(res_), local_ranks_ * bpr_, threads_, smem_, s);
+  return seq_.compacted();
 }
 
 std::vector<DispatchResult> Engine::results() { return seq_.results(); }

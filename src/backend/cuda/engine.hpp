@@ -43,6 +43,9 @@ class Engine {
   void combine(std::span<const CombineArgs> args, uint32_t phases, cudaStream_t s);
   std::vector<TensorView> outputs();
   TensorView combine_buffer(int local_rank) const;
+  // Enqueues the copy of every local rank's valid rows into dense memory (allocated on first
+  // use) and returns the views.
+  std::vector<TensorView> compact(cudaStream_t s);
 
   int64_t num_recv_rows(int local_rank, cudaStream_t s);
   void synchronize(cudaStream_t s);
@@ -67,6 +70,7 @@ class Engine {
   char* own_ = nullptr;      // local_ranks windows
   char* scratch_ = nullptr;  // local_ranks scratch areas
   char* y_ = nullptr;        // local_ranks combine outputs [T, row]
+  char* compact_ = nullptr;  // local_ranks compact() outputs [comb_rows, row], lazily
   char** bases_dev_ = nullptr;
   cuda_hd::ErrorInfo* error_ = nullptr;  // host-mapped
   int64_t* recv_rows_ = nullptr;         // host-mapped [local_ranks]

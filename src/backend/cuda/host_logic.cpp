@@ -8,6 +8,11 @@ namespace ubep::cuda_host {
 
 namespace {
 Device cuda_device(const BufferConfig& cfg) { return cfg.device; }
+// The kernels' call-shape word (cuda_hd::call_shape_of) spells the enums' values.
+static_assert(static_cast<int>(Layout::kThroughput) == 0 &&
+              static_cast<int>(Layout::kLatency) == 1);
+static_assert(static_cast<int>(Placement::kCompact) == 1 &&
+              static_cast<int>(Placement::kPerSource) == 2);
 }  // namespace
 
 void check_config(const BufferConfig& cfg, int ranks, int local_ranks) {
@@ -64,10 +69,22 @@ void check_combine(const CombineArgs& a, const BufferConfig& cfg, const TensorVi
                  " is not the last dispatch's ", handle);
   UBEP_CHECK_ARG(a.x.device == cfg.device, "combine (rank ", rank, "): x is on ",
                  a.x.device.describe(), ", the buffer on ", cfg.device.describe());
-  UBEP_CHECK_ARG(a.x.dtype == recv_x.dtype && a.x.ndim == recv_x.ndim && a.x.shape == recv_x.shape,
-                 "combine (rank ", rank, "): x must be shaped like recv_x ", recv_x.describe(),
-                 ", got ", a.x.describe());
+  if (a.compacted) {
+    // Dense rows in compact() order. How many were received is known only on the device: the
+    // kernel refuses (kCompactedShort) an input with fewer rows than that.
+    UBEP_CHECK_ARG(a.x.dtype == recv_x.dtype && a.x.ndim == 2 && a.x.dim(1) == cfg.hidden,
+                   "combine (rank ", rank, "): compacted x must be ", dtype_name(recv_x.dtype),
+                   "[rows, ", cfg.hidden, "], got ", a.x.describe());
+  } else {
+    UBEP_CHECK_ARG(
+        a.x.dtype == recv_x.dtype && a.x.ndim == recv_x.ndim && a.x.shape == recv_x.shape,
+        "combine (rank ", rank, "): x must be shaped like recv_x ", recv_x.describe(), ", got ",
+        a.x.describe());
+  }
   UBEP_CHECK_ARG(a.x.data != nullptr, "combine (rank ", rank, "): x has no data");
+  UBEP_CHECK_ARG(a.topk_weights.data == nullptr, "combine (rank ", rank,
+                 "): CombineArgs::topk_weights is not supported by the CUDA backend (the weights "
+                 "given to dispatch are used)");
 }
 
 int blocks_per_rank(int requested, int coresident, int local_ranks) {
@@ -104,10 +121,11 @@ TensorView view(void* p, DType t, std::initializer_list<int64_t> dims, Device d)
 }  // namespace
 
 DispatchResult dispatch_views(const ep::WindowLayout& m, const BufferConfig& cfg, void* base,
-                              int half, Layout layout, int topk, void* recv_count,
-                              uint64_t handle) {
+                              int half, Layout layout, Placement placement, int topk,
+                              void* recv_count, void* recv_range, uint64_t handle) {
   DispatchResult r;
   r.layout = layout;
+  r.placement = placement;
   r.num_recv_rows = -1;  // on the device (recv_count) until someone synchronises
   r.handle = handle;
   const Device d = cfg.device;
@@ -122,6 +140,9 @@ DispatchResult dispatch_views(const ep::WindowLayout& m, const BufferConfig& cfg
     r.recv_src = view(m.at<char>(base, half, m.lat_src), DType::kInt64, {El, RT, 2}, d);
   }
   r.recv_count = view(recv_count, DType::kInt64, {El}, d);
+  r.recv_range = layout == Layout::kThroughput
+                     ? view(recv_range, DType::kInt64, {m.ranks, 2}, d)
+                     : view(recv_range, DType::kInt64, {El, m.ranks, 2}, d);
   return r;
 }
 
@@ -141,6 +162,14 @@ std::string describe(const cuda_hd::ErrorInfo& e, double timeout_s) {
       return detail::concat("dispatch (rank ", e.rank, "): the expert id at flat index ", e.index,
                             " of topk_idx (token*topk + k) is outside [-1, num_experts) or repeats "
                             "an earlier id of its token; it was routed nowhere");
+    case cuda_hd::kShapeMismatch:
+      return detail::concat("dispatch: rank ", e.peer, " sent rank ", e.rank,
+                            " a count record for another layout or placement (call shape ", e.index,
+                            "); every rank must make the same call with the same "
+                            "BufferConfig::placement");
+    case cuda_hd::kCompactedShort:
+      return detail::concat("combine (rank ", e.rank, "): compacted input has ", e.tag,
+                            " rows, fewer than the ", e.index, " rows this rank received");
     case cuda_hd::kTopkMismatch:
       return detail::concat("dispatch: rank ", e.peer, " sent topk ", e.index, " to rank ", e.rank,
                             ", which dispatched with a different topk");

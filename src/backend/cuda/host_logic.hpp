@@ -33,8 +33,11 @@ ep::WindowLayout window_layout(const BufferConfig& cfg, int ranks);
 cuda_hd::ScratchLayout scratch_layout(const BufferConfig& cfg, int ranks);
 
 // Dispatch result views of `rank` into its window `base` (device memory) for call `seq`.
+// Throughput recv_x is shaped by capacity [ranks*max_tokens, hidden] in both placements (the
+// CPU's per-source shape; compact rows are the first sum(recv_count), known on the device).
 DispatchResult dispatch_views(const ep::WindowLayout& m, const BufferConfig& cfg, void* base,
-                              int half, Layout layout, int topk, void* recv_count, uint64_t handle);
+                              int half, Layout layout, Placement placement, int topk,
+                              void* recv_count, void* recv_range, uint64_t handle);
 TensorView combine_view(const ep::WindowLayout& m, const BufferConfig& cfg, void* base, int half,
                         Layout layout);
 

@@ -47,6 +47,7 @@ cuda_hd::LaunchParams Sequencer::dispatch(std::span<const DispatchArgs> args, ui
     seq_ = next_seq_++;
     if (++gen_ == 0) gen_ = 1;  // rank-local signals: a stale value never equals gen
     layout_ = args[0].layout;
+    placement_ = cfg_.placement == Placement::kAuto ? placement_for(layout_) : cfg_.placement;
     for (int i = 0; i < local_; ++i) {
       const DispatchArgs& a = args[static_cast<size_t>(i)];
       cuda_hd::RankIO& io = io_[static_cast<size_t>(i)];
@@ -80,9 +81,17 @@ cuda_hd::LaunchParams Sequencer::combine(std::span<const CombineArgs> args, uint
     for (int i = 0; i < local_; ++i) {
       const CombineArgs& a = args[static_cast<size_t>(i)];
       check_combine(a, cfg_, r[static_cast<size_t>(i)].recv_x, seq_ + 1, first_ + i);
+      // Compacted rows move to other places in the combine window: they cannot come from it.
+      UBEP_CHECK_ARG(!a.compacted || a.x.data != combine_buffer(i).data, "combine (rank ",
+                     first_ + i, "): compacted input cannot be combine_buffer() itself");
     }
-    for (int i = 0; i < local_; ++i)
-      io_[static_cast<size_t>(i)].comb_in = args[static_cast<size_t>(i)].x.data;
+    for (int i = 0; i < local_; ++i) {
+      const CombineArgs& a = args[static_cast<size_t>(i)];
+      cuda_hd::RankIO& io = io_[static_cast<size_t>(i)];
+      io.comb_in = a.x.data;
+      io.comb_in_compacted = a.compacted;
+      io.comb_in_rows = a.compacted ? a.x.dim(0) : 0;
+    }
     have_dispatch_ = false;  // combine at most once per dispatch (see src/ep/ubep.cpp)
     combine_open_ = !(phases & cuda_hd::kCombRecv);
   } else {
@@ -113,6 +122,7 @@ cuda_hd::LaunchParams Sequencer::params(uint32_t phases, const LaunchResources& 
   p.gen = gen_;
   p.barrier_seq = barrier_seq_;
   p.latency = layout_ == Layout::kLatency;
+  p.per_source = placement_ == Placement::kPerSource;
   p.stop_and_wait = sync == SyncMode::kStopAndWait;
   p.bsp = algorithm == Algorithm::kBsp;
   p.timeout_cycles = res.timeout_cycles;
@@ -127,8 +137,34 @@ std::vector<DispatchResult> Sequencer::results() const {
   for (int i = 0; i < local_; ++i) {
     const cuda_hd::RankIO& io = io_[static_cast<size_t>(i)];
     out.push_back(dispatch_views(map_, cfg_, bases_[static_cast<size_t>(first_ + i)],
-                                 ep::half_of(seq_), layout_, io.topk,
-                                 smap_.at<char>(io.scratch, smap_.recv_count), seq_ + 1));
+                                 ep::half_of(seq_), layout_, placement_, io.topk,
+                                 smap_.at<char>(io.scratch, smap_.recv_count),
+                                 smap_.at<char>(io.scratch, smap_.recv_range), seq_ + 1));
+  }
+  return out;
+}
+
+cuda_hd::LaunchParams Sequencer::compact(const LaunchResources& res) {
+  UBEP_CHECK_ARG(have_dispatch_ && !dispatch_open_ && !combine_open_,
+                 "compact: needs a completed dispatch (after dispatch_recv, before combine)");
+  UBEP_CHECK_ARG(has_compact_memory(), "compact: no output memory (internal error)");
+  return params(cuda_hd::kCompact, res);
+}
+
+void Sequencer::set_compact_memory(int i, void* out) {
+  io_[static_cast<size_t>(i)].compact_out = out;
+}
+
+int64_t Sequencer::compact_capacity() const {
+  return layout_ == Layout::kLatency ? map_.lat_rows() : map_.tp_rows();
+}
+
+std::vector<TensorView> Sequencer::compacted() const {
+  std::vector<TensorView> out;
+  for (const cuda_hd::RankIO& io : io_) {
+    TensorView v(io.compact_out, cfg_.dtype, {compact_capacity(), cfg_.hidden});
+    v.device = cfg_.device;
+    out.push_back(v);
   }
   return out;
 }

@@ -45,6 +45,16 @@ class Sequencer {
   cuda_hd::LaunchParams combine(std::span<const CombineArgs> args, uint32_t phases,
                                 const LaunchResources& res);
 
+  // A compact() launch (kCompact) of the last dispatch: it must be complete (dispatch_recv done)
+  // and not yet combined; set_compact_memory must have given every local rank its output.
+  cuda_hd::LaunchParams compact(const LaunchResources& res);
+  void set_compact_memory(int i, void* out);
+  bool has_compact_memory() const { return io_.empty() || io_[0].compact_out != nullptr; }
+  // compact()'s output views per local rank: [capacity, hidden], the first sum(recv_count) rows
+  // valid (the count is on the device).
+  std::vector<TensorView> compacted() const;
+  int64_t compact_capacity() const;  // rows of compact()'s output per rank
+
   std::vector<DispatchResult> results() const;  // views of the last dispatch, per local rank
   TensorView combine_buffer(int i) const;
   std::vector<TensorView> outputs() const;  // combine outputs, per local rank
@@ -65,6 +75,7 @@ class Sequencer {
   uint32_t gen_ = 0, barrier_seq_ = 1;
   bool have_dispatch_ = false, dispatch_open_ = false, combine_open_ = false;
   Layout layout_ = Layout::kThroughput;
+  Placement placement_ = Placement::kCompact;  // of the last dispatch, resolved
 };
 
 }  // namespace ubep::cuda_host
