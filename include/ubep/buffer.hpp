@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "ubep/group.hpp"
+#include "ubep/research.hpp"
 #include "ubep/stats.hpp"
 #include "ubep/types.hpp"
 
@@ -45,21 +46,6 @@ const char* placement_name(Placement p);
 Placement parse_placement(const std::string& name);  // "auto" | "compact" | "per-source"
 // The placement kAuto resolves to for a layout.
 Placement placement_for(Layout layout);
-
-// How the ubep algorithm tells a reader that a message is complete (the sync ablation).
-enum class SyncMode : uint8_t {
-  kFused,        // token-flag fusion: epoch tag inside the message, written last (default)
-  kStopAndWait,  // data, then a fence, then a separate flag per message
-};
-const char* sync_mode_name(SyncMode m);
-SyncMode parse_sync_mode(const std::string& name);  // "fused" | "stop-and-wait"
-
-// How the ubep algorithm splits a rank's send work among its workers (the scheduling ablation;
-// see docs/SCHEDULING.md). Equal slices plan nothing; the others call the hop-aware scheduler
-// (ubep/scheduler.hpp) on the call's routing, with far destinations first.
-enum class SendSchedule : uint8_t { kEqualSlices, kNaive, kColumnMajor, kBalanced };
-const char* send_schedule_name(SendSchedule s);
-SendSchedule parse_send_schedule(const std::string& name);  // equal|naive|column_major|balanced
 
 struct BufferConfig {
   int64_t max_tokens_per_rank = 128;

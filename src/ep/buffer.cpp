@@ -16,16 +16,9 @@ constexpr detail::EnumName<Algorithm> kAlgorithms[] = {{Algorithm::kBsp, "bsp"},
                                                        {Algorithm::kUbep, "ubep"}};
 constexpr detail::EnumName<Layout> kLayouts[] = {{Layout::kThroughput, "throughput"},
                                                  {Layout::kLatency, "latency"}};
-constexpr detail::EnumName<SyncMode> kSyncModes[] = {{SyncMode::kFused, "fused"},
-                                                     {SyncMode::kStopAndWait, "stop-and-wait"}};
 constexpr detail::EnumName<Placement> kPlacements[] = {{Placement::kAuto, "auto"},
                                                        {Placement::kCompact, "compact"},
                                                        {Placement::kPerSource, "per-source"}};
-constexpr detail::EnumName<SendSchedule> kSchedules[] = {
-    {SendSchedule::kEqualSlices, "equal"},
-    {SendSchedule::kNaive, "naive"},
-    {SendSchedule::kColumnMajor, "column_major"},
-    {SendSchedule::kBalanced, "balanced"}};
 }  // namespace
 
 const char* algorithm_name(Algorithm a) { return detail::enum_name(kAlgorithms, a); }
@@ -34,10 +27,6 @@ Algorithm parse_algorithm(const std::string& n) {
 }
 const char* layout_name(Layout l) { return detail::enum_name(kLayouts, l); }
 Layout parse_layout(const std::string& n) { return detail::parse_enum(kLayouts, n, "layout"); }
-const char* sync_mode_name(SyncMode m) { return detail::enum_name(kSyncModes, m); }
-SyncMode parse_sync_mode(const std::string& n) {
-  return detail::parse_enum(kSyncModes, n, "sync mode");
-}
 const char* placement_name(Placement p) { return detail::enum_name(kPlacements, p); }
 Placement parse_placement(const std::string& n) {
   return detail::parse_enum(kPlacements, n, "placement");
@@ -48,10 +37,6 @@ DType combine_dtype(const BufferConfig& c) {
 Placement placement_for(Layout layout) {
   // Measured (docs/SEMANTICS.md, "Placement"): see there for why each layout gets its default.
   return layout == Layout::kLatency ? Placement::kPerSource : Placement::kCompact;
-}
-const char* send_schedule_name(SendSchedule s) { return detail::enum_name(kSchedules, s); }
-SendSchedule parse_send_schedule(const std::string& n) {
-  return detail::parse_enum(kSchedules, n, "send schedule");
 }
 
 Buffer::Impl::Impl(Group& g, const BufferConfig& c)

@@ -39,10 +39,10 @@ inline void slice(int64_t n, int m, int members, int64_t* begin, int64_t* end) {
   *end = n * (m + 1) / members;
 }
 
-// Waits until the count records of sources [0, upto) are at `dest` (on the caller's thread the
-// cross-host relay keeps running meanwhile, so proxied records can appear).
-void wait_counts(Buffer::Impl& b, int dest, int upto, bool caller) {
-  for (int s = 0; s < upto; ++s)
+// Waits until the count records of sources [from, upto) are at `dest` (on the caller's thread
+// the cross-host relay keeps running meanwhile, so proxied records can appear).
+void wait_counts(Buffer::Impl& b, int dest, int upto, bool caller, int from = 0) {
+  for (int s = from; s < upto; ++s)
     b.wait_for([&] { return b.win.count_arrived(dest, s); }, caller,
                [&] {
                  return detail::concat("count record of rank ", s, " at rank ", dest,
@@ -164,11 +164,7 @@ void Ubep::dispatch_recv() {
 // the ranges it sends. dispatch_recv later waits for the rest (rows already seen return at once).
 std::array<int64_t, 2> Ubep::wait_recv_range(int s, int e) {
   Buffer::Impl& b = b_;
-  for (int src = b.call.first_range_source(s); src <= s; ++src)
-    b.wait_for([&] { return b.win.count_arrived(b.rank, src); }, true, [&] {
-      return detail::concat("count record of rank ", src, " at rank ", b.rank, " (epoch tag ",
-                            b.win.tag(), ")");
-    });
+  wait_counts(b, b.rank, s + 1, true, b.call.first_range_source(s));
   const std::array<int64_t, 2> range = b.call.range_from_counts(b.win, e, s);
   const bool latency = b.call.layout == Layout::kLatency;
   const Tag* tags = b.win.at<Tag>(b.rank, latency ? b.win.map().lat_tag : b.win.map().tp_tag) +

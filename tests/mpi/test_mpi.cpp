@@ -8,13 +8,13 @@
 
 #include "fp8_dispatch_check.hpp"
 #include "harness.hpp"
+#include "mpi_gtest_main.hpp"
 #include "ubep/error.hpp"
 #include "ubep/mpi_group.hpp"
 
 namespace ubep::test {
 namespace {
 
-Group* g_group = nullptr;
 
 struct Param {
   int topk;
@@ -226,23 +226,5 @@ TEST(ProcessRanksMultiHost, RelayOverMpiMatchesReference) {
 }  // namespace ubep::test
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int rc = 0;
-  {
-    auto group = ubep::make_mpi_group();
-    ubep::test::g_group = group.get();
-    rc = RUN_ALL_TESTS();
-  }
-  int worst = 0;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
+  return ubep::test::mpi_gtest_main(argc, argv, /*with_world_group=*/true);
 }

@@ -6,6 +6,7 @@
 
 #include "expect_invalid.hpp"
 #include "fault_scenario.hpp"
+#include "mpi_gtest_main.hpp"
 #include "ubep/mpi_group.hpp"
 
 namespace ubep::test {
@@ -75,18 +76,6 @@ TEST(ProcessConfigRejected, OneRankRejectsEveryRankGetsAClearError) {
 }  // namespace ubep::test
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  ::testing::InitGoogleTest(&argc, argv);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  const int rc = RUN_ALL_TESTS();
-  int worst = 0;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
+  // Each test builds its own group, with the timeout its fault needs.
+  return ubep::test::mpi_gtest_main(argc, argv, /*with_world_group=*/false);
 }

@@ -17,13 +17,13 @@
 #include <thread>
 
 #include "harness.hpp"
+#include "mpi_gtest_main.hpp"
 #include "ubep/error.hpp"
 #include "ubep/mpi_group.hpp"
 
 namespace ubep::test {
 namespace {
 
-Group* g_group = nullptr;
 long g_calls = 10000;
 
 // Resident set size in KiB (VmRSS of /proc/self/status).
@@ -143,24 +143,8 @@ TEST(ProcessRanksSoak, TenThousandCallsFlatMemoryNoLeftovers) {
 }  // namespace ubep::test
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
-  ::testing::InitGoogleTest(&argc, argv);
-  if (argc > 1) ubep::test::g_calls = std::atol(argv[1]);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-  }
-  int rc = 0;
-  {
-    auto group = ubep::make_mpi_group();
-    ubep::test::g_group = group.get();
-    rc = RUN_ALL_TESTS();
-  }
-  int worst = 0;
-  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return worst;
+  // The number of calls: the first argument GoogleTest leaves (default 10,000).
+  return ubep::test::mpi_gtest_main(argc, argv, /*with_world_group=*/true, [](int n, char** v) {
+    if (n > 1) ubep::test::g_calls = std::atol(v[1]);
+  });
 }
