@@ -170,10 +170,11 @@ std::array<int64_t, 2> Ubep::wait_recv_range(int s, int e) {
   const Tag* tags = b.win.at<Tag>(b.rank, latency ? b.win.map().lat_tag : b.win.map().tp_tag) +
                     (latency ? e * b.RT() : 0);
   for (int64_t p = range[0]; p < range[0] + range[1]; ++p)
-    b.wait_for([&] { return b.win.arrived(tags + p); }, true, [&] {
-      return detail::concat("dispatch row ", p, " from rank ", s, " (epoch tag ", b.win.tag(),
-                            ")");
-    });
+    b.wait_for([&] { return b.win.arrived(tags + p); }, true,
+               [&] {
+                 return detail::concat("dispatch row ", p, " from rank ", s, " (epoch tag ",
+                                       b.win.tag(), ")");
+               });
   return range;
 }
 
