@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "core/host_device.hpp"
 #include "ubep/fp8.hpp"
@@ -226,7 +227,21 @@ struct WindowLayout {
 namespace relay_wire {
 inline constexpr int kDispatchTag = 7101;  // transport tags of the two message kinds
 inline constexpr int kCombineTag = 7102;
-inline constexpr size_t kHeader = 16;  // int32 tokens, int32 topk, padding
+inline constexpr size_t kHeader = 16;  // a Header, padded
+
+// A dispatch message's header: its tokens, the sender's topk and the sender's call shape
+// (CallState::shape: the receivers compare it with their own and name a mismatched call).
+// A combine message carries only the first two.
+struct Header {
+  int32_t tokens = 0, topk = 0, shape = 0;
+};
+static_assert(sizeof(Header) <= kHeader);
+inline void write_header(char* msg, const Header& h) { std::memcpy(msg, &h, sizeof h); }
+inline Header read_header(const char* msg) {
+  Header h;
+  std::memcpy(&h, msg, sizeof h);
+  return h;
+}
 
 // One packed token: [row, padded to 8][int32 token][int32 expert x K][float weight x K].
 UBEP_HD inline constexpr size_t meta_offset(size_t row_bytes) { return round_up(row_bytes, 8); }
@@ -243,6 +258,15 @@ struct PackedToken {
   UBEP_HD int32_t* idx() const { return reinterpret_cast<int32_t*>(meta() + 4); }
   UBEP_HD float* w() const {
     return reinterpret_cast<float*>(meta() + 4 + 4 * static_cast<size_t>(K));
+  }
+  // Packs one token: its row as the codec lays it out, then its index, experts and weights.
+  void write(const RowCodec& codec, const RowRef& src, int32_t token_index, const int32_t* experts,
+             const float* weights) const {
+    std::memcpy(row(), src.payload, codec.payload_bytes);
+    if (codec.scale_bytes) std::memcpy(row() + codec.payload_bytes, src.scales, codec.scale_bytes);
+    std::memcpy(meta(), &token_index, 4);
+    std::memcpy(meta() + 4, experts, 4 * static_cast<size_t>(K));
+    std::memcpy(meta() + 4 + 4 * static_cast<size_t>(K), weights, 4 * static_cast<size_t>(K));
   }
 };
 }  // namespace relay_wire

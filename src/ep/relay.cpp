@@ -8,11 +8,14 @@
 
 namespace ubep {
 
+using ep::relay_wire::Header;
 using ep::relay_wire::kCombineTag;
 using ep::relay_wire::kDispatchTag;
 using ep::relay_wire::kHeader;
 using ep::relay_wire::meta_offset;
 using ep::relay_wire::PackedToken;
+using ep::relay_wire::read_header;
+using ep::relay_wire::write_header;
 
 HostRelay::HostRelay(Group& g, const BufferConfig& cfg, ep::Window& win, ep::CallState& call)
     : g_(g), cfg_(cfg), win_(win), call_(call), remote_(g.remote()) {
@@ -98,21 +101,12 @@ void HostRelay::pack() {
         there = idx[j] >= 0 && g_.host_of(idx[j] / El) == static_cast<int>(h);
       host_slot_[static_cast<size_t>(t) * nh + h] = there ? n : -1;
       if (!there) continue;
-      char* r = out + kHeader + static_cast<size_t>(n) * rec;
-      const ep::RowRef src = call_.source.row(t);
-      std::memcpy(r, src.payload, codec.payload_bytes);
-      if (codec.scale_bytes) std::memcpy(r + codec.payload_bytes, src.scales, codec.scale_bytes);
-      const auto tok = static_cast<int32_t>(t);
-      char* meta = r + meta_offset(RB);
-      std::memcpy(meta, &tok, 4);
-      std::memcpy(meta + 4, idx, 4 * static_cast<size_t>(K));
-      std::memcpy(meta + 4 + 4 * static_cast<size_t>(K),
-                  &call_.routing.topk_weights[static_cast<size_t>(t * K)],
-                  4 * static_cast<size_t>(K));
+      const PackedToken p{out + kHeader + static_cast<size_t>(n) * rec, RB, K};
+      p.write(codec, call_.source.row(t), static_cast<int32_t>(t), idx,
+              &call_.routing.topk_weights[static_cast<size_t>(t * K)]);
       ++n;
     }
-    const int32_t header[3] = {n, K, call_.shape()};
-    std::memcpy(out, header, sizeof header);
+    write_header(out, Header{n, K, call_.shape()});
     const size_t bytes = kHeader + static_cast<size_t>(n) * rec;
     const auto& target = hosts_[h];
     const int relay =
@@ -128,9 +122,8 @@ void HostRelay::pack() {
 template <typename Visit>
 void HostRelay::walk(const Relayed& s, Visit&& visit) const {
   const char* msg = s.msg[win_.half()].data();
-  int32_t header[2];
-  std::memcpy(header, msg, sizeof header);
-  const int n = header[0], K = header[1], El = call_.local_experts;
+  const Header header = read_header(msg);
+  const int n = header.tokens, K = header.topk, El = call_.local_experts;
   auto& rows = const_cast<std::vector<int64_t>&>(scratch_rows_);
   auto& experts = const_cast<std::vector<int64_t>&>(scratch_expert_);
   std::fill(rows.begin(), rows.end(), 0);
@@ -166,11 +159,10 @@ void HostRelay::write_counts(Relayed& s) {
     for (int j = 0; j < p.K; ++j)
       if (p.idx()[j] >= 0 && p.idx()[j] / El == d) ++experts[static_cast<size_t>(p.idx()[j])];
   });
-  int32_t header[3];
-  std::memcpy(header, s.msg[win_.half()].data(), sizeof header);
-  if (K == 0) K = header[1];
+  const Header header = read_header(s.msg[win_.half()].data());
+  if (K == 0) K = header.topk;
   for (int d : hosts_[static_cast<size_t>(my_host_)])  // the source's call shape, as it sent it
-    win_.publish_count(d, s.source, rows[static_cast<size_t>(d)], K, header[2],
+    win_.publish_count(d, s.source, rows[static_cast<size_t>(d)], K, header.shape,
                        &experts[static_cast<size_t>(d * El)]);
   s.counted = true;
 }
@@ -184,9 +176,8 @@ bool HostRelay::lower_counts_ready(const Relayed& s, int dest) const {
 
 void HostRelay::forward(Relayed& s) {
   const int El = call_.local_experts;
-  int32_t header[3];
-  std::memcpy(header, s.msg[win_.half()].data(), sizeof header);
-  if (header[2] != call_.shape()) {  // a different call: receivers name it from the count record
+  if (read_header(s.msg[win_.half()].data()).shape !=
+      call_.shape()) {  // a different call: receivers name it from the count record
     s.forwarded = true;
     return;
   }
@@ -276,9 +267,8 @@ void HostRelay::advance_partials(Relayed& s) {
   const int El = call_.local_experts;
   const int64_t H = cfg_.hidden;
   const char* msg = s.msg[win_.half()].data();
-  int32_t header[2];
-  std::memcpy(header, msg, sizeof header);
-  const int n = header[0], K = header[1];
+  const Header header = read_header(msg);
+  const int n = header.tokens, K = header.topk;
   if (s.cursor == 0) {
     std::fill(s.rows_seen.begin(), s.rows_seen.end(), 0);
     std::fill(s.experts_seen.begin(), s.experts_seen.end(), 0);
