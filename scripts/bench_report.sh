@@ -69,8 +69,18 @@ run sync_tiny "sync ablation, tiny, 2 process ranks" \
 run tcp2x2 "forced 2 hosts x 2 ranks, every MPI byte over TCP (no bound: it would be the network)" \
   mpirun --mca btl tcp,self -np 4 $bench --workload decode --topology 2x2
 run threads2 "decode, 2 thread ranks" $bench --ranks 2 --workload decode
-run workers1 "decode, 2 thread ranks, --workers 1 for ubep and the baseline (oversubscribed: 4 threads on 2 cores; bsp uses no workers)" \
+run workers1 "decode, 2 thread ranks, --workers 1 for every implementation (oversubscribed: 4 threads on 2 cores)" \
   $bench --ranks 2 --workload decode --workers 1 --iters 20
+run fp8_decode "fp8 (e4m3, per-128-channel scales) against bf16 dispatch, decode, 2 process ranks; fp8-cast: ubep casts bf16 inputs on send" \
+  $two $bench --workload decode --algo ubep --dtype bf16,fp8,fp8-cast
+run straggler_threads4 "rank 0 late before every call, 4 thread ranks (oversubscribed: 2 per core)" \
+  $bench --ranks 4 --workload decode --tokens 32 --straggler-us 0,2000 --iters 30
+run straggler_procs4 "rank 0 late before every call, 4 process ranks (oversubscribed: 2 per core)" \
+  mpirun -np 4 $bench --workload decode --tokens 32 --straggler-us 0,2000 --iters 30
+for pl in compact per-source; do
+  run "placement_${pl/-/_}" "no delay, decode, 4 thread ranks, ubep with $pl placement" \
+    $bench --ranks 4 --workload decode --tokens 32 --algo ubep --placement "$pl" --iters 50
+done
 run_plain kernels "the row kernels alone (one thread, in cache): what a tiny call's copies and reduction cost" \
   build/tools/ubep-kernel-timing 7168 20000
 run threads8 "decode, 8 thread ranks (oversubscribed: 4 ranks per core)" \

@@ -18,19 +18,20 @@ def load(d, name):
         return json.load(f)
 
 
-def med(run, impl, op, sync=None):
-    """Median µs of (impl, op) in a run, or None."""
+def med(run, impl, op, sync=None, dtype=None):
+    """Median µs of (impl, op) in a run (of one sync mode / dtype when given), or None."""
     if not run:
         return None
     for r in run["results"]:
-        if r["impl"] == impl and r["op"] == op and (sync is None or r.get("sync") == sync):
+        if (r["impl"] == impl and r["op"] == op and (sync is None or r.get("sync") == sync)
+                and (dtype is None or r.get("dtype") == dtype)):
             return r["median_us"]
     return None
 
 
-def row(run, impl, op):
+def row(run, impl, op, dtype=None):
     for r in run["results"] if run else []:
-        if r["impl"] == impl and r["op"] == op:
+        if r["impl"] == impl and r["op"] == op and (dtype is None or r.get("dtype") == dtype):
             return r
     return None
 
@@ -73,12 +74,44 @@ def targets(d):
         out.append(f"| tiny, 2 procs: ubep dispatch+combine <= 3x (floor + copy) | {u / fc:.2f}x "
                    f"({u:.1f} µs vs 2 round trips {2 * f:.2f} + bound {bd + bc:.1f} µs) "
                    f"| {verdict(u / fc <= 3)} |")
-    out.append("| fp8 decode dispatch <= 0.6x bf16 dispatch | not measured: fp8 dispatch is not "
-               "implemented (it needs the row codec) | **not met** |")
+    fp8 = load(d, "fp8_decode")
+    ub, uf = med(fp8, "ubep", "dispatch", dtype="bf16"), med(fp8, "ubep", "dispatch", dtype="fp8")
+    bb, bf = med(fp8, "bound", "dispatch", dtype="bf16"), med(fp8, "bound", "dispatch", dtype="fp8")
+    if None in (ub, uf, bb, bf):
+        out.append("| fp8 decode dispatch <= 0.6x bf16 dispatch | not run | |")
+    else:
+        uc = med(fp8, "ubep", "dispatch", dtype="fp8-cast")
+        cast = f"; casting bf16 on send {uc / ub:.2f}x" if uc is not None else ""
+        out.append(f"| fp8 decode dispatch <= 0.6x bf16 dispatch | {uf / ub:.2f}x ({uf:.0f} vs "
+                   f"{ub:.0f} µs; the bound itself moves {bf / bb:.2f}x as the bytes drop to "
+                   f"{row(fp8, 'bound', 'dispatch', 'fp8')['bytes_per_rank'] / row(fp8, 'bound', 'dispatch', 'bf16')['bytes_per_rank']:.2f}x"
+                   f"{cast}) | {verdict(uf / ub <= 0.6)} |")
+    for name, where in [("straggler_threads4", "4 thread ranks"), ("straggler_procs4", "4 procs")]:
+        run = load(d, name)
+        if not run:
+            continue
+
+        def late(impl, op, us):
+            return next((r["median_us"] for r in run["results"] if r["impl"] == impl
+                         and r["op"] == op and r.get("late_us") == us), None)
+        p0, p2 = late("ubep-per-source", "dispatch_send", 0), late("ubep-per-source", "dispatch_send", 2000)
+        if None not in (p0, p2):
+            grow = "; ".join(f"{i} {late(i, 'dispatch_send', 0):.0f} -> {late(i, 'dispatch_send', 2000):.0f}"
+                             for i in ("ubep-compact", "bsp")
+                             if None not in (late(i, "dispatch_send", 0), late(i, "dispatch_send", 2000)))
+            out.append(f"| rank 0 late by 2000 µs, {where}: per-source dispatch_send <= 2x its "
+                       f"no-delay median | {p2 / p0:.2f}x ({p0:.0f} -> {p2:.0f} µs; {grow} µs) "
+                       f"| {verdict(p2 / p0 <= 2)} |")
+    pc, pp = load(d, "placement_compact"), load(d, "placement_per_source")
+    c, q = total(pc, "ubep"), total(pp, "ubep")
+    if None not in (c, q):
+        out.append(f"| no delay, decode, 4 thread ranks: per-source dispatch+combine no slower "
+                   f"than compact (within noise) | {q / c:.2f}x ({q:.0f} vs {c:.0f} µs, one run "
+                   f"each) | see runs |")
     # A bound that an implementation beats is not a bound: check every run that has one.
     beaten = []
     for name in ["decode", "prefill", "tiny", "sync_decode", "sync_tiny", "threads2",
-                 "workers1", "threads8"] + [f"sweep_{t}" for t in sweep_tokens()]:
+                 "workers1", "threads8", "fp8_decode"] + [f"sweep_{t}" for t in sweep_tokens()]:
         run = load(d, name)
         for r in run["results"] if run else []:
             if r["impl"] not in ("bound", "floor", "barrier") and 0 < r.get("x_bound", 1) < 1:
