@@ -106,6 +106,50 @@ TEST(MismatchedCall, LayoutDifferenceIsNamedOnEveryRank) {
   }
 }
 
+// A peer that breaks in the next call (here: its combine, call 2, times out while this rank is
+// still in call 1) had already sent its part of this one: this rank's dispatch (call 1) still
+// completes with the right rows, and its next call fails at once naming the peer and the call it
+// broke in (the failure word carries it). Whether a wait that was still spinning when the word
+// appeared would stop is the rule FailureWords (test_failure_words.cpp) checks; the fuzzer hit
+// that race before the word carried the call.
+TEST(PeerBrokeInTheNextCall, ThisCallStillCompletes) {
+  for (Layout layout : {Layout::kLatency, Layout::kThroughput}) {
+    const Case c = fault_case(2, layout);
+    const Problem p = all_ranks_problem(c, 2, 9);
+    std::barrier<> sync(2);
+    GroupOptions opts;
+    opts.timeout = std::chrono::milliseconds(300);
+    run_on_threads(
+        2,
+        [&](Group& g) {
+          Buffer b(g, config_for(c, Algorithm::kUbep));
+          const DispatchArgs args =
+              p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout);
+          if (g.rank() == 0) {
+            const DispatchResult r = b.dispatch(args);  // call 1: rank 1's rows were sent
+            // call 2: rank 1 is not there yet, so this times out and breaks the buffer
+            EXPECT_THROW(b.combine({r.recv_x, r.handle}), TimeoutError);
+            sync.arrive_and_wait();
+            return;
+          }
+          b.dispatch_send(args);
+          sync.arrive_and_wait();  // rank 0's buffer is broken (in call 2) by now
+          const DispatchResult r = b.dispatch_recv();
+          const ExpectedDispatch exp = expected_dispatch(p, 1);
+          const auto* counts = r.recv_count.as<const int64_t>();
+          for (size_t e = 0; e < exp.expert_rows.size(); ++e)
+            EXPECT_EQ(counts[e], static_cast<int64_t>(exp.expert_rows[e].size())) << e;
+          try {
+            b.combine({r.recv_x, r.handle});
+            ADD_FAILURE() << "combine on a buffer whose peer broke returned";
+          } catch (const BrokenBufferError& e) {
+            EXPECT_TRUE(contains(e.what(), "rank 0's buffer broke (it failed call 2)")) << e.what();
+          }
+        },
+        opts);
+  }
+}
+
 // Null pointers in every public entry: InvalidArgument naming the argument (every rank passes
 // the same bad call, so the buffer stays usable).
 TEST(NullPointers, EveryEntryNamesTheArgument) {

@@ -8,7 +8,9 @@
 #include "ubep/error.hpp"
 #include "ubep/fp8.hpp"
 
-#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
+// Not under clang (the fuzz build): clang 14 has no target_clones on function templates.
+#if defined(__x86_64__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__) && \
+    !defined(__SANITIZE_ADDRESS__)
 #define UBEP_FP8_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define UBEP_FP8_MULTIVERSION

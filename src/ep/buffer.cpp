@@ -241,12 +241,15 @@ void Buffer::Impl::start_call(const char* what) {
   if (broken.empty()) {
     // A peer whose buffer broke never joins another call on it, so neither can this rank: fail
     // now with the buffer's error instead of at the first wait (and tell the other peers).
-    for (int r = 0; r < ranks; ++r)
-      if (r != rank && win.peer(r) && win.failure_of(r) == ep::kBroken) {
-        broken = detail::concat("rank ", r, "'s buffer broke (it failed a call)");
-        win.publish_failure(rank, ep::kBroken);
+    for (int r = 0; r < ranks; ++r) {
+      const uint32_t word = r != rank && win.peer(r) ? win.failure_of(r) : 0u;
+      if (ep::is_broken(word)) {
+        broken = detail::concat("rank ", r, "'s buffer broke (it failed call ",
+                                ep::marked_call(word, calls + 1), ")");
+        win.publish_failure(rank, ep::broken_marker(calls + 1));
         break;
       }
+    }
   }
   UBEP_CHECK(broken.empty(), BrokenBufferError, what, " (call ", calls + 1,
              "): the buffer is broken after call ", calls, ": ", broken, "; create a new Buffer");
@@ -258,7 +261,7 @@ void Buffer::Impl::reject_call() { win.publish_failure(rank, ep::fail_marker(cal
 void Buffer::Impl::break_call(const char* what, const std::exception& cause) {
   if (broken.empty()) broken = detail::concat(what, " failed: ", cause.what());
   phase = Phase::kIdle;
-  win.publish_failure(rank, ep::kBroken);
+  win.publish_failure(rank, ep::broken_marker(calls));
 }
 
 namespace {

@@ -39,10 +39,31 @@ UBEP_HD inline constexpr uint32_t tag_of(uint64_t seq) {
 }
 UBEP_HD inline constexpr int half_of(uint64_t seq) { return static_cast<int>(seq & 1u); }
 
-// Failure words (WindowLayout::fail_word): the call a rank rejected, or "broken for good".
-inline constexpr uint32_t kBroken = 0xFFFFFFFFu;
+// Failure words (WindowLayout::fail_word): 0, the call a rank rejected (fail_marker), or the
+// call in which its buffer broke for good (broken_marker: the marker with the top bit set).
+// Calls are counted modulo 2^31-1; peers are never more than a call or two apart.
+inline constexpr uint32_t kBrokenBit = 0x80000000u;
+inline constexpr uint64_t kMarkerPeriod = 0x7FFFFFFFull;
 UBEP_HD inline constexpr uint32_t fail_marker(uint64_t call) {
-  return static_cast<uint32_t>(call % 0xFFFFFFFEull) + 1u;  // 1 .. 2^32-2: never 0 or kBroken
+  return static_cast<uint32_t>(call % kMarkerPeriod) + 1u;  // 1 .. 2^31-1: never 0
+}
+UBEP_HD inline constexpr uint32_t broken_marker(uint64_t call) {
+  return kBrokenBit | fail_marker(call);
+}
+UBEP_HD inline constexpr bool is_broken(uint32_t word) { return (word & kBrokenBit) != 0; }
+// Whether a peer's failure word ends this rank's call `call` at once. A rejection ends only the
+// call it names. A break ends every call but the one after the call it broke in: a rank starts
+// call c+1 only after call c returned on it, so a peer that broke in c+1 had sent its part of
+// c, and c can still complete here (the next call then fails at its start).
+UBEP_HD inline constexpr bool failure_ends_call(uint32_t word, uint64_t call) {
+  return word != 0 &&
+         (is_broken(word) ? word != broken_marker(call + 1) : word == fail_marker(call));
+}
+// The call a failure word names, taken as the one nearest to `near` (this rank's call).
+inline uint64_t marked_call(uint32_t word, uint64_t near) {
+  const uint64_t m = (word & ~kBrokenBit) - 1u, here = near % kMarkerPeriod;
+  const uint64_t ahead = (m + kMarkerPeriod - here) % kMarkerPeriod;  // 0 .. period-1
+  return ahead < kMarkerPeriod / 2 ? near + ahead : near - (kMarkerPeriod - ahead);
 }
 
 // Call shape word of a count record: what a receiver must agree on with every sender.
@@ -207,7 +228,8 @@ struct WindowLayout {
            static_cast<size_t>(h) * static_cast<size_t>(ranks) + static_cast<size_t>(src);
   }
   // Failure word of source `src` in this window: 0, fail_marker(call) when src failed that call
-  // before sending anything (bad input), or kBroken once src's buffer is broken. Never reset:
+  // before sending anything (bad input), or broken_marker(call) once src's buffer broke in that
+  // call. Never reset:
   // a new Buffer has new windows.
   UBEP_HD Tag* fail_word(void* base, int src) const {
     return reinterpret_cast<Tag*>(static_cast<char*>(base) + fail_words) + src;

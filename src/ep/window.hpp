@@ -102,14 +102,13 @@ class FailureWatch final : public WaitAbort {
     for (int r = 0; r < w_.map().ranks; ++r) {
       if (r == me_ || !w_.peer(r)) continue;
       const uint32_t v = w_.failure_of(r);
-      if (v == kBroken)
-        throw PeerFailedError(detail::concat("rank ", r,
-                                             " failed (its buffer is broken: it failed this or an "
-                                             "earlier call), so call ",
-                                             call_, " cannot complete on rank ", me_));
-      if (v == fail_marker(call_))
-        throw PeerFailedError(detail::concat("rank ", r, " rejected its input for call ", call_,
-                                             ", so the call cannot complete on rank ", me_));
+      if (!failure_ends_call(v, call_)) continue;
+      if (is_broken(v))
+        throw PeerFailedError(detail::concat("rank ", r, " failed call ", marked_call(v, call_),
+                                             " (its buffer is broken), so call ", call_,
+                                             " cannot complete on rank ", me_));
+      throw PeerFailedError(detail::concat("rank ", r, " rejected its input for call ", call_,
+                                           ", so the call cannot complete on rank ", me_));
     }
   }
 

@@ -199,7 +199,6 @@ std::string judge(const Scenario& s, const std::vector<RankLog>& logs) {
                          outcome_name(logs[static_cast<size_t>(r)].construct) + ", want " +
                          outcome_name(want));
   }
-  std::vector<bool> excused(static_cast<size_t>(s.ranks), false);
   for (size_t i = 0; i < s.calls.size(); ++i) {
     const CallPlan& c = s.calls[i];
     const Expect e = expect_call(s, c);
@@ -209,18 +208,6 @@ std::string judge(const Scenario& s, const std::vector<RankLog>& logs) {
       const Outcome cb = i < l.combine.size() ? l.combine[i] : Outcome::kNotRun;
       const std::string call = "call " + std::to_string(i) + " (" + expect_name(e) + "): ";
       const bool self_bad = !dispatch_valid(s, c, r);
-      // Open finding (docs/FUZZING.md): a peer's "buffer broken" word carries no call number,
-      // so a rank still finishing the call before the failing one (or the dispatch of a call
-      // whose combine fails) may abort it with PeerFailedError although it could complete.
-      // Tolerated only there, only for that message; the call that fails is judged as usual.
-      const bool next_fails =
-          i + 1 < s.calls.size() && expect_call(s, s.calls[i + 1]) != Expect::kSuccess;
-      const bool early_echo =
-          (d == Outcome::kPeerFailed || cb == Outcome::kPeerFailed) &&
-          l.message.find("its buffer is broken") != std::string::npos &&
-          (next_fails || (e == Expect::kCombineRejected && d == Outcome::kPeerFailed));
-      if (early_echo) excused[static_cast<size_t>(r)] = true;
-      if (excused[static_cast<size_t>(r)]) continue;
       switch (e) {
         case Expect::kSuccess:
           if (d != Outcome::kOk || cb != Outcome::kOk)
