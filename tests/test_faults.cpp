@@ -140,8 +140,14 @@ TEST(PeerBrokeInTheNextCall, ThisCallStillCompletes) {
           for (size_t e = 0; e < exp.expert_rows.size(); ++e)
             EXPECT_EQ(counts[e], static_cast<int64_t>(exp.expert_rows[e].size())) << e;
           try {
-            b.combine({r.recv_x, r.handle});
+            b.combine({r.recv_x, r.handle});  // call 2, the call rank 0 broke in
             ADD_FAILURE() << "combine on a buffer whose peer broke returned";
+          } catch (const PeerFailedError& e) {
+            EXPECT_TRUE(contains(e.what(), "rank 0 failed call 2")) << e.what();
+          }
+          try {
+            b.combine({r.recv_x, r.handle});
+            ADD_FAILURE() << "combine on a broken buffer returned";
           } catch (const BrokenBufferError& e) {
             EXPECT_TRUE(contains(e.what(), "rank 0's buffer broke (it failed call 2)")) << e.what();
           }

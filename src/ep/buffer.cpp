@@ -238,22 +238,30 @@ class CallScope {
 }  // namespace
 
 void Buffer::Impl::start_call(const char* what) {
-  if (broken.empty()) {
-    // A peer whose buffer broke never joins another call on it, so neither can this rank: fail
-    // now with the buffer's error instead of at the first wait (and tell the other peers).
-    for (int r = 0; r < ranks; ++r) {
-      const uint32_t word = r != rank && win.peer(r) ? win.failure_of(r) : 0u;
-      if (ep::is_broken(word)) {
-        broken = detail::concat("rank ", r, "'s buffer broke (it failed call ",
-                                ep::marked_call(word, calls + 1), ")");
-        win.publish_failure(rank, ep::broken_marker(calls + 1));
-        break;
-      }
-    }
-  }
   UBEP_CHECK(broken.empty(), BrokenBufferError, what, " (call ", calls + 1,
              "): the buffer is broken after call ", calls, ": ", broken, "; create a new Buffer");
   watch.set_call(++calls);
+}
+
+void Buffer::Impl::join_call(const char* what) {
+  // A peer whose buffer broke never joins another call on it, so neither can this rank: fail
+  // now (and tell the other peers) instead of at the first wait. Checked after this rank's own
+  // inputs, so bad input is always named as such.
+  for (int r = 0; r < ranks; ++r) {
+    const uint32_t word = r != rank && win.peer(r) ? win.failure_of(r) : 0u;
+    if (!ep::is_broken(word)) continue;
+    const uint64_t at = ep::marked_call(word, calls);
+    if (at > calls) continue;  // it broke in the next call: it had sent its part of this one
+    broken = detail::concat("rank ", r, "'s buffer broke (it failed call ", at, ")");
+    win.publish_failure(rank, ep::broken_marker(calls));
+    phase = Phase::kIdle;
+    // A peer that broke in this very call fails it as it fails the ranks waiting in it.
+    UBEP_CHECK(at < calls, PeerFailedError, what, " (call ", calls, "): rank ", r, " failed call ",
+               at, " (its buffer is broken), so the call cannot complete on rank ", rank);
+    throw BrokenBufferError(detail::concat(what, " (call ", calls,
+                                           "): the buffer is broken after call ", calls - 1, ": ",
+                                           broken, "; create a new Buffer"));
+  }
 }
 
 void Buffer::Impl::reject_call() { win.publish_failure(rank, ep::fail_marker(calls)); }
@@ -277,15 +285,17 @@ auto phase_of(Buffer::Impl& b, const char* what, Fn&& fn) {
   }
 }
 // Checks the inputs of a call that was started: a rejection is local (nothing was sent), the
-// buffer stays usable, and peers already waiting in this call learn of it at once.
+// buffer stays usable, and peers already waiting in this call learn of it at once. Then joins
+// the call (a broken peer fails it).
 template <typename Fn>
-void inputs_of(Buffer::Impl& b, Fn&& fn) {
+void inputs_of(Buffer::Impl& b, const char* what, Fn&& fn) {
   try {
     fn();
   } catch (const InvalidArgument&) {
     b.reject_call();
     throw;
   }
+  b.join_call(what);
 }
 }  // namespace
 
@@ -294,7 +304,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args) {
   b.start_call("dispatch");
   {
     CallScope scope(b);
-    inputs_of(b, [&] { b.begin_dispatch(args); });
+    inputs_of(b, "dispatch", [&] { b.begin_dispatch(args); });
     phase_of(b, "dispatch", [&] {
       ep::Algorithm& algo = b.algorithm();
       algo.dispatch_send(args);
@@ -309,7 +319,7 @@ TensorView Buffer::combine(const CombineArgs& args) {
   Impl& b = *impl_;
   b.start_call("combine");
   CallScope scope(b);
-  inputs_of(b, [&] { b.check_combine(args); });
+  inputs_of(b, "combine", [&] { b.check_combine(args); });
   b.set_combine_weights(args);
   b.combined = true;
   phase_of(b, "combine", [&] {
@@ -328,7 +338,7 @@ void Buffer::dispatch_send(const DispatchArgs& args) {
                  algorithm_name(b.cfg.algorithm));
   b.start_call("dispatch_send");
   CallScope scope(b);
-  inputs_of(b, [&] { b.begin_dispatch(args); });
+  inputs_of(b, "dispatch_send", [&] { b.begin_dispatch(args); });
   phase_of(b, "dispatch_send", [&] { b.algorithm().dispatch_send(args); });
   b.phase = Impl::Phase::kDispatchSent;
 }
@@ -356,7 +366,7 @@ void Buffer::combine_send(const CombineArgs& args) {
                  algorithm_name(b.cfg.algorithm));
   b.start_call("combine_send");
   CallScope scope(b);
-  inputs_of(b, [&] { b.check_combine(args); });
+  inputs_of(b, "combine_send", [&] { b.check_combine(args); });
   b.set_combine_weights(args);
   b.combined = true;
   phase_of(b, "combine_send", [&] { b.algorithm().combine_send(args); });

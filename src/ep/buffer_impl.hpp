@@ -43,6 +43,8 @@ struct Buffer::Impl {
   uint64_t window_barriers = 0;  // bsp's barriers through the window (one host)
   // Starts call number `calls + 1`; throws BrokenBufferError if the buffer is broken.
   void start_call(const char* what);
+  // After the call's inputs were accepted: fails the call if a peer's buffer broke.
+  void join_call(const char* what);
   // This rank rejected its input before sending anything: tell peers waiting in this call.
   void reject_call();
   // The call failed after the ranks started it: the buffer is broken, for this rank and (through
