@@ -257,6 +257,12 @@ TEST(ConfigRejectedOnOneRank, EveryRankGetsAClearError) {
       opts);
 }
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
 double cpu_seconds() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
@@ -290,7 +296,10 @@ TEST(Waiting, SurvivorDoesNotBurnACore) {
     std::printf(
         "%s: survivor process CPU while its peer stalls: %.3f s in %.3f s (%.1f%% of a core)\n",
         algorithm_name(algo), cpu_during_wait.load(), wall.load(), 100 * share);
-    EXPECT_LT(share, 0.10) << algorithm_name(algo);
+    // A spinning waiter shows as ~100% (or, on a loaded machine where yield hands the core
+    // away, 22-36% measured); sleeping with back-off measured 2-3%, and about 10% under the
+    // sanitizers (each wake-up costs more there), so the bound is looser in those builds.
+    EXPECT_LT(share, kSanitized ? 0.20 : 0.10) << algorithm_name(algo);
   }
 }
 
