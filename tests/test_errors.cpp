@@ -151,18 +151,25 @@ TEST(Timeout, MissingPeerGivesTimeoutErrorNotAHang) {
     const Problem p = make_problem(2, c.experts, c.hidden, c.dtype, c.tokens, c.topk, c.routing, 3);
     GroupOptions opts;
     opts.timeout = std::chrono::milliseconds(300);
-    std::atomic<bool> timed_out{false};
+    std::atomic<bool> timed_out{false}, done{false};
     run_on_threads(
         2,
         [&](Group& g) {
           Buffer b(g, config_for(c, algo));
-          if (g.rank() == 1) return;  // never arrives
+          if (g.rank() == 1) {
+            // Never arrives, and keeps its Buffer (a destroyed one would publish its
+            // departure, and rank 0 would stop at once): a hung peer. Bounded wait.
+            for (int i = 0; i < 20000 && !done; ++i)
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            return;
+          }
           try {
             b.dispatch(p.inputs[0].args(c.dtype, c.hidden, c.layout));
           } catch (const TimeoutError& e) {
             timed_out = true;
             EXPECT_NE(std::string(e.what()).find("rank 1"), std::string::npos) << e.what();
           }
+          done = true;
         },
         opts);
     EXPECT_TRUE(timed_out) << algorithm_name(algo);

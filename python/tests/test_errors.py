@@ -1,6 +1,7 @@
 """Every bad input gets ubep.InvalidArgument naming the value (never a crash), and the buffer
 stays usable: a correct call afterwards matches the reference."""
 import ctypes
+import threading
 import time
 
 import numpy as np
@@ -197,19 +198,49 @@ def test_bad_groups():
 
 
 def test_peer_that_never_comes_times_out():
-    """Rank 1 never dispatches: rank 0 gets ubep.TimeoutError naming what it waited for."""
+    """Rank 1 never dispatches (and keeps its Buffer: a hung peer): rank 0 gets
+    ubep.TimeoutError naming what it waited for."""
+    done = threading.Event()
+
     def fn(g):
         buf = ubep.Buffer(g, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=K)
         if g.rank == 0:
             x, idx, w = good_inputs()
             t0 = time.monotonic()
-            with pytest.raises(ubep.TimeoutError, match="rank 1"):
-                buf.low_latency_dispatch(x, idx, T, E)
+            try:
+                with pytest.raises(ubep.TimeoutError, match="rank 1"):
+                    buf.low_latency_dispatch(x, idx, T, E)
+            finally:
+                done.set()
             return time.monotonic() - t0
+        done.wait(20)
+        del buf
         return None
 
     elapsed = ubep.run_on_threads(2, fn, timeout=1.0)[0]
     assert 0.9 < elapsed < 10
+
+
+def test_peer_that_leaves_fails_the_call_at_once():
+    """Rank 1 drops its Buffer instead of dispatching: its departure is published, so rank 0's
+    dispatch fails at once (well before the 20 s timeout) naming rank 1."""
+    left = threading.Event()
+
+    def fn(g):
+        buf = ubep.Buffer(g, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=K)
+        if g.rank == 1:
+            del buf
+            left.set()
+            return None
+        left.wait(20)
+        x, idx, w = good_inputs()
+        t0 = time.monotonic()
+        with pytest.raises(ubep.Error, match="rank 1 failed call 1"):
+            buf.low_latency_dispatch(x, idx, T, E)
+        return time.monotonic() - t0
+
+    elapsed = ubep.run_on_threads(2, fn, timeout=20.0)[0]
+    assert elapsed < 5
 
 
 def test_numpy_inputs_checked_too():

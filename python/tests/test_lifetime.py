@@ -115,14 +115,20 @@ def test_out_argument_and_cumulative_stats():
 def test_interrupt_flag_ends_a_wait_on_a_rank_thread():
     """What Ctrl-C does to thread ranks (the flag our SIGINT handler sets): the waiting rank
     stops with ubep.Error long before its 30 s timeout."""
+    done = threading.Event()
+
     def fn(g):
         buf = ubep.Buffer(g, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=K)
         if g.rank == 1:
-            return None  # never dispatches
+            done.wait(30)  # never dispatches; keeps its Buffer (dropping it would end the wait)
+            return None
         threading.Timer(0.5, _ubep._raise_interrupt_flag).start()
         t0 = time.monotonic()
-        with pytest.raises(ubep.Error, match="interrupted while waiting"):
-            buf.low_latency_dispatch(make_x(1), IDX, T, E)
+        try:
+            with pytest.raises(ubep.Error, match="interrupted while waiting"):
+                buf.low_latency_dispatch(make_x(1), IDX, T, E)
+        finally:
+            done.set()
         return time.monotonic() - t0
 
     elapsed = ubep.run_on_threads(2, fn, timeout=30)[0]

@@ -208,7 +208,18 @@ void Buffer::Impl::set_combine_weights(const CombineArgs& a) {
 
 Buffer::Buffer(Group& group, BufferConfig config) : impl_(std::make_unique<Impl>(group, config)) {}
 Buffer::~Buffer() = default;
-Buffer::Impl::~Impl() = default;
+Buffer::Impl::~Impl() {
+  // Departure: peers waiting in a call this rank will never make learn it at once
+  // (FailureWatch) instead of at their timeout. After a completed call M the word names M+1, so
+  // peers still finishing M (whose part this rank sent) are not disturbed; in the middle of a
+  // split-phase call, or after rejecting call M (its part of M was never sent, and this word
+  // replaces the rejection's), it names M. A broken buffer has already published its word. The
+  // peers' windows stay valid for this store: thread windows are shared by the group, process
+  // windows stay mapped by every rank until its own Buffer goes.
+  if (!broken.empty()) return;
+  const bool sent_last = phase == Phase::kIdle && !(rejected != 0 && rejected == calls);
+  win.publish_failure(rank, ep::broken_marker(sent_last ? calls + 1 : calls));
+}
 
 namespace {
 void report_topk_mismatch(const Buffer::Impl& b) {
@@ -264,7 +275,10 @@ void Buffer::Impl::join_call(const char* what) {
   }
 }
 
-void Buffer::Impl::reject_call() { win.publish_failure(rank, ep::fail_marker(calls)); }
+void Buffer::Impl::reject_call() {
+  rejected = calls;
+  win.publish_failure(rank, ep::fail_marker(calls));
+}
 
 void Buffer::Impl::break_call(const char* what, const std::exception& cause) {
   if (broken.empty()) broken = detail::concat(what, " failed: ", cause.what());

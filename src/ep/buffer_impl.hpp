@@ -39,6 +39,7 @@ struct Buffer::Impl {
   // Collective calls started on this buffer (dispatch and combine each count one), and why the
   // buffer is broken ("" while usable): once the ranks are out of step no call may return data.
   uint64_t calls = 0;
+  uint64_t rejected = 0;  // the last call whose input this rank rejected (0: none)
   std::string broken;
   uint64_t window_barriers = 0;  // bsp's barriers through the window (one host)
   // Starts call number `calls + 1`; throws BrokenBufferError if the buffer is broken.
@@ -146,8 +147,9 @@ void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
       }
     }
     // Outputs larger than the streaming threshold skip the cache (like dispatch's rows).
-    const bool stream = static_cast<double>(routing.num_tokens) * static_cast<double>(row_bytes()) >=
-                        ep::CallState::kStreamBytes;
+    const bool stream =
+        static_cast<double>(routing.num_tokens) * static_cast<double>(row_bytes()) >=
+        ep::CallState::kStreamBytes;
     dp->reduce_rows(out, cdtype, H, rows, layout == Layout::kLatency ? weights : nullptr, n,
                     stream);
     return;

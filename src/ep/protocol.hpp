@@ -51,19 +51,21 @@ UBEP_HD inline constexpr uint32_t broken_marker(uint64_t call) {
   return kBrokenBit | fail_marker(call);
 }
 UBEP_HD inline constexpr bool is_broken(uint32_t word) { return (word & kBrokenBit) != 0; }
-// Whether a peer's failure word ends this rank's call `call` at once. A rejection ends only the
-// call it names. A break ends every call but the one after the call it broke in: a rank starts
-// call c+1 only after call c returned on it, so a peer that broke in c+1 had sent its part of
-// c, and c can still complete here (the next call then fails at its start).
-UBEP_HD inline constexpr bool failure_ends_call(uint32_t word, uint64_t call) {
-  return word != 0 &&
-         (is_broken(word) ? word != broken_marker(call + 1) : word == fail_marker(call));
-}
 // The call a failure word names, taken as the one nearest to `near` (this rank's call).
-inline uint64_t marked_call(uint32_t word, uint64_t near) {
+UBEP_HD inline constexpr uint64_t marked_call(uint32_t word, uint64_t near) {
   const uint64_t m = (word & ~kBrokenBit) - 1u, here = near % kMarkerPeriod;
   const uint64_t ahead = (m + kMarkerPeriod - here) % kMarkerPeriod;  // 0 .. period-1
   return ahead < kMarkerPeriod / 2 ? near + ahead : near - (kMarkerPeriod - ahead);
+}
+// Whether a peer's failure word ends this rank's call `call` at once. A rejection ends only the
+// call it names. A break in call M ends calls M and later only: a rank starts a call only after
+// its earlier calls returned on it, so a peer that broke in M had sent its part of every call
+// before M (it may be more than one call ahead: a combine needs only the ranks that hold its
+// tokens' experts), and those can still complete here; this rank's next call then fails at its
+// start. A Buffer destroyed after call M publishes a break in M+1 (its departure).
+UBEP_HD inline constexpr bool failure_ends_call(uint32_t word, uint64_t call) {
+  return word != 0 &&
+         (is_broken(word) ? marked_call(word, call) <= call : word == fail_marker(call));
 }
 
 // Call shape word of a count record: what a receiver must agree on with every sender.
