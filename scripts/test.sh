@@ -31,7 +31,7 @@ if [ "${UBEP_SKIP_SANITIZERS:-0}" != 1 ]; then
   (cd build-thread && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs")
 fi
 
-# The fuzz target (clang, ASan + UBSan, libFuzzer): the checked-in seeds, then 20 s of new inputs.
+# The fuzz target (clang, ASan + UBSan, libFuzzer): the checked-in seeds, then 2,500 inputs from a fixed seed.
 if [ "${UBEP_SKIP_FUZZ:-0}" != 1 ]; then
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         -DUBEP_FUZZ=ON -DUBEP_BUILD_TESTS=OFF -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF \
