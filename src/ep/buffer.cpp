@@ -262,7 +262,7 @@ void Buffer::Impl::join_call(const char* what) {
     const uint32_t word = r != rank && win.peer(r) ? win.failure_of(r) : 0u;
     if (!ep::is_broken(word)) continue;
     const uint64_t at = ep::marked_call(word, calls);
-    if (at > calls) continue;  // it broke in the next call: it had sent its part of this one
+    if (at > calls) continue;  // it broke in a later call: it had sent its part of this one
     broken = detail::concat("rank ", r, "'s buffer broke (it failed call ", at, ")");
     win.publish_failure(rank, ep::broken_marker(calls));
     phase = Phase::kIdle;
