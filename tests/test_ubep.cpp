@@ -35,6 +35,33 @@ TEST(Ubep, EpochWrapAround) {
   }
 }
 
+// The 64-bit call counter's own wrap (an initial epoch near 2^64, as the fuzzer chose): before
+// first_seq_of, tag_of(2^64-1) and tag_of(0) were both 1, so the call after the wrap read the
+// previous call's records as current and bsp's barrier timed out (finding F7).
+TEST(Ubep, EpochNearTheCounterWrap) {
+  Case c;
+  c.experts = 8;
+  c.capacity = 6;
+  c.topk = 2;
+  for (Algorithm algo : {Algorithm::kBsp, Algorithm::kUbep}) {
+    GroupOptions opts;
+    opts.timeout = std::chrono::milliseconds(5000);
+    run_on_threads(
+        2,
+        [&](Group& g) {
+          BufferConfig cfg = config_for(c, algo);
+          cfg.initial_epoch = ~uint64_t{0} - 3;
+          Buffer b(g, cfg);
+          for (int i = 0; i < 8; ++i) {
+            const Problem p = make_problem(2, c.experts, c.hidden, c.dtype, {6, 4}, c.topk,
+                                           Routing::kWithDrops, 300 + i);
+            run_and_check(g, c, p, &b, nullptr);
+          }
+        },
+        opts);
+  }
+}
+
 TEST(Ubep, SplitPhaseWithWorkInBetween) {
   Case c;
   c.experts = 8;

@@ -38,6 +38,12 @@ UBEP_HD inline constexpr uint32_t tag_of(uint64_t seq) {
   return static_cast<uint32_t>(seq % 0xFFFFFFFFull) + 1u;
 }
 UBEP_HD inline constexpr int half_of(uint64_t seq) { return static_cast<int>(seq & 1u); }
+// The first call sequence number of a buffer whose config says `initial_epoch`: the same tag as
+// that epoch, but small, so the 64-bit counter never wraps (at the wrap tag_of(2^64-1) and
+// tag_of(0) are both 1 and two consecutive calls would share a tag: finding F7).
+UBEP_HD inline constexpr uint64_t first_seq_of(uint64_t initial_epoch) {
+  return initial_epoch % 0xFFFFFFFFull;
+}
 
 // Failure words (WindowLayout::fail_word): 0, the call a rank rejected (fail_marker), or the
 // call in which its buffer broke for good (broken_marker: the marker with the top bit set).

@@ -17,7 +17,10 @@ namespace ubep::ep {
 class Window {
  public:
   Window(Group& group, const WindowLayout& map, backend::DataPath& dp, uint64_t first_seq)
-      : map_(map), mem_(group.allocate_window(map.total)), dp_(dp), next_seq_(first_seq) {}
+      : map_(map),
+        mem_(group.allocate_window(map.total)),
+        dp_(dp),
+        next_seq_(first_seq_of(first_seq)) {}
 
   const WindowLayout& map() const { return map_; }
   backend::DataPath& dp() const { return dp_; }

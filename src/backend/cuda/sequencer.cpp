@@ -13,7 +13,7 @@ Sequencer::Sequencer(const BufferConfig& cfg, int ranks, int first_rank, int loc
       map_(window_layout(cfg, ranks)),
       smap_(scratch_layout(cfg, ranks)),
       io_(static_cast<size_t>(local_ranks)),
-      next_seq_(cfg.initial_epoch) {
+      next_seq_(ep::first_seq_of(cfg.initial_epoch)) {
   check_config(cfg, ranks, local_ranks);
   algorithm = cfg.algorithm;
   sync = cfg.sync;
