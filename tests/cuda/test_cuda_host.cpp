@@ -15,6 +15,7 @@
 #include "backend/cuda/sequencer.hpp"
 #include "ep/routing.hpp"
 #include "reference.hpp"
+#include "sequencer_rig.hpp"
 #include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
 
@@ -140,15 +141,7 @@ TEST(CudaHd, LaunchParamsFitTheKernelParameterLimit) {
 
 // ---- host logic ---------------------------------------------------------------------------
 
-BufferConfig cuda_config() {
-  BufferConfig cfg;
-  cfg.device = {DeviceType::kCuda, 0};
-  cfg.max_tokens_per_rank = 8;
-  cfg.hidden = 16;
-  cfg.num_experts = 8;
-  cfg.max_topk = 2;
-  return cfg;
-}
+using cuda_test::cuda_config;
 
 TEST(CudaHost, ConfigChecks) {
   BufferConfig cfg = cuda_config();
@@ -270,19 +263,9 @@ TEST(CudaHost, SequencerStateAndParameters) {
   BufferConfig cfg = cuda_config();
   cfg.initial_epoch = 0xFFFFFFFEull;
   cfg.algorithm = Algorithm::kBsp;
-  cuda_host::Sequencer q(cfg, 4, 0, 2);
-  std::vector<char> mem(4096);
-  q.set_bases({mem.data(), mem.data(), mem.data(), mem.data()});
-  for (int i = 0; i < 2; ++i) q.set_rank_memory(i, mem.data(), mem.data());
-  auto dev = [&](DType t, std::initializer_list<int64_t> dims) {
-    TensorView v(mem.data(), t, dims);
-    v.device = cfg.device;
-    return v;
-  };
-  DispatchArgs a;
-  a.x = dev(DType::kBF16, {4, 16});
-  a.topk_idx = dev(DType::kInt64, {4, 2});
-  a.topk_weights = dev(DType::kFP32, {4, 2});
+  cuda_test::SequencerRig rig(cfg, 4096);
+  cuda_host::Sequencer& q = rig.q;
+  const DispatchArgs a = rig.dispatch_args(Layout::kThroughput);
   const std::vector<DispatchArgs> args{a, a};
   const cuda_host::LaunchResources res;
   EXPECT_THROW(q.dispatch({}, cuda_hd::kRecv, res), InvalidArgument);     // recv without send

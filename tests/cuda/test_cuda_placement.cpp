@@ -13,6 +13,7 @@
 #include "backend/cuda/sequencer.hpp"
 #include "ep/routing.hpp"
 #include "reference.hpp"
+#include "sequencer_rig.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep {
@@ -24,15 +25,7 @@ uint32_t bits(float f) {
   return b;
 }
 
-BufferConfig cuda_config() {
-  BufferConfig cfg;
-  cfg.device = {DeviceType::kCuda, 0};
-  cfg.max_tokens_per_rank = 8;
-  cfg.hidden = 16;
-  cfg.num_experts = 8;
-  cfg.max_topk = 2;
-  return cfg;
-}
+using cuda_test::cuda_config;
 
 // A host model of the kernels' placement: count records from ep::Routing (the numbering the
 // device routing reproduces), offsets from source_offset -- summed from lower ranks' records as
@@ -214,20 +207,11 @@ TEST(CudaHost, SequencerPlacementAndCompact) {
     for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
       BufferConfig cfg = cuda_config();
       cfg.placement = pl;
-      cuda_host::Sequencer q(cfg, 4, 0, 2);
-      std::vector<char> mem(1 << 16), out(1 << 16);
-      q.set_bases({mem.data(), mem.data(), mem.data(), mem.data()});
-      for (int i = 0; i < 2; ++i) q.set_rank_memory(i, mem.data(), mem.data());
-      auto dev = [&](DType t, std::initializer_list<int64_t> dims) {
-        TensorView v(mem.data(), t, dims);
-        v.device = cfg.device;
-        return v;
-      };
-      DispatchArgs a;
-      a.x = dev(DType::kBF16, {4, 16});
-      a.topk_idx = dev(DType::kInt64, {4, 2});
-      a.topk_weights = dev(DType::kFP32, {4, 2});
-      a.layout = l;
+      cuda_test::SequencerRig rig(cfg, 1 << 16);
+      cuda_host::Sequencer& q = rig.q;
+      std::vector<char> out(1 << 16);
+      auto dev = [&](DType t, std::initializer_list<int64_t> dims) { return rig.dev(t, dims); };
+      const DispatchArgs a = rig.dispatch_args(l);
       const std::vector<DispatchArgs> args{a, a};
       const cuda_host::LaunchResources res;
       const Placement want = pl == Placement::kAuto ? placement_for(l) : pl;

@@ -58,8 +58,8 @@ __attribute__((target("avx512f"))) inline void store_avx512(uint16_t* out, __m51
 
 template <bool Weighted>
 __attribute__((target("avx512f"))) void reduce_avx512(uint16_t* out, int64_t hidden,
-                                                       const uint16_t* const* v, const float* w,
-                                                       int n, bool stream) {
+                                                      const uint16_t* const* v, const float* w,
+                                                      int n, bool stream) {
   const __m512i hi = _mm512_set1_epi32(-65536);  // 0xFFFF0000
   int64_t h = 0;
   // 64 elements per step: four independent accumulators keep the add chains overlapped.
@@ -84,7 +84,7 @@ __attribute__((target("avx512f"))) void reduce_avx512(uint16_t* out, int64_t hid
       e1 = _mm512_add_ps(e1, a1);
       o1 = _mm512_add_ps(o1, b1);
     }
-        store_avx512(out + h, pack_avx512(e0, o0), stream);
+    store_avx512(out + h, pack_avx512(e0, o0), stream);
     store_avx512(out + h + 32, pack_avx512(e1, o1), stream);
   }
   for (; h + 32 <= hidden; h += 32) {
@@ -101,7 +101,7 @@ __attribute__((target("avx512f"))) void reduce_avx512(uint16_t* out, int64_t hid
       e = _mm512_add_ps(e, a);
       o = _mm512_add_ps(o, b);
     }
-        store_avx512(out + h, pack_avx512(e, o), stream);
+    store_avx512(out + h, pack_avx512(e, o), stream);
   }
   reduce_tail(out, h, hidden, v, Weighted ? w : nullptr, n);
 }
@@ -138,7 +138,7 @@ __attribute__((target("avx2"))) void reduce_avx2(uint16_t* out, int64_t hidden,
     }
     const __m256i packed = _mm256_or_si256(_mm256_srli_epi32(round_hi_avx2(e), 16),
                                            _mm256_and_si256(round_hi_avx2(o), hi));
-        if (stream)
+    if (stream)
       _mm256_stream_si256(reinterpret_cast<__m256i*>(out + h), packed);
     else
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + h), packed);
@@ -167,7 +167,7 @@ bool reduce_bf16_vector(uint16_t* out, int64_t hidden, const void* const* rows,
   if (level == 0 || n > kMaxVectorRows) return false;
   const uint16_t* v[kMaxVectorRows];
   for (int r = 0; r < n; ++r) v[r] = static_cast<const uint16_t*>(rows[r]);
-    stream = stream && reinterpret_cast<uintptr_t>(out) % 64 == 0;
+  stream = stream && reinterpret_cast<uintptr_t>(out) % 64 == 0;
   if (level == 2) {
     weights ? reduce_avx512<true>(out, hidden, v, weights, n, stream)
             : reduce_avx512<false>(out, hidden, v, nullptr, n, stream);
@@ -177,7 +177,7 @@ bool reduce_bf16_vector(uint16_t* out, int64_t hidden, const void* const* rows,
   }
   return true;
 #else
-    (void)out, (void)hidden, (void)rows, (void)weights, (void)n, (void)level, (void)stream;
+  (void)out, (void)hidden, (void)rows, (void)weights, (void)n, (void)level, (void)stream;
   return false;
 #endif
 }
