@@ -379,6 +379,11 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     std::vector<std::string> stage_order;
     double barriers = 0, dbytes = 0, net_bytes = 0, net_rows = 0;
     for (int i = 0; i < total; ++i) {
+      // Every timed op starts on all ranks at once (a group barrier, outside the timing), as the
+      // bound's ops do: otherwise a rank's time includes waiting for a peer still in its previous
+      // step (the untimed expert ends at different times on different ranks), which is the
+      // bench's skew, not the op's cost. Straggler runs (straggler.cpp) measure skew on purpose.
+      g.barrier();
       auto t0 = Clock::now();
       DispatchResult r = dispatch();
       const double d = us_since(t0);
@@ -395,6 +400,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
       }
       const CombineArgs ca =
           fp8 ? expert_fp8(r, buf, in, o.hidden) : expert_identity(r, buf, row_bytes);
+      g.barrier();
       t0 = Clock::now();
       TensorView y = combine(ca);
       const double c = us_since(t0);

@@ -247,7 +247,9 @@ def main():
       f"{machine.get('cpu_pressure_start', 'not recorded')}.\n")
     p("""Each table is one run of `ubep-bench`: the MPI baseline (pack -> MPI_Alltoall ->
 MPI_Alltoallv -> unpack; "a2a" on thread ranks: the same bulk exchange through memory), ubep's
-`bsp` and `ubep` algorithms, and, measured in the same run on the same ranks:
+`bsp` and `ubep` algorithms -- every timed op of every implementation starting on all ranks at
+once (a group barrier outside the timing, so no op's time includes a peer that is still in its
+untimed expert step) -- and, measured in the same run on the same ranks:
 * **bound**: every rank at once (a barrier before each op) copies the rows it sends from its
   tokens into their slots in the destinations' shared windows (dispatch; candidates memcpy and
   16- and 64-byte non-temporal store loops); then, after an untimed expert copy of the received
