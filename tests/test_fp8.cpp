@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 
+#include "core/fp8_blocks.hpp"
 #include "fp8_reference.hpp"
 #include "ubep/error.hpp"
 #include "ubep/fp8.hpp"
@@ -179,6 +181,80 @@ TEST(Fp8Codec, Bf16InputMatchesAndRoundTripsWithinHalfAStep) {
       const float tol = std::max(std::fabs(x[i]) / 16.0f, std::ldexp(scale, -10));
       EXPECT_LE(std::fabs(back[i] - x[i]), tol) << "row " << r << " channel " << h;
     }
+}
+
+// The AVX-512F block kernels against the portable ones and the reference, bit for bit: every
+// bf16 pattern (in order, and shuffled so that each block mixes magnitudes, NaN and Inf), random
+// fp32 blocks with both scale kinds, and every code decoded under scales from tiny to huge.
+class Fp8VectorKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fp8_blocks::have_vector()) GTEST_SKIP() << "this CPU has no AVX-512F";
+  }
+  static void expect_same_quantization(const void* src, bool bf16, int64_t rows, int64_t hidden,
+                                       bool pow2) {
+    const int64_t blocks = fp8_scales_per_row(hidden);
+    std::vector<uint8_t> cv(static_cast<size_t>(rows * hidden)), cs(cv.size());
+    std::vector<float> sv(static_cast<size_t>(rows * blocks)), ss(sv.size());
+    fp8_blocks::quantize_rows(src, bf16, rows, hidden, pow2, cv.data(), sv.data(), true);
+    fp8_blocks::quantize_rows(src, bf16, rows, hidden, pow2, cs.data(), ss.data(), false);
+    ASSERT_EQ(cv, cs);
+    for (size_t i = 0; i < sv.size(); ++i) ASSERT_EQ(bits(sv[i]), bits(ss[i])) << "scale " << i;
+  }
+};
+
+TEST_F(Fp8VectorKernels, QuantizeEveryBf16PatternLikeThePortableKernelAndTheReference) {
+  std::vector<uint16_t> patterns(65536);
+  std::iota(patterns.begin(), patterns.end(), uint16_t{0});
+  std::vector<uint16_t> shuffled = patterns;
+  std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(11));
+  for (const auto* p : {&patterns, &shuffled})
+    for (bool pow2 : {false, true}) {
+      expect_same_quantization(p->data(), true, 512, 128, pow2);
+      std::vector<float> x(p->size());
+      for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float((*p)[i]);
+      const RefFp8 want = ref_fp8_quantize(x, 512, 128, pow2);
+      std::vector<uint8_t> codes(x.size());
+      std::vector<float> scales(want.scales.size());
+      fp8_blocks::quantize_rows(p->data(), true, 512, 128, pow2, codes.data(), scales.data(), true);
+      ASSERT_EQ(codes, want.codes);
+      for (size_t i = 0; i < scales.size(); ++i)
+        ASSERT_EQ(bits(scales[i]), bits(want.scales[i])) << "scale " << i;
+    }
+}
+
+TEST_F(Fp8VectorKernels, QuantizeRandomFp32RowsLikeThePortableKernel) {
+  for (bool pow2 : {false, true})
+    for (float spread : {1e-6f, 0.01f, 1.0f, 300.0f, 1e30f}) {
+      SCOPED_TRACE(spread);
+      std::vector<float> x = random_rows(6, 7168 + 77, 13, spread);  // partial last block too
+      x[5] = std::numeric_limits<float>::infinity();
+      x[300] = -std::numeric_limits<float>::quiet_NaN();
+      x[901] = 1.0625f;  // ties
+      x[902] = -1.1875f;
+      expect_same_quantization(x.data(), false, 6, 7168 + 77, pow2);
+    }
+}
+
+TEST_F(Fp8VectorKernels, DequantizeEveryCodeLikeThePortableKernelAndTheReference) {
+  std::vector<uint8_t> codes(2 * 128);
+  std::iota(codes.begin(), codes.end(), uint8_t{0});
+  for (float scale : {1.0f, std::ldexp(1.0f, -7), 1e-4f / 448.0f, 3.7f, 1e30f, 2.3e-38f}) {
+    SCOPED_TRACE(scale);
+    const float scales[2] = {scale, scale};
+    std::vector<float> vec(codes.size()), port(codes.size());
+    fp8_blocks::dequantize_rows(codes.data(), scales, 1, 256, vec.data(), true);
+    fp8_blocks::dequantize_rows(codes.data(), scales, 1, 256, port.data(), false);
+    for (size_t c = 0; c < codes.size(); ++c) {
+      ASSERT_EQ(bits(vec[c]), bits(port[c])) << "code " << c;
+      const double want = ref_e4m3_value(static_cast<int>(c));
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(vec[c])) << "code " << c;
+      } else {
+        EXPECT_EQ(vec[c], static_cast<float>(want) * scale) << "code " << c;
+      }
+    }
+  }
 }
 
 TEST(Fp8Codec, RejectsBadSources) {

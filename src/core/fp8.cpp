@@ -1,29 +1,23 @@
 // The fp8 e4m3 row codec (ubep/fp8.hpp): per 128-channel block, amax over the finite values,
-// the scale, then every value times the inverse scale rounded to e4m3. Written as plain loops
-// over a block with branch-free conversions so they vectorize (built for several instruction
-// sets); FMA contraction is off project-wide, so every variant gives the scalar functions' bits.
+// the scale, then every value times the inverse scale rounded to e4m3. The portable kernels are
+// plain loops over the scalar functions of fp8.hpp; full blocks go through the AVX-512F kernels
+// (fp8_avx512.cpp) where the CPU has them, which compute the same bits. FMA contraction is off
+// project-wide, so every product is rounded once, as the scalar functions round it.
 #include <cmath>
 
+#include "core/fp8_blocks.hpp"
 #include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
 #include "ubep/fp8.hpp"
 
-// Not under clang (the fuzz build): clang 14 has no target_clones on function templates.
-#if defined(__x86_64__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__) && \
-    !defined(__SANITIZE_ADDRESS__)
-#define UBEP_FP8_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define UBEP_FP8_MULTIVERSION
-#endif
-
 namespace ubep {
-
+namespace fp8_blocks {
 namespace {
 
 // One block of n <= 128 values: the scale, and the codes.
 template <typename Elem>
-UBEP_FP8_MULTIVERSION float quantize_block(const Elem* __restrict src, int64_t n, bool pow2,
-                                           uint8_t* __restrict codes) {
+float quantize_block_portable(const Elem* __restrict src, int64_t n, bool pow2,
+                              uint8_t* __restrict codes) {
   float v[kFp8BlockSize];
   for (int64_t i = 0; i < n; ++i) {
     if constexpr (sizeof(Elem) == 2)
@@ -44,19 +38,73 @@ UBEP_FP8_MULTIVERSION float quantize_block(const Elem* __restrict src, int64_t n
   return scale;
 }
 
-template <typename Elem>
-void quantize_rows(const Elem* src, int64_t rows, int64_t hidden, bool pow2, uint8_t* codes,
-                   float* scales) {
+float quantize_any(const void* src, bool bf16, int64_t n, bool pow2, uint8_t* codes) {
+  return bf16 ? quantize_block_portable(static_cast<const uint16_t*>(src), n, pow2, codes)
+              : quantize_block_portable(static_cast<const float*>(src), n, pow2, codes);
+}
+
+}  // namespace
+
+bool have_vector() {
+#if defined(__x86_64__)
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+float quantize_block(const void* src, bool bf16, bool pow2, uint8_t* codes, bool vector) {
+  return vector ? quantize_block_avx512(src, bf16, pow2, codes)
+                : quantize_any(src, bf16, kFp8BlockSize, pow2, codes);
+}
+
+void dequantize_block(const uint8_t* codes, float scale, float* out, bool vector) {
+  if (vector) return dequantize_block_avx512(codes, scale, out);
+  for (int64_t i = 0; i < kFp8BlockSize; ++i) out[i] = e4m3_to_float(codes[i]) * scale;
+}
+
+void quantize_rows(const void* src, bool bf16, int64_t rows, int64_t hidden, bool pow2,
+                   uint8_t* codes, float* scales, bool vector) {
+  const int64_t blocks = fp8_scales_per_row(hidden);
+  const size_t elem = bf16 ? 2 : 4;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t at = r * hidden + b * kFp8BlockSize;
+      const int64_t n = b + 1 < blocks ? kFp8BlockSize : hidden - b * kFp8BlockSize;
+      const void* from = static_cast<const char*>(src) + static_cast<size_t>(at) * elem;
+      scales[r * blocks + b] = n == kFp8BlockSize
+                                   ? quantize_block(from, bf16, pow2, codes + at, vector)
+                                   : quantize_any(from, bf16, n, pow2, codes + at);
+    }
+}
+
+void dequantize_rows(const uint8_t* codes, const float* scales, int64_t rows, int64_t hidden,
+                     float* out, bool vector) {
   const int64_t blocks = fp8_scales_per_row(hidden);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t at = r * hidden + b * kFp8BlockSize;
       const int64_t n = b + 1 < blocks ? kFp8BlockSize : hidden - b * kFp8BlockSize;
-      scales[r * blocks + b] = quantize_block(src + at, n, pow2, codes + at);
+      const float scale = scales[r * blocks + b];
+      if (n == kFp8BlockSize) {
+        dequantize_block(codes + at, scale, out + at, vector);
+      } else {
+        for (int64_t i = 0; i < n; ++i) out[at + i] = e4m3_to_float(codes[at + i]) * scale;
+      }
     }
 }
 
-}  // namespace
+#if !defined(__x86_64__)
+float quantize_block_avx512(const void*, bool, bool, uint8_t*) {
+  throw Error("fp8: the AVX-512F kernel is not built on this architecture");
+}
+void dequantize_block_avx512(const uint8_t*, float, float*) {
+  throw Error("fp8: the AVX-512F kernel is not built on this architecture");
+}
+#endif
+
+}  // namespace fp8_blocks
 
 void fp8_quantize_rows(const void* src, DType src_dtype, int64_t rows, int64_t hidden, bool pow2,
                        uint8_t* codes, float* scales) {
@@ -65,19 +113,13 @@ void fp8_quantize_rows(const void* src, DType src_dtype, int64_t rows, int64_t h
                  dtype_name(src_dtype));
   UBEP_CHECK_ARG(rows >= 0 && hidden >= 1, "fp8_quantize_rows: bad shape [", rows, ", ", hidden,
                  "]");
-  if (src_dtype == DType::kBF16)
-    quantize_rows(static_cast<const uint16_t*>(src), rows, hidden, pow2, codes, scales);
-  else
-    quantize_rows(static_cast<const float*>(src), rows, hidden, pow2, codes, scales);
+  fp8_blocks::quantize_rows(src, src_dtype == DType::kBF16, rows, hidden, pow2, codes, scales,
+                            fp8_blocks::have_vector());
 }
 
 void fp8_dequantize_rows(const uint8_t* codes, const float* scales, int64_t rows, int64_t hidden,
                          float* out) {
-  const int64_t blocks = fp8_scales_per_row(hidden);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t h = 0; h < hidden; ++h)
-      out[r * hidden + h] =
-          e4m3_to_float(codes[r * hidden + h]) * scales[r * blocks + h / kFp8BlockSize];
+  fp8_blocks::dequantize_rows(codes, scales, rows, hidden, out, fp8_blocks::have_vector());
 }
 
 }  // namespace ubep

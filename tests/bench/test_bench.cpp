@@ -62,6 +62,35 @@ TEST(BenchBound, SendRowsFollowTheLayout) {
   ASSERT_EQ(thr.size(), 3u);  // one row per (token, destination rank)
 }
 
+// fp8: the dispatch bound moves what the call moves, codes and scales (as the call's window
+// holds them, apart); the combine bound moves bf16 rows.
+TEST(BenchBound, Fp8DispatchBoundMovesCodesAndScales) {
+  std::vector<std::vector<tools::BenchRow>> got(2);
+  run_on_threads(2, [&](Group& g) {
+    tools::BenchOptions o;
+    o.tokens = 8;
+    o.hidden = 256;
+    o.experts = 8;
+    o.topk = 2;
+    o.iters = 3;
+    o.warmup = 1;
+    o.algos = {"ubep"};
+    o.dtype = DType::kFP8E4M3;
+    o.quiet = true;
+    got[static_cast<size_t>(g.rank())] = tools::run_bench(g, o);
+  });
+  for (const auto& rows : got) {
+    double dispatch_bound = 0, combine_bound = 0, ubep_dispatch = 0;
+    for (const auto& r : rows) {
+      if (r.impl == "bound") (r.op == "dispatch" ? dispatch_bound : combine_bound) = r.bytes;
+      if (r.impl == "ubep" && r.op == "dispatch") ubep_dispatch = r.bytes;
+    }
+    EXPECT_DOUBLE_EQ(dispatch_bound, 16.0 * (256 + 2 * 4));  // 16 rows of 256 codes + 2 scales
+    EXPECT_DOUBLE_EQ(ubep_dispatch, dispatch_bound);
+    EXPECT_DOUBLE_EQ(combine_bound, 16.0 * 256 * 2);  // bf16 rows
+  }
+}
+
 TEST(BenchBound, BoundAndFloorAreMeasuredOnEveryRank) {
   std::vector<std::vector<tools::BenchRow>> got(2);
   run_on_threads(2, [&](Group& g) {
@@ -91,7 +120,9 @@ TEST(BenchBound, BoundAndFloorAreMeasuredOnEveryRank) {
         ++floors;
         EXPECT_GT(r.median_us, 0);
       }
-      if (r.impl == "ubep") EXPECT_GT(r.x_bound, 0) << r.op;
+      if (r.impl == "ubep") {
+        EXPECT_GT(r.x_bound, 0) << r.op;
+      }
     }
     EXPECT_EQ(bounds, 2);
     EXPECT_EQ(floors, 1);

@@ -454,10 +454,20 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   // memory; across hosts the bound is the network, which this bench does not measure).
   if (g.single_host()) {
     const auto sends = send_rows(in.idx, o.tokens, o.topk, o.experts, g.size(), g.rank(), o.layout);
-    // The bound copies rows of the call's sizes: dispatch rows of the codec, combine rows of the
-    // combine dtype (measured separately when they differ, as for fp8).
+    // The bound copies rows of the call's sizes: dispatch rows of the codec (fp8: the codes,
+    // and the scales apart, as the call's window holds them), combine rows of the combine
+    // dtype (measured separately when they differ, as for fp8).
+    const ep::RowCodec codec = ep::row_codec(o.dtype, o.hidden);
+    const char* payload = fp8 && !in.codes.empty() ? reinterpret_cast<const char*>(in.codes.data())
+                                                   : reinterpret_cast<const char*>(in.x.data());
+    std::vector<float> cast_scales;  // fp8-cast: any scales of the right size
+    if (fp8 && in.scales.empty())
+      cast_scales.assign(static_cast<size_t>(o.tokens) * codec.scale_bytes / sizeof(float), 1.0f);
+    const char* scales =
+        reinterpret_cast<const char*>(in.scales.empty() ? cast_scales.data() : in.scales.data());
     for (BenchRow& b :
-         measure_bound(g, sends, in.x.data(), dispatch_row_bytes, o.tokens, o.warmup, o.iters))
+         measure_bound(g, sends, payload, codec.payload_bytes, o.tokens, o.warmup, o.iters,
+                       codec.scale_bytes ? scales : nullptr, codec.scale_bytes))
       if (b.op == "dispatch" || dispatch_row_bytes == row_bytes) rows.push_back(std::move(b));
     if (dispatch_row_bytes != row_bytes)
       for (BenchRow& b :

@@ -115,9 +115,12 @@ std::vector<SendRow> send_rows(const std::vector<int64_t>& topk_idx, int64_t tok
 // copying at once: dispatch copies each sent row from x into its destination's shared window
 // (the peer's memory, where the call writes it); combine copies each row back from there into
 // its token's output row. Fastest of memcpy and a non-temporal store loop, per op; the row's
-// variant names the winner.
+// variant names the winner. With scale_bytes > 0 (fp8) a dispatch row is also scale_bytes of
+// per-row scales from `scales`, written to a separate dense array as the call's window holds
+// them (payload rows stay 64-byte aligned); the combine rows are row_bytes.
 std::vector<BenchRow> measure_bound(Group& g, const std::vector<SendRow>& sends, const char* x,
-                                    size_t row_bytes, int64_t tokens, int warmup, int iters);
+                                    size_t row_bytes, int64_t tokens, int warmup, int iters,
+                                    const char* scales = nullptr, size_t scale_bytes = 0);
 // The latency floor (impl "floor", op "roundtrip"): a one-cache-line flag round trip between
 // ranks 0 and 1 through shared memory; and one all-to-all flag barrier (impl "barrier", op
 // "flag"), as bsp makes after each stage, with every rank arriving together. Empty on one rank

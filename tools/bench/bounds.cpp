@@ -145,7 +145,8 @@ std::vector<SendRow> send_rows(const std::vector<int64_t>& idx, int64_t tokens, 
 }
 
 std::vector<BenchRow> measure_bound(Group& g, const std::vector<SendRow>& sends, const char* x,
-                                    size_t row_bytes, int64_t tokens, int warmup, int iters) {
+                                    size_t row_bytes, int64_t tokens, int warmup, int iters,
+                                    const char* scales, size_t scale_bytes) {
   const int R = g.size(), me = g.rank();
   const auto Rz = static_cast<size_t>(R);
   // Slot of each row in its destination's window: rows from source s to d fill region s of d's
@@ -159,7 +160,9 @@ std::vector<BenchRow> measure_bound(Group& g, const std::vector<SendRow>& sends,
   // halves, as calls do, so an iteration never finds its lines in cache from the last one);
   // 2, the experts' outputs (the combine's input).
   const size_t region = Rz * static_cast<size_t>(cap) * row_bytes;
-  auto win = g.allocate_window(3 * region + 64);
+  // Regions 3 and 4: the scales of dispatch halves 0 and 1 (fp8), after the row regions.
+  const size_t scale_region = scale_bytes ? Rz * static_cast<size_t>(cap) * scale_bytes : 0;
+  auto win = g.allocate_window(3 * region + 2 * scale_region + 64);
   for (int d = 0; d < R; ++d)
     UBEP_CHECK(win->base(d) != nullptr, Error, "ubep-bench bound: rank ", d,
                " does not share memory with rank ", me, " (the bound needs one host)");
@@ -168,6 +171,11 @@ std::vector<BenchRow> measure_bound(Group& g, const std::vector<SendRow>& sends,
     return reinterpret_cast<char*>(base) + static_cast<size_t>(reg) * region +
            (static_cast<size_t>(src) * static_cast<size_t>(cap) + static_cast<size_t>(s)) *
                row_bytes;
+  };
+  auto scale_at = [&](int d, int par, int src, int64_t s) {
+    return row_at(d, 0, 0, 0) + 3 * region + static_cast<size_t>(par) * scale_region +
+           (static_cast<size_t>(src) * static_cast<size_t>(cap) + static_cast<size_t>(s)) *
+               scale_bytes;
   };
   std::vector<char> y(static_cast<size_t>(std::max<int64_t>(tokens, 1)) * row_bytes + 64, 0);
   char* ya = y.data() + (64 - reinterpret_cast<uintptr_t>(y.data()) % 64) % 64;
@@ -191,10 +199,15 @@ std::vector<BenchRow> measure_bound(Group& g, const std::vector<SendRow>& sends,
   } else {
     ck.push_back({"nt-store-16B", copy_nt16, true});
   }
+  // Scales (fp8) with plain stores, as the call writes rows under 1 KiB.
   auto dispatch = [&](const Kernel& k, int par) {
-    for (size_t r = 0; r < sends.size(); ++r)
-      k.copy(row_at(sends[r].dest, par, me, slot[r]),
-             x + static_cast<size_t>(sends[r].token) * row_bytes, row_bytes);
+    for (size_t r = 0; r < sends.size(); ++r) {
+      const auto t = static_cast<size_t>(sends[r].token);
+      k.copy(row_at(sends[r].dest, par, me, slot[r]), x + t * row_bytes, row_bytes);
+      if (scale_bytes)
+        std::memcpy(scale_at(sends[r].dest, par, me, slot[r]), scales + t * scale_bytes,
+                    scale_bytes);
+    }
     if (k.nt) fence_nt();
   };
   // The bench's expert (untimed, as in the bench): each rank copies the rows it received into
@@ -250,16 +263,18 @@ std::vector<BenchRow> measure_bound(Group& g, const std::vector<SendRow>& sends,
   }
   g.barrier();  // nobody unmaps the window while a peer still reads it
   const double bytes = static_cast<double>(sends.size()) * static_cast<double>(row_bytes);
+  const double dispatch_bytes =
+      static_cast<double>(sends.size()) * static_cast<double>(row_bytes + scale_bytes);
   auto fastest = [&](const std::vector<Kernel>& ks, std::vector<std::vector<double>>& ts,
-                     const char* op) {
+                     const char* op, double op_bytes) {
     BenchRow best;
     for (size_t k = 0; k < ks.size(); ++k) {
-      BenchRow r = make_row(g, "bound", ks[k].name, op, ts[k], bytes);
+      BenchRow r = make_row(g, "bound", ks[k].name, op, ts[k], op_bytes);
       if (k == 0 || r.median_us < best.median_us) best = r;
     }
     return best;
   };
-  return {fastest(dk, td, "dispatch"), fastest(ck, tc, "combine")};
+  return {fastest(dk, td, "dispatch", dispatch_bytes), fastest(ck, tc, "combine", bytes)};
 }
 
 std::vector<BenchRow> measure_floor(Group& g, int iters) {
