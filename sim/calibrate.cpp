@@ -279,9 +279,10 @@ std::map<std::pair<std::string, std::string>, double> read_bench(const std::stri
   ss << in.rdbuf();
   const std::string text = ss.str();
   std::map<std::pair<std::string, std::string>, double> out;
+  // Fields may sit between op and median_us (the row's dtype does).
   const std::regex re(
-      "\"impl\":\\s*\"([a-z0-9_]+)\",\\s*\"op\":\\s*\"([a-z]+)\",\\s*\"median_us\":\\s*([-+0-9.eE]+"
-      ")"
+      "\"impl\":\\s*\"([a-z0-9_]+)\",\\s*\"op\":\\s*\"([a-z]+)\"[^}]*?\"median_us\":\\s*([-+0-"
+      "9.eE]+)"
       "[^}]*?(\"sync\":\\s*\"([a-z-]+)\")?");
   for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator();
        ++it) {

@@ -41,14 +41,3 @@ double two_stream_rate(const TwoStreamCost& cost, double first_bytes, double sec
 }
 
 }  // namespace ubep::sim
-
-namespace ubep::sim {
-
-double time_sliced_call_ns(double own_ns, double dispatch_ns, double combine_ns, double expert_ns,
-                           int ranks, int cores) {
-  if (cores <= 0 || ranks <= cores || dispatch_ns + combine_ns <= 0) return own_ns;
-  const double loop = static_cast<double>(ranks) / cores * (dispatch_ns + expert_ns + combine_ns);
-  return loop * own_ns / (dispatch_ns + combine_ns);
-}
-
-}  // namespace ubep::sim

@@ -43,18 +43,3 @@ double log_interpolate(std::vector<std::pair<double, double>> points, double x);
 double two_stream_rate(const TwoStreamCost& cost, double first_bytes, double second_bytes);
 
 }  // namespace ubep::sim
-
-namespace ubep::sim {
-
-// ubep-bench's loop with more ranks than cores (time-slicing): every iteration, each rank runs
-// dispatch, the untimed expert step (a plain copy of its received rows into the combine
-// buffer) and combine, so the loop is CPU-bound at ranks / cores x (dispatch + expert +
-// combine) per iteration. A call ends only when its slowest peer has done its part (all-to-all
-// dependencies: counts and rows in dispatch, the experts' tags in combine), and time-slicing
-// skews the ranks, so the slowest rank's timed calls span the CPU time of the peers' work in
-// between, the expert step included. The loop period is shared over the two timed calls in
-// proportion to their own work. Inputs are full-core times (ns); returns the call's time.
-double time_sliced_call_ns(double own_ns, double dispatch_ns, double combine_ns, double expert_ns,
-                           int ranks, int cores);
-
-}  // namespace ubep::sim

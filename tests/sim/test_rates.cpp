@@ -102,12 +102,3 @@ TEST(SimRates, PlainCopiesByCacheRegime) {
   EXPECT_NEAR(log_interpolate({{10, 1}, {1000, 3}}, 100), 2, 1e-12);
   EXPECT_NEAR(log_interpolate({{1000, 3}, {10, 1}}, 1), 1, 1e-12);
 }
-
-// 3 ranks on 2 cores: the loop runs 3/2 x (1000 + 2000 + 3000) = 9000 ns per iteration, shared
-// over dispatch and combine as 1000 : 3000. With a core per rank the call keeps its own time.
-TEST(SimRates, TimeSlicedLoopIsSharedOverTheTimedCalls) {
-  EXPECT_DOUBLE_EQ(time_sliced_call_ns(1000, 1000, 3000, 2000, 3, 2), 2250);
-  EXPECT_DOUBLE_EQ(time_sliced_call_ns(3000, 1000, 3000, 2000, 3, 2), 6750);
-  EXPECT_DOUBLE_EQ(time_sliced_call_ns(3000, 1000, 3000, 2000, 2, 2), 3000);
-  EXPECT_DOUBLE_EQ(time_sliced_call_ns(3000, 1000, 3000, 2000, 4, 0), 3000);  // cores unknown
-}

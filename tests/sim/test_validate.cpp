@@ -46,19 +46,22 @@ std::string calibration(bool with_cores) {
 std::string bench_json(const std::string& name, int ranks, int tokens, const char* layout,
                        int bsp_dispatch_us = 1000) {
   return write_file(
-      name, std::string("{\"config\": {\"workload\": \"decode\", \"group\": \"mpi\", \"ranks\": ") +
-                std::to_string(ranks) + ", \"tokens\": " + std::to_string(tokens) +
-                ", \"hidden\": 7168, \"topk\": 8, \"experts\": 256, \"dtype\": \"bf16\", "
-                "\"layout\": \"" +
-                layout +
-                "\", \"routing\": \"uniform\", \"iters\": 5, \"warmup\": 1, \"workers\": -1},\n"
-                " \"results\": [\n"
-                "  {\"impl\": \"bsp\", \"op\": \"dispatch\", \"median_us\": " +
-                std::to_string(bsp_dispatch_us) +
-                ", \"p99_us\": 1},\n"
-                "  {\"impl\": \"ubep\", \"op\": \"combine\", \"median_us\": 2000, \"p99_us\": 1},\n"
-                "  {\"impl\": \"bound\", \"op\": \"dispatch\", \"median_us\": 5, \"kernel\": "
-                "\"memcpy\"}\n]}\n");
+      name,
+      std::string("{\"config\": {\"workload\": \"decode\", \"group\": \"mpi\", \"ranks\": ") +
+          std::to_string(ranks) + ", \"tokens\": " + std::to_string(tokens) +
+          ", \"hidden\": 7168, \"topk\": 8, \"experts\": 256, \"dtype\": \"bf16\", "
+          "\"layout\": \"" +
+          layout +
+          "\", \"routing\": \"uniform\", \"iters\": 5, \"warmup\": 1, \"workers\": -1},\n"
+          " \"results\": [\n"
+          // Rows as ubep-bench writes them: the dtype between op and median_us.
+          "  {\"impl\": \"bsp\", \"op\": \"dispatch\", \"dtype\": \"bf16\", \"median_us\": " +
+          std::to_string(bsp_dispatch_us) +
+          ", \"p99_us\": 1},\n"
+          "  {\"impl\": \"ubep\", \"op\": \"combine\", \"dtype\": \"bf16\", \"median_us\": 2000, "
+          "\"p99_us\": 1},\n"
+          "  {\"impl\": \"bound\", \"op\": \"dispatch\", \"median_us\": 5, \"kernel\": "
+          "\"memcpy\"}\n]}\n");
 }
 
 TEST(SimValidate, OneRowPerMeasuredCallWithCalibrationFlag) {
@@ -110,6 +113,13 @@ TEST(SimValidate, NeedsMeasuredFiles) {
   o.calibration = calibration(true);
   EXPECT_THROW(cmd_validate(o), InvalidArgument);
   o.measured = testing::TempDir() + "does-not-exist.json";
+  EXPECT_THROW(cmd_validate(o), InvalidArgument);
+  // A file without result rows (another format) is an error, never "0 of 0 within 25%".
+  o.measured = write_file("no-rows.json",
+                          "{\"config\": {\"workload\": \"decode\", \"group\": \"mpi\", "
+                          "\"ranks\": 2, \"tokens\": 128, \"hidden\": 7168, \"topk\": 8, "
+                          "\"experts\": 256, \"dtype\": \"bf16\", \"layout\": \"latency\"},"
+                          " \"results\": [{\"impl\": \"ubep\", \"median\": 3}]}");
   EXPECT_THROW(cmd_validate(o), InvalidArgument);
 }
 

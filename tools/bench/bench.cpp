@@ -379,14 +379,18 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     std::vector<std::string> stage_order;
     double barriers = 0, dbytes = 0, net_bytes = 0, net_rows = 0;
     for (int i = 0; i < total; ++i) {
-      // Every timed op starts on all ranks at once (a group barrier, outside the timing), as the
-      // bound's ops do: otherwise a rank's time includes waiting for a peer still in its previous
-      // step (the untimed expert ends at different times on different ranks), which is the
-      // bench's skew, not the op's cost. Straggler runs (straggler.cpp) measure skew on purpose.
+      // Every timed op runs on all ranks at once, alone: a group barrier before it (outside the
+      // timing), as the bound's ops have, and one after it. Without the first, a rank's time
+      // includes waiting for a peer still in its previous step (the untimed expert ends at
+      // different times on different ranks): the bench's skew, not the op's cost (straggler.cpp
+      // measures skew on purpose). Without the second, a rank that is done starts its expert
+      // step while a peer is still in the op, which with more ranks than cores takes that peer's
+      // CPU time.
       g.barrier();
       auto t0 = Clock::now();
       DispatchResult r = dispatch();
       const double d = us_since(t0);
+      g.barrier();
       dbytes = dispatch_bytes(r, dispatch_row_bytes);
       const CallStats* sd = stats();
       if (i >= o.warmup && sd) {
@@ -404,6 +408,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
       t0 = Clock::now();
       TensorView y = combine(ca);
       const double c = us_since(t0);
+      g.barrier();
       if (i >= o.warmup) {
         td.push_back(d);
         tc.push_back(c);
