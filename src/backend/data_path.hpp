@@ -43,6 +43,10 @@ class DataPath {
   virtual void put_row(void* dst, const void* src, size_t bytes, bool stream) const = 0;
   // Small metadata (or a local staging copy) with ordinary stores.
   virtual void put(void* dst, const void* src, size_t bytes) const = 0;
+  // A hint, with no effect on results: a put to [dst, dst + bytes) follows soon, after other
+  // work (an fp8 row's scales after its payload). A backend may start fetching those lines now
+  // so that the put does not wait for them.
+  virtual void prepare_put(void* /*dst*/, size_t /*bytes*/) const {}
 
   // --- completion (data-as-flag) ---
   // Release store of an epoch tag: every put before it, by this thread, is visible to a reader
@@ -59,7 +63,7 @@ class DataPath {
   virtual void fence() const = 0;
 
   // --- the fixed-order reduction (bit-identical across algorithms and backends) ---
-    // out = round(((0 + w0*r0) + w1*r1) + ...) in fp32; weights == nullptr: unweighted; n >= 0.
+  // out = round(((0 + w0*r0) + w1*r1) + ...) in fp32; weights == nullptr: unweighted; n >= 0.
   // stream: the output is large, skip caching it; it is visible to other threads once the
   // role function returns (inside run_roles) or when reduce_rows returns (outside).
   virtual void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,

@@ -256,7 +256,8 @@ untimed expert step) -- and, measured in the same run on the same ranks:
   rows into the combine input as the bench's expert does, reads its tokens' rows back from
   there (combine; candidates memcpy or non-temporal copies into the token's output row, and
   "or-reduce": all of a token's rows read at once and OR-ed into one output row, the traffic of a
-  reduction with the cheapest operation). The fastest median wins per op and the row names it.
+  reduction with the cheapest operation, also with the library's software prefetch,
+  "or-reduce-prefetch"). The fastest median wins per op and the row names it.
   `x_bound` = median / the bound of the same op.
 * **latency floor**: a one-cache-line flag round trip between ranks 0 and 1 through shared
   memory, and one all-to-all flag barrier (the kind bsp makes after each stage).

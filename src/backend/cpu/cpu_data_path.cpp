@@ -95,6 +95,10 @@ void CpuDataPath::put(void* dst, const void* src, size_t bytes) const {
   std::memcpy(dst, src, bytes);
 }
 
+void CpuDataPath::prepare_put(void* dst, size_t bytes) const {
+  kernels::prefetch_for_write(dst, bytes);
+}
+
 void CpuDataPath::publish(ep::Tag* tag, uint32_t value, bool stop_and_wait) const {
   if (stop_and_wait) {
     held.release();

@@ -163,6 +163,13 @@ void store_fence() {
 #endif
 }
 
+void prefetch_for_write(const void* dst, size_t bytes) {
+  const auto* p = static_cast<const char*>(dst);
+  const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t(63);
+  for (uintptr_t line = first; line < reinterpret_cast<uintptr_t>(p) + bytes; line += 64)
+    __builtin_prefetch(reinterpret_cast<const void*>(line), 1);
+}
+
 void copy_row_to_peer(void* dst, const void* src, size_t bytes) {
   if (stream_row_to_peer(dst, src, bytes)) store_fence();
 }

@@ -24,6 +24,8 @@ void copy_row_to_peer(void* dst, const void* src, size_t bytes);
 // ordered before later stores only after a store_fence() (CpuDataPath fences once per batch).
 bool stream_row_to_peer(void* dst, const void* src, size_t bytes);
 void store_fence();  // sfence: earlier non-temporal stores before every later store
+// Starts fetching the lines of [dst, dst + bytes) that a store will soon write (a hint).
+void prefetch_for_write(const void* dst, size_t bytes);
 
 // out = round(((0 + w0*r0) + w1*r1) + ...) element-wise, in one pass over the rows (fp32
 // accumulator held per chunk): the same operations in the same order as the kernels above, so
