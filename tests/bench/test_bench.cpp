@@ -62,19 +62,25 @@ TEST(BenchBound, SendRowsFollowTheLayout) {
   ASSERT_EQ(thr.size(), 3u);  // one row per (token, destination rank)
 }
 
+// 8 tokens of hidden 256, top-2 of 8 experts, ubep only, a few iterations: the bound tests' run.
+tools::BenchOptions tiny_bench_options() {
+  tools::BenchOptions o;
+  o.tokens = 8;
+  o.hidden = 256;
+  o.experts = 8;
+  o.topk = 2;
+  o.iters = 3;
+  o.warmup = 1;
+  o.algos = {"ubep"};
+  return o;
+}
+
 // fp8: the dispatch bound moves what the call moves, codes and scales (as the call's window
 // holds them, apart); the combine bound moves bf16 rows.
 TEST(BenchBound, Fp8DispatchBoundMovesCodesAndScales) {
   std::vector<std::vector<tools::BenchRow>> got(2);
   run_on_threads(2, [&](Group& g) {
-    tools::BenchOptions o;
-    o.tokens = 8;
-    o.hidden = 256;
-    o.experts = 8;
-    o.topk = 2;
-    o.iters = 3;
-    o.warmup = 1;
-    o.algos = {"ubep"};
+    tools::BenchOptions o = tiny_bench_options();
     o.dtype = DType::kFP8E4M3;
     o.quiet = true;
     got[static_cast<size_t>(g.rank())] = tools::run_bench(g, o);
@@ -94,14 +100,7 @@ TEST(BenchBound, Fp8DispatchBoundMovesCodesAndScales) {
 TEST(BenchBound, BoundAndFloorAreMeasuredOnEveryRank) {
   std::vector<std::vector<tools::BenchRow>> got(2);
   run_on_threads(2, [&](Group& g) {
-    tools::BenchOptions o;
-    o.tokens = 8;
-    o.hidden = 256;
-    o.experts = 8;
-    o.topk = 2;
-    o.iters = 3;
-    o.warmup = 1;
-    o.algos = {"ubep"};
+    tools::BenchOptions o = tiny_bench_options();
     o.quiet = true;
     got[static_cast<size_t>(g.rank())] = tools::run_bench(g, o);
   });
