@@ -1,30 +1,23 @@
 // `calibrate`: measures what the local preset needs from this machine; `predict`: runs the
 // local preset on ubep-bench's workloads and compares with measured medians.
 //
-// The rates are measured with the library's own row kernels (src/backend/cpu/row_kernels.hpp), on
-// two threads pinned to cores 0 and 1 doing the same work at once (as the bench's two ranks do), at
-// the working-set sizes of the bench's two workloads (this machine has a large shared L3, so
-// rates depend on the size). Each is the median of several passes. Per shape (rows per rank =
-// tokens x copies of each token; half the rows go into the thread's own window, half into the
-// other's, in destination order, as ubep/bsp dispatch does):
-//  * stream: dispatch's row placement: kernels::copy_row_to_peer (non-temporal stores + sfence)
-//    per row, plus the row's metadata and a release store of its tag (place_row);
-//  * then, untimed, each thread copies its placed rows into its combine input (the bench's
-//    expert writes the combine buffer the same way);
-//  * reduce: kernels::reduce_rows over each token's rows (decode: 8 weighted rows, k order;
-//    prefill: 2 rows), half of them in the other thread's combine input: ubep's in-place
-//    combine; rate = input bytes per ns;
-//  * copy: bsp's combine staging: plain memcpy of the combine rows into the owners' staging;
-//  * staged reduce: the same reduction over the staging (bsp's combine);
-// Each pass uses the window set of its parity, as the bench's calls alternate window halves.
+// The rates of the calibrated shapes are the library's own calls, timed as ubep-bench times them
+// (calibrate_calls.hpp): on 2 thread ranks, each op alone between group barriers, the identity
+// expert in between. Per shape, with B = rows one rank receives x row bytes:
+//  * stream: B over the dispatch (bsp and ubep place rows alike: the faster of the two);
+//  * reduce: B over ubep's combine (the owners reduce the experts' rows in place);
+//  * copy: B over bsp combine's "row send" stage (plain stores into the owners' staging);
+//  * staged reduce: B over the rest of bsp's combine (its flag round is microseconds);
+// and the same on a plain-store call of 2 MiB (the cache regime of small calls). Machine figures:
 //  * handoff: two threads bounce a cache line; one-way latency = round trip / 2 (what a flag
-//    or an epoch tag costs to become visible).
+//    or an epoch tag costs to become visible);
+//  * L2 (sysfs), the reuse capacity of the shared cache and the scheduler's makespan with more
+//    threads than cores (calibrate_calls.hpp).
 #include <pthread.h>
 #include <sched.h>
 
 #include <algorithm>
 #include <atomic>
-#include <barrier>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -35,7 +28,7 @@
 #include <thread>
 #include <vector>
 
-#include "backend/cpu/row_kernels.hpp"
+#include "sim/calibrate_calls.hpp"
 #include "sim/experiments.hpp"
 #include "sim/json.hpp"
 #include "ubep/error.hpp"
@@ -99,172 +92,83 @@ double handoff_ns(int iters) {
   return ns / iters / 2;
 }
 
-struct Shape {
-  const char* name;
-  int64_t tokens;  // tokens per rank
-  int copies;      // rows per token (decode: top-8 in the latency layout; prefill: 2 ranks)
-  bool weighted;   // reduce with weights (latency layout)
-};
-
-struct ShapeRates {
-  double bytes = 0, copy = 0, stream = 0, reduce = 0, staged_reduce = 0;
-};
-
-// One thread's buffers ("rank"): its tokens, its window of placed rows, metadata, output.
-struct RankMem {
-  // Windows used by alternate passes, as the bench's calls alternate the window halves (so a
-  // pass touches lines last touched two passes ago): win[0..1] dispatch outputs, win[2..3] the
-  // experts' combine input (comb_x), win[4..5] bsp's combine staging.
-  static constexpr int kWins = 6;
-  std::vector<char> x, win[kWins], y;
-  std::vector<int64_t> src;
-  std::vector<std::atomic<uint32_t>> tags;
-  RankMem(const Shape& s)
-      : x(static_cast<size_t>(s.tokens) * kRow + 64, 1),
-        y(static_cast<size_t>(s.tokens) * kRow + 64, 0),
-        src(static_cast<size_t>(2 * s.tokens * s.copies), 0),
-        tags(static_cast<size_t>(s.tokens * s.copies)) {
-    for (auto& w : win) w.assign(static_cast<size_t>(s.tokens * s.copies) * kRow + 64, 0);
-    // Token values like the bench's (bf16 in [-1, 1)): constant bytes would be subnormal bf16
-    // values, and subnormal arithmetic would make the reduction look many times slower.
-    uint32_t h = 12345;
-    for (size_t i = 0; i + 1 < x.size(); i += 2) {
-      h = h * 1664525u + 1013904223u;
-      const uint16_t v =
-          static_cast<uint16_t>(0x3C00u | (h >> 25)) | static_cast<uint16_t>((h >> 16) & 0x8000u);
-      std::memcpy(&x[i], &v, 2);
-    }
-  }
-  char* row(int w, int64_t i) {  // 64-byte aligned rows, as in the shared window
-    auto base = reinterpret_cast<uintptr_t>(win[w].data());
-    return reinterpret_cast<char*>((base + 63) & ~uintptr_t(63)) + static_cast<size_t>(i) * kRow;
-  }
-};
-
-ShapeRates measure_shape(const Options& o, const Shape& s, int passes) {
-  RankMem m0(s), m1(s);
-  RankMem* mem[2] = {&m0, &m1};
-  const int64_t rows = s.tokens * s.copies, half = rows / 2;
-  std::barrier sync(2);
-  std::vector<double> t_stream[2], t_copy[2], t_reduce[2], t_staged[2];
-  // Rows to both "ranks" (half each), from the tokens (src < 0) or from window src's rows.
-  auto place = [&](int me, bool stream, uint32_t tag, int w, int src) {
-    // Destinations in rotated order (the peer first), each destination's rows in token order.
-    for (int k = 1; k <= 2; ++k) {
-      const int d = (me + k) % 2;
-      RankMem& dst = *mem[d];
-      for (int64_t i = 0; i < half; ++i) {
-        const int64_t pos = me * half + i;  // my rows at d follow the lower rank's
-        const char* row =
-            src < 0
-                ? mem[me]->x.data() + static_cast<size_t>((i * 2 + d) / s.copies % s.tokens) * kRow
-                : mem[me]->row(src, d * half + i);
-        if (stream)
-          kernels::copy_row_to_peer(dst.row(w, pos), row, kRow);
-        else
-          std::memcpy(dst.row(w, pos), row, kRow);
-        dst.src[static_cast<size_t>(2 * pos)] = me;
-        dst.src[static_cast<size_t>(2 * pos + 1)] = i;
-        dst.tags[static_cast<size_t>(pos)].store(tag, std::memory_order_release);
-      }
-    }
-  };
-  auto reduce = [&](int me, int win) {
-    const void* ptrs[64];
-    float w[64];
-    for (int j = 0; j < s.copies; ++j) w[j] = 0.1f * static_cast<float>(j + 1);
-    for (int64_t t = 0; t < s.tokens; ++t) {
-      for (int j = 0; j < s.copies; ++j) {  // alternate between the two windows
-        const int r = (j + static_cast<int>(t)) % 2;
-        ptrs[j] = mem[r]->row(win, (me * half + (t * s.copies + j) / 2) % rows);
-      }
-      kernels::reduce_rows(mem[me]->y.data() + static_cast<size_t>(t) * kRow, DType::kBF16, 7168,
-                           ptrs, s.weighted ? w : nullptr, s.copies);
-    }
-  };
-  auto ms_since = [](Clock::time_point t0) {
-    return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
-  };
-  auto body = [&](int me) {
-    pin(me);
-    for (int p = 0; p < passes; ++p) {
-      if (me == 0) progress(o, p + 1, passes, std::string(s.name) + " shape passes");
-      const uint32_t tag = static_cast<uint32_t>(p + 1);
-      const int par = p % 2;
-      // Dispatch: rows into their final place (non-temporal), as both algorithms do.
-      sync.arrive_and_wait();
-      auto t0 = Clock::now();
-      place(me, true, tag, par, -1);
-      t_stream[me].push_back(ms_since(t0));
-      // The bench's expert (untimed): its received rows into its own combine input, plain.
-      std::memcpy(mem[me]->row(2 + par, 0), mem[me]->row(par, 0), static_cast<size_t>(rows) * kRow);
-      // ubep combine: reduce the experts' rows in place (half in the other thread's window).
-      sync.arrive_and_wait();
-      t0 = Clock::now();
-      reduce(me, 2 + par);
-      t_reduce[me].push_back(ms_since(t0));
-      // bsp combine: push the rows into the owners' staging (plain stores), then reduce there.
-      sync.arrive_and_wait();
-      t0 = Clock::now();
-      place(me, false, tag, 4 + par, 2 + par);
-      t_copy[me].push_back(ms_since(t0));
-      sync.arrive_and_wait();
-      t0 = Clock::now();
-      reduce(me, 4 + par);
-      t_staged[me].push_back(ms_since(t0));
-    }
-  };
-  std::thread other(body, 1);
-  body(0);
-  other.join();
-  const double bytes = static_cast<double>(rows) * kRow;
-  auto rate = [&](std::vector<double>* t) {  // per-core GB/s, mean of the two cores' medians
-    return (bytes / median(t[0]) + bytes / median(t[1])) / 2;
-  };
-  return ShapeRates{bytes, rate(t_copy), rate(t_stream), rate(t_reduce), rate(t_staged)};
-}
-
 }  // namespace
 
 int cmd_calibrate(const Options& o) {
-  const Shape shapes[] = {{"decode", 128, 8, true}, {"prefill", 4096, 2, false}};
-  Json j;
-  j.begin_object();
-  std::map<std::string, ShapeRates> got;
-  for (const Shape& s : shapes) {
-    const ShapeRates r = measure_shape(o, s, std::string(s.name) == "decode" ? 15 : 7);
-    got[s.name] = r;
-    const std::string n = s.name;
-    j.kv((n + "_bytes").c_str(), r.bytes)
-        .kv((n + "_copy_GBps").c_str(), r.copy)
-        .kv((n + "_stream_GBps").c_str(), r.stream)
-        .kv((n + "_reduce_GBps").c_str(), r.reduce)
-        .kv((n + "_staged_reduce_GBps").c_str(), r.staged_reduce)
-        .kv((n + "_source_bytes").c_str(), static_cast<double>(s.tokens) * kRow)
-        .kv((n + "_output_bytes").c_str(), static_cast<double>(s.tokens) * kRow);
-  }
-  // A plain-store call of half the library's non-temporal threshold (call_state.hpp): the regime
-  // of small calls, whose rows stay in cache (rates.hpp). Its plain row copies set the rate.
+  // The library's calls on the two calibrated shapes, and the plain-store call of half the
+  // non-temporal threshold (call_state.hpp kStreamBytes / 2 = 2 MiB: 18 tokens x 8 rows; the
+  // regime of small calls, whose rows the library writes with plain stores because they stay in
+  // cache). Each rate is the call's bytes per rank over its time (calibrate_calls.hpp).
+  struct Named {
+    const char* name;
+    CallShape shape;
+  };
   const int64_t cache_tokens =
       std::max<int64_t>(1, static_cast<int64_t>(2.0 * (1 << 20) / kRow / 8));
-  const ShapeRates cache = measure_shape(o, Shape{"cache", cache_tokens, 8, true}, 31);
-  j.kv("cache_copy_GBps", cache.copy).kv("cache_bytes", cache.bytes).kv("l2_bytes", l2_bytes());
+  const Named shapes[] = {{"decode", {128, 8, true, 30, 5}},
+                          {"prefill", {4096, 8, false, 8, 2}},
+                          {"cache", {cache_tokens, 8, true, 60, 10}}};
+  Json j;
+  j.begin_object();
+  std::map<std::string, CallTimes> got;
+  for (const Named& n : shapes) {
+    progress(o, 1, 1, std::string(n.name) + " calls");
+    const CallTimes t = time_library_calls(n.shape);
+    got[n.name] = t;
+    const std::string k = n.name;
+    const double bytes = t.dispatch_rows * static_cast<double>(kRow);
+    // bsp and ubep place the rows alike (one copy into the final place): the faster of the two
+    // is the less disturbed reading of the same placement.
+    const double place_us = std::min(t.bsp_dispatch_us, t.ubep_dispatch_us);
+    j.kv((k + "_bytes").c_str(), bytes)
+        .kv((k + "_copy_GBps").c_str(), bytes / t.bsp_combine_send_us / 1e3)
+        .kv((k + "_stream_GBps").c_str(), bytes / place_us / 1e3)
+        .kv((k + "_reduce_GBps").c_str(), bytes / t.ubep_combine_us / 1e3)
+        .kv((k + "_staged_reduce_GBps").c_str(),
+            bytes / std::max(1.0, t.bsp_combine_us - t.bsp_combine_send_us) / 1e3)
+        .kv((k + "_source_bytes").c_str(), static_cast<double>(n.shape.tokens) * kRow)
+        .kv((k + "_output_bytes").c_str(), static_cast<double>(n.shape.tokens) * kRow)
+        .kv((k + "_bsp_dispatch_us").c_str(), t.bsp_dispatch_us)
+        .kv((k + "_ubep_dispatch_us").c_str(), t.ubep_dispatch_us)
+        .kv((k + "_bsp_combine_us").c_str(), t.bsp_combine_us)
+        .kv((k + "_bsp_combine_send_us").c_str(), t.bsp_combine_send_us)
+        .kv((k + "_ubep_combine_us").c_str(), t.ubep_combine_us);
+  }
+  progress(o, 1, 1, "reuse capacity");
+  const double reuse = reuse_capacity_bytes();
+  j.kv("l2_bytes", l2_bytes()).kv("reuse_capacity_bytes", reuse);
+  // More ranks than cores: the scheduler's makespan for cores + 1 equal threads released
+  // together, spinning as long as a decode call takes (calibrate_calls.hpp): whole threads in
+  // rounds, or fair sharing (params.cpp decides which the machine does).
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const CallTimes& d = got["decode"];
+  const double work_us = (d.ubep_dispatch_us + d.ubep_combine_us) / 2;
+  std::vector<std::pair<int, double>> oversub;
+  for (int r = cores + 1; r <= cores + 1; ++r) {
+    oversub.emplace_back(r, oversubscribed_makespan_ratio(r, work_us));
+    j.kv(("oversubscribed_ratio_" + std::to_string(r)).c_str(), oversub.back().second);
+  }
   std::vector<double> hand;
   for (int p = 0; p < 7; ++p) hand.push_back(handoff_ns(100000));
   j.kv("handoff_ns", median(hand))
       .kv("row_bytes", static_cast<double>(kRow))
-      .kv("cores", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())))
+      .kv("cores", cores)
       .end_object();
   j.write(o.out);
-  std::printf("per core, both cores working at once (GB/s):\n%-8s %10s %10s %10s %10s %14s\n",
-              "shape", "MB/rank", "copy", "stream", "reduce", "staged_reduce");
-  for (const Shape& s : shapes) {
-    const ShapeRates& r = got[s.name];
-    std::printf("%-8s %10.1f %10.2f %10.2f %10.2f %14.2f\n", s.name, r.bytes / 1e6, r.copy,
-                r.stream, r.reduce, r.staged_reduce);
+  std::printf("the library's calls on 2 thread ranks (us; slowest rank, median of iterations):\n");
+  std::printf("%-8s %8s %12s %12s %12s %12s %12s\n", "shape", "MB/rank", "bsp disp", "ubep disp",
+              "bsp comb", "(row send)", "ubep comb");
+  for (const Named& n : shapes) {
+    const CallTimes& t = got[n.name];
+    std::printf("%-8s %8.2f %12.1f %12.1f %12.1f %12.1f %12.1f\n", n.name,
+                t.dispatch_rows * kRow / 1e6, t.bsp_dispatch_us, t.ubep_dispatch_us,
+                t.bsp_combine_us, t.bsp_combine_send_us, t.ubep_combine_us);
   }
-  std::printf("plain copies of a %.1f MB call (cache-resident): %.2f GB/s; L2 %.1f MiB\n",
-              cache.bytes / 1e6, cache.copy, l2_bytes() / (1 << 20));
+  std::printf("L2 %.1f MiB (sysfs); write-then-read reuse capacity %.1f MiB per core\n",
+              l2_bytes() / (1 << 20), reuse / (1 << 20));
+  for (const auto& [r, x] : oversub)
+    std::printf("%d threads on %d cores: makespan %.2f x one thread (%.0f us of work)\n", r, cores,
+                x, work_us);
   std::printf("cross-core handoff (one way): %.1f ns\nwrote %s\n", median(hand), o.out.c_str());
   return 0;
 }

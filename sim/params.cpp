@@ -120,7 +120,10 @@ struct Calibration {
   double handoff_ns = 0;  // one-way cross-core latency of a flag (ping-pong / 2)
   int cores = 0;          // cores of the calibrated machine (0: not recorded)
   double l2_bytes = 0, cache_copy_GBps = 0, cache_bytes = 0;  // memory streams (0: not recorded)
-  std::vector<CostParams::RateSet> sets;                      // per measured shape
+  double reuse_bytes = 0, cache_dispatch_GBps = 0, cache_reduce_GBps = 0,
+         cache_staged_reduce_GBps = 0;          // shared-cache residency (0: not recorded)
+  std::vector<std::pair<int, double>> oversub;  // (ranks, makespan ratio)
+  std::vector<CostParams::RateSet> sets;        // per measured shape
 };
 
 Calibration read_calibration(const std::string& path) {
@@ -159,6 +162,14 @@ Calibration read_calibration(const std::string& path) {
   cal.l2_bytes = optional("l2_bytes");
   cal.cache_copy_GBps = optional("cache_copy_GBps");
   cal.cache_bytes = optional("cache_bytes");
+  cal.reuse_bytes = optional("reuse_capacity_bytes");
+  cal.cache_dispatch_GBps = optional("cache_stream_GBps");  // the plain-store call's dispatch
+  cal.cache_reduce_GBps = optional("cache_reduce_GBps");
+  cal.cache_staged_reduce_GBps = optional("cache_staged_reduce_GBps");
+  for (int r = 2; r <= 256; ++r) {
+    const double x = optional("oversubscribed_ratio_" + std::to_string(r));
+    if (x > 0) cal.oversub.emplace_back(r, x);
+  }
   for (const char* shape : {"decode", "prefill"}) {
     const std::string n = shape;
     CostParams::RateSet r;
@@ -187,10 +198,10 @@ Preset local_preset(int ranks, const std::string& file) {
   c.preset = "local";
   c.rate_sets = cal.sets;
   src(c, "rate_sets",
-      "[MEAS] per shape (decode 14.7 MB, prefill 117 MB per rank), per core with both cores "
-      "working: non-temporal row placement (+metadata, tag), fused reduction in place (ubep), "
-      "plain copies into staging and the reduction there (bsp); "
-      "a call uses the shape nearest its bytes per rank");
+      "[MEAS] per shape (decode 14.7 MB, prefill 117 MB per rank): the library's calls on 2 "
+      "thread ranks, bytes per rank over the time of: the dispatch (row placement), ubep's "
+      "combine (reduction in place), bsp combine's row send (plain copies into staging) and the "
+      "rest of it (the reduction there); split into memory streams (rates.hpp)");
   for (const auto& r : cal.sets)
     src(c, ("  " + r.name).c_str(),
         detail::concat(r.bytes / 1e6, " MB: copy ", r.copy_GBps, ", stream ", r.stream_GBps,
@@ -210,6 +221,19 @@ Preset local_preset(int ranks, const std::string& file) {
   c.l2_bytes = cal.l2_bytes;
   c.cache_copy_GBps = cal.cache_copy_GBps;
   c.cache_bytes = cal.cache_bytes;
+  c.reuse_bytes = cal.reuse_bytes;
+  c.cache_dispatch_GBps = cal.cache_dispatch_GBps;
+  c.cache_reduce_GBps = cal.cache_reduce_GBps;
+  c.cache_staged_reduce_GBps = cal.cache_staged_reduce_GBps;
+  c.oversubscribed_ratio = cal.oversub;
+  src(c, "reuse_bytes",
+      "[MEAS] per-core bytes re-read from the shared cache after being written (write, then "
+      "re-read, every core at once, within 10% of the in-cache rate): a call whose rows per rank "
+      "fit runs at the 2 MiB plain-store call's rates; a placement source that fits is read once");
+  src(c, "oversubscribed_ratio",
+      "[MEAS] makespan of cores + 1 equal threads / one thread's time (spin loops as long as a "
+      "decode call): nearer whole rounds than fair sharing -> a call with R > cores ranks takes "
+      "ceil(R / cores) x its time alone, else R / cores");
   src(c, "l2_bytes",
       "[MEAS] L2 per core (sysfs): a placement source that fits is read from memory once, a "
       "larger one once per row copy (rates.hpp)");
@@ -218,8 +242,8 @@ Preset local_preset(int ranks, const std::string& file) {
       "plain copies move with log(bytes) from it to decode's and prefill's copy rates");
   c.cores = cal.cores;
   src(c, "cores",
-      "[MEAS] cores of the calibrated machine; more ranks than cores share them: rates x "
-      "cores / ranks (time-slicing)");
+      "[MEAS] cores of the calibrated machine; more ranks than cores share them: rates / the "
+      "measured makespan ratio, or x cores / ranks without one");
   c.workers_per_rank = 1;
   src(c, "workers_per_rank",
       "1: ubep-bench's default on 2 cores with 2 ranks (cores / ranks - 1 helpers + the caller)");

@@ -96,6 +96,17 @@ struct CostParams {
   double l2_bytes = 0;
   double cache_copy_GBps = 0;
   double cache_bytes = 0;  // bytes per rank of that call
+  // Shared-cache residency [MEAS]: per-core bytes that are re-read from cache after being
+  // written (calibrate_calls.hpp reuse_capacity_bytes; 0 = off). A call whose rows per rank fit
+  // runs at the rates the library's calls reached on the 2 MiB plain-store call (its dispatch
+  // with plain stores, its reductions and bsp's staging copy); a placement source that fits is
+  // read from memory once.
+  double reuse_bytes = 0;
+  double cache_dispatch_GBps = 0, cache_reduce_GBps = 0, cache_staged_reduce_GBps = 0;
+  // More ranks than cores [MEAS]: the scheduler's makespan for cores + 1 equal threads, as a
+  // multiple of one thread's time ((threads, ratio)); it selects whole rounds or fair sharing
+  // (rates.hpp oversubscribed_ratio), and a call's rates are divided by the result.
+  std::vector<std::pair<int, double>> oversubscribed_ratio;
   // Cores the ranks share (local preset; 0 = a core per rank). With more ranks than cores the OS
   // time-slices them, so each rank gets cores / ranks of a core: every measured rate is scaled by
   // that share (effective_preset; the rates were measured with every core busy, so the memory

@@ -23,6 +23,25 @@ double source_read_bytes(double distinct_source_bytes, double copied_bytes, doub
   return distinct_source_bytes <= l2_bytes ? distinct_source_bytes : copied_bytes;
 }
 
+bool cache_resident(double reuse_bytes, double cache_call_bytes, double call_bytes) {
+  return reuse_bytes > 0 && cache_call_bytes > 0 && call_bytes <= reuse_bytes;
+}
+
+double oversubscribed_ratio(const std::vector<std::pair<int, double>>& measured, int ranks,
+                            int cores) {
+  if (cores <= 0 || ranks <= cores) return 1.0;
+  const double fair = static_cast<double>(ranks) / cores;
+  const double rounds = std::ceil(fair);
+  // The measured makespan of cores + 1 threads says which the scheduler does: nearer to whole
+  // rounds (2 for 3 threads on 2 cores) than to fair sharing (1.5), rounds for every R.
+  for (const auto& [r, x] : measured) {
+    if (r != cores + 1 || x <= 0) continue;
+    const double f1 = static_cast<double>(r) / cores, r1 = std::ceil(f1);
+    return std::abs(x - r1) < std::abs(x - f1) ? rounds : fair;
+  }
+  return fair;
+}
+
 double log_interpolate(std::vector<std::pair<double, double>> points, double x) {
   std::sort(points.begin(), points.end());
   if (points.empty()) return 0;

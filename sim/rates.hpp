@@ -35,6 +35,18 @@ TwoStreamCost solve_two_stream(double f1, double s1, double t1_ns, double f2, do
 // once, then hit), else every row copy reads its row again.
 double source_read_bytes(double distinct_source_bytes, double copied_bytes, double l2_bytes);
 
+// Shared-cache residency: a call whose bytes per rank fit the measured reuse capacity reads its
+// rows from cache (needs the capacity and the small call's rates: both > 0).
+bool cache_resident(double reuse_bytes, double cache_call_bytes, double call_bytes);
+
+// More ranks than cores: how many times its time alone on a core a rank's call takes. Whole
+// rounds, ceil(ranks / cores), when the measured makespan of cores + 1 equal threads (in
+// `measured`, (threads, ratio) pairs) is nearer to whole rounds than to fair sharing (a rank's
+// work is shorter than the scheduler's slice, so it runs to its end once it has a core, and the
+// ranks left wait for a core); else, and when not measured, fair sharing, ranks / cores.
+double oversubscribed_ratio(const std::vector<std::pair<int, double>>& measured, int ranks,
+                            int cores);
+
 // Piecewise-linear in log(x) through (x, value) points (any order), constant beyond the ends.
 double log_interpolate(std::vector<std::pair<double, double>> points, double x);
 

@@ -4,6 +4,9 @@
 
 #include <fstream>
 #include <iomanip>
+#include <iterator>
+#include <regex>
+#include <sstream>
 #include <string>
 
 #include "sim/call.hpp"
@@ -101,4 +104,88 @@ TEST(SimRates, PlainCopiesByCacheRegime) {
               log_interpolate({{kO, 20}, {8 * kO, 8}}, 128.0 * (14336 + 8 + 96)), 1e-9);
   EXPECT_NEAR(log_interpolate({{10, 1}, {1000, 3}}, 100), 2, 1e-12);
   EXPECT_NEAR(log_interpolate({{1000, 3}, {10, 1}}, 1), 1, 1e-12);
+}
+
+TEST(SimRates, CacheResidencyAndOversubscriptionFormulas) {
+  EXPECT_TRUE(cache_resident(4e6, 2e6, 3e6));
+  EXPECT_FALSE(cache_resident(4e6, 2e6, 5e6));
+  EXPECT_FALSE(cache_resident(0, 2e6, 1e6));  // not measured: off
+  EXPECT_FALSE(cache_resident(4e6, 0, 1e6));  // no small call's rates: off
+  // 3 threads on 2 cores measured at 2.02x: nearer whole rounds (2) than fair sharing (1.5), so
+  // every R goes in rounds: ceil(R / 2).
+  const std::vector<std::pair<int, double>> rounds = {{3, 2.02}};
+  EXPECT_EQ(oversubscribed_ratio(rounds, 3, 2), 2);
+  EXPECT_EQ(oversubscribed_ratio(rounds, 4, 2), 2);
+  EXPECT_EQ(oversubscribed_ratio(rounds, 5, 2), 3);
+  EXPECT_EQ(oversubscribed_ratio(rounds, 2, 2), 1);
+  // Measured 1.6x: fair sharing, R / cores; not measured: fair sharing too.
+  EXPECT_DOUBLE_EQ(oversubscribed_ratio({{3, 1.6}}, 3, 2), 1.5);
+  EXPECT_DOUBLE_EQ(oversubscribed_ratio({}, 5, 2), 2.5);
+}
+
+namespace {
+
+// stream_calibration() with an L2 of 0.5 O, a reuse capacity of 4 O, the rates of a 2 MiB-like
+// plain-store call (O bytes) and the 3-thread makespan.
+std::string resident_calibration(double ratio3) {
+  const std::string path = testing::TempDir() + "cal_resident.json";
+  std::ifstream in(stream_calibration());
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  text.pop_back();  // the closing brace
+  std::ostringstream extra;
+  extra << std::setprecision(17) << ", \"reuse_capacity_bytes\": " << 4 * kO
+        << ", \"cache_stream_GBps\": 25, \"cache_reduce_GBps\": 40"
+        << ", \"cache_staged_reduce_GBps\": 30, \"oversubscribed_ratio_3\": " << ratio3 << "}";
+  std::ofstream(path) << std::regex_replace(text, std::regex("\"l2_bytes\": 2097152"),
+                                            "\"l2_bytes\": " + std::to_string(kO / 2))
+                      << extra.str();
+  return path;
+}
+
+CostParams resident_rates(Op op, Algo algo, int ranks, int64_t tokens, double ratio3 = 2.02) {
+  const Preset p = make_preset("local", ranks, resident_calibration(ratio3));
+  CallConfig cc;
+  cc.op = op;
+  cc.algo = algo;
+  return effective_preset(
+             p, cc,
+             draw_traffic(ranks, 192 * (ranks == 3) + 256 * (ranks != 3), 8, tokens, 0, 1.0, 1))
+      .cost;
+}
+
+}  // namespace
+
+// A call whose rows per rank fit the reuse capacity (4 O): 32 tokens x 8 rows = 2 O. It reads
+// at the small call's rates, and its dispatch (below the 4 MiB threshold) places rows at the
+// small call's plain-store dispatch rate; 128 tokens (8 O) keeps the out-of-cache rates.
+TEST(SimRates, ResidentCallsRunAtTheSmallCallsRates) {
+  const CostParams small = resident_rates(Op::kCombine, Algo::kUbep, 2, 32);
+  EXPECT_DOUBLE_EQ(small.reduce_GBps, 40);
+  EXPECT_DOUBLE_EQ(small.staged_reduce_GBps, 30);
+  EXPECT_DOUBLE_EQ(small.local_copy_GBps, 20);  // cache_copy_GBps
+  EXPECT_DOUBLE_EQ(resident_rates(Op::kDispatch, Algo::kBsp, 2, 32).worker_GBps, 25);
+  EXPECT_NEAR(resident_rates(Op::kCombine, Algo::kUbep, 2, 128).reduce_GBps, 10, 1e-9);
+  // Out of cache (100 tokens = 6.25 O), plain copies stay at decode's rate below decode's size:
+  // no blend from the small call once the capacity is measured.
+  EXPECT_NEAR(resident_rates(Op::kCombine, Algo::kBsp, 2, 100).local_copy_GBps, 8, 1e-9);
+}
+
+// The source lives in the larger of L2 (0.5 O here) and the reuse capacity (4 O): decode's
+// source (O) is read once, as in PlacementRateFollowsSourceResidency, though it exceeds L2.
+TEST(SimRates, SourceResidencyUsesTheSharedCache) {
+  const double bytes = 1024.0 * (14336 + 8 + 96);
+  const CostParams c = resident_rates(Op::kDispatch, Algo::kUbep, 2, 128);
+  ASSERT_NEAR(c.l2_bytes, kO / 2, 1);  // the source does not fit L2
+  EXPECT_NEAR(c.worker_GBps, bytes / (bytes * 3 / 56 + kO / 14), 1e-9);
+}
+
+// 3 thread ranks on 2 cores with the 3-thread makespan measured at 2.02x: each rank's call runs
+// at half its rates (rounds); measured at 1.6x: at 2/3 (fair sharing).
+TEST(SimRates, OversubscribedRanksShareCoresAsMeasured) {
+  EXPECT_DOUBLE_EQ(resident_rates(Op::kCombine, Algo::kUbep, 3, 128).core_share, 0.5);
+  EXPECT_DOUBLE_EQ(resident_rates(Op::kCombine, Algo::kUbep, 4, 128).core_share, 0.5);
+  EXPECT_NEAR(resident_rates(Op::kCombine, Algo::kUbep, 3, 128, 1.6).core_share, 2.0 / 3, 1e-12);
+  const CostParams full = resident_rates(Op::kCombine, Algo::kUbep, 2, 128);
+  const CostParams three = resident_rates(Op::kCombine, Algo::kUbep, 3, 128);
+  EXPECT_NEAR(three.reduce_GBps, full.reduce_GBps / 2, 1e-9);
 }
