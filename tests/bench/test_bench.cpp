@@ -2,6 +2,7 @@
 // split (tools/bench, src/baseline).
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,7 @@
 #include "expect_invalid.hpp"
 #include "harness.hpp"
 #include "ubep/baseline.hpp"
+#include "ubep/buffer.hpp"
 #include "ubep/group.hpp"
 
 namespace ubep::test {
@@ -61,6 +63,74 @@ TEST(BenchBound, SendRowsFollowTheLayout) {
   const auto thr = tools::send_rows(idx, 2, 2, 4, 2, 0, Layout::kThroughput);
   ASSERT_EQ(thr.size(), 3u);  // one row per (token, destination rank)
 }
+
+// The bound puts each row where a real dispatch puts it: every row a rank sends is found at
+// its place_rows position in the destination's recv_x, and each destination's runs are exactly
+// its recv_range entries (both layouts, both placements, 3 thread ranks, a skewed routing).
+class PlaceRows : public ::testing::TestWithParam<std::tuple<Layout, Placement>> {};
+
+TEST_P(PlaceRows, RowsLandWhereTheCallPutsThem) {
+  const auto [layout, placement] = GetParam();
+  constexpr int R = 3, E = 6, K = 2, H = 64;
+  constexpr int64_t T = 5;
+  std::vector<const char*> recv(R);  // each rank's recv_x, for the senders to look into
+  run_on_threads(R, [&, layout = layout, placement = placement](Group& g) {
+    const int me = g.rank();
+    std::vector<int64_t> idx;
+    std::vector<float> w;
+    tools::make_routing(T - me, K, E, "hot", 7 + static_cast<uint64_t>(me), &idx, &w);
+    const int64_t n = T - me;  // a different token count per rank
+    std::vector<uint16_t> x(static_cast<size_t>(n * H));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<uint16_t>(me * 1000 + i);
+    BufferConfig cfg;
+    cfg.max_tokens_per_rank = T;
+    cfg.hidden = H;
+    cfg.num_experts = E;
+    cfg.max_topk = K;
+    cfg.placement = placement;
+    cfg.enable_latency_layout = layout == Layout::kLatency;
+    Buffer buf(g, cfg);
+    DispatchArgs a;
+    a.x = TensorView(x.data(), DType::kBF16, {n, H});
+    a.topk_idx = TensorView(idx.data(), DType::kInt64, {n, K});
+    a.topk_weights = TensorView(w.data(), DType::kFP32, {n, K});
+    a.layout = layout;
+    const DispatchResult r = buf.dispatch(a);
+    const auto sends = tools::send_rows(idx, n, K, E, R, me, layout);
+    tools::BoundShape shape;
+    shape.layout = layout;
+    shape.placement = placement;
+    shape.local_experts = E / R;
+    shape.max_tokens = T;
+    const tools::RowPlaces p = tools::place_rows(g, sends, shape);
+    recv[static_cast<size_t>(me)] = static_cast<const char*>(r.recv_x.data);
+    g.barrier();
+    ASSERT_EQ(p.pos.size(), sends.size());
+    for (size_t i = 0; i < sends.size(); ++i) {
+      const char* row = recv[static_cast<size_t>(sends[i].dest)] + p.pos[i] * H * 2;
+      EXPECT_EQ(std::memcmp(row, &x[static_cast<size_t>(sends[i].token * H)], H * 2), 0)
+          << "rank " << me << " row " << i << " to " << sends[i].dest << " at " << p.pos[i];
+      EXPECT_LT(p.pos[i], p.region_rows);
+    }
+    // This rank's runs: its recv_range entries with rows, at the layout's offsets.
+    std::vector<std::pair<int64_t, int64_t>> want;
+    const auto* range = r.recv_range.as<const int64_t>();
+    const int64_t El = layout == Layout::kLatency ? E / R : 1;
+    for (int64_t e = 0; e < El; ++e)
+      for (int s = 0; s < R; ++s) {
+        const int64_t* rr = range + 2 * (e * R + s);
+        if (rr[1] > 0)
+          want.emplace_back((layout == Layout::kLatency ? e * R * T : 0) + rr[0], rr[1]);
+      }
+    EXPECT_EQ(p.runs, want) << "rank " << me;
+    g.barrier();  // nobody frees its buffer while a peer still reads it
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, PlaceRows,
+    ::testing::Combine(::testing::Values(Layout::kLatency, Layout::kThroughput),
+                       ::testing::Values(Placement::kPerSource, Placement::kCompact)));
 
 // 8 tokens of hidden 256, top-2 of 8 experts, ubep only, a few iterations: the bound tests' run.
 tools::BenchOptions tiny_bench_options() {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@ struct BenchOptions {
   std::vector<SyncMode> syncs{SyncMode::kFused};  // variants of the ubep algorithm to run
   std::string routing = "uniform";                // uniform | hot
   int iters = 50;
+  int rounds = 5;  // iterations interleaved with the other implementations' in this many slices
   int warmup = 5;
   int workers = -1;  // worker threads per rank for ubep and the baseline (-1: cores / ranks - 1)
   std::string topology;  // preset/HxR/file for the scheduler report and the ubep schedule
@@ -47,16 +49,17 @@ struct BenchOptions {
 };
 
 struct BenchRow {
-  std::string impl;     // mpi | a2a | bsp | ubep | bound | floor | barrier
+  std::string impl;     // mpi | a2a | bsp | ubep | bound | bound_packed | floor | barrier
   std::string variant;  // sync mode for ubep; the winning copy kernel for bound; "" otherwise
   std::string dtype;    // the --dtype entry the row was measured with
   std::string op;       // dispatch | combine (floor: roundtrip; barrier: flag)
   double median_us = 0, p99_us = 0, gbps = 0;
   double bytes = 0;  // mean bytes received per rank per call
   double barriers = 0;
-  std::vector<std::pair<std::string, double>> stages;  // mean µs per stage
-  double network_bytes = 0, network_rows = 0;          // per rank per call, across hosts
-  double expected_network_rows = 0;                    // deduplicated volume computed from routing
+  std::vector<std::pair<std::string, double>> stages;      // mean µs per stage
+  std::vector<std::pair<std::string, double>> candidates;  // bound: median µs of each kernel
+  double network_bytes = 0, network_rows = 0;              // per rank per call, across hosts
+  double expected_network_rows = 0;  // deduplicated volume computed from routing
   // Median over the bound of the same op (0 when there is none), and over floor + bound: what a
   // call cannot beat (data must be copied, and a peer must see a flag).
   double x_bound = 0, x_floor_bound = 0;
@@ -107,20 +110,57 @@ double mean_over_ranks(Group& g, double v);
 struct SendRow {
   int dest;
   int64_t token;
+  int expert = -1;  // latency layout: the row's global expert (k order within a token)
 };
 std::vector<SendRow> send_rows(const std::vector<int64_t>& topk_idx, int64_t tokens, int topk,
                                int experts, int ranks, int me, Layout layout);
 
 // The memory-bandwidth bound (impl "bound", ops dispatch and combine), measured with every rank
 // copying at once: dispatch copies each sent row from x into its destination's shared window
-// (the peer's memory, where the call writes it); combine copies each row back from there into
-// its token's output row. Fastest of memcpy and a non-temporal store loop, per op; the row's
-// variant names the winner. With scale_bytes > 0 (fp8) a dispatch row is also scale_bytes of
-// per-row scales from `scales`, written to a separate dense array as the call's window holds
-// them (payload rows stay 64-byte aligned); the combine rows are row_bytes.
-std::vector<BenchRow> measure_bound(Group& g, const std::vector<SendRow>& sends, const char* x,
-                                    size_t row_bytes, int64_t tokens, int warmup, int iters,
-                                    const char* scales = nullptr, size_t scale_bytes = 0);
+// (the peer's memory, at the row's place in the call's layout: place_rows); combine reads each
+// row back from there into its token's output row, after a fresh dispatch and expert copy, as
+// a call finds them. Fastest of several copy and or-reduce loops, per op; the row's variant
+// names the winner. Latency layout: also impl "bound_packed", the same with the rows packed by
+// source (timed interleaved with the bound's candidates). With scale_bytes > 0 (fp8) a dispatch row
+// is also scale_bytes of per-row scales from `scales`, written to a separate dense array as the
+// call's window holds them (payload rows stay 64-byte aligned); the combine rows are row_bytes.
+// What fixes where a call's rows lie in its destination's window (the call's API, not its
+// implementation: the latency layout's rows are [local expert, source region, slot]).
+struct BoundShape {
+  Layout layout = Layout::kLatency;
+  Placement placement = Placement::kAuto;
+  int local_experts = 1;
+  int64_t max_tokens = 0;  // per rank (the buffer's capacity; the bench uses the token count)
+};
+// Where each sent row lands in its destination's window, as the call places it (one row index
+// per entry of `sends`), the rows a window region holds, and this rank's received rows as
+// (first row, count) runs, as an expert reads and writes them. packed: ignore the layout, rows
+// by source in send order (for comparison). Collective (one allgather).
+struct RowPlaces {
+  std::vector<int64_t> pos;
+  int64_t region_rows = 1;
+  std::vector<std::pair<int64_t, int64_t>> runs;
+};
+RowPlaces place_rows(Group& g, const std::vector<SendRow>& sends, const BoundShape& shape,
+                     bool packed = false);
+class BoundHarness {
+ public:
+  // Collective: allocates the window (the bound needs every rank on one host).
+  BoundHarness(Group& g, const std::vector<SendRow>& sends, const char* x, size_t row_bytes,
+               const BoundShape& shape, const char* scales = nullptr, size_t scale_bytes = 0);
+  ~BoundHarness();  // collective
+  BoundHarness(const BoundHarness&) = delete;
+  BoundHarness& operator=(const BoundHarness&) = delete;
+  // Collective: `iters` rounds of every candidate; record = keep the times (false: warm-up).
+  // Calls may be spread over the run, between other implementations' iterations.
+  void run(int iters, bool record);
+  // Collective: the fastest candidate per op (and per layout), over all recorded rounds.
+  std::vector<BenchRow> rows();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 // The latency floor (impl "floor", op "roundtrip"): a one-cache-line flag round trip between
 // ranks 0 and 1 through shared memory; and one all-to-all flag barrier (impl "barrier", op
 // "flag"), as bsp makes after each stage, with every rank arriving together. Empty on one rank

@@ -42,6 +42,8 @@ Ranks: threads in this process (--ranks N), or processes when started by mpirun.
   --schedule P         ubep send schedule: equal (default), naive, column_major, balanced
   --plan-workers N     workers assumed by the policy report (default 8)
   --iters N --warmup N measured and warm-up iterations
+  --rounds N           run the implementations and the bound in N interleaved slices of
+                       their iterations (default 5), so load bursts hit all of them alike
   --seed N             routing and data seed
   --json FILE          write {"config":..., "results":[...]}
   --dump DIR           write one call's inputs and outputs per rank as .npy + meta.json
@@ -161,6 +163,8 @@ BenchCommand parse_bench_args(int argc, const char* const* argv) {
       opt.iters = static_cast<int>(num(1, 10000000));
     else if (a == "--warmup")
       opt.warmup = static_cast<int>(num(0, 10000000));
+    else if (a == "--rounds")
+      opt.rounds = static_cast<int>(num(1, 10000));
     else if (a == "--seed")
       opt.seed = static_cast<uint64_t>(num(0, (1LL << 62)));
     else if (a == "--json")

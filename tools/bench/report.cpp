@@ -99,7 +99,7 @@ void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchR
         floor->median_us, floor->p99_us, g.size(), barrier ? barrier->median_us : 0.0);
     std::printf("x (floor + bound), median / (round trip + bound of the op):");
     for (const auto& r : rows)
-      if (r.x_floor_bound > 0 && r.impl != "bound")
+      if (r.x_floor_bound > 0 && r.impl.rfind("bound", 0) != 0)
         std::printf("  %s%s %s %.2fx", r.impl.c_str(),
                     r.variant.empty() ? "" : ("(" + r.variant + ")").c_str(), r.op.c_str(),
                     r.x_floor_bound);
@@ -109,9 +109,9 @@ void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchR
   std::map<std::string, double> total;
   for (const auto& r : rows)
     if (r.op == "dispatch" || r.op == "combine")
-      total[r.impl == "bound" ? "bound"
-                              : r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")] +=
-          r.median_us;
+      total[r.impl.rfind("bound", 0) == 0
+                ? r.impl
+                : r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")] += r.median_us;
   const std::string base = total.count("mpi") ? "mpi" : (total.count("a2a") ? "a2a" : "");
   std::printf("dispatch+combine median:");
   for (auto& [k, v] : total) {
@@ -129,9 +129,15 @@ void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchR
         r.impl.c_str(), r.network_rows, r.expected_network_rows, r.network_bytes / 1e6);
   }
   for (const auto& r : rows) {
-    if (r.stages.empty() || r.op != "dispatch") continue;
-    std::printf("%s dispatch stages (mean us):",
-                (r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")).c_str());
+    if (r.impl != "bound" || r.candidates.empty()) continue;
+    std::printf("bound %s candidates (median us):", r.op.c_str());
+    for (auto& [n, us] : r.candidates) std::printf("  %s %.1f", n.c_str(), us);
+    std::printf("\n");
+  }
+  for (const auto& r : rows) {
+    if (r.stages.empty() || (r.op != "dispatch" && r.op != "combine")) continue;
+    std::printf("%s %s stages (mean us):",
+                (r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")).c_str(), r.op.c_str());
     for (auto& [n, us] : r.stages) std::printf("  %s %.1f", n.c_str(), us);
     std::printf("\n");
   }
@@ -177,6 +183,12 @@ void write_json(const Group& g, const BenchOptions& o, const std::vector<BenchRo
       f << ", \"stages_us\": {";
       for (size_t s = 0; s < r.stages.size(); ++s)
         f << (s ? ", " : "") << "\"" << r.stages[s].first << "\": " << r.stages[s].second;
+      f << "}";
+    }
+    if (!r.candidates.empty()) {
+      f << ", \"candidates_us\": {";
+      for (size_t s = 0; s < r.candidates.size(); ++s)
+        f << (s ? ", " : "") << "\"" << r.candidates[s].first << "\": " << r.candidates[s].second;
       f << "}";
     }
     f << "}";

@@ -36,15 +36,19 @@ void reduce_tail(uint16_t* out, int64_t from, int64_t hidden, const uint16_t* co
 }
 
 #ifdef UBEP_VECTOR_REDUCE
-// Software prefetch, this many elements (1 KiB) ahead in every row. A combine reads 8 rows
-// per token from DRAM (the experts wrote them moments ago, more than a core's cache holds) and
-// spends about as long on the arithmetic as on the loads; without the hint the loads of a step
-// wait for memory and the two add up (decode combine 1.55-1.63 ms against 0.92-1.23 ms with it,
-// 2 process ranks, docs/PERFORMANCE.md).
-constexpr int64_t kPrefetchAhead = 512;
+// Software prefetch into L2, this many elements (2 KiB) ahead in every row. A combine reads 8
+// rows per token from memory (the experts wrote them moments ago, more than a core's cache
+// holds) and spends about as long on the arithmetic as on the loads; the hint starts each
+// line's fetch early enough that a step's loads find it in L2, and the L1 streamer takes it
+// from there. Into L2 (prefetcht1), not L1: on the Zen 4 VM (2 process ranks, decode, variants
+// timed side by side in ubep-bench's bound harness, docs/PERFORMANCE.md) T0 prefetches 1 KiB
+// ahead made the reduction 20-25% slower than none -- they take L1 miss buffers the demand
+// loads need -- and T1 2 KiB ahead 4-6% faster than none. (On the earlier Sapphire Rapids VM,
+// T0 1 KiB ahead had cut decode combine from 1.55-1.63 to 0.92-1.23 ms; T1 was not tried there.)
+constexpr int64_t kPrefetchAhead = 1024;
 inline void prefetch_128(const uint16_t* p) {
-  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
-  _mm_prefetch(reinterpret_cast<const char*>(p + 32), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
+  _mm_prefetch(reinterpret_cast<const char*>(p + 32), _MM_HINT_T1);
 }
 // float_to_bf16 on 16 lanes, result in the high half of each lane: NaN -> bits | 0x400000
 // (quiet), else bits + 0x7fff + ((bits >> 16) & 1).
