@@ -88,8 +88,9 @@ TEST(RowKernels, VectorReductionIsBitIdenticalToTheFormula) {
           ASSERT_TRUE(kernels::reduce_bf16_vector(got.data(), hidden, ptrs.data(), wp, n, level));
           EXPECT_EQ(got.back(), 0xABCD) << "wrote past the row";
           got.pop_back();
-          ASSERT_EQ(canonical(got), canonical(want)) << "level " << level << " hidden " << hidden
-                                                     << " n " << n << (weighted ? " weighted" : "") << (specials ? " specials" : "");
+          ASSERT_EQ(canonical(got), canonical(want))
+              << "level " << level << " hidden " << hidden << " n " << n
+              << (weighted ? " weighted" : "") << (specials ? " specials" : "");
           // Streamed (non-temporal) output: the same bits once fenced.
           std::vector<uint16_t> streamed_storage(static_cast<size_t>(hidden) + 32);
           uint16_t* streamed = streamed_storage.data();

@@ -26,8 +26,8 @@ std::vector<int64_t> token_counts(const Case& c, int ranks, uint64_t seed) {
 // reference and each other.
 void run_case(int ranks, Case c, int repeats = 2) {
   Case other = c;
-  other.placement = placement_for(c.layout) == Placement::kCompact ? Placement::kPerSource
-                                                                    : Placement::kCompact;
+  other.placement =
+      placement_for(c.layout) == Placement::kCompact ? Placement::kPerSource : Placement::kCompact;
   const Problem p = make_problem(ranks, c.experts, c.hidden, c.dtype,
                                  token_counts(c, ranks, c.seed), c.topk, c.routing, c.seed);
   std::vector<std::vector<char>> y(static_cast<size_t>(ranks) * 3);

@@ -171,7 +171,8 @@ void receive_hook_case(Placement placement, Layout layout) {
     const Problem p = make_problem(R, c.experts, c.hidden, c.dtype, {16, 9, 0, 16}, c.topk,
                                    Routing::kUniform, 11);
     for (int call = 0; call < 3; ++call) {
-      const DispatchArgs a = p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, layout);
+      const DispatchArgs a =
+          p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, layout);
       const int first = g.rank() != 0 && per_source ? 1 : 0;  // sources waited for early
       if (g.rank() == 0 && per_source) {
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -190,8 +191,8 @@ void receive_hook_case(Placement placement, Layout layout) {
           seen.push_back(range);
           if (!latency) continue;  // throughput views are known only after dispatch_recv
           for (int64_t i = 0; i < range[1]; ++i) {
-            const auto* src = pending.recv_src.as<const int64_t>() + 2 * (e * R * c.capacity +
-                                                                          range[0] + i);
+            const auto* src =
+                pending.recv_src.as<const int64_t>() + 2 * (e * R * c.capacity + range[0] + i);
             EXPECT_EQ(src[0], s) << "expert " << e << " row " << range[0] + i;
           }
         }
@@ -225,8 +226,8 @@ TEST(Placement, ReceiveHookRejectsBadArguments) {
     Case c;
     c.layout = Layout::kLatency;
     Buffer buf(g, config_for(c, Algorithm::kUbep));
-    const Problem p = make_problem(2, c.experts, c.hidden, c.dtype, {8, 8}, c.topk,
-                                   Routing::kUniform, 5);
+    const Problem p =
+        make_problem(2, c.experts, c.hidden, c.dtype, {8, 8}, c.topk, Routing::kUniform, 5);
     buf.dispatch_send(p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout));
     expect_invalid([&] { buf.wait_recv_range(2, 0); }, {"source 2", "[0, 2)"});
     expect_invalid([&] { buf.wait_recv_range(-1, 0); }, {"source -1"});

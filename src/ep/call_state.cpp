@@ -90,8 +90,10 @@ std::array<int64_t, 2> CallState::range_from_counts(const Window& w, int e, int 
     UBEP_CHECK_ARG(*rec.shape() == shape(), "dispatch: rank ", src,
                    " made a different call (layout or placement) than rank ", rank);
     const int64_t n = layout == Layout::kLatency ? rec.expert_rows()[e] : *rec.rows();
-    if (src < s) begin += n;
-    else return {placement == Placement::kPerSource ? s * T : begin, n};
+    if (src < s)
+      begin += n;
+    else
+      return {placement == Placement::kPerSource ? s * T : begin, n};
   }
   return {0, 0};  // unreachable: the loop ends at s
 }

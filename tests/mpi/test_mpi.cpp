@@ -15,7 +15,6 @@
 namespace ubep::test {
 namespace {
 
-
 struct Param {
   int topk;
   DType dtype;
