@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cpu/row_kernels.hpp"
+#include "bench/workload.hpp"
 #include "ubep/bf16.hpp"
 #include "ubep/buffer.hpp"
 #include "ubep/group.hpp"
@@ -34,25 +35,6 @@ double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-// The identity expert of ubep-bench: the valid rows of recv_x into the zero-copy combine
-// buffer (what a real expert's output write would be), untimed.
-CombineArgs identity_expert(const DispatchResult& r, Buffer& buf) {
-  TensorView out = buf.combine_buffer();
-  const auto* src = static_cast<const char*>(r.recv_x.data);
-  auto* dst = static_cast<char*>(out.data);
-  const bool latency = r.layout == Layout::kLatency;
-  const int64_t experts = latency ? r.recv_x.dim(0) : 1, ranks = r.recv_range.dim(latency ? 1 : 0);
-  const int64_t rows = latency ? r.recv_x.dim(1) : 0;
-  const auto* range = r.recv_range.as<const int64_t>();
-  for (int64_t e = 0; e < experts; ++e)
-    for (int64_t s = 0; s < ranks; ++s) {
-      const int64_t* rr = range + 2 * (e * ranks + s);
-      const size_t at = static_cast<size_t>(e * rows + rr[0]) * kRow;
-      std::memcpy(dst + at, src + at, static_cast<size_t>(rr[1]) * kRow);
-    }
-  return CombineArgs{out, r.handle};
 }
 
 // Slowest rank per iteration (the call's time), then the median over iterations.
@@ -120,7 +102,7 @@ CallTimes time_library_calls(const CallShape& s) {
           for (int64_t e = 0; e < r.recv_count.dim(0); ++e)
             rows += static_cast<double>(r.recv_count.as<int64_t>()[e]);
         }
-        const CombineArgs ca = identity_expert(r, buf);
+        const CombineArgs ca = tools::expert_identity(r, &buf, kRow);  // ubep-bench's expert
         g.barrier();
         t0 = Clock::now();
         buf.combine(ca);
