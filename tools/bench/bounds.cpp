@@ -213,6 +213,9 @@ struct Kernel {
 }  // namespace
 
 struct BoundHarness::Impl {
+  Impl(Group& group, const std::vector<SendRow>& rows, const char* tokens, size_t rb,
+       const char* token_scales, size_t sb)
+      : g(group), sends(rows), x(tokens), row_bytes(rb), scales(token_scales), scale_bytes(sb) {}
   Group& g;
   const std::vector<SendRow> sends;
   const char* x;
@@ -230,7 +233,7 @@ struct BoundHarness::Impl {
   std::vector<Kernel> dk, ck;
   std::vector<std::vector<double>> td, tc;  // [layout * kernels + kernel]: samples
   int par = 0;                              // the window half of the last op
-  int64_t rounds = 0;                       // iterations run, for rotating the candidates
+  int64_t iterations = 0;                   // run so far, for rotating the candidates
 
   char* row_at(int d, int reg, int64_t pos) const {
     auto base = (reinterpret_cast<uintptr_t>(win->base(d)) + 63) & ~uintptr_t(63);
@@ -289,25 +292,7 @@ struct BoundHarness::Impl {
 BoundHarness::BoundHarness(Group& g, const std::vector<SendRow>& sends, const char* x,
                            size_t row_bytes, const BoundShape& shape, const char* scales,
                            size_t scale_bytes)
-    : impl_(new Impl{g,
-                     sends,
-                     x,
-                     row_bytes,
-                     scales,
-                     scale_bytes,
-                     {},
-                     0,
-                     0,
-                     nullptr,
-                     {},
-                     nullptr,
-                     {},
-                     {},
-                     {},
-                     {},
-                     {},
-                     0,
-                     0}) {
+    : impl_(std::make_unique<Impl>(g, sends, x, row_bytes, scales, scale_bytes)) {
   Impl& b = *impl_;
   const int R = g.size(), me = g.rank();
   const int64_t tokens = shape.max_tokens;
@@ -367,9 +352,9 @@ void BoundHarness::run(int iters, bool record) {
   const Kernel& staging = static_cast<double>(b.sends.size() * b.row_bytes) >= 4.0 * (1 << 20)
                               ? b.dk.back()
                               : b.dk.front();
-  for (int i = 0; i < iters; ++i, ++b.rounds) {
+  for (int i = 0; i < iters; ++i, ++b.iterations) {
     // Rotate the order of the candidates, so none always runs first (or last) in an iteration.
-    const auto rot = static_cast<size_t>(b.rounds);
+    const auto rot = static_cast<size_t>(b.iterations);
     // A dispatch finds its window half as a call finds it: written by its own dispatch two
     // calls earlier, then read by the owner's expert, with a combine's traffic in between. So
     // three steps of dispatch + expert + combine per candidate, the last dispatch timed. Timed
@@ -388,7 +373,7 @@ void BoundHarness::run(int iters, bool record) {
         g.barrier();  // every row is placed before its owner's expert copies it
         b.expert(pl, b.par);
         g.barrier();  // every expert output is written before anyone reads it back
-        b.combine(b.ck[1], pl, b.par);
+        b.combine(b.ck[1], pl, b.par);  // ck[1]: plain or-reduce
       }
     }
     for (size_t n = 0; n < L * C; ++n) {
