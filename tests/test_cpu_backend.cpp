@@ -117,7 +117,7 @@ TEST(RowKernels, VectorReductionDeclinesWhatItCannotDo) {
 }
 
 // Bounded wait for a reader outside the data path's roles.
-bool wait_tag(const cpu::CpuDataPath& dp, const ep::Tag* tag, uint32_t value) {
+bool wait_tag(const cpu::CpuDataPath& dp, const protocol::Tag* tag, uint32_t value) {
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   for (unsigned spin = 0; !dp.arrived(tag, value); ++spin)
     if (spin % 64 == 0) {
@@ -141,8 +141,8 @@ TEST(CpuDataPathStress, BatchedFencesReleaseEveryTagAfterItsRow) {
     const int rows = members * kMembersRows;
     std::vector<char> storage(static_cast<size_t>(rows) * row_bytes + 64);
     char* window = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
-    std::vector<ep::Tag> tags(static_cast<size_t>(rows), 0);
-    alignas(64) ep::Tag ack = 0;
+    std::vector<protocol::Tag> tags(static_cast<size_t>(rows), 0);
+    alignas(64) protocol::Tag ack = 0;
     std::atomic<int> bad_rows{0}, lost{0};
     std::thread reader([&] {
       for (uint32_t e = 1; e <= kEpochs && lost == 0; ++e) {

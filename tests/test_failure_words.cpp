@@ -4,15 +4,15 @@
 
 #include <cstdint>
 
-#include "ep/protocol.hpp"
+#include "protocol/protocol.hpp"
 
 namespace ubep::test {
 namespace {
 
-using ep::broken_marker;
-using ep::fail_marker;
-using ep::failure_ends_call;
-using ep::marked_call;
+using protocol::broken_marker;
+using protocol::fail_marker;
+using protocol::failure_ends_call;
+using protocol::marked_call;
 
 TEST(FailureWords, RejectionEndsOnlyTheCallItNames) {
   EXPECT_FALSE(failure_ends_call(0u, 7));
@@ -31,7 +31,7 @@ TEST(FailureWords, BreakEndsOnlyItsCallAndLaterOnes) {
 }
 
 TEST(FailureWords, NamedCallSurvivesTheWrap) {
-  const uint64_t period = ep::kMarkerPeriod;
+  const uint64_t period = protocol::kMarkerPeriod;
   for (uint64_t call : {uint64_t{1}, uint64_t{2}, period - 1, period, period + 1, 3 * period + 5}) {
     for (int64_t d : {-2, -1, 0, 1, 2}) {
       if (d < 0 && call <= static_cast<uint64_t>(-d)) continue;  // calls count from 1

@@ -17,13 +17,17 @@ size_t dtype_size(DType t);
 const char* dtype_name(DType t);
 DType parse_dtype(const std::string& name);  // "bf16" | "fp32" | "fp8"; throws InvalidArgument
 
-// Where a tensor's memory lives. Host memory is kCpu; kCuda is device memory of GPU `index`.
-enum class DeviceType : uint8_t { kCpu, kCuda };
+// Where a tensor's memory lives, and so which backend a Buffer runs on (BufferConfig::device).
+// kCpu: host memory, the CPU backend. kCuda: memory of GPU `index`, the CUDA backend.
+// kCudaSim: the CUDA simulation device -- host memory, and the CUDA backend's kernels run on CPU
+// threads (for testing that code without a GPU; slow).
+enum class DeviceType : uint8_t { kCpu, kCuda, kCudaSim };
 struct Device {
   DeviceType type = DeviceType::kCpu;
   int index = 0;
   bool operator==(const Device&) const = default;
-  std::string describe() const;  // "cpu" | "cuda:1"
+  std::string describe() const;  // "cpu" | "cuda:1" | "cuda-sim:0"
+  static Device parse(const std::string& name);  // the same names; throws InvalidArgument
 };
 
 // A non-owning view of a dense, row-major tensor of up to 3 dimensions.

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "ep/protocol.hpp"
+#include "protocol/protocol.hpp"
 #include "ubep/types.hpp"
 
 namespace ubep::backend {
@@ -54,11 +54,11 @@ class DataPath {
   // Inside run_roles, after streamed rows, the store may be held back to share one fence with
   // the next tags; every held tag is stored before this thread's next arrived(), load(),
   // fence(), stop-and-wait publish, or the end of its role function (docs/BACKENDS.md).
-  virtual void publish(ep::Tag* tag, uint32_t value, bool stop_and_wait = false) const = 0;
+  virtual void publish(protocol::Tag* tag, uint32_t value, bool stop_and_wait = false) const = 0;
   // Acquire load: true once `value` is there; the message's data is then visible.
-  virtual bool arrived(const ep::Tag* tag, uint32_t value) const = 0;
+  virtual bool arrived(const protocol::Tag* tag, uint32_t value) const = 0;
   // Acquire load of a tag word (for words with more than one meaningful value).
-  virtual uint32_t load(const ep::Tag* tag) const = 0;
+  virtual uint32_t load(const protocol::Tag* tag) const = 0;
   // Full fence: every earlier store of this thread is visible before every later one.
   virtual void fence() const = 0;
 

@@ -7,7 +7,7 @@
 #include "baseline/team.hpp"
 #include "core/local_array.hpp"
 #include "core/stage_timer.hpp"
-#include "ep/protocol.hpp"
+#include "protocol/protocol.hpp"
 #include "ep/routing.hpp"
 #include "ubep/baseline.hpp"
 #include "ubep/bf16.hpp"
@@ -57,7 +57,7 @@ struct AlltoallBaseline::Impl {
   int rank, ranks, El;
   int64_t T;
   DType cdtype;     // combine_dtype(cfg)
-  ep::RowCodec XC;  // dispatch rows: on the wire payload then scales (protocol.hpp)
+  protocol::RowCodec XC;  // dispatch rows: on the wire payload then scales (protocol.hpp)
   size_t XB;        // XC.row_bytes()
   size_t RB, meta_bytes, rec_bytes;  // RB: a combine row
   ep::Routing routing;
@@ -90,11 +90,11 @@ struct AlltoallBaseline::Impl {
         El(c.num_experts / g.size()),
         T(c.max_tokens_per_rank),
         cdtype(combine_dtype(c)),
-        XC(ep::row_codec(c.dtype, c.hidden)),
+        XC(protocol::row_codec(c.dtype, c.hidden)),
         XB(XC.row_bytes()),
         RB(static_cast<size_t>(c.hidden) * dtype_size(cdtype)),
-        meta_bytes(ep::round_up(8 + 12 * static_cast<size_t>(c.max_topk), 16)),
-        rec_bytes(ep::round_up(XB, 4) + meta_bytes),
+        meta_bytes(protocol::round_up(8 + 12 * static_cast<size_t>(c.max_topk), 16)),
+        rec_bytes(protocol::round_up(XB, 4) + meta_bytes),
         routing(g.size(), c.num_experts, c.max_tokens_per_rank, c.max_topk),
         team(resolve_workers(g, c.num_workers)) {
     const auto R = static_cast<size_t>(ranks), Tz = static_cast<size_t>(T),
@@ -149,7 +149,7 @@ struct AlltoallBaseline::Impl {
 
   // This rank's dispatch rows: x (and x_scales) as given, or bf16/fp32 x cast to fp8 with the
   // same codec as ubep::Buffer (split over the team; each member writes only its tokens).
-  ep::RowArrays dispatch_source(const DispatchArgs& a) {
+  protocol::RowArrays dispatch_source(const DispatchArgs& a) {
     if (cfg.dtype != DType::kFP8E4M3 || a.x.dtype == DType::kFP8E4M3)
       return {static_cast<const char*>(a.x.data), static_cast<const char*>(a.x_scales.data), XC};
     const int64_t H = cfg.hidden, blocks = fp8_scales_per_row(H);
@@ -243,7 +243,7 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
                  "dispatch: latency layout needs enable_latency_layout");
   b.routing.build(a, b.cfg);
   StageTimer timer(b.stats);
-  const ep::RowArrays source = b.dispatch_source(a);
+  const protocol::RowArrays source = b.dispatch_source(a);
   b.layout = a.layout;
   ++b.seq;
   const int R = b.ranks, El = b.El, K = b.routing.topk;
@@ -268,7 +268,7 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
       const int d = static_cast<int>(it - b.row_prefix.begin()) - 1;
       const int32_t t = b.routing.dest_token(d, g - b.row_prefix[static_cast<size_t>(d)]);
       char* r = b.send_buf.get() + g * rec;
-      const ep::RowRef x = source.row(t);
+      const protocol::RowRef x = source.row(t);
       std::memcpy(r, x.payload, b.XC.payload_bytes);
       if (b.XC.scale_bytes) std::memcpy(r + b.XC.payload_bytes, x.scales, b.XC.scale_bytes);
       auto* meta = reinterpret_cast<int32_t*>(r + b.rec_bytes - b.meta_bytes);

@@ -39,7 +39,33 @@ DType parse_dtype(const std::string& name) {
 }
 
 std::string Device::describe() const {
-  return type == DeviceType::kCpu ? std::string("cpu") : "cuda:" + std::to_string(index);
+  switch (type) {
+    case DeviceType::kCpu:
+      return "cpu";
+    case DeviceType::kCuda:
+      return "cuda:" + std::to_string(index);
+    case DeviceType::kCudaSim:
+      return "cuda-sim:" + std::to_string(index);
+  }
+  return "?";
+}
+
+Device Device::parse(const std::string& name) {
+  const size_t colon = name.find(':');
+  const std::string kind = name.substr(0, colon);
+  int index = 0;
+  if (colon != std::string::npos) {
+    const std::string digits = name.substr(colon + 1);
+    UBEP_CHECK_ARG(!digits.empty() && digits.size() < 6 &&
+                       digits.find_first_not_of("0123456789") == std::string::npos,
+                   "device '", name, "': the index after ':' must be a number");
+    index = std::stoi(digits);
+  }
+  if (kind == "cpu" && colon == std::string::npos) return {DeviceType::kCpu, 0};
+  if (kind == "cuda") return {DeviceType::kCuda, index};
+  if (kind == "cuda-sim") return {DeviceType::kCudaSim, index};
+  throw InvalidArgument(detail::concat("device '", name,
+                                       "' is not one of cpu, cuda[:N], cuda-sim[:N]"));
 }
 
 TensorView::TensorView(void* d, DType t, std::initializer_list<int64_t> dims) : data(d), dtype(t) {

@@ -1,7 +1,7 @@
 // The one interface both algorithms implement. A call is split in two phases so the caller can
 // compute in between (ubep); bsp completes each call in its send phase.
 //
-// Algorithms work over the Buffer's Window, CallState and DataPath (src/ep/buffer_impl.hpp);
+// Algorithms work over the Buffer's Window, CallState and DataPath (src/ep/host_engine.hpp);
 // they never touch peer memory except through the data path.
 #pragma once
 
@@ -12,6 +12,8 @@
 #include "ubep/buffer.hpp"
 
 namespace ubep::ep {
+
+struct HostEngine;
 
 class Algorithm {
  public:
@@ -29,7 +31,7 @@ class Algorithm {
   virtual void combine_recv() = 0;
 };
 
-std::unique_ptr<Algorithm> make_bsp(Buffer::Impl& b);
-std::unique_ptr<Algorithm> make_ubep(Buffer::Impl& b);
+std::unique_ptr<Algorithm> make_bsp(HostEngine& b);
+std::unique_ptr<Algorithm> make_ubep(HostEngine& b);
 
 }  // namespace ubep::ep

@@ -8,7 +8,7 @@
 // flags are the separate "done" round the staged design pays for. Outputs are double-buffered
 // by call parity (protocol.hpp), so no barrier is needed after the last stage.
 #include "core/stage_timer.hpp"
-#include "ep/buffer_impl.hpp"
+#include "ep/host_engine.hpp"
 #include "ep/relay.hpp"
 
 namespace ubep::ep {
@@ -16,7 +16,7 @@ namespace ubep::ep {
 namespace {
 constexpr int kDispatchOp = 0, kCombineOp = 1;
 
-void set_flags_and_verify(Buffer::Impl& b, int op) {
+void set_flags_and_verify(HostEngine& b, int op) {
   const Window& w = b.win;
   // Flags travel through shared memory, so only within the host; the barriers cover the rest.
   for (int d = 0; d < b.ranks; ++d)
@@ -36,9 +36,9 @@ void set_flags_and_verify(Buffer::Impl& b, int op) {
 // barrier out of step. A slot is rewritten only in the next call, after every rank has passed
 // it (passing the next barrier needs everyone), so a waiter never misses the value it waits for.
 // Across hosts the group's barrier (MPI) does it.
-void stage_barrier(Buffer::Impl& b, int n) {
+void stage_barrier(HostEngine& b, int n) {
   if (b.multi_host()) {
-    b.group.barrier();
+    b.grp.barrier();
     return;
   }
   const Window& w = b.win;
@@ -56,7 +56,7 @@ void stage_barrier(Buffer::Impl& b, int n) {
 
 class Bsp final : public Algorithm {
  public:
-  explicit Bsp(Buffer::Impl& b) : b_(b) {}
+  explicit Bsp(HostEngine& b) : b_(b) {}
   bool split_phase() const override { return false; }
   void dispatch_send(const DispatchArgs& a) override;
   void dispatch_recv() override {}  // dispatch_send completed the call
@@ -68,11 +68,11 @@ class Bsp final : public Algorithm {
   void combine_recv() override {}
 
  private:
-  Buffer::Impl& b_;
+  HostEngine& b_;
 };
 
 void Bsp::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
-  Buffer::Impl& b = b_;
+  HostEngine& b = b_;
   CallState& call = b.call;
   const Routing& routing = call.routing;
   StageTimer timer(b.stats);
@@ -117,7 +117,7 @@ void Bsp::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
 }
 
 void Bsp::combine_send(const CombineArgs& a) {
-  Buffer::Impl& b = b_;
+  HostEngine& b = b_;
   const CallState& call = b.call;
   const Window& w = b.win;
   StageTimer timer(b.stats);
@@ -172,6 +172,6 @@ void Bsp::combine_send(const CombineArgs& a) {
 
 }  // namespace
 
-std::unique_ptr<Algorithm> make_bsp(Buffer::Impl& b) { return std::make_unique<Bsp>(b); }
+std::unique_ptr<Algorithm> make_bsp(HostEngine& b) { return std::make_unique<Bsp>(b); }
 
 }  // namespace ubep::ep

@@ -1,12 +1,7 @@
-#include <algorithm>
-#include <thread>
-
-#include "backend/cpu/cpu_data_path.hpp"
+#include "backend/factory.hpp"
 #include "core/enum_names.hpp"
-#include "core/log.hpp"
-#include "ep/buffer_impl.hpp"
 #include "ep/config_agreement.hpp"
-#include "ep/relay.hpp"
+#include "ep/host_engine.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep {
@@ -39,423 +34,47 @@ Placement placement_for(Layout layout) {
   return layout == Layout::kLatency ? Placement::kPerSource : Placement::kCompact;
 }
 
-Buffer::Impl::Impl(Group& g, const BufferConfig& c)
-    : group(g),
-      cfg(ep::agree_on_config(g, c)),
-      cdtype(combine_dtype(cfg)),
-      rank(g.rank()),
-      ranks(g.size()),
-      local_experts(cfg.num_experts / g.size()),
-      T(cfg.max_tokens_per_rank),
-      dp(std::make_unique<cpu::CpuDataPath>(cfg.num_workers)),
-      win(g,
-          ep::WindowLayout(ep::row_codec(cfg.dtype, cfg.hidden),
-                           static_cast<size_t>(cfg.hidden) * dtype_size(cdtype), g.size(),
-                           cfg.num_experts / g.size(), cfg.max_topk, cfg.max_tokens_per_rank,
-                           cfg.enable_latency_layout),
-          *dp, cfg.initial_epoch),
-      call(g.rank(), cfg, g.size()),
-      watch(win, g.rank()) {
-  wait.timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout);
-  wait.abort = &watch;
-  win.set_sync(cfg.sync);
-  y = LocalArray(static_cast<size_t>(T) * row_bytes());
-  // Virtual until touched (MAP_NORESERVE): costs nothing unless compact() is used.
-  const auto most_rows = static_cast<size_t>(win.map().comb_rows());
-  compacted = LocalArray(most_rows * codec().payload_bytes);
-  if (codec().scale_bytes) {
-    compacted_scales = LocalArray(most_rows * codec().scale_bytes);
-    cast_x = LocalArray(static_cast<size_t>(T) * codec().payload_bytes);
-    cast_scales = LocalArray(static_cast<size_t>(T) * codec().scale_bytes);
-  }
-  part.resize(static_cast<size_t>(cfg.hidden));
-  if (cfg.schedule != SendSchedule::kEqualSlices) {
-    sched::Topology topo =
-        cfg.topology.empty() ? sched::discover(g) : sched::parse_topology(cfg.topology, ranks);
-    UBEP_CHECK_ARG(topo.ranks() == ranks, "topology '", cfg.topology, "' has ", topo.ranks(),
-                   " ranks, the group ", ranks);
-    const sched::Policy policy = cfg.schedule == SendSchedule::kNaive ? sched::Policy::kNaive
-                                 : cfg.schedule == SendSchedule::kColumnMajor
-                                     ? sched::Policy::kColumnMajor
-                                     : sched::Policy::kBalanced;
-    scheduler = std::make_unique<sched::Scheduler>(std::move(topo),
-                                                   sched::SchedulerOptions{dp->members(), policy});
-    plan_rows.resize(static_cast<size_t>(ranks));
-  }
-  if (g.num_hosts() > 1) {
-    UBEP_CHECK_ARG(g.remote() != nullptr, "Buffer: the group spans ", g.num_hosts(),
-                   " hosts but has no transport between them");
-    relay = std::make_unique<HostRelay>(g, cfg, win, call);
-  }
-  acc.resize(static_cast<size_t>(dp->members()) * static_cast<size_t>(cfg.hidden));
-  stats.stage_us.reserve(16);
-  bsp = ep::make_bsp(*this);
-  ubep = ep::make_ubep(*this);
-  log::info("rank ", rank, ": buffer with ", win.bytes(), " shared bytes, ", cfg.num_workers,
-            " workers, algorithm ", algorithm_name(cfg.algorithm));
-}
+// ---- Buffer: the one front, over the engine the factory picked for the device ------------------
 
-DispatchResult Buffer::Impl::result() const {
-  DispatchResult r;
-  const Layout layout = call.layout;
-  const int64_t num_recv_rows = call.num_recv_rows;
-  const ep::WindowLayout& m = win.map();
-  r.layout = layout;
-  r.handle = win.seq();
-  const int64_t K = call.routing.topk;
-  const auto scales = static_cast<int64_t>(codec().scale_bytes / sizeof(float));
-  r.recv_count = TensorView(call.recv_count.get(), DType::kInt64, {local_experts});
-  r.placement = call.placement;
-  if (layout == Layout::kThroughput) {
-    const int64_t span = call.tp_span();
-    r.num_recv_rows = num_recv_rows;
-    r.recv_x = TensorView(win.at<char>(rank, m.tp_x), cfg.dtype, {span, cfg.hidden});
-    if (scales)
-      r.recv_x_scales = TensorView(win.at<char>(rank, m.tp_scale), DType::kFP32, {span, scales});
-    r.recv_topk_idx = TensorView(win.at<char>(rank, m.tp_idx), DType::kInt32, {span, K});
-    r.recv_topk_weights = TensorView(win.at<char>(rank, m.tp_w), DType::kFP32, {span, K});
-    r.recv_src = TensorView(win.at<char>(rank, m.tp_src), DType::kInt64, {span, 2});
-    r.recv_range = TensorView(call.recv_range.get(), DType::kInt64, {ranks, 2});
-  } else {
-    r.recv_range = TensorView(call.recv_range.get(), DType::kInt64, {local_experts, ranks, 2});
-    r.recv_x =
-        TensorView(win.at<char>(rank, m.lat_x), cfg.dtype, {local_experts, RT(), cfg.hidden});
-    if (scales)
-      r.recv_x_scales =
-          TensorView(win.at<char>(rank, m.lat_scale), DType::kFP32, {local_experts, RT(), scales});
-    r.recv_src = TensorView(win.at<char>(rank, m.lat_src), DType::kInt64, {local_experts, RT(), 2});
-  }
-  return r;
-}
-
-TensorView Buffer::Impl::combine_input_view() const {
-  char* base = win.at<char>(rank, win.map().comb_x);
-  if (call.layout == Layout::kThroughput)
-    return TensorView(base, cdtype, {call.tp_span(), cfg.hidden});
-  return TensorView(base, cdtype, {local_experts, RT(), cfg.hidden});
-}
-
-TensorView Buffer::Impl::y_view() const {
-  return TensorView(y.get(), cdtype, {call.routing.num_tokens, cfg.hidden});
-}
-
-void Buffer::Impl::begin_dispatch(const DispatchArgs& a) {
-  UBEP_CHECK_ARG(phase == Phase::kIdle,
-                 "dispatch: a split-phase call is still outstanding on this buffer");
-  UBEP_CHECK_ARG(a.layout == Layout::kThroughput || cfg.enable_latency_layout,
-                 "dispatch: latency layout requested but the buffer was created with "
-                 "enable_latency_layout=false");
-  call.begin(a, cfg, codec().row_bytes());  // validates: throws before anything is sent
-  set_dispatch_source(a);
-  win.begin_call();
-  have_dispatch = true;
-  compacted_rows = -1;
-  combined = false;
-}
-
-void Buffer::Impl::check_combine(const CombineArgs& a) const {
-  UBEP_CHECK_ARG(phase == Phase::kIdle,
-                 "combine: a split-phase call is still outstanding on this buffer");
-  UBEP_CHECK_ARG(have_dispatch, "combine: no dispatch on this buffer yet");
-  UBEP_CHECK_ARG(
-      !combined, "combine: dispatch ", win.seq(),
-      " was already combined; each dispatch is combined at most once (peers may still be "
-      "reading the rows of the first combine)");
-  UBEP_CHECK_ARG(a.handle == win.seq(), "combine: handle ", a.handle,
-                 " does not belong to the last dispatch on this buffer (", win.seq(), ")");
-  UBEP_CHECK_ARG(a.x.dtype == cdtype, "combine: x dtype ", dtype_name(a.x.dtype),
-                 " does not match the buffer's combine dtype ", dtype_name(cdtype),
-                 cfg.dtype == DType::kFP8E4M3 ? " (fp8 buffers combine in bf16)" : "");
-  if (a.compacted || call.layout == Layout::kThroughput) {
-    const int64_t rows = a.compacted ? call.num_recv_rows : call.tp_span();
-    UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == rows && a.x.dim(1) == cfg.hidden,
-                   "combine: x must be [", rows, ", ", cfg.hidden, "] (",
-                   a.compacted ? "the rows in compact() order"
-                   : call.placement == Placement::kPerSource
-                       ? "shaped like recv_x: per-source placement"
-                       : "one row per received row",
-                   "), got ", a.x.describe());
-  } else {
-    UBEP_CHECK_ARG(a.x.ndim == 3 && a.x.dim(0) == local_experts && a.x.dim(1) == RT() &&
-                       a.x.dim(2) == cfg.hidden,
-                   "combine: x must be [", local_experts, ", ", RT(), ", ", cfg.hidden,
-                   "] (latency layout), got ", a.x.describe());
-  }
-  UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine: x has no data");
-  UBEP_CHECK_ARG(a.x.device == cfg.device, "combine: x is on ", a.x.device.describe(),
-                 ", the buffer on ", cfg.device.describe());
-  if (a.topk_weights.ndim != 0) {
-    const TensorView& w = a.topk_weights;
-    const ep::Routing& routing = call.routing;
-    UBEP_CHECK_ARG(call.layout == Layout::kLatency,
-                   "combine: topk_weights can only replace the dispatch's in the latency layout");
-    UBEP_CHECK_ARG(!multi_host(), "combine: topk_weights cannot be replaced across hosts");
-    UBEP_CHECK_ARG(w.device.type == DeviceType::kCpu,
-                   "combine: topk_weights must be in host memory, got ", w.device.describe());
-    UBEP_CHECK_ARG(w.ndim == 2 && w.dtype == DType::kFP32 && w.dim(0) == routing.num_tokens &&
-                       w.dim(1) == routing.topk && (w.data != nullptr || w.numel() == 0),
-                   "combine: topk_weights must be fp32 [", routing.num_tokens, ", ", routing.topk,
-                   "] like the dispatch's topk_idx, got ", w.describe());
-  }
-}
-
-void Buffer::Impl::set_combine_weights(const CombineArgs& a) {
-  if (a.topk_weights.ndim != 0 && a.topk_weights.numel() > 0)  // no tokens: data may be null
-    std::memcpy(call.routing.topk_weights.data(), a.topk_weights.data, a.topk_weights.bytes());
-}
-
-// ---------------------------------------------------------------------------------------------
-
-Buffer::Buffer(Group& group, BufferConfig config) : impl_(std::make_unique<Impl>(group, config)) {}
-Buffer::~Buffer() = default;
-Buffer::Impl::~Impl() {
-  // Departure: peers waiting in a call this rank will never make learn it at once
-  // (FailureWatch) instead of at their timeout. After a completed call M the word names M+1, so
-  // peers still finishing M (whose part this rank sent) are not disturbed; in the middle of a
-  // split-phase call, or after rejecting call M (its part of M was never sent, and this word
-  // replaces the rejection's), it names M. A broken buffer has already published its word. The
-  // peers' windows stay valid for this store: thread windows are shared by the group, process
-  // windows stay mapped by every rank until its own Buffer goes.
-  if (!broken.empty()) return;
-  const bool sent_last = phase == Phase::kIdle && !(rejected != 0 && rejected == calls);
-  win.publish_failure(rank, ep::broken_marker(sent_last ? calls + 1 : calls));
-}
-
-namespace {
-void report_topk_mismatch(const Buffer::Impl& b) {
-  const int shape = b.call.shape_mismatch();
-  UBEP_CHECK_ARG(shape < 0, "dispatch: rank ", shape,
-                 " made a different call (layout or placement) than rank ", b.rank, " (",
-                 layout_name(b.call.layout), ", ", placement_name(b.call.placement), ")");
-  const int other = b.call.topk_mismatch();
-  UBEP_CHECK_ARG(other < 0, "dispatch: rank ", other, " used a different topk than rank ", b.rank,
-                 " (", b.call.routing.topk, ")");
-}
-
-// Barriers the call made, and bytes it moved between hosts, into last_stats().
-class CallScope {
- public:
-  explicit CallScope(Buffer::Impl& b)
-      : b_(b), barriers0_(b.group.barrier_count() + b.window_barriers) {}
-  ~CallScope() {
-    b_.stats.barriers = b_.group.barrier_count() + b_.window_barriers - barriers0_;
-    b_.record_network();
-  }
-
- private:
-  Buffer::Impl& b_;
-  uint64_t barriers0_;
+struct Buffer::Impl {
+  std::unique_ptr<backend::Engine> engine;
 };
-}  // namespace
-
-void Buffer::Impl::start_call(const char* what) {
-  UBEP_CHECK(broken.empty(), BrokenBufferError, what, " (call ", calls + 1,
-             "): the buffer is broken after call ", calls, ": ", broken, "; create a new Buffer");
-  watch.set_call(++calls);
-}
-
-void Buffer::Impl::join_call(const char* what) {
-  // A peer whose buffer broke never joins another call on it, so neither can this rank: fail
-  // now (and tell the other peers) instead of at the first wait. Checked after this rank's own
-  // inputs, so bad input is always named as such.
-  for (int r = 0; r < ranks; ++r) {
-    const uint32_t word = r != rank && win.peer(r) ? win.failure_of(r) : 0u;
-    if (!ep::is_broken(word)) continue;
-    const uint64_t at = ep::marked_call(word, calls);
-    if (at > calls) continue;  // it broke in a later call: it had sent its part of this one
-    broken = detail::concat("rank ", r, "'s buffer broke (it failed call ", at, ")");
-    win.publish_failure(rank, ep::broken_marker(calls));
-    phase = Phase::kIdle;
-    // A peer that broke in this very call fails it as it fails the ranks waiting in it.
-    UBEP_CHECK(at < calls, PeerFailedError, what, " (call ", calls, "): rank ", r, " failed call ",
-               at, " (its buffer is broken), so the call cannot complete on rank ", rank);
-    throw BrokenBufferError(detail::concat(what, " (call ", calls,
-                                           "): the buffer is broken after call ", calls - 1, ": ",
-                                           broken, "; create a new Buffer"));
-  }
-}
-
-void Buffer::Impl::reject_call() {
-  rejected = calls;
-  win.publish_failure(rank, ep::fail_marker(calls));
-}
-
-void Buffer::Impl::break_call(const char* what, const std::exception& cause) {
-  if (broken.empty()) broken = detail::concat(what, " failed: ", cause.what());
-  phase = Phase::kIdle;
-  win.publish_failure(rank, ep::broken_marker(calls));
-}
 
 namespace {
-// Runs one phase of a started call: an error there leaves the ranks out of step, so it breaks
-// the buffer (and tells the peers) before it reaches the caller.
-template <typename Fn>
-auto phase_of(Buffer::Impl& b, const char* what, Fn&& fn) {
-  try {
-    return fn();
-  } catch (const std::exception& e) {
-    b.break_call(what, e);
-    throw;
-  }
-}
-// Checks the inputs of a call that was started: a rejection is local (nothing was sent), the
-// buffer stays usable, and peers already waiting in this call learn of it at once. Then joins
-// the call (a broken peer fails it).
-template <typename Fn>
-void inputs_of(Buffer::Impl& b, const char* what, Fn&& fn) {
-  try {
-    fn();
-  } catch (const InvalidArgument&) {
-    b.reject_call();
-    throw;
-  }
-  b.join_call(what);
+std::unique_ptr<backend::Engine> make_engine(Group& group, const BufferConfig& requested) {
+  const BufferConfig cfg = ep::agree_on_config(group, requested);  // collective: same on all ranks
+  if (backend::runs_kernels(cfg.device)) return backend::make_kernel_engine(group, cfg);
+  return std::make_unique<ep::HostEngine>(group, cfg, backend::make_data_path(cfg));
 }
 }  // namespace
 
-DispatchResult Buffer::dispatch(const DispatchArgs& args) {
-  Impl& b = *impl_;
-  b.start_call("dispatch");
-  {
-    CallScope scope(b);
-    inputs_of(b, "dispatch", [&] { b.begin_dispatch(args); });
-    phase_of(b, "dispatch", [&] {
-      ep::Algorithm& algo = b.algorithm();
-      algo.dispatch_send(args);
-      algo.dispatch_recv();
-    });
-  }
-  report_topk_mismatch(b);
-  return b.result();
-}
+Buffer::Buffer(Group& group, BufferConfig config)
+    : impl_(std::make_unique<Impl>(Impl{make_engine(group, config)})) {}
+Buffer::~Buffer() = default;
 
-TensorView Buffer::combine(const CombineArgs& args) {
-  Impl& b = *impl_;
-  b.start_call("combine");
-  CallScope scope(b);
-  inputs_of(b, "combine", [&] { b.check_combine(args); });
-  b.set_combine_weights(args);
-  b.combined = true;
-  phase_of(b, "combine", [&] {
-    ep::Algorithm& algo = b.algorithm();
-    algo.combine_send(args);
-    algo.combine_recv();
-  });
-  return b.y_view();
-}
-
-void Buffer::dispatch_send(const DispatchArgs& args) {
-  Impl& b = *impl_;
-  UBEP_CHECK_ARG(b.algorithm().split_phase(),
-                 "dispatch_send: split-phase calls need the ubep "
-                 "algorithm, this buffer runs ",
-                 algorithm_name(b.cfg.algorithm));
-  b.start_call("dispatch_send");
-  CallScope scope(b);
-  inputs_of(b, "dispatch_send", [&] { b.begin_dispatch(args); });
-  phase_of(b, "dispatch_send", [&] { b.algorithm().dispatch_send(args); });
-  b.phase = Impl::Phase::kDispatchSent;
-}
-
-DispatchResult Buffer::dispatch_recv() {
-  Impl& b = *impl_;
-  UBEP_CHECK(b.broken.empty(), BrokenBufferError, "dispatch_recv: the buffer is broken after call ",
-             b.calls, ": ", b.broken, "; create a new Buffer");
-  UBEP_CHECK_ARG(b.phase == Impl::Phase::kDispatchSent,
-                 "dispatch_recv: no dispatch_send outstanding");
-  b.phase = Impl::Phase::kIdle;
-  {
-    CallScope scope(b);
-    phase_of(b, "dispatch_recv", [&] { b.algorithm().dispatch_recv(); });
-  }
-  report_topk_mismatch(b);
-  return b.result();
-}
-
-void Buffer::combine_send(const CombineArgs& args) {
-  Impl& b = *impl_;
-  UBEP_CHECK_ARG(b.algorithm().split_phase(),
-                 "combine_send: split-phase calls need the ubep "
-                 "algorithm, this buffer runs ",
-                 algorithm_name(b.cfg.algorithm));
-  b.start_call("combine_send");
-  CallScope scope(b);
-  inputs_of(b, "combine_send", [&] { b.check_combine(args); });
-  b.set_combine_weights(args);
-  b.combined = true;
-  phase_of(b, "combine_send", [&] { b.algorithm().combine_send(args); });
-  b.phase = Impl::Phase::kCombineSent;
-}
-
-TensorView Buffer::combine_recv() {
-  Impl& b = *impl_;
-  UBEP_CHECK(b.broken.empty(), BrokenBufferError, "combine_recv: the buffer is broken after call ",
-             b.calls, ": ", b.broken, "; create a new Buffer");
-  UBEP_CHECK_ARG(b.phase == Impl::Phase::kCombineSent, "combine_recv: no combine_send outstanding");
-  b.phase = Impl::Phase::kIdle;
-  CallScope scope(b);
-  phase_of(b, "combine_recv", [&] { b.algorithm().combine_recv(); });
-  return b.y_view();
-}
-
+DispatchResult Buffer::dispatch(const DispatchArgs& args) { return impl_->engine->dispatch(args); }
+TensorView Buffer::combine(const CombineArgs& args) { return impl_->engine->combine(args); }
+void Buffer::dispatch_send(const DispatchArgs& args) { impl_->engine->dispatch_send(args); }
+DispatchResult Buffer::dispatch_recv() { return impl_->engine->dispatch_recv(); }
+void Buffer::combine_send(const CombineArgs& args) { impl_->engine->combine_send(args); }
+TensorView Buffer::combine_recv() { return impl_->engine->combine_recv(); }
 std::array<int64_t, 2> Buffer::wait_recv_range(int source, int local_expert) {
-  Impl& b = *impl_;
-  UBEP_CHECK(b.broken.empty(), BrokenBufferError,
-             "wait_recv_range: the buffer is broken after call ", b.calls, ": ", b.broken,
-             "; create a new Buffer");
-  UBEP_CHECK_ARG(b.phase == Impl::Phase::kDispatchSent,
-                 "wait_recv_range: no dispatch_send outstanding");
-  UBEP_CHECK_ARG(source >= 0 && source < b.ranks, "wait_recv_range: source ", source,
-                 " is not a rank of the group [0, ", b.ranks, ")");
-  if (b.call.layout == Layout::kLatency)
-    UBEP_CHECK_ARG(local_expert >= 0 && local_expert < b.local_experts,
-                   "wait_recv_range: local_expert ", local_expert, " is not in [0, ",
-                   b.local_experts, ")");
-  else
-    UBEP_CHECK_ARG(local_expert == 0, "wait_recv_range: local_expert ", local_expert,
-                   " must be 0 in the throughput layout (rows are not grouped by expert)");
-  return phase_of(b, "wait_recv_range",
-                  [&] { return b.algorithm().wait_recv_range(source, local_expert); });
+  return impl_->engine->wait_recv_range(source, local_expert);
 }
-
-DispatchResult Buffer::pending_dispatch() const {
-  const Impl& b = *impl_;
-  UBEP_CHECK_ARG(b.phase == Impl::Phase::kDispatchSent && b.call.layout == Layout::kLatency,
-                 "pending_dispatch: no latency-layout dispatch_send outstanding");
-  return b.result();
+DispatchResult Buffer::pending_dispatch() const { return impl_->engine->pending_dispatch(); }
+TensorView Buffer::pending_combine() const { return impl_->engine->pending_combine(); }
+TensorView Buffer::compact() { return impl_->engine->compact(); }
+TensorView Buffer::compact_scales() const { return impl_->engine->compact_scales(); }
+TensorView Buffer::combine_buffer() const { return impl_->engine->combine_buffer(); }
+const BufferConfig& Buffer::config() const { return impl_->engine->config(); }
+Group& Buffer::group() { return impl_->engine->group(); }
+int Buffer::num_local_experts() const {
+  return impl_->engine->config().num_experts / impl_->engine->group().size();
 }
-
-TensorView Buffer::pending_combine() const {
-  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kCombineSent,
-                 "pending_combine: no combine_send outstanding");
-  return impl_->y_view();
-}
-
-const BufferConfig& Buffer::config() const { return impl_->cfg; }
-Group& Buffer::group() { return impl_->group; }
-int Buffer::num_local_experts() const { return impl_->local_experts; }
-int Buffer::num_workers() const { return impl_->dp->members() - 1; }
-void Buffer::set_algorithm(Algorithm a) {
-  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kIdle,
-                 "set_algorithm: a split-phase call is outstanding");
-  impl_->cfg.algorithm = a;
-}
-void Buffer::set_sync_mode(SyncMode m) {
-  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kIdle,
-                 "set_sync_mode: a split-phase call is outstanding");
-  impl_->cfg.sync = m;
-  impl_->win.set_sync(m);
-}
-const CallStats& Buffer::last_stats() const { return impl_->stats; }
-size_t Buffer::shared_bytes() const { return impl_->win.bytes(); }
-TensorView Buffer::compact() {
-  UBEP_CHECK_ARG(impl_->have_dispatch, "compact: no dispatch on this buffer yet");
-  UBEP_CHECK_ARG(impl_->phase == Impl::Phase::kIdle, "compact: a split-phase call is outstanding");
-  return impl_->compact_rows();
-}
-TensorView Buffer::combine_buffer() const {
-  UBEP_CHECK_ARG(impl_->have_dispatch, "combine_buffer: no dispatch on this buffer yet");
-  return impl_->combine_input_view();
-}
+int Buffer::num_workers() const { return impl_->engine->num_workers(); }
+void Buffer::set_algorithm(Algorithm a) { impl_->engine->set_algorithm(a); }
+void Buffer::set_sync_mode(SyncMode m) { impl_->engine->set_sync_mode(m); }
+const CallStats& Buffer::last_stats() const { return impl_->engine->last_stats(); }
+size_t Buffer::shared_bytes() const { return impl_->engine->shared_bytes(); }
 
 }  // namespace ubep

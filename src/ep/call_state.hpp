@@ -23,7 +23,7 @@ class CallState {
   void begin(const DispatchArgs& a, const BufferConfig& cfg, size_t row_bytes);
 
   // This rank's dispatch rows, by token: the caller's x (and x_scales), or the cast-on-send
-  // staging copy (Buffer::Impl::begin_dispatch sets it after begin()).
+  // staging copy (HostEngine::begin_dispatch sets it after begin()).
   RowArrays source;
   Routing routing;
   Layout layout = Layout::kThroughput;

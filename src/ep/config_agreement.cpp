@@ -9,6 +9,7 @@
 #include <exception>
 #include <thread>
 
+#include "backend/factory.hpp"
 #include "ep/config_agreement.hpp"
 #include "ubep/error.hpp"
 #include "ubep/scheduler.hpp"
@@ -23,8 +24,6 @@ BufferConfig checked(const Group& g, BufferConfig c) {
   UBEP_CHECK_ARG(c.max_tokens_per_rank < (int64_t{1} << 30),
                  "max_tokens_per_rank too large: ", c.max_tokens_per_rank);
   UBEP_CHECK_ARG(c.hidden >= 1, "hidden must be >= 1, got ", c.hidden);
-  UBEP_CHECK_ARG(c.device.type == DeviceType::kCpu, "Buffer: device ", c.device.describe(),
-                 " is not served by the CPU backend (the CUDA backend: docs/CUDA.md)");
   UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32 || c.dtype == DType::kFP8E4M3,
                  "buffer dtype must be bf16, fp32 or fp8, got ", dtype_name(c.dtype));
   UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0, "Buffer: num_experts ",
@@ -38,6 +37,7 @@ BufferConfig checked(const Group& g, BufferConfig c) {
     UBEP_CHECK_ARG(topo.ranks() == g.size(), "topology '", c.topology, "' has ", topo.ranks(),
                    " ranks, the group ", g.size());
   }
+  backend::check_config(c, g.size());  // what the device's backend can serve
   if (c.num_workers < 0) {
     // Cores per rank on this host, minus the caller (which is a team member itself).
     int local = 0;
@@ -50,7 +50,8 @@ BufferConfig checked(const Group& g, BufferConfig c) {
 
 constexpr const char* kFieldNames[] = {
     "max_tokens_per_rank",   "hidden",        "dtype", "num_experts", "max_topk",
-    "enable_latency_layout", "initial_epoch", "sync",  "algorithm",   "placement"};
+    "enable_latency_layout", "initial_epoch", "sync",  "algorithm",   "placement",
+    "device type"};
 constexpr size_t kFields = sizeof kFieldNames / sizeof kFieldNames[0];
 constexpr size_t kReasonBytes = 256;
 
@@ -84,7 +85,8 @@ BufferConfig agree_on_config(Group& g, const BufferConfig& requested) {
                                      static_cast<int64_t>(c.initial_epoch),
                                      static_cast<int64_t>(c.sync),
                                      static_cast<int64_t>(c.algorithm),
-                                     static_cast<int64_t>(c.placement)};
+                                     static_cast<int64_t>(c.placement),
+                                     static_cast<int64_t>(c.device.type)};
     std::copy(fields, fields + kFields, mine.fields);
   }
   // Every rank gets here, accepted or not (bounded by the group's timeout on every backend).

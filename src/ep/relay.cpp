@@ -3,19 +3,19 @@
 #include <algorithm>
 #include <cstring>
 
-#include "ep/buffer_impl.hpp"
+#include "ep/host_engine.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep {
 
-using ep::relay_wire::Header;
-using ep::relay_wire::kCombineTag;
-using ep::relay_wire::kDispatchTag;
-using ep::relay_wire::kHeader;
-using ep::relay_wire::meta_offset;
-using ep::relay_wire::PackedToken;
-using ep::relay_wire::read_header;
-using ep::relay_wire::write_header;
+using protocol::relay_wire::Header;
+using protocol::relay_wire::kCombineTag;
+using protocol::relay_wire::kDispatchTag;
+using protocol::relay_wire::kHeader;
+using protocol::relay_wire::meta_offset;
+using protocol::relay_wire::PackedToken;
+using protocol::relay_wire::read_header;
+using protocol::relay_wire::write_header;
 
 HostRelay::HostRelay(Group& g, const BufferConfig& cfg, ep::Window& win, ep::CallState& call)
     : g_(g), cfg_(cfg), win_(win), call_(call), remote_(g.remote()) {
@@ -71,7 +71,7 @@ HostRelay::HostRelay(Group& g, const BufferConfig& cfg, ep::Window& win, ep::Cal
 bool HostRelay::local(int r) const { return g_.host_of(r) == my_host_; }
 
 size_t HostRelay::record_bytes() const {
-  return ep::relay_wire::record_bytes(win_.codec().row_bytes(), cfg_.max_topk);
+  return protocol::relay_wire::record_bytes(win_.codec().row_bytes(), cfg_.max_topk);
 }
 
 void HostRelay::start_dispatch() {
@@ -87,7 +87,7 @@ void HostRelay::start_dispatch() {
 void HostRelay::pack() {
   const int K = call_.routing.topk, El = call_.local_experts;
   // A wire row is the codec's: payload then scales (protocol.hpp).
-  const ep::RowCodec& codec = win_.codec();
+  const protocol::RowCodec& codec = win_.codec();
   const size_t rec = record_bytes(), RB = codec.row_bytes();
   const size_t nh = hosts_.size();
   for (size_t h = 0; h < nh; ++h) {
@@ -192,17 +192,17 @@ void HostRelay::forward(Relayed& s) {
     int64_t* eo = &s.expert_off[static_cast<size_t>(d * El)];
     std::fill(eo, eo + El, 0);
     for (int lower = 0; lower < s.source; ++lower) {
-      ep::CountRecord rec = win_.count(d, lower);
+      protocol::CountRecord rec = win_.count(d, lower);
       rows += *rec.rows();
       for (int e = 0; e < El; ++e) eo[e] += rec.expert_rows()[e];
     }
     s.row_off[static_cast<size_t>(d)] = rows;
   }
   walk(s, [&](int, const PackedToken& p, int d, int64_t slot, const int32_t* slots) {
-    call_.place_row(win_, d, s.source, *p.token(), ep::wire_row(p.row(), win_.codec()), p.idx(),
+    call_.place_row(win_, d, s.source, *p.token(), protocol::wire_row(p.row(), win_.codec()), p.idx(),
                     p.w(), p.K, slot, slots, s.row_off[static_cast<size_t>(d)],
                     &s.expert_off[static_cast<size_t>(d * El)],
-                    [&](ep::Tag* tag) { win_.complete(tag); });
+                    [&](protocol::Tag* tag) { win_.complete(tag); });
   });
   s.forwarded = true;
 }
@@ -288,7 +288,7 @@ void HostRelay::advance_partials(Relayed& s) {
         if (!there) continue;
         const int64_t pos = s.row_off[static_cast<size_t>(d)] + s.rows_seen[static_cast<size_t>(d)];
         dslot[count] = d;
-        ready = ready && win_.arrived(win_.at<ep::Tag>(d, win_.map().comb_tag) + pos);
+        ready = ready && win_.arrived(win_.at<protocol::Tag>(d, win_.map().comb_tag) + pos);
         rows[count++] =
             win_.at<char>(d, win_.map().comb_x) + static_cast<size_t>(pos) * win_.row_bytes();
       }
@@ -302,7 +302,7 @@ void HostRelay::advance_partials(Relayed& s) {
                             s.experts_seen[static_cast<size_t>(e)];
         dslot[count] = e;
         weights[count] = p.w()[j];
-        ready = ready && win_.arrived(win_.at<ep::Tag>(d, win_.map().comb_tag) + pos);
+        ready = ready && win_.arrived(win_.at<protocol::Tag>(d, win_.map().comb_tag) + pos);
         rows[count++] =
             win_.at<char>(d, win_.map().comb_x) + static_cast<size_t>(pos) * win_.row_bytes();
       }
@@ -349,18 +349,18 @@ bool HostRelay::combine_done() {
   return done;
 }
 
-// ---- Buffer::Impl glue ----
+// ---- HostEngine glue ----
 
-void Buffer::Impl::relay_progress() { relay->progress(); }
+void ep::HostEngine::relay_progress() { relay->progress(); }
 
-const float* Buffer::Impl::remote_partial(int h, int64_t t) {
+const float* ep::HostEngine::remote_partial(int h, int64_t t) {
   if (!relay->partial(h, t)) return nullptr;
   wait_for([&] { return relay->combine_partial_arrived(h); }, true,
            [&] { return detail::concat("combine partials from host ", h); });
   return relay->partial(h, t);
 }
 
-void Buffer::Impl::record_network() {
+void ep::HostEngine::record_network() {
   stats.network_bytes = relay ? relay->network_bytes() : 0;
   stats.network_rows = relay ? relay->network_rows() : 0;
 }

@@ -1,6 +1,6 @@
 // Where a dispatch's rows come from on the sender (the caller's x and x_scales, or an fp8 copy
 // cast on send) and the compact() copy of the received rows with their scales.
-#include "ep/buffer_impl.hpp"
+#include "ep/host_engine.hpp"
 #include "ubep/error.hpp"
 #include "ubep/fp8.hpp"
 
@@ -9,8 +9,8 @@ namespace ubep {
 // Where this rank's dispatch rows come from: x (and x_scales) as given, or for bf16/fp32 x on
 // an fp8 buffer, a copy cast to e4m3 by the role team (tokens split in equal slices; each
 // member writes only its own rows, and run_roles returns after every member's writes).
-void Buffer::Impl::set_dispatch_source(const DispatchArgs& a) {
-  const ep::RowCodec& c = codec();
+void ep::HostEngine::set_dispatch_source(const DispatchArgs& a) {
+  const protocol::RowCodec& c = codec();
   if (cfg.dtype != DType::kFP8E4M3 || a.x.dtype == DType::kFP8E4M3) {
     call.source = {static_cast<const char*>(a.x.data), static_cast<const char*>(a.x_scales.data),
                    c};
@@ -30,8 +30,8 @@ void Buffer::Impl::set_dispatch_source(const DispatchArgs& a) {
   call.source = {cast_x.get(), cast_scales.get(), c};
 }
 
-TensorView Buffer::Impl::compact_rows() {
-  const ep::WindowLayout& m = win.map();
+TensorView ep::HostEngine::compact_rows() {
+  const protocol::WindowLayout& m = win.map();
   const bool tp = call.layout == Layout::kThroughput;
   const char* from = win.at<char>(rank, tp ? m.tp_x : m.lat_x);
   const char* from_scales = win.at<char>(rank, tp ? m.tp_scale : m.lat_scale);
@@ -46,8 +46,8 @@ TensorView Buffer::Impl::compact_rows() {
   return TensorView(to, cfg.dtype, {call.num_recv_rows, cfg.hidden});
 }
 
-TensorView Buffer::compact_scales() const {
-  const Impl& b = *impl_;
+TensorView ep::HostEngine::compact_scales() const {
+  const HostEngine& b = *this;
   UBEP_CHECK_ARG(b.codec().scale_bytes != 0, "compact_scales: the buffer's dtype ",
                  dtype_name(b.cfg.dtype), " has no scales (only fp8 has)");
   UBEP_CHECK_ARG(b.compacted_rows >= 0, "compact_scales: call compact() first");

@@ -26,7 +26,7 @@
 // Buffer enforces (one outstanding split-phase call, combine only for the last dispatch).
 
 #include "core/stage_timer.hpp"
-#include "ep/buffer_impl.hpp"
+#include "ep/host_engine.hpp"
 #include "ep/relay.hpp"
 
 namespace ubep::ep {
@@ -41,7 +41,7 @@ inline void slice(int64_t n, int m, int members, int64_t* begin, int64_t* end) {
 
 // Waits until the count records of sources [from, upto) are at `dest` (on the caller's thread
 // the cross-host relay keeps running meanwhile, so proxied records can appear).
-void wait_counts(Buffer::Impl& b, int dest, int upto, bool caller, int from = 0) {
+void wait_counts(HostEngine& b, int dest, int upto, bool caller, int from = 0) {
   for (int s = from; s < upto; ++s)
     b.wait_for([&] { return b.win.count_arrived(dest, s); }, caller,
                [&] {
@@ -52,7 +52,7 @@ void wait_counts(Buffer::Impl& b, int dest, int upto, bool caller, int from = 0)
 
 class Ubep final : public Algorithm {
  public:
-  explicit Ubep(Buffer::Impl& b) : b_(b) {}
+  explicit Ubep(HostEngine& b) : b_(b) {}
   bool split_phase() const override { return true; }
   void dispatch_send(const DispatchArgs& a) override;
   void dispatch_recv() override;
@@ -61,11 +61,11 @@ class Ubep final : public Algorithm {
   void combine_recv() override;
 
  private:
-  Buffer::Impl& b_;
+  HostEngine& b_;
 };
 
 void Ubep::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
-  Buffer::Impl& b = b_;
+  HostEngine& b = b_;
   CallState& call = b.call;
   const Routing& routing = call.routing;
   StageTimer timer(b.stats);
@@ -140,7 +140,7 @@ void Ubep::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
 }
 
 void Ubep::dispatch_recv() {
-  Buffer::Impl& b = b_;
+  HostEngine& b = b_;
   const double send_us = b.stats.stage_us.empty() ? 0.0 : b.stats.stage_us.back().second;
   StageTimer timer(b.stats);
   wait_counts(b, b.rank, b.ranks, true);
@@ -163,7 +163,7 @@ void Ubep::dispatch_recv() {
 // per-source placement) and the range's own rows are waited for, so a late rank delays only
 // the ranges it sends. dispatch_recv later waits for the rest (rows already seen return at once).
 std::array<int64_t, 2> Ubep::wait_recv_range(int s, int e) {
-  Buffer::Impl& b = b_;
+  HostEngine& b = b_;
   wait_counts(b, b.rank, s + 1, true, b.call.first_range_source(s));
   const std::array<int64_t, 2> range = b.call.range_from_counts(b.win, e, s);
   const bool latency = b.call.layout == Layout::kLatency;
@@ -179,7 +179,7 @@ std::array<int64_t, 2> Ubep::wait_recv_range(int s, int e) {
 }
 
 void Ubep::combine_send(const CombineArgs& a) {
-  Buffer::Impl& b = b_;
+  HostEngine& b = b_;
   StageTimer timer(b.stats);
   const int members = b.dp->members();
   char* comb = b.win.at<char>(b.rank, b.win.map().comb_x);
@@ -200,7 +200,7 @@ void Ubep::combine_send(const CombineArgs& a) {
 }
 
 void Ubep::combine_recv() {
-  Buffer::Impl& b = b_;
+  HostEngine& b = b_;
   const CallState& call = b.call;
   const Routing& routing = call.routing;
   const int members = b.dp->members();
@@ -249,6 +249,6 @@ void Ubep::combine_recv() {
 
 }  // namespace
 
-std::unique_ptr<Algorithm> make_ubep(Buffer::Impl& b) { return std::make_unique<Ubep>(b); }
+std::unique_ptr<Algorithm> make_ubep(HostEngine& b) { return std::make_unique<Ubep>(b); }
 
 }  // namespace ubep::ep

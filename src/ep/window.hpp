@@ -9,10 +9,13 @@
 
 #include "backend/data_path.hpp"
 #include "core/wait.hpp"
-#include "ep/protocol.hpp"
+#include "protocol/protocol.hpp"
 #include "ubep/buffer.hpp"
 
 namespace ubep::ep {
+
+// The ep layer speaks the wire formats (src/protocol) unqualified.
+using namespace ::ubep::protocol;
 
 class Window {
  public:

@@ -10,7 +10,7 @@
 #include "backend/cpu/worker_team.hpp"
 #include "core/local_array.hpp"
 #include "core/wait.hpp"
-#include "ep/protocol.hpp"
+#include "protocol/protocol.hpp"
 #include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
 #include "ubep/moe.hpp"
@@ -60,8 +60,8 @@ struct OwnerGroup {
   int owner;
 };
 
-using RecordFormat = ep::TileRecordFormat;  // the wire format lives in src/ep/protocol.hpp
-using Record = ep::TileRecord;
+using RecordFormat = protocol::TileRecordFormat;  // the wire format lives in src/ep/protocol.hpp
+using Record = protocol::TileRecord;
 
 // Per-member counters, padded so members never share a cache line.
 struct alignas(64) MemberStats {
@@ -94,7 +94,7 @@ struct ExpertLayer::Impl {
   std::vector<std::vector<int64_t>> expert_rows;  // per expert: aligned rows in dispatch order
   int64_t max_aligned = 0;
   LocalArray in_, out_;              // [max_aligned, H] fp32
-  std::unique_ptr<ep::Tag[]> ready;  // per tile
+  std::unique_ptr<protocol::Tag[]> ready;  // per tile
   size_t max_tiles = 0;
   std::atomic<uint32_t> published{0};
   std::atomic<int> next_tile{0};
@@ -133,7 +133,7 @@ struct ExpertLayer::Impl {
     out_ = LocalArray(static_cast<size_t>(max_aligned * H) * 4);
     max_tiles = static_cast<size_t>((max_aligned + cfg.tile_rows - 1) / cfg.tile_rows +
                                     static_cast<int64_t>(local_experts) * R);
-    ready = std::make_unique<ep::Tag[]>(max_tiles);  // value-initialised: 0, no call's tag
+    ready = std::make_unique<protocol::Tag[]>(max_tiles);  // value-initialised: 0, no call's tag
     mstats.resize(static_cast<size_t>(team.size()));
     acc.resize(static_cast<size_t>(team.size() * H));
     y = LocalArray(static_cast<size_t>(T * H) * es);
@@ -142,7 +142,7 @@ struct ExpertLayer::Impl {
   }
 
   size_t slots() const { return static_cast<size_t>(T) * static_cast<size_t>(cfg.max_topk); }
-  static size_t records_offset() { return ep::kCacheLine; }
+  static size_t records_offset() { return protocol::kCacheLine; }
   // Word 0 of every window: calls whose records its owner has finished reading.
   std::atomic<uint64_t>* released(int r) const {
     return static_cast<std::atomic<uint64_t>*>(window->base(r));
@@ -152,8 +152,8 @@ struct ExpertLayer::Impl {
                 (static_cast<size_t>(half) * slots() + static_cast<size_t>(slot)) * fmt.bytes(),
             &fmt};
   }
-  uint32_t tag() const { return ep::tag_of(seq); }
-  int half() const { return ep::half_of(seq); }
+  uint32_t tag() const { return protocol::tag_of(seq); }
+  int half() const { return protocol::half_of(seq); }
 
   void plan(const DispatchResult& d);
   int64_t rows_of(int first, int n) const {

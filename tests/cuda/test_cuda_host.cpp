@@ -204,7 +204,7 @@ TEST(CudaHost, LaunchSizing) {
 
 TEST(CudaHost, ResultViewsPointIntoTheWindowHalf) {
   BufferConfig cfg = cuda_config();
-  const ep::WindowLayout m = cuda_host::window_layout(cfg, 4);
+  const protocol::WindowLayout m = cuda_host::window_layout(cfg, 4);
   char* base = reinterpret_cast<char*>(uintptr_t{1} << 20);
   char* rc = reinterpret_cast<char*>(uintptr_t{1} << 30);
   for (int half : {0, 1}) {
@@ -272,7 +272,7 @@ TEST(CudaHost, SequencerStateAndParameters) {
   EXPECT_THROW(q.combine({}, cuda_hd::kCombSend, res), InvalidArgument);  // no dispatch yet
   EXPECT_THROW(q.dispatch(std::span(args).first(1), cuda_hd::kSend, res), InvalidArgument);
   const cuda_hd::LaunchParams p1 = q.dispatch(args, cuda_hd::kSend, res);
-  EXPECT_EQ(p1.tag, ep::tag_of(0xFFFFFFFEull));
+  EXPECT_EQ(p1.tag, protocol::tag_of(0xFFFFFFFEull));
   EXPECT_EQ(p1.half, 0);
   EXPECT_EQ(p1.gen, 1u);
   EXPECT_EQ(p1.barrier_seq, 1u);
@@ -289,7 +289,7 @@ TEST(CudaHost, SequencerStateAndParameters) {
   EXPECT_EQ(pc.barrier_seq, 3u);  // after the dispatch's two group barriers
   EXPECT_THROW(q.combine(c, cuda_hd::kCombSend, res), InvalidArgument);  // at most once
   const cuda_hd::LaunchParams p2 = q.dispatch(args, cuda_hd::kSend | cuda_hd::kRecv, res);
-  EXPECT_EQ(p2.tag, ep::tag_of(0xFFFFFFFFull));
+  EXPECT_EQ(p2.tag, protocol::tag_of(0xFFFFFFFFull));
   EXPECT_NE(p2.tag, p1.tag);
   EXPECT_EQ(p2.half, 1);
   EXPECT_EQ(p2.gen, 2u);

@@ -58,7 +58,7 @@ TEST_P(PlacementModel, MatchesReference) {
   cfg.dtype = dt;
   cfg.num_experts = E;
   cfg.max_topk = K;
-  const ep::WindowLayout map = cuda_host::window_layout(cfg, R);
+  const protocol::WindowLayout map = cuda_host::window_layout(cfg, R);
   const int64_t RT = map.tp_rows();
   std::vector<ep::Routing> routing;
   for (int s = 0; s < R; ++s) {
@@ -272,13 +272,13 @@ TEST(CudaHost, SequencerPlacementAndCompact) {
   e.index = 7;
   e.tag = 5;
   EXPECT_NE(cuda_host::describe(e, 1).find("has 5 rows, fewer than the 7"), std::string::npos);
-  // The kernels' shape word is the CPU's (ep::call_shape of the enums' values).
+  // The kernels' shape word is the CPU's (protocol::call_shape of the enums' values).
   EXPECT_EQ(
       cuda_hd::call_shape_of(true, true),
-      ep::call_shape(static_cast<int>(Layout::kLatency), static_cast<int>(Placement::kPerSource)));
+      protocol::call_shape(static_cast<int>(Layout::kLatency), static_cast<int>(Placement::kPerSource)));
   EXPECT_EQ(
       cuda_hd::call_shape_of(false, false),
-      ep::call_shape(static_cast<int>(Layout::kThroughput), static_cast<int>(Placement::kCompact)));
+      protocol::call_shape(static_cast<int>(Layout::kThroughput), static_cast<int>(Placement::kCompact)));
 }
 
 }  // namespace

@@ -344,7 +344,7 @@ TEST(KernelsOnCpuPlacement, LateRankDelaysOnlyItsOwnRows) {
         args.push_back(in.back()->args);
       }
       b.dispatch(args, cuda_hd::kSend);
-      const uint32_t tag = ep::tag_of(0);
+      const uint32_t tag = protocol::tag_of(0);
       for (int q = 1; q < 3; ++q) {
         ASSERT_EQ(*b.count_tag(q, 0, 0), tag);  // it did arrive, later
         if (pl == Placement::kPerSource)

@@ -41,7 +41,7 @@ struct HeldTags {
   int in_role = 0;        // depth of run_roles on this thread
   int n = 0;
   size_t bytes = 0;  // streamed row bytes since the last release
-  ep::Tag* tag[kMaxHeld];
+  protocol::Tag* tag[kMaxHeld];
   uint32_t value[kMaxHeld];
 
   void release() {
@@ -99,7 +99,7 @@ void CpuDataPath::prepare_put(void* dst, size_t bytes) const {
   kernels::prefetch_for_write(dst, bytes);
 }
 
-void CpuDataPath::publish(ep::Tag* tag, uint32_t value, bool stop_and_wait) const {
+void CpuDataPath::publish(protocol::Tag* tag, uint32_t value, bool stop_and_wait) const {
   if (stop_and_wait) {
     held.release();
     std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -114,12 +114,12 @@ void CpuDataPath::publish(ep::Tag* tag, uint32_t value, bool stop_and_wait) cons
   publish_tag(tag, value);
 }
 
-bool CpuDataPath::arrived(const ep::Tag* tag, uint32_t value) const {
+bool CpuDataPath::arrived(const protocol::Tag* tag, uint32_t value) const {
   if (held.n > 0 || held.unfenced) held.release();
   return tag_arrived(tag, value);
 }
 
-uint32_t CpuDataPath::load(const ep::Tag* tag) const {
+uint32_t CpuDataPath::load(const protocol::Tag* tag) const {
   if (held.n > 0 || held.unfenced) held.release();
   return load_tag(tag);
 }

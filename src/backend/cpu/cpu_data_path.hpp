@@ -20,9 +20,9 @@ class CpuDataPath final : public backend::DataPath {
   void put_row(void* dst, const void* src, size_t bytes, bool stream) const override;
   void put(void* dst, const void* src, size_t bytes) const override;
   void prepare_put(void* dst, size_t bytes) const override;
-  void publish(ep::Tag* tag, uint32_t value, bool stop_and_wait) const override;
-  bool arrived(const ep::Tag* tag, uint32_t value) const override;
-  uint32_t load(const ep::Tag* tag) const override;
+  void publish(protocol::Tag* tag, uint32_t value, bool stop_and_wait) const override;
+  bool arrived(const protocol::Tag* tag, uint32_t value) const override;
+  uint32_t load(const protocol::Tag* tag) const override;
   void fence() const override;
   void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
                    const float* weights, int n, bool stream) const override;

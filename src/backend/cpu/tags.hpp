@@ -4,21 +4,21 @@
 
 #include <atomic>
 
-#include "ep/protocol.hpp"
+#include "protocol/protocol.hpp"
 
 namespace ubep::cpu {
 
-static_assert(std::atomic_ref<ep::Tag>::is_always_lock_free,
+static_assert(std::atomic_ref<protocol::Tag>::is_always_lock_free,
               "epoch tags must be lock-free to work across processes");
-static_assert(alignof(ep::Tag) >= std::atomic_ref<ep::Tag>::required_alignment);
+static_assert(alignof(protocol::Tag) >= std::atomic_ref<protocol::Tag>::required_alignment);
 
-inline void publish_tag(ep::Tag* tag, uint32_t value) {
-  std::atomic_ref<ep::Tag>(*tag).store(value, std::memory_order_release);
+inline void publish_tag(protocol::Tag* tag, uint32_t value) {
+  std::atomic_ref<protocol::Tag>(*tag).store(value, std::memory_order_release);
 }
-inline uint32_t load_tag(const ep::Tag* tag) {
+inline uint32_t load_tag(const protocol::Tag* tag) {
   // atomic_ref needs a non-const object; the load does not modify it.
-  return std::atomic_ref<ep::Tag>(*const_cast<ep::Tag*>(tag)).load(std::memory_order_acquire);
+  return std::atomic_ref<protocol::Tag>(*const_cast<protocol::Tag*>(tag)).load(std::memory_order_acquire);
 }
-inline bool tag_arrived(const ep::Tag* tag, uint32_t value) { return load_tag(tag) == value; }
+inline bool tag_arrived(const protocol::Tag* tag, uint32_t value) { return load_tag(tag) == value; }
 
 }  // namespace ubep::cpu

@@ -2,7 +2,7 @@
 // UBEP_HD code: compiled into the kernels and into the CPU-side tests (tests/cuda), which check
 // it against the CPU backend's CallState and the independent reference.
 //
-// Per rank, besides its window (ep::WindowLayout, shared with peers), the backend keeps a
+// Per rank, besides its window (protocol::WindowLayout, shared with peers), the backend keeps a
 // private scratch area in device memory: the routing of the last dispatch (what the CPU keeps in
 // ep::Routing / CallState) and the rank-local signals between its blocks.
 #pragma once
@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "ep/protocol.hpp"
+#include "protocol/protocol.hpp"
 
 namespace ubep::cuda_hd {
 
@@ -32,7 +32,7 @@ struct ScratchLayout {
     size_t off = 0;
     auto take = [&](size_t bytes) {
       const size_t at = off;
-      off = ep::round_up(off + bytes, 128);
+      off = protocol::round_up(off + bytes, 128);
       return at;
     };
     const auto T = static_cast<size_t>(t), R = static_cast<size_t>(r), K = static_cast<size_t>(k),
@@ -73,11 +73,11 @@ UBEP_HD inline int64_t source_offset(bool per_source, int source, int64_t max_to
                                      int64_t lower_rows) {
   return per_source ? static_cast<int64_t>(source) * max_tokens : lower_rows;
 }
-// The count record's call-shape word (ep::call_shape with the values of ubep::Layout and
+// The count record's call-shape word (protocol::call_shape with the values of ubep::Layout and
 // ubep::Placement; host_logic.cpp asserts they match): receivers refuse a source that made a
 // different call instead of reading its rows at the wrong place.
 UBEP_HD inline int32_t call_shape_of(bool latency, bool per_source) {
-  return ep::call_shape(latency ? 1 : 0, per_source ? 2 : 1);
+  return protocol::call_shape(latency ? 1 : 0, per_source ? 2 : 1);
 }
 // Index of (local expert le, source s) in recv_range (throughput: le is ignored).
 UBEP_HD inline int64_t range_index(bool latency, int ranks, int le, int s) {
@@ -171,7 +171,7 @@ struct RankIO {
 // Kernel parameters of one launch (passed by value: no host staging, so back-to-back calls
 // never wait for the host).
 struct LaunchParams {
-  ep::WindowLayout map;
+  protocol::WindowLayout map;
   ScratchLayout scratch;
   char* const* bases = nullptr;  // [ranks] every rank's window, in this process's address space
   int ranks = 0, first_rank = 0, local_ranks = 0, experts = 0, local_experts = 0;
@@ -183,6 +183,7 @@ struct LaunchParams {
   int half = 0;              // half_of(seq)
   uint32_t gen = 0;          // rank-local signal generation (one per dispatch launch, never 0)
   uint32_t barrier_seq = 0;  // bsp across processes: value of the first group barrier
+  uint64_t call = 0;         // the Buffer's call number (failure words name calls)
   bool latency = false;
   bool per_source = false;  // placement of this dispatch (resolved: never auto)
   bool stop_and_wait = false;

@@ -137,7 +137,7 @@ __device__ inline void send_counts(const RankCtx& c) {
   const int R = p.ranks, El = p.local_experts;
   for (int k = 1; k <= R; ++k) {
     const int d = (c.rank + k) % R;
-    ep::CountRecord rec = p.map.count(c.base(d), p.half, c.rank);
+    protocol::CountRecord rec = p.map.count(c.base(d), p.half, c.rank);
     if (c.lane == 0) {
       *rec.rows() = c.s<int32_t>(p.scratch.dest_rows)[d];
       *rec.topk() = c.io.topk;
@@ -164,7 +164,7 @@ __device__ inline void compute_offsets(const RankCtx& c, int d) {
   for (int s = 0; s < (p.per_source ? 0 : c.rank); ++s) {
     wait_tag<true>(c.count_tag(d, s), p.tag, p.timeout_cycles, p.error, c.rank, s,
                    cuda_hd::kWaitCount, d);
-    ep::CountRecord rec = p.map.count(c.base(d), p.half, s);
+    protocol::CountRecord rec = p.map.count(c.base(d), p.half, s);
     rows += *rec.rows();
     for (int le = c.lane; le < El; le += 32) eo[le] += rec.expert_rows()[le];
   }
@@ -248,7 +248,7 @@ __device__ inline void receive(const RankCtx& c) {
     if (!__all_sync(0xffffffffu, wait_tag<true>(c.count_tag(c.rank, s), p.tag, p.timeout_cycles,
                                                 p.error, c.rank, s, cuda_hd::kWaitCount, c.rank)))
       return;
-    ep::CountRecord rec = p.map.count(c.base(c.rank), p.half, s);
+    protocol::CountRecord rec = p.map.count(c.base(c.rank), p.half, s);
     rows += *rec.rows();
     if (c.gw == 0 && c.lane == 0 && *rec.topk() != c.io.topk)
       report(p.error, cuda_hd::kTopkMismatch, c.rank, s, 0, *rec.topk(), 0);
@@ -261,7 +261,7 @@ __device__ inline void receive(const RankCtx& c) {
     }
   }
   auto rec_rows = [&](int s, int le) -> int64_t {
-    const ep::CountRecord rec = p.map.count(c.base(c.rank), p.half, s);
+    const protocol::CountRecord rec = p.map.count(c.base(c.rank), p.half, s);
     return p.latency ? rec.expert_rows()[le] : *rec.rows();
   };
   if (c.gw == 0) {

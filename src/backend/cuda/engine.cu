@@ -58,7 +58,7 @@ Engine::Engine(bool virtual_ranks, int ranks, int first_rank, int local_ranks,
   check_cuda(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device_), "clock rate");
   res_.timeout_cycles = static_cast<long long>(opts.timeout_s * 1e3 * std::max(khz, 1));
   res_.blocks_per_rank = bpr_;
-  const ep::WindowLayout& map = seq_.map();
+  const protocol::WindowLayout& map = seq_.map();
   const cuda_hd::ScratchLayout& smap = seq_.scratch_map();
 
   const auto L = static_cast<size_t>(local_ranks_);
@@ -143,7 +143,7 @@ std::vector<TensorView> Engine::compact(cudaStream_t s) {
   check_cuda(cudaSetDevice(device_), "cudaSetDevice");
   if (!compact_) {
     // The largest compact() output of either layout (the window's comb_rows), per local rank.
-    const ep::WindowLayout& m = seq_.map();
+    const protocol::WindowLayout& m = seq_.map();
     const size_t per_rank = static_cast<size_t>(m.comb_rows()) * m.row_bytes;
     check_cuda(
         cudaMalloc(&compact_, std::max<size_t>(per_rank * static_cast<size_t>(local_ranks_), 16)),

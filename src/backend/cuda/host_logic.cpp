@@ -16,8 +16,9 @@ static_assert(static_cast<int>(Placement::kCompact) == 1 &&
 }  // namespace
 
 void check_config(const BufferConfig& cfg, int ranks, int local_ranks) {
-  UBEP_CHECK_ARG(cfg.device.type == DeviceType::kCuda, "CUDA buffer: config.device is ",
-                 cfg.device.describe(), ", expected cuda:<index>");
+  UBEP_CHECK_ARG(cfg.device.type == DeviceType::kCuda || cfg.device.type == DeviceType::kCudaSim,
+                 "CUDA buffer: config.device is ", cfg.device.describe(),
+                 ", expected cuda:<index> or cuda-sim:<index>");
   UBEP_CHECK_ARG(ranks >= 1, "CUDA buffer: ranks ", ranks, " < 1");
   UBEP_CHECK_ARG(local_ranks >= 1 && local_ranks <= cuda_hd::kMaxVirtualRanks,
                  "CUDA buffer: ", local_ranks, " ranks in one launch, at most ",
@@ -101,8 +102,8 @@ size_t dispatch_smem(int warps, int max_topk, int local_experts) {
          (32u * static_cast<size_t>(max_topk) + static_cast<size_t>(local_experts)) * sizeof(int);
 }
 
-ep::WindowLayout window_layout(const BufferConfig& cfg, int ranks) {
-  return ep::WindowLayout(static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dtype), ranks,
+protocol::WindowLayout window_layout(const BufferConfig& cfg, int ranks) {
+  return protocol::WindowLayout(static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dtype), ranks,
                           cfg.num_experts / ranks, cfg.max_topk, cfg.max_tokens_per_rank,
                           cfg.enable_latency_layout);
 }
@@ -120,7 +121,7 @@ TensorView view(void* p, DType t, std::initializer_list<int64_t> dims, Device d)
 }
 }  // namespace
 
-DispatchResult dispatch_views(const ep::WindowLayout& m, const BufferConfig& cfg, void* base,
+DispatchResult dispatch_views(const protocol::WindowLayout& m, const BufferConfig& cfg, void* base,
                               int half, Layout layout, Placement placement, int topk,
                               void* recv_count, void* recv_range, uint64_t handle) {
   DispatchResult r;
@@ -146,7 +147,7 @@ DispatchResult dispatch_views(const ep::WindowLayout& m, const BufferConfig& cfg
   return r;
 }
 
-TensorView combine_view(const ep::WindowLayout& m, const BufferConfig& cfg, void* base, int half,
+TensorView combine_view(const protocol::WindowLayout& m, const BufferConfig& cfg, void* base, int half,
                         Layout layout) {
   const int64_t RT = m.tp_rows(), El = m.local_experts;
   char* p = m.at<char>(base, half, m.comb_x);

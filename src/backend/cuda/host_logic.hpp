@@ -29,16 +29,16 @@ int blocks_per_rank(int requested, int coresident, int local_ranks);
 size_t dispatch_smem(int warps, int max_topk, int local_experts);
 
 // The window map and scratch map of a buffer.
-ep::WindowLayout window_layout(const BufferConfig& cfg, int ranks);
+protocol::WindowLayout window_layout(const BufferConfig& cfg, int ranks);
 cuda_hd::ScratchLayout scratch_layout(const BufferConfig& cfg, int ranks);
 
 // Dispatch result views of `rank` into its window `base` (device memory) for call `seq`.
 // Throughput recv_x is shaped by capacity [ranks*max_tokens, hidden] in both placements (the
 // CPU's per-source shape; compact rows are the first sum(recv_count), known on the device).
-DispatchResult dispatch_views(const ep::WindowLayout& m, const BufferConfig& cfg, void* base,
+DispatchResult dispatch_views(const protocol::WindowLayout& m, const BufferConfig& cfg, void* base,
                               int half, Layout layout, Placement placement, int topk,
                               void* recv_count, void* recv_range, uint64_t handle);
-TensorView combine_view(const ep::WindowLayout& m, const BufferConfig& cfg, void* base, int half,
+TensorView combine_view(const protocol::WindowLayout& m, const BufferConfig& cfg, void* base, int half,
                         Layout layout);
 
 // The exception for an error word (kOk: none; nothing thrown).

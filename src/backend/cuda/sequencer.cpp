@@ -13,7 +13,7 @@ Sequencer::Sequencer(const BufferConfig& cfg, int ranks, int first_rank, int loc
       map_(window_layout(cfg, ranks)),
       smap_(scratch_layout(cfg, ranks)),
       io_(static_cast<size_t>(local_ranks)),
-      next_seq_(ep::first_seq_of(cfg.initial_epoch)) {
+      next_seq_(protocol::first_seq_of(cfg.initial_epoch)) {
   check_config(cfg, ranks, local_ranks);
   algorithm = cfg.algorithm;
   sync = cfg.sync;
@@ -117,8 +117,8 @@ cuda_hd::LaunchParams Sequencer::params(uint32_t phases, const LaunchResources& 
   p.hidden = cfg_.hidden;
   p.elem_bytes = static_cast<int>(dtype_size(cfg_.dtype));
   p.phases = phases;
-  p.tag = ep::tag_of(seq_);
-  p.half = ep::half_of(seq_);
+  p.tag = protocol::tag_of(seq_);
+  p.half = protocol::half_of(seq_);
   p.gen = gen_;
   p.barrier_seq = barrier_seq_;
   p.latency = layout_ == Layout::kLatency;
@@ -137,7 +137,7 @@ std::vector<DispatchResult> Sequencer::results() const {
   for (int i = 0; i < local_; ++i) {
     const cuda_hd::RankIO& io = io_[static_cast<size_t>(i)];
     out.push_back(dispatch_views(map_, cfg_, bases_[static_cast<size_t>(first_ + i)],
-                                 ep::half_of(seq_), layout_, placement_, io.topk,
+                                 protocol::half_of(seq_), layout_, placement_, io.topk,
                                  smap_.at<char>(io.scratch, smap_.recv_count),
                                  smap_.at<char>(io.scratch, smap_.recv_range), seq_ + 1));
   }
@@ -170,7 +170,7 @@ std::vector<TensorView> Sequencer::compacted() const {
 }
 
 TensorView Sequencer::combine_buffer(int i) const {
-  return combine_view(map_, cfg_, bases_[static_cast<size_t>(first_ + i)], ep::half_of(seq_),
+  return combine_view(map_, cfg_, bases_[static_cast<size_t>(first_ + i)], protocol::half_of(seq_),
                       layout_);
 }
 

@@ -27,7 +27,7 @@ class Sequencer {
   // Local ranks [first_rank, first_rank + local_ranks) of a group of `ranks`.
   Sequencer(const BufferConfig& cfg, int ranks, int first_rank, int local_ranks);
 
-  const ep::WindowLayout& map() const { return map_; }
+  const protocol::WindowLayout& map() const { return map_; }
   const cuda_hd::ScratchLayout& scratch_map() const { return smap_; }
   const BufferConfig& config() const { return cfg_; }
   int local_ranks() const { return local_; }
@@ -67,7 +67,7 @@ class Sequencer {
 
   BufferConfig cfg_;
   int ranks_, first_, local_;
-  ep::WindowLayout map_;
+  protocol::WindowLayout map_;
   cuda_hd::ScratchLayout smap_;
   std::vector<char*> bases_;
   std::vector<cuda_hd::RankIO> io_;

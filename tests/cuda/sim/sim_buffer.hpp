@@ -164,7 +164,7 @@ class SimBuffer {
   BufferConfig cfg_;
   bool ipc_;
   int bpr_, threads_;
-  ep::WindowLayout map_;
+  protocol::WindowLayout map_;
   cuda_hd::ScratchLayout smap_;
   gpu_test::DevMem windows_, scratch_, y_;
   std::vector<char*> bases_;

@@ -27,7 +27,7 @@
 #include "ubep/fp8.hpp"
 #include "ubep/types.hpp"
 
-namespace ubep::ep {
+namespace ubep::protocol {
 
 inline constexpr size_t kCacheLine = 64;
 UBEP_HD inline constexpr size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -318,4 +318,4 @@ struct TileRecord {
   UBEP_HD Tag* tag() const { return reinterpret_cast<Tag*>(base + fmt->tag_offset()); }
 };
 
-}  // namespace ubep::ep
+}  // namespace ubep::protocol

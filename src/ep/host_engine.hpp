@@ -1,5 +1,6 @@
-// One Buffer: the parts it is composed of, and the glue the algorithms share (bounded waits
-// that keep the cross-host relay going, the fixed-order reduction of one token).
+// The host-driven engine behind a Buffer (backend/engine.hpp) on the CPU backend: the parts it
+// is composed of, and the glue the algorithms share (bounded waits that keep the cross-host
+// relay going, the fixed-order reduction of one token).
 //
 //   DataPath   (backend)  how bytes and tags move, where roles run   src/backend/data_path.hpp
 //   Window     (ep)       window map, epochs, count records, tags    src/ep/window.hpp
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "backend/data_path.hpp"
+#include "backend/engine.hpp"
 #include "core/local_array.hpp"
 #include "core/wait.hpp"
 #include "ep/algorithm.hpp"
@@ -24,8 +26,10 @@ namespace ubep {
 
 class HostRelay;
 
-struct Buffer::Impl {
-  Group& group;
+namespace ep {
+
+struct HostEngine final : backend::Engine {
+  Group& grp;
   BufferConfig cfg;
   DType cdtype;  // combine_dtype(cfg): combine's rows (dispatch rows follow the window's codec)
   int rank, ranks, local_experts;
@@ -72,16 +76,38 @@ struct Buffer::Impl {
   CallStats stats;
   std::unique_ptr<ep::Algorithm> bsp, ubep;
 
-  Impl(Group& g, const BufferConfig& c);
-  ~Impl();
-  ep::Algorithm& algorithm() const { return cfg.algorithm == Algorithm::kBsp ? *bsp : *ubep; }
+  HostEngine(Group& g, const BufferConfig& c, std::unique_ptr<backend::DataPath> data_path);
+  ~HostEngine() override;
+
+  // backend::Engine: Buffer's calls (host_engine.cpp).
+  DispatchResult dispatch(const DispatchArgs& args) override;
+  TensorView combine(const CombineArgs& args) override;
+  void dispatch_send(const DispatchArgs& args) override;
+  DispatchResult dispatch_recv() override;
+  void combine_send(const CombineArgs& args) override;
+  TensorView combine_recv() override;
+  std::array<int64_t, 2> wait_recv_range(int source, int local_expert) override;
+  DispatchResult pending_dispatch() const override;
+  TensorView pending_combine() const override;
+  TensorView compact() override;
+  TensorView compact_scales() const override;
+  TensorView combine_buffer() const override;
+  const BufferConfig& config() const override { return cfg; }
+  Group& group() override { return grp; }
+  int num_workers() const override { return dp->members() - 1; }
+  void set_algorithm(ubep::Algorithm a) override;
+  void set_sync_mode(SyncMode m) override;
+  const CallStats& last_stats() const override { return stats; }
+  size_t shared_bytes() const override { return win.bytes(); }
+
+  ep::Algorithm& algorithm() const { return cfg.algorithm == ubep::Algorithm::kBsp ? *bsp : *ubep; }
   void record_network();  // copies the relay's counters into stats
 
   size_t row_bytes() const { return win.row_bytes(); }       // a combine row
-  const ep::RowCodec& codec() const { return win.codec(); }  // dispatch rows
+  const protocol::RowCodec& codec() const { return win.codec(); }  // dispatch rows
   int64_t RT() const { return call.RT(); }
   bool multi_host() const { return relay != nullptr; }
-  bool same_host(int r) const { return group.same_host(r, rank); }
+  bool same_host(int r) const { return grp.same_host(r, rank); }
 
   // Waits for pred; on the caller's thread it keeps the cross-host relay going meanwhile.
   template <typename Pred, typename Describe>
@@ -108,7 +134,7 @@ struct Buffer::Impl {
 inline constexpr int kMaxFusedRows = 256;  // > max_topk (64); groups up to 256 ranks
 
 template <typename Locate>
-void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
+void HostEngine::reduce_token(int64_t t, float* a, Locate&& locate) {
   const int64_t H = cfg.hidden;
   const ep::Routing& routing = call.routing;
   const int K = routing.topk;
@@ -159,9 +185,9 @@ void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
   } else {
     // Per-host partials added in ascending host order: the first one is taken as is.
     bool first = true;
-    for (int h = 0; h < group.num_hosts(); ++h) {
+    for (int h = 0; h < grp.num_hosts(); ++h) {
       const float* p = nullptr;
-      if (h == group.host_of(rank)) {
+      if (h == grp.host_of(rank)) {
         bool any = false;
         for (int r = 0; r < ranks && !any; ++r) any = routing.sent(t, r) && same_host(r);
         if (!any) continue;
@@ -183,7 +209,7 @@ void Buffer::Impl::reduce_token(int64_t t, float* a, Locate&& locate) {
 }
 
 template <typename Pred, typename Describe>
-void Buffer::Impl::wait_for(Pred&& pred, bool caller, Describe&& describe) {
+void HostEngine::wait_for(Pred&& pred, bool caller, Describe&& describe) {
   auto named = [&] { return detail::concat(describe(), " in call ", watch.call()); };
   if (caller && relay) {
     wait_until([&] { return pred() || (relay_progress(), pred()); }, wait, named);
@@ -192,4 +218,5 @@ void Buffer::Impl::wait_for(Pred&& pred, bool caller, Describe&& describe) {
   }
 }
 
+}  // namespace ep
 }  // namespace ubep

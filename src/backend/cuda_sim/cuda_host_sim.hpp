@@ -27,7 +27,12 @@
 #define __global__
 #define __host__
 #define __forceinline__ inline
-#define __noinline__
+// Device functions are defined in headers: inline here, so every translation unit that runs
+// the kernels on CPU threads (libubep's sim device, test_cuda_sim) may hold a copy.
+#define __noinline__ inline
+// The kernels' namespace, renamed for this build: where nvcc's objects are linked too (a build
+// with UBEP_WITH_CUDA), its host-side stubs of the same functions must not stand in for these.
+#define cuda_dev cuda_dev_on_cpu
 #define __launch_bounds__(...)
 
 struct dim3 {

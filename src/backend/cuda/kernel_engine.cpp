@@ -1,0 +1,453 @@
+#include "backend/cuda/kernel_engine.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/host_logic.hpp"
+#include "ubep/error.hpp"
+
+namespace ubep::cuda_host {
+
+namespace {
+// What a rank tells its peers at set-up: enough to reach its window from any process.
+struct PeerInfo {
+  int64_t pid = 0;
+  uint64_t window = 0;  // address in the owner's process
+  int32_t device = 0;
+  uint32_t handle_bytes = 0;
+  char handle[120] = {};  // DeviceOps::export_memory (a cudaIpcMemHandle_t is 64 bytes)
+};
+}  // namespace
+
+KernelEngine::KernelEngine(Group& group, const BufferConfig& cfg, std::unique_ptr<DeviceOps> ops)
+    : group_(group),
+      cfg_(cfg),
+      ops_(std::move(ops)),
+      seq_(cfg, group.size(), group.rank(), 1),
+      rank_(group.rank()),
+      ranks_(group.size()) {
+  UBEP_CHECK_ARG(group.single_host(), "Buffer on ", cfg.device.describe(), ": the group spans ",
+                 group.num_hosts(),
+                 " hosts; the CUDA backend maps peers within one host (CUDA IPC) only");
+  timeout_s_ = std::chrono::duration<double>(group.options().timeout).count();
+  threads_ = ops_->threads_per_block();
+  smem_ = dispatch_smem(threads_ / 32, cfg.max_topk, cfg.num_experts / ranks_);
+  const protocol::WindowLayout& map = seq_.map();
+  const cuda_hd::ScratchLayout& smap = seq_.scratch_map();
+  const size_t y_bytes = static_cast<size_t>(cfg.max_tokens_per_rank) * map.row_bytes;
+  // Windows start zeroed (a tag is never 0) and are never cleaned again.
+  window_ = static_cast<char*>(ops_->alloc_device(map.total));
+  scratch_ = static_cast<char*>(ops_->alloc_device(smap.total));
+  y_ = static_cast<char*>(ops_->alloc_device(std::max<size_t>(y_bytes, 16)));
+  bases_dev_ = static_cast<char**>(ops_->alloc_device(static_cast<size_t>(ranks_) * sizeof(char*)));
+  claim_ = static_cast<uint32_t*>(ops_->alloc_device(sizeof(uint32_t)));
+  void* error_dev = nullptr;
+  void* rows_dev = nullptr;
+  error_ = static_cast<cuda_hd::ErrorInfo*>(ops_->alloc_mapped(sizeof(cuda_hd::ErrorInfo), &error_dev));
+  recv_rows_ = static_cast<int64_t*>(ops_->alloc_mapped(sizeof(int64_t), &rows_dev));
+  *recv_rows_ = -1;
+  seq_.set_rank_memory(0, scratch_, y_);
+  res_.bases = bases_dev_;
+  res_.timeout_cycles = ops_->timeout_cycles(timeout_s_);
+  res_.error = {static_cast<cuda_hd::ErrorInfo*>(error_dev), claim_};
+  res_.host_recv_rows = static_cast<int64_t*>(rows_dev);
+  map_peers();
+}
+
+// Set-up (collective): every rank publishes its window's address and an IPC handle; a peer in
+// this process is reached through its pointer, one in another process through its handle. Ranks
+// of this process on the same device split its co-resident blocks. The closing barrier: nobody
+// writes into a window before its owner has zeroed it (alloc_device is synchronous).
+void KernelEngine::map_peers() {
+  PeerInfo mine;
+  mine.pid = static_cast<int64_t>(::getpid());
+  mine.window = reinterpret_cast<uint64_t>(window_);
+  mine.device = ops_->device().index;
+  const std::vector<char> h = ops_->export_memory(window_);
+  UBEP_CHECK(h.size() <= sizeof mine.handle, SystemError, "window handle of ", h.size(),
+             " bytes does not fit");
+  mine.handle_bytes = static_cast<uint32_t>(h.size());
+  std::memcpy(mine.handle, h.data(), h.size());
+  std::vector<PeerInfo> all(static_cast<size_t>(ranks_));
+  group_.allgather(&mine, all.data(), sizeof mine);
+  int ranks_here = 0;
+  for (const PeerInfo& p : all) ranks_here += p.pid == mine.pid && p.device == mine.device;
+  bpr_ = ops_->blocks_per_rank(ranks_here, smem_);
+  res_.blocks_per_rank = bpr_;
+  bases_.resize(static_cast<size_t>(ranks_));
+  for (int r = 0; r < ranks_; ++r) {
+    const PeerInfo& p = all[static_cast<size_t>(r)];
+    if (r == rank_) {
+      bases_[static_cast<size_t>(r)] = window_;
+    } else if (p.pid == mine.pid) {
+      if (p.device != mine.device) ops_->enable_peer(p.device);
+      bases_[static_cast<size_t>(r)] = reinterpret_cast<char*>(p.window);
+    } else {
+      void* opened = ops_->open_memory(std::vector<char>(p.handle, p.handle + p.handle_bytes));
+      opened_.push_back(opened);
+      bases_[static_cast<size_t>(r)] = static_cast<char*>(opened);
+    }
+  }
+  seq_.set_bases(bases_);
+  ops_->copy(bases_dev_, bases_.data(), bases_.size() * sizeof(char*));
+  group_.barrier();
+}
+
+// Departure: as the host backend (ep::HostEngine), peers waiting in a call this rank will never
+// make learn it from its failure word. Then a barrier, so no peer still reads this window (a
+// combine reads rows in place) when it is freed.
+KernelEngine::~KernelEngine() {
+  try {
+    ops_->synchronize();
+    if (broken_.empty())
+      publish_failure(protocol::broken_marker(phase_ == Phase::kIdle || phase_ == Phase::kDispatchDone
+                                            ? calls_ + 1
+                                            : calls_));
+    group_.barrier();
+  } catch (...) {  // a dead peer: nothing more to agree on
+  }
+  for (void* p : opened_) ops_->close_memory(p);
+  ops_->free_device(window_);
+  ops_->free_device(scratch_);
+  ops_->free_device(y_);
+  ops_->free_device(compact_);
+  ops_->free_device(bases_dev_);
+  ops_->free_device(claim_);
+  ops_->free_mapped(error_);
+  ops_->free_mapped(recv_rows_);
+}
+
+// ---- failure words (the protocol of src/protocol/protocol.hpp, as ep::HostEngine uses it) ----
+
+void KernelEngine::publish_failure(uint32_t word) {
+  for (int r = 0; r < ranks_; ++r)
+    if (r != rank_) ops_->store_word(seq_.map().fail_word(bases_[static_cast<size_t>(r)], rank_), word);
+}
+
+uint32_t KernelEngine::failure_of(int peer) const {
+  return ops_->load_word(seq_.map().fail_word(window_, peer));
+}
+
+void KernelEngine::start_call(const char* what) {
+  UBEP_CHECK(broken_.empty(), BrokenBufferError, what, " (call ", calls_ + 1,
+             "): the buffer is broken after call ", calls_, ": ", broken_, "; create a new Buffer");
+  ++calls_;
+}
+
+void KernelEngine::join_call(const char* what) {
+  for (int r = 0; r < ranks_; ++r) {
+    const uint32_t word = r != rank_ ? failure_of(r) : 0u;
+    if (!protocol::is_broken(word)) continue;
+    const uint64_t at = protocol::marked_call(word, calls_);
+    if (at > calls_) continue;  // it broke in a later call: it had sent its part of this one
+    broken_ = detail::concat("rank ", r, "'s buffer broke (it failed call ", at, ")");
+    publish_failure(protocol::broken_marker(calls_));
+    phase_ = Phase::kIdle;
+    UBEP_CHECK(at < calls_, PeerFailedError, what, " (call ", calls_, "): rank ", r,
+               " failed call ", at, " (its buffer is broken), so the call cannot complete on rank ",
+               rank_);
+    throw BrokenBufferError(detail::concat(what, " (call ", calls_,
+                                           "): the buffer is broken after call ", calls_ - 1, ": ",
+                                           broken_, "; create a new Buffer"));
+  }
+}
+
+void KernelEngine::reject_call() {
+  rejected_ = calls_;
+  publish_failure(protocol::fail_marker(calls_));
+}
+
+void KernelEngine::break_call(const char* what, const std::exception& cause) {
+  if (broken_.empty()) broken_ = detail::concat(what, " failed: ", cause.what());
+  phase_ = Phase::kIdle;
+  publish_failure(protocol::broken_marker(calls_));
+  throw;
+}
+
+void KernelEngine::check_idle(const char* what) const {
+  UBEP_CHECK(broken_.empty(), BrokenBufferError, what, ": the buffer is broken after call ",
+             calls_, ": ", broken_, "; create a new Buffer");
+  UBEP_CHECK_ARG(phase_ == Phase::kIdle, what,
+                 ": a split-phase call is still outstanding on this buffer");
+}
+
+void KernelEngine::finish(const char* what) {
+  try {
+    ops_->synchronize();
+  } catch (const std::exception& e) {
+    break_call(what, e);
+  }
+  // The device wrote the details, a system fence, then the code: a non-zero code read here
+  // means the details are complete (the launch has finished: synchronize()).
+  const uint32_t code = *reinterpret_cast<const volatile uint32_t*>(&error_->code);
+  if (code == cuda_hd::kOk) return;
+  cuda_hd::ErrorInfo e;
+  std::memcpy(&e, error_, sizeof e);
+  e.code = code;
+  if (code == cuda_hd::kBadExpert) {
+    // Bad expert ids were routed nowhere on every rank: the call completed and the ranks are in
+    // step, so the error is this call's alone. Clear the word and the claim for the next call.
+    std::memset(static_cast<void*>(error_), 0, sizeof *error_);
+    const uint32_t zero = 0;
+    ops_->copy(claim_, &zero, sizeof zero);
+    throw_if_error(e, timeout_s_);
+  }
+  try {
+    throw_if_error(e, timeout_s_);
+  } catch (const std::exception& ex) {
+    break_call(what, ex);
+  }
+}
+
+// ---- calls ------------------------------------------------------------------------------------
+
+// Starts a call: the inputs are checked (Sequencer) before anything is launched, so a rejection
+// leaves the buffer usable and tells the peers through this rank's failure word.
+void KernelEngine::launch_dispatch(const DispatchArgs* args, uint32_t phases, const char* what) {
+  cuda_hd::LaunchParams p;
+  if (args) {
+    start_call(what);
+    try {
+      UBEP_CHECK_ARG(args->x_scales.ndim == 0 && args->x.dtype != DType::kFP8E4M3,
+                     what, ": fp8 dispatch is not implemented by the CUDA kernels (",
+                     cfg_.device.describe(), ")");
+      p = seq_.dispatch({args, 1}, phases, res_);
+    } catch (const InvalidArgument&) {
+      reject_call();
+      throw;
+    }
+    join_call(what);
+    layout_ = args->layout;
+    have_dispatch_ = true;
+    combined_ = false;
+    num_recv_rows_ = -1;
+  } else {
+    p = seq_.dispatch({}, phases, res_);
+  }
+  p.call = calls_;
+  stats_ = {};
+  if (seq_.algorithm == Algorithm::kBsp && (phases & cuda_hd::kSend)) stats_.barriers = 2;
+  try {
+    ops_->launch_dispatch(p, bpr_, threads_, smem_);
+  } catch (const std::exception& e) {
+    break_call(what, e);
+  }
+}
+
+void KernelEngine::launch_combine(const CombineArgs* args, uint32_t phases, const char* what) {
+  cuda_hd::LaunchParams p;
+  if (args) {
+    start_call(what);
+    try {
+      UBEP_CHECK_ARG(have_dispatch_, what, ": no dispatch on this buffer yet");
+      UBEP_CHECK_ARG(!combined_, what, ": dispatch ", seq_.results()[0].handle,
+                     " was already combined; each dispatch is combined at most once (peers may "
+                     "still be reading the rows of the first combine)");
+      CombineArgs a = *args;
+      // Compact throughput rows: the result's recv_x has num_recv_rows rows (as on the host
+      // backend); the kernels address the window by capacity.
+      const DispatchResult cap = seq_.results()[0];
+      if (!a.compacted && layout_ == Layout::kThroughput &&
+          cap.placement == Placement::kCompact) {
+        UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == num_recv_rows_, what, ": x must be [",
+                       num_recv_rows_, ", ", cfg_.hidden, "] (one row per received row), got ",
+                       a.x.describe());
+        a.x.shape[0] = cap.recv_x.dim(0);
+      }
+      p = seq_.combine({&a, 1}, phases, res_);
+    } catch (const InvalidArgument&) {
+      reject_call();
+      throw;
+    }
+    join_call(what);
+    combined_ = true;
+  } else {
+    p = seq_.combine({}, phases, res_);
+  }
+  p.call = calls_;
+  stats_ = {};
+  if (seq_.algorithm == Algorithm::kBsp) stats_.barriers = 1;
+  try {
+    ops_->launch_combine(p, bpr_, threads_);
+  } catch (const std::exception& e) {
+    break_call(what, e);
+  }
+}
+
+int64_t KernelEngine::sum_recv_count() const {
+  const int El = cfg_.num_experts / ranks_;
+  std::vector<int64_t> counts(static_cast<size_t>(El));
+  ops_->copy(counts.data(), seq_.scratch_map().at<char>(scratch_, seq_.scratch_map().recv_count),
+             counts.size() * sizeof(int64_t));
+  int64_t n = 0;
+  for (int64_t c : counts) n += c;
+  return n;
+}
+
+// The views of the last dispatch. Compact throughput rows are shaped by their count once the
+// call is complete, as on the host backend.
+DispatchResult KernelEngine::result() const {
+  DispatchResult r = seq_.results()[0];
+  if (r.layout == Layout::kLatency) {
+    r.num_recv_rows = 0;
+    return r;
+  }
+  r.num_recv_rows = num_recv_rows_;
+  if (r.placement == Placement::kCompact && num_recv_rows_ >= 0)
+    for (TensorView* v : {&r.recv_x, &r.recv_topk_idx, &r.recv_topk_weights, &r.recv_src})
+      v->shape[0] = num_recv_rows_;
+  return r;
+}
+
+DispatchResult KernelEngine::dispatch(const DispatchArgs& args) {
+  check_idle("dispatch");
+  launch_dispatch(&args, cuda_hd::kSend | cuda_hd::kRecv, "dispatch");
+  finish("dispatch");
+  num_recv_rows_ = *recv_rows_;
+  return result();
+}
+
+void KernelEngine::dispatch_send(const DispatchArgs& args) {
+  UBEP_CHECK_ARG(seq_.algorithm == Algorithm::kUbep,
+                 "dispatch_send: split-phase calls need the ubep algorithm, this buffer runs ",
+                 algorithm_name(seq_.algorithm));
+  check_idle("dispatch_send");
+  launch_dispatch(&args, cuda_hd::kSend, "dispatch_send");
+  phase_ = Phase::kDispatchSent;
+}
+
+DispatchResult KernelEngine::dispatch_recv() {
+  UBEP_CHECK(broken_.empty(), BrokenBufferError, "dispatch_recv: the buffer is broken after call ",
+             calls_, ": ", broken_, "; create a new Buffer");
+  UBEP_CHECK_ARG(phase_ == Phase::kDispatchSent || phase_ == Phase::kDispatchDone,
+                 "dispatch_recv: no dispatch_send outstanding");
+  if (phase_ == Phase::kDispatchSent) {
+    launch_dispatch(nullptr, cuda_hd::kRecv, "dispatch_recv");
+    finish("dispatch_recv");
+    num_recv_rows_ = *recv_rows_;
+  }
+  phase_ = Phase::kIdle;
+  return result();
+}
+
+// The receive hook per piece. The kernels have no per-(source, expert) signal the host can see,
+// so the hook runs the whole receive (dispatch_recv's launch) and returns the piece's range:
+// the rows are then there, as the contract says, though the hook waited for every source.
+std::array<int64_t, 2> KernelEngine::wait_recv_range(int source, int local_expert) {
+  UBEP_CHECK(broken_.empty(), BrokenBufferError,
+             "wait_recv_range: the buffer is broken after call ", calls_, ": ", broken_,
+             "; create a new Buffer");
+  UBEP_CHECK_ARG(phase_ == Phase::kDispatchSent || phase_ == Phase::kDispatchDone,
+                 "wait_recv_range: no dispatch_send outstanding");
+  const int El = cfg_.num_experts / ranks_;
+  UBEP_CHECK_ARG(source >= 0 && source < ranks_, "wait_recv_range: source ", source,
+                 " is not a rank of the group [0, ", ranks_, ")");
+  if (layout_ == Layout::kLatency)
+    UBEP_CHECK_ARG(local_expert >= 0 && local_expert < El, "wait_recv_range: local_expert ",
+                   local_expert, " is not in [0, ", El, ")");
+  else
+    UBEP_CHECK_ARG(local_expert == 0, "wait_recv_range: local_expert ", local_expert,
+                   " must be 0 in the throughput layout (rows are not grouped by expert)");
+  if (phase_ == Phase::kDispatchSent) {
+    launch_dispatch(nullptr, cuda_hd::kRecv, "wait_recv_range");
+    finish("wait_recv_range");
+    num_recv_rows_ = *recv_rows_;
+    phase_ = Phase::kDispatchDone;
+  }
+  std::array<int64_t, 2> range{};
+  const auto index = cuda_hd::range_index(layout_ == Layout::kLatency, ranks_, local_expert, source);
+  ops_->copy(range.data(),
+             seq_.scratch_map().at<int64_t>(scratch_, seq_.scratch_map().recv_range) + 2 * index,
+             sizeof range);
+  return range;
+}
+
+DispatchResult KernelEngine::pending_dispatch() const {
+  UBEP_CHECK_ARG((phase_ == Phase::kDispatchSent || phase_ == Phase::kDispatchDone) &&
+                     layout_ == Layout::kLatency,
+                 "pending_dispatch: no latency-layout dispatch_send outstanding");
+  return result();
+}
+
+TensorView KernelEngine::combine(const CombineArgs& args) {
+  check_idle("combine");
+  launch_combine(&args, cuda_hd::kCombSend | cuda_hd::kCombRecv, "combine");
+  finish("combine");
+  return seq_.outputs()[0];
+}
+
+void KernelEngine::combine_send(const CombineArgs& args) {
+  UBEP_CHECK_ARG(seq_.algorithm == Algorithm::kUbep,
+                 "combine_send: split-phase calls need the ubep algorithm, this buffer runs ",
+                 algorithm_name(seq_.algorithm));
+  check_idle("combine_send");
+  launch_combine(&args, cuda_hd::kCombSend, "combine_send");
+  phase_ = Phase::kCombineSent;
+}
+
+TensorView KernelEngine::combine_recv() {
+  UBEP_CHECK(broken_.empty(), BrokenBufferError, "combine_recv: the buffer is broken after call ",
+             calls_, ": ", broken_, "; create a new Buffer");
+  UBEP_CHECK_ARG(phase_ == Phase::kCombineSent, "combine_recv: no combine_send outstanding");
+  phase_ = Phase::kIdle;
+  launch_combine(nullptr, cuda_hd::kCombRecv, "combine_recv");
+  finish("combine_recv");
+  return seq_.outputs()[0];
+}
+
+TensorView KernelEngine::pending_combine() const {
+  UBEP_CHECK_ARG(phase_ == Phase::kCombineSent, "pending_combine: no combine_send outstanding");
+  return seq_.outputs()[0];
+}
+
+TensorView KernelEngine::compact() {
+  UBEP_CHECK_ARG(have_dispatch_, "compact: no dispatch on this buffer yet");
+  check_idle("compact");
+  UBEP_CHECK_ARG(!combined_, "compact: the last dispatch was already combined");
+  if (!compact_) {
+    const protocol::WindowLayout& m = seq_.map();
+    compact_ = static_cast<char*>(
+        ops_->alloc_device(std::max<size_t>(static_cast<size_t>(m.comb_rows()) * m.row_bytes, 16)));
+    seq_.set_compact_memory(0, compact_);
+  }
+  cuda_hd::LaunchParams p = seq_.compact(res_);
+  p.call = calls_;
+  try {
+    ops_->launch_dispatch(p, bpr_, threads_, smem_);
+  } catch (const std::exception& e) {
+    break_call("compact", e);
+  }
+  finish("compact");
+  TensorView v = seq_.compacted()[0];
+  v.shape[0] = sum_recv_count();
+  return v;
+}
+
+TensorView KernelEngine::compact_scales() const {
+  UBEP_CHECK_ARG(false, "compact_scales: the buffer's dtype ", dtype_name(cfg_.dtype),
+                 " has no scales (fp8 dispatch is not implemented by the CUDA kernels)");
+  return {};
+}
+
+TensorView KernelEngine::combine_buffer() const {
+  UBEP_CHECK_ARG(have_dispatch_, "combine_buffer: no dispatch on this buffer yet");
+  return seq_.combine_buffer(0);
+}
+
+void KernelEngine::set_algorithm(Algorithm a) {
+  UBEP_CHECK_ARG(phase_ == Phase::kIdle,
+                 "set_algorithm: a split-phase call is outstanding");
+  seq_.algorithm = a;
+  cfg_.algorithm = a;
+}
+
+void KernelEngine::set_sync_mode(SyncMode m) {
+  UBEP_CHECK_ARG(phase_ == Phase::kIdle,
+                 "set_sync_mode: a split-phase call is outstanding");
+  seq_.sync = m;
+  cfg_.sync = m;
+}
+
+}  // namespace ubep::cuda_host
