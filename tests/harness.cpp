@@ -39,6 +39,7 @@ BufferConfig config_for(const Case& c, Algorithm algo) {
   cfg.max_topk = std::max(c.topk, 1);
   cfg.algorithm = algo;
   cfg.placement = c.placement;
+  cfg.device = test_device();
   return cfg;
 }
 
@@ -185,6 +186,7 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
     ca.x = TensorView(comb_in.data(), c.dtype, {r.recv_x.dim(0), H});
   else
     ca.x = TensorView(comb_in.data(), c.dtype, {El, r.recv_x.dim(1), H});
+  ca.x.device = test_device();
   if (zero_copy_combine && buffer) {
     // The experts write straight into the buffer's shared combine input.
     TensorView zc = buffer->combine_buffer();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 namespace ubep::test {
 
@@ -12,7 +13,16 @@ DispatchArgs RankInput::args(DType dt, int64_t hidden, Layout layout) const {
   a.topk_idx = TensorView(topk_idx.data(), DType::kInt64, {tokens, topk});
   a.topk_weights = TensorView(topk_weights.data(), DType::kFP32, {tokens, topk});
   a.layout = layout;
+  a.x.device = a.topk_idx.device = a.topk_weights.device = test_device();
   return a;
+}
+
+Device test_device() {
+  static const Device d = [] {
+    const char* env = std::getenv("UBEP_TEST_DEVICE");
+    return env && *env ? Device::parse(env) : Device{};
+  }();
+  return d;
 }
 
 float Problem::value(int rank, int64_t t, int64_t h) const {

@@ -24,6 +24,11 @@ struct RankInput {
   DispatchArgs args(DType dt, int64_t hidden, Layout layout) const;
 };
 
+// The device the Buffer-level suites run on: UBEP_TEST_DEVICE ("cpu" unless set; ctest runs
+// chosen suites again with "cuda-sim", label cuda_sim). Test inputs and configs are tagged with
+// it; on cuda-sim the memory is host memory, so the same checks read results directly.
+Device test_device();
+
 struct Problem {
   int ranks = 1;
   int experts = 8;

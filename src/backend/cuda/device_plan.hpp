@@ -119,6 +119,7 @@ enum ErrorCode : uint32_t {
   kTopkMismatch = 3,
   kShapeMismatch = 4,   // a source's count record names another layout or placement
   kCompactedShort = 5,  // compacted combine input has fewer rows than were received
+  kPeerFailed = 6,      // a peer's failure word ends this call (it rejected it, or broke)
 };
 enum WaitWhat : int32_t {
   kWaitCount = 1,        // a count record of `peer` at `rank` (index: destination)
@@ -140,6 +141,11 @@ struct ErrorInfo {
 struct ErrorSink {
   ErrorInfo* info = nullptr;  // host-mapped
   uint32_t* claim = nullptr;  // device memory: 0, or the code of the first report
+  // Failure words (protocol.hpp) in this rank's window, [ranks], written by peers that rejected
+  // or broke a call; a wait on peer s also polls word s, so a peer's failure ends the wait at
+  // once instead of at the timeout. nullptr: not polled (virtual ranks in one launch).
+  const uint32_t* fail_words = nullptr;
+  uint64_t call = 0;  // the Buffer call the launch belongs to
 };
 
 // What one launch does (bitmask): the dispatch phases and the combine phases.

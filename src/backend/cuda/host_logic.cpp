@@ -82,7 +82,8 @@ void check_combine(const CombineArgs& a, const BufferConfig& cfg, const TensorVi
         "combine (rank ", rank, "): x must be shaped like recv_x ", recv_x.describe(), ", got ",
         a.x.describe());
   }
-  UBEP_CHECK_ARG(a.x.data != nullptr, "combine (rank ", rank, "): x has no data");
+  UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine (rank ", rank,
+                 "): x has no data");
   UBEP_CHECK_ARG(a.topk_weights.data == nullptr, "combine (rank ", rank,
                  "): CombineArgs::topk_weights is not supported by the CUDA backend (the weights "
                  "given to dispatch are used)");
@@ -171,6 +172,11 @@ std::string describe(const cuda_hd::ErrorInfo& e, double timeout_s) {
     case cuda_hd::kCompactedShort:
       return detail::concat("combine (rank ", e.rank, "): compacted input has ", e.tag,
                             " rows, fewer than the ", e.index, " rows this rank received");
+    case cuda_hd::kPeerFailed:
+      return detail::concat("rank ", e.peer,
+                            protocol::is_broken(e.tag) ? " failed (its buffer is broken)"
+                                                       : " rejected its input for this call",
+                            ", so the call cannot complete on rank ", e.rank);
     case cuda_hd::kTopkMismatch:
       return detail::concat("dispatch: rank ", e.peer, " sent topk ", e.index, " to rank ", e.rank,
                             ", which dispatched with a different topk");
@@ -206,6 +212,7 @@ std::string describe(const cuda_hd::ErrorInfo& e, double timeout_s) {
 void throw_if_error(const cuda_hd::ErrorInfo& e, double timeout_s) {
   if (e.code == cuda_hd::kOk || e.code == 0xFFFFFFFFu) return;
   if (e.code == cuda_hd::kTimeout) throw TimeoutError(describe(e, timeout_s));
+  if (e.code == cuda_hd::kPeerFailed) throw PeerFailedError(describe(e, timeout_s));
   throw InvalidArgument(describe(e, timeout_s));
 }
 

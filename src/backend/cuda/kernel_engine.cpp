@@ -195,10 +195,28 @@ void KernelEngine::finish(const char* what) {
     throw_if_error(e, timeout_s_);
   }
   try {
+    if (code == cuda_hd::kPeerFailed) {
+      // Named as the host backend names it (ep::FailureWatch): the peer, the call it failed.
+      const uint32_t word = e.tag;
+      if (protocol::is_broken(word))
+        throw PeerFailedError(detail::concat(
+            "rank ", e.peer, " failed call ", protocol::marked_call(word, calls_),
+            " (its buffer is broken), so call ", calls_, " cannot complete on rank ", rank_));
+      throw PeerFailedError(detail::concat("rank ", e.peer, " rejected its input for call ",
+                                           calls_, ", so the call cannot complete on rank ",
+                                           rank_));
+    }
     throw_if_error(e, timeout_s_);
   } catch (const std::exception& ex) {
     break_call(what, ex);
   }
+}
+
+// Every wait of the launch polls the failure words in this rank's window for this call.
+void KernelEngine::arm(cuda_hd::LaunchParams& p) const {
+  p.call = calls_;
+  p.error.call = calls_;
+  p.error.fail_words = seq_.map().fail_word(window_, 0);
 }
 
 // ---- calls ------------------------------------------------------------------------------------
@@ -220,13 +238,15 @@ void KernelEngine::launch_dispatch(const DispatchArgs* args, uint32_t phases, co
     }
     join_call(what);
     layout_ = args->layout;
+    tokens_ = args->x.dim(0);
+    topk_ = static_cast<int>(args->topk_idx.dim(1));
     have_dispatch_ = true;
     combined_ = false;
     num_recv_rows_ = -1;
   } else {
     p = seq_.dispatch({}, phases, res_);
   }
-  p.call = calls_;
+  arm(p);
   stats_ = {};
   if (seq_.algorithm == Algorithm::kBsp && (phases & cuda_hd::kSend)) stats_.barriers = 2;
   try {
@@ -255,8 +275,26 @@ void KernelEngine::launch_combine(const CombineArgs* args, uint32_t phases, cons
                        num_recv_rows_, ", ", cfg_.hidden, "] (one row per received row), got ",
                        a.x.describe());
         a.x.shape[0] = cap.recv_x.dim(0);
+        // No rows received: nothing is read, and an empty tensor may have no address.
+        if (num_recv_rows_ == 0 && a.x.data == nullptr) a.x.data = seq_.combine_buffer(0).data;
+      }
+      const TensorView w = a.topk_weights;
+      if (w.ndim != 0) {
+        UBEP_CHECK_ARG(layout_ == Layout::kLatency, what,
+                       ": topk_weights can only replace the dispatch's in the latency layout");
+        UBEP_CHECK_ARG(w.device == cfg_.device, what, ": topk_weights is on ", w.device.describe(),
+                       ", the buffer on ", cfg_.device.describe());
+        UBEP_CHECK_ARG(w.ndim == 2 && w.dtype == DType::kFP32 && w.dim(0) == tokens_ &&
+                           w.dim(1) == topk_ && (w.data != nullptr || w.numel() == 0),
+                       what, ": topk_weights must be fp32 [", tokens_, ", ", topk_,
+                       "] like the dispatch's topk_idx, got ", w.describe());
+        a.topk_weights = {};  // the kernels read the weights from this rank's scratch
       }
       p = seq_.combine({&a, 1}, phases, res_);
+      // Replacing the dispatch's weights (DeepEP's low_latency_combine takes them here): only
+      // the owner reads them, in its combine receive, so they go into its scratch now.
+      if (w.ndim != 0 && w.numel() > 0)
+        ops_->copy(seq_.scratch_map().at<char>(scratch_, seq_.scratch_map().w), w.data, w.bytes());
     } catch (const InvalidArgument&) {
       reject_call();
       throw;
@@ -266,7 +304,7 @@ void KernelEngine::launch_combine(const CombineArgs* args, uint32_t phases, cons
   } else {
     p = seq_.combine({}, phases, res_);
   }
-  p.call = calls_;
+  arm(p);
   stats_ = {};
   if (seq_.algorithm == Algorithm::kBsp) stats_.barriers = 1;
   try {
@@ -413,7 +451,7 @@ TensorView KernelEngine::compact() {
     seq_.set_compact_memory(0, compact_);
   }
   cuda_hd::LaunchParams p = seq_.compact(res_);
-  p.call = calls_;
+  arm(p);
   try {
     ops_->launch_dispatch(p, bpr_, threads_, smem_);
   } catch (const std::exception& e) {
@@ -433,7 +471,10 @@ TensorView KernelEngine::compact_scales() const {
 
 TensorView KernelEngine::combine_buffer() const {
   UBEP_CHECK_ARG(have_dispatch_, "combine_buffer: no dispatch on this buffer yet");
-  return seq_.combine_buffer(0);
+  TensorView v = seq_.combine_buffer(0);  // shaped by capacity
+  const DispatchResult r = result();      // shaped like recv_x (compact rows: by their count)
+  if (r.layout == Layout::kThroughput) v.shape[0] = r.recv_x.dim(0);
+  return v;
 }
 
 void KernelEngine::set_algorithm(Algorithm a) {

@@ -64,6 +64,7 @@ class KernelEngine final : public backend::Engine {
   void finish(const char* what);
   void launch_dispatch(const DispatchArgs* args, uint32_t phases, const char* what);
   void launch_combine(const CombineArgs* args, uint32_t phases, const char* what);
+  void arm(cuda_hd::LaunchParams& p) const;
   DispatchResult result() const;
   int64_t sum_recv_count() const;
   uint32_t failure_of(int peer) const;
@@ -91,6 +92,8 @@ class KernelEngine final : public backend::Engine {
   Layout layout_ = Layout::kThroughput;
   bool have_dispatch_ = false, combined_ = false;
   int64_t num_recv_rows_ = -1;
+  int64_t tokens_ = 0;  // of the last dispatch
+  int topk_ = 0;
   uint64_t calls_ = 0, rejected_ = 0;
   std::string broken_;
   CallStats stats_;

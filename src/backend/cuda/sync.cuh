@@ -103,9 +103,22 @@ __device__ __forceinline__ bool aborted(ErrorSink err) {
   return c != 0u && c != static_cast<uint32_t>(cuda_hd::kBadExpert);
 }
 
+// Whether peer `peer` published a failure word that ends this call (its own rank's words are
+// never written). The word is a release store by the failing rank (host or device); an acquire
+// load here. Reported once, like a timeout: every other wait of the launch then gives up.
+__device__ __forceinline__ bool peer_failed(ErrorSink err, int rank, int peer, int what,
+                                            int64_t index) {
+  if (err.fail_words == nullptr || peer == rank) return false;
+  const uint32_t word = ld_acquire_sys(err.fail_words + peer);
+  if (!protocol::failure_ends_call(word, err.call)) return false;
+  report(err, cuda_hd::kPeerFailed, rank, peer, what, index, word);
+  return true;
+}
+
 // Waits until *tag == want (acquire at the given scope). Bounded: past the clock64 deadline it
 // reports a timeout naming the peer and message and returns false; it also returns false as soon
-// as another thread of the launch reported one (so a dead peer ends the launch, not a hang).
+// as another thread of the launch reported one (so a dead peer ends the launch, not a hang), or
+// as soon as the peer it waits for published a failure word for this call (System waits).
 template <bool System>
 __device__ __noinline__ bool wait_tag(const uint32_t* tag, uint32_t want, long long timeout_cycles,
                                       ErrorSink err, int rank, int peer, int what, int64_t index) {
@@ -116,6 +129,7 @@ __device__ __noinline__ bool wait_tag(const uint32_t* tag, uint32_t want, long l
     if (load() == want) return true;
     if ((n & 15u) == 0) {
       if (aborted(err)) return false;
+      if (System && peer_failed(err, rank, peer, what, index)) return false;
       if (clock64() > deadline) {
         if (load() == want) return true;
         report(err, cuda_hd::kTimeout, rank, peer, what, index, want);
@@ -135,6 +149,7 @@ __device__ __noinline__ bool wait_reached(const uint32_t* flag, uint32_t want,
     if (static_cast<int32_t>(ld_acquire_sys(flag) - want) >= 0) return true;
     if ((n & 15u) == 0) {
       if (aborted(err)) return false;
+      if (peer_failed(err, rank, peer, cuda_hd::kWaitBarrier, 0)) return false;
       if (clock64() > deadline) {
         report(err, cuda_hd::kTimeout, rank, peer, cuda_hd::kWaitBarrier, 0, want);
         return false;

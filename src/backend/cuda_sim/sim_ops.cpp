@@ -26,9 +26,10 @@ class SimOps final : public DeviceOps {
   explicit SimOps(const Device& d) : device_(d) {}
 
   Device device() const override { return device_; }
-  // Small launches: every simulated thread is an OS thread.
-  int threads_per_block() const override { return 64; }
-  int blocks_per_rank(int, size_t) override { return 2; }
+  // One warp per rank: every simulated thread is an OS thread, and the kernels' roles loop
+  // over their work by warp (the multi-block and multi-warp paths are covered by test_cuda_sim).
+  int threads_per_block() const override { return 32; }
+  int blocks_per_rank(int, size_t) override { return 1; }
   long long timeout_cycles(double seconds) const override {
     return static_cast<long long>(seconds * 1e9);  // clock64() counts ns here
   }
