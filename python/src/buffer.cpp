@@ -100,7 +100,7 @@ pb::object PyBuffer::combine(pb::handle self, pb::handle x, uint64_t handle,
                              pb::handle topk_weights, int kind, bool send_only) {
   PyBuffer& b = self.cast<PyBuffer&>();
   Buffer& buf = *b.buf_;
-  Borrowed bx = borrow(x, "combine: x", buf.config().dtype);
+  Borrowed bx = borrow(x, "combine: x", combine_dtype(buf.config()));
   Borrowed bw;
   CombineArgs a;
   a.x = bx.view;
