@@ -269,6 +269,7 @@ void bind_arrays(pb::module_& m) {
         const char* format = a.view.dtype == DType::kBF16    ? "H"
                              : a.view.dtype == DType::kFP32  ? "f"
                              : a.view.dtype == DType::kInt32 ? "i"
+                             : a.view.dtype == DType::kFP8E4M3 ? "B"  // e4m3 codes as bytes
                                                              : "q";
         return pb::buffer_info(a.view.data, item, format, a.view.ndim, shape, strides, false);
       })

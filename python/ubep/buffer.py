@@ -252,7 +252,7 @@ class Buffer:
             raise _ubep.InvalidArgument(
                 "low_latency_dispatch: use_ue8m0=True needs use_fp8=True and round_scale=True "
                 "(UE8M0 holds powers of two only)")
-        kind = kind_of(x)
+        kind = kind_of(x[0] if isinstance(x, (tuple, list)) else x)
         x, x_scales, x_dtype = self._x_args(x, "low_latency_dispatch")
         split = return_recv_hook and self._buf.algorithm == "ubep"
         recv_x, _, _, recv_count, hid, scales = self._buf.dispatch(
