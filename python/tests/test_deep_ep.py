@@ -31,3 +31,13 @@ def test_mpirun(ranks, algorithm):
     _run([MPIRUN, "-np", str(ranks), sys.executable, WORKER, "mpi", algorithm], ranks,
          env=dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                   OMPI_MCA_rmaps_base_oversubscribe="1"))
+
+
+def test_deepep_shaped_script_runs_to_the_end():
+    """DeepEP's README usage (normal forward/backward, low latency with hooks), only the import
+    and the device changed, checked against the dense layer."""
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "deep_ep_script.py"), "2"],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, GLOO_SOCKET_IFNAME="lo"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("DeepEP script OK") == 2, proc.stdout

@@ -74,9 +74,10 @@ class Config:
         self.num_max_rdma_chunked_recv_tokens = int(num_max_rdma_chunked_recv_tokens)
 
     def get_nvl_buffer_size_hint(self, hidden_bytes, num_ranks):
-        """num_nvl_bytes for hint_tokens_per_rank tokens of hidden_bytes (bf16) per rank."""
+        """num_nvl_bytes for hint_tokens_per_rank tokens of hidden_bytes (bf16) per rank, top-k
+        up to 8 and up to 1024 experts per rank."""
         from ._deep_ep_sizing import topk_capacity, window_bytes
-        return window_bytes("bf16", int(hidden_bytes) // 2, int(num_ranks), 1,
+        return window_bytes("bf16", int(hidden_bytes) // 2, int(num_ranks), 1024,
                             topk_capacity(8, num_ranks), self.hint_tokens_per_rank, False)
 
     def get_rdma_buffer_size_hint(self, hidden_bytes, num_ranks):
