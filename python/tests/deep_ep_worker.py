@@ -248,10 +248,12 @@ def check_normal(buf, comm, rank, R, seed):
                 assert cw is None
 
 
-def run(buf_group, comm, rank, R, algorithm):
+def run(buf_group, comm, rank, R, algorithm, use_comm=False):
     hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(TOKENS, HIDDEN, R, EXPERTS)
     nvl = deep_ep.Config().get_nvl_buffer_size_hint(HIDDEN * 2, R)
-    buf = deep_ep.Buffer(buf_group, num_nvl_bytes=nvl, num_rdma_bytes=hint, low_latency_mode=True,
+    # DeepEP takes an mpi4py communicator as comm= (group=None).
+    buf = deep_ep.Buffer(None if use_comm else buf_group, comm=buf_group if use_comm else None,
+                         num_nvl_bytes=nvl, num_rdma_bytes=hint, low_latency_mode=True,
                          num_qps_per_rank=EXPERTS // R, explicitly_destroy=True,
                          algorithm=algorithm, timeout=60.0)
     n = check_low_latency(buf, comm, rank, R, seed=1)
@@ -282,4 +284,4 @@ if __name__ == "__main__":
     else:
         from mpi4py import MPI
         comm = MPI.COMM_WORLD
-        run(comm, Comm(comm), comm.Get_rank(), comm.Get_size(), sys.argv[2])
+        run(comm, Comm(comm), comm.Get_rank(), comm.Get_size(), sys.argv[2], use_comm=True)
