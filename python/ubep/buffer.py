@@ -124,7 +124,7 @@ class Buffer:
     def _x_args(self, x, what):
         """(x, x_scales, x_dtype) for the extension: an fp8 (codes, scales) tuple, or values (cast
         on send when the buffer is fp8)."""
-        if isinstance(x, (tuple, list)):
+        if isinstance(x, tuple):
             if len(x) != 2:
                 raise _ubep.InvalidArgument(
                     f"{what}: an fp8 x is a (codes, scales) tuple, got {len(x)} items")
@@ -187,7 +187,7 @@ class Buffer:
         num_recv_tokens_per_expert_list, handle, event). The layout arguments are accepted for
         DeepEP compatibility and not needed: ubep routes from topk_idx. With ``handle`` and no
         topk_idx, the handle's routing is dispatched again (DeepEP's cached dispatch)."""
-        kind = kind_of(x[0] if isinstance(x, (tuple, list)) else x)
+        kind = kind_of(x[0] if isinstance(x, tuple) else x)
         x, x_scales, x_dtype = self._x_args(x, "dispatch")
         if topk_idx is None:
             if handle is None:
@@ -252,7 +252,7 @@ class Buffer:
             raise _ubep.InvalidArgument(
                 "low_latency_dispatch: use_ue8m0=True needs use_fp8=True and round_scale=True "
                 "(UE8M0 holds powers of two only)")
-        kind = kind_of(x[0] if isinstance(x, (tuple, list)) else x)
+        kind = kind_of(x[0] if isinstance(x, tuple) else x)
         x, x_scales, x_dtype = self._x_args(x, "low_latency_dispatch")
         split = return_recv_hook and self._buf.algorithm == "ubep"
         recv_x, _, _, recv_count, hid, scales = self._buf.dispatch(
