@@ -58,6 +58,9 @@ std::optional<DType> to_dtype(const dl::DataType& t, DType expect) {
   if (t.code == dl::kFloat && t.bits == 32) return DType::kFP32;
   if (t.code == dl::kInt && t.bits == 32) return DType::kInt32;
   if (t.code == dl::kInt && t.bits == 64) return DType::kInt64;
+  // fp8 e4m3 codes travel as bytes: torch < 2.1 and NumPy have no float8 dtype, and the Python
+  // layer views torch.float8_e4m3fn as uint8 before export (DLPack float8 codes are recent).
+  if (t.code == dl::kUInt && t.bits == 8 && expect == DType::kFP8E4M3) return DType::kFP8E4M3;
   return std::nullopt;
 }
 
@@ -72,7 +75,7 @@ const char* expect_name(DType t) {
     case DType::kInt64:
       return "int64";
     case DType::kFP8E4M3:
-      return "fp8 e4m3 (not supported by the Python package yet)";
+      return "fp8 e4m3 codes (uint8, or torch.float8_e4m3fn)";
   }
   return "?";
 }
@@ -266,6 +269,7 @@ void bind_arrays(pb::module_& m) {
         const char* format = a.view.dtype == DType::kBF16    ? "H"
                              : a.view.dtype == DType::kFP32  ? "f"
                              : a.view.dtype == DType::kInt32 ? "i"
+                             : a.view.dtype == DType::kFP8E4M3 ? "B"  // e4m3 codes as bytes
                                                              : "q";
         return pb::buffer_info(a.view.data, item, format, a.view.ndim, shape, strides, false);
       })

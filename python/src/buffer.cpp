@@ -34,13 +34,28 @@ PyBuffer::~PyBuffer() {
 }
 
 pb::tuple PyBuffer::dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
-                             pb::handle topk_weights, bool latency, int kind, bool send_only) {
+                             pb::handle topk_weights, bool latency, int kind, bool send_only,
+                             pb::handle x_scales, const std::string& x_dtype) {
   PyBuffer& b = self.cast<PyBuffer&>();
   Buffer& buf = *b.buf_;
-  Borrowed bx = borrow(x, "dispatch: x", buf.config().dtype);
+  const DType dt = buf.config().dtype;
+  // fp8 buffers take fp8 codes with their scales, or bf16/fp32 values that ubep casts on send
+  // (x_dtype says which, so the error for a wrong array names what was meant).
+  DType expect_x = dt;
+  if (dt == DType::kFP8E4M3 && x_scales.is_none())
+    expect_x = x_dtype.empty() ? DType::kBF16 : dtype_of(x_dtype);
+  UBEP_CHECK_ARG(x_scales.is_none() || dt == DType::kFP8E4M3,
+                 "dispatch: x_scales given (an fp8 x) but the buffer's dtype is ", dtype_name(dt),
+                 "; make the Buffer with dtype='fp8'");
+  Borrowed bx = borrow(x, "dispatch: x", expect_x);
+  Borrowed bs;
   Borrowed bi = borrow(topk_idx, "dispatch: topk_idx", DType::kInt64);
   DispatchArgs a;
   a.x = bx.view;
+  if (!x_scales.is_none()) {
+    bs = borrow(x_scales, "dispatch: x_scales", DType::kFP32);
+    a.x_scales = bs.view;
+  }
   a.topk_idx = bi.view;
   Borrowed bw;
   if (topk_weights.is_none()) {
@@ -77,14 +92,15 @@ pb::tuple PyBuffer::result_tuple(pb::handle self, const DispatchResult& r, int k
   const bool tp = r.layout == Layout::kThroughput;
   return pb::make_tuple(to_array(r.recv_x, self, k), tp ? to_array(r.recv_topk_idx, self, k) : none,
                         tp ? to_array(r.recv_topk_weights, self, k) : none,
-                        to_array(r.recv_count, self, k), r.handle);
+                        to_array(r.recv_count, self, k), r.handle,
+                        r.recv_x_scales.ndim ? to_array(r.recv_x_scales, self, k) : none);
 }
 
 pb::object PyBuffer::combine(pb::handle self, pb::handle x, uint64_t handle,
                              pb::handle topk_weights, int kind, bool send_only) {
   PyBuffer& b = self.cast<PyBuffer&>();
   Buffer& buf = *b.buf_;
-  Borrowed bx = borrow(x, "combine: x", buf.config().dtype);
+  Borrowed bx = borrow(x, "combine: x", combine_dtype(buf.config()));
   Borrowed bw;
   CombineArgs a;
   a.x = bx.view;
@@ -153,6 +169,7 @@ pb::dict PyBuffer::config() const {
   d["num_workers"] = buf_->num_workers();
   d["enable_latency_layout"] = c.enable_latency_layout;
   d["placement"] = placement_name(c.placement);
+  d["fp8_pow2_scales"] = c.fp8_pow2_scales;
   return d;
 }
 
@@ -227,15 +244,13 @@ void bind_buffer(pb::module_& m) {
       .def(pb::init([](pb::object group, int64_t max_tokens_per_rank, int64_t hidden,
                        const std::string& dtype, int num_experts, int max_topk,
                        const std::string& algorithm, int num_workers, bool enable_latency_layout,
-                       const std::string& sync, const std::string& placement) {
+                       const std::string& sync, const std::string& placement,
+                       bool fp8_pow2_scales) {
              BufferConfig c;
              c.max_tokens_per_rank = max_tokens_per_rank;
              c.hidden = hidden;
              c.dtype = dtype_of(dtype);
-             // fp8 dispatch is C++-only for now (its scales have no place in this API yet).
-             UBEP_CHECK_ARG(c.dtype != DType::kFP8E4M3,
-                            "Buffer: dtype 'fp8' is not supported by the Python package yet "
-                            "(use bf16 or fp32; fp8 dispatch: the C++ API, docs/SEMANTICS.md)");
+             c.fp8_pow2_scales = fp8_pow2_scales;
              c.num_experts = num_experts;
              c.max_topk = max_topk;
              c.algorithm = parse_algorithm(algorithm);
@@ -248,8 +263,10 @@ void bind_buffer(pb::module_& m) {
            pb::arg("group"), pb::arg("max_tokens_per_rank"), pb::arg("hidden"), pb::arg("dtype"),
            pb::arg("num_experts"), pb::arg("max_topk"), pb::arg("algorithm"),
            pb::arg("num_workers"), pb::arg("enable_latency_layout"), pb::arg("sync"),
-           pb::arg("placement"))
-      .def("dispatch", &PyBuffer::dispatch)
+           pb::arg("placement"), pb::arg("fp8_pow2_scales") = false)
+      .def("dispatch", &PyBuffer::dispatch, pb::arg("x"), pb::arg("topk_idx"),
+           pb::arg("topk_weights"), pb::arg("latency"), pb::arg("kind"), pb::arg("send_only"),
+           pb::arg("x_scales") = pb::none(), pb::arg("x_dtype") = "")
       .def("dispatch_recv", &PyBuffer::dispatch_recv)
       .def("wait_recv_range", &PyBuffer::wait_recv_range)
       .def("combine", &PyBuffer::combine)

@@ -22,9 +22,12 @@ class PyBuffer {
   // `self` is this object: every exported view holds a reference to it, so the Buffer's memory
   // outlives the last view. kind: how results are returned (arrays.hpp Kind).
   // topk_weights may be None (ones; the latency layout's combine takes the real ones).
-  // Returns (recv_x, recv_topk_idx | None, recv_topk_weights | None, recv_count, handle).
+  // x_scales: fp8 buffers, the scales of fp8 codes x (None: x is x_dtype, cast on send).
+  // Returns (recv_x, recv_topk_idx | None, recv_topk_weights | None, recv_count, handle,
+  // recv_x_scales | None).
   static pb::tuple dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
-                            pb::handle topk_weights, bool latency, int kind, bool send_only);
+                            pb::handle topk_weights, bool latency, int kind, bool send_only,
+                            pb::handle x_scales, const std::string& x_dtype);
   static pb::tuple dispatch_recv(pb::handle self, int kind);
   static pb::object combine(pb::handle self, pb::handle x, uint64_t handle, pb::handle topk_weights,
                             int kind, bool send_only);

@@ -72,12 +72,15 @@ def accumulate(total, counts):
 
 
 def dtype_name(dtype):
-    """'bf16' or 'fp32' from a string, torch dtype or NumPy dtype."""
+    """'bf16', 'fp32' or 'fp8' from a string, torch dtype or NumPy dtype."""
     if isinstance(dtype, str):
-        return {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32"}.get(
-            dtype, dtype)
+        return {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32",
+                "fp8": "fp8", "fp8_e4m3": "fp8", "float8_e4m3fn": "fp8"}.get(dtype, dtype)
     if torch is not None and isinstance(dtype, torch.dtype):
-        return {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))
+        names = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+        if hasattr(torch, "float8_e4m3fn"):
+            names[torch.float8_e4m3fn] = "fp8"
+        return names.get(dtype, str(dtype))
     try:
         d = np.dtype(dtype)
     except TypeError:

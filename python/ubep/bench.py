@@ -6,6 +6,8 @@ On ``--ranks`` local processes (torch.multiprocessing, gloo for set-up), per wor
 * ``ubep`` / ``bsp``: Buffer.low_latency_dispatch / dispatch and the matching combine, called
   from Python (results as torch views; the identity expert copies the received rows into the
   zero-copy combine buffer, untimed, as ubep-bench does);
+* ``deep_ep``: the same calls through ``ubep.deep_ep`` (DeepEP's API: tuple handles, int32
+  counts, a new combined tensor each call; compact placement, as DeepEP's packing);
 * ``torch``: permute (token, expert) rows by destination, ``all_to_all_single`` of counts, of
   rows (bf16 bytes as float16: gloo has no bf16) and of expert ids over gloo, un-permute by
   expert; back: re-permute,
@@ -45,7 +47,8 @@ def parse(argv=None):
                     "same calls timed in C++ (the binding's overhead), on local processes.")
     p.add_argument("--workload", default="decode", help="decode | prefill | tiny | all")
     p.add_argument("--ranks", type=int, default=2, help="local processes (default 2)")
-    p.add_argument("--algo", default="ubep,bsp,torch", help="comma list of ubep,bsp,torch")
+    p.add_argument("--algo", default="ubep,bsp,torch",
+                   help="comma list of ubep,bsp,deep_ep,torch")
     p.add_argument("--iters", type=int, default=None, help="measured iterations (per workload "
                    "default: decode 50, prefill 10, tiny 500)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up iterations")
@@ -121,6 +124,48 @@ def torch_path(dist, x, idx, w, ranks, experts):
         return y.to(x.dtype)
 
     return dispatch, combine
+
+
+def deep_ep_path(group, x, idx, w, T, E, latency, warmup, iters, sync):
+    """ubep.deep_ep's dispatch and combine (DeepEP's calls), the identity expert untimed."""
+    import time
+
+    import ubep.deep_ep as deep_ep
+    R, H = group.size, x.shape[1]
+    if latency:
+        buf = deep_ep.Buffer(group, num_rdma_bytes=deep_ep.Buffer.get_low_latency_rdma_size_hint(
+            T, H, R, E), low_latency_mode=True, num_qps_per_rank=E // R)
+    else:
+        buf = deep_ep.Buffer(group, num_nvl_bytes=deep_ep.Config().get_nvl_buffer_size_hint(
+            2 * H, R))
+        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+    td, tc = [], []
+    for i in range(warmup + iters):
+        if sync:
+            group.barrier()
+        t0 = time.perf_counter()
+        if latency:
+            rx, rc, h, _, _ = buf.low_latency_dispatch(x, idx, T, E, use_fp8=False)
+        else:
+            rx, _, rw, _, h, _ = buf.dispatch(x, num_tokens_per_rank=per_rank,
+                                              is_token_in_rank=in_rank,
+                                              num_tokens_per_expert=per_expert, topk_idx=idx,
+                                              topk_weights=w)
+        t1 = time.perf_counter()
+        if latency:  # the same memcpy as the native loop's identity expert
+            h._native._buf.expert_identity()
+        if sync:
+            group.barrier()
+        t2 = time.perf_counter()
+        if latency:
+            buf.low_latency_combine(rx, idx, w, h, zero_copy=True)
+        else:
+            buf.combine(rx, h)
+        t3 = time.perf_counter()
+        if i >= warmup:
+            td.append((t1 - t0) * 1e6)
+            tc.append((t3 - t2) * 1e6)
+    return td, tc
 
 
 def _rank(rank, ranks, port, args, out_path):
@@ -207,6 +252,14 @@ def _rank(rank, ranks, port, args, out_path):
                     cpp_median_us=cc["median_us"], cpp_p99_us=cc["p99_us"],
                     overhead_us=py["median_us"] - cc["median_us"],
                     overhead_pct=100.0 * (py["median_us"] - cc["median_us"]) / cc["median_us"]))
+        if "deep_ep" in algos:
+            td, tc = deep_ep_path(group, x, idx, w, T, E, latency, warmup, iters, sync)
+            # The same bytes as the native rows (GB/s needs them; 0 without ubep or bsp).
+            nbytes = {d["op"]: d["bytes_per_rank"] for d in report["results"]
+                      if d["workload"] == name and d["impl"] in ("ubep", "bsp")}
+            for op, times in (("dispatch", td), ("combine", tc)):
+                report["results"].append(dict(impl="deep_ep", op=op, workload=name, **summary(
+                    slowest(dist, times), nbytes.get(op, 0.0))))
         if "torch" in algos:
             d_fn, c_fn = torch_path(dist, x, idx, w, ranks, E)
             td, tc = [], []

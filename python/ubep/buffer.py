@@ -9,7 +9,7 @@ Results are views of ubep's memory, in the framework of the input (torch or NumP
 
 A view keeps the Buffer's memory mapped, so a stale view is never a crash, only stale data.
 """
-from . import _arrays, _ubep
+from . import _arrays, _fp8, _ubep
 from ._arrays import kind_of, owned
 
 
@@ -93,7 +93,9 @@ class Buffer:
 
     Unlike DeepEP's byte budgets, ubep sizes the buffer by shape: ``hidden``, ``num_experts``,
     ``max_tokens_per_rank`` (DeepEP's num_max_dispatch_tokens_per_rank), ``max_topk`` and
-    ``dtype`` (torch.bfloat16 / torch.float32, "bf16" / "fp32"; NumPy bf16 is uint16 bits).
+    ``dtype`` (torch.bfloat16 / torch.float32, "bf16" / "fp32"; NumPy bf16 is uint16 bits; or
+    "fp8": dispatch moves e4m3 codes with per-128-channel fp32 scales, combine runs in bf16;
+    ``fp8_round_scale=True`` rounds the scales ubep computes up to powers of two).
 
     ``placement``: "compact" (default, DeepEP's packing: recv_x[e, :recv_count[e]] are the
     rows of local expert e), "per-source" (source s's rows for expert e start at row
@@ -103,19 +105,43 @@ class Buffer:
 
     def __init__(self, group, *, hidden, num_experts, max_tokens_per_rank=128, max_topk=8,
                  dtype="bf16", algorithm="ubep", num_workers=-1, enable_latency_layout=True,
-                 sync="fused", placement="compact", timeout=60.0):
+                 sync="fused", placement="compact", timeout=60.0, fp8_round_scale=False):
         from .groups import as_group  # late: groups imports torch.distributed lazily
         self.group = as_group(group, timeout=timeout)
         self._buf = _ubep.Buffer(self.group, int(max_tokens_per_rank), int(hidden),
                                  _arrays.dtype_name(dtype), int(num_experts), int(max_topk),
                                  str(algorithm), int(num_workers), bool(enable_latency_layout),
-                                 str(sync), str(placement))
+                                 str(sync), str(placement), bool(fp8_round_scale))
         self.rank = self.group.rank
         self.num_ranks = self.group.size
         self.hidden = int(hidden)
         self.num_experts = int(num_experts)
         self.max_tokens_per_rank = int(max_tokens_per_rank)
         self.num_local_experts = self._buf.num_local_experts
+        self.dtype = _arrays.dtype_name(dtype)
+        self.fp8_round_scale = bool(fp8_round_scale)
+
+    def _x_args(self, x, what):
+        """(x, x_scales, x_dtype) for the extension: an fp8 (codes, scales) tuple, or values (cast
+        on send when the buffer is fp8)."""
+        if isinstance(x, tuple):
+            if len(x) != 2:
+                raise _ubep.InvalidArgument(
+                    f"{what}: an fp8 x is a (codes, scales) tuple, got {len(x)} items")
+            if self.dtype != "fp8":
+                raise _ubep.InvalidArgument(
+                    f"{what}: x is an fp8 (codes, scales) tuple but the buffer's dtype is "
+                    f"{self.dtype}; make the Buffer with dtype='fp8'")
+            return _fp8.codes_in(x[0], what + ": x[0]"), x[1], ""
+        return x, None, (_fp8.cast_dtype(x) if self.dtype == "fp8" else "")
+
+    def _fp8_recv(self, recv_x, scales, use_ue8m0):
+        """recv_x as DeepEP returns it from an fp8 dispatch: (codes, scales)."""
+        if scales is None:
+            return recv_x
+        if use_ue8m0:
+            scales = _fp8.pack_ue8m0(scales)
+        return _fp8.codes_out(recv_x), scales
 
     # --- configuration -------------------------------------------------------------------
     @property
@@ -161,21 +187,23 @@ class Buffer:
         num_recv_tokens_per_expert_list, handle, event). The layout arguments are accepted for
         DeepEP compatibility and not needed: ubep routes from topk_idx. With ``handle`` and no
         topk_idx, the handle's routing is dispatched again (DeepEP's cached dispatch)."""
-        kind = kind_of(x)
+        kind = kind_of(x[0] if isinstance(x, tuple) else x)
+        x, x_scales, x_dtype = self._x_args(x, "dispatch")
         if topk_idx is None:
             if handle is None:
                 raise _ubep.InvalidArgument("dispatch: topk_idx is required (or a handle to reuse)")
             _own(self, handle, "dispatch")
             topk_idx, topk_weights = handle.topk_idx, handle.topk_weights
-        recv_x, recv_idx, recv_w, recv_count, hid = self._buf.dispatch(
-            x, topk_idx, topk_weights, False, kind, False)
+        recv_x, recv_idx, recv_w, recv_count, hid, recv_scales = self._buf.dispatch(
+            x, topk_idx, topk_weights, False, kind, False, x_scales, x_dtype)
         counts = [int(c) for c in recv_count.tolist()]
         if expert_alignment > 1:
             counts = [-(-c // expert_alignment) * expert_alignment for c in counts]
         h = Handle(self, hid, "throughput", topk_idx, topk_weights, kind)
         if copy:
             recv_x, recv_idx, recv_w = owned(recv_x), owned(recv_idx), owned(recv_w)
-        return recv_x, recv_idx, recv_w, counts, h, _EVENT
+            recv_scales = owned(recv_scales)
+        return self._fp8_recv(recv_x, recv_scales, False), recv_idx, recv_w, counts, h, _EVENT
 
     def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
                 async_finish=False, allocate_on_comm_stream=False, *, copy=False):
@@ -211,30 +239,47 @@ class Buffer:
             raise _ubep.InvalidArgument(
                 f"low_latency_dispatch: num_experts {num_experts} differs from the buffer's "
                 f"{self.num_experts}")
-        if use_fp8:
+        # The wire format is fixed when the Buffer is made (its windows are sized for it).
+        if bool(use_fp8) != (self.dtype == "fp8"):
             raise _ubep.InvalidArgument(
-                "low_latency_dispatch: use_fp8=True is not supported yet (bf16 and fp32 only)")
-        kind = kind_of(x)
+                f"low_latency_dispatch: use_fp8={bool(use_fp8)} but the buffer's dtype is "
+                f"{self.dtype}; make the Buffer with dtype='fp8' for use_fp8=True")
+        if use_fp8 and bool(round_scale) != self.fp8_round_scale:
+            raise _ubep.InvalidArgument(
+                f"low_latency_dispatch: round_scale={bool(round_scale)} but the buffer was made "
+                f"with fp8_round_scale={self.fp8_round_scale}")
+        if use_ue8m0 and not (use_fp8 and round_scale):
+            raise _ubep.InvalidArgument(
+                "low_latency_dispatch: use_ue8m0=True needs use_fp8=True and round_scale=True "
+                "(UE8M0 holds powers of two only)")
+        kind = kind_of(x[0] if isinstance(x, tuple) else x)
+        x, x_scales, x_dtype = self._x_args(x, "low_latency_dispatch")
         split = return_recv_hook and self._buf.algorithm == "ubep"
-        recv_x, _, _, recv_count, hid = self._buf.dispatch(x, topk_idx, topk_weights, True, kind,
-                                                           split)
+        recv_x, _, _, recv_count, hid, scales = self._buf.dispatch(
+            x, topk_idx, topk_weights, True, kind, split, x_scales, x_dtype)
         h = Handle(self, hid, "latency", topk_idx, topk_weights, kind)
         stats = cumulative_local_expert_recv_stats
         if not split:
             if stats is not None:
                 _arrays.accumulate(stats, recv_count)
             if copy:
-                recv_x, recv_count = owned(recv_x), owned(recv_count)
-            return recv_x, recv_count, h, _EVENT, _no_hook if return_recv_hook else None
+                recv_x, recv_count, scales = owned(recv_x), owned(recv_count), owned(scales)
+            return (self._fp8_recv(recv_x, scales, use_ue8m0), recv_count, h, _EVENT,
+                    _no_hook if return_recv_hook else None)
 
         buf = self._buf
+        if use_ue8m0:  # packed from the scales once they are there; filled in by the hook
+            packed = _fp8.pack_ue8m0(owned(scales))
 
-        def hook(x=x, topk_idx=topk_idx):  # the inputs stay alive until the call completes
+        def hook(x=x, topk_idx=topk_idx, x_scales=x_scales):  # inputs live until the call ends
             buf.dispatch_recv(kind)
             if stats is not None:
                 _arrays.accumulate(stats, recv_count)
+            if use_ue8m0:
+                _arrays.copy_into(packed, _fp8.pack_ue8m0(scales))
 
-        return recv_x, recv_count, h, _EVENT, hook
+        recv = (_fp8.codes_out(recv_x), packed if use_ue8m0 else scales) if use_fp8 else recv_x
+        return recv, recv_count, h, _EVENT, hook
 
     def get_next_low_latency_combine_buffer(self, handle):
         """Where experts may write their outputs, shaped like recv_x, in ubep's shared memory:

@@ -1,0 +1,231 @@
+"""DeepEP's normal (throughput) dispatch and combine for ubep.deep_ep.Buffer (see deep_ep.py).
+
+As DeepEP, results are new tensors (ubep's own results are views of its window, which the next
+dispatch reuses). The handle is DeepEP's intranode 6-tuple:
+  rank_prefix_matrix [ranks, ranks] int32: [i][j] = tokens ranks 0..i send to rank j;
+  channel_prefix_matrix [ranks, 1] int32: zeros (ubep has no channels: one per rank);
+  recv_channel_prefix_matrix [ranks, 1] int32: the first received row of each source;
+  recv_src_idx [rows] int32: the source token of every received row;
+  is_token_in_rank [tokens, ranks] bool;
+  send_head [tokens, ranks] int32: the token's position among those sent to that rank, or -1.
+"""
+import torch
+
+from . import _ubep
+from ._deep_ep_sizing import max_tokens_for, topk_capacity, window_bytes
+from ._fp8 import FLOAT8
+
+
+class NormalHandle(tuple):
+    """DeepEP's 6-tuple, carrying ubep's dispatch and what cached and repeated calls need."""
+
+
+def _err(msg):
+    raise _ubep.InvalidArgument(msg)
+
+
+def _dtype_of(x, scales):
+    if scales is not None:
+        return "fp8"
+    if x.dtype == torch.bfloat16:
+        return "bf16"
+    if x.dtype == torch.float32:
+        return "fp32"
+    if x.dtype == torch.uint8 or (FLOAT8 is not None and x.dtype == FLOAT8):
+        _err("dispatch: fp8 x must come as a (codes, scales) tuple (as DeepEP)")
+    _err(f"dispatch: x must be torch.bfloat16 (or float32), or an fp8 (codes, scales) tuple, "
+         f"got {x.dtype}")
+
+
+def native(buf, dtype, hidden, E, k, num_tokens):
+    """The ubep.Buffer serving this normal-mode shape and wire format: its max_tokens_per_rank is
+    what num_nvl_bytes holds (a budget, as DeepEP's), made on first use (collective)."""
+    R = buf.group_size
+    if E % R:
+        _err(f"dispatch: num_experts {E} (num_tokens_per_expert) is not a multiple of the {R} "
+             f"ranks")
+    kcap = topk_capacity(k, R)
+    key = ("throughput", dtype, hidden, E, kcap)
+    nb = buf._natives.get(key)
+    if nb is None:
+        T = buf._max_tokens or max_tokens_for(buf.num_nvl_bytes, dtype, hidden, R, E // R, kcap)
+        if T == 0:
+            _err(f"dispatch: num_nvl_bytes={buf.num_nvl_bytes} does not hold one token per rank "
+                 f"(hidden {hidden}, {dtype}, {R} ranks needs "
+                 f"{window_bytes(dtype, hidden, R, E // R, kcap, 1, False)} bytes)")
+        need = window_bytes(dtype, hidden, R, E // R, kcap, T, False)
+        nb = buf._make_native(key, need, "num_nvl_bytes", buf.num_nvl_bytes,
+                              max_tokens_per_rank=T, hidden=hidden, num_experts=E, max_topk=kcap,
+                              dtype=dtype, enable_latency_layout=False)
+    if num_tokens > nb.max_tokens_per_rank:
+        T = nb.max_tokens_per_rank
+        _err(f"dispatch: {num_tokens} tokens exceed the {T} tokens per rank that "
+             f"num_nvl_bytes={buf.num_nvl_bytes} holds for hidden {hidden} ({dtype}, {R} ranks; "
+             f"{num_tokens} tokens need "
+             f"{window_bytes(dtype, hidden, R, E // R, kcap, num_tokens, False)} bytes)")
+    return nb
+
+
+def _aux(buf, name, hidden, T, E, k):
+    """A small fp32 side window (outside the byte budget): the count exchange and the
+    combine of top-k weights."""
+    key = ("aux", name, hidden, T, E, k)
+    nb = buf._natives.get(key)
+    if nb is None:
+        nb = buf._make_native(key, None, None, None, max_tokens_per_rank=T, hidden=hidden,
+                              num_experts=E, max_topk=k, dtype="fp32",
+                              enable_latency_layout=False)
+    return nb
+
+
+def _allgather(buf, vec):
+    """Every rank's int vector [n] -> [ranks, n] int64: one token routed to every rank."""
+    R = buf.group_size
+    nb = _aux(buf, "allgather", vec.numel(), 1, R, topk_capacity(R, R))
+    route = torch.arange(R, dtype=torch.int64).view(1, R)
+    rows = nb.dispatch(vec.to(torch.float32).view(1, -1), topk_idx=route)[0]
+    return rows.to(torch.int64)  # exact: counts are far below 2**24
+
+
+def _route(E, R, is_token_in_rank):
+    """A dispatch without topk_idx: one column per rank, its first expert where the token goes."""
+    first = torch.arange(R, dtype=torch.int64) * (E // R)
+    return torch.where(is_token_in_rank, first.view(1, R), torch.full((1, R), -1))
+
+
+def _owned(recv_x, scales):
+    return (recv_x[0].clone(), recv_x[1].clone()) if scales else recv_x.clone()
+
+
+def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
+             topk_idx, topk_weights, expert_alignment, num_worst_tokens):
+    values, scales = (x[0], x[1]) if isinstance(x, (tuple, list)) else (x, None)
+    if scales is not None and not scales.is_contiguous():
+        scales = scales.contiguous()  # DeepEP's scales are often column-major
+    xin = (values, scales) if scales is not None else values
+    dtype, hidden = _dtype_of(values, scales), int(values.shape[-1])
+    if handle is not None:  # cached dispatch: the handle's routing again
+        if not isinstance(handle, NormalHandle):
+            _err(f"dispatch: handle must be the tuple dispatch returned, got "
+                 f"{type(handle).__name__}")
+        if topk_idx is not None or topk_weights is not None:
+            _err("dispatch: a cached dispatch (handle=) takes no topk_idx/topk_weights "
+                 "(as DeepEP)")
+        route = handle._route
+        nb = native(buf, dtype, hidden, handle._E, route.shape[1], route.shape[0])
+        recv_x, _, _, _, h, _ = nb.dispatch(xin, topk_idx=route)
+        _remember(buf, handle, nb, h, xin)
+        return _owned(recv_x, scales is not None), None, None, None, None, buf._event()
+
+    if num_tokens_per_rank is None or is_token_in_rank is None or num_tokens_per_expert is None:
+        _err("dispatch: without a handle, num_tokens_per_rank, is_token_in_rank and "
+             "num_tokens_per_expert are required (get_dispatch_layout gives them)")
+    if (topk_idx is None) != (topk_weights is None):
+        _err("dispatch: pass topk_idx and topk_weights together (or neither)")
+    R, E = buf.group_size, int(num_tokens_per_expert.numel())
+    if tuple(is_token_in_rank.shape) != (values.shape[0], R):
+        _err(f"dispatch: is_token_in_rank must be [{values.shape[0]}, {R}], got "
+             f"{tuple(is_token_in_rank.shape)}")
+    if topk_idx is not None:
+        route = topk_idx
+        from .buffer import get_dispatch_layout
+        _, _, _, in_rank = get_dispatch_layout(topk_idx, E, R)
+        if not torch.equal(in_rank, is_token_in_rank.to(torch.bool)):
+            t = int((in_rank != is_token_in_rank.to(torch.bool)).any(dim=1).nonzero()[0])
+            _err(f"dispatch: is_token_in_rank row {t} ({is_token_in_rank[t].tolist()}) does not "
+                 f"match the ranks of topk_idx row {t} ({topk_idx[t].tolist()})")
+    else:
+        route = _route(E, R, is_token_in_rank.to(torch.bool))
+    nb = native(buf, dtype, hidden, E, route.shape[1], route.shape[0])
+    recv_x, recv_idx, recv_w, _, h, _ = nb.dispatch(xin, topk_idx=route,
+                                                    topk_weights=topk_weights)
+    recv_x = _owned(recv_x, scales is not None)
+    recv_src_idx = h.recv_src[:, 1].to(torch.int32)
+    begins = h.recv_range[:, 0].to(torch.int32).view(R, 1)
+    # The counts every rank sends (DeepEP's notify step): each rank's rank_prefix_matrix row
+    # and its tokens per expert, for the whole matrix and the per-expert list.
+    local = torch.cat([num_tokens_per_rank.to(torch.int64).view(-1),
+                       num_tokens_per_expert.to(torch.int64).view(-1)])
+    gathered = _allgather(buf, local)
+    rank_prefix_matrix = gathered[:, :R].cumsum(0).to(torch.int32)
+    El = E // R
+    per_expert = gathered[:, R + buf.rank * El:R + (buf.rank + 1) * El].sum(0).tolist()
+    a = max(int(expert_alignment), 1)
+    counts = [-(-int(c) // a) * a for c in per_expert]
+    in_rank = is_token_in_rank.to(torch.bool)
+    send_head = torch.where(in_rank, in_rank.to(torch.int32).cumsum(0) - 1,
+                            torch.full_like(in_rank, -1, dtype=torch.int32)).to(torch.int32)
+    handle = NormalHandle((rank_prefix_matrix, torch.zeros((R, 1), dtype=torch.int32), begins,
+                           recv_src_idx, in_rank, send_head))
+    handle._route, handle._E = route, E
+    _remember(buf, handle, nb, h, xin)
+    recv_topk_idx = recv_idx.to(torch.int64) if topk_idx is not None else None
+    recv_topk_weights = recv_w.clone() if topk_idx is not None else None
+    if num_worst_tokens:
+        recv_x, recv_topk_idx, recv_topk_weights = _pad(
+            recv_x, recv_topk_idx, recv_topk_weights, int(num_worst_tokens))
+        counts = []
+    return recv_x, recv_topk_idx, recv_topk_weights, counts, handle, buf._event()
+
+
+def _remember(buf, handle, nb, h, xin):
+    handle._native, handle._h, handle._x, handle._combined = nb, h, xin, False
+    buf._last[id(nb)] = h
+
+
+def _pad(recv_x, idx, w, n):
+    """DeepEP's num_worst_tokens: results padded to n rows (idx -1 beyond the received ones)."""
+    rows = (recv_x[0] if isinstance(recv_x, tuple) else recv_x).shape[0]
+    if rows > n:
+        _err(f"dispatch: {rows} received rows exceed num_worst_tokens={n}")
+
+    def pad(a, fill):
+        if a is None:
+            return None
+        out = torch.full((n,) + tuple(a.shape[1:]), fill, dtype=a.dtype)
+        out[:rows] = a
+        return out
+    if isinstance(recv_x, tuple):
+        recv_x = (pad(recv_x[0].view(torch.uint8) if FLOAT8 is not None else recv_x[0], 0),
+                  pad(recv_x[1], 0))
+        if FLOAT8 is not None:
+            recv_x = (recv_x[0].view(FLOAT8), recv_x[1])
+    else:
+        recv_x = pad(recv_x, 0)
+    return recv_x, pad(idx, -1), pad(w, 0)
+
+
+def combine(buf, x, handle, topk_weights, bias):
+    if not isinstance(handle, NormalHandle):
+        _err(f"combine: handle must be the tuple dispatch returned, got {type(handle).__name__}")
+    nb, h = handle._native, handle._h
+    if handle._combined or buf._last.get(id(nb)) is not h:
+        # ubep combines a dispatch once and only the last one; a repeated or older combine
+        # replays the handle's last dispatch (same rows, same places) first.
+        h = nb.dispatch(handle._x, topk_idx=handle._route)[4]
+        handle._h = h
+        buf._last[id(nb)] = h
+    handle._combined = True
+    y = nb.combine(x, h)[0]
+    biases = [b for b in (bias if isinstance(bias, (tuple, list)) else (bias,)) if b is not None]
+    if biases:  # added to the sum in fp32, one rounding
+        acc = y.to(torch.float32)
+        for b in biases:
+            acc = acc + b.to(torch.float32)
+        y = acc.to(y.dtype)
+    else:
+        y = y.clone()
+    weights = None
+    if topk_weights is not None:
+        weights = _combine_weights(buf, handle, topk_weights)
+    return y, weights, buf._event()
+
+
+def _combine_weights(buf, handle, topk_weights):
+    """DeepEP's combined_topk_weights: per token, the sum over the ranks it went to of the
+    weights each passed back (fp32, ascending rank order): a combine of the weights as rows."""
+    route, k = handle._route, int(topk_weights.shape[-1])
+    nb = _aux(buf, "weights", k, handle._native.max_tokens_per_rank, handle._E,
+              handle._native.config()["max_topk"])
+    h = nb.dispatch(torch.zeros((route.shape[0], k), dtype=torch.float32), topk_idx=route)[4]
+    return nb.combine(topk_weights.to(torch.float32).contiguous(), h)[0].clone()

@@ -1,0 +1,277 @@
+"""DeepEP's V1 Python API (``deep_ep.Buffer``, DeepEP's deep_ep/buffers/legacy.py) on ubep.
+
+    import ubep.deep_ep as deep_ep
+    buffer = deep_ep.Buffer(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode=True, ...)
+
+Code written for DeepEP runs with only the device changed (CPU tensors here). What maps to what,
+and what differs, is docs/PYTHON.md ("ubep.deep_ep"). In short:
+
+* Bytes are a budget: normal mode gets the tokens per rank that ``num_nvl_bytes`` holds, low
+  latency checks that ``num_rdma_bytes`` holds the call's shape; an error says what does not fit.
+  Each wire format (bf16, fp32, fp8, fp8 with power-of-two scales) and mode has its own ubep
+  window, made on its first call (every rank makes the same calls, as DeepEP requires).
+* Calls finish before they return (or at ``hook()``): events are complete at once.
+* What ubep does not do raises ``NotImplementedError`` naming it: LogFMT combine, the mask API
+  (``enable_shrink``), receive-wait cost statistics, raw buffer tensors, CUDA streams.
+"""
+import torch
+
+from . import _deep_ep_ll as _ll
+from . import _deep_ep_normal as _normal
+from . import _ubep
+from .buffer import Buffer as _NativeBuffer
+from .buffer import get_dispatch_layout as _layout
+from .groups import as_group
+
+topk_idx_t = torch.int64
+
+
+class EventOverlap:
+    """DeepEP's event wrapper. ubep's calls complete before they return, so every event is
+    already complete: waiting returns at once (after the hook registered to run after it)."""
+
+    def __init__(self, event=None, extra_tensors=None):
+        self.event = event
+        self.extra_tensors = extra_tensors
+        self.hook_after_wait = None
+
+    def current_stream_wait(self, release_handle=False):
+        if self.hook_after_wait is not None:
+            hook, self.hook_after_wait = self.hook_after_wait, None
+            hook()
+        if release_handle:
+            self.event = None
+
+    def register_hook_after_wait(self, hook_after_wait):
+        assert self.hook_after_wait is None, "A hook is already registered on this `EventOverlap`"
+        self.hook_after_wait = hook_after_wait
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.current_stream_wait()
+        return False
+
+
+class Config:
+    """DeepEP's performance config (SMs and chunk sizes of its channels). ubep has no channels;
+    the values are kept and validated, and the size hints say what ubep needs."""
+
+    # The tokens per rank get_nvl_buffer_size_hint sizes for: DeepEP's normal mode streams
+    # through fixed channel buffers, ubep's window holds a whole call (ubep-bench's prefill).
+    hint_tokens_per_rank = 4096
+
+    def __init__(self, num_sms=20, num_max_nvl_chunked_send_tokens=6,
+                 num_max_nvl_chunked_recv_tokens=256, num_max_rdma_chunked_send_tokens=6,
+                 num_max_rdma_chunked_recv_tokens=256):
+        if num_sms <= 0 or num_sms % 2:
+            raise ValueError(f"Config: num_sms must be positive and even, got {num_sms}")
+        self.num_sms = int(num_sms)
+        self.num_max_nvl_chunked_send_tokens = int(num_max_nvl_chunked_send_tokens)
+        self.num_max_nvl_chunked_recv_tokens = int(num_max_nvl_chunked_recv_tokens)
+        self.num_max_rdma_chunked_send_tokens = int(num_max_rdma_chunked_send_tokens)
+        self.num_max_rdma_chunked_recv_tokens = int(num_max_rdma_chunked_recv_tokens)
+
+    def get_nvl_buffer_size_hint(self, hidden_bytes, num_ranks):
+        """num_nvl_bytes for hint_tokens_per_rank tokens of hidden_bytes (bf16) per rank, top-k
+        up to 8 and up to 1024 experts per rank."""
+        from ._deep_ep_sizing import topk_capacity, window_bytes
+        return window_bytes("bf16", int(hidden_bytes) // 2, int(num_ranks), 1024,
+                            topk_capacity(8, num_ranks), self.hint_tokens_per_rank, False)
+
+    def get_rdma_buffer_size_hint(self, hidden_bytes, num_ranks):
+        """0: ubep's Python groups are on one host, normal mode needs only num_nvl_bytes."""
+        return 0
+
+    def __repr__(self):
+        return (f"Config({self.num_sms}, {self.num_max_nvl_chunked_send_tokens}, "
+                f"{self.num_max_nvl_chunked_recv_tokens}, {self.num_max_rdma_chunked_send_tokens}"
+                f", {self.num_max_rdma_chunked_recv_tokens})")
+
+
+def _mask_api(name):
+    raise NotImplementedError(
+        f"ubep.deep_ep: {name} needs masked ranks (a rank neither sent to nor waited for, its "
+        f"experts contributing nothing), which the ubep library does not have yet (elastic EP)")
+
+
+class Buffer:
+    """DeepEP's Buffer on ubep (collective: every rank makes it with the same arguments).
+
+    ``group``: a torch.distributed process group (gloo), or ``comm=``, an mpi4py communicator;
+    a ``ubep.Group`` (thread ranks) works too. ubep-only keywords: ``algorithm`` ("ubep" or
+    "bsp"), ``num_workers``, ``timeout`` (s), ``max_tokens_per_rank`` (normal mode: use this
+    instead of what num_nvl_bytes holds; still checked against the budget)."""
+
+    num_sms = 20
+
+    def __init__(self, group=None, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False,
+                 num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False,
+                 explicitly_destroy=False, enable_shrink=False, comm=None, *, algorithm="ubep",
+                 num_workers=-1, timeout=60.0, max_tokens_per_rank=None):
+        if enable_shrink:
+            _mask_api("enable_shrink=True")
+        if group is None and comm is None:
+            raise ValueError("Either 'group' or 'comm' must be provided.")
+        for name, v in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
+            if int(v) < 0:
+                raise _ubep.InvalidArgument(f"Buffer: {name} must be >= 0, got {v}")
+        if low_latency_mode and num_qps_per_rank <= 0:
+            raise _ubep.InvalidArgument(
+                f"Buffer: num_qps_per_rank must be > 0 in low-latency mode, got "
+                f"{num_qps_per_rank}")
+        self.group = group if group is not None else comm
+        self._group = as_group(self.group, timeout=timeout)
+        self.rank = self._group.rank
+        self.group_size = self._group.size
+        self.num_nvl_bytes = int(num_nvl_bytes)
+        self.num_rdma_bytes = int(num_rdma_bytes)
+        self.low_latency_mode = bool(low_latency_mode)
+        self.explicitly_destroy = bool(explicitly_destroy)
+        self.enable_shrink = False
+        self._algorithm, self._num_workers, self._timeout = algorithm, num_workers, timeout
+        self._max_tokens = int(max_tokens_per_rank) if max_tokens_per_rank else None
+        self._natives = {}  # shape and wire format -> ubep.Buffer
+        self._last = {}     # id(ubep.Buffer) -> the handle of its last dispatch
+        self.runtime = self  # DeepEP's C++ runtime; None once destroyed
+
+    # --- life cycle ----------------------------------------------------------------------
+    def _make_native(self, key, need, budget_name, budget, **shape):
+        nb = _NativeBuffer(self._group, algorithm=self._algorithm, num_workers=self._num_workers,
+                           placement="compact", timeout=self._timeout, **shape)
+        real = nb._buf.shared_bytes
+        if budget is not None and real > budget:
+            raise _ubep.InvalidArgument(
+                f"Buffer: ubep's window for {shape} takes {real} bytes per rank (estimated "
+                f"{need}), more than {budget_name}={budget}")
+        self._natives[key] = nb
+        return nb
+
+    def _live(self, what):
+        if self.runtime is None:
+            raise _ubep.InvalidArgument(f"{what}: the Buffer was destroyed")
+
+    def _event(self):
+        return EventOverlap()
+
+    def destroy(self):
+        """Releases ubep's windows (results still in use keep theirs until dropped)."""
+        assert self.explicitly_destroy, '`explicitly_destroy` flag must be set'
+        self._natives.clear()
+        self._last.clear()
+        self.runtime = None
+
+    def is_available(self):
+        return self.runtime is not None
+
+    # --- static helpers ------------------------------------------------------------------
+    @staticmethod
+    def is_sm90_compiled():
+        """True: what DeepEP gates on SM90 builds (fp8 normal dispatch) is available."""
+        return True
+
+    @staticmethod
+    def set_num_sms(new_num_sms):
+        """DeepEP's SM budget for normal kernels; kept for the config getters (ubep's workers
+        are the ``num_workers`` keyword)."""
+        assert new_num_sms % 2 == 0, 'The SM count must be even'
+        Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def capture():
+        """An event on the "current stream": complete at once (calls finish before returning)."""
+        return EventOverlap()
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks,
+                                       num_experts):
+        """num_rdma_bytes that one low-latency shape needs (bf16, top-k up to 16; fp8 needs
+        less)."""
+        return _ll.size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
+
+    @staticmethod
+    def get_dispatch_config(num_ranks):
+        """DeepEP's recommended config (only num_sms has a meaning here, none on ubep)."""
+        return Config(Buffer.num_sms, 24 if num_ranks == 2 else 6, 256, 6, 128)
+
+    @staticmethod
+    def get_combine_config(num_ranks):
+        return Config(Buffer.num_sms, 10 if num_ranks == 2 else 4, 256, 6, 128)
+
+    def get_comm_stream(self):
+        raise NotImplementedError("ubep.deep_ep: get_comm_stream (no CUDA streams: calls run on "
+                                  "ubep's worker threads and finish before returning)")
+
+    def get_local_buffer_tensor(self, dtype, size=None, offset=0, use_rdma_buffer=False):
+        raise NotImplementedError(
+            "ubep.deep_ep: get_local_buffer_tensor (ubep's windows are laid out per shape, not "
+            "one raw buffer; use get_next_low_latency_combine_buffer for zero-copy combine)")
+
+    # --- normal mode ---------------------------------------------------------------------
+    def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None, async_finish=False,
+                            allocate_on_comm_stream=False):
+        """(num_tokens_per_rank int32, None, num_tokens_per_expert int32, is_token_in_rank bool,
+        event)."""
+        return _layout(topk_idx, num_experts, self.group_size) + (EventOverlap(),)
+
+    def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                 is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
+                 topk_weights=None, expert_alignment=1, num_worst_tokens=0, config=None,
+                 previous_event=None, async_finish=False, allocate_on_comm_stream=False):
+        """DeepEP's normal dispatch: (recv_x or (codes, scales), recv_topk_idx int64,
+        recv_topk_weights, num_recv_tokens_per_expert_list, handle, event); a cached dispatch
+        (handle=) returns (recv_x, None, None, None, None, event)."""
+        self._live("dispatch")
+        return _normal.dispatch(self, x, handle, num_tokens_per_rank, is_token_in_rank,
+                                num_tokens_per_expert, topk_idx, topk_weights, expert_alignment,
+                                num_worst_tokens)
+
+    def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
+                async_finish=False, allocate_on_comm_stream=False):
+        """DeepEP's normal combine: (combined_x, combined_topk_weights or None, event)."""
+        self._live("combine")
+        return _normal.combine(self, x, handle, topk_weights, bias)
+
+    # --- low-latency mode ----------------------------------------------------------------
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):
+        """Nothing to clean: ubep's messages carry epoch tags, so stale data is never read as
+        new (DeepEP zeroes its flags here; the effect is the same)."""
+        self._live("clean_low_latency_buffer")
+
+    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
+                             cumulative_local_expert_recv_stats=None,
+                             dispatch_wait_recv_cost_stats=None, use_fp8=True, round_scale=False,
+                             use_ue8m0=False, async_finish=False, return_recv_hook=False):
+        """(recv_x or (codes, scales), recv_count int32, handle, event, hook)."""
+        self._live("low_latency_dispatch")
+        return _ll.dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
+                            cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
+                            use_fp8, round_scale, use_ue8m0, return_recv_hook)
+
+    def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False,
+                            zero_copy=False, async_finish=False, return_recv_hook=False,
+                            out=None, combine_wait_recv_cost_stats=None):
+        """(combined_x, event, hook): combined_x[t] = sum over selected k of
+        topk_weights[t, k] * x[expert, slot]; a new tensor, or ``out``."""
+        self._live("low_latency_combine")
+        return _ll.combine(self, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy,
+                           return_recv_hook, out, combine_wait_recv_cost_stats)
+
+    def get_next_low_latency_combine_buffer(self, handle):
+        """Where experts may write their outputs for a zero_copy combine, shaped like recv_x."""
+        self._live("get_next_low_latency_combine_buffer")
+        return _ll.combine_buffer(self, handle)
+
+    # --- the mask API (elastic EP) -------------------------------------------------------
+    def low_latency_update_mask_buffer(self, rank_to_mask, mask=False):
+        _mask_api("low_latency_update_mask_buffer")
+
+    def low_latency_query_mask_buffer(self, mask_status):
+        _mask_api("low_latency_query_mask_buffer")
+
+    def low_latency_clean_mask_buffer(self):
+        _mask_api("low_latency_clean_mask_buffer")
+
+
+__all__ = ["Buffer", "Config", "EventOverlap", "topk_idx_t"]
