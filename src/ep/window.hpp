@@ -19,11 +19,8 @@ using namespace ::ubep::protocol;
 
 class Window {
  public:
-  Window(Group& group, const WindowLayout& map, backend::DataPath& dp, uint64_t first_seq)
-      : map_(map),
-        mem_(group.allocate_window(map.total)),
-        dp_(dp),
-        next_seq_(first_seq_of(first_seq)) {}
+  Window(Group& group, const WindowLayout& map, backend::DataPath& dp, uint64_t initial_epoch)
+      : map_(map), mem_(group.allocate_window(map.total)), dp_(dp), calls_(initial_epoch) {}
 
   const WindowLayout& map() const { return map_; }
   backend::DataPath& dp() const { return dp_; }
@@ -32,10 +29,10 @@ class Window {
   size_t bytes() const { return map_.total; }
 
   // --- epochs: one sequence number per dispatch (its combine shares it) ---
-  uint64_t begin_call() { return seq_ = next_seq_++; }
-  uint64_t seq() const { return seq_; }
-  int half() const { return half_of(seq_); }
-  uint32_t tag() const { return tag_of(seq_); }
+  uint64_t begin_call() { return calls_.begin_call(); }
+  uint64_t seq() const { return calls_.seq(); }
+  int half() const { return calls_.half(); }
+  uint32_t tag() const { return calls_.tag(); }
   void set_sync(SyncMode m) { sync_ = m; }
   SyncMode sync() const { return sync_; }
 
@@ -97,8 +94,7 @@ class Window {
   std::unique_ptr<SharedWindow> mem_;
   backend::DataPath& dp_;
   SyncMode sync_ = SyncMode::kFused;
-  uint64_t next_seq_;
-  uint64_t seq_ = 0;
+  CallSequence calls_;
 };
 
 // Ends a wait of call `call` when a peer on this host published that it rejected that call or

@@ -1,30 +1,44 @@
 // The tile-level overlap executor (see include/ubep/moe.hpp for what it computes).
 //
+// Every row that crosses into a window and every tag goes through a backend::DataPath
+// (backend::make_data_path: put_row, publish = release store, arrived/load = acquire load),
+// whose role team (run_roles) runs the compute, communication and reduce members. Epochs come
+// from protocol::CallSequence, the Window's own: one sequence number per run(), its parity
+// picks the half, tag_of(seq) its tag, and the sequence starts at first_seq_of(initial_epoch)
+// so the 64-bit counter never wraps (fuzz finding F7; at the wrap tag_of(2^64-1) == tag_of(0),
+// and the per-tile ready tags below, which are not double-buffered, would then take the
+// previous call's tags for this call's: ExpertLayerEpochs.* fails without the guard).
+//
 // Concurrency argument (who writes what, who reads it, and what orders the two):
 //
 //  1. Tile outputs, inside one rank. A compute worker writes a tile's rows of `out_` with plain
 //     stores, then publish()es the tile's ready tag (release) with the call's epoch tag, then
-//     bumps `published_` (release) and notifies. A communication worker reads the rows only
-//     after arrived() (acquire) saw that tag on that tile, so the rows happen-before its reads.
-//     Tags are never cleared: a tile's stale value is the tag of an earlier call, which differs
-//     from the current one (tag_of: consecutive calls differ), and tile indices are rebuilt per
-//     call before WorkerTeam::run publishes the job (its generation counter is a release/acquire
-//     pair), so every worker sees the new plan. Lost wake-ups are impossible: a communication
-//     worker reads `published_` *before* it scans the tags and sleeps only if the counter still
-//     has that value; a tile published after the scan bumped the counter after its tag.
-//  2. Records in an owner's shared window (data-as-flag, src/ep/protocol.hpp). A shipper writes
-//     a record's row with plain stores and then publishes the record's tag (release); the owner
-//     reads the row after arrived() (acquire) saw the current tag. Each (token, k) slot has
-//     exactly one writer per call: the rank owning expert topk_idx[t][k], and within it the one
-//     worker that ships the tile holding that row.
+//     bumps `published` (release) and notifies. (The compute member streams no rows, so the
+//     data path stores that tag at once, never holding it back past the counter.) A
+//     communication worker reads the rows only after arrived() (acquire) saw that tag on that
+//     tile, so the rows happen-before its reads. Tags are never cleared: a tile's stale value
+//     is the tag of an earlier call, which differs from the current one (CallSequence:
+//     consecutive calls differ, and so do any two within 2^32-1 calls), and tile indices are
+//     rebuilt per call before run_roles starts the members (its contract: the caller's writes
+//     before the call, every member's writes before its return), so every worker sees the new
+//     plan. Lost wake-ups are impossible: a communication worker reads `published` *before* it
+//     scans the tags and sleeps only if the counter still has that value; a tile published
+//     after the scan bumped the counter after its tag.
+//  2. Records in an owner's shared window (data-as-flag, src/protocol/protocol.hpp). A shipper
+//     put_row()s a record's row (plain stores) and then publishes the record's tag (release);
+//     the owner reads the row after arrived() (acquire) saw the current tag. Each (token, k)
+//     slot has exactly one writer per call: the rank owning expert topk_idx[t][k], and within it
+//     the one worker that ships the tile holding that row.
 //  3. Reuse across calls. Records are double-buffered by call parity. A shipper writing half
 //     h = seq&1 of owner O in call seq could only clobber O's call seq-2, so before its first
-//     write to O in a call it waits (acquire) until O's `released` word, which O stores
-//     (release) after its reduction of call n has read every record, says call seq-2 is done.
-//     That is a point-to-point wait on one peer, not a barrier, and it almost never waits: O
-//     finished seq-2 long ago unless it is a full call behind. Everything else (plan, in_/out_
-//     buffers, ready tags) is private to the rank and only touched inside WorkerTeam::run,
-//     whose completion (done counter, release/acquire) orders one run's writes before the next.
+//     write to O in a call it waits (load, acquire) until O's `released` word, which O
+//     publishes (release) after its reduction of call n has read every record, says call
+//     seq-2 is done. The word counts calls modulo 2^32 and is compared with wrapping
+//     arithmetic (ranks are never 2^31 calls apart). That is a point-to-point wait on one
+//     peer, not a barrier, and it almost never waits: O finished seq-2 long ago unless it is a
+//     full call behind. Everything else (plan, in_/out_ buffers, staging rows, ready tags) is
+//     private to the rank and only touched inside run_roles, whose return orders one run's
+//     writes before the next.
 #include <tuple>
 
 #include "moe/expert_layer_impl.hpp"
@@ -103,6 +117,9 @@ TensorView ExpertLayer::run(const DispatchResult& d, const TensorView& topk_idx,
                    m.cfg.num_experts, ")");
   UBEP_CHECK_ARG(static_cast<bool>(tile), "ExpertLayer::run: empty tile function");
 
+  // The call's epoch, as the Window takes it (protocol::CallSequence, F7's guard included):
+  // only after validation, so a rejected call leaves the sequence where it was.
+  m.epochs.begin_call();
   m.plan(d);
   m.recv_x = static_cast<const char*>(d.recv_x.data);
   m.current_tile_fn = &tile;
@@ -113,7 +130,7 @@ TensorView ExpertLayer::run(const DispatchResult& d, const TensorView& topk_idx,
   const bool overlapped = schedule == Schedule::kOverlapped;
 
   if (overlapped) {
-    m.team.run([&](int i) {
+    m.dp->run_roles([&](int i) {
       if (i < C)
         m.compute_role(i, true);
       else
@@ -125,12 +142,12 @@ TensorView ExpertLayer::run(const DispatchResult& d, const TensorView& topk_idx,
   } else {
     // Compute phase on the compute workers only (the communication workers wait, as a serial
     // "GEMM, then all-to-all" program would), then every member ships.
-    m.team.run([&](int i) {
+    m.dp->run_roles([&](int i) {
       if (i < C) m.compute_role(i, false);
     });
     m.stats.compute_phase_us = us_since(start);
     const auto s0 = Clock::now();
-    m.team.run([&](int i) { m.comm_role(i, 0, all, false); });
+    m.dp->run_roles([&](int i) { m.comm_role(i, 0, all, false); });
     m.stats.ship_phase_us = us_since(s0);
   }
   for (auto& s : m.mstats) {
@@ -144,14 +161,13 @@ TensorView ExpertLayer::run(const DispatchResult& d, const TensorView& topk_idx,
 
   const auto r0 = Clock::now();
   const auto* w = topk_weights.as<const float>();
-  m.team.run([&](int i) { m.reduce(tokens, K, idx, w, i, all); });
+  m.dp->run_roles([&](int i) { m.reduce(tokens, K, idx, w, i, all); });
   // Every member's reads of this call's records happened before run() returned: let senders
   // reuse this half two calls from now.
-  m.released(m.rank)->store(m.calls + 1, std::memory_order_release);
+  m.dp->publish(m.released(m.rank), static_cast<uint32_t>(m.calls + 1));
   m.stats.reduce_us = us_since(r0);
   for (auto& s : m.mstats) m.stats.reduce_wait_us += s.idle;
   ++m.calls;
-  ++m.seq;
   m.stats.total_us = us_since(start);
   return TensorView(m.y.get(), m.cfg.dtype, {tokens, m.H});
 }

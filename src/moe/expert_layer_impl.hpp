@@ -6,8 +6,8 @@
 #include <chrono>
 #include <cstring>
 #include <numeric>
-#include "backend/cpu/tags.hpp"
-#include "backend/cpu/worker_team.hpp"
+
+#include "backend/factory.hpp"
 #include "core/local_array.hpp"
 #include "core/wait.hpp"
 #include "protocol/protocol.hpp"
@@ -22,6 +22,14 @@ namespace layer_detail {
 using Clock = std::chrono::steady_clock;
 inline double us_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+// The data path of the layer's role team: one member per compute and communication worker
+// (member 0 is the caller).
+inline BufferConfig data_path_config(const ExpertLayerConfig& c) {
+  BufferConfig b;
+  b.num_workers = c.compute_workers + c.comm_workers - 1;
+  return b;
 }
 
 inline ExpertLayerConfig checked(const Group& g, ExpertLayerConfig c) {
@@ -80,10 +88,12 @@ struct ExpertLayer::Impl {
   size_t es;
   RecordFormat fmt;
   std::unique_ptr<SharedWindow> window;
-  cpu::WorkerTeam team;
+  // Every row into a window and every tag goes through the data path; its role team runs the
+  // compute, communication and reduce members.
+  std::unique_ptr<backend::DataPath> dp;
   WaitPolicy wait;
-  uint64_t seq;        // sequence number of the current call (tags, parity)
-  uint64_t calls = 0;  // calls completed by this rank (for `released`)
+  protocol::CallSequence epochs;  // the current call's sequence number, half and tag (as Window)
+  uint64_t calls = 0;             // calls completed by this rank (for `released`)
 
   // Plan of the current call.
   std::vector<Tile> tiles;
@@ -93,13 +103,14 @@ struct ExpertLayer::Impl {
   std::vector<int64_t> arow_slot;                 // aligned row -> owner slot t*max_topk + k
   std::vector<std::vector<int64_t>> expert_rows;  // per expert: aligned rows in dispatch order
   int64_t max_aligned = 0;
-  LocalArray in_, out_;              // [max_aligned, H] fp32
+  LocalArray in_, out_;                    // [max_aligned, H] fp32
   std::unique_ptr<protocol::Tag[]> ready;  // per tile
   size_t max_tiles = 0;
   std::atomic<uint32_t> published{0};
   std::atomic<int> next_tile{0};
   std::atomic<bool> abort{false};
   std::vector<MemberStats> mstats;
+  LocalArray stage;  // per member: one row in the layer dtype, the source of a record's put_row
 
   // Inputs of the current call.
   const char* recv_x = nullptr;
@@ -119,8 +130,8 @@ struct ExpertLayer::Impl {
         T(cfg.max_tokens_per_rank),
         H(cfg.hidden),
         es(dtype_size(cfg.dtype)),
-        team(cfg.compute_workers + cfg.comm_workers - 1),
-        seq(cfg.initial_epoch) {
+        dp(backend::make_data_path(data_path_config(cfg))),
+        epochs(cfg.initial_epoch) {
     fmt.row_bytes = static_cast<size_t>(H) * es;
     window = group.allocate_window(records_offset() + 2 * slots() * fmt.bytes());
     wait.timeout = group.options().timeout;
@@ -134,8 +145,9 @@ struct ExpertLayer::Impl {
     max_tiles = static_cast<size_t>((max_aligned + cfg.tile_rows - 1) / cfg.tile_rows +
                                     static_cast<int64_t>(local_experts) * R);
     ready = std::make_unique<protocol::Tag[]>(max_tiles);  // value-initialised: 0, no call's tag
-    mstats.resize(static_cast<size_t>(team.size()));
-    acc.resize(static_cast<size_t>(team.size() * H));
+    mstats.resize(static_cast<size_t>(dp->members()));
+    acc.resize(static_cast<size_t>(dp->members() * H));
+    stage = LocalArray(static_cast<size_t>(dp->members()) * stage_stride());
     y = LocalArray(static_cast<size_t>(T * H) * es);
     arow_src.resize(static_cast<size_t>(max_aligned));
     arow_slot.resize(static_cast<size_t>(max_aligned));
@@ -143,17 +155,22 @@ struct ExpertLayer::Impl {
 
   size_t slots() const { return static_cast<size_t>(T) * static_cast<size_t>(cfg.max_topk); }
   static size_t records_offset() { return protocol::kCacheLine; }
-  // Word 0 of every window: calls whose records its owner has finished reading.
-  std::atomic<uint64_t>* released(int r) const {
-    return static_cast<std::atomic<uint64_t>*>(window->base(r));
+  // Word 0 of every window: calls whose records its owner has finished reading, modulo 2^32
+  // (ranks are never 2^31 calls apart, so a wrapping comparison orders them).
+  protocol::Tag* released(int r) const { return static_cast<protocol::Tag*>(window->base(r)); }
+  bool has_released(int owner, uint64_t need) const {
+    const uint32_t v = dp->load(released(owner));
+    return static_cast<int32_t>(v - static_cast<uint32_t>(need)) >= 0;
   }
+  size_t stage_stride() const { return protocol::round_up(fmt.row_bytes, protocol::kCacheLine); }
+  char* stage_row(int m) const { return stage.get() + static_cast<size_t>(m) * stage_stride(); }
   Record record(int owner, int half, int64_t slot) const {
     return {static_cast<char*>(window->base(owner)) + records_offset() +
                 (static_cast<size_t>(half) * slots() + static_cast<size_t>(slot)) * fmt.bytes(),
             &fmt};
   }
-  uint32_t tag() const { return protocol::tag_of(seq); }
-  int half() const { return protocol::half_of(seq); }
+  uint32_t tag() const { return epochs.tag(); }
+  int half() const { return epochs.half(); }
 
   void plan(const DispatchResult& d);
   int64_t rows_of(int first, int n) const {
@@ -162,7 +179,7 @@ struct ExpertLayer::Impl {
     return r;
   }
   void gather_tile(const Tile& t);
-  void ship(int first_tile, int num_tiles, int owner, MemberStats& ms,
+  void ship(int m, int first_tile, int num_tiles, int owner, MemberStats& ms,
             std::vector<char>& checked_owner);
   void compute_role(int m, bool overlapped);
   void comm_role(int m, int first_member, int members, bool overlapped);

@@ -22,19 +22,20 @@ void ExpertLayer::Impl::gather_tile(const Tile& t) {
   }
 }
 
-// Writes the valid rows of tiles [first, first+n) (one owner) into the owner's window, each row
-// a record whose tag is published last.
-void ExpertLayer::Impl::ship(int first, int n, int owner, MemberStats& ms,
+// Member m writes the valid rows of tiles [first, first+n) (one owner) into the owner's window
+// through the data path, each row a record whose tag is published last.
+void ExpertLayer::Impl::ship(int m, int first, int n, int owner, MemberStats& ms,
                              std::vector<char>& checked_owner) {
   if (!checked_owner[static_cast<size_t>(owner)]) {
-    // Reuse guard (argument 3 above): the owner must have released call seq-2's records.
-    const uint64_t need = calls >= 2 ? calls - 1 : 0;
+    // Reuse guard (argument 3 in expert_layer.cpp): the owner must have released call seq-2's
+    // records. Nothing to wait for in the first two calls.
     const auto t0 = Clock::now();
-    wait_until([&] { return released(owner)->load(std::memory_order_acquire) >= need; }, wait,
-               [&] {
-                 return detail::concat("rank ", owner,
-                                       " to release the expert-layer records of call ", calls - 2);
-               });
+    if (calls >= 2)
+      wait_until([&] { return has_released(owner, calls - 1); }, wait,
+                 [&] {
+                   return detail::concat(
+                       "rank ", owner, " to release the expert-layer records of call ", calls - 2);
+                 });
     ms.idle += us_since(t0);
     checked_owner[static_cast<size_t>(owner)] = 1;
   }
@@ -47,13 +48,15 @@ void ExpertLayer::Impl::ship(int first, int n, int owner, MemberStats& ms,
       const int64_t a = t.begin + q;
       Record rec = record(owner, hf, arow_slot[static_cast<size_t>(a)]);
       const float* v = out_.get<float>() + a * H;
-      if (cfg.dtype == DType::kBF16) {
-        auto* o = reinterpret_cast<uint16_t*>(rec.row());
-        for (int64_t h = 0; h < H; ++h) o[h] = float_to_bf16(v[h]);
-      } else {
-        std::memcpy(rec.row(), v, static_cast<size_t>(H) * 4);
+      // The wire row is the output rounded to the layer dtype: fp32 rows go as they are, bf16
+      // rows are rounded into this member's staging row first (it stays in L1).
+      const void* src = v;
+      if (cfg.dtype != DType::kFP32) {
+        dp->store_row(stage_row(m), v, cfg.dtype, H);
+        src = stage_row(m);
       }
-      cpu::publish_tag(rec.tag(), tg);
+      dp->put_row(rec.row(), src, fmt.row_bytes, false);
+      dp->publish(rec.tag(), tg);
     }
   }
   ms.copy += us_since(t0);
@@ -91,9 +94,10 @@ void ExpertLayer::Impl::compute_role(int m, bool overlapped) {
       if (t.owner == rank) {
         // Local rows need no communication worker: the producer writes them straight into its
         // own window (the tile's epilogue).
-        ship(ti, 1, rank, ms, checked_owner);
+        ship(m, ti, 1, rank, ms, checked_owner);
       } else {
-        cpu::publish_tag(&ready[static_cast<size_t>(ti)], tg);
+        // Not held back: this member streams no rows, so the tag is stored before the counter.
+        dp->publish(&ready[static_cast<size_t>(ti)], tg);
         published.fetch_add(1, std::memory_order_release);
         published.notify_all();
       }
@@ -119,13 +123,13 @@ void ExpertLayer::Impl::comm_role(int m, int first_member, int members, bool ove
   if (!overlapped) {
     for (size_t g = static_cast<size_t>(me); g < groups.size(); g += static_cast<size_t>(members)) {
       if (ship_hook) ship_hook(me, rows_of(groups[g].first_tile, groups[g].num_tiles));
-      ship(groups[g].first_tile, groups[g].num_tiles, groups[g].owner, ms, checked_owner);
+      ship(m, groups[g].first_tile, groups[g].num_tiles, groups[g].owner, ms, checked_owner);
       ++ms.segments;
     }
     // Local tiles, split across the members by tile index.
     for (size_t i = 0; i < tiles.size(); ++i)
       if (tiles[i].owner == rank && static_cast<int>(i % static_cast<size_t>(members)) == me)
-        ship(static_cast<int>(i), 1, rank, ms, checked_owner);
+        ship(m, static_cast<int>(i), 1, rank, ms, checked_owner);
     return;
   }
   const uint32_t tg = tag();
@@ -147,11 +151,11 @@ void ExpertLayer::Impl::comm_role(int m, int first_member, int members, bool ove
       if (c == g.num_tiles) continue;
       int n = 0;
       while (c + n < g.num_tiles &&
-             cpu::tag_arrived(&ready[static_cast<size_t>(g.first_tile + c + n)], tg))
+             dp->arrived(&ready[static_cast<size_t>(g.first_tile + c + n)], tg))
         ++n;
       if (n == 0) continue;
       if (ship_hook) ship_hook(me, rows_of(g.first_tile + c, n));
-      ship(g.first_tile + c, n, g.owner, ms, checked_owner);
+      ship(m, g.first_tile + c, n, g.owner, ms, checked_owner);
       ++ms.segments;
       c += n;
       if (c == g.num_tiles) --left;
@@ -182,32 +186,19 @@ void ExpertLayer::Impl::reduce(int64_t tokens, int K, const int64_t* idx, const 
       const int64_t e = idx[t * K + k];
       if (e < 0) continue;
       Record rec = record(rank, hf, t * cfg.max_topk + k);
-      if (!cpu::tag_arrived(rec.tag(), tg)) {
+      if (!dp->arrived(rec.tag(), tg)) {
         const auto w0 = Clock::now();
-        wait_until([&] { return cpu::tag_arrived(rec.tag(), tg); }, wait,
+        wait_until([&] { return dp->arrived(rec.tag(), tg); }, wait,
                    [&] {
                      return detail::concat("expert-layer row of token ", t, " k ", k, " from rank ",
                                            e / local_experts, " (epoch tag ", tg, ")");
                    });
         ms.idle += us_since(w0);
       }
-      // Same arithmetic as Buffer's latency combine: acc += w * value, fp32, ascending k.
-      const float wk = w[t * K + k];
-      if (cfg.dtype == DType::kBF16) {
-        const auto* v = reinterpret_cast<const uint16_t*>(rec.row());
-        for (int64_t h = 0; h < H; ++h) a[h] += wk * bf16_to_float(v[h]);
-      } else {
-        const auto* v = reinterpret_cast<const float*>(rec.row());
-        for (int64_t h = 0; h < H; ++h) a[h] += wk * v[h];
-      }
+      // Buffer's latency combine, the same kernel: acc += w * value, fp32, ascending k.
+      dp->accumulate_row(a, rec.row(), cfg.dtype, H, &w[t * K + k]);
     }
-    char* dst = y.get() + static_cast<size_t>(t * H) * es;
-    if (cfg.dtype == DType::kBF16) {
-      auto* o = reinterpret_cast<uint16_t*>(dst);
-      for (int64_t h = 0; h < H; ++h) o[h] = float_to_bf16(a[h]);
-    } else {
-      std::memcpy(dst, a, static_cast<size_t>(H) * 4);
-    }
+    dp->store_row(y.get() + static_cast<size_t>(t * H) * es, a, cfg.dtype, H);
   }
 }
 

@@ -45,6 +45,22 @@ UBEP_HD inline constexpr uint64_t first_seq_of(uint64_t initial_epoch) {
   return initial_epoch % 0xFFFFFFFFull;
 }
 
+// The call sequence of one buffer (the Window, the moe executor): the call's sequence number,
+// its half (parity) and its tag, starting at first_seq_of(initial_epoch) -- the F7 guard, in
+// one place for every host-side user.
+class CallSequence {
+ public:
+  explicit CallSequence(uint64_t initial_epoch) : next_(first_seq_of(initial_epoch)) {}
+  uint64_t begin_call() { return seq_ = next_++; }
+  uint64_t seq() const { return seq_; }
+  int half() const { return half_of(seq_); }
+  uint32_t tag() const { return tag_of(seq_); }
+
+ private:
+  uint64_t next_;
+  uint64_t seq_ = 0;
+};
+
 // Failure words (WindowLayout::fail_word): 0, the call a rank rejected (fail_marker), or the
 // call in which its buffer broke for good (broken_marker: the marker with the top bit set).
 // Calls are counted modulo 2^31-1; peers are never more than a call or two apart.

@@ -1,227 +1,19 @@
 // The expert layer against an independent reference, serial vs overlapped (bitwise), against
-// Buffer's latency combine (bitwise), padding edge cases, BLAS FFN, bad input, and a stress run
-// with random delays. Ranks are threads.
+// Buffer's latency combine (bitwise), padding edge cases, BLAS FFN and bad input. Ranks are
+// threads; the harness is moe_harness.hpp, the epoch and stress runs test_moe_epochs.cpp.
 #include <gtest/gtest.h>
-
-#include <sstream>
 
 #include <cmath>
 #include <cstring>
 #include <mutex>
 #include <random>
-#include <thread>
 
-#include "ubep/bf16.hpp"
-#include "ubep/buffer.hpp"
-#include "ubep/error.hpp"
-#include "ubep/group.hpp"
-#include "ubep/moe.hpp"
+#include "moe_harness.hpp"
 
 namespace ubep::moe {
 namespace {
 
-float stored(float v, DType dt) { return dt == DType::kBF16 ? bf16_to_float(float_to_bf16(v)) : v; }
-
-// The test "GEMM": row-local, deterministic, different per global expert. Reference and tile
-// function evaluate the same float expression, so they agree bit for bit.
-float expert_value(const float* row, int64_t h, int64_t H, int global_expert) {
-  return row[h] * (1.0f + 0.125f * static_cast<float>(global_expert)) + 0.5f * row[(h + 1) % H] -
-         0.01f * static_cast<float>(global_expert);
-}
-
-TileFn test_tile_fn(int rank, int local_experts, int64_t H) {
-  return [=](const TileTask& t) {
-    const int ge = rank * local_experts + t.local_expert;
-    for (int64_t r = 0; r < t.rows; ++r)
-      for (int64_t h = 0; h < H; ++h)
-        t.out[r * t.out_ld + h] = expert_value(t.in + r * t.in_ld, h, H, ge);
-  };
-}
-
-struct RankData {
-  int64_t tokens = 0;
-  int topk = 1;
-  std::vector<char> x;  // [tokens, H] dtype
-  std::vector<int64_t> idx;
-  std::vector<float> w;
-};
-
-float load(const char* base, int64_t i, DType dt) { return load_value(base, i, dt); }
-void store(char* base, int64_t i, float v, DType dt) { store_value(base, i, v, dt); }
-
-RankData make_rank(RouterMode mode, int experts, int topk, int64_t tokens, int64_t H, DType dt,
-                   uint64_t seed) {
-  RankData d;
-  d.tokens = tokens;
-  d.topk = topk;
-  RouterOutput r = route(mode, experts, topk, tokens, seed);
-  d.idx = r.topk_idx;
-  d.w = r.topk_weights;
-  // Some "not selected" slots, as a capacity-dropping router produces.
-  std::mt19937_64 rng(seed + 99);
-  for (auto& e : d.idx)
-    if (rng() % 11 == 0) e = -1;
-  d.x.resize(static_cast<size_t>(tokens * H) * dtype_size(dt));
-  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
-  for (int64_t i = 0; i < tokens * H; ++i) store(d.x.data(), i, u(rng), dt);
-  return d;
-}
-
-// Independent reference of rank `me`'s y, from every rank's inputs.
-std::vector<char> reference_y(const std::vector<RankData>& all, int me, int64_t H, DType dt) {
-  const RankData& d = all[static_cast<size_t>(me)];
-  std::vector<char> y(static_cast<size_t>(d.tokens * H) * dtype_size(dt));
-  std::vector<float> row(static_cast<size_t>(H)), acc(static_cast<size_t>(H));
-  for (int64_t t = 0; t < d.tokens; ++t) {
-    for (int64_t h = 0; h < H; ++h) row[static_cast<size_t>(h)] = load(d.x.data(), t * H + h, dt);
-    std::fill(acc.begin(), acc.end(), 0.0f);
-    for (int k = 0; k < d.topk; ++k) {
-      const int64_t e = d.idx[static_cast<size_t>(t * d.topk + k)];
-      if (e < 0) continue;
-      const float w = d.w[static_cast<size_t>(t * d.topk + k)];
-      for (int64_t h = 0; h < H; ++h)
-        acc[static_cast<size_t>(h)] +=
-            w * stored(expert_value(row.data(), h, H, static_cast<int>(e)), dt);
-    }
-    for (int64_t h = 0; h < H; ++h) store(y.data(), t * H + h, acc[static_cast<size_t>(h)], dt);
-  }
-  return y;
-}
-
-struct Case {
-  int ranks = 2;
-  int experts = 8;
-  int topk = 2;
-  int64_t H = 16;
-  DType dtype = DType::kBF16;
-  int64_t capacity = 12;
-  RouterMode mode = RouterMode::kBalanced;
-  int64_t tile = 4;
-  int compute_workers = 1;
-  int comm_workers = 1;
-  bool remote_first = true;
-  uint64_t seed = 1;
-  uint64_t initial_epoch = 0;
-  int calls = 2;
-  bool random_tokens = true;
-  bool delays = false;
-  bool check_buffer_latency = true;
-};
-
-std::string describe(const Case& c) {
-  std::ostringstream os;
-  os << "ranks=" << c.ranks << " experts=" << c.experts << " topk=" << c.topk << " H=" << c.H
-     << " dtype=" << dtype_name(c.dtype) << " cap=" << c.capacity
-     << " mode=" << router_mode_name(c.mode) << " tile=" << c.tile << " cw=" << c.compute_workers
-     << " mw=" << c.comm_workers << " remote_first=" << c.remote_first << " seed=" << c.seed
-     << " epoch0=" << c.initial_epoch;
-  return os.str();
-}
-
-bool same_bits(const TensorView& y, const std::vector<char>& want) {
-  return y.bytes() == want.size() &&
-         (want.empty() || std::memcmp(y.data, want.data(), want.size()) == 0);
-}
-
-// Runs `c.calls` calls; each call routes anew, runs serial and overlapped, and checks both
-// against the reference (and, optionally, Buffer's latency combine fed with the layer's outputs).
-void run_case(const Case& c) {
-  SCOPED_TRACE(describe(c));
-  std::mutex mu;
-  run_on_threads(c.ranks, [&](Group& g) {
-    BufferConfig bc;
-    bc.max_tokens_per_rank = c.capacity;
-    bc.hidden = c.H;
-    bc.dtype = c.dtype;
-    bc.num_experts = c.experts;
-    bc.max_topk = c.topk;
-    bc.algorithm = Algorithm::kUbep;
-    // last_outputs_latency() writes each expert's rows from slot 0: the compact placement.
-    bc.placement = Placement::kCompact;
-    Buffer buffer(g, bc);
-    ExpertLayerConfig lc;
-    lc.max_tokens_per_rank = c.capacity;
-    lc.hidden = c.H;
-    lc.dtype = c.dtype;
-    lc.num_experts = c.experts;
-    lc.max_topk = c.topk;
-    lc.compute_workers = c.compute_workers;
-    lc.comm_workers = c.comm_workers;
-    lc.tile_rows = c.tile;
-    lc.remote_first = c.remote_first;
-    lc.initial_epoch = c.initial_epoch;
-    ExpertLayer layer(g, lc);
-    const int El = layer.num_local_experts();
-    if (c.delays) {
-      auto rng = std::make_shared<std::mt19937_64>(c.seed * 31 + static_cast<uint64_t>(g.rank()));
-      auto rmu = std::make_shared<std::mutex>();
-      auto delay = [rng, rmu](int) {
-        uint64_t r;
-        {
-          std::lock_guard<std::mutex> l(*rmu);
-          r = (*rng)();
-        }
-        if (r % 4 == 0)
-          std::this_thread::sleep_for(std::chrono::microseconds(r % 200));
-        else if (r % 4 == 1)
-          std::this_thread::yield();
-      };
-      layer.set_compute_delay_hook(delay);
-      layer.set_ship_delay_hook([delay](int w, int64_t) { delay(w); });
-    }
-    const TileFn fn = test_tile_fn(g.rank(), El, c.H);
-    for (int call = 0; call < c.calls; ++call) {
-      // Every rank builds every rank's inputs (same seeds), so each can compute its reference.
-      std::vector<RankData> all;
-      std::mt19937_64 trng(c.seed * 1000 + static_cast<uint64_t>(call));
-      for (int r = 0; r < c.ranks; ++r) {
-        const int64_t tokens =
-            c.random_tokens ? static_cast<int64_t>(trng() % static_cast<uint64_t>(c.capacity + 1))
-                            : c.capacity;
-        all.push_back(make_rank(c.mode, c.experts, c.topk, tokens, c.H, c.dtype,
-                                c.seed * 7919 + static_cast<uint64_t>(call * 131 + r)));
-      }
-      const RankData& me = all[static_cast<size_t>(g.rank())];
-      DispatchArgs a;
-      a.x = TensorView(me.x.data(), c.dtype, {me.tokens, c.H});
-      a.topk_idx = TensorView(me.idx.data(), DType::kInt64, {me.tokens, c.topk});
-      a.topk_weights = TensorView(me.w.data(), DType::kFP32, {me.tokens, c.topk});
-      a.layout = Layout::kThroughput;
-      const std::vector<char> want = reference_y(all, g.rank(), c.H, c.dtype);
-
-      DispatchResult d = buffer.dispatch(a);
-      TensorView ys = layer.run(d, a.topk_idx, a.topk_weights, fn, Schedule::kSerial);
-      const std::vector<char> serial(static_cast<const char*>(ys.data),
-                                     static_cast<const char*>(ys.data) + ys.bytes());
-      TensorView yo = layer.run(d, a.topk_idx, a.topk_weights, fn, Schedule::kOverlapped);
-      std::unique_lock<std::mutex> lock(mu);
-      EXPECT_TRUE(same_bits(ys, want))
-          << "serial differs from the reference, rank " << g.rank() << " call " << call;
-      EXPECT_TRUE(same_bits(yo, want))
-          << "overlapped differs from the reference, rank " << g.rank() << " call " << call;
-      EXPECT_EQ(yo.dim(0), me.tokens);
-      const LayerStats& st = layer.last_stats();
-      EXPECT_EQ(st.padded_rows % c.tile, 0);
-      EXPECT_GE(st.segments, 0);
-      EXPECT_LE(st.segments, st.remote_tiles);
-      if (!c.check_buffer_latency) continue;
-      lock.unlock();
-      // Cross-check with the library's latency combine fed with the layer's expert outputs.
-      a.layout = Layout::kLatency;
-      DispatchResult dl = buffer.dispatch(a);
-      const int64_t slots = dl.recv_x.dim(1);
-      std::vector<char> outs(static_cast<size_t>(El * slots * c.H) * dtype_size(c.dtype));
-      layer.last_outputs_latency(outs.data(), slots);
-      CombineArgs ca;
-      ca.handle = dl.handle;
-      ca.x = TensorView(outs.data(), c.dtype, {El, slots, c.H});
-      TensorView yl = buffer.combine(ca);
-      lock.lock();
-      EXPECT_TRUE(same_bits(yl, want))
-          << "Buffer latency combine differs, rank " << g.rank() << " call " << call;
-    }
-  });
-}
+using namespace test;
 
 struct Param {
   int ranks, topk;
@@ -497,28 +289,6 @@ TEST(ExpertLayer, BadInputThrowsAndLeavesTheGroupUsable) {
     TensorView y2 = layer.run(d, a.topk_idx, a.topk_weights, fn, Schedule::kOverlapped);
     EXPECT_TRUE(same_bits(y2, s));
   });
-}
-
-// Many back-to-back calls with changing routing and token counts, random delays in producers
-// and shippers, more ranks than cores, epochs crossing the 32-bit tag wrap-around.
-TEST(ExpertLayerStress, RandomDelaysManyCalls) {
-  for (int ranks : {2, 4}) {
-    Case c;
-    c.ranks = ranks;
-    c.experts = 4 * ranks;
-    c.topk = 2;
-    c.mode = ranks == 2 ? RouterMode::kStressSkew : RouterMode::kModerateSkew;
-    c.tile = 2;
-    c.compute_workers = 2;
-    c.comm_workers = 2;
-    c.capacity = 10;
-    c.calls = ranks == 2 ? 150 : 60;
-    c.delays = true;
-    c.check_buffer_latency = false;
-    c.initial_epoch = 0xFFFFFFFFull - 40;  // tag_of wraps after 2^32-1 calls
-    c.seed = 4242 + static_cast<uint64_t>(ranks);
-    run_case(c);
-  }
 }
 
 }  // namespace
