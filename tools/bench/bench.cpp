@@ -12,7 +12,7 @@
 #include <memory>
 #include <random>
 
-#include "ep/protocol.hpp"
+#include "protocol/protocol.hpp"
 #include "ubep/baseline.hpp"
 #include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
@@ -183,7 +183,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   }
   // Dispatch rows as the codec sends them (fp8: codes + scales), combine rows in combine_dtype.
   const size_t row_bytes = static_cast<size_t>(o.hidden) * dtype_size(combine_dtype(cfg));
-  const size_t dispatch_row_bytes = ep::row_codec(o.dtype, o.hidden).row_bytes();
+  const size_t dispatch_row_bytes = protocol::row_codec(o.dtype, o.hidden).row_bytes();
   const bool fp8 = o.dtype == DType::kFP8E4M3;
   const double cbytes = combine_bytes(in, o, g.size(), row_bytes);
   std::vector<BenchRow> rows;
@@ -319,7 +319,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     // The bound copies rows of the call's sizes: dispatch rows of the codec (fp8: the codes,
     // and the scales apart, as the call's window holds them), combine rows of the combine
     // dtype (measured separately when they differ, as for fp8).
-    const ep::RowCodec codec = ep::row_codec(o.dtype, o.hidden);
+    const protocol::RowCodec codec = protocol::row_codec(o.dtype, o.hidden);
     const char* payload = fp8 && !in.codes.empty() ? reinterpret_cast<const char*>(in.codes.data())
                                                    : reinterpret_cast<const char*>(in.x.data());
     if (fp8 && in.scales.empty())
