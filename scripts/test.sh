@@ -3,7 +3,9 @@
 # mpirun (2 and 4 processes, 2 forced hosts over TCP, kill -9 of a rank, a 10,000-call soak), the
 # Python package's pytest suite (ctest "python"); then every suite but Python again under
 # AddressSanitizer + UndefinedBehaviorSanitizer (the mpirun suites included), the thread-rank
-# suites under ThreadSanitizer, and a short libFuzzer run (docs/FUZZING.md).
+# suites under ThreadSanitizer, and a short libFuzzer run (docs/FUZZING.md). The Buffer-level suites
+# also run on the CUDA simulation device (ctest label cuda_sim; not repeated under the sanitizers:
+# a thread per simulated GPU thread is slow there, and test_cuda_sim_tsan checks the kernels' ordering).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -24,11 +26,11 @@ if [ "${UBEP_SKIP_SANITIZERS:-0}" != 1 ]; then
         -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=ON -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null
   cmake --build build-asan -j"$jobs"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
-     ctest --output-on-failure -j"$jobs")
+     ctest --output-on-failure -j"$jobs" -LE cuda_sim)
   cmake -S . -B build-thread -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_SANITIZE=thread \
         -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null
   cmake --build build-thread -j"$jobs"
-  (cd build-thread && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs")
+  (cd build-thread && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" -LE cuda_sim)
 fi
 
 # The fuzz target (clang, ASan + UBSan, libFuzzer): the checked-in seeds, then 2,500 inputs from a fixed seed.

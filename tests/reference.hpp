@@ -28,6 +28,10 @@ struct RankInput {
 // chosen suites again with "cuda-sim", label cuda_sim). Test inputs and configs are tagged with
 // it; on cuda-sim the memory is host memory, so the same checks read results directly.
 Device test_device();
+inline TensorView on_test_device(TensorView v) {
+  v.device = test_device();
+  return v;
+}
 
 struct Problem {
   int ranks = 1;

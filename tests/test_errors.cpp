@@ -39,7 +39,7 @@ TEST_P(BadInput, RejectedWithTheValueAndBufferStaysUsable) {
       std::vector<int64_t> idx = in.topk_idx;
       idx[3] = e;
       DispatchArgs a = good;
-      a.topk_idx = TensorView(idx.data(), DType::kInt64, {4, 2});
+      a.topk_idx = on_test_device(TensorView(idx.data(), DType::kInt64, {4, 2}));
       dispatch(a);
     };
     expect_invalid([&] { with_expert(8); }, "expert id 8");
@@ -52,7 +52,8 @@ TEST_P(BadInput, RejectedWithTheValueAndBufferStaysUsable) {
       expect_invalid([&] { dispatch(np); }, "topk_weights has no data");
       np = good;
       np.x.device = Device{DeviceType::kCuda, 1};
-      expect_invalid([&] { dispatch(np); }, {"x is on cuda:1", "the buffer on cpu"});
+      expect_invalid([&] { dispatch(np); },
+                     {"x is on cuda:1", "the buffer on " + test_device().describe()});
     }
     expect_invalid([&] { with_expert(-2); }, "expert id -2");
     run_and_check(g, c, p, buf.get(), base.get());  // still usable
@@ -61,24 +62,24 @@ TEST_P(BadInput, RejectedWithTheValueAndBufferStaysUsable) {
     std::vector<int64_t> big_idx(5 * 2, 0);
     std::vector<float> big_w(5 * 2, 0.0f);
     DispatchArgs a = good;
-    a.x = TensorView(big_x.data(), DType::kFP32, {5, 16});
-    a.topk_idx = TensorView(big_idx.data(), DType::kInt64, {5, 2});
-    a.topk_weights = TensorView(big_w.data(), DType::kFP32, {5, 2});
+    a.x = on_test_device(TensorView(big_x.data(), DType::kFP32, {5, 16}));
+    a.topk_idx = on_test_device(TensorView(big_idx.data(), DType::kInt64, {5, 2}));
+    a.topk_weights = on_test_device(TensorView(big_w.data(), DType::kFP32, {5, 2}));
     expect_invalid([&] { dispatch(a); }, "num_tokens 5");
 
     a = good;
-    a.x = TensorView(in.x_f32.data(), DType::kFP32, {2, 32});
+    a.x = on_test_device(TensorView(in.x_f32.data(), DType::kFP32, {2, 32}));
     expect_invalid([&] { dispatch(a); }, "hidden size 32");
     a = good;
-    a.x = TensorView(in.x_f32.data(), DType::kBF16, {4, 16});
+    a.x = on_test_device(TensorView(in.x_f32.data(), DType::kBF16, {4, 16}));
     expect_invalid([&] { dispatch(a); }, "dtype bf16");
     a = good;
-    a.topk_weights = TensorView(in.topk_weights.data(), DType::kFP32, {4, 1});
+    a.topk_weights = on_test_device(TensorView(in.topk_weights.data(), DType::kFP32, {4, 1}));
     expect_invalid([&] { dispatch(a); }, "topk_weights shape");
     a = good;
     std::vector<int64_t> dup = in.topk_idx;
     dup[0] = dup[1] = 5;
-    a.topk_idx = TensorView(dup.data(), DType::kInt64, {4, 2});
+    a.topk_idx = on_test_device(TensorView(dup.data(), DType::kInt64, {4, 2}));
     expect_invalid([&] { dispatch(a); }, "appears twice");
     run_and_check(g, c, p, buf.get(), base.get());
 

@@ -27,6 +27,7 @@ TEST(Placement, RangesWithEmptyAndFullSources) {
                      algorithm_name(algo));
         run_on_threads(R, [&](Group& g) {
           BufferConfig cfg;
+          cfg.device = test_device();
           cfg.max_tokens_per_rank = T;
           cfg.hidden = H;
           cfg.dtype = DType::kFP32;
@@ -41,9 +42,9 @@ TEST(Placement, RangesWithEmptyAndFullSources) {
           std::vector<int64_t> idx(static_cast<size_t>(n), 2);  // expert 2 = rank 1's expert 0
           std::vector<float> w(static_cast<size_t>(n), 1.0f);
           DispatchArgs a;
-          a.x = TensorView(x.data(), DType::kFP32, {n, H});
-          a.topk_idx = TensorView(idx.data(), DType::kInt64, {n, 1});
-          a.topk_weights = TensorView(w.data(), DType::kFP32, {n, 1});
+          a.x = on_test_device(TensorView(x.data(), DType::kFP32, {n, H}));
+          a.topk_idx = on_test_device(TensorView(idx.data(), DType::kInt64, {n, 1}));
+          a.topk_weights = on_test_device(TensorView(w.data(), DType::kFP32, {n, 1}));
           a.layout = layout;
           DispatchResult r = buf.dispatch(a);
           EXPECT_EQ(r.placement, placement);
@@ -100,6 +101,7 @@ void late_rank_case(Placement placement) {
       R,
       [&](Group& g) {
         BufferConfig cfg;
+        cfg.device = test_device();
         cfg.max_tokens_per_rank = 16;
         cfg.hidden = 32;
         cfg.dtype = DType::kFP32;
@@ -241,6 +243,7 @@ TEST(Placement, MismatchedLayoutIsNamed) {
   for (Algorithm algo : {Algorithm::kBsp, Algorithm::kUbep}) {
     run_on_threads(2, [&](Group& g) {
       BufferConfig cfg;
+      cfg.device = test_device();
       cfg.max_tokens_per_rank = 4;
       cfg.hidden = 8;
       cfg.dtype = DType::kFP32;

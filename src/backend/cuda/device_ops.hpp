@@ -22,6 +22,10 @@ class DeviceOps {
   virtual ~DeviceOps() = default;
 
   virtual Device device() const = 0;
+  // Whether the host can read this device's memory directly (the simulation device): the engine
+  // then checks expert ids before launching, as the host backend does, instead of leaving them to
+  // the kernels (which route a bad id nowhere and report it after the call).
+  virtual bool host_readable() const { return false; }
   // Threads per block and blocks this rank may use, when `ranks_here` ranks of this process
   // share the device and every rank's blocks must be resident at once (spin-waits on peers).
   virtual int threads_per_block() const = 0;

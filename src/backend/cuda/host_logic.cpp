@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "protocol/call_checks.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::cuda_host {
@@ -39,53 +40,30 @@ void check_config(const BufferConfig& cfg, int ranks, int local_ranks) {
 }
 
 void check_dispatch(const DispatchArgs& a, const BufferConfig& cfg, int rank) {
-  for (const auto& [name, t] : {std::pair{"x", &a.x}, std::pair{"topk_idx", &a.topk_idx},
-                                std::pair{"topk_weights", &a.topk_weights}})
-    UBEP_CHECK_ARG(t->device == cuda_device(cfg), "dispatch (rank ", rank, "): ", name, " is on ",
-                   t->device.describe(), ", the buffer on ", cfg.device.describe());
-  UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dtype == cfg.dtype && a.x.dim(1) == cfg.hidden,
-                 "dispatch (rank ", rank, "): x must be ", dtype_name(cfg.dtype), "[tokens, ",
-                 cfg.hidden, "], got ", a.x.describe());
-  const int64_t n = a.x.dim(0);
-  UBEP_CHECK_ARG(n >= 0 && n <= cfg.max_tokens_per_rank, "dispatch (rank ", rank, "): num_tokens ",
-                 n, " exceeds max_tokens_per_rank=", cfg.max_tokens_per_rank);
-  UBEP_CHECK_ARG(
-      a.topk_idx.ndim == 2 && a.topk_idx.dtype == DType::kInt64 && a.topk_idx.dim(0) == n,
-      "dispatch (rank ", rank, "): topk_idx must be int64 [", n, ", k], got ",
-      a.topk_idx.describe());
-  const int64_t k = a.topk_idx.dim(1);
-  UBEP_CHECK_ARG(k >= 1 && k <= cfg.max_topk, "dispatch (rank ", rank, "): topk ", k,
-                 " outside [1, max_topk=", cfg.max_topk, "]");
-  UBEP_CHECK_ARG(a.topk_weights.ndim == 2 && a.topk_weights.dtype == DType::kFP32 &&
-                     a.topk_weights.dim(0) == n && a.topk_weights.dim(1) == k,
-                 "dispatch (rank ", rank, "): topk_weights must be fp32 [", n, ", ", k, "], got ",
-                 a.topk_weights.describe());
-  UBEP_CHECK_ARG(n == 0 || (a.x.data && a.topk_idx.data && a.topk_weights.data), "dispatch (rank ",
-                 rank, "): null data pointer");
+  (void)rank;  // the messages are the host backend's (a rank throws only for its own input)
+  protocol::check_dispatch_args(a, cfg);  // the host backend's checks, the same messages
 }
 
 void check_combine(const CombineArgs& a, const BufferConfig& cfg, const TensorView& recv_x,
                    uint64_t handle, int rank) {
-  UBEP_CHECK_ARG(a.handle == handle, "combine (rank ", rank, "): handle ", a.handle,
+  UBEP_CHECK_ARG(a.handle == handle, "combine: handle ", a.handle,
                  " is not the last dispatch's ", handle);
-  UBEP_CHECK_ARG(a.x.device == cfg.device, "combine (rank ", rank, "): x is on ",
+  UBEP_CHECK_ARG(a.x.device == cfg.device, "combine: x is on ",
                  a.x.device.describe(), ", the buffer on ", cfg.device.describe());
   if (a.compacted) {
     // Dense rows in compact() order. How many were received is known only on the device: the
     // kernel refuses (kCompactedShort) an input with fewer rows than that.
     UBEP_CHECK_ARG(a.x.dtype == recv_x.dtype && a.x.ndim == 2 && a.x.dim(1) == cfg.hidden,
-                   "combine (rank ", rank, "): compacted x must be ", dtype_name(recv_x.dtype),
+                   "combine: compacted x must be ", dtype_name(recv_x.dtype),
                    "[rows, ", cfg.hidden, "], got ", a.x.describe());
   } else {
     UBEP_CHECK_ARG(
         a.x.dtype == recv_x.dtype && a.x.ndim == recv_x.ndim && a.x.shape == recv_x.shape,
-        "combine (rank ", rank, "): x must be shaped like recv_x ", recv_x.describe(), ", got ",
+        "combine: x must be shaped like recv_x ", recv_x.describe(), ", got ",
         a.x.describe());
   }
-  UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine (rank ", rank,
-                 "): x has no data");
-  UBEP_CHECK_ARG(a.topk_weights.data == nullptr, "combine (rank ", rank,
-                 "): CombineArgs::topk_weights is not supported by the CUDA backend (the weights "
+  UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine: x has no data");
+  UBEP_CHECK_ARG(a.topk_weights.data == nullptr, "combine: CombineArgs::topk_weights is not supported by the CUDA backend (the weights "
                  "given to dispatch are used)");
 }
 
@@ -165,8 +143,9 @@ std::string describe(const cuda_hd::ErrorInfo& e, double timeout_s) {
                             " of topk_idx (token*topk + k) is outside [-1, num_experts) or repeats "
                             "an earlier id of its token; it was routed nowhere");
     case cuda_hd::kShapeMismatch:
-      return detail::concat("dispatch: rank ", e.peer, " sent rank ", e.rank,
-                            " a count record for another layout or placement (call shape ", e.index,
+      return detail::concat("dispatch: rank ", e.peer,
+                            " made a different call (layout or placement) than rank ", e.rank,
+                            " (its count record has call shape ", e.index,
                             "); every rank must make the same call with the same "
                             "BufferConfig::placement");
     case cuda_hd::kCompactedShort:

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backend/cuda/host_logic.hpp"
+#include "protocol/call_checks.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::cuda_host {
@@ -38,7 +39,12 @@ KernelEngine::KernelEngine(Group& group, const BufferConfig& cfg, std::unique_pt
   const cuda_hd::ScratchLayout& smap = seq_.scratch_map();
   const size_t y_bytes = static_cast<size_t>(cfg.max_tokens_per_rank) * map.row_bytes;
   // Windows start zeroed (a tag is never 0) and are never cleaned again.
-  window_ = static_cast<char*>(ops_->alloc_device(map.total));
+  if (ops_->host_readable()) {
+    shared_ = group.allocate_window(map.total);
+    window_ = static_cast<char*>(shared_->local());
+  } else {
+    window_ = static_cast<char*>(ops_->alloc_device(map.total));
+  }
   scratch_ = static_cast<char*>(ops_->alloc_device(smap.total));
   y_ = static_cast<char*>(ops_->alloc_device(std::max<size_t>(y_bytes, 16)));
   bases_dev_ = static_cast<char**>(ops_->alloc_device(static_cast<size_t>(ranks_) * sizeof(char*)));
@@ -61,6 +67,16 @@ KernelEngine::KernelEngine(Group& group, const BufferConfig& cfg, std::unique_pt
 // of this process on the same device split its co-resident blocks. The closing barrier: nobody
 // writes into a window before its owner has zeroed it (alloc_device is synchronous).
 void KernelEngine::map_peers() {
+  if (shared_) {  // every peer's window is mapped by the group already
+    bpr_ = ops_->blocks_per_rank(1, smem_);
+    res_.blocks_per_rank = bpr_;
+    bases_.resize(static_cast<size_t>(ranks_));
+    for (int r = 0; r < ranks_; ++r)
+      bases_[static_cast<size_t>(r)] = static_cast<char*>(shared_->base(r));
+    seq_.set_bases(bases_);
+    ops_->copy(bases_dev_, bases_.data(), bases_.size() * sizeof(char*));
+    return;
+  }
   PeerInfo mine;
   mine.pid = static_cast<int64_t>(::getpid());
   mine.window = reinterpret_cast<uint64_t>(window_);
@@ -96,20 +112,20 @@ void KernelEngine::map_peers() {
 }
 
 // Departure: as the host backend (ep::HostEngine), peers waiting in a call this rank will never
-// make learn it from its failure word. Then a barrier, so no peer still reads this window (a
-// combine reads rows in place) when it is freed.
+// make learn it from its failure word. Device windows: then a barrier, so no peer still reads
+// this window (a combine reads rows in place) when it is freed -- bounded by the group's timeout
+// when a peer is gone. Windows from the group live as long as the group: no barrier.
 KernelEngine::~KernelEngine() {
   try {
     ops_->synchronize();
     if (broken_.empty())
-      publish_failure(protocol::broken_marker(phase_ == Phase::kIdle || phase_ == Phase::kDispatchDone
-                                            ? calls_ + 1
-                                            : calls_));
-    group_.barrier();
+      publish_failure(protocol::broken_marker(
+          phase_ == Phase::kIdle || phase_ == Phase::kDispatchDone ? calls_ + 1 : calls_));
+    if (!shared_) group_.barrier();
   } catch (...) {  // a dead peer: nothing more to agree on
   }
   for (void* p : opened_) ops_->close_memory(p);
-  ops_->free_device(window_);
+  if (!shared_) ops_->free_device(window_);
   ops_->free_device(scratch_);
   ops_->free_device(y_);
   ops_->free_device(compact_);
@@ -206,6 +222,8 @@ void KernelEngine::finish(const char* what) {
                                            calls_, ", so the call cannot complete on rank ",
                                            rank_));
     }
+    if (code == cuda_hd::kTimeout)
+      throw TimeoutError(detail::concat(describe(e, timeout_s_), " in call ", calls_));
     throw_if_error(e, timeout_s_);
   } catch (const std::exception& ex) {
     break_call(what, ex);
@@ -231,7 +249,8 @@ void KernelEngine::launch_dispatch(const DispatchArgs* args, uint32_t phases, co
       UBEP_CHECK_ARG(args->x_scales.ndim == 0 && args->x.dtype != DType::kFP8E4M3,
                      what, ": fp8 dispatch is not implemented by the CUDA kernels (",
                      cfg_.device.describe(), ")");
-      p = seq_.dispatch({args, 1}, phases, res_);
+      p = seq_.dispatch({args, 1}, phases, res_);  // shapes, dtypes, devices, pointers
+      if (ops_->host_readable()) protocol::check_expert_ids(*args, cfg_);
     } catch (const InvalidArgument&) {
       reject_call();
       throw;
@@ -443,7 +462,6 @@ TensorView KernelEngine::pending_combine() const {
 TensorView KernelEngine::compact() {
   UBEP_CHECK_ARG(have_dispatch_, "compact: no dispatch on this buffer yet");
   check_idle("compact");
-  UBEP_CHECK_ARG(!combined_, "compact: the last dispatch was already combined");
   if (!compact_) {
     const protocol::WindowLayout& m = seq_.map();
     compact_ = static_cast<char*>(

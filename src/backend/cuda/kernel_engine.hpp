@@ -87,6 +87,10 @@ class KernelEngine final : public backend::Engine {
   int64_t* recv_rows_ = nullptr;         // host side of the mapped row count
   std::vector<char*> bases_;
   std::vector<void*> opened_;  // peers' windows opened through IPC handles
+  // Windows in host memory (the simulation device) come from the Group, like the CPU backend's:
+  // every local peer is mapped by it, and they live as long as the group, so no rank can free
+  // memory a peer still reads.
+  std::unique_ptr<SharedWindow> shared_;
 
   Phase phase_ = Phase::kIdle;
   Layout layout_ = Layout::kThroughput;

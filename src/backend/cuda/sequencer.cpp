@@ -60,9 +60,11 @@ cuda_hd::LaunchParams Sequencer::dispatch(std::span<const DispatchArgs> args, ui
     }
     have_dispatch_ = true;
     dispatch_open_ = !(phases & cuda_hd::kRecv);
+    dispatch_done_ = !dispatch_open_;
   } else {
     UBEP_CHECK_ARG(dispatch_open_, "dispatch_recv without dispatch_send");
     dispatch_open_ = false;
+    dispatch_done_ = true;
   }
   const cuda_hd::LaunchParams p = params(phases, res);
   // bsp: the dispatch kernel's send phase meets the group twice (after counts, after rows).
@@ -145,8 +147,9 @@ std::vector<DispatchResult> Sequencer::results() const {
 }
 
 cuda_hd::LaunchParams Sequencer::compact(const LaunchResources& res) {
-  UBEP_CHECK_ARG(have_dispatch_ && !dispatch_open_ && !combine_open_,
-                 "compact: needs a completed dispatch (after dispatch_recv, before combine)");
+  // After combine too: the dispatch's rows stay in the window until the next dispatch.
+  UBEP_CHECK_ARG(dispatch_done_ && !dispatch_open_ && !combine_open_,
+                 "compact: needs a completed dispatch (after dispatch_recv)");
   UBEP_CHECK_ARG(has_compact_memory(), "compact: no output memory (internal error)");
   return params(cuda_hd::kCompact, res);
 }

@@ -74,6 +74,7 @@ class Sequencer {
   uint64_t next_seq_, seq_ = 0;
   uint32_t gen_ = 0, barrier_seq_ = 1;
   bool have_dispatch_ = false, dispatch_open_ = false, combine_open_ = false;
+  bool dispatch_done_ = false;  // the last dispatch completed; its rows stay until the next one
   Layout layout_ = Layout::kThroughput;
   Placement placement_ = Placement::kCompact;  // of the last dispatch, resolved
 };

@@ -26,6 +26,7 @@ class SimOps final : public DeviceOps {
   explicit SimOps(const Device& d) : device_(d) {}
 
   Device device() const override { return device_; }
+  bool host_readable() const override { return true; }
   // One warp per rank: every simulated thread is an OS thread, and the kernels' roles loop
   // over their work by warp (the multi-block and multi-warp paths are covered by test_cuda_sim).
   int threads_per_block() const override { return 32; }

@@ -1,0 +1,16 @@
+// What one call may carry, checked the same way on every backend (one set of input checks):
+// shapes, dtypes, devices and pointers of DispatchArgs against the BufferConfig, and -- where the
+// host can read them -- the expert ids. Each failure is an InvalidArgument naming the value, thrown
+// before anything is sent, so the buffer and the group stay usable.
+#pragma once
+
+#include "ubep/buffer.hpp"
+
+namespace ubep::protocol {
+
+// Everything but the expert ids (which a device backend may only read on the device).
+void check_dispatch_args(const DispatchArgs& args, const BufferConfig& config);
+// Every expert id in [-1, num_experts), none twice per token; topk_idx in host memory.
+void check_expert_ids(const DispatchArgs& args, const BufferConfig& config);
+
+}  // namespace ubep::protocol
