@@ -1,8 +1,9 @@
 // The one interface both algorithms implement. A call is split in two phases so the caller can
 // compute in between (ubep); bsp completes each call in its send phase.
 //
-// Algorithms work over the Buffer's Window, CallState and DataPath (src/ep/host_engine.hpp);
-// they never touch peer memory except through the data path.
+// Algorithms work over the parts of the buffer named in their context (src/ep/algo_context.hpp):
+// the Window, CallState and DataPath above all; they never touch peer memory except through the
+// data path.
 #pragma once
 
 #include <array>
@@ -13,7 +14,7 @@
 
 namespace ubep::ep {
 
-struct HostEngine;
+struct AlgoContext;
 
 class Algorithm {
  public:
@@ -29,9 +30,12 @@ class Algorithm {
   virtual std::array<int64_t, 2> wait_recv_range(int s, int e) = 0;
   virtual void combine_send(const CombineArgs& a) = 0;
   virtual void combine_recv() = 0;
+  // Barriers made through the window so far (bsp on one host), counted with the group's own in
+  // CallStats::barriers.
+  virtual uint64_t window_barriers() const { return 0; }
 };
 
-std::unique_ptr<Algorithm> make_bsp(HostEngine& b);
-std::unique_ptr<Algorithm> make_ubep(HostEngine& b);
+std::unique_ptr<Algorithm> make_bsp(const AlgoContext& c);
+std::unique_ptr<Algorithm> make_ubep(const AlgoContext& c);
 
 }  // namespace ubep::ep

@@ -6,11 +6,21 @@
 #include <thread>
 
 #include "core/log.hpp"
+#include "ep/algo_context.hpp"
 #include "ep/config_agreement.hpp"
-#include "ep/relay.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::ep {
+
+namespace {
+std::unique_ptr<HostRelay> make_relay(Group& g, const BufferConfig& cfg, Window& win,
+                                      CallState& call) {
+  if (g.num_hosts() == 1) return nullptr;
+  UBEP_CHECK_ARG(g.remote() != nullptr, "Buffer: the group spans ", g.num_hosts(),
+                 " hosts but has no transport between them");
+  return std::make_unique<HostRelay>(g, cfg, win, call);
+}
+}  // namespace
 
 HostEngine::HostEngine(Group& g, const BufferConfig& c,
                        std::unique_ptr<backend::DataPath> data_path)
@@ -24,16 +34,16 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
       dp(std::move(data_path)),
       win(g,
           protocol::WindowLayout(protocol::row_codec(cfg.dtype, cfg.hidden),
-                           static_cast<size_t>(cfg.hidden) * dtype_size(cdtype), g.size(),
-                           cfg.num_experts / g.size(), cfg.max_topk, cfg.max_tokens_per_rank,
-                           cfg.enable_latency_layout),
+                                 static_cast<size_t>(cfg.hidden) * dtype_size(cdtype), g.size(),
+                                 cfg.num_experts / g.size(), cfg.max_topk, cfg.max_tokens_per_rank,
+                                 cfg.enable_latency_layout),
           *dp, cfg.initial_epoch),
       call(g.rank(), cfg, g.size()),
-      watch(win, g.rank()) {
-  wait.timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout);
-  wait.abort = &watch;
+      watch(win, g.rank()),
+      relay(make_relay(g, cfg, win, call)),
+      waiter(g, watch, relay.get()),
+      reducer(g, cfg, *dp, win, call, waiter, relay.get()) {
   win.set_sync(cfg.sync);
-  y = LocalArray(static_cast<size_t>(T) * row_bytes());
   // Virtual until touched (MAP_NORESERVE): costs nothing unless compact() is used.
   const auto most_rows = static_cast<size_t>(win.map().comb_rows());
   compacted = LocalArray(most_rows * codec().payload_bytes);
@@ -42,29 +52,10 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
     cast_x = LocalArray(static_cast<size_t>(T) * codec().payload_bytes);
     cast_scales = LocalArray(static_cast<size_t>(T) * codec().scale_bytes);
   }
-  part.resize(static_cast<size_t>(cfg.hidden));
-  if (cfg.schedule != SendSchedule::kEqualSlices) {
-    sched::Topology topo =
-        cfg.topology.empty() ? sched::discover(g) : sched::parse_topology(cfg.topology, ranks);
-    UBEP_CHECK_ARG(topo.ranks() == ranks, "topology '", cfg.topology, "' has ", topo.ranks(),
-                   " ranks, the group ", ranks);
-    const sched::Policy policy = cfg.schedule == SendSchedule::kNaive ? sched::Policy::kNaive
-                                 : cfg.schedule == SendSchedule::kColumnMajor
-                                     ? sched::Policy::kColumnMajor
-                                     : sched::Policy::kBalanced;
-    scheduler = std::make_unique<sched::Scheduler>(std::move(topo),
-                                                   sched::SchedulerOptions{dp->members(), policy});
-    plan_rows.resize(static_cast<size_t>(ranks));
-  }
-  if (g.num_hosts() > 1) {
-    UBEP_CHECK_ARG(g.remote() != nullptr, "Buffer: the group spans ", g.num_hosts(),
-                   " hosts but has no transport between them");
-    relay = std::make_unique<HostRelay>(g, cfg, win, call);
-  }
-  acc.resize(static_cast<size_t>(dp->members()) * static_cast<size_t>(cfg.hidden));
   stats.stage_us.reserve(16);
-  bsp = ep::make_bsp(*this);
-  ubep = ep::make_ubep(*this);
+  const AlgoContext ctx{grp, cfg, *dp, win, call, waiter, reducer, relay.get(), stats};
+  bsp = make_bsp(ctx);
+  ubep = make_ubep(ctx);
   log::info("rank ", rank, ": buffer with ", win.bytes(), " shared bytes, ", cfg.num_workers,
             " workers, algorithm ", algorithm_name(cfg.algorithm));
 }
@@ -110,7 +101,7 @@ TensorView HostEngine::combine_input_view() const {
 }
 
 TensorView HostEngine::y_view() const {
-  return TensorView(y.get(), cdtype, {call.routing.num_tokens, cfg.hidden});
+  return TensorView(reducer.y(), cdtype, {call.routing.num_tokens, cfg.hidden});
 }
 
 void HostEngine::begin_dispatch(const DispatchArgs& a) {
@@ -207,14 +198,17 @@ void report_topk_mismatch(const HostEngine& b) {
 // Barriers the call made, and bytes it moved between hosts, into last_stats().
 class CallScope {
  public:
-  explicit CallScope(HostEngine& b)
-      : b_(b), barriers0_(b.grp.barrier_count() + b.window_barriers) {}
+  explicit CallScope(HostEngine& b) : b_(b), barriers0_(barriers()) {}
   ~CallScope() {
-    b_.stats.barriers = b_.grp.barrier_count() + b_.window_barriers - barriers0_;
-    b_.record_network();
+    b_.stats.barriers = barriers() - barriers0_;
+    b_.stats.network_bytes = b_.relay ? b_.relay->network_bytes() : 0;
+    b_.stats.network_rows = b_.relay ? b_.relay->network_rows() : 0;
   }
 
  private:
+  // Only bsp makes barriers through the window; ubep makes none.
+  uint64_t barriers() const { return b_.grp.barrier_count() + b_.bsp->window_barriers(); }
+
   HostEngine& b_;
   uint64_t barriers0_;
 };
@@ -333,8 +327,7 @@ DispatchResult HostEngine::dispatch_recv() {
   HostEngine& b = *this;
   UBEP_CHECK(b.broken.empty(), BrokenBufferError, "dispatch_recv: the buffer is broken after call ",
              b.calls, ": ", b.broken, "; create a new Buffer");
-  UBEP_CHECK_ARG(b.phase == Phase::kDispatchSent,
-                 "dispatch_recv: no dispatch_send outstanding");
+  UBEP_CHECK_ARG(b.phase == Phase::kDispatchSent, "dispatch_recv: no dispatch_send outstanding");
   b.phase = Phase::kIdle;
   {
     CallScope scope(b);
@@ -375,8 +368,7 @@ std::array<int64_t, 2> HostEngine::wait_recv_range(int source, int local_expert)
   UBEP_CHECK(b.broken.empty(), BrokenBufferError,
              "wait_recv_range: the buffer is broken after call ", b.calls, ": ", b.broken,
              "; create a new Buffer");
-  UBEP_CHECK_ARG(b.phase == Phase::kDispatchSent,
-                 "wait_recv_range: no dispatch_send outstanding");
+  UBEP_CHECK_ARG(b.phase == Phase::kDispatchSent, "wait_recv_range: no dispatch_send outstanding");
   UBEP_CHECK_ARG(source >= 0 && source < b.ranks, "wait_recv_range: source ", source,
                  " is not a rank of the group [0, ", b.ranks, ")");
   if (b.call.layout == Layout::kLatency)

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "ep/host_engine.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep {
@@ -199,8 +198,8 @@ void HostRelay::forward(Relayed& s) {
     s.row_off[static_cast<size_t>(d)] = rows;
   }
   walk(s, [&](int, const PackedToken& p, int d, int64_t slot, const int32_t* slots) {
-    call_.place_row(win_, d, s.source, *p.token(), protocol::wire_row(p.row(), win_.codec()), p.idx(),
-                    p.w(), p.K, slot, slots, s.row_off[static_cast<size_t>(d)],
+    call_.place_row(win_, d, s.source, *p.token(), protocol::wire_row(p.row(), win_.codec()),
+                    p.idx(), p.w(), p.K, slot, slots, s.row_off[static_cast<size_t>(d)],
                     &s.expert_off[static_cast<size_t>(d * El)],
                     [&](protocol::Tag* tag) { win_.complete(tag); });
   });
@@ -347,22 +346,6 @@ bool HostRelay::combine_done() {
       done = combine_partial_arrived(static_cast<int>(h)) && done;
   if (done) in_combine_ = false;
   return done;
-}
-
-// ---- HostEngine glue ----
-
-void ep::HostEngine::relay_progress() { relay->progress(); }
-
-const float* ep::HostEngine::remote_partial(int h, int64_t t) {
-  if (!relay->partial(h, t)) return nullptr;
-  wait_for([&] { return relay->combine_partial_arrived(h); }, true,
-           [&] { return detail::concat("combine partials from host ", h); });
-  return relay->partial(h, t);
-}
-
-void ep::HostEngine::record_network() {
-  stats.network_bytes = relay ? relay->network_bytes() : 0;
-  stats.network_rows = relay ? relay->network_rows() : 0;
 }
 
 }  // namespace ubep

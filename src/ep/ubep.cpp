@@ -26,8 +26,9 @@
 // Buffer enforces (one outstanding split-phase call, combine only for the last dispatch).
 
 #include "core/stage_timer.hpp"
-#include "ep/host_engine.hpp"
-#include "ep/relay.hpp"
+#include "ep/algo_context.hpp"
+#include "ep/algorithm.hpp"
+#include "ubep/scheduler.hpp"
 
 namespace ubep::ep {
 
@@ -41,18 +42,36 @@ inline void slice(int64_t n, int m, int members, int64_t* begin, int64_t* end) {
 
 // Waits until the count records of sources [from, upto) are at `dest` (on the caller's thread
 // the cross-host relay keeps running meanwhile, so proxied records can appear).
-void wait_counts(HostEngine& b, int dest, int upto, bool caller, int from = 0) {
+void wait_counts(const AlgoContext& c, int dest, int upto, bool caller, int from = 0) {
   for (int s = from; s < upto; ++s)
-    b.wait_for([&] { return b.win.count_arrived(dest, s); }, caller,
-               [&] {
-                 return detail::concat("count record of rank ", s, " at rank ", dest,
-                                       " (epoch tag ", b.win.tag(), ")");
-               });
+    c.waiter.wait_for([&] { return c.win.count_arrived(dest, s); }, caller,
+                      [&] {
+                        return detail::concat("count record of rank ", s, " at rank ", dest,
+                                              " (epoch tag ", c.win.tag(), ")");
+                      });
+}
+
+// The hop-aware send plan (BufferConfig::schedule): only ubep's senders follow one.
+std::unique_ptr<sched::Scheduler> make_scheduler(const AlgoContext& c) {
+  const BufferConfig& cfg = c.cfg;
+  if (cfg.schedule == SendSchedule::kEqualSlices) return nullptr;
+  sched::Topology topo = cfg.topology.empty() ? sched::discover(c.group)
+                                              : sched::parse_topology(cfg.topology, c.ranks());
+  UBEP_CHECK_ARG(topo.ranks() == c.ranks(), "topology '", cfg.topology, "' has ", topo.ranks(),
+                 " ranks, the group ", c.ranks());
+  const sched::Policy policy = cfg.schedule == SendSchedule::kNaive ? sched::Policy::kNaive
+                               : cfg.schedule == SendSchedule::kColumnMajor
+                                   ? sched::Policy::kColumnMajor
+                                   : sched::Policy::kBalanced;
+  return std::make_unique<sched::Scheduler>(std::move(topo),
+                                            sched::SchedulerOptions{c.dp.members(), policy});
 }
 
 class Ubep final : public Algorithm {
  public:
-  explicit Ubep(HostEngine& b) : b_(b) {}
+  explicit Ubep(const AlgoContext& c) : c_(c), scheduler_(make_scheduler(c)) {
+    if (scheduler_) plan_rows_.resize(static_cast<size_t>(c.ranks()));
+  }
   bool split_phase() const override { return true; }
   void dispatch_send(const DispatchArgs& a) override;
   void dispatch_recv() override;
@@ -61,65 +80,68 @@ class Ubep final : public Algorithm {
   void combine_recv() override;
 
  private:
-  HostEngine& b_;
+  AlgoContext c_;
+  std::unique_ptr<sched::Scheduler> scheduler_;  // when cfg.schedule plans the send work
+  sched::Plan plan_;
+  std::vector<int64_t> plan_rows_;  // [R] rows per destination handed to the scheduler
 };
 
 void Ubep::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
-  HostEngine& b = b_;
-  CallState& call = b.call;
+  const AlgoContext& c = c_;
+  CallState& call = c.call;
   const Routing& routing = call.routing;
-  StageTimer timer(b.stats);
-  const int members = b.dp->members();
+  StageTimer timer(c.stats);
+  const int members = c.dp.members();
   // The offset role (member 0, one writer) signals the other senders that the offsets for a
   // destination are computed (CallState::signal_offsets: release/acquire, rank-local).
   const uint64_t signal = call.next_send_generation();
-  if (b.scheduler) {
+  if (scheduler_) {
     // Plan (destination, row slice) items per worker for this call's routing; cross-host rows
     // go through the relay and are not part of the workers' plan.
-    for (int d = 0; d < b.ranks; ++d)
-      b.plan_rows[static_cast<size_t>(d)] =
-          b.same_host(d) ? routing.dest_rows[static_cast<size_t>(d)] : 0;
-    b.scheduler->plan({b.rank, 0, b.plan_rows, static_cast<int64_t>(b.row_bytes())}, b.plan);
+    for (int d = 0; d < c.ranks(); ++d)
+      plan_rows_[static_cast<size_t>(d)] =
+          c.same_host(d) ? routing.dest_rows[static_cast<size_t>(d)] : 0;
+    scheduler_->plan({c.rank(), 0, plan_rows_, static_cast<int64_t>(c.row_bytes())}, plan_);
   }
   auto wait_offsets = [&](int d) {
-    wait_until([&] { return call.offsets_signalled(d, signal); }, b.wait,
+    wait_until([&] { return call.offsets_signalled(d, signal); }, c.waiter.policy(),
                [&] { return detail::concat("offsets for rank ", d); });
   };
-  b.dp->run_roles([&](int m) {
+  c.dp.run_roles([&](int m) {
     if (m == 0) {
-      if (b.relay) b.relay->start_dispatch();  // remote hosts first: their data has furthest to go
-      for (int k = 1; k <= b.ranks; ++k) {
-        const int d = (b.rank + k) % b.ranks;
-        if (!b.same_host(d)) continue;
-        b.win.publish_count(d, b.rank, routing.dest_rows[static_cast<size_t>(d)], routing.topk,
+      if (c.relay) c.relay->start_dispatch();  // remote hosts first: their data has furthest to go
+      for (int k = 1; k <= c.ranks(); ++k) {
+        const int d = (c.rank() + k) % c.ranks();
+        if (!c.same_host(d)) continue;
+        c.win.publish_count(d, c.rank(), routing.dest_rows[static_cast<size_t>(d)], routing.topk,
                             call.shape(),
-                            &routing.dest_expert_rows[static_cast<size_t>(d * b.local_experts)]);
+                            &routing.dest_expert_rows[static_cast<size_t>(d * c.local_experts())]);
       }
     }
-    if (b.scheduler) {
+    if (scheduler_) {
       if (m == 0) {
-        for (int k = 1; k <= b.ranks; ++k) {
-          const int d = (b.rank + k) % b.ranks;
-          if (!b.same_host(d)) continue;
-          if (call.offsets_need_counts()) wait_counts(b, d, b.rank, true);
-          call.compute_offsets(b.win, d);
+        for (int k = 1; k <= c.ranks(); ++k) {
+          const int d = (c.rank() + k) % c.ranks();
+          if (!c.same_host(d)) continue;
+          if (call.offsets_need_counts()) wait_counts(c, d, c.rank(), true);
+          call.compute_offsets(c.win, d);
           call.signal_offsets(d, signal);
         }
       }
-      for (const sched::PlanItem& item : b.plan.worker_items(m)) {
+      for (const sched::PlanItem& item : plan_.worker_items(m)) {
         wait_offsets(item.dest_rank);
         for (int64_t i = item.row_begin; i < item.row_end; ++i)
-          call.send_rows(b.win, item.dest_rank, i, [&](Tag* t) { b.win.complete(t); });
+          call.send_rows(c.win, item.dest_rank, i, [&](Tag* t) { c.win.complete(t); });
       }
       return;
     }
     // Destinations in rotated order, starting after ourselves, so senders spread over receivers.
-    for (int k = 1; k <= b.ranks; ++k) {
-      const int d = (b.rank + k) % b.ranks;
-      if (!b.same_host(d)) continue;  // reached through the relay
+    for (int k = 1; k <= c.ranks(); ++k) {
+      const int d = (c.rank() + k) % c.ranks();
+      if (!c.same_host(d)) continue;  // reached through the relay
       if (m == 0) {
-        if (call.offsets_need_counts()) wait_counts(b, d, b.rank, true);
-        call.compute_offsets(b.win, d);
+        if (call.offsets_need_counts()) wait_counts(c, d, c.rank(), true);
+        call.compute_offsets(c.win, d);
         call.signal_offsets(d, signal);
       } else {
         wait_offsets(d);
@@ -127,35 +149,35 @@ void Ubep::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
       int64_t i0, i1;
       slice(routing.dest_rows[static_cast<size_t>(d)], m, members, &i0, &i1);
       for (int64_t i = i0; i < i1; ++i)
-        call.send_rows(b.win, d, i, [&](Tag* t) { b.win.complete(t); });
+        call.send_rows(c.win, d, i, [&](Tag* t) { c.win.complete(t); });
     }
   });
   // Across hosts, leave only once the messages this rank relays have arrived and their count
   // records are written: that depends only on the other ranks' sends, and keeps the transport
   // progressing while a split-phase caller computes (the relay is idle between the phases).
-  if (b.relay)
-    b.wait_for([&] { return b.relay->counts_forwarded(); }, true,
-               [] { return std::string("relayed messages"); });
+  if (c.relay)
+    c.waiter.wait_for([&] { return c.relay->counts_forwarded(); }, true,
+                      [] { return std::string("relayed messages"); });
   timer.lap("send");
 }
 
 void Ubep::dispatch_recv() {
-  HostEngine& b = b_;
-  const double send_us = b.stats.stage_us.empty() ? 0.0 : b.stats.stage_us.back().second;
-  StageTimer timer(b.stats);
-  wait_counts(b, b.rank, b.ranks, true);
-  b.call.receive_counts(b.win);
+  const AlgoContext& c = c_;
+  const double send_us = c.stats.stage_us.empty() ? 0.0 : c.stats.stage_us.back().second;
+  StageTimer timer(c.stats);
+  wait_counts(c, c.rank(), c.ranks(), true);
+  c.call.receive_counts(c.win);
   timer.lap("counts + prefix sum");
-  b.call.for_each_expected_row(b.win, [&](const Tag* tag, int64_t row) {
-    b.wait_for(
-        [&] { return b.win.arrived(tag); }, true,
-        [&] { return detail::concat("dispatch row ", row, " (epoch tag ", b.win.tag(), ")"); });
+  c.call.for_each_expected_row(c.win, [&](const Tag* tag, int64_t row) {
+    c.waiter.wait_for(
+        [&] { return c.win.arrived(tag); }, true,
+        [&] { return detail::concat("dispatch row ", row, " (epoch tag ", c.win.tag(), ")"); });
   });
   // A relay leaves only when what it relays is forwarded and its own sends are done.
-  if (b.relay)
-    b.wait_for([&] { return b.relay->progress(); }, true,
-               [] { return std::string("relay forwarding"); });
-  b.stats.stage_us.insert(b.stats.stage_us.begin(), {"send", send_us});
+  if (c.relay)
+    c.waiter.wait_for([&] { return c.relay->progress(); }, true,
+                      [] { return std::string("relay forwarding"); });
+  c.stats.stage_us.insert(c.stats.stage_us.begin(), {"send", send_us});
   timer.lap("receive");
 }
 
@@ -163,50 +185,50 @@ void Ubep::dispatch_recv() {
 // per-source placement) and the range's own rows are waited for, so a late rank delays only
 // the ranges it sends. dispatch_recv later waits for the rest (rows already seen return at once).
 std::array<int64_t, 2> Ubep::wait_recv_range(int s, int e) {
-  HostEngine& b = b_;
-  wait_counts(b, b.rank, s + 1, true, b.call.first_range_source(s));
-  const std::array<int64_t, 2> range = b.call.range_from_counts(b.win, e, s);
-  const bool latency = b.call.layout == Layout::kLatency;
-  const Tag* tags = b.win.at<Tag>(b.rank, latency ? b.win.map().lat_tag : b.win.map().tp_tag) +
-                    (latency ? e * b.RT() : 0);
+  const AlgoContext& c = c_;
+  wait_counts(c, c.rank(), s + 1, true, c.call.first_range_source(s));
+  const std::array<int64_t, 2> range = c.call.range_from_counts(c.win, e, s);
+  const bool latency = c.call.layout == Layout::kLatency;
+  const Tag* tags = c.win.at<Tag>(c.rank(), latency ? c.win.map().lat_tag : c.win.map().tp_tag) +
+                    (latency ? e * c.call.RT() : 0);
   for (int64_t p = range[0]; p < range[0] + range[1]; ++p)
-    b.wait_for([&] { return b.win.arrived(tags + p); }, true,
-               [&] {
-                 return detail::concat("dispatch row ", p, " from rank ", s, " (epoch tag ",
-                                       b.win.tag(), ")");
-               });
+    c.waiter.wait_for([&] { return c.win.arrived(tags + p); }, true,
+                      [&] {
+                        return detail::concat("dispatch row ", p, " from rank ", s, " (epoch tag ",
+                                              c.win.tag(), ")");
+                      });
   return range;
 }
 
 void Ubep::combine_send(const CombineArgs& a) {
-  HostEngine& b = b_;
-  StageTimer timer(b.stats);
-  const int members = b.dp->members();
-  char* comb = b.win.at<char>(b.rank, b.win.map().comb_x);
-  Tag* tags = b.win.at<Tag>(b.rank, b.win.map().comb_tag);
+  const AlgoContext& c = c_;
+  StageTimer timer(c.stats);
+  const int members = c.dp.members();
+  char* comb = c.win.at<char>(c.rank(), c.win.map().comb_x);
+  Tag* tags = c.win.at<Tag>(c.rank(), c.win.map().comb_tag);
   const bool zero_copy = a.x.data == comb && !a.compacted;
-  b.dp->run_roles([&](int m) {
-    b.call.for_each_output_row(m, members, [&](int64_t row, int64_t packed) {
+  c.dp.run_roles([&](int m) {
+    c.call.for_each_output_row(m, members, [&](int64_t row, int64_t packed) {
       const int64_t from = a.compacted ? packed : row;
       if (!zero_copy)  // plain stores: the owners read these rows right away
-        b.win.put_row(
-            comb + static_cast<size_t>(row) * b.row_bytes(),
-            static_cast<const char*>(a.x.data) + static_cast<size_t>(from) * b.row_bytes(), false);
-      b.win.complete(tags + row);
+        c.win.put_row(
+            comb + static_cast<size_t>(row) * c.row_bytes(),
+            static_cast<const char*>(a.x.data) + static_cast<size_t>(from) * c.row_bytes(), false);
+      c.win.complete(tags + row);
     });
   });
-  if (b.relay) b.relay->start_combine();
+  if (c.relay) c.relay->start_combine();
   timer.lap("send");
 }
 
 void Ubep::combine_recv() {
-  HostEngine& b = b_;
-  const CallState& call = b.call;
+  const AlgoContext& c = c_;
+  const CallState& call = c.call;
   const Routing& routing = call.routing;
-  const int members = b.dp->members();
-  const double send_us = b.stats.stage_us.empty() ? 0.0 : b.stats.stage_us.back().second;
-  StageTimer timer(b.stats);
-  const int El = b.local_experts;
+  const int members = c.dp.members();
+  const double send_us = c.stats.stage_us.empty() ? 0.0 : c.stats.stage_us.back().second;
+  StageTimer timer(c.stats);
+  const int El = c.local_experts();
   auto locate = [&](int64_t tok, int j, bool caller) -> const char* {
     int r;
     int64_t pos;
@@ -217,38 +239,39 @@ void Ubep::combine_recv() {
       const size_t tk = static_cast<size_t>(tok * routing.topk + j);
       const int e = routing.topk_idx[tk];
       r = e / El;
-      pos = (e % El) * b.RT() + call.expert_offset_at[static_cast<size_t>(r * El + e % El)] +
+      pos = (e % El) * c.call.RT() + call.expert_offset_at[static_cast<size_t>(r * El + e % El)] +
             routing.expert_slot[tk];
     }
-    const Tag* tag = b.win.at<Tag>(r, b.win.map().comb_tag) + pos;
-    b.wait_for([&] { return b.win.arrived(tag); }, caller,
-               [&] {
-                 return detail::concat("combine row of token ", tok, " at rank ", r, " (epoch tag ",
-                                       b.win.tag(), ")");
-               });
-    return b.win.at<char>(r, b.win.map().comb_x) + static_cast<size_t>(pos) * b.row_bytes();
+    const Tag* tag = c.win.at<Tag>(r, c.win.map().comb_tag) + pos;
+    c.waiter.wait_for([&] { return c.win.arrived(tag); }, caller,
+                      [&] {
+                        return detail::concat("combine row of token ", tok, " at rank ", r,
+                                              " (epoch tag ", c.win.tag(), ")");
+                      });
+    return c.win.at<char>(r, c.win.map().comb_x) + static_cast<size_t>(pos) * c.row_bytes();
   };
-  if (b.relay) {
+  if (c.relay) {
     // Across hosts the caller's thread alone drives the transport, so it reduces alone too.
     for (int64_t t = 0; t < routing.num_tokens; ++t)
-      b.reduce_token(t, b.acc.data(), [&](int64_t tok, int j) { return locate(tok, j, true); });
-    b.wait_for([&] { return b.relay->combine_done(); }, true,
-               [] { return std::string("relay partials"); });
+      c.reducer.reduce(t, c.reducer.acc(0),
+                       [&](int64_t tok, int j) { return locate(tok, j, true); });
+    c.waiter.wait_for([&] { return c.relay->combine_done(); }, true,
+                      [] { return std::string("relay partials"); });
   } else {
-    b.dp->run_roles([&](int m) {
-      float* acc = &b.acc[static_cast<size_t>(m) * static_cast<size_t>(b.cfg.hidden)];
+    c.dp.run_roles([&](int m) {
+      float* acc = c.reducer.acc(m);
       int64_t t0, t1;
       slice(routing.num_tokens, m, members, &t0, &t1);
       for (int64_t t = t0; t < t1; ++t)
-        b.reduce_token(t, acc, [&](int64_t tok, int j) { return locate(tok, j, false); });
+        c.reducer.reduce(t, acc, [&](int64_t tok, int j) { return locate(tok, j, false); });
     });
   }
-  b.stats.stage_us.insert(b.stats.stage_us.begin(), {"send", send_us});
+  c.stats.stage_us.insert(c.stats.stage_us.begin(), {"send", send_us});
   timer.lap("receive + reduce");
 }
 
 }  // namespace
 
-std::unique_ptr<Algorithm> make_ubep(HostEngine& b) { return std::make_unique<Ubep>(b); }
+std::unique_ptr<Algorithm> make_ubep(const AlgoContext& c) { return std::make_unique<Ubep>(c); }
 
 }  // namespace ubep::ep

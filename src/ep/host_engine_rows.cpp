@@ -1,5 +1,6 @@
-// Where a dispatch's rows come from on the sender (the caller's x and x_scales, or an fp8 copy
-// cast on send) and the compact() copy of the received rows with their scales.
+// HostEngine's rows outside the algorithms: where a dispatch's rows come from on the sender (the
+// caller's x and x_scales, or an fp8 copy cast on send) and the compact() copy of the received
+// rows with their scales.
 #include "ep/host_engine.hpp"
 #include "ubep/error.hpp"
 #include "ubep/fp8.hpp"

@@ -1,0 +1,130 @@
+// The owner side of combine: the fixed-order reduction of one token into the combine output.
+// Both algorithms reduce through here, so their results are the same bits (DESIGN §2): fp32
+// accumulation from 0 in ascending rank (throughput) or ascending k (latency), rounded once;
+// across hosts, this host's partial and the remote hosts' partials (relay.hpp) added in ascending
+// host order.
+#pragma once
+
+#include <algorithm>
+#include <vector>
+
+#include "backend/data_path.hpp"
+#include "core/local_array.hpp"
+#include "ep/call_state.hpp"
+#include "ep/waiter.hpp"
+#include "ep/window.hpp"
+
+namespace ubep::ep {
+
+inline constexpr int kMaxFusedRows = 256;  // > max_topk (64); groups up to 256 ranks
+
+class TokenReducer {
+ public:
+  // relay: nullptr when the group is on one host.
+  TokenReducer(const Group& g, const BufferConfig& cfg, backend::DataPath& dp, const Window& win,
+               const CallState& call, const Waiter& waiter, HostRelay* relay);
+
+  // [max tokens per rank, combine row] the combine output y, in the combine dtype.
+  char* y() const { return y_.get(); }
+  // Member m's fp32 accumulator row [hidden] (a role team member reduces with its own).
+  float* acc(int m) { return &acc_[static_cast<size_t>(m) * static_cast<size_t>(H_)]; }
+
+  // Reduces token t into y; acc_row is the caller's scratch; locate(t, j) -> the row of the
+  // j-th contribution (throughput: j is the expert rank; latency: j is k), waited for.
+  template <typename Locate>
+  void reduce(int64_t t, float* acc_row, Locate&& locate);
+
+ private:
+  bool same_host(int r) const { return grp_.same_host(r, rank_); }
+  // A remote host's partial of token t, waited for (nullptr if the token has no expert there).
+  const float* remote_partial(int h, int64_t t);
+
+  const Group& grp_;
+  backend::DataPath& dp_;
+  const CallState& call_;
+  const Waiter& waiter_;
+  HostRelay* relay_;
+  int rank_, ranks_, local_experts_;
+  int64_t H_;
+  DType cdtype_;
+  size_t row_bytes_;
+  LocalArray y_;
+  std::vector<float> part_;  // [hidden] this host's partial (multi-host)
+  std::vector<float> acc_;   // [members, hidden]
+};
+
+template <typename Locate>
+void TokenReducer::reduce(int64_t t, float* a, Locate&& locate) {
+  const int64_t H = H_;
+  const Routing& routing = call_.routing;
+  const int K = routing.topk;
+  const Layout layout = call_.layout;
+  char* out = y_.get() + static_cast<size_t>(t) * row_bytes_;
+  // This host's contributions, from 0, in ascending rank (throughput) or ascending k (latency).
+  auto local_partial = [&](float* p) {
+    std::fill(p, p + H, 0.0f);
+    if (layout == Layout::kThroughput) {
+      for (int r = 0; r < ranks_; ++r)
+        if (routing.sent(t, r) && same_host(r))
+          dp_.accumulate_row(p, locate(t, r), cdtype_, H, nullptr);
+    } else {
+      for (int j = 0; j < K; ++j) {
+        const size_t tk = static_cast<size_t>(t * K + j);
+        const int32_t e = routing.topk_idx[tk];
+        if (e < 0 || !same_host(e / local_experts_)) continue;
+        dp_.accumulate_row(p, locate(t, j), cdtype_, H, &routing.topk_weights[tk]);
+      }
+    }
+  };
+  if (!relay_ && ranks_ <= kMaxFusedRows) {
+    // One host: gather the rows (waiting for each), then one fused pass over them.
+    const void* rows[kMaxFusedRows];
+    float weights[kMaxFusedRows];
+    int n = 0;
+    if (layout == Layout::kThroughput) {
+      for (int r = 0; r < ranks_; ++r)
+        if (routing.sent(t, r)) rows[n++] = locate(t, r);
+    } else {
+      for (int j = 0; j < K; ++j) {
+        const size_t tk = static_cast<size_t>(t * K + j);
+        if (routing.topk_idx[tk] < 0) continue;
+        weights[n] = routing.topk_weights[tk];
+        rows[n++] = locate(t, j);
+      }
+    }
+    // Outputs larger than the streaming threshold skip the cache (like dispatch's rows).
+    const bool stream = static_cast<double>(routing.num_tokens) * static_cast<double>(row_bytes_) >=
+                        CallState::kStreamBytes;
+    dp_.reduce_rows(out, cdtype_, H, rows, layout == Layout::kLatency ? weights : nullptr, n,
+                    stream);
+    return;
+  }
+  if (!relay_) {
+    local_partial(a);
+  } else {
+    // Per-host partials added in ascending host order: the first one is taken as is.
+    bool first = true;
+    for (int h = 0; h < grp_.num_hosts(); ++h) {
+      const float* p = nullptr;
+      if (h == grp_.host_of(rank_)) {
+        bool any = false;
+        for (int r = 0; r < ranks_ && !any; ++r) any = routing.sent(t, r) && same_host(r);
+        if (!any) continue;
+        local_partial(part_.data());
+        p = part_.data();
+      } else {
+        p = remote_partial(h, t);
+        if (!p) continue;
+      }
+      if (first)
+        std::copy(p, p + H, a);
+      else
+        for (int64_t i = 0; i < H; ++i) a[i] += p[i];
+      first = false;
+    }
+    if (first) std::fill(a, a + H, 0.0f);
+  }
+  dp_.store_row(out, a, cdtype_, H);
+}
+
+}  // namespace ubep::ep

@@ -1,0 +1,47 @@
+// The bounded waits of one buffer's calls. Every wait polls the peers' failure words (a failed
+// peer ends it at once instead of at the timeout) and names the call when it times out.
+//
+// A wait on the caller's thread also keeps the cross-host relay going: the caller's thread is the
+// only one that touches the transport, and relayed count records and rows appear only when the
+// relay is progressed. Progressing it inside every caller wait is what makes the waits
+// deadlock-free across hosts (relay.hpp), whoever is waiting for what.
+#pragma once
+
+#include <chrono>
+
+#include "core/wait.hpp"
+#include "ep/relay.hpp"
+#include "ep/window.hpp"
+
+namespace ubep::ep {
+
+class Waiter {
+ public:
+  // relay: nullptr when the group is on one host.
+  Waiter(const Group& g, const FailureWatch& watch, HostRelay* relay)
+      : watch_(watch), relay_(relay) {
+    policy_.timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout);
+    policy_.abort = &watch_;
+  }
+
+  // For waits off the caller's thread that name what they wait for themselves.
+  const WaitPolicy& policy() const { return policy_; }
+
+  // Waits for pred; caller: on the caller's thread (keeps the relay going meanwhile).
+  template <typename Pred, typename Describe>
+  void wait_for(Pred&& pred, bool caller, Describe&& describe) const {
+    auto named = [&] { return detail::concat(describe(), " in call ", watch_.call()); };
+    if (caller && relay_) {
+      wait_until([&] { return pred() || (relay_->progress(), pred()); }, policy_, named);
+    } else {
+      wait_until(pred, policy_, named);
+    }
+  }
+
+ private:
+  WaitPolicy policy_;
+  const FailureWatch& watch_;
+  HostRelay* relay_;
+};
+
+}  // namespace ubep::ep
