@@ -39,6 +39,9 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
                                  cfg.enable_latency_layout),
           *dp, cfg.initial_epoch),
       call(g.rank(), cfg, g.size()),
+      ledger(g.rank(), g.size(),
+             [this](int r) { return win.peer(r) ? win.failure_of(r) : 0u; },
+             [this](uint32_t word) { win.publish_failure(rank, word); }),
       watch(win, g.rank()),
       relay(make_relay(g, cfg, win, call)),
       waiter(g, watch, relay.get()),
@@ -172,16 +175,10 @@ void HostEngine::set_combine_weights(const CombineArgs& a) {
 // ---------------------------------------------------------------------------------------------
 
 HostEngine::~HostEngine() {
-  // Departure: peers waiting in a call this rank will never make learn it at once
-  // (FailureWatch) instead of at their timeout. After a completed call M the word names M+1, so
-  // peers still finishing M (whose part this rank sent) are not disturbed; in the middle of a
-  // split-phase call, or after rejecting call M (its part of M was never sent, and this word
-  // replaces the rejection's), it names M. A broken buffer has already published its word. The
-  // peers' windows stay valid for this store: thread windows are shared by the group, process
-  // windows stay mapped by every rank until its own Buffer goes.
-  if (!broken.empty()) return;
-  const bool sent_last = phase == Phase::kIdle && !(rejected != 0 && rejected == calls);
-  win.publish_failure(rank, protocol::broken_marker(sent_last ? calls + 1 : calls));
+  // Departure (CallLedger::depart says which call the word names). The peers' windows stay
+  // valid for this store: thread windows are shared by the group, process windows stay mapped
+  // by every rank until its own Buffer goes.
+  ledger.depart(phase == Phase::kIdle);
 }
 
 namespace {
@@ -215,41 +212,24 @@ class CallScope {
 }  // namespace
 
 void HostEngine::start_call(const char* what) {
-  UBEP_CHECK(broken.empty(), BrokenBufferError, what, " (call ", calls + 1,
-             "): the buffer is broken after call ", calls, ": ", broken, "; create a new Buffer");
-  watch.set_call(++calls);
+  ledger.start(what);
+  watch.set_call(ledger.calls());
 }
 
 void HostEngine::join_call(const char* what) {
-  // A peer whose buffer broke never joins another call on it, so neither can this rank: fail
-  // now (and tell the other peers) instead of at the first wait. Checked after this rank's own
-  // inputs, so bad input is always named as such.
-  for (int r = 0; r < ranks; ++r) {
-    const uint32_t word = r != rank && win.peer(r) ? win.failure_of(r) : 0u;
-    if (!protocol::is_broken(word)) continue;
-    const uint64_t at = protocol::marked_call(word, calls);
-    if (at > calls) continue;  // it broke in a later call: it had sent its part of this one
-    broken = detail::concat("rank ", r, "'s buffer broke (it failed call ", at, ")");
-    win.publish_failure(rank, protocol::broken_marker(calls));
+  try {
+    ledger.join(what);
+  } catch (...) {
     phase = Phase::kIdle;
-    // A peer that broke in this very call fails it as it fails the ranks waiting in it.
-    UBEP_CHECK(at < calls, PeerFailedError, what, " (call ", calls, "): rank ", r, " failed call ",
-               at, " (its buffer is broken), so the call cannot complete on rank ", rank);
-    throw BrokenBufferError(detail::concat(what, " (call ", calls,
-                                           "): the buffer is broken after call ", calls - 1, ": ",
-                                           broken, "; create a new Buffer"));
+    throw;
   }
 }
 
-void HostEngine::reject_call() {
-  rejected = calls;
-  win.publish_failure(rank, protocol::fail_marker(calls));
-}
+void HostEngine::reject_call() { ledger.reject(); }
 
 void HostEngine::break_call(const char* what, const std::exception& cause) {
-  if (broken.empty()) broken = detail::concat(what, " failed: ", cause.what());
+  ledger.fail(what, cause);
   phase = Phase::kIdle;
-  win.publish_failure(rank, protocol::broken_marker(calls));
 }
 
 namespace {
@@ -325,8 +305,7 @@ void HostEngine::dispatch_send(const DispatchArgs& args) {
 
 DispatchResult HostEngine::dispatch_recv() {
   HostEngine& b = *this;
-  UBEP_CHECK(b.broken.empty(), BrokenBufferError, "dispatch_recv: the buffer is broken after call ",
-             b.calls, ": ", b.broken, "; create a new Buffer");
+  b.ledger.check_usable("dispatch_recv");
   UBEP_CHECK_ARG(b.phase == Phase::kDispatchSent, "dispatch_recv: no dispatch_send outstanding");
   b.phase = Phase::kIdle;
   {
@@ -354,8 +333,7 @@ void HostEngine::combine_send(const CombineArgs& args) {
 
 TensorView HostEngine::combine_recv() {
   HostEngine& b = *this;
-  UBEP_CHECK(b.broken.empty(), BrokenBufferError, "combine_recv: the buffer is broken after call ",
-             b.calls, ": ", b.broken, "; create a new Buffer");
+  b.ledger.check_usable("combine_recv");
   UBEP_CHECK_ARG(b.phase == Phase::kCombineSent, "combine_recv: no combine_send outstanding");
   b.phase = Phase::kIdle;
   CallScope scope(b);
@@ -365,9 +343,7 @@ TensorView HostEngine::combine_recv() {
 
 std::array<int64_t, 2> HostEngine::wait_recv_range(int source, int local_expert) {
   HostEngine& b = *this;
-  UBEP_CHECK(b.broken.empty(), BrokenBufferError,
-             "wait_recv_range: the buffer is broken after call ", b.calls, ": ", b.broken,
-             "; create a new Buffer");
+  b.ledger.check_usable("wait_recv_range");
   UBEP_CHECK_ARG(b.phase == Phase::kDispatchSent, "wait_recv_range: no dispatch_send outstanding");
   UBEP_CHECK_ARG(source >= 0 && source < b.ranks, "wait_recv_range: source ", source,
                  " is not a rank of the group [0, ", b.ranks, ")");

@@ -20,6 +20,7 @@
 #include "core/local_array.hpp"
 #include "ep/algorithm.hpp"
 #include "ep/call_state.hpp"
+#include "protocol/call_ledger.hpp"
 #include "ep/reducer.hpp"
 #include "ep/relay.hpp"
 #include "ep/waiter.hpp"
@@ -37,17 +38,15 @@ struct HostEngine final : backend::Engine {
   std::unique_ptr<backend::DataPath> dp;
   ep::Window win;
   ep::CallState call;
+  // Calls started, whether the buffer is broken, what the peers are told (shared with the
+  // device engine): once the ranks are out of step no call may return data.
+  protocol::CallLedger ledger;
   ep::FailureWatch watch;            // every wait of this buffer polls the peers' failure words
   std::unique_ptr<HostRelay> relay;  // cross-host relay, when the group spans hosts
   ep::Waiter waiter;
   ep::TokenReducer reducer;  // owns y, combine's output
 
-  // Collective calls started on this buffer (dispatch and combine each count one), and why the
-  // buffer is broken ("" while usable): once the ranks are out of step no call may return data.
-  uint64_t calls = 0;
-  uint64_t rejected = 0;  // the last call whose input this rank rejected (0: none)
-  std::string broken;
-  // Starts call number `calls + 1`; throws BrokenBufferError if the buffer is broken.
+  // Starts call number `ledger.calls() + 1`; throws BrokenBufferError if the buffer is broken.
   void start_call(const char* what);
   // After the call's inputs were accepted: fails the call if a peer's buffer broke.
   void join_call(const char* what);

@@ -40,8 +40,13 @@ void check_config(const BufferConfig& cfg, int ranks, int local_ranks) {
 }
 
 void check_dispatch(const DispatchArgs& a, const BufferConfig& cfg, int rank) {
-  (void)rank;  // the messages are the host backend's (a rank throws only for its own input)
-  protocol::check_dispatch_args(a, cfg);  // the host backend's checks, the same messages
+  // The host backend's checks and messages; the rank is named too, since one launch of virtual
+  // ranks checks the arguments of all of them.
+  try {
+    protocol::check_dispatch_args(a, cfg);
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(detail::concat(e.what(), " (rank ", rank, ")"));
+  }
 }
 
 void check_combine(const CombineArgs& a, const BufferConfig& cfg, const TensorView& recv_x,

@@ -28,7 +28,9 @@ KernelEngine::KernelEngine(Group& group, const BufferConfig& cfg, std::unique_pt
       ops_(std::move(ops)),
       seq_(cfg, group.size(), group.rank(), 1),
       rank_(group.rank()),
-      ranks_(group.size()) {
+      ranks_(group.size()),
+      ledger_(group.rank(), group.size(), [this](int r) { return failure_of(r); },
+              [this](uint32_t word) { publish_failure(word); }) {
   UBEP_CHECK_ARG(group.single_host(), "Buffer on ", cfg.device.describe(), ": the group spans ",
                  group.num_hosts(),
                  " hosts; the CUDA backend maps peers within one host (CUDA IPC) only");
@@ -118,9 +120,7 @@ void KernelEngine::map_peers() {
 KernelEngine::~KernelEngine() {
   try {
     ops_->synchronize();
-    if (broken_.empty())
-      publish_failure(protocol::broken_marker(
-          phase_ == Phase::kIdle || phase_ == Phase::kDispatchDone ? calls_ + 1 : calls_));
+    ledger_.depart(phase_ == Phase::kIdle || phase_ == Phase::kDispatchDone);
     if (!shared_) group_.barrier();
   } catch (...) {  // a dead peer: nothing more to agree on
   }
@@ -146,45 +146,14 @@ uint32_t KernelEngine::failure_of(int peer) const {
   return ops_->load_word(seq_.map().fail_word(window_, peer));
 }
 
-void KernelEngine::start_call(const char* what) {
-  UBEP_CHECK(broken_.empty(), BrokenBufferError, what, " (call ", calls_ + 1,
-             "): the buffer is broken after call ", calls_, ": ", broken_, "; create a new Buffer");
-  ++calls_;
-}
-
-void KernelEngine::join_call(const char* what) {
-  for (int r = 0; r < ranks_; ++r) {
-    const uint32_t word = r != rank_ ? failure_of(r) : 0u;
-    if (!protocol::is_broken(word)) continue;
-    const uint64_t at = protocol::marked_call(word, calls_);
-    if (at > calls_) continue;  // it broke in a later call: it had sent its part of this one
-    broken_ = detail::concat("rank ", r, "'s buffer broke (it failed call ", at, ")");
-    publish_failure(protocol::broken_marker(calls_));
-    phase_ = Phase::kIdle;
-    UBEP_CHECK(at < calls_, PeerFailedError, what, " (call ", calls_, "): rank ", r,
-               " failed call ", at, " (its buffer is broken), so the call cannot complete on rank ",
-               rank_);
-    throw BrokenBufferError(detail::concat(what, " (call ", calls_,
-                                           "): the buffer is broken after call ", calls_ - 1, ": ",
-                                           broken_, "; create a new Buffer"));
-  }
-}
-
-void KernelEngine::reject_call() {
-  rejected_ = calls_;
-  publish_failure(protocol::fail_marker(calls_));
-}
-
 void KernelEngine::break_call(const char* what, const std::exception& cause) {
-  if (broken_.empty()) broken_ = detail::concat(what, " failed: ", cause.what());
+  ledger_.fail(what, cause);
   phase_ = Phase::kIdle;
-  publish_failure(protocol::broken_marker(calls_));
   throw;
 }
 
 void KernelEngine::check_idle(const char* what) const {
-  UBEP_CHECK(broken_.empty(), BrokenBufferError, what, ": the buffer is broken after call ",
-             calls_, ": ", broken_, "; create a new Buffer");
+  ledger_.check_usable(what);
   UBEP_CHECK_ARG(phase_ == Phase::kIdle, what,
                  ": a split-phase call is still outstanding on this buffer");
 }
@@ -216,14 +185,14 @@ void KernelEngine::finish(const char* what) {
       const uint32_t word = e.tag;
       if (protocol::is_broken(word))
         throw PeerFailedError(detail::concat(
-            "rank ", e.peer, " failed call ", protocol::marked_call(word, calls_),
-            " (its buffer is broken), so call ", calls_, " cannot complete on rank ", rank_));
+            "rank ", e.peer, " failed call ", protocol::marked_call(word, calls()),
+            " (its buffer is broken), so call ", calls(), " cannot complete on rank ", rank_));
       throw PeerFailedError(detail::concat("rank ", e.peer, " rejected its input for call ",
-                                           calls_, ", so the call cannot complete on rank ",
+                                           calls(), ", so the call cannot complete on rank ",
                                            rank_));
     }
     if (code == cuda_hd::kTimeout)
-      throw TimeoutError(detail::concat(describe(e, timeout_s_), " in call ", calls_));
+      throw TimeoutError(detail::concat(describe(e, timeout_s_), " in call ", calls()));
     throw_if_error(e, timeout_s_);
   } catch (const std::exception& ex) {
     break_call(what, ex);
@@ -232,8 +201,8 @@ void KernelEngine::finish(const char* what) {
 
 // Every wait of the launch polls the failure words in this rank's window for this call.
 void KernelEngine::arm(cuda_hd::LaunchParams& p) const {
-  p.call = calls_;
-  p.error.call = calls_;
+  p.call = calls();
+  p.error.call = calls();
   p.error.fail_words = seq_.map().fail_word(window_, 0);
 }
 
@@ -244,7 +213,7 @@ void KernelEngine::arm(cuda_hd::LaunchParams& p) const {
 void KernelEngine::launch_dispatch(const DispatchArgs* args, uint32_t phases, const char* what) {
   cuda_hd::LaunchParams p;
   if (args) {
-    start_call(what);
+    ledger_.start(what);
     try {
       UBEP_CHECK_ARG(args->x_scales.ndim == 0 && args->x.dtype != DType::kFP8E4M3,
                      what, ": fp8 dispatch is not implemented by the CUDA kernels (",
@@ -252,10 +221,10 @@ void KernelEngine::launch_dispatch(const DispatchArgs* args, uint32_t phases, co
       p = seq_.dispatch({args, 1}, phases, res_);  // shapes, dtypes, devices, pointers
       if (ops_->host_readable()) protocol::check_expert_ids(*args, cfg_);
     } catch (const InvalidArgument&) {
-      reject_call();
+      ledger_.reject();
       throw;
     }
-    join_call(what);
+    ledger_.join(what);
     layout_ = args->layout;
     tokens_ = args->x.dim(0);
     topk_ = static_cast<int>(args->topk_idx.dim(1));
@@ -278,7 +247,7 @@ void KernelEngine::launch_dispatch(const DispatchArgs* args, uint32_t phases, co
 void KernelEngine::launch_combine(const CombineArgs* args, uint32_t phases, const char* what) {
   cuda_hd::LaunchParams p;
   if (args) {
-    start_call(what);
+    ledger_.start(what);
     try {
       UBEP_CHECK_ARG(have_dispatch_, what, ": no dispatch on this buffer yet");
       UBEP_CHECK_ARG(!combined_, what, ": dispatch ", seq_.results()[0].handle,
@@ -315,10 +284,10 @@ void KernelEngine::launch_combine(const CombineArgs* args, uint32_t phases, cons
       if (w.ndim != 0 && w.numel() > 0)
         ops_->copy(seq_.scratch_map().at<char>(scratch_, seq_.scratch_map().w), w.data, w.bytes());
     } catch (const InvalidArgument&) {
-      reject_call();
+      ledger_.reject();
       throw;
     }
-    join_call(what);
+    ledger_.join(what);
     combined_ = true;
   } else {
     p = seq_.combine({}, phases, res_);
@@ -376,8 +345,7 @@ void KernelEngine::dispatch_send(const DispatchArgs& args) {
 }
 
 DispatchResult KernelEngine::dispatch_recv() {
-  UBEP_CHECK(broken_.empty(), BrokenBufferError, "dispatch_recv: the buffer is broken after call ",
-             calls_, ": ", broken_, "; create a new Buffer");
+  ledger_.check_usable("dispatch_recv");
   UBEP_CHECK_ARG(phase_ == Phase::kDispatchSent || phase_ == Phase::kDispatchDone,
                  "dispatch_recv: no dispatch_send outstanding");
   if (phase_ == Phase::kDispatchSent) {
@@ -393,9 +361,7 @@ DispatchResult KernelEngine::dispatch_recv() {
 // so the hook runs the whole receive (dispatch_recv's launch) and returns the piece's range:
 // the rows are then there, as the contract says, though the hook waited for every source.
 std::array<int64_t, 2> KernelEngine::wait_recv_range(int source, int local_expert) {
-  UBEP_CHECK(broken_.empty(), BrokenBufferError,
-             "wait_recv_range: the buffer is broken after call ", calls_, ": ", broken_,
-             "; create a new Buffer");
+  ledger_.check_usable("wait_recv_range");
   UBEP_CHECK_ARG(phase_ == Phase::kDispatchSent || phase_ == Phase::kDispatchDone,
                  "wait_recv_range: no dispatch_send outstanding");
   const int El = cfg_.num_experts / ranks_;
@@ -445,8 +411,7 @@ void KernelEngine::combine_send(const CombineArgs& args) {
 }
 
 TensorView KernelEngine::combine_recv() {
-  UBEP_CHECK(broken_.empty(), BrokenBufferError, "combine_recv: the buffer is broken after call ",
-             calls_, ": ", broken_, "; create a new Buffer");
+  ledger_.check_usable("combine_recv");
   UBEP_CHECK_ARG(phase_ == Phase::kCombineSent, "combine_recv: no combine_send outstanding");
   phase_ = Phase::kIdle;
   launch_combine(nullptr, cuda_hd::kCombRecv, "combine_recv");

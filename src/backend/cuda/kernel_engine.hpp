@@ -17,6 +17,7 @@
 #include "backend/cuda/device_ops.hpp"
 #include "backend/cuda/sequencer.hpp"
 #include "backend/engine.hpp"
+#include "protocol/call_ledger.hpp"
 
 namespace ubep::cuda_host {
 
@@ -53,9 +54,6 @@ class KernelEngine final : public backend::Engine {
  private:
   enum class Phase { kIdle, kDispatchSent, kDispatchDone, kCombineSent };
   void map_peers();
-  void start_call(const char* what);
-  void join_call(const char* what);
-  void reject_call();
   void publish_failure(uint32_t word);
   [[noreturn]] void break_call(const char* what, const std::exception& cause);
   void check_idle(const char* what) const;
@@ -68,6 +66,7 @@ class KernelEngine final : public backend::Engine {
   DispatchResult result() const;
   int64_t sum_recv_count() const;
   uint32_t failure_of(int peer) const;
+  uint64_t calls() const { return ledger_.calls(); }
 
   Group& group_;
   BufferConfig cfg_;
@@ -98,8 +97,7 @@ class KernelEngine final : public backend::Engine {
   int64_t num_recv_rows_ = -1;
   int64_t tokens_ = 0;  // of the last dispatch
   int topk_ = 0;
-  uint64_t calls_ = 0, rejected_ = 0;
-  std::string broken_;
+  protocol::CallLedger ledger_;  // calls, broken, failure words: as the host backend's
   CallStats stats_;
 };
 
