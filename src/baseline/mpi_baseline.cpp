@@ -16,8 +16,8 @@
 
 namespace ubep {
 
+using baseline::for_range;
 using baseline::resolve_workers;
-using baseline::Team;
 
 namespace {
 
@@ -80,7 +80,7 @@ struct AlltoallBaseline::Impl {
   std::vector<int64_t> expert_offset;                   // [El, R]
   std::vector<int32_t> comb_meta_send, comb_meta_recv;  // latency combine: (token, k) per row
   std::vector<Scratch> scratch;                         // [team size]
-  Team team;
+  cpu::WorkerTeam team;
 
   Impl(Group& g, const BufferConfig& c)
       : group(g),
@@ -153,7 +153,7 @@ struct AlltoallBaseline::Impl {
     if (cfg.dtype != DType::kFP8E4M3 || a.x.dtype == DType::kFP8E4M3)
       return {static_cast<const char*>(a.x.data), static_cast<const char*>(a.x_scales.data), XC};
     const int64_t H = cfg.hidden, blocks = fp8_scales_per_row(H);
-    team.for_range(routing.num_tokens, [&](int, int64_t t0, int64_t t1) {
+    for_range(team, routing.num_tokens, [&](int, int64_t t0, int64_t t1) {
       fp8_quantize_rows(
           static_cast<const char*>(a.x.data) + static_cast<size_t>(t0 * H) * dtype_size(a.x.dtype),
           a.x.dtype, t1 - t0, H, cfg.fp8_pow2_scales, cast_x.get<uint8_t>() + t0 * H,
@@ -262,7 +262,7 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
     off += b.sb[d];
   }
   b.row_prefix[static_cast<size_t>(R)] = off / rec;
-  b.team.for_range(off / rec, [&](int, int64_t begin, int64_t end) {
+  for_range(b.team, off / rec, [&](int, int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const auto it = std::upper_bound(b.row_prefix.begin(), b.row_prefix.begin() + R + 1, g);
       const int d = static_cast<int>(it - b.row_prefix.begin()) - 1;
@@ -311,7 +311,7 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
   const int64_t rows = roff / rec;
   b.num_recv_rows = rows;
   const int64_t RT = static_cast<int64_t>(R) * b.T;
-  b.team.for_range(rows, [&](int, int64_t begin, int64_t end) {
+  for_range(b.team, rows, [&](int, int64_t begin, int64_t end) {
     for (int64_t pos = begin; pos < end; ++pos) {
       const auto it = std::upper_bound(b.row_prefix.begin(), b.row_prefix.begin() + R + 1, pos);
       const int s = static_cast<int>(it - b.row_prefix.begin()) - 1;
@@ -392,7 +392,7 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
     timer.lap("row alltoallv");
     // Unpack + reduce: rank p returns my rows in the order I sent them, so token t's row from p
     // is at its slot among my tokens for p. Accumulate per token in ascending rank order.
-    b.team.for_range(N, [&](int m, int64_t begin, int64_t end) {
+    for_range(b.team, N, [&](int m, int64_t begin, int64_t end) {
       Impl::Scratch& sc = b.scratch[static_cast<size_t>(m)];
       for (int64_t t = begin; t < end; ++t) {
         sc.contrib.clear();
@@ -434,7 +434,7 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
         b.comb_meta_send[static_cast<size_t>(2 * i + 1)] = b.lat_k.get<int8_t>()[row];
       }
     }
-    b.team.for_range(off, [&](int, int64_t begin, int64_t end) {
+    for_range(b.team, off, [&](int, int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i)
         std::memcpy(b.comb_send.get() + i * RB,
                     static_cast<const char*>(a.x.data) + b.pack_row[static_cast<size_t>(i)] * RB,
@@ -475,7 +475,7 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
     for (int64_t i = 0; i < total; ++i)
       where[static_cast<size_t>(b.comb_meta_recv[static_cast<size_t>(2 * i)] * Kmax +
                                 b.comb_meta_recv[static_cast<size_t>(2 * i + 1)])] = i;
-    b.team.for_range(N, [&](int m, int64_t begin, int64_t end) {
+    for_range(b.team, N, [&](int m, int64_t begin, int64_t end) {
       Impl::Scratch& sc = b.scratch[static_cast<size_t>(m)];
       for (int64_t t = begin; t < end; ++t) {
         sc.contrib.clear();

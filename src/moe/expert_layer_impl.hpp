@@ -7,9 +7,9 @@
 #include <cstring>
 #include <numeric>
 #include "backend/cpu/tags.hpp"
-#include "backend/cpu/worker_team.hpp"
 #include "core/local_array.hpp"
 #include "core/wait.hpp"
+#include "core/worker_team.hpp"
 #include "ep/protocol.hpp"
 #include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
