@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "backend/cpu/row_kernels.hpp"
+#include "baseline/exchange.hpp"
 #include "baseline/team.hpp"
 #include "core/local_array.hpp"
 #include "core/stage_timer.hpp"
@@ -54,6 +55,7 @@ struct AlltoallBaseline::Impl {
   };
   Group& group;
   BufferConfig cfg;
+  std::unique_ptr<baseline::Exchange> exchange;  // after cfg: a bad config throws before set-up
   int rank, ranks, El;
   int64_t T;
   DType cdtype;     // combine_dtype(cfg)
@@ -85,6 +87,7 @@ struct AlltoallBaseline::Impl {
   Impl(Group& g, const BufferConfig& c)
       : group(g),
         cfg(checked(g, c)),
+        exchange(baseline::make_exchange(g)),
         rank(g.rank()),
         ranks(g.size()),
         El(c.num_experts / g.size()),
@@ -174,7 +177,7 @@ struct AlltoallBaseline::Impl {
       sb[p] = rb[p] = static_cast<int64_t>(bytes_each);
       so[p] = ro[p] = static_cast<int64_t>(bytes_each) * p;
     }
-    group.alltoallv(send, sb.data(), so.data(), recv, rb.data(), ro.data());
+    exchange->alltoallv(send, sb.data(), so.data(), recv, rb.data(), ro.data());
   }
 
   // Reduces one token's contributions, given in the fixed order (ascending rank or k) with the
@@ -228,9 +231,7 @@ AlltoallBaseline::AlltoallBaseline(Group& g, BufferConfig c)
     : impl_(std::make_unique<Impl>(g, c)) {}
 AlltoallBaseline::~AlltoallBaseline() = default;
 const CallStats& AlltoallBaseline::last_stats() const { return impl_->stats; }
-const char* AlltoallBaseline::name() const {
-  return std::string(impl_->group.kind()) == "mpi" ? "mpi" : "a2a";
-}
+const char* AlltoallBaseline::name() const { return impl_->exchange->name(); }
 
 DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
   Impl& b = *impl_;
@@ -304,8 +305,8 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
     }
   }
   b.row_prefix[static_cast<size_t>(R)] = roff / rec;
-  b.group.alltoallv(b.send_buf.get(), b.tok_sb.data(), b.tok_so.data(), b.recv_buf.get(),
-                    b.rb.data(), b.ro.data());
+  b.exchange->alltoallv(b.send_buf.get(), b.tok_sb.data(), b.tok_so.data(), b.recv_buf.get(),
+                        b.rb.data(), b.ro.data());
   timer.lap("token alltoallv");
   // Unpack: every received row has its own place (its position, or its (expert, slot)s).
   const int64_t rows = roff / rec;
@@ -387,8 +388,8 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
       b.ro[p] = roff;
       roff += b.rb[p];
     }
-    b.group.alltoallv(a.x.data, b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(),
-                      b.ro.data());
+    b.exchange->alltoallv(a.x.data, b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(),
+                          b.ro.data());
     timer.lap("row alltoallv");
     // Unpack + reduce: rank p returns my rows in the order I sent them, so token t's row from p
     // is at its slot among my tokens for p. Accumulate per token in ascending rank order.
@@ -457,16 +458,16 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
       b.ro[p] = roff;
       roff += b.rb[p];
     }
-    b.group.alltoallv(b.comb_send.get(), b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(),
-                      b.ro.data());
+    b.exchange->alltoallv(b.comb_send.get(), b.sb.data(), b.so.data(), b.comb_recv.get(),
+                          b.rb.data(), b.ro.data());
     for (int p = 0; p < R; ++p) {
       b.sb[p] = per_owner[static_cast<size_t>(p)] * 8;
       b.so[p] = b.so[p] / RB * 8;
       b.rb[p] = expect[static_cast<size_t>(p)] * 8;
       b.ro[p] = b.ro[p] / RB * 8;
     }
-    b.group.alltoallv(b.comb_meta_send.data(), b.sb.data(), b.so.data(), b.comb_meta_recv.data(),
-                      b.rb.data(), b.ro.data());
+    b.exchange->alltoallv(b.comb_meta_send.data(), b.sb.data(), b.so.data(),
+                          b.comb_meta_recv.data(), b.rb.data(), b.ro.data());
     timer.lap("row alltoallv");
     // Unpack into (token, k) order, then reduce in ascending k.
     const int64_t total = roff / RB;
