@@ -23,7 +23,6 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <regex>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -31,6 +30,7 @@
 #include "sim/calibrate_calls.hpp"
 #include "sim/experiments.hpp"
 #include "sim/json.hpp"
+#include "sim/json_read.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::sim {
@@ -173,42 +173,6 @@ int cmd_calibrate(const Options& o) {
   return 0;
 }
 
-namespace {
-
-// (impl, op) -> median_us from ubep-bench --json files.
-std::map<std::pair<std::string, std::string>, double> read_bench(const std::string& path) {
-  std::ifstream in(path);
-  UBEP_CHECK_ARG(in.good(), "cannot read ubep-bench JSON '", path, "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
-  std::map<std::pair<std::string, std::string>, double> out;
-  // Fields may sit between op and median_us (the row's dtype does).
-  const std::regex re(
-      "\"impl\":\\s*\"([a-z0-9_]+)\",\\s*\"op\":\\s*\"([a-z]+)\"[^}]*?\"median_us\":\\s*([-+0-"
-      "9.eE]+)"
-      "[^}]*?(\"sync\":\\s*\"([a-z-]+)\")?");
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator();
-       ++it) {
-    const auto& m = *it;
-    if (m[5].matched && m[5].str() != "fused") continue;
-    out[{m[1].str(), m[2].str()}] = std::stod(m[3].str());
-  }
-  return out;
-}
-
-std::string workload_of(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::smatch m;
-  const std::string text = ss.str();
-  if (std::regex_search(text, m, std::regex("\"workload\":\\s*\"([a-z]+)\""))) return m[1].str();
-  return "";
-}
-
-}  // namespace
-
 int cmd_predict(const Options& o) {
   const int R = o.ranks.empty() ? 2 : o.ranks[0];
   const Preset p = make_preset("local", R, o.calibration);
@@ -216,7 +180,10 @@ int cmd_predict(const Options& o) {
   if (!o.measured.empty()) {
     std::stringstream ss(o.measured);
     std::string f;
-    while (std::getline(ss, f, ',')) measured[workload_of(f)] = read_bench(f);
+    while (std::getline(ss, f, ',')) {
+      const BenchJson b = read_bench_json(f);
+      measured[b.workload()] = b.medians();
+    }
   }
   struct Workload {
     const char* name;

@@ -5,36 +5,25 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/enum_names.hpp"
 #include "sim/rates.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::sim {
 
-const char* algo_name(Algo a) { return a == Algo::kBsp ? "bsp" : "ubep"; }
-const char* op_name(Op o) { return o == Op::kDispatch ? "dispatch" : "combine"; }
-const char* sync_name(Sync s) {
-  switch (s) {
-    case Sync::kFused:
-      return "fused";
-    case Sync::kStopAndWait:
-      return "stop-and-wait";
-    case Sync::kSentinel:
-      return "sentinel";
-  }
-  return "?";
-}
-Algo parse_algo(const std::string& s) {
-  if (s == "bsp") return Algo::kBsp;
-  if (s == "ubep") return Algo::kUbep;
-  throw InvalidArgument(detail::concat("unknown algorithm '", s, "' (bsp | ubep)"));
-}
-Sync parse_sync(const std::string& s) {
-  if (s == "fused") return Sync::kFused;
-  if (s == "stop-and-wait" || s == "stop_and_wait") return Sync::kStopAndWait;
-  if (s == "sentinel") return Sync::kSentinel;
-  throw InvalidArgument(
-      detail::concat("unknown sync mode '", s, "' (fused | stop-and-wait | sentinel)"));
-}
+namespace {
+constexpr detail::EnumName<Algo> kAlgos[] = {{Algo::kBsp, "bsp"}, {Algo::kUbep, "ubep"}};
+constexpr detail::EnumName<Op> kOps[] = {{Op::kDispatch, "dispatch"}, {Op::kCombine, "combine"}};
+constexpr detail::EnumName<Sync> kSyncs[] = {{Sync::kFused, "fused"},
+                                             {Sync::kStopAndWait, "stop-and-wait", "stop_and_wait"},
+                                             {Sync::kSentinel, "sentinel"}};
+}  // namespace
+
+const char* algo_name(Algo a) { return detail::enum_name(kAlgos, a); }
+const char* op_name(Op o) { return detail::enum_name(kOps, o); }
+const char* sync_name(Sync s) { return detail::enum_name(kSyncs, s); }
+Algo parse_algo(const std::string& s) { return detail::parse_enum(kAlgos, s, "algorithm"); }
+Sync parse_sync(const std::string& s) { return detail::parse_enum(kSyncs, s, "sync mode"); }
 
 Traffic draw_traffic(int ranks, int experts, int topk, int64_t tokens, int hot_experts,
                      double hot_weight, uint64_t seed) {

@@ -11,9 +11,8 @@
 //   [ASSUME] an engineering estimate with no published figure; named so it can be varied
 #include <cmath>
 #include <fstream>
-#include <regex>
-#include <sstream>
 
+#include "sim/json_read.hpp"
 #include "sim/machine.hpp"
 #include "ubep/error.hpp"
 
@@ -127,38 +126,30 @@ struct Calibration {
 };
 
 Calibration read_calibration(const std::string& path) {
-  std::ifstream in(path);
-  UBEP_CHECK_ARG(in.good(), "cannot read calibration file '", path,
+  UBEP_CHECK_ARG(std::ifstream(path).good(), "cannot read calibration file '", path,
                  "': run `ubep-sim calibrate --out ", path, "` first");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string text = ss.str();
+  const JsonValue doc = read_json_file(path, "calibration file");
+  UBEP_CHECK_ARG(doc.kind == JsonValue::Kind::kObject, "calibration file '", path,
+                 "' is not a JSON object, got ", doc.kind_name());
   Calibration cal;
+  auto checked = [&](const std::string& key, const JsonValue& v) {
+    UBEP_CHECK_ARG(std::isfinite(v.number) && v.number >= 0, "calibration file '", path, "': bad ",
+                   key, " = ", v.text);
+    return v.number;
+  };
   auto get = [&](const std::string& key) {
-    std::smatch m;
-    const std::regex re("\"" + key + "\"\\s*:\\s*([-+0-9.eE]+)");
-    UBEP_CHECK_ARG(std::regex_search(text, m, re), "calibration file '", path, "' has no \"", key,
+    const JsonValue* v = number_member(doc, key, path);
+    UBEP_CHECK_ARG(v, "calibration file '", path, "' has no \"", key,
                    "\" (written by an older ubep-sim? run `ubep-sim calibrate` again)");
-    const double v = std::stod(m[1].str());
-    UBEP_CHECK_ARG(std::isfinite(v) && v >= 0, "calibration file '", path, "': bad ", key, " = ",
-                   v);
-    return v;
+    return checked(key, *v);
+  };
+  auto optional = [&](const std::string& key) {  // files of older ubep-sim versions lack these
+    const JsonValue* v = number_member(doc, key, path);
+    return v ? checked(key, *v) : 0.0;
   };
   cal.handoff_ns = get("handoff_ns");
-  {  // optional: files written before it was recorded predict as if every rank had a core
-    std::smatch m;
-    if (std::regex_search(text, m, std::regex("\"cores\"\\s*:\\s*([0-9]+)")))
-      cal.cores = std::stoi(m[1].str());
-  }
-  auto optional = [&](const std::string& key) {  // files of older ubep-sim versions lack these
-    std::smatch m;
-    if (!std::regex_search(text, m, std::regex("\"" + key + "\"\\s*:\\s*([-+0-9.eE]+)")))
-      return 0.0;
-    const double v = std::stod(m[1].str());
-    UBEP_CHECK_ARG(std::isfinite(v) && v >= 0, "calibration file '", path, "': bad ", key, " = ",
-                   v);
-    return v;
-  };
+  // Optional: files written before it was recorded predict as if every rank had a core.
+  cal.cores = static_cast<int>(optional("cores"));
   cal.l2_bytes = optional("l2_bytes");
   cal.cache_copy_GBps = optional("cache_copy_GBps");
   cal.cache_bytes = optional("cache_bytes");

@@ -68,7 +68,7 @@ struct CostParams {
   double staged_reduce_GBps = 0;
   // bsp ends each call with one more group barrier (after the reorder / reduce), so that no
   // rank reuses the buffers while a peer still reads them: 4 barriers per dispatch, 3 per
-  // combine. false: outputs are double-buffered by call parity (src/ep/protocol.hpp), 3 + 2.
+  // combine. false: outputs are double-buffered by call parity (src/protocol/protocol.hpp), 3 + 2.
   bool bsp_final_barrier = true;
   // Dispatch row copies of calls moving >= stream_threshold_bytes per rank use stream_GBps
   // (non-temporal stores) instead of worker_GBps (0 = never).

@@ -10,42 +10,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <map>
-#include <regex>
 #include <sstream>
 #include <thread>
 
 #include "sim/experiments.hpp"
 #include "sim/json.hpp"
+#include "sim/json_read.hpp"
 #include "sim/rates.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::sim {
 
 namespace {
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  UBEP_CHECK_ARG(in.good(), "cannot read ubep-bench JSON '", path, "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string config_str(const std::string& text, const std::string& key) {
-  std::smatch m;
-  UBEP_CHECK_ARG(std::regex_search(text, m, std::regex("\"" + key + "\":\\s*\"([^\"]*)\"")),
-                 "ubep-bench JSON has no config \"", key, "\"");
-  return m[1].str();
-}
-
-double config_num(const std::string& text, const std::string& key) {
-  std::smatch m;
-  UBEP_CHECK_ARG(std::regex_search(text, m, std::regex("\"" + key + "\":\\s*([-+0-9.eE]+)")),
-                 "ubep-bench JSON has no config \"", key, "\"");
-  return std::stod(m[1].str());
-}
 
 struct BenchCase {
   std::string file, group, layout, dtype;
@@ -55,28 +32,18 @@ struct BenchCase {
 };
 
 BenchCase read_case(const std::string& path) {
-  const std::string text = slurp(path);
+  const BenchJson b = read_bench_json(path);
   BenchCase c;
   c.file = path;
-  c.group = config_str(text, "group");
-  c.layout = config_str(text, "layout");
-  c.dtype = config_str(text, "dtype");
-  c.ranks = static_cast<int>(config_num(text, "ranks"));
-  c.tokens = static_cast<int64_t>(config_num(text, "tokens"));
-  c.hidden = static_cast<int>(config_num(text, "hidden"));
-  c.topk = static_cast<int>(config_num(text, "topk"));
-  c.experts = static_cast<int>(config_num(text, "experts"));
-  // Fields may sit between op and median_us (the row's dtype does).
-  const std::regex re(
-      "\"impl\":\\s*\"([a-z0-9_]+)\",\\s*\"op\":\\s*\"([a-z]+)\"[^}]*?\"median_us\":\\s*([-+0-"
-      "9.eE]+)"
-      "[^}]*?(\"sync\":\\s*\"([a-z-]+)\")?");
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator();
-       ++it) {
-    const auto& m = *it;
-    if (m[5].matched && m[5].str() != "fused") continue;
-    c.median[{m[1].str(), m[2].str()}] = std::stod(m[3].str());
-  }
+  c.group = b.config_str("group");
+  c.layout = b.config_str("layout");
+  c.dtype = b.config_str("dtype");
+  c.ranks = static_cast<int>(b.config_num("ranks"));
+  c.tokens = static_cast<int64_t>(b.config_num("tokens"));
+  c.hidden = static_cast<int>(b.config_num("hidden"));
+  c.topk = static_cast<int>(b.config_num("topk"));
+  c.experts = static_cast<int>(b.config_num("experts"));
+  c.median = b.medians();
   UBEP_CHECK_ARG(!c.median.empty(), "validate: no result rows found in ", path,
                  " (not ubep-bench --json output, or its row format changed)");
   return c;

@@ -1,4 +1,4 @@
-// The failure words peers publish (src/ep/protocol.hpp): which of a peer's words end this
+// The failure words peers publish (src/protocol/protocol.hpp): which of a peer's words end this
 // rank's call at once, and which call a word names, including across the counter's wrap.
 #include <gtest/gtest.h>
 

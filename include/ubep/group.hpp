@@ -72,11 +72,6 @@ class Group {
   // Collective gather of `bytes` from every rank into out[size * bytes]. Set-up path only.
   virtual void allgather(const void* in, void* out, size_t bytes) = 0;
 
-  // Variable all-to-all of bytes (the primitive the MPI baseline is built on). On process
-  // groups this is MPI_Alltoallv; on thread groups an equivalent bulk exchange through memory.
-  virtual void alltoallv(const void* send, const int64_t* send_bytes, const int64_t* send_offsets,
-                         void* recv, const int64_t* recv_bytes, const int64_t* recv_offsets) = 0;
-
   // Point-to-point transport to ranks on other hosts; nullptr on a single host. Internal: used
   // by the cross-host relay of the EP algorithms, from one thread at a time.
   virtual transport::Remote* remote() { return nullptr; }

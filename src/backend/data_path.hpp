@@ -2,7 +2,7 @@
 // ubep, the relay; src/ep) and the memory they move data through. Contract: docs/BACKENDS.md.
 //
 // Algorithms address peers' windows (SharedWindow::base), compute every offset from the
-// protocol (src/ep/protocol.hpp), and ask the data path to do every access that crosses to
+// protocol (src/protocol/protocol.hpp), and ask the data path to do every access that crosses to
 // peer memory or needs ordering: put a row, publish a tag, test a tag, fence, reduce rows in
 // the fixed order, and run the role groups concurrently. They never memcpy into, or use atomics
 // on, peer memory themselves.

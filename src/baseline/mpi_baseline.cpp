@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "backend/cpu/row_kernels.hpp"
+#include "baseline/exchange.hpp"
 #include "baseline/team.hpp"
 #include "core/local_array.hpp"
 #include "core/stage_timer.hpp"
@@ -16,8 +17,8 @@
 
 namespace ubep {
 
+using baseline::for_range;
 using baseline::resolve_workers;
-using baseline::Team;
 
 namespace {
 
@@ -54,6 +55,7 @@ struct AlltoallBaseline::Impl {
   };
   Group& group;
   BufferConfig cfg;
+  std::unique_ptr<baseline::Exchange> exchange;  // after cfg: a bad config throws before set-up
   int rank, ranks, El;
   int64_t T;
   DType cdtype;     // combine_dtype(cfg)
@@ -80,11 +82,12 @@ struct AlltoallBaseline::Impl {
   std::vector<int64_t> expert_offset;                   // [El, R]
   std::vector<int32_t> comb_meta_send, comb_meta_recv;  // latency combine: (token, k) per row
   std::vector<Scratch> scratch;                         // [team size]
-  Team team;
+  cpu::WorkerTeam team;
 
   Impl(Group& g, const BufferConfig& c)
       : group(g),
         cfg(checked(g, c)),
+        exchange(baseline::make_exchange(g)),
         rank(g.rank()),
         ranks(g.size()),
         El(c.num_experts / g.size()),
@@ -153,7 +156,7 @@ struct AlltoallBaseline::Impl {
     if (cfg.dtype != DType::kFP8E4M3 || a.x.dtype == DType::kFP8E4M3)
       return {static_cast<const char*>(a.x.data), static_cast<const char*>(a.x_scales.data), XC};
     const int64_t H = cfg.hidden, blocks = fp8_scales_per_row(H);
-    team.for_range(routing.num_tokens, [&](int, int64_t t0, int64_t t1) {
+    for_range(team, routing.num_tokens, [&](int, int64_t t0, int64_t t1) {
       fp8_quantize_rows(
           static_cast<const char*>(a.x.data) + static_cast<size_t>(t0 * H) * dtype_size(a.x.dtype),
           a.x.dtype, t1 - t0, H, cfg.fp8_pow2_scales, cast_x.get<uint8_t>() + t0 * H,
@@ -174,7 +177,7 @@ struct AlltoallBaseline::Impl {
       sb[p] = rb[p] = static_cast<int64_t>(bytes_each);
       so[p] = ro[p] = static_cast<int64_t>(bytes_each) * p;
     }
-    group.alltoallv(send, sb.data(), so.data(), recv, rb.data(), ro.data());
+    exchange->alltoallv(send, sb.data(), so.data(), recv, rb.data(), ro.data());
   }
 
   // Reduces one token's contributions, given in the fixed order (ascending rank or k) with the
@@ -228,9 +231,7 @@ AlltoallBaseline::AlltoallBaseline(Group& g, BufferConfig c)
     : impl_(std::make_unique<Impl>(g, c)) {}
 AlltoallBaseline::~AlltoallBaseline() = default;
 const CallStats& AlltoallBaseline::last_stats() const { return impl_->stats; }
-const char* AlltoallBaseline::name() const {
-  return std::string(impl_->group.kind()) == "mpi" ? "mpi" : "a2a";
-}
+const char* AlltoallBaseline::name() const { return impl_->exchange->name(); }
 
 DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
   Impl& b = *impl_;
@@ -262,7 +263,7 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
     off += b.sb[d];
   }
   b.row_prefix[static_cast<size_t>(R)] = off / rec;
-  b.team.for_range(off / rec, [&](int, int64_t begin, int64_t end) {
+  for_range(b.team, off / rec, [&](int, int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const auto it = std::upper_bound(b.row_prefix.begin(), b.row_prefix.begin() + R + 1, g);
       const int d = static_cast<int>(it - b.row_prefix.begin()) - 1;
@@ -304,14 +305,14 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
     }
   }
   b.row_prefix[static_cast<size_t>(R)] = roff / rec;
-  b.group.alltoallv(b.send_buf.get(), b.tok_sb.data(), b.tok_so.data(), b.recv_buf.get(),
-                    b.rb.data(), b.ro.data());
+  b.exchange->alltoallv(b.send_buf.get(), b.tok_sb.data(), b.tok_so.data(), b.recv_buf.get(),
+                        b.rb.data(), b.ro.data());
   timer.lap("token alltoallv");
   // Unpack: every received row has its own place (its position, or its (expert, slot)s).
   const int64_t rows = roff / rec;
   b.num_recv_rows = rows;
   const int64_t RT = static_cast<int64_t>(R) * b.T;
-  b.team.for_range(rows, [&](int, int64_t begin, int64_t end) {
+  for_range(b.team, rows, [&](int, int64_t begin, int64_t end) {
     for (int64_t pos = begin; pos < end; ++pos) {
       const auto it = std::upper_bound(b.row_prefix.begin(), b.row_prefix.begin() + R + 1, pos);
       const int s = static_cast<int>(it - b.row_prefix.begin()) - 1;
@@ -387,12 +388,12 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
       b.ro[p] = roff;
       roff += b.rb[p];
     }
-    b.group.alltoallv(a.x.data, b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(),
-                      b.ro.data());
+    b.exchange->alltoallv(a.x.data, b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(),
+                          b.ro.data());
     timer.lap("row alltoallv");
     // Unpack + reduce: rank p returns my rows in the order I sent them, so token t's row from p
     // is at its slot among my tokens for p. Accumulate per token in ascending rank order.
-    b.team.for_range(N, [&](int m, int64_t begin, int64_t end) {
+    for_range(b.team, N, [&](int m, int64_t begin, int64_t end) {
       Impl::Scratch& sc = b.scratch[static_cast<size_t>(m)];
       for (int64_t t = begin; t < end; ++t) {
         sc.contrib.clear();
@@ -434,7 +435,7 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
         b.comb_meta_send[static_cast<size_t>(2 * i + 1)] = b.lat_k.get<int8_t>()[row];
       }
     }
-    b.team.for_range(off, [&](int, int64_t begin, int64_t end) {
+    for_range(b.team, off, [&](int, int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i)
         std::memcpy(b.comb_send.get() + i * RB,
                     static_cast<const char*>(a.x.data) + b.pack_row[static_cast<size_t>(i)] * RB,
@@ -457,16 +458,16 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
       b.ro[p] = roff;
       roff += b.rb[p];
     }
-    b.group.alltoallv(b.comb_send.get(), b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(),
-                      b.ro.data());
+    b.exchange->alltoallv(b.comb_send.get(), b.sb.data(), b.so.data(), b.comb_recv.get(),
+                          b.rb.data(), b.ro.data());
     for (int p = 0; p < R; ++p) {
       b.sb[p] = per_owner[static_cast<size_t>(p)] * 8;
       b.so[p] = b.so[p] / RB * 8;
       b.rb[p] = expect[static_cast<size_t>(p)] * 8;
       b.ro[p] = b.ro[p] / RB * 8;
     }
-    b.group.alltoallv(b.comb_meta_send.data(), b.sb.data(), b.so.data(), b.comb_meta_recv.data(),
-                      b.rb.data(), b.ro.data());
+    b.exchange->alltoallv(b.comb_meta_send.data(), b.sb.data(), b.so.data(),
+                          b.comb_meta_recv.data(), b.rb.data(), b.ro.data());
     timer.lap("row alltoallv");
     // Unpack into (token, k) order, then reduce in ascending k.
     const int64_t total = roff / RB;
@@ -475,7 +476,7 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
     for (int64_t i = 0; i < total; ++i)
       where[static_cast<size_t>(b.comb_meta_recv[static_cast<size_t>(2 * i)] * Kmax +
                                 b.comb_meta_recv[static_cast<size_t>(2 * i + 1)])] = i;
-    b.team.for_range(N, [&](int m, int64_t begin, int64_t end) {
+    for_range(b.team, N, [&](int m, int64_t begin, int64_t end) {
       Impl::Scratch& sc = b.scratch[static_cast<size_t>(m)];
       for (int64_t t = begin; t < end; ++t) {
         sc.contrib.clear();

@@ -1,10 +1,11 @@
 // Ranks as processes started by mpirun: an MPI bootstrap (set-up), the shared-memory group of
-// the CPU backend on each host, MPI_Alltoallv for the baseline, and MPI point-to-point between
-// hosts.
+// the CPU backend on each host, its communicator for the baseline's MPI_Alltoallv, and MPI
+// point-to-point between hosts.
 #include "ubep/mpi_group.hpp"
 #include <cstring>
 
 #include "backend/cpu/shm_group.hpp"
+#include "bootstrap/mpi_comm.hpp"
 #include "core/wait.hpp"
 #include "transport/mpi/mpi_remote.hpp"
 #include "ubep/error.hpp"
@@ -102,34 +103,19 @@ class MpiGroup : public cpu::ShmGroup {
            std::unique_ptr<transport::Remote> remote)
       : ShmGroup(boot, options, std::move(hosts), std::move(remote)), comm_(boot->comm()) {}
 
-  void alltoallv(const void* send, const int64_t* send_bytes, const int64_t* send_offsets,
-                 void* recv, const int64_t* recv_bytes, const int64_t* recv_offsets) override {
-    const size_t n = static_cast<size_t>(size());
-    counts_.resize(4 * n);
-    int* sc = counts_.data();
-    int* sd = sc + n;
-    int* rc = sd + n;
-    int* rd = rc + n;
-    for (size_t p = 0; p < n; ++p) {
-      UBEP_CHECK_ARG(send_offsets[p] + send_bytes[p] < INT32_MAX &&
-                         recv_offsets[p] + recv_bytes[p] < INT32_MAX,
-                     "alltoallv: more than 2 GiB in one exchange");
-      sc[p] = static_cast<int>(send_bytes[p]);
-      sd[p] = static_cast<int>(send_offsets[p]);
-      rc[p] = static_cast<int>(recv_bytes[p]);
-      rd[p] = static_cast<int>(recv_offsets[p]);
-    }
-    mpi_check(MPI_Alltoallv(send, sc, sd, MPI_BYTE, recv, rc, rd, MPI_BYTE, comm_),
-              "MPI_Alltoallv");
-  }
   const char* kind() const override { return "mpi"; }
+  MPI_Comm comm() const { return comm_; }
 
  private:
   MPI_Comm comm_;
-  std::vector<int> counts_;
 };
 
 }  // namespace
+
+MPI_Comm detail::mpi_comm_of(Group& group) {
+  auto* mpi = dynamic_cast<MpiGroup*>(&group);
+  return mpi ? mpi->comm() : MPI_COMM_NULL;
+}
 
 std::unique_ptr<Group> make_mpi_group(MPI_Comm comm, MpiGroupOptions options) {
   int initialized = 0;

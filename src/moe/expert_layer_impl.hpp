@@ -68,7 +68,7 @@ struct OwnerGroup {
   int owner;
 };
 
-using RecordFormat = protocol::TileRecordFormat;  // the wire format lives in src/ep/protocol.hpp
+using RecordFormat = protocol::TileRecordFormat;  // the wire format lives in src/protocol/protocol.hpp
 using Record = protocol::TileRecord;
 
 // Per-member counters, padded so members never share a cache line.

@@ -6,33 +6,27 @@
 #include <random>
 #include <vector>
 
+#include "core/enum_names.hpp"
 #include "ubep/error.hpp"
 #include "ubep/moe.hpp"
 
 namespace ubep::moe {
 
-const char* router_mode_name(RouterMode m) {
-  switch (m) {
-    case RouterMode::kBalanced:
-      return "balanced";
-    case RouterMode::kModerateSkew:
-      return "moderate";
-    case RouterMode::kStressSkew:
-      return "stress";
-  }
-  return "?";
-}
+namespace {
+constexpr detail::EnumName<RouterMode> kRouterModes[] = {{RouterMode::kBalanced, "balanced"},
+                                                         {RouterMode::kModerateSkew, "moderate"},
+                                                         {RouterMode::kStressSkew, "stress"}};
+constexpr detail::EnumName<FfnKind> kFfnKinds[] = {{FfnKind::kGated, "gated"},
+                                                   {FfnKind::kSingle, "single"}};
+}  // namespace
+
+const char* router_mode_name(RouterMode m) { return detail::enum_name(kRouterModes, m); }
 RouterMode parse_router_mode(const std::string& n) {
-  if (n == "balanced") return RouterMode::kBalanced;
-  if (n == "moderate") return RouterMode::kModerateSkew;
-  if (n == "stress") return RouterMode::kStressSkew;
-  throw InvalidArgument("unknown router mode '" + n + "' (expected balanced, moderate or stress)");
+  return detail::parse_enum(kRouterModes, n, "router mode");
 }
-const char* ffn_kind_name(FfnKind k) { return k == FfnKind::kGated ? "gated" : "single"; }
+const char* ffn_kind_name(FfnKind k) { return detail::enum_name(kFfnKinds, k); }
 FfnKind parse_ffn_kind(const std::string& n) {
-  if (n == "gated") return FfnKind::kGated;
-  if (n == "single") return FfnKind::kSingle;
-  throw InvalidArgument("unknown ffn kind '" + n + "' (expected gated or single)");
+  return detail::parse_enum(kFfnKinds, n, "ffn kind");
 }
 
 RouterOutput route(RouterMode mode, int num_experts, int topk, int64_t tokens, uint64_t seed) {

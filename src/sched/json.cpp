@@ -25,6 +25,12 @@ const char* JsonValue::kind_name() const {
   return "?";
 }
 
+const JsonValue* JsonValue::find(const std::string& key) const {
+  for (const JsonMember& m : object)
+    if (m.first == key) return &m.second;
+  return nullptr;
+}
+
 namespace {
 
 class Parser {

@@ -1,6 +1,7 @@
 // A small, strict JSON reader (internal): RFC 8259 values, no comments, no trailing commas,
 // no duplicate keys, nothing after the top-level value. Every error is an InvalidArgument
-// "<origin>:<line>:<col>: <what>".
+// "<origin>:<line>:<col>: <what>". The one JSON reader of the project: topology files here, and
+// ubep-sim's inputs (sim/json_read.hpp), so no file format is read by pattern matching.
 #pragma once
 
 #include <string>
@@ -24,6 +25,8 @@ struct JsonValue {
   int line = 1, col = 1;  // where the value starts
 
   const char* kind_name() const;
+  // The member `key` of an object; nullptr when absent or when this is not an object.
+  const JsonValue* find(const std::string& key) const;
 };
 
 struct JsonMember {

@@ -30,30 +30,23 @@
 #include <limits>
 #include <sstream>
 
+#include "core/enum_names.hpp"
 #include "fluid.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::sched {
 
-const char* policy_name(Policy policy) {
-  switch (policy) {
-    case Policy::kNaive:
-      return "naive";
-    case Policy::kColumnMajor:
-      return "column_major";
-    case Policy::kBalanced:
-      return "balanced";
-  }
-  return "?";
-}
+namespace {
+constexpr ::ubep::detail::EnumName<Policy> kPolicies[] = {
+    {Policy::kNaive, "naive"},
+    {Policy::kColumnMajor, "column_major", "column-major"},
+    {Policy::kBalanced, "balanced"}};
+}  // namespace
+
+const char* policy_name(Policy policy) { return ::ubep::detail::enum_name(kPolicies, policy); }
 
 Policy parse_policy(const std::string& name) {
-  if (name == "naive") return Policy::kNaive;
-  if (name == "column_major" || name == "column-major") return Policy::kColumnMajor;
-  if (name == "balanced") return Policy::kBalanced;
-  UBEP_CHECK_ARG(false, "unknown scheduling policy '", name,
-                 "': expected naive, column_major or balanced");
-  return Policy::kNaive;  // unreachable
+  return ::ubep::detail::parse_enum(kPolicies, name, "scheduling policy");
 }
 
 std::span<const PlanItem> Plan::worker_items(int worker) const {

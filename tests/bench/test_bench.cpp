@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "baseline/exchange.hpp"
 #include "bench/bench.hpp"
 #include "expect_invalid.hpp"
 #include "harness.hpp"
@@ -279,6 +280,50 @@ TEST(Baseline, WorkersGiveTheSameBits) {
       EXPECT_EQ(y0[static_cast<size_t>(r)], y2[static_cast<size_t>(r)])
           << "rank " << r << " layout " << layout_name(layout);
   }
+}
+
+// The baseline's own bulk exchange (it moved out of Group): on thread ranks a one-copy exchange
+// of any byte counts, including zero; a receiver expecting another count than its peer sends
+// gets InvalidArgument naming both ranks, after every rank has left the exchange, so the next
+// exchange works.
+TEST(Baseline, ThreadExchangeMovesVariableBytes) {
+  const int R = 3;
+  run_on_threads(R, [&](Group& g) {
+    auto ex = baseline::make_exchange(g);
+    EXPECT_STREQ(ex->name(), "a2a");
+    const int me = g.rank();
+    auto bytes = [](int from, int to) { return static_cast<int64_t>((from * 2 + to) % 4 * 3); };
+    std::vector<int64_t> sb(R), so(R), rb(R), ro(R);
+    int64_t st = 0, rt = 0;
+    for (int p = 0; p < R; ++p) {
+      sb[p] = bytes(me, p);
+      so[p] = st;
+      st += sb[p];
+      rb[p] = bytes(p, me);
+      ro[p] = rt;
+      rt += rb[p];
+    }
+    std::vector<char> send(static_cast<size_t>(st) + 1), recv(static_cast<size_t>(rt) + 1, 0);
+    for (int p = 0; p < R; ++p)
+      for (int64_t i = 0; i < sb[p]; ++i) send[static_cast<size_t>(so[p] + i)] = char(me * 16 + p);
+    for (int round = 0; round < 2; ++round) {
+      ex->alltoallv(send.data(), sb.data(), so.data(), recv.data(), rb.data(), ro.data());
+      for (int p = 0; p < R; ++p)
+        for (int64_t i = 0; i < rb[p]; ++i)
+          ASSERT_EQ(recv[static_cast<size_t>(ro[p] + i)], char(p * 16 + me)) << "from " << p;
+    }
+    std::vector<int64_t> wrong = rb;
+    if (me == 0) wrong[1] += 1;
+    if (me == 0)
+      expect_invalid(
+          [&] {
+            ex->alltoallv(send.data(), sb.data(), so.data(), recv.data(), wrong.data(), ro.data());
+          },
+          {"rank 1 sends", "which expects"});
+    else
+      ex->alltoallv(send.data(), sb.data(), so.data(), recv.data(), wrong.data(), ro.data());
+    ex->alltoallv(send.data(), sb.data(), so.data(), recv.data(), rb.data(), ro.data());
+  });
 }
 
 }  // namespace

@@ -133,6 +133,23 @@ TEST(SimCall, RejectsBadInput) {
   EXPECT_THROW(parse_sync("maybe"), InvalidArgument);
 }
 
+// One name table per enum (core/enum_names.hpp): names round-trip, the alias parses but is never
+// printed, and the error lists the accepted names.
+TEST(SimCall, NamesRoundTrip) {
+  for (Sync s : {Sync::kFused, Sync::kStopAndWait, Sync::kSentinel})
+    EXPECT_EQ(parse_sync(sync_name(s)), s);
+  for (Algo a : {Algo::kBsp, Algo::kUbep}) EXPECT_EQ(parse_algo(algo_name(a)), a);
+  EXPECT_EQ(parse_sync("stop_and_wait"), Sync::kStopAndWait);
+  EXPECT_STREQ(sync_name(Sync::kStopAndWait), "stop-and-wait");
+  try {
+    parse_algo("fast");
+    ADD_FAILURE() << "parse_algo accepted 'fast'";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'fast' (expected bsp or ubep)"), std::string::npos)
+        << e.what();
+  }
+}
+
 // The local preset models the CPU implementation as it is: one copy per dispatched row (at the
 // non-temporal rate for large calls, no receive-side reorder), bsp with 3 + 2 barriers, ubep's
 // combine reading the experts' rows in place (nothing on the wire) and reducing them.

@@ -123,6 +123,50 @@ TEST(SimValidate, NeedsMeasuredFiles) {
   EXPECT_THROW(cmd_validate(o), InvalidArgument);
 }
 
+// The sync-ablation rows of ubep-bench --sync fused,stop-and-wait are not the call the model
+// describes: only the fused row counts, wherever it sits in the file.
+TEST(SimValidate, OnlyFusedSyncRowsCount) {
+  Options o;
+  o.calibration = calibration(true);
+  o.measured = write_file(
+      "sync.json",
+      "{\"config\": {\"workload\": \"decode\", \"group\": \"mpi\", \"ranks\": 2, \"tokens\": 32, "
+      "\"hidden\": 7168, \"topk\": 8, \"experts\": 256, \"dtype\": \"bf16\", \"layout\": "
+      "\"latency\"},\n \"results\": [\n"
+      "  {\"impl\": \"ubep\", \"op\": \"combine\", \"dtype\": \"bf16\", \"median_us\": 2000, "
+      "\"sync\": \"fused\", \"stages_us\": {\"wait\": 1}},\n"
+      "  {\"impl\": \"ubep\", \"op\": \"combine\", \"dtype\": \"bf16\", \"median_us\": 7777, "
+      "\"sync\": \"stop-and-wait\", \"stages_us\": {\"wait\": 1}}\n]}\n");
+  o.json = testing::TempDir() + "validate_sync.json";
+  ASSERT_EQ(cmd_validate(o), 0);
+  const std::string j = read_file(o.json);
+  EXPECT_NE(j.find("\"measured_us\":2000,"), std::string::npos) << j;
+  EXPECT_EQ(j.find("7777"), std::string::npos) << j;
+}
+
+// Every JSON input goes through the library's strict reader: a malformed file is an error naming
+// the file, line and column (a pattern would have found the keys and read on).
+TEST(SimValidate, MalformedFilesNameLineAndColumn) {
+  auto message = [](const Options& o) {
+    try {
+      cmd_validate(o);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  Options o;
+  o.calibration = calibration(true);
+  o.measured =
+      write_file("trailing.json", "{\"config\": {\"group\": \"mpi\",},\n \"results\": []}");
+  EXPECT_NE(message(o).find("trailing.json:1:"), std::string::npos) << message(o);
+  o.measured = bench_json("ok.json", 2, 32, "latency");
+  o.calibration = write_file("bad-cal.json", "{\"handoff_ns\": 100,\n \"handoff_ns\": 7}");
+  EXPECT_NE(message(o).find("bad-cal.json:2:"), std::string::npos) << message(o);
+  o.calibration = write_file("str-cal.json", "{\"handoff_ns\": \"fast\"}");
+  EXPECT_NE(message(o).find("\"handoff_ns\" must be a number"), std::string::npos) << message(o);
+}
+
 // More ranks than cores: each rank gets cores / ranks of a core, so every rate scales by it and
 // a bandwidth-bound call takes ranks / cores times as long per rank.
 TEST(SimValidate, RanksBeyondTheCoresShareThem) {

@@ -5,7 +5,7 @@
 
 #include "backend/cpu/row_kernels.hpp"
 #include "backend/cpu/tags.hpp"
-#include "backend/cpu/worker_team.hpp"
+#include "core/worker_team.hpp"
 
 namespace ubep::cpu {
 

@@ -171,13 +171,6 @@ void ShmGroup::allgather(const void* in, void* out, size_t bytes) {
   bootstrap_->allgather(in, out, bytes);
 }
 
-void ShmGroup::alltoallv(const void*, const int64_t*, const int64_t*, void*, const int64_t*,
-                         const int64_t*) {
-  throw InvalidArgument(
-      "alltoallv: this process group has no bulk exchange (the MPI baseline needs "
-      "make_mpi_group)");
-}
-
 void ShmGroup::barrier_impl() {
   if (single_host())
     barrier_->arrive_and_wait(WaitPolicy{options().timeout});

@@ -1,6 +1,6 @@
 // Processes on one host sharing POSIX shared memory, set up over any Bootstrap. The MPI group
-// (src/bootstrap/mpi_group.cpp) is one with an MPI bootstrap, MPI_Alltoallv and, across
-// hosts, the MPI transport.
+// (src/bootstrap/mpi_group.cpp) is one with an MPI bootstrap and, across hosts, the MPI
+// transport.
 #pragma once
 
 #include <memory>
@@ -22,9 +22,6 @@ class ShmGroup : public Group {
 
   std::unique_ptr<SharedWindow> allocate_window(size_t bytes) override;
   void allgather(const void* in, void* out, size_t bytes) override;
-  // Without MPI there is no bulk exchange to offer: throws InvalidArgument.
-  void alltoallv(const void* send, const int64_t* send_bytes, const int64_t* send_offsets,
-                 void* recv, const int64_t* recv_bytes, const int64_t* recv_offsets) override;
   transport::Remote* remote() override { return remote_.get(); }
   const char* kind() const override { return "processes"; }
 

@@ -93,35 +93,6 @@ class ThreadGroup : public Group {
     sync();
   }
 
-  void alltoallv(const void* send, const int64_t* send_bytes, const int64_t* send_offsets,
-                 void* recv, const int64_t* recv_bytes, const int64_t* recv_offsets) override {
-    // Like MPI's shared-memory path for large messages: the receiver copies straight out of
-    // the sender's buffer once both sides have posted (one copy).
-    struct Posted {
-      const void* send;
-      const int64_t* bytes;
-      const int64_t* offsets;
-    } mine{send, send_bytes, send_offsets};
-    publish_and_meet(&mine);
-    std::string error;
-    for (int p = 0; p < size(); ++p) {
-      const auto* peer = static_cast<const Posted*>(slot(p));
-      const int64_t n = peer->bytes[rank()];
-      if (n != recv_bytes[p]) {  // report after the closing sync, so peers are not left behind
-        if (error.empty())
-          error = detail::concat("alltoallv: rank ", p, " sends ", n, " bytes to rank ", rank(),
-                                 " which expects ", recv_bytes[p]);
-        continue;
-      }
-      if (n > 0)
-        std::memcpy(static_cast<char*>(recv) + recv_offsets[p],
-                    static_cast<const char*>(peer->send) + peer->offsets[rank()],
-                    static_cast<size_t>(n));
-    }
-    sync();
-    if (!error.empty()) throw InvalidArgument(error);
-  }
-
   const char* kind() const override { return "threads"; }
 
  protected:

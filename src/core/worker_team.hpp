@@ -1,4 +1,7 @@
 // A team of persistent worker threads that run the ubep role groups of one rank concurrently.
+// In core, not in backend/cpu, because the CPU backend, the moe executor and the MPI baseline all
+// run on it (the baseline gets the same threads ubep gets). The name stays cpu::WorkerTeam: it is
+// the CPU's way of running roles (the CUDA backend runs them as warp groups).
 //
 // Protocol: run() publishes the job, then bumps `generation_` (release, under the mutex so a
 // sleeping worker cannot miss the notify). A worker that observes a new generation (acquire)
