@@ -1,4 +1,6 @@
-// The CUDA backend's host API (docs/CUDA.md). Dispatch and combine with TensorViews on device
+// Multi-rank drivers of the CUDA backend's kernels (docs/CUDA.md), for the kernels' own tests and
+// bench. Users run ubep::Buffer with BufferConfig::device = {DeviceType::kCuda, N}: the same
+// kernels behind the one Buffer API. Here: Dispatch and combine with TensorViews on device
 // memory (TensorView::device = {DeviceType::kCuda, index}, matching BufferConfig::device) on a
 // CUDA stream. Every call only enqueues work: *_send returns at once, *_recv enqueues the wait,
 // and nothing synchronises with the host unless asked (num_recv_rows, synchronize).

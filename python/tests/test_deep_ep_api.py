@@ -32,7 +32,7 @@ def on_threads(n, fn):
 @pytest.mark.parametrize("dtype,latency", [("bf16", True), ("fp8", True), ("bf16", False),
                                            ("fp32", False)])
 def test_window_formula_matches_the_library(dtype, latency):
-    """The budget arithmetic (a mirror of src/ep/protocol.hpp's WindowLayout) agrees with the
+    """The budget arithmetic (a mirror of src/protocol/protocol.hpp's WindowLayout) agrees with the
     bytes the library maps; if it drifts, this fails (the Buffer checks the real bytes too)."""
     def body(group):
         kcap = topk_capacity(K, 1 if latency else 2)

@@ -2,7 +2,7 @@
 
 DeepEP sizes its buffers in bytes (num_nvl_bytes, num_rdma_bytes); ubep sizes a window by shape
 (max tokens per rank, hidden, experts, top-k). ``window_bytes`` is the size of one rank's ubep
-window for a shape (the formula of ``WindowLayout`` in src/ep/protocol.hpp, mirrored here so a
+window for a shape (the formula of ``WindowLayout`` in src/protocol/protocol.hpp, mirrored here so a
 capacity can be chosen before the collective construction). The Buffer checks the real
 ``shared_bytes`` after construction as well, so a drift between the two is an error naming both
 numbers, never a window larger than the budget (tests/test_deep_ep_api.py compares them).

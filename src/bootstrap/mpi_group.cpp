@@ -4,7 +4,7 @@
 #include "ubep/mpi_group.hpp"
 #include <cstring>
 
-#include "backend/cpu/shm_group.hpp"
+#include "bootstrap/shm_group.hpp"
 #include "bootstrap/mpi_comm.hpp"
 #include "core/wait.hpp"
 #include "transport/mpi/mpi_remote.hpp"
@@ -97,7 +97,7 @@ class MpiBootstrap : public Bootstrap {
   int rank_ = 0, size_ = 0;
 };
 
-class MpiGroup : public cpu::ShmGroup {
+class MpiGroup : public bootstrap::ShmGroup {
  public:
   MpiGroup(std::shared_ptr<MpiBootstrap> boot, GroupOptions options, std::vector<int> hosts,
            std::unique_ptr<transport::Remote> remote)
@@ -126,7 +126,7 @@ std::unique_ptr<Group> make_mpi_group(MPI_Comm comm, MpiGroupOptions options) {
   MPI_Comm dup;
   mpi_check(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup");
   auto boot = std::make_shared<MpiBootstrap>(dup, options.timeout);
-  std::vector<int> hosts = cpu::resolve_hosts(*boot, options);
+  std::vector<int> hosts = bootstrap::resolve_hosts(*boot, options);
   bool multi = false;
   for (int h : hosts) multi = multi || h != 0;
   std::unique_ptr<transport::Remote> remote;

@@ -1,4 +1,4 @@
-#include "backend/factory.hpp"
+#include "backend/factory/factory.hpp"
 #include "core/enum_names.hpp"
 #include "ep/config_agreement.hpp"
 #include "ep/host_engine.hpp"

@@ -9,7 +9,7 @@
 #include <exception>
 #include <thread>
 
-#include "backend/factory.hpp"
+#include "backend/factory/factory.hpp"
 #include "ep/config_agreement.hpp"
 #include "ubep/error.hpp"
 #include "ubep/scheduler.hpp"

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "backend/factory.hpp"
+#include "backend/factory/factory.hpp"
 #include "core/local_array.hpp"
 #include "core/wait.hpp"
 #include "protocol/protocol.hpp"

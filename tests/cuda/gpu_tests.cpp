@@ -12,6 +12,7 @@
 #include <iostream>
 #include <random>
 
+#include "gpu_buffer_tests.hpp"
 #include "gpu_support.hpp"
 #include "ubep/cuda.hpp"
 
@@ -311,6 +312,19 @@ int main(int argc, char** argv) {
     b.tokens = 16;
     cases.emplace_back("back-to-back: " + b.name(), [b] { run_back_to_back(b); });
   }
+  // ubep::Buffer itself on the GPU (KernelEngine), thread ranks sharing cuda:0.
+  for (int R : {2, 4})
+    for (Layout l : {Layout::kThroughput, Layout::kLatency})
+      for (int mode = 0; mode < 3; ++mode) {
+        BufferCase b;
+        b.ranks = R;
+        b.layout = l;
+        b.algo = mode == 2 ? Algorithm::kBsp : Algorithm::kUbep;
+        b.split = mode == 0;
+        b.zero_copy = mode == 1;
+        b.dtype = mode == 1 ? DType::kFP32 : DType::kBF16;
+        cases.emplace_back(b.name(), [b] { run_buffer_case(b); });
+      }
   // Placement: the other placement of each layout (auto gives per-source for latency, compact
   // for throughput), compact() + compacted combine, empty sources and a full rank.
   for (Layout l : {Layout::kThroughput, Layout::kLatency})

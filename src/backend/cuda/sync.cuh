@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #if defined(UBEP_CUDA_HOST_SIM)
-#include "backend/cuda_sim/cuda_host_sim.hpp"  // the CUDA simulation device (CPU threads)
+#include "backend/cuda/cuda_host_sim.hpp"  // the CUDA simulation device (CPU threads)
 #else
 #include <cooperative_groups.h>
 #endif
@@ -27,7 +27,7 @@ using cuda_hd::ErrorInfo;
 using cuda_hd::ErrorSink;
 
 #if defined(UBEP_CUDA_HOST_SIM)
-// CPU test build: the same operations as C++ atomics (src/backend/cuda_sim/cuda_host_sim.hpp).
+// CPU test build: the same operations as C++ atomics (src/backend/cuda/cuda_host_sim.hpp).
 inline void st_release_sys(uint32_t* p, uint32_t v) {
   std::atomic_ref<uint32_t>(*p).store(v, std::memory_order_release);
 }

@@ -12,7 +12,7 @@
 
 #include "core/wait.hpp"
 
-namespace ubep::cpu {
+namespace ubep::bootstrap {
 
 struct alignas(64) ArrivalCounter {
   std::atomic<uint64_t> value{0};
@@ -42,4 +42,4 @@ class FlagBarrier {
   uint64_t arrived_ = 0;
 };
 
-}  // namespace ubep::cpu
+}  // namespace ubep::bootstrap

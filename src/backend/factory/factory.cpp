@@ -1,4 +1,4 @@
-#include "backend/factory.hpp"
+#include "backend/factory/factory.hpp"
 
 #include "backend/cpu/cpu_data_path.hpp"
 #include "backend/cuda/device_ops.hpp"

@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "backend/cpu/flag_barrier.hpp"
+#include "bootstrap/flag_barrier.hpp"
 #include "core/wait.hpp"
 #include "transport/inproc/inproc_remote.hpp"
 #include "ubep/error.hpp"
@@ -48,7 +48,7 @@ class ThreadWindow : public SharedWindow {
 struct ThreadWorld::State {
   int size;
   GroupOptions options;
-  std::unique_ptr<cpu::ArrivalCounter[]> counters;
+  std::unique_ptr<bootstrap::ArrivalCounter[]> counters;
   // Rendezvous slots: rank r publishes a pointer in slot r, then all ranks meet at a barrier.
   std::vector<const void*> slots;
   std::vector<bool> taken;
@@ -108,7 +108,7 @@ class ThreadGroup : public Group {
   void sync() { barrier_.arrive_and_wait(WaitPolicy{options().timeout}); }
 
   std::shared_ptr<ThreadWorld::State> state_;
-  cpu::FlagBarrier barrier_;
+  bootstrap::FlagBarrier barrier_;
   std::unique_ptr<transport::InprocRemote> remote_;
 };
 
@@ -118,7 +118,7 @@ ThreadWorld::ThreadWorld(int ranks, GroupOptions options) : state_(std::make_sha
   UBEP_CHECK_ARG(ranks >= 1, "number of thread ranks must be >= 1, got ", ranks);
   state_->size = ranks;
   state_->options = options;
-  state_->counters.reset(new cpu::ArrivalCounter[static_cast<size_t>(ranks)]);
+  state_->counters.reset(new bootstrap::ArrivalCounter[static_cast<size_t>(ranks)]);
   state_->slots.assign(static_cast<size_t>(ranks), nullptr);
   state_->taken.assign(static_cast<size_t>(ranks), false);
   UBEP_CHECK_ARG(options.ranks_per_host >= 0, "ranks_per_host must be >= 0, got ",

@@ -1,7 +1,7 @@
 // Ranks as processes on one host. The bootstrap is used at set-up only (to exchange segment
 // names); ranks map each other's POSIX shared-memory segments and from then on write into them
 // directly.
-#include "backend/cpu/shm_group.hpp"
+#include "bootstrap/shm_group.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -16,7 +16,7 @@
 #include "core/wait.hpp"
 #include "ubep/error.hpp"
 
-namespace ubep::cpu {
+namespace ubep::bootstrap {
 
 namespace {
 
@@ -178,7 +178,7 @@ void ShmGroup::barrier_impl() {
     bootstrap_->barrier();
 }
 
-}  // namespace ubep::cpu
+}  // namespace ubep::bootstrap
 
 namespace ubep {
 
@@ -188,8 +188,8 @@ std::unique_ptr<Group> make_bootstrap_group(std::shared_ptr<Bootstrap> bootstrap
   UBEP_CHECK_ARG(options.timeout.count() > 0,
                  "make_bootstrap_group: timeout must be positive, got ", options.timeout.count(),
                  " ms");
-  std::vector<int> hosts = cpu::resolve_hosts(*bootstrap, options);
-  return std::make_unique<cpu::ShmGroup>(std::move(bootstrap), options, std::move(hosts), nullptr);
+  std::vector<int> hosts = bootstrap::resolve_hosts(*bootstrap, options);
+  return std::make_unique<bootstrap::ShmGroup>(std::move(bootstrap), options, std::move(hosts), nullptr);
 }
 
 }  // namespace ubep

@@ -6,11 +6,11 @@
 #include <memory>
 #include <vector>
 
-#include "backend/cpu/flag_barrier.hpp"
+#include "bootstrap/flag_barrier.hpp"
 #include "transport/remote.hpp"
 #include "ubep/bootstrap.hpp"
 
-namespace ubep::cpu {
+namespace ubep::bootstrap {
 
 class ShmGroup : public Group {
  public:
@@ -41,4 +41,4 @@ class ShmGroup : public Group {
 // from the bootstrap's host map.
 std::vector<int> resolve_hosts(Bootstrap& bootstrap, const GroupOptions& options);
 
-}  // namespace ubep::cpu
+}  // namespace ubep::bootstrap
