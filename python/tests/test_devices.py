@@ -91,7 +91,7 @@ def test_cuda_buffer_without_a_gpu_says_why():
         return str(e.value)
 
     msg = ubep.run_on_threads(1, body, timeout=30)[0]
-    assert "cuda:0" in msg, msg
+    assert "cuda" in msg, msg
 
 
 def _cpu_and_sim(spec, layout, algorithm, framework):
