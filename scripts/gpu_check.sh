@@ -8,6 +8,12 @@
 # tests cover compact and per-source for both layouts (auto = per-source for latency); the
 # per-source cases also run as a step of their own (gpu_persource: its PASS/FAIL is visible in
 # the summary) and under memcheck; the bench times both placements and compact().
+# Python (steps python_build, python_gpu): the package built for this machine's python3 (the
+# one with torch, pybind11 and pytest) in the same build folder, then python/tests/test_gpu.py
+# (device="cuda" Buffers on CUDA tensors, bit-identical to the NumPy reference and a CPU
+# buffer); SKIPPED where that python3 lacks torch, pybind11, pytest or its headers. With them
+# the step limits add up to 790 s (python_build 90, python_gpu 120); expected total is well
+# under 10 minutes.
 #
 # Configures without Debian -dev packages: no MPI, no GoogleTest (the GPU tests are
 # self-contained), no hwloc/OpenBLAS (optional), only CMake, a C++20 compiler and nvcc.
@@ -55,10 +61,24 @@ gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 jobs=$(nproc)
 
+# The Python package for the python3 on PATH (here the one holding torch); configured into the
+# same build (PIC static libraries), built and tested after the C++ steps.
+PY=$(command -v python3 || true)
+py_cfg=(-DUBEP_WITH_PYTHON=OFF)
+py_why="python3 not found"
+if [ -n "$PY" ]; then
+  if "$PY" -c "import torch, pybind11, pytest, numpy" >/dev/null 2>&1; then
+    py_cfg=(-DUBEP_WITH_PYTHON=ON -DPython3_EXECUTABLE="$PY"
+            -Dpybind11_DIR="$("$PY" -m pybind11 --cmakedir)")
+  else
+    py_why="$PY lacks one of torch, pybind11, pytest, numpy"
+  fi
+fi
+
 step configure 45 cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DUBEP_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DUBEP_WITH_MPI=OFF \
   -DUBEP_BUILD_TESTS=OFF -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_EXTRAS=OFF -DUBEP_INSTALL=OFF \
-  -DUBEP_BUILD_CUDA_TESTS=ON
+  -DUBEP_BUILD_CUDA_TESTS=ON "${py_cfg[@]}"
 step build 150 cmake --build "$BUILD" -j"$jobs" --target ubep_cuda ubep_cuda_gpu_tests \
   ubep_cuda_ipc_smoke ubep-cuda-bench
 grep -E "Compiling entry|registers|spill" "$OUT/build.log" >"$OUT/ptxas_registers.txt" 2>/dev/null || true
@@ -78,6 +98,20 @@ fi
 step bench 75 "$BUILD/tools/cuda_bench/ubep-cuda-bench" --placement both --iters 50 --warmup 5 \
   --json "$OUT/bench.json"
 cp "$OUT/bench.log" "$OUT/bench_table.txt" 2>/dev/null || true
+
+# Python on the GPU: CUDA tensors through ubep.Buffer(device="cuda"). The configure step leaves
+# the package out (a warning in configure.log) where pybind11 or the headers are not found: then
+# there is no ubep_python target.
+if [ "${py_cfg[0]}" = -DUBEP_WITH_PYTHON=ON ] &&
+   cmake --build "$BUILD" --target help 2>/dev/null | grep -q "ubep_python"; then
+  step python_build 90 cmake --build "$BUILD" -j"$jobs" --target ubep_python
+  step python_gpu 120 env PYTHONPATH="$PWD/$BUILD/python" UBEP_BUILD_DIR="$PWD/$BUILD" \
+    PYTHONUNBUFFERED=1 "$PY" -m pytest -q -rs -p no:cacheprovider python/tests/test_gpu.py
+else
+  [ "${py_cfg[0]}" = -DUBEP_WITH_PYTHON=ON ] &&
+    py_why="pybind11 or the Python headers not found by CMake (see configure.log)"
+  printf '%-22s %-14s %4ss  (%s)\n' python_gpu SKIPPED 0 "$py_why" | tee -a "$SUMMARY"
+fi
 
 echo "total $(( $(date +%s) - t_start ))s; bench: single-GPU loopback (virtual ranks), not NVLink" | tee -a "$SUMMARY"
 [ "$failed" = 0 ] && echo "gpu_check: all steps passed or skipped" | tee -a "$SUMMARY" || echo "gpu_check: SOME STEPS FAILED" | tee -a "$SUMMARY"

@@ -17,6 +17,7 @@ namespace {
 // interpreter shutdown.
 pb::object* g_torch_from_dlpack = nullptr;
 pb::object* g_numpy_from_dlpack = nullptr;
+pb::object* g_device_ones = nullptr;  // (n, k, like) -> fp32 ones [n, k] on like's device
 // Fast exporter for exact torch.Tensor inputs (torch.to_dlpack, a C function): skips the Python
 // body of Tensor.__dlpack__, which costs about a microsecond per argument.
 PyTypeObject* g_torch_tensor_type = nullptr;
@@ -113,7 +114,18 @@ pb::object take_capsule(pb::handle obj, const char* what) {
   }
 }
 
-Borrowed borrow_impl(pb::handle obj, const char* what, DType expect, bool writable) {
+// What to do about an array on `got` for a buffer on `want`, as a hint after the names.
+std::string move_hint(const Device& got, const Device& want) {
+  if (want.type == DeviceType::kCuda)
+    return detail::concat("move it with .to(\"", want.describe(), "\")");
+  if (got.type == DeviceType::kCuda)
+    return detail::concat("move it with .cpu(), or make the Buffer with device=\"", got.describe(),
+                          "\"");
+  return "host arrays are cpu; a cuda-sim buffer takes host arrays as its own";
+}
+
+Borrowed borrow_impl(pb::handle obj, const char* what, DType expect, bool writable,
+                     const Device& device) {
   Borrowed b;
   b.capsule = take_capsule(obj, what);
   PyObject* cap = b.capsule.ptr();
@@ -131,9 +143,14 @@ Borrowed borrow_impl(pb::handle obj, const char* what, DType expect, bool writab
   } else {
     throw InvalidArgument(detail::concat(what, ": __dlpack__ did not return a DLPack capsule"));
   }
-  UBEP_CHECK_ARG(t->device.device_type == dl::kCPU, what, ": the array is on device ",
+  const std::optional<Device> on =
+      device_of(t->device.device_type, t->device.device_id, device);
+  UBEP_CHECK_ARG(on.has_value(), what, ": the array is on device ",
                  dl::device_name(t->device.device_type), ":", t->device.device_id,
-                 "; this build of ubep works on CPU memory (move it with .cpu())");
+                 " (DLPack), the buffer on ", device.describe(),
+                 "; ubep takes host (cpu) and CUDA GPU arrays");
+  UBEP_CHECK_ARG(*on == device, what, ": the array is on ", on->describe(), ", the buffer on ",
+                 device.describe(), " (", move_hint(*on, device), ")");
   const std::optional<DType> dt = to_dtype(t->dtype, expect);
   UBEP_CHECK_ARG(dt && *dt == expect, what, " must be ", expect_name(expect), ", got ",
                  dl_type_name(t->dtype));
@@ -154,7 +171,13 @@ Borrowed borrow_impl(pb::handle obj, const char* what, DType expect, bool writab
   UBEP_CHECK_ARG(!(writable && read_only), what, " is read-only");
   TensorView& v = b.view;
   v.data = static_cast<char*>(t->data) + t->byte_offset;
+  // An empty array may come without an address (torch exports nullptr for 0 elements); the CUDA
+  // backend's input check refuses a null x even with no rows, so an empty view gets an address
+  // of no bytes (never read: there is nothing to read).
+  static char no_bytes[1];
+  if (numel == 0 && v.data == nullptr) v.data = no_bytes;
   v.dtype = *dt;
+  v.device = *on;
   v.ndim = t->ndim;
   for (int i = 0; i < t->ndim; ++i) v.shape[static_cast<size_t>(i)] = t->shape[i];
   return b;
@@ -202,13 +225,37 @@ dl::DataType dl_type(DType t) {
   return {dl::kFloat, 32, 1};
 }
 
+dl::Device dl_device(const Device& d) {
+  if (d.type == DeviceType::kCuda) return {dl::kCUDA, d.index};
+  return {dl::kCPU, 0};
+}
+
 }  // namespace
 
-Borrowed borrow(pb::handle obj, const char* what, DType expect) {
-  return borrow_impl(obj, what, expect, false);
+std::optional<Device> device_of(int32_t dl_type, int32_t dl_id, const Device& buffer_device) {
+  if (dl_type == dl::kCPU)  // host memory: the simulation device's memory is host memory
+    return buffer_device.type == DeviceType::kCudaSim ? buffer_device : Device{};
+  if (dl_type == dl::kCUDA) return Device{DeviceType::kCuda, dl_id};
+  return std::nullopt;
 }
-Borrowed borrow_writable(pb::handle obj, const char* what, DType expect) {
-  return borrow_impl(obj, what, expect, true);
+
+Borrowed borrow(pb::handle obj, const char* what, DType expect, const Device& device) {
+  return borrow_impl(obj, what, expect, false, device);
+}
+Borrowed borrow_writable(pb::handle obj, const char* what, DType expect, const Device& device) {
+  return borrow_impl(obj, what, expect, true, device);
+}
+
+pb::object device_ones(int64_t n, int64_t k, pb::handle like) {
+  UBEP_CHECK_ARG(g_device_ones != nullptr, "dispatch: topk_weights=None on a GPU buffer needs "
+                 "torch (the ones are made on the GPU); pass topk_weights");
+  try {
+    return (*g_device_ones)(n, k, like);
+  } catch (pb::error_already_set& e) {
+    throw InvalidArgument(
+        detail::concat("dispatch: topk_weights=None: could not make ones on the GPU (", e.what(),
+                       "); pass topk_weights"));
+  }
 }
 
 pb::capsule export_capsule(const TensorView& v, pb::handle owner) {
@@ -220,7 +267,9 @@ pb::capsule export_capsule(const TensorView& v, pb::handle owner) {
   e->mt.deleter = delete_export;
   dl::Tensor& t = e->mt.dl_tensor;
   t.data = v.data;
-  t.device = {dl::kCPU, 0};
+  // GPU memory as kDLCUDA (torch makes a CUDA tensor on that GPU); host memory -- the cpu
+  // backend's and the CUDA simulation device's -- as kDLCPU.
+  t.device = dl_device(v.device);
   t.ndim = v.ndim;
   t.dtype = dl_type(v.dtype);
   t.shape = e->shape;
@@ -246,51 +295,84 @@ pb::object to_array(const TensorView& v, pb::handle owner, Kind kind) {
     if (!t) throw pb::error_already_set();
     return pb::reinterpret_steal<pb::object>(t);
   }
-  pb::object out = pb::cast(ArrayOut{v, pb::reinterpret_borrow<pb::object>(owner)});
+  pb::object out =
+      v.device.type == DeviceType::kCuda
+          ? pb::cast(DeviceArrayOut{{v, pb::reinterpret_borrow<pb::object>(owner)}})
+          : pb::cast(ArrayOut{v, pb::reinterpret_borrow<pb::object>(owner)});
   if (kind == Kind::kNumpy && g_numpy_from_dlpack) return (*g_numpy_from_dlpack)(out);
   return out;
 }
 
-void bind_arrays(pb::module_& m) {
-  pb::class_<ArrayOut>(m, "ArrayOut", pb::buffer_protocol(),
-                       "A view of ubep memory behind the DLPack protocol "
-                       "(torch.utils.dlpack.from_dlpack, numpy.from_dlpack) and the buffer "
-                       "protocol (numpy.asarray: writable, and bf16 as uint16 bit patterns, "
-                       "which NumPy's DLPack import lacks).")
-      .def_buffer([](ArrayOut& a) {
-        std::vector<pb::ssize_t> shape, strides;
-        const auto item = static_cast<pb::ssize_t>(dtype_size(a.view.dtype));
-        pb::ssize_t stride = item;
-        for (int i = a.view.ndim - 1; i >= 0; --i) {
-          shape.insert(shape.begin(), a.view.dim(i));
-          strides.insert(strides.begin(), stride);
-          stride *= a.view.dim(i);
-        }
-        const char* format = a.view.dtype == DType::kBF16    ? "H"
-                             : a.view.dtype == DType::kFP32  ? "f"
-                             : a.view.dtype == DType::kInt32 ? "i"
-                             : a.view.dtype == DType::kFP8E4M3 ? "B"  // e4m3 codes as bytes
-                                                             : "q";
-        return pb::buffer_info(a.view.data, item, format, a.view.ndim, shape, strides, false);
-      })
-      .def(
-          "__dlpack__",
-          [](const ArrayOut& a, pb::object /*stream*/, pb::kwargs) {
-            return export_capsule(a.view, a.owner);
-          },
-          pb::arg("stream") = pb::none())
-      .def("__dlpack_device__", [](const ArrayOut&) { return pb::make_tuple(int(dl::kCPU), 0); })
+namespace {
+// __dlpack__, __dlpack_device__, shape, dtype and repr: the same for host and GPU views.
+template <typename C>
+void def_view_methods(C& c) {
+  using T = typename C::type;
+  c.def(
+       "__dlpack__",
+       // stream: results are complete when the call returns (the CUDA backend synchronises
+       // before returning), so there is nothing to order on the consumer's stream.
+       [](const T& a, pb::object /*stream*/, pb::kwargs) { return export_capsule(a.view, a.owner); },
+       pb::arg("stream") = pb::none())
+      .def("__dlpack_device__",
+           [](const T& a) {
+             const dl::Device d = dl_device(a.view.device);
+             return pb::make_tuple(int(d.device_type), int(d.device_id));
+           })
       .def_property_readonly("shape",
-                             [](const ArrayOut& a) {
+                             [](const T& a) {
                                pb::tuple t(a.view.ndim);
                                for (int i = 0; i < a.view.ndim; ++i) t[i] = a.view.dim(i);
                                return t;
                              })
-      .def_property_readonly("dtype", [](const ArrayOut& a) { return dtype_name(a.view.dtype); })
-      .def("__repr__",
-           [](const ArrayOut& a) { return "<ubep.ArrayOut " + a.view.describe() + ">"; });
+      .def_property_readonly("dtype", [](const T& a) { return dtype_name(a.view.dtype); })
+      .def_property_readonly("device", [](const T& a) { return a.view.device.describe(); })
+      .def("__repr__", [](const T& a) { return "<ubep.ArrayOut " + a.view.describe() + ">"; });
+}
+}  // namespace
+
+void bind_arrays(pb::module_& m) {
+  pb::class_<ArrayOut> host(m, "ArrayOut", pb::buffer_protocol(),
+                            "A view of ubep host memory behind the DLPack protocol "
+                            "(torch.utils.dlpack.from_dlpack, numpy.from_dlpack) and the buffer "
+                            "protocol (numpy.asarray: writable, and bf16 as uint16 bit patterns, "
+                            "which NumPy's DLPack import lacks).");
+  host.def_buffer([](ArrayOut& a) {
+    std::vector<pb::ssize_t> shape, strides;
+    const auto item = static_cast<pb::ssize_t>(dtype_size(a.view.dtype));
+    pb::ssize_t stride = item;
+    for (int i = a.view.ndim - 1; i >= 0; --i) {
+      shape.insert(shape.begin(), a.view.dim(i));
+      strides.insert(strides.begin(), stride);
+      stride *= a.view.dim(i);
+    }
+    const char* format = a.view.dtype == DType::kBF16    ? "H"
+                         : a.view.dtype == DType::kFP32  ? "f"
+                         : a.view.dtype == DType::kInt32 ? "i"
+                         : a.view.dtype == DType::kFP8E4M3 ? "B"  // e4m3 codes as bytes
+                                                         : "q";
+    return pb::buffer_info(a.view.data, item, format, a.view.ndim, shape, strides, false);
+  });
+  def_view_methods(host);
+  // GPU memory: DLPack only (torch.from_dlpack, cupy.from_dlpack); no buffer protocol, and
+  // numpy.asarray is refused by name instead of making an object array.
+  pb::class_<DeviceArrayOut> gpu(m, "DeviceArrayOut",
+                                 "A view of ubep GPU memory (a cuda buffer's result) behind the "
+                                 "DLPack protocol (kDLCUDA): torch.from_dlpack, cupy.from_dlpack.");
+  def_view_methods(gpu);
+  gpu.def(
+      "__array__",
+      [](const DeviceArrayOut& a, pb::args, pb::kwargs) -> pb::object {
+        throw InvalidArgument(detail::concat(
+            "a view of GPU memory (", a.view.describe(),
+            ") has no NumPy form: take it with torch.from_dlpack (then .cpu()) or cupy"));
+      });
   m.def("_set_converters", &set_converters, pb::arg("torch_from_dlpack"),
         pb::arg("numpy_from_dlpack"));
+  m.def(
+      "_set_device_ones", [](pb::object f) { g_device_ones = new pb::object(std::move(f)); },
+      "Registers (n, k, like) -> fp32 ones [n, k] on like's device (dispatch weights when none "
+      "are given on a cuda buffer).");
   m.def(
       "_set_torch_fast_path",
       [](pb::object tensor_type, pb::object to_dlpack) {
@@ -300,16 +382,23 @@ void bind_arrays(pb::module_& m) {
       "Registers torch.Tensor and torch.to_dlpack: exact torch.Tensor inputs are exported by "
       "the C function directly.");
   m.def(
+      "_parse_device", [](const std::string& name) { return Device::parse(name).describe(); },
+      "The canonical name of a device (\"cpu\", \"cuda:N\", \"cuda-sim:N\"); InvalidArgument "
+      "for other names.");
+  m.def(
       "_borrow_info",
-      [](pb::handle obj, const std::string& expect) {
+      [](pb::handle obj, const std::string& expect, const std::string& device) {
         Borrowed b = borrow(obj, "array",
                             expect == "bf16"    ? DType::kBF16
                             : expect == "fp32"  ? DType::kFP32
                             : expect == "int32" ? DType::kInt32
-                                                : DType::kInt64);
+                                                : DType::kInt64,
+                            Device::parse(device));
         return pb::make_tuple(reinterpret_cast<uintptr_t>(b.view.data), b.view.describe());
       },
-      "Test hook: the address and description ubep reads an array at (zero-copy checks).");
+      pb::arg("obj"), pb::arg("expect"), pb::arg("device") = "cpu",
+      "Test hook: the address and description ubep reads an array at (zero-copy checks), as a "
+      "buffer on `device` takes it.");
 }
 
 }  // namespace ubep::python

@@ -24,22 +24,32 @@ struct Borrowed {
   pb::object capsule;
 };
 
-// Reads obj.__dlpack__() into a view of `expect` type. NumPy has no bfloat16: for kBF16 a
-// uint16 array is taken as bf16 bit patterns. Throws InvalidArgument naming `what` for objects
-// without __dlpack__, non-CPU devices, other dtypes, more than 3 dimensions or strides that are
-// not row-major contiguous.
-Borrowed borrow(pb::handle obj, const char* what, DType expect);
+// Reads obj.__dlpack__() into a view of `expect` type on `device` (the Buffer's). NumPy has no
+// bfloat16: for kBF16 a uint16 array is taken as bf16 bit patterns. Devices: a DLPack kDLCUDA
+// array is cuda:<device_id>; a kDLCPU array is host memory, which is cpu -- or, for a cuda-sim
+// buffer, the simulation device (its memory is host memory), so it is tagged cuda-sim:N. Throws
+// InvalidArgument naming `what` for objects without __dlpack__, an array on another device than
+// `device` (naming both), other dtypes, more than 3 dimensions or strides that are not
+// row-major contiguous.
+Borrowed borrow(pb::handle obj, const char* what, DType expect, const Device& device);
 // Same, for an output the module will write (rejects read-only exports).
-Borrowed borrow_writable(pb::handle obj, const char* what, DType expect);
+Borrowed borrow_writable(pb::handle obj, const char* what, DType expect, const Device& device);
+
+// The ubep device of a DLPack device (type, id) as a Buffer on `buffer_device` sees it (kDLCPU
+// is cuda-sim on a cuda-sim buffer); nullopt for devices ubep has no backend for.
+std::optional<Device> device_of(int32_t dl_type, int32_t dl_id, const Device& buffer_device);
 
 // A DLPack 0.x capsule ("dltensor") viewing `v`, holding a reference to `owner`.
 pb::capsule export_capsule(const TensorView& v, pb::handle owner);
 
 // The same view behind the Python array protocol (numpy.from_dlpack takes only such objects).
+// Host views (cpu, cuda-sim) are exported as kDLCPU and have the buffer protocol; views of GPU
+// memory (cuda:N) are exported as kDLCUDA and are DeviceArrayOut (no buffer protocol).
 struct ArrayOut {
   TensorView view;
   pb::object owner;
 };
+struct DeviceArrayOut : ArrayOut {};
 
 // How results are handed to the caller: the framework of the inputs.
 enum class Kind : int { kTorch = 0, kNumpy = 1, kDLPack = 2 };
@@ -48,6 +58,11 @@ enum class Kind : int { kTorch = 0, kNumpy = 1, kDLPack = 2 };
 // (torch.utils.dlpack.from_dlpack, numpy.from_dlpack). kDLPack returns the ArrayOut itself.
 pb::object to_array(const TensorView& v, pb::handle owner, Kind kind);
 void set_converters(pb::object torch_from_dlpack, pb::object numpy_from_dlpack);
+
+// fp32 ones [n, k] on the device of `like` (a GPU array), made by the function the Python layer
+// registered (torch.ones): dispatch weights when the caller gives none on a cuda buffer, where
+// host memory will not do. Throws InvalidArgument when none is registered or it fails.
+pb::object device_ones(int64_t n, int64_t k, pb::handle like);
 
 void bind_arrays(pb::module_& m);
 

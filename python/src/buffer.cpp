@@ -38,6 +38,7 @@ pb::tuple PyBuffer::dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
                              pb::handle x_scales, const std::string& x_dtype) {
   PyBuffer& b = self.cast<PyBuffer&>();
   Buffer& buf = *b.buf_;
+  const Device& dev = buf.config().device;
   const DType dt = buf.config().dtype;
   // fp8 buffers take fp8 codes with their scales, or bf16/fp32 values that ubep casts on send
   // (x_dtype says which, so the error for a wrong array names what was meant).
@@ -47,26 +48,32 @@ pb::tuple PyBuffer::dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
   UBEP_CHECK_ARG(x_scales.is_none() || dt == DType::kFP8E4M3,
                  "dispatch: x_scales given (an fp8 x) but the buffer's dtype is ", dtype_name(dt),
                  "; make the Buffer with dtype='fp8'");
-  Borrowed bx = borrow(x, "dispatch: x", expect_x);
+  Borrowed bx = borrow(x, "dispatch: x", expect_x, dev);
   Borrowed bs;
-  Borrowed bi = borrow(topk_idx, "dispatch: topk_idx", DType::kInt64);
+  Borrowed bi = borrow(topk_idx, "dispatch: topk_idx", DType::kInt64, dev);
   DispatchArgs a;
   a.x = bx.view;
   if (!x_scales.is_none()) {
-    bs = borrow(x_scales, "dispatch: x_scales", DType::kFP32);
+    bs = borrow(x_scales, "dispatch: x_scales", DType::kFP32, dev);
     a.x_scales = bs.view;
   }
   a.topk_idx = bi.view;
   Borrowed bw;
-  if (topk_weights.is_none()) {
+  if (topk_weights.is_none() && dev.type == DeviceType::kCuda && bi.view.ndim == 2) {
+    // Ones in GPU memory (host ones will not do for a GPU buffer).
+    bw = borrow(device_ones(bi.view.dim(0), bi.view.dim(1), topk_idx), "dispatch: topk_weights",
+                DType::kFP32, dev);
+    a.topk_weights = bw.view;
+  } else if (topk_weights.is_none()) {
     // Weights that come later, with combine (DeepEP's low-latency API): ones meanwhile, without
     // an array to export from Python.
     const size_t n = static_cast<size_t>(std::max<int64_t>(bi.view.numel(), 0));
     if (b.ones_.size() < n) b.ones_.assign(n, 1.0f);
     a.topk_weights = TensorView(b.ones_.data(), DType::kFP32, {bi.view.dim(0), bi.view.dim(1)});
+    a.topk_weights.device = dev;  // host memory: cpu or the simulation device
     if (bi.view.ndim != 2) a.topk_weights = bi.view;  // let validation name the bad topk_idx
   } else {
-    bw = borrow(topk_weights, "dispatch: topk_weights", DType::kFP32);
+    bw = borrow(topk_weights, "dispatch: topk_weights", DType::kFP32, dev);
     a.topk_weights = bw.view;
   }
   a.layout = latency ? Layout::kLatency : Layout::kThroughput;
@@ -100,13 +107,14 @@ pb::object PyBuffer::combine(pb::handle self, pb::handle x, uint64_t handle,
                              pb::handle topk_weights, int kind, bool send_only) {
   PyBuffer& b = self.cast<PyBuffer&>();
   Buffer& buf = *b.buf_;
-  Borrowed bx = borrow(x, "combine: x", combine_dtype(buf.config()));
+  const Device& dev = buf.config().device;
+  Borrowed bx = borrow(x, "combine: x", combine_dtype(buf.config()), dev);
   Borrowed bw;
   CombineArgs a;
   a.x = bx.view;
   a.handle = handle;
   if (!topk_weights.is_none()) {
-    bw = borrow(topk_weights, "combine: topk_weights", DType::kFP32);
+    bw = borrow(topk_weights, "combine: topk_weights", DType::kFP32, dev);
     a.topk_weights = bw.view;
   }
   TensorView y = without_gil([&] {
@@ -170,6 +178,7 @@ pb::dict PyBuffer::config() const {
   d["enable_latency_layout"] = c.enable_latency_layout;
   d["placement"] = placement_name(c.placement);
   d["fp8_pow2_scales"] = c.fp8_pow2_scales;
+  d["device"] = c.device.describe();
   return d;
 }
 
@@ -193,10 +202,19 @@ void identity_expert(Buffer& buf, const DispatchResult& r) {
       std::memcpy(dst + at, src + at, static_cast<size_t>(rr[1]) * row);
     }
 }
+
+// The benchmark helpers copy rows with memcpy: host memory (cpu, cuda-sim) only.
+void check_host_memory(const Buffer& buf, const char* what) {
+  UBEP_CHECK_ARG(buf.config().device.type != DeviceType::kCuda, what,
+                 ": a host-memory benchmark helper, not available on a ",
+                 buf.config().device.describe(),
+                 " buffer (copy recv_x into the combine buffer with torch instead)");
+}
 }  // namespace
 
 void PyBuffer::expert_identity() {
   UBEP_CHECK_ARG(last_handle_ != ~uint64_t{0}, "expert_identity: no dispatch yet");
+  check_host_memory(*buf_, "expert_identity");
   without_gil([&] {
     identity_expert(*buf_, last_result_);
     return 0;
@@ -211,9 +229,11 @@ void PyBuffer::expert_identity() {
 pb::list PyBuffer::time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk_weights,
                               bool latency, int iters, int warmup, bool barrier) {
   Buffer& buf = *buf_;
-  Borrowed bx = borrow(x, "time_calls: x", buf.config().dtype);
-  Borrowed bi = borrow(topk_idx, "time_calls: topk_idx", DType::kInt64);
-  Borrowed bw = borrow(topk_weights, "time_calls: topk_weights", DType::kFP32);
+  check_host_memory(buf, "time_calls");
+  const Device& dev = buf.config().device;
+  Borrowed bx = borrow(x, "time_calls: x", buf.config().dtype, dev);
+  Borrowed bi = borrow(topk_idx, "time_calls: topk_idx", DType::kInt64, dev);
+  Borrowed bw = borrow(topk_weights, "time_calls: topk_weights", DType::kFP32, dev);
   DispatchArgs a{bx.view, bi.view, bw.view, latency ? Layout::kLatency : Layout::kThroughput};
   std::vector<std::pair<double, double>> times;
   without_gil([&] {
@@ -245,7 +265,7 @@ void bind_buffer(pb::module_& m) {
                        const std::string& dtype, int num_experts, int max_topk,
                        const std::string& algorithm, int num_workers, bool enable_latency_layout,
                        const std::string& sync, const std::string& placement,
-                       bool fp8_pow2_scales) {
+                       bool fp8_pow2_scales, const std::string& device) {
              BufferConfig c;
              c.max_tokens_per_rank = max_tokens_per_rank;
              c.hidden = hidden;
@@ -258,12 +278,13 @@ void bind_buffer(pb::module_& m) {
              c.enable_latency_layout = enable_latency_layout;
              c.sync = parse_sync_mode(sync);
              c.placement = parse_placement(placement);
+             c.device = Device::parse(device);
              return std::make_unique<PyBuffer>(std::move(group), c);
            }),
            pb::arg("group"), pb::arg("max_tokens_per_rank"), pb::arg("hidden"), pb::arg("dtype"),
            pb::arg("num_experts"), pb::arg("max_topk"), pb::arg("algorithm"),
            pb::arg("num_workers"), pb::arg("enable_latency_layout"), pb::arg("sync"),
-           pb::arg("placement"), pb::arg("fp8_pow2_scales") = false)
+           pb::arg("placement"), pb::arg("fp8_pow2_scales") = false, pb::arg("device") = "cpu")
       .def("dispatch", &PyBuffer::dispatch, pb::arg("x"), pb::arg("topk_idx"),
            pb::arg("topk_weights"), pb::arg("latency"), pb::arg("kind"), pb::arg("send_only"),
            pb::arg("x_scales") = pb::none(), pb::arg("x_dtype") = "")

@@ -71,7 +71,7 @@ def bad_dispatch_cases():
         ("x float16", dict(x=xf.half()), "dispatch: x must be bfloat16", "float16"),
         ("x not contiguous", dict(x=torch.randn(H, 3).to(torch.bfloat16).t()), "contiguous",
          "strides [1, 3]"),
-        ("x on another device", dict(x=FakeDevice()), "device cuda:1", "CPU"),
+        ("x on another device", dict(x=FakeDevice()), "is on cuda:1", "the buffer on cpu"),
         ("x 1-d", dict(x=x.reshape(-1)), "x must be [num_tokens, hidden]", "[48]"),
         ("x 4-d", dict(x=x.reshape(1, 1, 3, H)), "1 to 3 dimensions", "4"),
         ("x wrong hidden", dict(x=torch.zeros(3, H + 1, dtype=torch.bfloat16)),

@@ -15,13 +15,17 @@ import ubep
 ITERS = 3  # more than 2: both halves of the double-buffered window, and reuse of the first
 
 
-def to_fw(a, framework, dtype=None):
+def to_fw(a, framework, dtype=None, device=None):
+    """NumPy data as the framework's array; torch tensors on ``device`` (a CUDA device) if
+    given."""
     if framework == "numpy":
         return a
     import torch
     if a.dtype == np.uint16:  # bf16 bits
-        return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(a.copy())
+        t = torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(a.copy())
+    return t.to(device) if device is not None else t
 
 
 def to_np(a):
@@ -29,22 +33,26 @@ def to_np(a):
     if isinstance(a, np.ndarray):
         return a.copy()
     import torch
+    a = a.detach().cpu()  # CUDA results come to the host; CPU tensors stay where they are
     if a.dtype == torch.bfloat16:
         return a.view(torch.int16).numpy().view(np.uint16).copy()
     return a.numpy().copy()
 
 
 def run_rank(group, spec, layout, algorithm, framework, hook=False, zero_copy=True,
-             weights_at_combine=False, placement="compact"):
-    """Returns a list over iterations of dicts of NumPy arrays."""
+             weights_at_combine=False, placement="compact", device="cpu"):
+    """Returns a list over iterations of dicts of NumPy arrays. ``device``: the Buffer's; for
+    "cuda[:N]" the torch inputs are made on that GPU (cuda-sim takes host arrays)."""
     buf = ubep.Buffer(group, hidden=spec.H, num_experts=spec.E, max_tokens_per_rank=spec.T,
                       max_topk=spec.K, dtype=spec.dtype, algorithm=algorithm, timeout=30.0,
-                      placement=placement)
+                      placement=placement, device=device)
+    gpu = buf.device if buf.device.startswith("cuda:") else None
     rank = buf.rank
     results = []
     for it in range(ITERS):
         x, idx, w = ref.make_inputs(spec, rank, it)
-        fx, fidx, fw = to_fw(x, framework), to_fw(idx, framework), to_fw(w, framework)
+        fx, fidx, fw = (to_fw(x, framework, device=gpu), to_fw(idx, framework, device=gpu),
+                        to_fw(w, framework, device=gpu))
         got = {}
         if layout == "throughput":
             recv_x, ridx, rw, counts, h, _ = buf.dispatch(fx, topk_idx=fidx, topk_weights=fw)
@@ -52,7 +60,7 @@ def run_rank(group, spec, layout, algorithm, framework, hook=False, zero_copy=Tr
                        recv_topk_weights=to_np(rw), recv_src=to_np(h.recv_src),
                        recv_count=np.array(counts, dtype=np.int64))
             out = ref.make_expert_output(spec, rank, it, (recv_x.shape[0], spec.H))
-            y, cw, _ = buf.combine(to_fw(out, framework), h, topk_weights=rw)
+            y, cw, _ = buf.combine(to_fw(out, framework, device=gpu), h, topk_weights=rw)
         else:
             recv_x, recv_count, h, _, recv_hook = buf.low_latency_dispatch(
                 fx, fidx, spec.T, spec.E, topk_weights=None if weights_at_combine else fw,
@@ -64,12 +72,12 @@ def run_rank(group, spec, layout, algorithm, framework, hook=False, zero_copy=Tr
             out = ref.make_expert_output(spec, rank, it, tuple(recv_x.shape))
             if zero_copy:
                 cb = buf.get_next_low_latency_combine_buffer(h)
-                cb[...] = to_fw(out, framework)
+                cb[...] = to_fw(out, framework, device=gpu)
                 y, _, combine_hook = buf.low_latency_combine(
                     None, fidx, fw, h, zero_copy=True, return_recv_hook=hook)
             else:
-                y, _, combine_hook = buf.low_latency_combine(to_fw(out, framework), fidx, fw, h,
-                                                             return_recv_hook=hook)
+                y, _, combine_hook = buf.low_latency_combine(to_fw(out, framework, device=gpu),
+                                                             fidx, fw, h, return_recv_hook=hook)
             if hook:
                 combine_hook()
         got["y"] = to_np(y)

@@ -1,8 +1,9 @@
-"""Framework glue: which framework an array comes from, owned copies, small helpers.
+"""Framework glue: which framework an array comes from, owned copies, devices, small helpers.
 
 Arrays cross into C++ through DLPack only (``__dlpack__``); results come back as DLPack views
 converted with ``torch.utils.dlpack.from_dlpack`` (torch inputs) or taken by ``numpy.asarray``
-through the same view object's buffer protocol (NumPy inputs), matching the input.
+through the same view object's buffer protocol (NumPy inputs), matching the input. Results of a
+GPU buffer are kDLCUDA views (CUDA tensors); of a cpu or cuda-sim buffer, host memory.
 """
 import numpy as np
 
@@ -28,6 +29,14 @@ if torch is not None:
     # Exact torch.Tensor inputs go through torch.to_dlpack (C) instead of the Python body of
     # Tensor.__dlpack__: the same DLPack export, a microsecond less per argument.
     _ubep._set_torch_fast_path(torch.Tensor, torch.utils.dlpack.to_dlpack)
+
+    def _device_ones(n, k, like):
+        """Dispatch weights when none are given, on the GPU of ``like`` (topk_idx)."""
+        device = like.device if isinstance(like, torch.Tensor) else torch.device(
+            "cuda", like.__dlpack_device__()[1])
+        return torch.ones((n, k), dtype=torch.float32, device=device)
+
+    _ubep._set_device_ones(_device_ones)
 else:  # pragma: no cover
     _ubep._set_converters(None, np.asarray)
 
@@ -63,10 +72,11 @@ def copy_into(out, y):
 
 
 def accumulate(total, counts):
-    """total += counts in total's dtype (DeepEP's cumulative_local_expert_recv_stats is int32)."""
+    """total += counts in total's dtype and on its device (DeepEP's
+    cumulative_local_expert_recv_stats is int32)."""
     if _TorchTensor is not None and isinstance(total, _TorchTensor):
-        total.add_(counts.to(total.dtype) if kind_of(counts) == TORCH else
-                   torch.from_numpy(np.asarray(counts)).to(total.dtype))
+        c = counts if kind_of(counts) == TORCH else torch.from_dlpack(counts)
+        total.add_(c.to(device=total.device, dtype=total.dtype))
     else:
         total += np.asarray(counts).astype(total.dtype)
 
@@ -102,3 +112,47 @@ def bf16_to_float32(bits):
     """uint16 bf16 bit patterns -> float32 (exact)."""
     bits = np.ascontiguousarray(bits, dtype=np.uint16)
     return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def device_name(device):
+    """The canonical name of a Buffer's device ("cpu", "cuda:N", "cuda-sim:N") from a string
+    ("cpu", "cuda", "cuda:N", "cuda-sim", "cuda-sim:N"), a ``torch.device`` or None ("cpu").
+    "cuda" without an index is torch's current CUDA device where torch has one, else cuda:0."""
+    if device is None:
+        return "cpu"
+    if torch is not None and isinstance(device, torch.device):
+        if device.type == "cpu":
+            return "cpu"
+        if device.type != "cuda":
+            raise _ubep.InvalidArgument(
+                f"device {device!s}: ubep runs on cpu, cuda[:N] and cuda-sim[:N]")
+        device = "cuda" if device.index is None else f"cuda:{device.index}"
+    if not isinstance(device, str):
+        raise _ubep.InvalidArgument(
+            f"device: expected a string (cpu, cuda[:N], cuda-sim[:N]) or a torch.device, got "
+            f"{type(device).__name__}")
+    if device == "cuda" and torch is not None and torch.cuda.is_available():
+        device = f"cuda:{torch.cuda.current_device()}"
+    return _ubep._parse_device(device)
+
+
+def dispatch_layout_torch(idx, num_experts, num_ranks):
+    """get_dispatch_layout for a torch topk_idx, computed on its device (CUDA tensors stay on
+    the GPU): (num_tokens_per_rank, None, num_tokens_per_expert, is_token_in_rank)."""
+    if num_experts % num_ranks:
+        raise _ubep.InvalidArgument(
+            f"get_dispatch_layout: num_experts {num_experts} is not a multiple of the "
+            f"{num_ranks} ranks")
+    idx = idx.to(torch.int64)
+    bad = (idx < -1) | (idx >= num_experts)
+    if bool(bad.any()):
+        raise _ubep.InvalidArgument(
+            f"get_dispatch_layout: expert id {int(idx[bad][0])} outside [-1, {num_experts})")
+    valid = idx >= 0
+    ids = idx[valid]  # row-major order, as the rows of nonzero() below
+    per_expert = torch.bincount(ids, minlength=num_experts).to(torch.int32)
+    in_rank = torch.zeros((idx.shape[0], num_ranks), dtype=torch.bool, device=idx.device)
+    rows = valid.nonzero()[:, 0]
+    in_rank[rows, ids // (num_experts // num_ranks)] = True
+    per_rank = in_rank.sum(dim=0).to(torch.int32)
+    return per_rank, None, per_expert, in_rank

@@ -41,7 +41,8 @@ def dispatch(buf, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
             f"{tuple(topk_idx.shape)}")
     T, hidden, E = int(num_max_dispatch_tokens_per_rank), int(x.shape[1]), int(num_experts)
     dtype = "fp8" if use_fp8 else _value_dtype(x)
-    nb = native(buf, dtype, bool(use_fp8 and round_scale), T, hidden, E, topk_idx.shape[1])
+    nb = native(buf, dtype, bool(use_fp8 and round_scale), T, hidden, E, topk_idx.shape[1],
+                buf._device_of(x))
     return _dispatch_on(buf, nb, x, topk_idx, T, hidden, E, cumulative_local_expert_recv_stats,
                         use_fp8, round_scale, use_ue8m0, return_recv_hook)
 
@@ -55,7 +56,7 @@ def _value_dtype(x):
         f"low_latency_dispatch: x must be torch.bfloat16 (or float32), got {x.dtype}")
 
 
-def native(buf, dtype, pow2, T, hidden, E, k):
+def native(buf, dtype, pow2, T, hidden, E, k, device="cpu"):
     """The ubep.Buffer serving this low-latency shape and wire format, made on first use
     (collective: every rank makes the same calls) within num_rdma_bytes."""
     R = buf.group_size
@@ -63,7 +64,7 @@ def native(buf, dtype, pow2, T, hidden, E, k):
         raise _ubep.InvalidArgument(
             f"low_latency_dispatch: num_experts {E} is not a multiple of the {R} ranks")
     kcap = topk_capacity(k, 1)
-    key = ("latency", dtype, pow2, T, hidden, E, kcap)
+    key = ("latency", dtype, pow2, T, hidden, E, kcap, device)
     nb = buf._natives.get(key)
     if nb is None:
         need = window_bytes(dtype, hidden, R, E // R, kcap, T, True)
@@ -73,7 +74,7 @@ def native(buf, dtype, pow2, T, hidden, E, k):
         nb = buf._make_native(key, need, "num_rdma_bytes", buf.num_rdma_bytes,
                               max_tokens_per_rank=T, hidden=hidden, num_experts=E,
                               max_topk=kcap, dtype=dtype, enable_latency_layout=True,
-                              fp8_round_scale=pow2)
+                              fp8_round_scale=pow2, device=device)
     return nb
 
 
@@ -83,18 +84,19 @@ def _dispatch_on(buf, nb, x, topk_idx, T, hidden, E, stats, use_fp8, round_scale
         x, topk_idx, T, E, None, use_fp8, round_scale, use_ue8m0,
         return_recv_hook=return_recv_hook)
     El, R = nb.num_local_experts, buf.group_size
-    count = torch.empty(El, dtype=torch.int32)
-    src_info = torch.empty((El, T * R), dtype=torch.int32)
-    layout_range = torch.empty((El, R), dtype=torch.int64)
+    dev = x.device  # DeepEP's tensors on the inputs' device
+    count = torch.empty(El, dtype=torch.int32, device=dev)
+    src_info = torch.empty((El, T * R), dtype=torch.int32, device=dev)
+    layout_range = torch.empty((El, R), dtype=torch.int64, device=dev)
 
     def finish():
         # DeepEP's formats, filled once the data is there (the hook, or now).
         count.copy_(count64)
         src_info.copy_(h.recv_src[..., 1])
-        rr = h.recv_range
+        rr = h.recv_range.to(dev)
         torch.bitwise_or(rr[..., 0] << 32, rr[..., 1], out=layout_range)
         if stats is not None:
-            stats.add_(count.to(stats.dtype))
+            stats.add_(count.to(device=stats.device, dtype=stats.dtype))
 
     handle = LowLatencyHandle((src_info, layout_range, T, hidden, E))
     handle._native, handle._h = nb, h
@@ -127,7 +129,7 @@ def combine_buffer(buf, handle):
         if handle._staging is None:
             handle._staging = torch.empty(
                 (handle._native.num_local_experts, handle[0].shape[1], handle[3]),
-                dtype=torch.bfloat16)
+                dtype=torch.bfloat16, device=handle[0].device)
         return handle._staging
     return handle._native.get_next_low_latency_combine_buffer(handle._h)
 
@@ -159,7 +161,8 @@ def combine(buf, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, retur
     y, _, hook = nb.low_latency_combine(x, topk_idx, topk_weights, h, zero_copy=zero_copy,
                                         return_recv_hook=return_recv_hook)
     # DeepEP returns a new tensor each call; ubep's y is a view valid until the next combine.
-    result = out if out is not None else torch.empty(tuple(y.shape), dtype=y.dtype)
+    result = out if out is not None else torch.empty(tuple(y.shape), dtype=y.dtype,
+                                                     device=y.device)
     if return_recv_hook:
         def recv_hook():
             hook()

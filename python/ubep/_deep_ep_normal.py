@@ -37,7 +37,7 @@ def _dtype_of(x, scales):
          f"got {x.dtype}")
 
 
-def native(buf, dtype, hidden, E, k, num_tokens):
+def native(buf, dtype, hidden, E, k, num_tokens, device="cpu"):
     """The ubep.Buffer serving this normal-mode shape and wire format: its max_tokens_per_rank is
     what num_nvl_bytes holds (a budget, as DeepEP's), made on first use (collective)."""
     R = buf.group_size
@@ -45,7 +45,7 @@ def native(buf, dtype, hidden, E, k, num_tokens):
         _err(f"dispatch: num_experts {E} (num_tokens_per_expert) is not a multiple of the {R} "
              f"ranks")
     kcap = topk_capacity(k, R)
-    key = ("throughput", dtype, hidden, E, kcap)
+    key = ("throughput", dtype, hidden, E, kcap, device)
     nb = buf._natives.get(key)
     if nb is None:
         T = buf._max_tokens or max_tokens_for(buf.num_nvl_bytes, dtype, hidden, R, E // R, kcap)
@@ -56,7 +56,7 @@ def native(buf, dtype, hidden, E, k, num_tokens):
         need = window_bytes(dtype, hidden, R, E // R, kcap, T, False)
         nb = buf._make_native(key, need, "num_nvl_bytes", buf.num_nvl_bytes,
                               max_tokens_per_rank=T, hidden=hidden, num_experts=E, max_topk=kcap,
-                              dtype=dtype, enable_latency_layout=False)
+                              dtype=dtype, enable_latency_layout=False, device=device)
     if num_tokens > nb.max_tokens_per_rank:
         T = nb.max_tokens_per_rank
         _err(f"dispatch: {num_tokens} tokens exceed the {T} tokens per rank that "
@@ -66,31 +66,33 @@ def native(buf, dtype, hidden, E, k, num_tokens):
     return nb
 
 
-def _aux(buf, name, hidden, T, E, k):
+def _aux(buf, name, hidden, T, E, k, device):
     """A small fp32 side window (outside the byte budget): the count exchange and the
     combine of top-k weights."""
-    key = ("aux", name, hidden, T, E, k)
+    key = ("aux", name, hidden, T, E, k, device)
     nb = buf._natives.get(key)
     if nb is None:
         nb = buf._make_native(key, None, None, None, max_tokens_per_rank=T, hidden=hidden,
                               num_experts=E, max_topk=k, dtype="fp32",
-                              enable_latency_layout=False)
+                              enable_latency_layout=False, device=device)
     return nb
 
 
 def _allgather(buf, vec):
     """Every rank's int vector [n] -> [ranks, n] int64: one token routed to every rank."""
     R = buf.group_size
-    nb = _aux(buf, "allgather", vec.numel(), 1, R, topk_capacity(R, R))
-    route = torch.arange(R, dtype=torch.int64).view(1, R)
+    nb = _aux(buf, "allgather", vec.numel(), 1, R, topk_capacity(R, R), buf._device_of(vec))
+    route = torch.arange(R, dtype=torch.int64, device=vec.device).view(1, R)
     rows = nb.dispatch(vec.to(torch.float32).view(1, -1), topk_idx=route)[0]
     return rows.to(torch.int64)  # exact: counts are far below 2**24
 
 
 def _route(E, R, is_token_in_rank):
     """A dispatch without topk_idx: one column per rank, its first expert where the token goes."""
-    first = torch.arange(R, dtype=torch.int64) * (E // R)
-    return torch.where(is_token_in_rank, first.view(1, R), torch.full((1, R), -1))
+    dev = is_token_in_rank.device
+    first = torch.arange(R, dtype=torch.int64, device=dev) * (E // R)
+    return torch.where(is_token_in_rank, first.view(1, R),
+                       torch.full((1, R), -1, dtype=torch.int64, device=dev))
 
 
 def _owned(recv_x, scales):
@@ -112,7 +114,8 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
             _err("dispatch: a cached dispatch (handle=) takes no topk_idx/topk_weights "
                  "(as DeepEP)")
         route = handle._route
-        nb = native(buf, dtype, hidden, handle._E, route.shape[1], route.shape[0])
+        nb = native(buf, dtype, hidden, handle._E, route.shape[1], route.shape[0],
+                    buf._device_of(values))
         recv_x, _, _, _, h, _ = nb.dispatch(xin, topk_idx=route)
         _remember(buf, handle, nb, h, xin)
         return _owned(recv_x, scales is not None), None, None, None, None, buf._event()
@@ -135,8 +138,8 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
             _err(f"dispatch: is_token_in_rank row {t} ({is_token_in_rank[t].tolist()}) does not "
                  f"match the ranks of topk_idx row {t} ({topk_idx[t].tolist()})")
     else:
-        route = _route(E, R, is_token_in_rank.to(torch.bool))
-    nb = native(buf, dtype, hidden, E, route.shape[1], route.shape[0])
+        route = _route(E, R, is_token_in_rank.to(device=values.device, dtype=torch.bool))
+    nb = native(buf, dtype, hidden, E, route.shape[1], route.shape[0], buf._device_of(values))
     recv_x, recv_idx, recv_w, _, h, _ = nb.dispatch(xin, topk_idx=route,
                                                     topk_weights=topk_weights)
     recv_x = _owned(recv_x, scales is not None)
@@ -155,7 +158,8 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
     in_rank = is_token_in_rank.to(torch.bool)
     send_head = torch.where(in_rank, in_rank.to(torch.int32).cumsum(0) - 1,
                             torch.full_like(in_rank, -1, dtype=torch.int32)).to(torch.int32)
-    handle = NormalHandle((rank_prefix_matrix, torch.zeros((R, 1), dtype=torch.int32), begins,
+    handle = NormalHandle((rank_prefix_matrix,
+                           torch.zeros((R, 1), dtype=torch.int32, device=values.device), begins,
                            recv_src_idx, in_rank, send_head))
     handle._route, handle._E = route, E
     _remember(buf, handle, nb, h, xin)
@@ -182,7 +186,7 @@ def _pad(recv_x, idx, w, n):
     def pad(a, fill):
         if a is None:
             return None
-        out = torch.full((n,) + tuple(a.shape[1:]), fill, dtype=a.dtype)
+        out = torch.full((n,) + tuple(a.shape[1:]), fill, dtype=a.dtype, device=a.device)
         out[:rows] = a
         return out
     if isinstance(recv_x, tuple):
@@ -226,6 +230,7 @@ def _combine_weights(buf, handle, topk_weights):
     weights each passed back (fp32, ascending rank order): a combine of the weights as rows."""
     route, k = handle._route, int(topk_weights.shape[-1])
     nb = _aux(buf, "weights", k, handle._native.max_tokens_per_rank, handle._E,
-              handle._native.config()["max_topk"])
-    h = nb.dispatch(torch.zeros((route.shape[0], k), dtype=torch.float32), topk_idx=route)[4]
+              handle._native.config()["max_topk"], handle._native.device)
+    h = nb.dispatch(torch.zeros((route.shape[0], k), dtype=torch.float32, device=route.device),
+                    topk_idx=route)[4]
     return nb.combine(topk_weights.to(torch.float32).contiguous(), h)[0].clone()

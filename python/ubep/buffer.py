@@ -101,23 +101,31 @@ class Buffer:
     rows of local expert e), "per-source" (source s's rows for expert e start at row
     s * max_tokens_per_rank, so senders never wait for each other's counts; see
     Handle.recv_range) or "auto" (ubep's measured default: per-source for the latency layout).
+
+    ``device``: where the arrays live and so which backend runs (docs/PYTHON.md, Devices): "cpu"
+    (default), "cuda" / "cuda:N" / a torch.device (CUDA tensors, the CUDA kernels; results are
+    CUDA tensors), or "cuda-sim[:N]" (the CUDA kernels simulated on CPU threads: host arrays,
+    thread ranks only; for tests).
     """
 
     def __init__(self, group, *, hidden, num_experts, max_tokens_per_rank=128, max_topk=8,
                  dtype="bf16", algorithm="ubep", num_workers=-1, enable_latency_layout=True,
-                 sync="fused", placement="compact", timeout=60.0, fp8_round_scale=False):
+                 sync="fused", placement="compact", timeout=60.0, fp8_round_scale=False,
+                 device="cpu"):
         from .groups import as_group  # late: groups imports torch.distributed lazily
         self.group = as_group(group, timeout=timeout)
         self._buf = _ubep.Buffer(self.group, int(max_tokens_per_rank), int(hidden),
                                  _arrays.dtype_name(dtype), int(num_experts), int(max_topk),
                                  str(algorithm), int(num_workers), bool(enable_latency_layout),
-                                 str(sync), str(placement), bool(fp8_round_scale))
+                                 str(sync), str(placement), bool(fp8_round_scale),
+                                 _arrays.device_name(device))
         self.rank = self.group.rank
         self.num_ranks = self.group.size
         self.hidden = int(hidden)
         self.num_experts = int(num_experts)
         self.max_tokens_per_rank = int(max_tokens_per_rank)
         self.num_local_experts = self._buf.num_local_experts
+        self.device = self._buf.config()["device"]  # "cpu", "cuda:N" or "cuda-sim:N"
         self.dtype = _arrays.dtype_name(dtype)
         self.fp8_round_scale = bool(fp8_round_scale)
 
@@ -333,6 +341,8 @@ def get_dispatch_layout(topk_idx, num_experts, num_ranks):
     torch or NumPy like topk_idx."""
     import numpy as np
     kind = kind_of(topk_idx)
+    if kind == _arrays.TORCH:  # on the tensor's device
+        return _arrays.dispatch_layout_torch(topk_idx, num_experts, num_ranks)
     idx = np.from_dlpack(topk_idx) if kind != _arrays.NUMPY else topk_idx
     idx = np.asarray(idx, dtype=np.int64)
     if num_experts % num_ranks:

@@ -3,7 +3,8 @@
     import ubep.deep_ep as deep_ep
     buffer = deep_ep.Buffer(group, num_nvl_bytes, num_rdma_bytes, low_latency_mode=True, ...)
 
-Code written for DeepEP runs with only the device changed (CPU tensors here). What maps to what,
+Code written for DeepEP runs unchanged on CPU tensors, and on CUDA tensors where ubep has its
+CUDA backend (bf16/fp32; ubep-only ``device=``, docs/PYTHON.md "Devices"). What maps to what,
 and what differs, is docs/PYTHON.md ("ubep.deep_ep"). In short:
 
 * Bytes are a budget: normal mode gets the tokens per rank that ``num_nvl_bytes`` holds, low
@@ -18,7 +19,7 @@ import torch
 
 from . import _deep_ep_ll as _ll
 from . import _deep_ep_normal as _normal
-from . import _ubep
+from . import _arrays, _ubep
 from .buffer import Buffer as _NativeBuffer
 from .buffer import get_dispatch_layout as _layout
 from .groups import as_group
@@ -102,14 +103,17 @@ class Buffer:
     ``group``: a torch.distributed process group (gloo), or ``comm=``, an mpi4py communicator;
     a ``ubep.Group`` (thread ranks) works too. ubep-only keywords: ``algorithm`` ("ubep" or
     "bsp"), ``num_workers``, ``timeout`` (s), ``max_tokens_per_rank`` (normal mode: use this
-    instead of what num_nvl_bytes holds; still checked against the budget)."""
+    instead of what num_nvl_bytes holds; still checked against the budget), ``device`` (where
+    ubep's windows live, as ``ubep.Buffer(device=...)``; None, the default: the device of each
+    call's input tensors -- cpu, or cuda:N for CUDA tensors; "cuda-sim[:N]" runs the simulated
+    CUDA backend on CPU tensors). Tensors this layer makes are on the inputs' device."""
 
     num_sms = 20
 
     def __init__(self, group=None, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False,
                  num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False,
                  explicitly_destroy=False, enable_shrink=False, comm=None, *, algorithm="ubep",
-                 num_workers=-1, timeout=60.0, max_tokens_per_rank=None):
+                 num_workers=-1, timeout=60.0, max_tokens_per_rank=None, device=None):
         if enable_shrink:
             _mask_api("enable_shrink=True")
         if group is None and comm is None:
@@ -132,12 +136,24 @@ class Buffer:
         self.enable_shrink = False
         self._algorithm, self._num_workers, self._timeout = algorithm, num_workers, timeout
         self._max_tokens = int(max_tokens_per_rank) if max_tokens_per_rank else None
+        self._device = None if device is None else _arrays.device_name(device)
         self._natives = {}  # shape and wire format -> ubep.Buffer
         self._last = {}     # id(ubep.Buffer) -> the handle of its last dispatch
-        self.runtime = self  # DeepEP's C++ runtime; None once destroyed
+        # DeepEP's C++ runtime; None once destroyed. Not `self`: a reference cycle would leave
+        # the windows to the garbage collector, which may free every thread rank's buffer on one
+        # thread (a CUDA-backend buffer's teardown waits for its peers: a hang).
+        self.runtime = object()
 
     # --- life cycle ----------------------------------------------------------------------
+    def _device_of(self, t):
+        """The device of the ubep window serving input tensor ``t``: the Buffer's ``device``,
+        else t's (cpu, or cuda:N)."""
+        if self._device is not None:
+            return self._device
+        return _arrays.device_name(t.device)
+
     def _make_native(self, key, need, budget_name, budget, **shape):
+        # shape includes device=: each device (and so each key) has its own window
         nb = _NativeBuffer(self._group, algorithm=self._algorithm, num_workers=self._num_workers,
                            placement="compact", timeout=self._timeout, **shape)
         real = nb._buf.shared_bytes

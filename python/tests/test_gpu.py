@@ -1,0 +1,144 @@
+"""The Python package on a GPU: device="cuda" Buffers with CUDA tensors (the CUDA kernels),
+thread ranks on one GPU. The checks of test_devices.py's cuda-sim cases, bit for bit against the
+NumPy reference and a CPU buffer, plus what only a GPU shows: results are CUDA tensors on the
+buffer's GPU (zero-copy DLPack kDLCUDA views that keep the Buffer alive), real CUDA tensors to a
+CPU buffer and CPU tensors to a CUDA buffer are refused naming both devices.
+
+Skipped without a GPU (torch.cuda.is_available() false). Run by scripts/gpu_check.sh."""
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA GPU (torch.cuda.is_available() is false): the GPU checks run in "
+                "scripts/gpu_check.sh on a GPU machine; cuda-sim covers the data path here",
+                allow_module_level=True)
+
+import reference as ref  # noqa: E402
+import ubep  # noqa: E402
+import worker  # noqa: E402
+from ubep import _arrays  # noqa: E402
+
+SPEC = dict(ranks=2, tokens=6, hidden=64, experts=8, topk=3)
+
+
+def _skip_without_cuda_backend():
+    def body(g):
+        try:
+            ubep.Buffer(g, hidden=16, num_experts=2, max_tokens_per_rank=4, max_topk=2,
+                        device="cuda:0")
+        except ubep.Error as e:
+            if "no CUDA backend" in str(e):
+                return str(e)
+            raise
+        return None
+
+    why = ubep.run_on_threads(1, body, timeout=60)[0]
+    if why:
+        pytest.skip(f"this build of ubep has no CUDA backend: {why}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cuda_backend():
+    _skip_without_cuda_backend()
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("algorithm", ["ubep", "bsp"])
+@pytest.mark.parametrize("layout", ["throughput", "latency"])
+def test_cuda_matches_reference_and_cpu(layout, algorithm, dtype):
+    spec = ref.Spec(dtype=dtype, seed=21, **SPEC)
+    gpu = ubep.run_on_threads(spec.R, lambda g: worker.run_rank(
+        g, spec, layout, algorithm, "torch", device="cuda:0"), timeout=60)
+    worker.check(spec, layout, gpu)
+    cpu = ubep.run_on_threads(spec.R, lambda g: worker.run_rank(
+        g, spec, layout, algorithm, "torch"), timeout=60)
+    want = worker.expected(spec, layout)
+    for it in range(worker.ITERS):
+        for r in range(spec.R):
+            for key, a in gpu[r][it].items():
+                b = cpu[r][it][key]
+                if layout == "latency" and key in ("recv_x", "recv_src"):
+                    v = want[it][r]["valid"]
+                    a, b = a[v], b[v]
+                np.testing.assert_array_equal(a, b, err_msg=f"{key} it {it} rank {r}")
+
+
+@pytest.mark.parametrize("placement", ["per-source", "compact"])
+def test_cuda_three_ranks_hooks(placement):
+    spec = ref.Spec(ranks=3, tokens=4, hidden=64, experts=6, topk=2, dtype="bf16", seed=22)
+    got = ubep.run_on_threads(3, lambda g: worker.run_rank(
+        g, spec, "latency", "ubep", "torch", hook=True, placement=placement,
+        device="cuda"), timeout=60)
+    worker.check(spec, "latency", got, placement=placement)
+
+
+def test_results_are_cuda_views_and_devices_are_checked():
+    def body(g):
+        dev = torch.device("cuda", 0)
+        buf = ubep.Buffer(g, hidden=64, num_experts=2, max_tokens_per_rank=4, max_topk=2,
+                          dtype="fp32", device=dev)
+        assert buf.device == "cuda:0"
+        x = torch.arange(3 * 64, dtype=torch.float32, device=dev).reshape(3, 64)
+        idx = torch.tensor([[0, 1], [1, -1], [0, -1]], device=dev)
+        recv_x, count, h, _, _ = buf.low_latency_dispatch(x, idx, 4, 2)  # ones made on the GPU
+        assert recv_x.device == dev and count.device == dev and recv_x.shape == (2, 4, 64)
+        assert count.tolist() == [2, 2]
+        assert torch.equal(recv_x[0, :2], x[:3:2]) and torch.equal(recv_x[1, :2], x[:2])
+        view = buf._buf.view("combine_buffer", h.id, _arrays.DLPACK)
+        assert view.__dlpack_device__() == (2, 0) and view.device == "cuda:0"
+        with pytest.raises(ubep.InvalidArgument, match="GPU memory"):
+            np.asarray(view)
+        cb = buf.get_next_low_latency_combine_buffer(h)
+        assert cb.device == dev and cb.data_ptr() == torch.from_dlpack(view).data_ptr()
+        cb.copy_(recv_x)
+        y, _, _ = buf.low_latency_combine(None, idx, None, h, zero_copy=True)
+        assert y.device == dev
+        assert torch.equal(y, x * torch.tensor([[2.0], [1.0], [1.0]], device=dev))
+        # Wrong devices, both ways, named; the buffer stays usable.
+        msgs = []
+        for bad in (dict(x=x.cpu()), dict(idx=idx.cpu()), dict(x=x.cpu(), idx=idx.cpu())):
+            with pytest.raises(ubep.InvalidArgument) as e:
+                buf.low_latency_dispatch(bad.get("x", x), bad.get("idx", idx), 4, 2)
+            msgs.append(str(e.value))
+        with pytest.raises(ubep.InvalidArgument) as e:
+            buf.low_latency_dispatch(x.cpu().numpy(), idx.cpu().numpy(), 4, 2)
+        msgs.append(str(e.value))
+        cpu_buf = ubep.Buffer(g, hidden=64, num_experts=2, max_tokens_per_rank=4, max_topk=2,
+                              dtype="fp32")
+        with pytest.raises(ubep.InvalidArgument) as e:
+            cpu_buf.low_latency_dispatch(x, idx.cpu(), 4, 2)
+        msgs.append(str(e.value))
+        recv_x2, *_ = buf.low_latency_dispatch(x, idx, 4, 2)
+        assert torch.equal(recv_x2[0, :2], x[:3:2])
+        del buf, cpu_buf
+        torch.cuda.synchronize()
+        return msgs, y.sum().item()  # the view keeps the buffer's GPU memory
+
+    msgs, total = ubep.run_on_threads(1, body, timeout=60)[0]
+    assert total == float(sum(range(64 * 3)) + sum(range(64)))
+    for m in msgs[:4]:
+        assert "is on cpu, the buffer on cuda:0" in m, m
+    assert "is on cuda:0, the buffer on cpu" in msgs[4], msgs[4]
+
+
+def test_get_dispatch_layout_on_the_gpu():
+    idx = torch.tensor([[0, 3, -1], [5, 2, 1], [-1, -1, -1], [7, 6, 0]], device="cuda")
+    got = ubep.get_dispatch_layout(idx, 8, 4)
+    want = ubep.get_dispatch_layout(idx.cpu().numpy(), 8, 4)
+    for g, w in zip(got, want):
+        if w is None:
+            continue
+        assert g.device.type == "cuda"
+        assert torch.equal(g.cpu(), torch.from_numpy(w))
+
+
+def test_deep_ep_on_cuda_tensors_matches_cpu():
+    """ubep.deep_ep with CUDA tensors: its windows on the tensors' GPU (device=None), results
+    on the GPU, the same bits as on CPU tensors."""
+    from test_devices import _deep_ep_rank
+    gpu = ubep.run_on_threads(2, lambda g: _deep_ep_rank(g, None, on="cuda:0"), timeout=60)
+    cpu = ubep.run_on_threads(2, lambda g: _deep_ep_rank(g, None), timeout=60)
+    for r in range(2):
+        for key, a in cpu[r].items():
+            assert torch.equal(a, gpu[r][key]), (key, r)
