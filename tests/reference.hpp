@@ -28,6 +28,9 @@ struct RankInput {
 // chosen suites again with "cuda-sim", label cuda_sim). Test inputs and configs are tagged with
 // it; on cuda-sim the memory is host memory, so the same checks read results directly.
 Device test_device();
+// Short timeouts in tests are stretched this much on the simulation device, whose calls start a
+// thread per simulated GPU thread and so take milliseconds even when nothing is wrong.
+inline int test_time_scale() { return test_device().type == DeviceType::kCudaSim ? 5 : 1; }
 inline TensorView on_test_device(TensorView v) {
   v.device = test_device();
   return v;

@@ -54,8 +54,8 @@ TEST_P(OneRankFails, PeersNameItLaterCallsAreBrokenFreshBufferWorks) {
   const FaultParam fp = GetParam();
   GroupOptions opts;
   // A skipped call is only seen by the timeout; published failures must beat a long one.
-  opts.timeout =
-      timed(fp.fault) ? std::chrono::milliseconds(400) : std::chrono::milliseconds(20000);
+  opts.timeout = timed(fp.fault) ? std::chrono::milliseconds(400 * test_time_scale())
+                                 : std::chrono::milliseconds(20000);
   ThreadSync ts(fp.ranks);
   const int victim = fp.ranks - 2;  // 0 with 2 ranks, a middle rank with 3
   const Layout layout = fp.ranks == 3 ? Layout::kLatency : Layout::kThroughput;
@@ -118,7 +118,7 @@ TEST(PeerBrokeInTheNextCall, ThisCallStillCompletes) {
     const Problem p = all_ranks_problem(c, 2, 9);
     std::barrier<> sync(2);
     GroupOptions opts;
-    opts.timeout = std::chrono::milliseconds(300);
+    opts.timeout = std::chrono::milliseconds(300 * test_time_scale());
     run_on_threads(
         2,
         [&](Group& g) {

@@ -26,7 +26,7 @@ struct Device {
   DeviceType type = DeviceType::kCpu;
   int index = 0;
   bool operator==(const Device&) const = default;
-  std::string describe() const;  // "cpu" | "cuda:1" | "cuda-sim:0"
+  std::string describe() const;                  // "cpu" | "cuda:1" | "cuda-sim:0"
   static Device parse(const std::string& name);  // the same names; throws InvalidArgument
 };
 

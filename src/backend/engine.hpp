@@ -7,8 +7,8 @@
 //                warps are the roles, over a DeviceOps -- a GPU (cuda/cuda_ops.cu) or the CUDA
 //                simulation device (cuda_sim/), which runs the same kernel code on CPU threads.
 //
-// backend/factory/factory.hpp picks the family and the backend from BufferConfig::device. The contract
-// of every call is Buffer's (docs/SEMANTICS.md); Buffer itself only forwards.
+// backend/factory/factory.hpp picks the family and the backend from BufferConfig::device. The
+// contract of every call is Buffer's (docs/SEMANTICS.md); Buffer itself only forwards.
 #pragma once
 
 #include <array>

@@ -67,15 +67,6 @@ class ThreadExchange : public Exchange {
 };
 
 #ifdef UBEP_WITH_MPI
-void mpi_check(int rc, const char* what) {
-  if (rc != MPI_SUCCESS) {
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    throw SystemError(
-        detail::concat(what, " failed: ", std::string(msg, static_cast<size_t>(len))));
-  }
-}
 
 class MpiExchange : public Exchange {
  public:
@@ -97,8 +88,8 @@ class MpiExchange : public Exchange {
       rc[p] = static_cast<int>(recv_bytes[p]);
       rd[p] = static_cast<int>(recv_offsets[p]);
     }
-    mpi_check(MPI_Alltoallv(send, sc, sd, MPI_BYTE, recv, rc, rd, MPI_BYTE, comm_),
-              "MPI_Alltoallv");
+    detail::mpi_check(MPI_Alltoallv(send, sc, sd, MPI_BYTE, recv, rc, rd, MPI_BYTE, comm_),
+                      "MPI_Alltoallv");
   }
   const char* name() const override { return "mpi"; }
 

@@ -8,8 +8,8 @@
 #include "baseline/team.hpp"
 #include "core/local_array.hpp"
 #include "core/stage_timer.hpp"
-#include "protocol/protocol.hpp"
 #include "ep/routing.hpp"
+#include "protocol/protocol.hpp"
 #include "ubep/baseline.hpp"
 #include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
@@ -58,9 +58,9 @@ struct AlltoallBaseline::Impl {
   std::unique_ptr<baseline::Exchange> exchange;  // after cfg: a bad config throws before set-up
   int rank, ranks, El;
   int64_t T;
-  DType cdtype;     // combine_dtype(cfg)
+  DType cdtype;           // combine_dtype(cfg)
   protocol::RowCodec XC;  // dispatch rows: on the wire payload then scales (protocol.hpp)
-  size_t XB;        // XC.row_bytes()
+  size_t XB;              // XC.row_bytes()
   size_t RB, meta_bytes, rec_bytes;  // RB: a combine row
   ep::Routing routing;
   CallStats stats;

@@ -8,6 +8,9 @@
 
 namespace ubep::detail {
 
+// Throws SystemError naming `what` and MPI's message unless rc is MPI_SUCCESS.
+void mpi_check(int rc, const char* what);
+
 // MPI_COMM_NULL when `group` was not made by make_mpi_group.
 MPI_Comm mpi_comm_of(Group& group);
 

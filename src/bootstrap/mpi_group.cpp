@@ -4,8 +4,8 @@
 #include "ubep/mpi_group.hpp"
 #include <cstring>
 
-#include "bootstrap/shm_group.hpp"
 #include "bootstrap/mpi_comm.hpp"
+#include "bootstrap/shm_group.hpp"
 #include "core/wait.hpp"
 #include "transport/mpi/mpi_remote.hpp"
 #include "ubep/error.hpp"
@@ -13,16 +13,6 @@
 namespace ubep {
 
 namespace {
-
-void mpi_check(int rc, const char* what) {
-  if (rc != MPI_SUCCESS) {
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    throw SystemError(
-        detail::concat(what, " failed: ", std::string(msg, static_cast<size_t>(len))));
-  }
-}
 
 // Waits for a non-blocking collective, bounded by the group's timeout (sleeping with back-off,
 // like every wait of the library), so a rank that never arrives gives a TimeoutError instead of
@@ -34,7 +24,7 @@ void wait_request(MPI_Request& req, std::chrono::milliseconds timeout, const cha
   wait_until(
       [&] {
         int done = 0;
-        mpi_check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
+        detail::mpi_check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
         return done != 0;
       },
       policy,
@@ -58,25 +48,26 @@ class MpiBootstrap : public Bootstrap {
     auto* staging = new char[bytes * (n + 1)];
     std::memcpy(staging, in, bytes);
     MPI_Request req;
-    mpi_check(MPI_Iallgather(staging, static_cast<int>(bytes), MPI_BYTE, staging + bytes,
-                             static_cast<int>(bytes), MPI_BYTE, comm_, &req),
-              "MPI_Iallgather");
+    detail::mpi_check(MPI_Iallgather(staging, static_cast<int>(bytes), MPI_BYTE, staging + bytes,
+                                     static_cast<int>(bytes), MPI_BYTE, comm_, &req),
+                      "MPI_Iallgather");
     wait_request(req, timeout_, "MPI_Iallgather", size_);
     std::memcpy(out, staging + bytes, bytes * n);
     delete[] staging;
   }
   void barrier() override {
     MPI_Request req;
-    mpi_check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
+    detail::mpi_check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
     wait_request(req, timeout_, "MPI_Ibarrier", size_);
   }
   // The ranks MPI says share memory (MPI_COMM_TYPE_SHARED), named by their lowest rank.
   std::vector<int> host_map() override {
     MPI_Comm local;
-    mpi_check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
-              "MPI_Comm_split_type");
+    detail::mpi_check(
+        MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local),
+        "MPI_Comm_split_type");
     int leader = rank_;  // lowest world rank on my host: broadcast from local rank 0
-    mpi_check(MPI_Bcast(&leader, 1, MPI_INT, 0, local), "MPI_Bcast(host leader)");
+    detail::mpi_check(MPI_Bcast(&leader, 1, MPI_INT, 0, local), "MPI_Bcast(host leader)");
     MPI_Comm_free(&local);
     std::vector<int> leaders(static_cast<size_t>(size_));
     allgather(&leader, leaders.data(), sizeof leader);
@@ -112,6 +103,15 @@ class MpiGroup : public bootstrap::ShmGroup {
 
 }  // namespace
 
+void detail::mpi_check(int rc, const char* what) {
+  if (rc != MPI_SUCCESS) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    throw SystemError(concat(what, " failed: ", std::string(msg, static_cast<size_t>(len))));
+  }
+}
+
 MPI_Comm detail::mpi_comm_of(Group& group) {
   auto* mpi = dynamic_cast<MpiGroup*>(&group);
   return mpi ? mpi->comm() : MPI_COMM_NULL;
@@ -124,7 +124,7 @@ std::unique_ptr<Group> make_mpi_group(MPI_Comm comm, MpiGroupOptions options) {
   UBEP_CHECK_ARG(options.timeout.count() > 0, "make_mpi_group: timeout must be positive, got ",
                  options.timeout.count(), " ms");
   MPI_Comm dup;
-  mpi_check(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup");
+  detail::mpi_check(MPI_Comm_dup(comm, &dup), "MPI_Comm_dup");
   auto boot = std::make_shared<MpiBootstrap>(dup, options.timeout);
   std::vector<int> hosts = bootstrap::resolve_hosts(*boot, options);
   bool multi = false;

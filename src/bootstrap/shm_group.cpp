@@ -189,7 +189,8 @@ std::unique_ptr<Group> make_bootstrap_group(std::shared_ptr<Bootstrap> bootstrap
                  "make_bootstrap_group: timeout must be positive, got ", options.timeout.count(),
                  " ms");
   std::vector<int> hosts = bootstrap::resolve_hosts(*bootstrap, options);
-  return std::make_unique<bootstrap::ShmGroup>(std::move(bootstrap), options, std::move(hosts), nullptr);
+  return std::make_unique<bootstrap::ShmGroup>(std::move(bootstrap), options, std::move(hosts),
+                                               nullptr);
 }
 
 }  // namespace ubep

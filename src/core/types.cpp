@@ -64,8 +64,8 @@ Device Device::parse(const std::string& name) {
   if (kind == "cpu" && colon == std::string::npos) return {DeviceType::kCpu, 0};
   if (kind == "cuda") return {DeviceType::kCuda, index};
   if (kind == "cuda-sim") return {DeviceType::kCudaSim, index};
-  throw InvalidArgument(detail::concat("device '", name,
-                                       "' is not one of cpu, cuda[:N], cuda-sim[:N]"));
+  throw InvalidArgument(
+      detail::concat("device '", name, "' is not one of cpu, cuda[:N], cuda-sim[:N]"));
 }
 
 TensorView::TensorView(void* d, DType t, std::initializer_list<int64_t> dims) : data(d), dtype(t) {

@@ -48,10 +48,10 @@ BufferConfig checked(const Group& g, BufferConfig c) {
   return c;
 }
 
-constexpr const char* kFieldNames[] = {
-    "max_tokens_per_rank",   "hidden",        "dtype", "num_experts", "max_topk",
-    "enable_latency_layout", "initial_epoch", "sync",  "algorithm",   "placement",
-    "device type"};
+constexpr const char* kFieldNames[] = {"max_tokens_per_rank", "hidden",     "dtype",
+                                       "num_experts",         "max_topk",   "enable_latency_layout",
+                                       "initial_epoch",       "sync",       "algorithm",
+                                       "placement",           "device type"};
 constexpr size_t kFields = sizeof kFieldNames / sizeof kFieldNames[0];
 constexpr size_t kReasonBytes = 256;
 

@@ -20,11 +20,11 @@
 #include "core/local_array.hpp"
 #include "ep/algorithm.hpp"
 #include "ep/call_state.hpp"
-#include "protocol/call_ledger.hpp"
 #include "ep/reducer.hpp"
 #include "ep/relay.hpp"
 #include "ep/waiter.hpp"
 #include "ep/window.hpp"
+#include "protocol/call_ledger.hpp"
 #include "ubep/buffer.hpp"
 
 namespace ubep::ep {

@@ -68,7 +68,8 @@ struct OwnerGroup {
   int owner;
 };
 
-using RecordFormat = protocol::TileRecordFormat;  // the wire format lives in src/protocol/protocol.hpp
+using RecordFormat =
+    protocol::TileRecordFormat;  // the wire format lives in src/protocol/protocol.hpp
 using Record = protocol::TileRecord;
 
 // Per-member counters, padded so members never share a cache line.

@@ -79,5 +79,4 @@ void check_expert_ids(const DispatchArgs& a, const BufferConfig& cfg) {
   }
 }
 
-
 }  // namespace ubep::protocol

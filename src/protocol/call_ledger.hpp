@@ -49,8 +49,8 @@ class CallLedger {
       publish_(broken_marker(calls_));
       // A peer that broke in this very call fails it as it fails the ranks waiting in it.
       UBEP_CHECK(at < calls_, PeerFailedError, what, " (call ", calls_, "): rank ", r,
-                 " failed call ", at, " (its buffer is broken), so the call cannot complete on rank ",
-                 rank_);
+                 " failed call ", at,
+                 " (its buffer is broken), so the call cannot complete on rank ", rank_);
       throw BrokenBufferError(detail::concat(what, " (call ", calls_,
                                              "): the buffer is broken after call ", calls_ - 1,
                                              ": ", broken_, "; create a new Buffer"));

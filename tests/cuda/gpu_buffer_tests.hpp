@@ -46,8 +46,8 @@ inline void run_buffer_case(const BufferCase& c) {
   for (int call = 0; call < c.calls; ++call) {
     std::vector<int64_t> tokens;
     for (int r = 0; r < R; ++r) tokens.push_back(static_cast<int64_t>(rng() % (T + 1)));
-    problems.push_back(test::make_problem(R, R * El, H, c.dtype, tokens, K,
-                                          test::Routing::kWithDrops, rng()));
+    problems.push_back(
+        test::make_problem(R, R * El, H, c.dtype, tokens, K, test::Routing::kWithDrops, rng()));
   }
   run_on_threads(R, [&](Group& g) {
     const int d = g.rank();

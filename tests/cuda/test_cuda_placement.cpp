@@ -264,7 +264,10 @@ TEST(CudaHost, SequencerPlacementAndCompact) {
     cuda_host::throw_if_error(e, 1.0);
     FAIL();
   } catch (const InvalidArgument& x) {
-    EXPECT_NE(std::string(x.what()).find("rank 3 made a different call (layout or placement) than rank 1"), std::string::npos) << x.what();
+    EXPECT_NE(std::string(x.what()).find(
+                  "rank 3 made a different call (layout or placement) than rank 1"),
+              std::string::npos)
+        << x.what();
   }
   e = {};
   e.code = cuda_hd::kCompactedShort;
@@ -273,12 +276,12 @@ TEST(CudaHost, SequencerPlacementAndCompact) {
   e.tag = 5;
   EXPECT_NE(cuda_host::describe(e, 1).find("has 5 rows, fewer than the 7"), std::string::npos);
   // The kernels' shape word is the CPU's (protocol::call_shape of the enums' values).
-  EXPECT_EQ(
-      cuda_hd::call_shape_of(true, true),
-      protocol::call_shape(static_cast<int>(Layout::kLatency), static_cast<int>(Placement::kPerSource)));
-  EXPECT_EQ(
-      cuda_hd::call_shape_of(false, false),
-      protocol::call_shape(static_cast<int>(Layout::kThroughput), static_cast<int>(Placement::kCompact)));
+  EXPECT_EQ(cuda_hd::call_shape_of(true, true),
+            protocol::call_shape(static_cast<int>(Layout::kLatency),
+                                 static_cast<int>(Placement::kPerSource)));
+  EXPECT_EQ(cuda_hd::call_shape_of(false, false),
+            protocol::call_shape(static_cast<int>(Layout::kThroughput),
+                                 static_cast<int>(Placement::kCompact)));
 }
 
 }  // namespace

@@ -17,7 +17,8 @@ inline void publish_tag(protocol::Tag* tag, uint32_t value) {
 }
 inline uint32_t load_tag(const protocol::Tag* tag) {
   // atomic_ref needs a non-const object; the load does not modify it.
-  return std::atomic_ref<protocol::Tag>(*const_cast<protocol::Tag*>(tag)).load(std::memory_order_acquire);
+  return std::atomic_ref<protocol::Tag>(*const_cast<protocol::Tag*>(tag))
+      .load(std::memory_order_acquire);
 }
 inline bool tag_arrived(const protocol::Tag* tag, uint32_t value) { return load_tag(tag) == value; }
 

@@ -25,8 +25,7 @@ class CudaOps final : public DeviceOps {
  public:
   explicit CudaOps(const Device& d) : device_(d) {
     std::string why;
-    if (!cuda::device_available(&why))
-      throw SystemError("Buffer on " + d.describe() + ": " + why);
+    if (!cuda::device_available(&why)) throw SystemError("Buffer on " + d.describe() + ": " + why);
     int n = 0;
     cuda::check_cuda(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
     UBEP_CHECK_ARG(d.index >= 0 && d.index < n, "Buffer: device ", d.describe(),

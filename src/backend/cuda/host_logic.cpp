@@ -51,25 +51,26 @@ void check_dispatch(const DispatchArgs& a, const BufferConfig& cfg, int rank) {
 
 void check_combine(const CombineArgs& a, const BufferConfig& cfg, const TensorView& recv_x,
                    uint64_t handle, int rank) {
-  UBEP_CHECK_ARG(a.handle == handle, "combine: handle ", a.handle,
-                 " is not the last dispatch's ", handle);
-  UBEP_CHECK_ARG(a.x.device == cfg.device, "combine: x is on ",
-                 a.x.device.describe(), ", the buffer on ", cfg.device.describe());
+  UBEP_CHECK_ARG(a.handle == handle, "combine: handle ", a.handle, " is not the last dispatch's ",
+                 handle);
+  UBEP_CHECK_ARG(a.x.device == cfg.device, "combine: x is on ", a.x.device.describe(),
+                 ", the buffer on ", cfg.device.describe());
   if (a.compacted) {
     // Dense rows in compact() order. How many were received is known only on the device: the
     // kernel refuses (kCompactedShort) an input with fewer rows than that.
     UBEP_CHECK_ARG(a.x.dtype == recv_x.dtype && a.x.ndim == 2 && a.x.dim(1) == cfg.hidden,
-                   "combine: compacted x must be ", dtype_name(recv_x.dtype),
-                   "[rows, ", cfg.hidden, "], got ", a.x.describe());
+                   "combine: compacted x must be ", dtype_name(recv_x.dtype), "[rows, ", cfg.hidden,
+                   "], got ", a.x.describe());
   } else {
     UBEP_CHECK_ARG(
         a.x.dtype == recv_x.dtype && a.x.ndim == recv_x.ndim && a.x.shape == recv_x.shape,
-        "combine: x must be shaped like recv_x ", recv_x.describe(), ", got ",
-        a.x.describe());
+        "combine: x must be shaped like recv_x ", recv_x.describe(), ", got ", a.x.describe());
   }
   UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine: x has no data");
-  UBEP_CHECK_ARG(a.topk_weights.data == nullptr, "combine: CombineArgs::topk_weights is not supported by the CUDA backend (the weights "
-                 "given to dispatch are used)");
+  UBEP_CHECK_ARG(
+      a.topk_weights.data == nullptr,
+      "combine: CombineArgs::topk_weights is not supported by the CUDA backend (the weights "
+      "given to dispatch are used)");
 }
 
 int blocks_per_rank(int requested, int coresident, int local_ranks) {
@@ -88,8 +89,8 @@ size_t dispatch_smem(int warps, int max_topk, int local_experts) {
 
 protocol::WindowLayout window_layout(const BufferConfig& cfg, int ranks) {
   return protocol::WindowLayout(static_cast<size_t>(cfg.hidden) * dtype_size(cfg.dtype), ranks,
-                          cfg.num_experts / ranks, cfg.max_topk, cfg.max_tokens_per_rank,
-                          cfg.enable_latency_layout);
+                                cfg.num_experts / ranks, cfg.max_topk, cfg.max_tokens_per_rank,
+                                cfg.enable_latency_layout);
 }
 
 cuda_hd::ScratchLayout scratch_layout(const BufferConfig& cfg, int ranks) {
@@ -131,8 +132,8 @@ DispatchResult dispatch_views(const protocol::WindowLayout& m, const BufferConfi
   return r;
 }
 
-TensorView combine_view(const protocol::WindowLayout& m, const BufferConfig& cfg, void* base, int half,
-                        Layout layout) {
+TensorView combine_view(const protocol::WindowLayout& m, const BufferConfig& cfg, void* base,
+                        int half, Layout layout) {
   const int64_t RT = m.tp_rows(), El = m.local_experts;
   char* p = m.at<char>(base, half, m.comb_x);
   return layout == Layout::kThroughput ? view(p, cfg.dtype, {RT, cfg.hidden}, cfg.device)

@@ -38,8 +38,8 @@ cuda_hd::ScratchLayout scratch_layout(const BufferConfig& cfg, int ranks);
 DispatchResult dispatch_views(const protocol::WindowLayout& m, const BufferConfig& cfg, void* base,
                               int half, Layout layout, Placement placement, int topk,
                               void* recv_count, void* recv_range, uint64_t handle);
-TensorView combine_view(const protocol::WindowLayout& m, const BufferConfig& cfg, void* base, int half,
-                        Layout layout);
+TensorView combine_view(const protocol::WindowLayout& m, const BufferConfig& cfg, void* base,
+                        int half, Layout layout);
 
 // The exception for an error word (kOk: none; nothing thrown).
 void throw_if_error(const cuda_hd::ErrorInfo& e, double timeout_s);

@@ -29,8 +29,9 @@ KernelEngine::KernelEngine(Group& group, const BufferConfig& cfg, std::unique_pt
       seq_(cfg, group.size(), group.rank(), 1),
       rank_(group.rank()),
       ranks_(group.size()),
-      ledger_(group.rank(), group.size(), [this](int r) { return failure_of(r); },
-              [this](uint32_t word) { publish_failure(word); }) {
+      ledger_(
+          group.rank(), group.size(), [this](int r) { return failure_of(r); },
+          [this](uint32_t word) { publish_failure(word); }) {
   UBEP_CHECK_ARG(group.single_host(), "Buffer on ", cfg.device.describe(), ": the group spans ",
                  group.num_hosts(),
                  " hosts; the CUDA backend maps peers within one host (CUDA IPC) only");
@@ -53,7 +54,8 @@ KernelEngine::KernelEngine(Group& group, const BufferConfig& cfg, std::unique_pt
   claim_ = static_cast<uint32_t*>(ops_->alloc_device(sizeof(uint32_t)));
   void* error_dev = nullptr;
   void* rows_dev = nullptr;
-  error_ = static_cast<cuda_hd::ErrorInfo*>(ops_->alloc_mapped(sizeof(cuda_hd::ErrorInfo), &error_dev));
+  error_ =
+      static_cast<cuda_hd::ErrorInfo*>(ops_->alloc_mapped(sizeof(cuda_hd::ErrorInfo), &error_dev));
   recv_rows_ = static_cast<int64_t*>(ops_->alloc_mapped(sizeof(int64_t), &rows_dev));
   *recv_rows_ = -1;
   seq_.set_rank_memory(0, scratch_, y_);
@@ -139,7 +141,8 @@ KernelEngine::~KernelEngine() {
 
 void KernelEngine::publish_failure(uint32_t word) {
   for (int r = 0; r < ranks_; ++r)
-    if (r != rank_) ops_->store_word(seq_.map().fail_word(bases_[static_cast<size_t>(r)], rank_), word);
+    if (r != rank_)
+      ops_->store_word(seq_.map().fail_word(bases_[static_cast<size_t>(r)], rank_), word);
 }
 
 uint32_t KernelEngine::failure_of(int peer) const {
@@ -215,8 +218,8 @@ void KernelEngine::launch_dispatch(const DispatchArgs* args, uint32_t phases, co
   if (args) {
     ledger_.start(what);
     try {
-      UBEP_CHECK_ARG(args->x_scales.ndim == 0 && args->x.dtype != DType::kFP8E4M3,
-                     what, ": fp8 dispatch is not implemented by the CUDA kernels (",
+      UBEP_CHECK_ARG(args->x_scales.ndim == 0 && args->x.dtype != DType::kFP8E4M3, what,
+                     ": fp8 dispatch is not implemented by the CUDA kernels (",
                      cfg_.device.describe(), ")");
       p = seq_.dispatch({args, 1}, phases, res_);  // shapes, dtypes, devices, pointers
       if (ops_->host_readable()) protocol::check_expert_ids(*args, cfg_);
@@ -257,8 +260,7 @@ void KernelEngine::launch_combine(const CombineArgs* args, uint32_t phases, cons
       // Compact throughput rows: the result's recv_x has num_recv_rows rows (as on the host
       // backend); the kernels address the window by capacity.
       const DispatchResult cap = seq_.results()[0];
-      if (!a.compacted && layout_ == Layout::kThroughput &&
-          cap.placement == Placement::kCompact) {
+      if (!a.compacted && layout_ == Layout::kThroughput && cap.placement == Placement::kCompact) {
         UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == num_recv_rows_, what, ": x must be [",
                        num_recv_rows_, ", ", cfg_.hidden, "] (one row per received row), got ",
                        a.x.describe());
@@ -380,7 +382,8 @@ std::array<int64_t, 2> KernelEngine::wait_recv_range(int source, int local_exper
     phase_ = Phase::kDispatchDone;
   }
   std::array<int64_t, 2> range{};
-  const auto index = cuda_hd::range_index(layout_ == Layout::kLatency, ranks_, local_expert, source);
+  const auto index =
+      cuda_hd::range_index(layout_ == Layout::kLatency, ranks_, local_expert, source);
   ops_->copy(range.data(),
              seq_.scratch_map().at<int64_t>(scratch_, seq_.scratch_map().recv_range) + 2 * index,
              sizeof range);
@@ -461,15 +464,13 @@ TensorView KernelEngine::combine_buffer() const {
 }
 
 void KernelEngine::set_algorithm(Algorithm a) {
-  UBEP_CHECK_ARG(phase_ == Phase::kIdle,
-                 "set_algorithm: a split-phase call is outstanding");
+  UBEP_CHECK_ARG(phase_ == Phase::kIdle, "set_algorithm: a split-phase call is outstanding");
   seq_.algorithm = a;
   cfg_.algorithm = a;
 }
 
 void KernelEngine::set_sync_mode(SyncMode m) {
-  UBEP_CHECK_ARG(phase_ == Phase::kIdle,
-                 "set_sync_mode: a split-phase call is outstanding");
+  UBEP_CHECK_ARG(phase_ == Phase::kIdle, "set_sync_mode: a split-phase call is outstanding");
   seq_.sync = m;
   cfg_.sync = m;
 }

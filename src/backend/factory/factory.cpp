@@ -30,15 +30,15 @@ void check_config(const BufferConfig& config, int ranks) {
 }
 
 std::unique_ptr<DataPath> make_data_path(const BufferConfig& config) {
-  UBEP_CHECK_ARG(config.device.type == DeviceType::kCpu, "make_data_path: ",
-                 config.device.describe(), " runs kernels, not host roles");
+  UBEP_CHECK_ARG(config.device.type == DeviceType::kCpu,
+                 "make_data_path: ", config.device.describe(), " runs kernels, not host roles");
   return std::make_unique<cpu::CpuDataPath>(config.num_workers);
 }
 
 std::unique_ptr<Engine> make_kernel_engine(Group& group, const BufferConfig& config) {
-  std::unique_ptr<cuda_host::DeviceOps> ops =
-      config.device.type == DeviceType::kCudaSim ? cuda_host::make_sim_ops(config.device)
-                                                 : cuda_host::make_cuda_ops(config.device);
+  std::unique_ptr<cuda_host::DeviceOps> ops = config.device.type == DeviceType::kCudaSim
+                                                  ? cuda_host::make_sim_ops(config.device)
+                                                  : cuda_host::make_cuda_ops(config.device);
   return std::make_unique<cuda_host::KernelEngine>(group, config, std::move(ops));
 }
 
