@@ -3,7 +3,6 @@
 #include <string>
 #include <thread>
 
-#include "backend/cpu/row_kernels.hpp"
 #include "baseline/exchange.hpp"
 #include "baseline/team.hpp"
 #include "core/local_array.hpp"
@@ -18,7 +17,6 @@
 namespace ubep {
 
 using baseline::for_range;
-using baseline::resolve_workers;
 
 namespace {
 
@@ -82,7 +80,8 @@ struct AlltoallBaseline::Impl {
   std::vector<int64_t> expert_offset;                   // [El, R]
   std::vector<int32_t> comb_meta_send, comb_meta_recv;  // latency combine: (token, k) per row
   std::vector<Scratch> scratch;                         // [team size]
-  cpu::WorkerTeam team;
+  // Its loops' roles and the fixed-order reduction: the CPU backend, through its interface.
+  std::unique_ptr<backend::DataPath> dp;
 
   Impl(Group& g, const BufferConfig& c)
       : group(g),
@@ -99,7 +98,7 @@ struct AlltoallBaseline::Impl {
         meta_bytes(protocol::round_up(8 + 12 * static_cast<size_t>(c.max_topk), 16)),
         rec_bytes(protocol::round_up(XB, 4) + meta_bytes),
         routing(g.size(), c.num_experts, c.max_tokens_per_rank, c.max_topk),
-        team(resolve_workers(g, c.num_workers)) {
+        dp(baseline::make_roles(g, c)) {
     const auto R = static_cast<size_t>(ranks), Tz = static_cast<size_t>(T),
                K = static_cast<size_t>(c.max_topk);
     send_counts.resize(R * (1 + static_cast<size_t>(El)));
@@ -139,7 +138,7 @@ struct AlltoallBaseline::Impl {
     where.resize(Tz * K);
     pack_row.resize(R * Tz * K);
     row_prefix.resize(R + 1);
-    scratch.resize(static_cast<size_t>(team.size()));
+    scratch.resize(static_cast<size_t>(dp->members()));
     for (Scratch& sc : scratch) {
       sc.acc.resize(static_cast<size_t>(c.hidden));
       sc.part.resize(static_cast<size_t>(c.hidden));
@@ -156,7 +155,7 @@ struct AlltoallBaseline::Impl {
     if (cfg.dtype != DType::kFP8E4M3 || a.x.dtype == DType::kFP8E4M3)
       return {static_cast<const char*>(a.x.data), static_cast<const char*>(a.x_scales.data), XC};
     const int64_t H = cfg.hidden, blocks = fp8_scales_per_row(H);
-    for_range(team, routing.num_tokens, [&](int, int64_t t0, int64_t t1) {
+    for_range(*dp, routing.num_tokens, [&](int, int64_t t0, int64_t t1) {
       fp8_quantize_rows(
           static_cast<const char*>(a.x.data) + static_cast<size_t>(t0 * H) * dtype_size(a.x.dtype),
           a.x.dtype, t1 - t0, H, cfg.fp8_pow2_scales, cast_x.get<uint8_t>() + t0 * H,
@@ -196,8 +195,8 @@ struct AlltoallBaseline::Impl {
         sc.weights.push_back(c.weight ? *c.weight : 1.0f);
       }
       const bool weighted = !cs.empty() && cs.front().weight;
-      kernels::reduce_rows(out, cdtype, H, sc.rows.data(), weighted ? sc.weights.data() : nullptr,
-                           static_cast<int>(cs.size()));
+      dp->reduce_rows(out, cdtype, H, sc.rows.data(), weighted ? sc.weights.data() : nullptr,
+                      static_cast<int>(cs.size()), /*stream=*/false);
       return;
     }
     bool first = true;
@@ -207,10 +206,7 @@ struct AlltoallBaseline::Impl {
       bool any = false;
       for (const Contribution& c : cs) {
         if (group.host_of(c.rank) != h) continue;
-        if (c.weight)
-          kernels::accumulate_row_weighted(p, c.row, cdtype, H, *c.weight);
-        else
-          kernels::accumulate_row(p, c.row, cdtype, H);
+        dp->accumulate_row(p, c.row, cdtype, H, c.weight);
         any = true;
       }
       if (!any) continue;
@@ -223,7 +219,7 @@ struct AlltoallBaseline::Impl {
       first = false;
     }
     if (first) std::fill(acc.begin(), acc.end(), 0.0f);
-    kernels::store_row(out, acc.data(), cdtype, H);
+    dp->store_row(out, acc.data(), cdtype, H);
   }
 };
 
@@ -263,7 +259,7 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
     off += b.sb[d];
   }
   b.row_prefix[static_cast<size_t>(R)] = off / rec;
-  for_range(b.team, off / rec, [&](int, int64_t begin, int64_t end) {
+  for_range(*b.dp, off / rec, [&](int, int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const auto it = std::upper_bound(b.row_prefix.begin(), b.row_prefix.begin() + R + 1, g);
       const int d = static_cast<int>(it - b.row_prefix.begin()) - 1;
@@ -312,7 +308,7 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
   const int64_t rows = roff / rec;
   b.num_recv_rows = rows;
   const int64_t RT = static_cast<int64_t>(R) * b.T;
-  for_range(b.team, rows, [&](int, int64_t begin, int64_t end) {
+  for_range(*b.dp, rows, [&](int, int64_t begin, int64_t end) {
     for (int64_t pos = begin; pos < end; ++pos) {
       const auto it = std::upper_bound(b.row_prefix.begin(), b.row_prefix.begin() + R + 1, pos);
       const int s = static_cast<int>(it - b.row_prefix.begin()) - 1;
@@ -393,7 +389,7 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
     timer.lap("row alltoallv");
     // Unpack + reduce: rank p returns my rows in the order I sent them, so token t's row from p
     // is at its slot among my tokens for p. Accumulate per token in ascending rank order.
-    for_range(b.team, N, [&](int m, int64_t begin, int64_t end) {
+    for_range(*b.dp, N, [&](int m, int64_t begin, int64_t end) {
       Impl::Scratch& sc = b.scratch[static_cast<size_t>(m)];
       for (int64_t t = begin; t < end; ++t) {
         sc.contrib.clear();
@@ -435,7 +431,7 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
         b.comb_meta_send[static_cast<size_t>(2 * i + 1)] = b.lat_k.get<int8_t>()[row];
       }
     }
-    for_range(b.team, off, [&](int, int64_t begin, int64_t end) {
+    for_range(*b.dp, off, [&](int, int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i)
         std::memcpy(b.comb_send.get() + i * RB,
                     static_cast<const char*>(a.x.data) + b.pack_row[static_cast<size_t>(i)] * RB,
@@ -476,7 +472,7 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
     for (int64_t i = 0; i < total; ++i)
       where[static_cast<size_t>(b.comb_meta_recv[static_cast<size_t>(2 * i)] * Kmax +
                                 b.comb_meta_recv[static_cast<size_t>(2 * i + 1)])] = i;
-    for_range(b.team, N, [&](int m, int64_t begin, int64_t end) {
+    for_range(*b.dp, N, [&](int m, int64_t begin, int64_t end) {
       Impl::Scratch& sc = b.scratch[static_cast<size_t>(m)];
       for (int64_t t = begin; t < end; ++t) {
         sc.contrib.clear();
