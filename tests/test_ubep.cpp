@@ -142,8 +142,8 @@ TEST(Ubep, SchedulePoliciesAgree) {
       variants.push_back(
           {std::string(send_schedule_name(s)) + " on '" + topo + "'", [=](BufferConfig& cfg) {
              cfg.num_workers = 2;
-             cfg.schedule = s;
-             cfg.topology = topo;
+             cfg.research.schedule = s;
+             cfg.research.topology = topo;
            }});
   expect_variants_agree(small_case(), {12, 7, 0, 11}, 9, variants);
 }
@@ -155,7 +155,7 @@ TEST(Ubep, SyncModesAndWorkerCountsAgree) {
       variants.push_back(
           {std::to_string(workers) + " workers, " + sync_mode_name(m), [=](BufferConfig& cfg) {
              cfg.num_workers = workers;
-             cfg.sync = m;
+             cfg.research.sync = m;
            }});
   expect_variants_agree(small_case(), {12, 3, 0, 11}, 5, variants);
 }

@@ -60,14 +60,9 @@ struct BufferConfig {
   int num_experts = 256;
   int max_topk = 8;
   Algorithm algorithm = Algorithm::kUbep;
-  SyncMode sync = SyncMode::kFused;
   // Worker threads per rank for the ubep roles, besides the caller. -1: sized for the machine
   // (cores / ranks on this host, minus the caller).
   int num_workers = -1;
-  SendSchedule schedule = SendSchedule::kEqualSlices;
-  // Topology the scheduler plans with: a preset or file for ubep::sched::parse_topology, or ""
-  // to discover it (hosts from the group, sockets/NUMA from hwloc).
-  std::string topology;
   // Allocate the combine staging for the latency layout (max_tokens * max_topk rows).
   bool enable_latency_layout = true;
   // Where received rows go; every rank must use the same (checked at construction).
@@ -76,6 +71,9 @@ struct BufferConfig {
   Device device;
   // First epoch number (tests start near the 32-bit wrap-around).
   uint64_t initial_epoch = 0;
+  // The ablation knobs of the papers' techniques (ubep/research.hpp), apart from the basic
+  // config: the defaults are what a user wants.
+  ResearchOptions research;
 };
 
 // The dtype of combine's input and output for a buffer: its dtype, or bf16 for fp8 buffers.

@@ -23,4 +23,14 @@ enum class SendSchedule : uint8_t { kEqualSlices, kNaive, kColumnMajor, kBalance
 const char* send_schedule_name(SendSchedule s);
 SendSchedule parse_send_schedule(const std::string& name);  // equal|naive|column_major|balanced
 
+// A Buffer's research knobs (BufferConfig::research): how a message's flag is ordered after its
+// data, and how the send work is planned. Every rank must use the same sync mode.
+struct ResearchOptions {
+  SyncMode sync = SyncMode::kFused;
+  SendSchedule schedule = SendSchedule::kEqualSlices;
+  // Topology the scheduler plans with: a preset or file for ubep::sched::parse_topology, or ""
+  // to discover it (hosts from the group, sockets/NUMA from hwloc).
+  std::string topology;
+};
+
 }  // namespace ubep

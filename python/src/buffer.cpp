@@ -173,7 +173,7 @@ pb::dict PyBuffer::config() const {
   d["num_experts"] = c.num_experts;
   d["max_topk"] = c.max_topk;
   d["algorithm"] = algorithm_name(c.algorithm);
-  d["sync"] = sync_mode_name(c.sync);
+  d["sync"] = sync_mode_name(c.research.sync);
   d["num_workers"] = buf_->num_workers();
   d["enable_latency_layout"] = c.enable_latency_layout;
   d["placement"] = placement_name(c.placement);
@@ -276,7 +276,7 @@ void bind_buffer(pb::module_& m) {
              c.algorithm = parse_algorithm(algorithm);
              c.num_workers = num_workers;
              c.enable_latency_layout = enable_latency_layout;
-             c.sync = parse_sync_mode(sync);
+             c.research.sync = parse_sync_mode(sync);
              c.placement = parse_placement(placement);
              c.device = Device::parse(device);
              return std::make_unique<PyBuffer>(std::move(group), c);

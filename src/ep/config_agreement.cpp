@@ -31,10 +31,10 @@ BufferConfig checked(const Group& g, BufferConfig c) {
   UBEP_CHECK_ARG(c.max_topk >= 1 && c.max_topk <= 64, "max_topk must be in [1, 64], got ",
                  c.max_topk);
   UBEP_CHECK_ARG(c.num_workers <= 1024, "Buffer: num_workers must be <= 1024, got ", c.num_workers);
-  if (c.schedule != SendSchedule::kEqualSlices && !c.topology.empty()) {
+  if (c.research.schedule != SendSchedule::kEqualSlices && !c.research.topology.empty()) {
     // Parsed again (deterministically) when the scheduler is built; here only to agree on it.
-    const sched::Topology topo = sched::parse_topology(c.topology, g.size());
-    UBEP_CHECK_ARG(topo.ranks() == g.size(), "topology '", c.topology, "' has ", topo.ranks(),
+    const sched::Topology topo = sched::parse_topology(c.research.topology, g.size());
+    UBEP_CHECK_ARG(topo.ranks() == g.size(), "topology '", c.research.topology, "' has ", topo.ranks(),
                    " ranks, the group ", g.size());
   }
   backend::check_config(c, g.size());  // what the device's backend can serve
@@ -83,7 +83,7 @@ BufferConfig agree_on_config(Group& g, const BufferConfig& requested) {
                                      c.max_topk,
                                      c.enable_latency_layout,
                                      static_cast<int64_t>(c.initial_epoch),
-                                     static_cast<int64_t>(c.sync),
+                                     static_cast<int64_t>(c.research.sync),
                                      static_cast<int64_t>(c.algorithm),
                                      static_cast<int64_t>(c.placement),
                                      static_cast<int64_t>(c.device.type)};

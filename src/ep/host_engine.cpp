@@ -46,7 +46,7 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
       relay(make_relay(g, cfg, win, call)),
       waiter(g, watch, relay.get()),
       reducer(g, cfg, *dp, win, call, waiter, relay.get()) {
-  win.set_sync(cfg.sync);
+  win.set_sync(cfg.research.sync);
   // Virtual until touched (MAP_NORESERVE): costs nothing unless compact() is used.
   const auto most_rows = static_cast<size_t>(win.map().comb_rows());
   compacted = LocalArray(most_rows * codec().payload_bytes);
@@ -376,7 +376,7 @@ void HostEngine::set_algorithm(ubep::Algorithm a) {
 }
 void HostEngine::set_sync_mode(SyncMode m) {
   UBEP_CHECK_ARG(phase == Phase::kIdle, "set_sync_mode: a split-phase call is outstanding");
-  cfg.sync = m;
+  cfg.research.sync = m;
   win.set_sync(m);
 }
 TensorView HostEngine::compact() {

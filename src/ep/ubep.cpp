@@ -54,13 +54,13 @@ void wait_counts(const AlgoContext& c, int dest, int upto, bool caller, int from
 // The hop-aware send plan (BufferConfig::schedule): only ubep's senders follow one.
 std::unique_ptr<sched::Scheduler> make_scheduler(const AlgoContext& c) {
   const BufferConfig& cfg = c.cfg;
-  if (cfg.schedule == SendSchedule::kEqualSlices) return nullptr;
-  sched::Topology topo = cfg.topology.empty() ? sched::discover(c.group)
-                                              : sched::parse_topology(cfg.topology, c.ranks());
-  UBEP_CHECK_ARG(topo.ranks() == c.ranks(), "topology '", cfg.topology, "' has ", topo.ranks(),
+  if (cfg.research.schedule == SendSchedule::kEqualSlices) return nullptr;
+  sched::Topology topo = cfg.research.topology.empty() ? sched::discover(c.group)
+                                              : sched::parse_topology(cfg.research.topology, c.ranks());
+  UBEP_CHECK_ARG(topo.ranks() == c.ranks(), "topology '", cfg.research.topology, "' has ", topo.ranks(),
                  " ranks, the group ", c.ranks());
-  const sched::Policy policy = cfg.schedule == SendSchedule::kNaive ? sched::Policy::kNaive
-                               : cfg.schedule == SendSchedule::kColumnMajor
+  const sched::Policy policy = cfg.research.schedule == SendSchedule::kNaive ? sched::Policy::kNaive
+                               : cfg.research.schedule == SendSchedule::kColumnMajor
                                    ? sched::Policy::kColumnMajor
                                    : sched::Policy::kBalanced;
   return std::make_unique<sched::Scheduler>(std::move(topo),
@@ -81,7 +81,7 @@ class Ubep final : public Algorithm {
 
  private:
   AlgoContext c_;
-  std::unique_ptr<sched::Scheduler> scheduler_;  // when cfg.schedule plans the send work
+  std::unique_ptr<sched::Scheduler> scheduler_;  // when cfg.research.schedule plans the send work
   sched::Plan plan_;
   std::vector<int64_t> plan_rows_;  // [R] rows per destination handed to the scheduler
 };

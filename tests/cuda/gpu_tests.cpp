@@ -56,7 +56,7 @@ BufferConfig config_for(const Case& c) {
   cfg.num_experts = c.ranks * c.experts_per_rank;
   cfg.max_topk = c.topk;
   cfg.algorithm = c.algo;
-  cfg.sync = c.sync;
+  cfg.research.sync = c.sync;
   cfg.initial_epoch = c.epoch;
   cfg.placement = c.placement;
   return cfg;

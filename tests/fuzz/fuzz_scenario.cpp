@@ -191,7 +191,7 @@ Scenario decode(const uint8_t* data, size_t size) {
   cfg.num_experts = s.ranks * in.in(1, 4);
   cfg.max_topk = in.in(1, 6);
   cfg.num_workers = in.in(0, 2);
-  cfg.sync = in.one_in(3) ? SyncMode::kStopAndWait : SyncMode::kFused;
+  cfg.research.sync = in.one_in(3) ? SyncMode::kStopAndWait : SyncMode::kFused;
   cfg.enable_latency_layout = !in.one_in(8);
   cfg.placement = static_cast<Placement>(in.byte() % 3);
   const uint8_t epoch = in.byte();
@@ -278,7 +278,7 @@ std::string Scenario::describe() const {
   os << "ranks=" << ranks << " per_host=" << ranks_per_host << " T=" << c.max_tokens_per_rank
      << " H=" << c.hidden << " dtype=" << dtype_name(c.dtype) << " E=" << c.num_experts
      << " max_topk=" << c.max_topk << " workers=" << c.num_workers
-     << " sync=" << sync_mode_name(c.sync) << " latency=" << c.enable_latency_layout
+     << " sync=" << sync_mode_name(c.research.sync) << " latency=" << c.enable_latency_layout
      << " placement=" << placement_name(c.placement) << " epoch=" << c.initial_epoch << "\n";
   for (size_t i = 0; i < calls.size(); ++i) {
     const CallPlan& cp = calls[i];

@@ -163,8 +163,8 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   cfg.num_workers = o.workers;
   cfg.placement = o.placement;
   cfg.enable_latency_layout = o.layout == Layout::kLatency;
-  cfg.schedule = o.schedule;
-  cfg.topology = o.topology;
+  cfg.research.schedule = o.schedule;
+  cfg.research.topology = o.topology;
   // Deduplicated cross-host volume of this rank: one row per (token, remote host it goes to).
   double expected_net_rows = 0;
   if (g.num_hosts() > 1) {

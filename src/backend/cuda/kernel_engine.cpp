@@ -472,7 +472,7 @@ void KernelEngine::set_algorithm(Algorithm a) {
 void KernelEngine::set_sync_mode(SyncMode m) {
   UBEP_CHECK_ARG(phase_ == Phase::kIdle, "set_sync_mode: a split-phase call is outstanding");
   seq_.sync = m;
-  cfg_.sync = m;
+  cfg_.research.sync = m;
 }
 
 }  // namespace ubep::cuda_host

@@ -16,7 +16,7 @@ Sequencer::Sequencer(const BufferConfig& cfg, int ranks, int first_rank, int loc
       next_seq_(protocol::first_seq_of(cfg.initial_epoch)) {
   check_config(cfg, ranks, local_ranks);
   algorithm = cfg.algorithm;
-  sync = cfg.sync;
+  sync = cfg.research.sync;
 }
 
 void Sequencer::set_rank_memory(int i, char* scratch, void* y) {
