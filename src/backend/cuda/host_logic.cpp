@@ -8,7 +8,6 @@
 namespace ubep::cuda_host {
 
 namespace {
-Device cuda_device(const BufferConfig& cfg) { return cfg.device; }
 // The kernels' call-shape word (cuda_hd::call_shape_of) spells the enums' values.
 static_assert(static_cast<int>(Layout::kThroughput) == 0 &&
               static_cast<int>(Layout::kLatency) == 1);
@@ -52,7 +51,7 @@ void check_dispatch(const DispatchArgs& a, const BufferConfig& cfg, int rank) {
 void check_combine(const CombineArgs& a, const BufferConfig& cfg, const TensorView& recv_x,
                    uint64_t handle, int rank) {
   UBEP_CHECK_ARG(a.handle == handle, "combine: handle ", a.handle, " is not the last dispatch's ",
-                 handle);
+                 handle, " (rank ", rank, ")");
   UBEP_CHECK_ARG(a.x.device == cfg.device, "combine: x is on ", a.x.device.describe(),
                  ", the buffer on ", cfg.device.describe());
   if (a.compacted) {
