@@ -345,15 +345,7 @@ std::array<int64_t, 2> HostEngine::wait_recv_range(int source, int local_expert)
   HostEngine& b = *this;
   b.ledger.check_usable("wait_recv_range");
   UBEP_CHECK_ARG(b.phase == Phase::kDispatchSent, "wait_recv_range: no dispatch_send outstanding");
-  UBEP_CHECK_ARG(source >= 0 && source < b.ranks, "wait_recv_range: source ", source,
-                 " is not a rank of the group [0, ", b.ranks, ")");
-  if (b.call.layout == Layout::kLatency)
-    UBEP_CHECK_ARG(local_expert >= 0 && local_expert < b.local_experts,
-                   "wait_recv_range: local_expert ", local_expert, " is not in [0, ",
-                   b.local_experts, ")");
-  else
-    UBEP_CHECK_ARG(local_expert == 0, "wait_recv_range: local_expert ", local_expert,
-                   " must be 0 in the throughput layout (rows are not grouped by expert)");
+  protocol::check_recv_piece(source, local_expert, b.call.layout, b.ranks, b.local_experts);
   return phase_of(b, "wait_recv_range",
                   [&] { return b.algorithm().wait_recv_range(source, local_expert); });
 }

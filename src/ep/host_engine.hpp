@@ -24,6 +24,7 @@
 #include "ep/relay.hpp"
 #include "ep/waiter.hpp"
 #include "ep/window.hpp"
+#include "protocol/call_checks.hpp"
 #include "protocol/call_ledger.hpp"
 #include "ubep/buffer.hpp"
 

@@ -79,4 +79,16 @@ void check_expert_ids(const DispatchArgs& a, const BufferConfig& cfg) {
   }
 }
 
+void check_recv_piece(int source, int local_expert, Layout layout, int ranks, int local_experts) {
+  UBEP_CHECK_ARG(source >= 0 && source < ranks, "wait_recv_range: source ", source,
+                 " is not a rank of the group [0, ", ranks, ")");
+  if (layout == Layout::kLatency)
+    UBEP_CHECK_ARG(local_expert >= 0 && local_expert < local_experts,
+                   "wait_recv_range: local_expert ", local_expert, " is not in [0, ", local_experts,
+                   ")");
+  else
+    UBEP_CHECK_ARG(local_expert == 0, "wait_recv_range: local_expert ", local_expert,
+                   " must be 0 in the throughput layout (rows are not grouped by expert)");
+}
+
 }  // namespace ubep::protocol

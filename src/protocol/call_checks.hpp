@@ -12,5 +12,7 @@ namespace ubep::protocol {
 void check_dispatch_args(const DispatchArgs& args, const BufferConfig& config);
 // Every expert id in [-1, num_experts), none twice per token; topk_idx in host memory.
 void check_expert_ids(const DispatchArgs& args, const BufferConfig& config);
+// The receive hook's piece: a rank of the group, and a local expert (latency layout) or 0.
+void check_recv_piece(int source, int local_expert, Layout layout, int ranks, int local_experts);
 
 }  // namespace ubep::protocol

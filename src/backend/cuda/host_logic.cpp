@@ -33,9 +33,11 @@ void check_config(const BufferConfig& cfg, int ranks, int local_ranks) {
   UBEP_CHECK_ARG(cfg.max_tokens_per_rank >= 1 && cfg.max_tokens_per_rank <= (int64_t{1} << 30),
                  "CUDA buffer: max_tokens_per_rank ", cfg.max_tokens_per_rank, " out of range");
   UBEP_CHECK_ARG(cfg.hidden >= 1, "CUDA buffer: hidden ", cfg.hidden, " < 1");
-  UBEP_CHECK_ARG(cfg.dtype == DType::kBF16 || cfg.dtype == DType::kFP32,
-                 "CUDA buffer: dtype must be bf16 or fp32, got ", dtype_name(cfg.dtype),
-                 cfg.dtype == DType::kFP8E4M3 ? " (fp8 dispatch is CPU-backend only)" : "");
+  UBEP_CHECK_ARG(cfg.dtype == DType::kBF16 || cfg.dtype == DType::kFP32, "CUDA buffer on ",
+                 cfg.device.describe(), ": dtype must be bf16 or fp32, got ", dtype_name(cfg.dtype),
+                 cfg.dtype == DType::kFP8E4M3
+                     ? " (fp8 dispatch is not implemented by the CUDA kernels; the CPU has it)"
+                     : "");
 }
 
 void check_dispatch(const DispatchArgs& a, const BufferConfig& cfg, int rank) {

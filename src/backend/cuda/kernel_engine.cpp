@@ -218,9 +218,6 @@ void KernelEngine::launch_dispatch(const DispatchArgs* args, uint32_t phases, co
   if (args) {
     ledger_.start(what);
     try {
-      UBEP_CHECK_ARG(args->x_scales.ndim == 0 && args->x.dtype != DType::kFP8E4M3, what,
-                     ": fp8 dispatch is not implemented by the CUDA kernels (",
-                     cfg_.device.describe(), ")");
       p = seq_.dispatch({args, 1}, phases, res_);  // shapes, dtypes, devices, pointers
       if (ops_->host_readable()) protocol::check_expert_ids(*args, cfg_);
     } catch (const InvalidArgument&) {
@@ -366,15 +363,7 @@ std::array<int64_t, 2> KernelEngine::wait_recv_range(int source, int local_exper
   ledger_.check_usable("wait_recv_range");
   UBEP_CHECK_ARG(phase_ == Phase::kDispatchSent || phase_ == Phase::kDispatchDone,
                  "wait_recv_range: no dispatch_send outstanding");
-  const int El = cfg_.num_experts / ranks_;
-  UBEP_CHECK_ARG(source >= 0 && source < ranks_, "wait_recv_range: source ", source,
-                 " is not a rank of the group [0, ", ranks_, ")");
-  if (layout_ == Layout::kLatency)
-    UBEP_CHECK_ARG(local_expert >= 0 && local_expert < El, "wait_recv_range: local_expert ",
-                   local_expert, " is not in [0, ", El, ")");
-  else
-    UBEP_CHECK_ARG(local_expert == 0, "wait_recv_range: local_expert ", local_expert,
-                   " must be 0 in the throughput layout (rows are not grouped by expert)");
+  protocol::check_recv_piece(source, local_expert, layout_, ranks_, cfg_.num_experts / ranks_);
   if (phase_ == Phase::kDispatchSent) {
     launch_dispatch(nullptr, cuda_hd::kRecv, "wait_recv_range");
     finish("wait_recv_range");

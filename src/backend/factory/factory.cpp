@@ -24,8 +24,6 @@ bool runs_kernels(const Device& device) { return device.type != DeviceType::kCpu
 
 void check_config(const BufferConfig& config, int ranks) {
   if (!runs_kernels(config.device)) return;
-  UBEP_CHECK_ARG(config.dtype != DType::kFP8E4M3, "Buffer on ", config.device.describe(),
-                 ": fp8 dispatch is not implemented by the CUDA kernels (bf16 and fp32 are)");
   cuda_host::check_config(config, ranks, 1);
 }
 
