@@ -90,6 +90,9 @@ class CudaOps final : public DeviceOps {
     cuda::check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, side_), "copy");
     cuda::check_cuda(cudaStreamSynchronize(side_), "copy");
   }
+  // A failure word carries no payload: a reader that sees it needs no other write of this rank to
+  // be visible, so a plain 4-byte copy (atomic for an aligned word) is enough; the kernels poll
+  // it with ld.acquire.sys and at worst see it one poll later.
   void store_word(uint32_t* word, uint32_t value) override { copy(word, &value, sizeof value); }
   uint32_t load_word(const uint32_t* word) override {
     uint32_t v = 0;
