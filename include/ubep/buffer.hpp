@@ -74,6 +74,9 @@ struct BufferConfig {
   // The ablation knobs of the papers' techniques (ubep/research.hpp), apart from the basic
   // config: the defaults are what a user wants.
   ResearchOptions research;
+  // Elastic EP (docs/ELASTIC.md): when the process of a rank on this host dies, mask it at the
+  // next dispatch without waiting for Buffer::mask (the call in flight still fails).
+  bool mask_dead_ranks = false;
 };
 
 // The dtype of combine's input and output for a buffer: its dtype, or bf16 for fp8 buffers.
@@ -193,6 +196,20 @@ class Buffer {
   Group& group();
   int num_local_experts() const;
   int num_workers() const;  // worker threads per rank used by the ubep roles
+  // Elastic EP (docs/ELASTIC.md; CPU buffers on one host). mask(rank): from the next dispatch
+  // on, `rank` is neither sent to nor waited for; the topk entries naming its experts are
+  // dropped (no rows go there, their weights contribute nothing to combine) and recv_count /
+  // recv_range show nothing from it. Call it on every surviving rank, like DeepEP's
+  // low_latency_update_mask_buffer; a rank that has not yet is told at its next call (a
+  // PeerFailedError, then its next dispatch agrees). The survivors agree on the dispatch from
+  // which the mask holds through their windows, without the masked rank and without MPI.
+  void mask(int rank);
+  // The ranks masked in the view agreed at the last dispatch, ascending.
+  std::vector<int> masked_ranks() const;
+  // A rank whose own view masks it (it was masked while alive) or a replacement process comes
+  // back: its next dispatch is agreed with every live peer, which unmask it from that dispatch on.
+  void rejoin();
+
   void set_algorithm(Algorithm a);
   void set_sync_mode(SyncMode m);
   const CallStats& last_stats() const;

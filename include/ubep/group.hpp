@@ -13,12 +13,16 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace ubep {
 
 namespace transport {
 class Remote;
+}
+namespace bootstrap {
+class DeathWatch;
 }
 
 struct GroupOptions {
@@ -75,6 +79,13 @@ class Group {
   // Point-to-point transport to ranks on other hosts; nullptr on a single host. Internal: used
   // by the cross-host relay of the EP algorithms, from one thread at a time.
   virtual transport::Remote* remote() { return nullptr; }
+
+  // Process groups watch the processes of this host's other ranks (docs/ELASTIC.md): how rank
+  // `rank`'s process ended, e.g. "died (signal 9)"; empty while it lives or is not watched
+  // (thread groups, other hosts).
+  std::string death_of(int rank);
+  // Internal: the watch behind death_of (nullptr where nothing is watched).
+  virtual bootstrap::DeathWatch* death_watch() { return nullptr; }
 
   // Short description for logs and benchmark tables, e.g. "threads(4)" or "mpi(2 ranks, 1 host)".
   virtual const char* kind() const = 0;

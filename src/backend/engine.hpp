@@ -14,6 +14,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "ubep/buffer.hpp"
 
@@ -39,6 +40,11 @@ class Engine {
   virtual const BufferConfig& config() const = 0;
   virtual Group& group() = 0;
   virtual int num_workers() const = 0;
+  // Elastic EP (docs/ELASTIC.md): engines without it refuse, naming the device.
+  virtual void mask(int rank);
+  virtual std::vector<int> masked_ranks() const { return {}; }
+  virtual void rejoin();
+
   virtual void set_algorithm(Algorithm a) = 0;
   virtual void set_sync_mode(SyncMode m) = 0;
   virtual const CallStats& last_stats() const = 0;

@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "bootstrap/death_watch.hpp"
 #include "ubep/error.hpp"
 #include "ubep/group.hpp"
 
@@ -14,6 +15,11 @@ Group::Group(int rank, int size, GroupOptions options)
 void Group::barrier() {
   ++barriers_;
   barrier_impl();
+}
+
+std::string Group::death_of(int rank) {
+  bootstrap::DeathWatch* watch = death_watch();
+  return watch && watch->dead(rank) ? watch->how(rank) : std::string();
 }
 
 void Group::set_hosts(std::vector<int> host_of) {

@@ -154,6 +154,13 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
   set_hosts(std::move(host_of));
   UBEP_CHECK_ARG(single_host() || remote_, "the group spans ", num_hosts(),
                  " hosts but has no transport between them (use make_mpi_group)");
+  // Every rank's pid, so each process can watch its host-mates' (DeathWatch).
+  const pid_t me = getpid();
+  std::vector<pid_t> pids(static_cast<size_t>(size()));
+  bootstrap_->allgather(&me, pids.data(), sizeof me);
+  for (int r = 0; r < size(); ++r)
+    if (r == rank() || !same_host(r, rank())) pids[static_cast<size_t>(r)] = 0;
+  deaths_ = std::make_unique<DeathWatch>(pids);
   control_ = allocate_window(sizeof(ArrivalCounter));
   barrier_ = std::make_unique<FlagBarrier>(
       rank(), size(), [this](int p) { return static_cast<ArrivalCounter*>(control_->base(p)); });

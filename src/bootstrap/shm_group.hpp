@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "bootstrap/death_watch.hpp"
 #include "bootstrap/flag_barrier.hpp"
 #include "transport/remote.hpp"
 #include "ubep/bootstrap.hpp"
@@ -23,6 +24,7 @@ class ShmGroup : public Group {
   std::unique_ptr<SharedWindow> allocate_window(size_t bytes) override;
   void allgather(const void* in, void* out, size_t bytes) override;
   transport::Remote* remote() override { return remote_.get(); }
+  DeathWatch* death_watch() override { return deaths_.get(); }
   const char* kind() const override { return "processes"; }
 
  protected:
@@ -35,6 +37,7 @@ class ShmGroup : public Group {
   std::unique_ptr<SharedWindow> control_;
   std::unique_ptr<FlagBarrier> barrier_;
   std::unique_ptr<transport::Remote> remote_;
+  std::unique_ptr<DeathWatch> deaths_;  // this host's other ranks' processes
 };
 
 // Host ids from options.ranks_per_host (> 0: every N consecutive ranks form a host) or else

@@ -33,6 +33,9 @@ struct AlgoContext {
   int local_experts() const { return call.local_experts; }
   int64_t T() const { return call.T; }  // max tokens per rank
   bool same_host(int r) const { return group.same_host(r, call.rank); }
+  // A peer this call exchanges with through shared memory: on this host and not masked (a
+  // masked rank is neither sent to nor waited for, docs/ELASTIC.md).
+  bool reach(int r) const { return same_host(r) && !call.masked(r); }
   bool multi_host() const { return relay != nullptr; }
   size_t row_bytes() const { return win.row_bytes(); }  // a combine row
 };

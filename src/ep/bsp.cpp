@@ -20,9 +20,9 @@ void set_flags_and_verify(const AlgoContext& c, int op) {
   const Window& w = c.win;
   // Flags travel through shared memory, so only within the host; the barriers cover the rest.
   for (int d = 0; d < c.ranks(); ++d)
-    if (c.same_host(d)) w.dp().publish(w.map().stage_flag(w.peer(d), op, c.rank()), w.tag());
+    if (c.reach(d)) w.dp().publish(w.map().stage_flag(w.peer(d), op, c.rank()), w.tag());
   for (int s = 0; s < c.ranks(); ++s) {
-    if (!c.same_host(s)) continue;
+    if (!c.reach(s)) continue;
     const Tag* f = w.map().stage_flag(w.local(), op, s);
     c.waiter.wait_for([&] { return w.arrived(f); }, true,
                       [&] { return detail::concat("bsp flag of rank ", s); });
@@ -44,9 +44,10 @@ void stage_barrier(const AlgoContext& c, int n, uint64_t* window_barriers) {
   const Window& w = c.win;
   const int slot = 2 + n;
   for (int d = 0; d < c.ranks(); ++d)
-    if (d != c.rank()) w.dp().publish(w.map().stage_flag(w.peer(d), slot, c.rank()), w.tag());
+    if (d != c.rank() && c.reach(d))
+      w.dp().publish(w.map().stage_flag(w.peer(d), slot, c.rank()), w.tag());
   for (int s = 0; s < c.ranks(); ++s) {
-    if (s == c.rank()) continue;
+    if (s == c.rank() || !c.reach(s)) continue;
     const Tag* f = w.map().stage_flag(w.local(), slot, s);
     c.waiter.wait_for([&] { return w.arrived(f); }, true,
                       [&] { return detail::concat("bsp barrier ", n, " of rank ", s); });
@@ -83,7 +84,7 @@ void Bsp::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
   timer.lap("layout");  // routing was built (and validated) by begin_dispatch
   if (c.relay) c.relay->start_dispatch();
   for (int d = 0; d < c.ranks(); ++d) {
-    if (!c.same_host(d)) continue;
+    if (!c.reach(d)) continue;
     c.win.publish_count(d, c.rank(), routing.dest_rows[static_cast<size_t>(d)], routing.topk,
                         call.shape(),
                         &routing.dest_expert_rows[static_cast<size_t>(d * c.local_experts())]);
@@ -94,7 +95,7 @@ void Bsp::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
   barrier(0);
   timer.lap("count exchange");
   for (int d = 0; d < c.ranks(); ++d)
-    if (c.same_host(d)) call.compute_offsets(c.win, d);
+    if (c.reach(d)) call.compute_offsets(c.win, d);
   // The rows to each destination split over the worker team as ubep splits them (fair
   // baseline); the barrier after this stage orders them for the receivers. Destinations in
   // rotated order (as ubep does), so senders do not all start on the same rank.
@@ -102,7 +103,7 @@ void Bsp::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
     const int members = c.dp.members();
     for (int k = 1; k <= c.ranks(); ++k) {
       const int d = (c.rank() + k) % c.ranks();
-      if (!c.same_host(d)) continue;
+      if (!c.reach(d)) continue;
       const int64_t n = routing.dest_rows[static_cast<size_t>(d)];
       for (int64_t i = n * m / members; i < n * (m + 1) / members; ++i)
         call.send_rows(c.win, d, i, [](Tag*) {});

@@ -72,7 +72,19 @@ int Buffer::num_local_experts() const {
   return impl_->engine->config().num_experts / impl_->engine->group().size();
 }
 int Buffer::num_workers() const { return impl_->engine->num_workers(); }
+void Buffer::mask(int rank) { impl_->engine->mask(rank); }
+std::vector<int> Buffer::masked_ranks() const { return impl_->engine->masked_ranks(); }
+void Buffer::rejoin() { impl_->engine->rejoin(); }
 void Buffer::set_algorithm(Algorithm a) { impl_->engine->set_algorithm(a); }
+
+void backend::Engine::mask(int rank) {
+  throw InvalidArgument(detail::concat("mask(", rank, "): masking ranks is not supported on ",
+                                       config().device.describe(), " buffers (CPU only)"));
+}
+void backend::Engine::rejoin() {
+  throw InvalidArgument(detail::concat("rejoin: not supported on ", config().device.describe(),
+                                       " buffers (CPU only)"));
+}
 void Buffer::set_sync_mode(SyncMode m) { impl_->engine->set_sync_mode(m); }
 const CallStats& Buffer::last_stats() const { return impl_->engine->last_stats(); }
 size_t Buffer::shared_bytes() const { return impl_->engine->shared_bytes(); }

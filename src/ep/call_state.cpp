@@ -14,10 +14,11 @@ CallState::CallState(int r, const BufferConfig& cfg, int R)
       expert_offset_at(static_cast<size_t>(R) * static_cast<size_t>(cfg.num_experts / R)),
       recv_count(static_cast<size_t>(cfg.num_experts / R) * 8),
       recv_range(static_cast<size_t>(cfg.num_experts / R) * static_cast<size_t>(R) * 16),
-      offsets_ready_(static_cast<size_t>(R)) {}
+      offsets_ready_(static_cast<size_t>(R)),
+      masked_(static_cast<size_t>(R), 0) {}
 
 void CallState::begin(const DispatchArgs& a, const BufferConfig& cfg, size_t row_bytes) {
-  routing.build(a, cfg);  // validates: throws before anything is sent
+  routing.build(a, cfg, masked_.data());  // validates: throws before anything is sent
   double rows = 0;
   for (int d = 0; d < ranks; ++d) rows += routing.dest_rows[static_cast<size_t>(d)];
   if (a.layout == Layout::kLatency) {
@@ -42,6 +43,7 @@ void CallState::compute_offsets(const Window& w, int dest) {
   int64_t rows = 0;
   std::fill(eo, eo + local_experts, 0);
   for (int s = 0; s < rank; ++s) {
+    if (masked(s)) continue;  // sends nothing
     CountRecord rec = w.count(dest, s);
     rows += *rec.rows();
     if (layout == Layout::kLatency)
@@ -56,6 +58,20 @@ void CallState::receive_counts(const Window& w) {
   std::fill(counts, counts + local_experts, 0);
   const bool per_source = placement == Placement::kPerSource;
   for (int s = 0; s < ranks; ++s) {
+    if (masked(s)) {  // nothing from it, ever: an empty range where its rows would start
+      if (layout == Layout::kThroughput) {
+        int64_t* r = recv_range.get<int64_t>() + 2 * s;
+        r[0] = per_source ? s * T : rows;
+        r[1] = 0;
+      } else {
+        for (int e = 0; e < local_experts; ++e) {
+          int64_t* r = recv_range.get<int64_t>() + 2 * (e * ranks + s);
+          r[0] = per_source ? s * T : counts[e];
+          r[1] = 0;
+        }
+      }
+      continue;
+    }
     CountRecord rec = w.count(rank, s);
     if (*rec.topk() != routing.topk) topk_mismatch_.store(s, std::memory_order_relaxed);
     if (*rec.shape() != shape()) {
@@ -86,6 +102,10 @@ void CallState::receive_counts(const Window& w) {
 std::array<int64_t, 2> CallState::range_from_counts(const Window& w, int e, int s) const {
   int64_t begin = 0;
   for (int src = first_range_source(s); src <= s; ++src) {
+    if (masked(src)) {
+      if (src == s) return {placement == Placement::kPerSource ? s * T : begin, 0};
+      continue;
+    }
     CountRecord rec = w.count(rank, src);
     UBEP_CHECK_ARG(*rec.shape() == shape(), "dispatch: rank ", src,
                    " made a different call (layout or placement) than rank ", rank);

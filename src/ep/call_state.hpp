@@ -34,6 +34,11 @@ class CallState {
   }
   int rank, ranks, local_experts;
   int64_t T;  // max tokens per rank
+  // The ranks masked in this buffer's agreed view (docs/ELASTIC.md), set between calls by the
+  // engine: never sent to, never waited for, their count records read as zero; the routing
+  // drops the topk entries of their experts (those weights contribute nothing to combine).
+  bool masked(int r) const { return masked_[static_cast<size_t>(r)] != 0; }
+  void set_masked(const std::vector<uint8_t>& m) { masked_ = m; }
   int64_t RT() const { return static_cast<int64_t>(ranks) * T; }
   // Rows into a peer's dispatch output: non-temporal stores when the call moves more than
   // kStreamBytes (they skip the read-for-ownership of lines the writer never reads, like
@@ -110,6 +115,7 @@ class CallState {
 
  private:
   std::vector<std::atomic<uint64_t>> offsets_ready_;  // [R]
+  std::vector<uint8_t> masked_;                       // [R]
   uint64_t send_generation_ = 0;
   std::atomic<int> topk_mismatch_{-1};
   std::atomic<int> shape_mismatch_{-1};

@@ -7,6 +7,7 @@
 
 #include "core/log.hpp"
 #include "ep/algo_context.hpp"
+#include "bootstrap/death_watch.hpp"
 #include "ep/config_agreement.hpp"
 #include "ubep/error.hpp"
 
@@ -40,9 +41,11 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
           *dp, cfg.initial_epoch),
       call(g.rank(), cfg, g.size()),
       ledger(
-          g.rank(), g.size(), [this](int r) { return win.peer(r) ? win.failure_of(r) : 0u; },
+          g.rank(), g.size(),
+          [this](int r) { return win.peer(r) && !call.masked(r) ? win.failure_of(r) : 0u; },
           [this](uint32_t word) { win.publish_failure(rank, word); }),
-      watch(win, g.rank()),
+      members(g, win),
+      watch(win, members, g.rank()),
       relay(make_relay(g, cfg, win, call)),
       waiter(g, watch, relay.get()),
       reducer(g, cfg, *dp, win, call, waiter, relay.get()) {
@@ -56,6 +59,13 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
     cast_scales = LocalArray(static_cast<size_t>(T) * codec().scale_bytes);
   }
   stats.stage_us.reserve(16);
+  // A host-mate's process that dies publishes nothing, so this rank writes its failure word on
+  // its behalf, into its own window (the dead rank wrote its slot last; nobody else writes it):
+  // every wait of this buffer polls that word, so a call waiting on the dead rank ends within
+  // a poll of the death (the watch thread's store, the waiter's acquire load).
+  if (bootstrap::DeathWatch* deaths = g.death_watch())
+    death_subscription =
+        deaths->subscribe([this](int r) { win.set_failure_of(r, protocol::kDeadWord); });
   const AlgoContext ctx{grp, cfg, *dp, win, call, waiter, reducer, relay.get(), stats};
   bsp = make_bsp(ctx);
   ubep = make_ubep(ctx);
@@ -175,6 +185,7 @@ void HostEngine::set_combine_weights(const CombineArgs& a) {
 // ---------------------------------------------------------------------------------------------
 
 HostEngine::~HostEngine() {
+  if (death_subscription >= 0) grp.death_watch()->unsubscribe(death_subscription);
   // Departure (CallLedger::depart says which call the word names). The peers' windows stay
   // valid for this store: thread windows are shared by the group, process windows stay mapped
   // by every rank until its own Buffer goes.
@@ -211,9 +222,48 @@ class CallScope {
 };
 }  // namespace
 
-void HostEngine::start_call(const char* what) {
+void HostEngine::start_call(const char* what, bool dispatch) {
+  ledger.check_usable(what);
+  settle_membership(what, dispatch);
   ledger.start(what);
   watch.set_call(ledger.calls());
+}
+
+void HostEngine::settle_membership(const char* what, bool dispatch) {
+  if (!members.change_pending()) return;
+  const uint64_t next = ledger.calls() + 1;
+  if (!dispatch) {  // agreements run at dispatches; this combine fails only if it cannot complete
+    const int dead = members.dead_unmasked();
+    UBEP_CHECK(dead < 0, PeerFailedError, what, " (call ", next, "): rank ", dead, " ",
+               members.death_note(dead), "; dispatch again (with the rank masked)");
+    const int ahead = members.peer_ahead(next);
+    UBEP_CHECK(ahead < 0, PeerFailedError, what, " (call ", next, "): rank ", ahead,
+               " left to agree on a change of the group; dispatch again");
+    return;
+  }
+  UBEP_CHECK_ARG(!multi_host(), what, ": masking ranks works on one host, the group spans ",
+                 grp.num_hosts(), " (docs/ELASTIC.md)");
+  WaitPolicy policy = waiter.policy();
+  policy.abort = nullptr;  // the agreement watches deaths and rounds itself
+  const Membership::Resume resume =
+      members.agree(ledger.calls(), win.seq(), cfg.mask_dead_ranks, policy, what);
+  ledger.resume_after(resume.calls);
+  win.resume_after(resume.seq);
+  call.set_masked(members.masked_vector());
+  have_dispatch = false;
+}
+
+void HostEngine::mask(int r) {
+  UBEP_CHECK_ARG(phase == Phase::kIdle, "mask: a split-phase call is outstanding");
+  UBEP_CHECK_ARG(!multi_host(), "mask: masking ranks works on one host, the group spans ",
+                 grp.num_hosts(), " (docs/ELASTIC.md)");
+  members.mask(r);
+}
+
+void HostEngine::rejoin() {
+  UBEP_CHECK_ARG(phase == Phase::kIdle, "rejoin: a split-phase call is outstanding");
+  members.rejoin();
+  ledger.reset();
 }
 
 void HostEngine::join_call(const char* what) {
@@ -228,8 +278,17 @@ void HostEngine::join_call(const char* what) {
 void HostEngine::reject_call() { ledger.reject(); }
 
 void HostEngine::break_call(const char* what, const std::exception& cause) {
-  ledger.fail(what, cause);
   phase = Phase::kIdle;
+  // The call failed because a rank died or left for an agreement: not a fault of this buffer.
+  // Abandon the call (peers waiting for this rank's part learn it from the new round) and
+  // agree at the next dispatch instead of breaking (docs/ELASTIC.md).
+  if (!multi_host() &&
+      (members.dead_unmasked() >= 0 || members.peer_ahead(ledger.calls()) >= 0)) {
+    members.abandon(ledger.calls(), win.seq(), cfg.mask_dead_ranks);
+    have_dispatch = false;
+    return;
+  }
+  ledger.fail(what, cause);
 }
 
 namespace {
@@ -261,7 +320,7 @@ void inputs_of(HostEngine& b, const char* what, Fn&& fn) {
 
 DispatchResult HostEngine::dispatch(const DispatchArgs& args) {
   HostEngine& b = *this;
-  b.start_call("dispatch");
+  b.start_call("dispatch", true);
   {
     CallScope scope(b);
     inputs_of(b, "dispatch", [&] { b.begin_dispatch(args); });
@@ -277,7 +336,7 @@ DispatchResult HostEngine::dispatch(const DispatchArgs& args) {
 
 TensorView HostEngine::combine(const CombineArgs& args) {
   HostEngine& b = *this;
-  b.start_call("combine");
+  b.start_call("combine", false);
   CallScope scope(b);
   inputs_of(b, "combine", [&] { b.check_combine(args); });
   b.set_combine_weights(args);
@@ -296,7 +355,7 @@ void HostEngine::dispatch_send(const DispatchArgs& args) {
                  "dispatch_send: split-phase calls need the ubep "
                  "algorithm, this buffer runs ",
                  algorithm_name(b.cfg.algorithm));
-  b.start_call("dispatch_send");
+  b.start_call("dispatch_send", true);
   CallScope scope(b);
   inputs_of(b, "dispatch_send", [&] { b.begin_dispatch(args); });
   phase_of(b, "dispatch_send", [&] { b.algorithm().dispatch_send(args); });
@@ -322,7 +381,7 @@ void HostEngine::combine_send(const CombineArgs& args) {
                  "combine_send: split-phase calls need the ubep "
                  "algorithm, this buffer runs ",
                  algorithm_name(b.cfg.algorithm));
-  b.start_call("combine_send");
+  b.start_call("combine_send", false);
   CallScope scope(b);
   inputs_of(b, "combine_send", [&] { b.check_combine(args); });
   b.set_combine_weights(args);

@@ -20,6 +20,7 @@
 #include "core/local_array.hpp"
 #include "ep/algorithm.hpp"
 #include "ep/call_state.hpp"
+#include "ep/membership.hpp"
 #include "ep/reducer.hpp"
 #include "ep/relay.hpp"
 #include "ep/waiter.hpp"
@@ -42,13 +43,18 @@ struct HostEngine final : backend::Engine {
   // Calls started, whether the buffer is broken, what the peers are told (shared with the
   // device engine): once the ranks are out of step no call may return data.
   protocol::CallLedger ledger;
+  ep::Membership members;            // masked ranks and their agreement (docs/ELASTIC.md)
+  int death_subscription = -1;       // the group's death watch writes kDeadWord for us
   ep::FailureWatch watch;            // every wait of this buffer polls the peers' failure words
   std::unique_ptr<HostRelay> relay;  // cross-host relay, when the group spans hosts
   ep::Waiter waiter;
   ep::TokenReducer reducer;  // owns y, combine's output
 
   // Starts call number `ledger.calls() + 1`; throws BrokenBufferError if the buffer is broken.
-  void start_call(const char* what);
+  // A dispatch first agrees on a pending change of the group (membership.hpp); a combine fails
+  // if a rank it needs died or left for an agreement.
+  void start_call(const char* what, bool dispatch);
+  void settle_membership(const char* what, bool dispatch);
   // After the call's inputs were accepted: fails the call if a peer's buffer broke.
   void join_call(const char* what);
   // This rank rejected its input before sending anything: tell peers waiting in this call.
@@ -88,6 +94,9 @@ struct HostEngine final : backend::Engine {
   const BufferConfig& config() const override { return cfg; }
   Group& group() override { return grp; }
   int num_workers() const override { return dp->members() - 1; }
+  void mask(int r) override;
+  std::vector<int> masked_ranks() const override { return members.masked_ranks(); }
+  void rejoin() override;
   void set_algorithm(ubep::Algorithm a) override;
   void set_sync_mode(SyncMode m) override;
   const CallStats& last_stats() const override { return stats; }

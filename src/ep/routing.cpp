@@ -26,7 +26,7 @@ void validate_dispatch(const DispatchArgs& a, const BufferConfig& cfg) {
   protocol::check_expert_ids(a, cfg);
 }
 
-void Routing::build(const DispatchArgs& a, const BufferConfig& cfg) {
+void Routing::build(const DispatchArgs& a, const BufferConfig& cfg, const uint8_t* masked) {
   validate_dispatch(a, cfg);
   num_tokens = a.x.dim(0);
   topk = static_cast<int>(a.topk_idx.dim(1));
@@ -39,7 +39,8 @@ void Routing::build(const DispatchArgs& a, const BufferConfig& cfg) {
     uint8_t* sent_row = &sent_to[static_cast<size_t>(t * ranks)];
     std::memset(sent_row, 0, static_cast<size_t>(ranks));
     for (int j = 0; j < K; ++j) {
-      const auto e = static_cast<int32_t>(idx[t * K + j]);
+      auto e = static_cast<int32_t>(idx[t * K + j]);
+      if (e >= 0 && masked && masked[e / local_experts]) e = -1;
       const size_t tk = static_cast<size_t>(t * K + j);
       topk_idx[tk] = e;
       topk_weights[tk] = w[t * K + j];

@@ -44,7 +44,8 @@ inline void slice(int64_t n, int m, int members, int64_t* begin, int64_t* end) {
 // the cross-host relay keeps running meanwhile, so proxied records can appear).
 void wait_counts(const AlgoContext& c, int dest, int upto, bool caller, int from = 0) {
   for (int s = from; s < upto; ++s)
-    c.waiter.wait_for([&] { return c.win.count_arrived(dest, s); }, caller,
+    if (!c.call.masked(s))
+      c.waiter.wait_for([&] { return c.win.count_arrived(dest, s); }, caller,
                       [&] {
                         return detail::concat("count record of rank ", s, " at rank ", dest,
                                               " (epoch tag ", c.win.tag(), ")");
@@ -112,7 +113,7 @@ void Ubep::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
       if (c.relay) c.relay->start_dispatch();  // remote hosts first: their data has furthest to go
       for (int k = 1; k <= c.ranks(); ++k) {
         const int d = (c.rank() + k) % c.ranks();
-        if (!c.same_host(d)) continue;
+        if (!c.reach(d)) continue;
         c.win.publish_count(d, c.rank(), routing.dest_rows[static_cast<size_t>(d)], routing.topk,
                             call.shape(),
                             &routing.dest_expert_rows[static_cast<size_t>(d * c.local_experts())]);
@@ -122,7 +123,7 @@ void Ubep::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
       if (m == 0) {
         for (int k = 1; k <= c.ranks(); ++k) {
           const int d = (c.rank() + k) % c.ranks();
-          if (!c.same_host(d)) continue;
+          if (!c.reach(d)) continue;
           if (call.offsets_need_counts()) wait_counts(c, d, c.rank(), true);
           call.compute_offsets(c.win, d);
           call.signal_offsets(d, signal);
@@ -138,7 +139,7 @@ void Ubep::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
     // Destinations in rotated order, starting after ourselves, so senders spread over receivers.
     for (int k = 1; k <= c.ranks(); ++k) {
       const int d = (c.rank() + k) % c.ranks();
-      if (!c.same_host(d)) continue;  // reached through the relay
+      if (!c.reach(d)) continue;  // reached through the relay
       if (m == 0) {
         if (call.offsets_need_counts()) wait_counts(c, d, c.rank(), true);
         call.compute_offsets(c.win, d);

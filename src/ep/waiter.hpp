@@ -10,8 +10,8 @@
 #include <chrono>
 
 #include "core/wait.hpp"
+#include "ep/failure_watch.hpp"
 #include "ep/relay.hpp"
-#include "ep/window.hpp"
 
 namespace ubep::ep {
 

@@ -31,6 +31,7 @@ class Window {
   // --- epochs: one sequence number per dispatch (its combine shares it) ---
   uint64_t begin_call() { return calls_.begin_call(); }
   uint64_t seq() const { return calls_.seq(); }
+  void resume_after(uint64_t seq) { calls_.resume_after(seq); }
   int half() const { return calls_.half(); }
   uint32_t tag() const { return calls_.tag(); }
   void set_sync(SyncMode m) { sync_ = m; }
@@ -88,6 +89,37 @@ class Window {
       if (r != me && peer(r)) dp_.publish(map_.fail_word(peer(r), me), word);
   }
   uint32_t failure_of(int source) const { return dp_.load(map_.fail_word(local(), source)); }
+  // A failure word in this rank's own window: a survivor writes kDeadWord for a dead rank (its
+  // own copy; the dead rank writes nothing more), a rejoin clears it.
+  void set_failure_of(int source, uint32_t word) const {
+    dp_.publish(map_.fail_word(local(), source), word);
+  }
+
+  // --- membership records (protocol.hpp MemberRecord, ep/membership.hpp): a seqlock per
+  // (source, destination) slot; the source is the only writer of its slot in every window.
+  // fields: the record's words after the stamp. Writes into every peer on this host (`to`
+  // selects, e.g. not the dead).
+  template <typename To>
+  void publish_member(int me, uint32_t version, const uint32_t* fields, int n, To&& to) const {
+    for (int r = 0; r < map_.ranks; ++r) {
+      if (r == me || !peer(r) || !to(r)) continue;
+      Tag* w = map_.member_record(peer(r), me).words;
+      dp_.publish(w, 2 * version + 1);  // odd: being rewritten
+      for (int i = 0; i < n; ++i) dp_.publish(w + 1 + i, fields[i]);
+      dp_.publish(w, 2 * version + 2);  // release: the fields above are visible with it
+    }
+  }
+  // Source `src`'s record in this window; false if never written or being rewritten.
+  bool read_member(int src, uint32_t* fields, int n) const {
+    const Tag* w = map_.member_record(local(), src).words;
+    const uint32_t s1 = dp_.load(w);
+    if (s1 == 0 || (s1 & 1u)) return false;
+    for (int i = 0; i < n; ++i) fields[i] = dp_.load(w + 1 + i);
+    return dp_.load(w) == s1;  // a field of a later version would make the stamp differ
+  }
+  uint32_t member_round(int src) const {
+    return dp_.load(map_.member_record(local(), src).words + MemberRecord::kRound);
+  }
 
  private:
   WindowLayout map_;
@@ -95,33 +127,6 @@ class Window {
   backend::DataPath& dp_;
   SyncMode sync_ = SyncMode::kFused;
   CallSequence calls_;
-};
-
-// Ends a wait of call `call` when a peer on this host published that it rejected that call or
-// that its buffer is broken: the waiter learns at once, naming the rank, instead of timing out.
-class FailureWatch final : public WaitAbort {
- public:
-  FailureWatch(const Window& w, int me) : w_(w), me_(me) {}
-  void set_call(uint64_t call) { call_ = call; }
-  uint64_t call() const { return call_; }
-  void check() const override {
-    for (int r = 0; r < w_.map().ranks; ++r) {
-      if (r == me_ || !w_.peer(r)) continue;
-      const uint32_t v = w_.failure_of(r);
-      if (!failure_ends_call(v, call_)) continue;
-      if (is_broken(v))
-        throw PeerFailedError(detail::concat("rank ", r, " failed call ", marked_call(v, call_),
-                                             " (its buffer is broken), so call ", call_,
-                                             " cannot complete on rank ", me_));
-      throw PeerFailedError(detail::concat("rank ", r, " rejected its input for call ", call_,
-                                           ", so the call cannot complete on rank ", me_));
-    }
-  }
-
- private:
-  const Window& w_;
-  int me_;
-  uint64_t call_ = 0;
 };
 
 }  // namespace ubep::ep

@@ -33,6 +33,18 @@ class CallLedger {
     check_usable(what, calls_ + 1);
     ++calls_;
   }
+  // After an agreement on the group (docs/ELASTIC.md): the next call is `call` + 1, the one
+  // after the highest any live rank started.
+  void resume_after(uint64_t call) {
+    if (call > calls_) calls_ = call;
+    rejected_ = 0;
+  }
+  // A rank that rejoins starts clean: what broke it belonged to the group it was masked from.
+  void reset() {
+    broken_.clear();
+    rejected_ = 0;
+    publish_(0);
+  }
   // A later phase of a started call (dispatch_recv, ...): BrokenBufferError once broken.
   void check_usable(const char* what) const { check_usable(what, calls_); }
 
@@ -42,6 +54,8 @@ class CallLedger {
   void join(const char* what) {
     for (int r = 0; r < ranks_; ++r) {
       const uint32_t word = r != rank_ ? read_(r) : 0u;
+      UBEP_CHECK(!is_dead(word), PeerFailedError, what, " (call ", calls_, "): rank ", r,
+                 " died");
       if (!is_broken(word)) continue;
       const uint64_t at = marked_call(word, calls_);
       if (at > calls_) continue;  // it broke in a later call: it had sent its part of this one

@@ -52,6 +52,9 @@ class CallSequence {
  public:
   explicit CallSequence(uint64_t initial_epoch) : next_(first_seq_of(initial_epoch)) {}
   uint64_t begin_call() { return seq_ = next_++; }
+  // After an agreement (docs/ELASTIC.md): the next call follows `seq`, the highest any live rank
+  // used, so its tags differ from every earlier call's.
+  void resume_after(uint64_t seq) { next_ = next_ > seq + 1 ? next_ : seq + 1; }
   uint64_t seq() const { return seq_; }
   int half() const { return half_of(seq_); }
   uint32_t tag() const { return tag_of(seq_); }
@@ -61,10 +64,13 @@ class CallSequence {
   uint64_t seq_ = 0;
 };
 
-// Failure words (WindowLayout::fail_word): 0, the call a rank rejected (fail_marker), or the
-// call in which its buffer broke for good (broken_marker: the marker with the top bit set).
-// Calls are counted modulo 2^31-1; peers are never more than a call or two apart.
+// Failure words (WindowLayout::fail_word): 0, the call a rank rejected (fail_marker), the
+// call in which its buffer broke for good (broken_marker: the marker with the top bit set), or
+// kDeadWord: its process died, written by a survivor into its own window on the dead rank's
+// behalf (docs/ELASTIC.md). Calls are counted modulo 2^31-1; peers are never more than a call
+// or two apart.
 inline constexpr uint32_t kBrokenBit = 0x80000000u;
+inline constexpr uint32_t kDeadWord = kBrokenBit;  // the broken bit, marker 0 (never a call's)
 inline constexpr uint64_t kMarkerPeriod = 0x7FFFFFFFull;
 UBEP_HD inline constexpr uint32_t fail_marker(uint64_t call) {
   return static_cast<uint32_t>(call % kMarkerPeriod) + 1u;  // 1 .. 2^31-1: never 0
@@ -73,6 +79,7 @@ UBEP_HD inline constexpr uint32_t broken_marker(uint64_t call) {
   return kBrokenBit | fail_marker(call);
 }
 UBEP_HD inline constexpr bool is_broken(uint32_t word) { return (word & kBrokenBit) != 0; }
+UBEP_HD inline constexpr bool is_dead(uint32_t word) { return word == kDeadWord; }
 // The call a failure word names, taken as the one nearest to `near` (this rank's call).
 UBEP_HD inline constexpr uint64_t marked_call(uint32_t word, uint64_t near) {
   const uint64_t m = (word & ~kBrokenBit) - 1u, here = near % kMarkerPeriod;
@@ -85,7 +92,9 @@ UBEP_HD inline constexpr uint64_t marked_call(uint32_t word, uint64_t near) {
 // before M (it may be more than one call ahead: a combine needs only the ranks that hold its
 // tokens' experts), and those can still complete here; this rank's next call then fails at its
 // start. A Buffer destroyed after call M publishes a break in M+1 (its departure).
+// A dead rank ends every call it is part of.
 UBEP_HD inline constexpr bool failure_ends_call(uint32_t word, uint64_t call) {
+  if (is_dead(word)) return true;
   return word != 0 &&
          (is_broken(word) ? marked_call(word, call) <= call : word == fail_marker(call));
 }
@@ -115,6 +124,23 @@ struct CountRecord {
   }
   UBEP_HD static constexpr size_t bytes(int el) {
     return round_up(tag_offset(el) + sizeof(Tag), kCacheLine);
+  }
+};
+
+// Membership record, one per (source, destination), outside the halves: the view of the group
+// the source holds while it agrees with its peers on a change (a rank masked, a rank back),
+// docs/ELASTIC.md. Every field is a 32-bit word written with a release store and read with an
+// acquire load (a seqlock: stamp odd while the source rewrites it), so readers on any thread
+// and process see a consistent record without a lock:
+//   [stamp][round][calls lo][calls hi][seq lo][seq hi][flags][view word per rank:
+//   incarnation << 1 | masked]; calls: the calls the source started, seq its last dispatch
+//   sequence number, flags & kAbandoned: it gave up its last call (its part of it is missing).
+struct MemberRecord {
+  Tag* words;
+  static constexpr int kStamp = 0, kRound = 1, kCalls = 2, kSeq = 4, kFlags = 6, kView = 7;
+  static constexpr uint32_t kAbandoned = 1;
+  UBEP_HD static constexpr size_t bytes(int ranks) {
+    return round_up((kView + static_cast<size_t>(ranks)) * sizeof(Tag), kCacheLine);
   }
 };
 
@@ -188,7 +214,8 @@ struct WindowLayout {
   size_t counts = 0, tp_x = 0, tp_scale = 0, tp_src = 0, tp_idx = 0, tp_w = 0, tp_tag = 0;
   size_t lat_x = 0, lat_scale = 0, lat_src = 0, lat_k = 0, lat_tag = 0, comb_x = 0, comb_tag = 0,
          push = 0;
-  size_t half_bytes = 0, count_flags = 0, stage_flags = 0, fail_words = 0, total = 0;
+  size_t half_bytes = 0, count_flags = 0, stage_flags = 0, fail_words = 0, members = 0,
+         total = 0;
   // bsp's flag slots: 0 = dispatch verify, 1 = combine verify, 2.. = its stage barriers.
   static constexpr int kStageSlots = 8;
 
@@ -233,6 +260,7 @@ struct WindowLayout {
     count_flags = take(2 * R * sizeof(Tag));
     stage_flags = take(kStageSlots * R * kCacheLine);
     fail_words = take(R * sizeof(Tag));
+    members = take(R * MemberRecord::bytes(r));
     total = off;
   }
 
@@ -257,6 +285,11 @@ struct WindowLayout {
   // a new Buffer has new windows.
   UBEP_HD Tag* fail_word(void* base, int src) const {
     return reinterpret_cast<Tag*>(static_cast<char*>(base) + fail_words) + src;
+  }
+  // The membership record `src` last published into this window (membership.hpp).
+  UBEP_HD MemberRecord member_record(void* base, int src) const {
+    return {reinterpret_cast<Tag*>(static_cast<char*>(base) + members +
+                                   static_cast<size_t>(src) * MemberRecord::bytes(ranks))};
   }
   // bsp's per-stage flags (kStageSlots slots, see above).
   UBEP_HD Tag* stage_flag(void* base, int op, int src) const {

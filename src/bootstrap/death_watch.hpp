@@ -1,0 +1,81 @@
+// Liveness of the processes of this host's other ranks (docs/ELASTIC.md): a process that ends,
+// even by SIGKILL, is known within milliseconds instead of at the next call's timeout.
+//
+// Mechanism: a pidfd per watched process (pidfd_open, Linux 5.3+), all in one epoll set, and
+// one thread blocked in epoll_wait on it. A pidfd becomes readable when its process exits, so the
+// thread sleeps in the kernel until a death (or a stop request through an eventfd): no polling,
+// no core spent while every peer lives. Chosen over a robust lock held for life, which reports a
+// death only to a thread that tries the lock (a poll again) and says nothing of how the process
+// ended; the pidfd also gives the exit status (PIDFD_GET_INFO, Linux 6.15+; else read from
+// /proc while the process is a zombie; else "exit status not visible").
+//
+// A process that is only stopped (SIGSTOP) or slow is not dead: its pidfd stays quiet, and the
+// group's timeout still applies.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ubep::bootstrap {
+
+class DeathWatch {
+ public:
+  // pids[r]: the process of rank r to watch, 0 for none (this rank, other hosts). A pid whose
+  // pidfd cannot be opened (already gone) counts as dead at once.
+  explicit DeathWatch(const std::vector<pid_t>& pids);
+  ~DeathWatch();
+  DeathWatch(const DeathWatch&) = delete;
+  DeathWatch& operator=(const DeathWatch&) = delete;
+
+  // Whether this watch works here (pidfd_open exists); when not, deaths show as timeouts.
+  bool active() const { return epoll_fd_ >= 0; }
+  // Acquire load, any thread: true once rank's process has ended (set before any subscriber
+  // runs).
+  bool dead(int rank) const;
+  // "died (signal 9)", "exited with status 3", ...: empty while alive.
+  std::string how(int rank) const;
+  // Steady-clock time at which the watch saw the death (for the elastic tool's table).
+  std::chrono::steady_clock::time_point seen_at(int rank) const;
+
+  // fn(rank) runs on the watch thread once per death, after dead(rank) is true. unsubscribe
+  // returns only once fn is not running and will not run again (so fn may capture its owner).
+  int subscribe(std::function<void(int)> fn);
+  void unsubscribe(int id);
+
+  // A replacement process now holds `rank` (rejoin): watch it instead, alive again.
+  void rewatch(int rank, pid_t pid);
+
+ private:
+  void run();
+  void watch_locked(int rank, pid_t pid);
+  void record_death(int rank);
+
+  struct Peer {
+    pid_t pid = 0;
+    int pidfd = -1;
+    std::atomic<bool> dead{false};
+    std::string how;
+    std::chrono::steady_clock::time_point seen_at;
+  };
+  std::unique_ptr<Peer[]> peers_;
+  int ranks_ = 0;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  mutable std::mutex info_mu_;  // guards Peer::pid/pidfd/how/seen_at
+  // Guards subscribers_; held while they run, so unsubscribe waits for a running one.
+  std::mutex subs_mu_;
+  std::vector<std::pair<int, std::function<void(int)>>> subscribers_;
+  int next_id_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace ubep::bootstrap

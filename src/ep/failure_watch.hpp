@@ -1,0 +1,51 @@
+// Ends a wait of call `call` as soon as the call cannot complete on this rank, naming why,
+// instead of at the timeout: a peer on this host published that it rejected that call or that
+// its buffer is broken; a peer's process died (the death watch wrote kDeadWord into this
+// rank's window on its behalf); or a peer abandoned the call to agree on a change of the group
+// (docs/ELASTIC.md). Masked ranks take no part in calls and are not watched.
+#pragma once
+
+#include "core/wait.hpp"
+#include "ep/membership.hpp"
+#include "ep/window.hpp"
+
+namespace ubep::ep {
+
+class FailureWatch final : public WaitAbort {
+ public:
+  FailureWatch(const Window& w, const Membership& members, int me)
+      : w_(w), members_(members), me_(me) {}
+  void set_call(uint64_t call) { call_ = call; }
+  uint64_t call() const { return call_; }
+  void check() const override {
+    for (int r = 0; r < w_.map().ranks; ++r) {
+      if (r == me_ || !w_.peer(r) || members_.masked(r)) continue;
+      const uint32_t v = w_.failure_of(r);
+      if (is_dead(v) || members_.dead(r))
+        throw PeerFailedError(detail::concat("rank ", r, " ", members_.death_note(r),
+                                             " during call ", call_, " (seen by rank ", me_,
+                                             ")"));
+      if (!failure_ends_call(v, call_)) continue;
+      if (is_broken(v))
+        throw PeerFailedError(detail::concat("rank ", r, " failed call ", marked_call(v, call_),
+                                             " (its buffer is broken), so call ", call_,
+                                             " cannot complete on rank ", me_));
+      throw PeerFailedError(detail::concat("rank ", r, " rejected its input for call ", call_,
+                                           ", so the call cannot complete on rank ", me_));
+    }
+    const int ahead = members_.peer_ahead(call_);
+    if (ahead >= 0)
+      throw PeerFailedError(detail::concat(
+          "rank ", ahead, " left call ", call_, " to agree on a change of the group (round ",
+          w_.member_round(ahead), "), so the call cannot complete on rank ", me_,
+          "; the next dispatch agrees"));
+  }
+
+ private:
+  const Window& w_;
+  const Membership& members_;
+  int me_;
+  uint64_t call_ = 0;
+};
+
+}  // namespace ubep::ep

@@ -1,0 +1,203 @@
+#include "ep/membership.hpp"
+
+#include <algorithm>
+
+#include "bootstrap/death_watch.hpp"
+#include "core/log.hpp"
+#include "ubep/error.hpp"
+
+namespace ubep::ep {
+
+namespace {
+constexpr int kFieldsBeforeView = MemberRecord::kView - 1;  // the words after the stamp
+}
+
+Membership::Membership(Group& group, const Window& win)
+    : group_(group),
+      win_(win),
+      me_(group.rank()),
+      ranks_(group.size()),
+      view_(static_cast<size_t>(group.size()), 0u),
+      agreed_(view_),
+      masked_(static_cast<size_t>(group.size()), 0) {}
+
+std::vector<int> Membership::masked_ranks() const {
+  std::vector<int> out;
+  for (int r = 0; r < ranks_; ++r)
+    if (masked(r)) out.push_back(r);
+  return out;
+}
+
+bool Membership::dead(int r) const {
+  const bootstrap::DeathWatch* w = group_.death_watch();
+  return w != nullptr && w->dead(r);
+}
+
+std::string Membership::death_note(int r) const { return group_.death_of(r); }
+
+void Membership::mask(int r) {
+  UBEP_CHECK_ARG(r >= 0 && r < ranks_, "mask: rank ", r, " out of range [0, ", ranks_, ")");
+  UBEP_CHECK_ARG(r != me_, "mask: rank ", r, " cannot mask itself");
+  UBEP_CHECK_ARG(group_.same_host(r, me_), "mask: rank ", r,
+                 " is on another host; masking ranks works on one host (docs/ELASTIC.md)");
+  view_[static_cast<size_t>(r)] |= 1u;
+}
+
+void Membership::rejoin() {
+  uint32_t& v = view_[static_cast<size_t>(me_)];
+  v = ((v >> 1) + 1) << 1;  // a new incarnation, unmasked
+}
+
+int Membership::dead_unmasked() const {
+  for (int r = 0; r < ranks_; ++r)
+    if (r != me_ && !masked(r) && dead(r)) return r;
+  return -1;
+}
+
+bool Membership::read(int r, Record* out) const {
+  std::vector<uint32_t> f(static_cast<size_t>(kFieldsBeforeView + ranks_));
+  if (!win_.read_member(r, f.data(), static_cast<int>(f.size()))) return false;
+  const auto word = [&](int i) { return f[static_cast<size_t>(i - 1)]; };
+  out->round = word(MemberRecord::kRound);
+  out->calls = word(MemberRecord::kCalls) | uint64_t{word(MemberRecord::kCalls + 1)} << 32;
+  out->seq = word(MemberRecord::kSeq) | uint64_t{word(MemberRecord::kSeq + 1)} << 32;
+  out->flags = word(MemberRecord::kFlags);
+  out->view.assign(f.begin() + kFieldsBeforeView, f.end());
+  return true;
+}
+
+int Membership::peer_ahead(uint64_t call) const {
+  for (int r = 0; r < ranks_; ++r) {
+    if (r == me_ || !win_.peer(r) || dead(r)) continue;
+    if (call > 0 && masked(r)) continue;  // takes no part in this call
+    if (win_.member_round(r) <= round_) continue;
+    if (call == 0) return r;
+    Record rec;
+    if (!read(r, &rec)) return r;  // being rewritten: it is changing, so it left this call too
+    const uint64_t done = rec.calls - ((rec.flags & MemberRecord::kAbandoned) ? 1 : 0);
+    if (done < call) return r;
+  }
+  return -1;
+}
+
+bool Membership::change_pending() const {
+  return view_ != agreed_ || dead_unmasked() >= 0 || peer_ahead() >= 0;
+}
+
+uint32_t Membership::max_round_seen() const {
+  uint32_t m = round_;
+  for (int r = 0; r < ranks_; ++r)
+    if (r != me_ && win_.peer(r) && !dead(r)) m = std::max(m, win_.member_round(r));
+  return m;
+}
+
+void Membership::publish(uint32_t flags) {
+  fields_.assign(static_cast<size_t>(kFieldsBeforeView + ranks_), 0u);
+  const auto set = [&](int i, uint32_t v) { fields_[static_cast<size_t>(i - 1)] = v; };
+  set(MemberRecord::kRound, round_);
+  set(MemberRecord::kCalls, static_cast<uint32_t>(calls_));
+  set(MemberRecord::kCalls + 1, static_cast<uint32_t>(calls_ >> 32));
+  set(MemberRecord::kSeq, static_cast<uint32_t>(seq_));
+  set(MemberRecord::kSeq + 1, static_cast<uint32_t>(seq_ >> 32));
+  set(MemberRecord::kFlags, flags);
+  std::copy(view_.begin(), view_.end(), fields_.begin() + kFieldsBeforeView);
+  // Every peer on this host that can read it, masked ones included (a masked rank that
+  // rejoins learns the round from them); not the dead.
+  win_.publish_member(me_, ++version_, fields_.data(), static_cast<int>(fields_.size()),
+                      [&](int r) { return !dead(r); });
+}
+
+void Membership::absorb_deaths(bool auto_mask, const char* what) {
+  for (int r = 0; r < ranks_; ++r) {
+    if (r == me_ || !live_in_view(r) || !dead(r)) continue;
+    UBEP_CHECK(auto_mask, PeerFailedError, what, ": rank ", r, " ", death_note(r),
+               "; Buffer::mask(", r, ") on every surviving rank goes on without it "
+               "(or BufferConfig::mask_dead_ranks)");
+    view_[static_cast<size_t>(r)] |= 1u;
+  }
+}
+
+bool Membership::merge(const std::vector<uint32_t>& other) {
+  bool changed = false;
+  for (int r = 0; r < ranks_; ++r) {
+    uint32_t& mine = view_[static_cast<size_t>(r)];
+    const uint32_t theirs = other[static_cast<size_t>(r)];
+    const uint32_t merged = (theirs >> 1) != (mine >> 1) ? std::max(mine, theirs) : mine | theirs;
+    // This rank's own entry is its own to decide: a peer's older view never masks it again.
+    if (r == me_ && (merged >> 1) == (mine >> 1) && (merged & 1u) && !(mine & 1u)) continue;
+    if (merged != mine) {
+      mine = merged;
+      changed = true;
+    }
+  }
+  return changed;
+}
+
+void Membership::abandon(uint64_t calls, uint64_t seq, bool auto_mask) {
+  if (auto_mask)
+    for (int r = 0; r < ranks_; ++r)
+      if (r != me_ && dead(r)) view_[static_cast<size_t>(r)] |= 1u;
+  calls_ = calls;
+  seq_ = seq;
+  bump();
+  publish(MemberRecord::kAbandoned);
+}
+
+Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mask,
+                                     const WaitPolicy& policy, const char* what) {
+  calls_ = calls;
+  seq_ = seq;
+  absorb_deaths(auto_mask, what);
+  bump();
+  publish(0);
+  Resume resume{calls, seq};
+  Record rec;
+  wait_until(
+      [&] {
+        absorb_deaths(auto_mask, what);
+        bool changed = false, all = true;
+        uint32_t top = round_;
+        for (int r = 0; r < ranks_; ++r) {
+          if (r == me_ || !win_.peer(r) || dead(r) || !read(r, &rec)) continue;
+          top = std::max(top, rec.round);
+          // Masked peers' views count only when they bring themselves back.
+          const auto ru = static_cast<size_t>(r), mu = static_cast<size_t>(me_);
+          if (!live_in_view(r) && (rec.view[ru] >> 1) <= (view_[ru] >> 1)) continue;
+          // A live peer masked this very incarnation of this rank: it must rejoin to come back.
+          UBEP_CHECK((rec.view[mu] & 1u) == 0 || (rec.view[mu] >> 1) != (view_[mu] >> 1),
+                     PeerFailedError, what, ": rank ", r, " masked rank ", me_,
+                     "; Buffer::rejoin() brings it back");
+          changed = merge(rec.view) || changed;
+        }
+        if (changed || top > round_) {
+          round_ = changed ? top + 1 : top;
+          publish(0);
+          return false;
+        }
+        resume = {calls, seq};
+        for (int r = 0; r < ranks_; ++r) {
+          if (r == me_ || !live_in_view(r)) continue;
+          if (!win_.peer(r) || !read(r, &rec) || rec.round != round_ || rec.view != view_) {
+            all = false;
+            break;
+          }
+          resume.calls = std::max(resume.calls, rec.calls);
+          resume.seq = std::max(resume.seq, rec.seq);
+        }
+        return all;
+      },
+      policy, [&] { return detail::concat(what, ": the live ranks' agreement on masked ranks"); });
+  for (int r = 0; r < ranks_; ++r) {
+    const auto ru = static_cast<size_t>(r);
+    // A rank back as a new incarnation: its old failure word (kDeadWord) goes; it writes anew.
+    if (r != me_ && (view_[ru] >> 1) != (agreed_[ru] >> 1) && !(view_[ru] & 1u))
+      win_.set_failure_of(r, 0);
+  }
+  agreed_ = view_;
+  for (int r = 0; r < ranks_; ++r) masked_[static_cast<size_t>(r)] = agreed_[r] & 1u;
+  log::info("rank ", me_, ": round ", round_, " agreed, ", masked_ranks().size(),
+            " masked, resuming after call ", resume.calls);
+  return resume;
+}
+
+}  // namespace ubep::ep

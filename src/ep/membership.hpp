@@ -1,0 +1,103 @@
+// Elastic EP (docs/ELASTIC.md): which ranks of a Buffer take part in its calls, and how the
+// live ranks agree on a change -- a rank masked (it died, or mask() was called) or a rank back
+// (rejoin) -- through their windows, without the masked rank and without a collective.
+//
+// A view holds, per rank, incarnation << 1 | masked. Views merge rank by rank: the higher
+// incarnation wins, and at the same incarnation masked wins; so merging only ever moves up
+// (a rank is masked, or comes back as a new incarnation) and every live rank ends with the same
+// view. Every rank publishes (round, view, the calls it started, its last dispatch sequence
+// number) as its membership record in every peer's window (protocol.hpp MemberRecord, a
+// seqlock; the rank is its slot's only writer). A change bumps the round; adopting a peer's
+// higher round joins its agreement. The agreement ends when every rank that is live in this
+// rank's view has published the same round and view: from then on no record changes until the
+// next change, so every live rank sees the same records, ends the same agreement and resumes at
+// the same call: one past the highest call and dispatch sequence any of them used, so no
+// message tag of an earlier call (stale data in the windows) can be taken for a new one.
+//
+// Agreements run only at the start of a dispatch (every rank is between calls then: its part of
+// every earlier call is done or abandoned). A rank that abandons a call because of a change
+// publishes a new round at once, with kAbandoned, so peers waiting in that call for its part
+// stop (FailureWatch) instead of waiting for the timeout.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/wait.hpp"
+#include "ep/window.hpp"
+#include "ubep/group.hpp"
+
+namespace ubep::ep {
+
+class Membership {
+ public:
+  Membership(Group& group, const Window& win);
+
+  // --- the view agreed at the last dispatch (read by the calls' threads; changed only
+  // between calls, by the caller's thread) ---
+  bool masked(int r) const { return masked_[static_cast<size_t>(r)] != 0; }
+  const std::vector<uint8_t>& masked_vector() const { return masked_; }
+  std::vector<int> masked_ranks() const;
+
+  // --- liveness (any thread) ---
+  bool dead(int r) const;
+  std::string death_note(int r) const;  // "died (signal 9)"
+
+  // --- local changes, agreed at the next dispatch ---
+  void mask(int r);
+  void rejoin();  // this rank comes back as a new incarnation, unmasked
+
+  // A rank that is live in the agreed view but dead (-1: none).
+  int dead_unmasked() const;
+  // A peer that began an agreement this rank has not joined (-1: none); with `call` > 0, only
+  // one whose part of call `call` is missing (it abandoned it or an earlier one).
+  int peer_ahead(uint64_t call = 0) const;
+  // Whether this rank's next dispatch must agree first.
+  bool change_pending() const;
+
+  // A call failed because of a change: publish a new round now, marked abandoned, so peers
+  // waiting in that call for this rank's part stop at once. auto_mask: dead ranks are masked.
+  void abandon(uint64_t calls, uint64_t seq, bool auto_mask);
+
+  struct Resume {
+    uint64_t calls = 0, seq = 0;  // the last call / dispatch sequence number anyone used
+  };
+  // At the start of a dispatch: agree with every live peer on the view; bounded by the policy's
+  // timeout. auto_mask: dead ranks are masked; otherwise an unmasked dead rank is a
+  // PeerFailedError naming it.
+  Resume agree(uint64_t calls, uint64_t seq, bool auto_mask, const WaitPolicy& policy,
+               const char* what);
+
+  uint32_t round() const { return round_; }
+  int incarnation(int r) const { return static_cast<int>(view_[static_cast<size_t>(r)] >> 1); }
+
+ private:
+  struct Record {
+    uint32_t round = 0, flags = 0;
+    uint64_t calls = 0, seq = 0;
+    std::vector<uint32_t> view;
+  };
+  bool read(int r, Record* out) const;
+  void publish(uint32_t flags);
+  void bump() { round_ = max_round_seen() + 1; }
+  uint32_t max_round_seen() const;
+  // Dead ranks live in view_: masked (auto_mask) or a PeerFailedError.
+  void absorb_deaths(bool auto_mask, const char* what);
+  // Merges a peer's view into view_; true if view_ changed.
+  bool merge(const std::vector<uint32_t>& other);
+  bool live_in_view(int r) const { return (view_[static_cast<size_t>(r)] & 1u) == 0; }
+
+  Group& group_;
+  const Window& win_;
+  int me_, ranks_;
+  std::vector<uint32_t> view_;    // proposed: agreed_ plus local changes and merges
+  std::vector<uint32_t> agreed_;  // at the last agreement
+  std::vector<uint8_t> masked_;   // agreed_, as flags
+  uint32_t round_ = 0;            // round of the last published record
+  uint32_t version_ = 0;          // seqlock versions of this rank's records
+  uint64_t calls_ = 0, seq_ = 0;  // of the last published record
+  std::vector<uint32_t> fields_;  // staging for publish/read
+};
+
+}  // namespace ubep::ep
