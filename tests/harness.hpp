@@ -35,7 +35,11 @@ std::vector<char> expert_outputs(const DispatchResult& r, const Buffer* buf_or_n
 // One rank's part of a case: dispatch, check, expert, combine, check; returns y's bytes.
 // Uses `buffer` (bsp/ubep) or `baseline`. Failures are reported through GoogleTest.
 std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffer* buffer,
-                                AlltoallBaseline* baseline, bool zero_copy_combine = false);
+                                AlltoallBaseline* baseline, bool zero_copy_combine = false,
+                                const std::function<Problem()>& expect = {});
+// `expect`: the problem the results are checked against when it differs from the inputs', asked
+// for once dispatch returned (an elastic test's: the inputs with the ranks masked in that call
+// dropped).
 
 BufferConfig config_for(const Case& c, Algorithm algo);
 

@@ -288,6 +288,7 @@ void HostEngine::break_call(const char* what, const std::exception& cause) {
     have_dispatch = false;
     return;
   }
+  log::debug("rank ", rank, ": ", what, " breaks the buffer: ", cause.what());
   ledger.fail(what, cause);
 }
 

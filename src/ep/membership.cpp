@@ -81,7 +81,7 @@ int Membership::peer_ahead(uint64_t call) const {
 }
 
 bool Membership::change_pending() const {
-  return view_ != agreed_ || dead_unmasked() >= 0 || peer_ahead() >= 0;
+  return must_agree_ || view_ != agreed_ || dead_unmasked() >= 0 || peer_ahead() >= 0;
 }
 
 uint32_t Membership::max_round_seen() const {
@@ -139,7 +139,9 @@ void Membership::abandon(uint64_t calls, uint64_t seq, bool auto_mask) {
       if (r != me_ && dead(r)) view_[static_cast<size_t>(r)] |= 1u;
   calls_ = calls;
   seq_ = seq;
+  must_agree_ = true;
   bump();
+  log::debug("rank ", me_, ": abandons call ", calls, ", round ", round_);
   publish(MemberRecord::kAbandoned);
 }
 
@@ -194,6 +196,7 @@ Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mas
       win_.set_failure_of(r, 0);
   }
   agreed_ = view_;
+  must_agree_ = false;
   for (int r = 0; r < ranks_; ++r) masked_[static_cast<size_t>(r)] = agreed_[r] & 1u;
   log::info("rank ", me_, ": round ", round_, " agreed, ", masked_ranks().size(),
             " masked, resuming after call ", resume.calls);
