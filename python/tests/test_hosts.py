@@ -2,6 +2,7 @@
 hosts over TCP (hosts_worker.py) -- both layouts, both algorithms, fp8, every row against the
 NumPy reference with its per-host combine order, ubep.deep_ep's normal and low-latency modes;
 the MPI library check; a torch.distributed group spanning hosts refused at set-up."""
+import json
 import os
 import shutil
 import socket
@@ -79,3 +80,37 @@ def test_torch_group_spanning_hosts_is_refused():
                           env=dict(os.environ, GLOO_SOCKET_IFNAME="lo"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("torch refusal OK") == 2, proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun not installed")
+def test_bench_under_mpirun_two_forced_hosts(tmp_path):
+    """python3 -m ubep.bench --topology 2x2 under mpirun: ubep, bsp, the MPI baseline and torch
+    side by side, ubep's results bit-identical to the baseline's and its received rows to a
+    one-host group's."""
+    pytest.importorskip("mpi4py")
+    out = tmp_path / "b.json"
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1")
+    proc = subprocess.run([MPIRUN, "-np", "4", "--mca", "btl", "tcp,self", sys.executable, "-m",
+                           "ubep.bench", "--topology", "2x2", "--workload", "tiny", "--iters",
+                           "3", "--warmup", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rep = json.loads(out.read_text())
+    assert rep["config"][0]["topology"] == "2x2" and "forced" in rep["config"][0]["group"]
+    impls = {(r["impl"], r["op"]) for r in rep["results"]}
+    assert impls == {(i, o) for i in ("ubep", "bsp", "mpi", "torch")
+                     for o in ("dispatch", "combine")}
+    for r in rep["results"]:
+        assert r["median_us"] > 0 and r["p99_us"] >= r["median_us"]
+    (ident,) = rep["identity"]
+    assert ident["y_vs_mpi"] == 0 and ident["rows_vs_one_host"] == 0, ident
+    assert ident["rows"] > 0 and ident["elements"] == 4 * 7168, ident
+
+
+def test_bench_topology_needs_mpirun():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_COMM_WORLD", "PMI_", "PMIX_"))}
+    proc = subprocess.run([sys.executable, "-m", "ubep.bench", "--topology", "2x2"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0 and "mpirun -np N" in proc.stderr, proc.stderr
