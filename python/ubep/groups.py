@@ -208,6 +208,10 @@ def _mpi_group(comm, timeout, ranks_per_host):
     (python/src/mpi.cpp)."""
     from mpi4py import MPI
     check_same_mpi(MPI.Get_library_version(), _ubep.mpi_library_version())
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        raise _ubep.InvalidArgument(
+            f"make_group: MPI is {'finalized' if MPI.Is_finalized() else 'not initialised'} "
+            f"(mpi4py.rc.initialize=False? call MPI.Init_thread() before making the group)")
     return _ubep.make_mpi_group(int(comm.py2f()), comm.Get_rank(), comm.Get_size(),
                                 float(timeout), int(ranks_per_host))
 
