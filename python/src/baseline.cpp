@@ -31,7 +31,8 @@ class PyBaseline {
     UBEP_CHECK_ARG(buf.config().device.type == DeviceType::kCpu,
                    "Baseline: the all-to-all baseline runs on host memory (device cpu), not on ",
                    buf.config().device.describe());
-    base_ = without_gil([&] { return std::make_unique<AlltoallBaseline>(buf.group(), buf.config()); });
+    base_ =
+        without_gil([&] { return std::make_unique<AlltoallBaseline>(buf.group(), buf.config()); });
   }
 
   std::string name() const { return base_->name(); }
@@ -41,8 +42,8 @@ class PyBaseline {
   // barrier before each timed call, as PyBuffer::time_calls.
   pb::list time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk_weights, bool latency,
                       int iters, int warmup, bool barrier) {
-    UBEP_CHECK_ARG(iters >= 0 && warmup >= 0, "Baseline.time_calls: iters ", iters,
-                   " and warmup ", warmup, " must be >= 0");
+    UBEP_CHECK_ARG(iters >= 0 && warmup >= 0, "Baseline.time_calls: iters ", iters, " and warmup ",
+                   warmup, " must be >= 0");
     Buffer& buf = buffer_.cast<PyBuffer&>().buffer();
     const Device& dev = buf.config().device;
     Borrowed bx = borrow(x, "Baseline: x", buf.config().dtype, dev);

@@ -49,9 +49,13 @@ std::unique_ptr<Group> group_of_handle(int64_t fortran_handle, int expect_rank, 
                  " in this process although mpi4py's is: mpi4py and ubep must use the same MPI");
   const MPI_Comm comm = MPI_Comm_f2c(static_cast<MPI_Fint>(fortran_handle));
   // Open MPI's MPI_Comm_f2c returns a null pointer for an index it never handed out.
-  UBEP_CHECK_ARG(comm != nullptr && comm != MPI_COMM_NULL, "make_group: the communicator's "
-                 "handle (Fortran handle ", fortran_handle, " from mpi4py's py2f()) does not "
-                 "convert to a communicator of ubep's MPI (", library_version(), ")");
+  UBEP_CHECK_ARG(comm != nullptr && comm != MPI_COMM_NULL,
+                 "make_group: the communicator's "
+                 "handle (Fortran handle ",
+                 fortran_handle,
+                 " from mpi4py's py2f()) does not "
+                 "convert to a communicator of ubep's MPI (",
+                 library_version(), ")");
   int rank = -1, size = -1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);

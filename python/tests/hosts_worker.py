@@ -16,11 +16,9 @@ import sys
 
 import numpy as np
 
-import fp8_reference as f8
 import reference as ref
 import ubep
 import worker
-from ubep import groups
 
 RPH = 2  # ranks per forced host
 

@@ -64,7 +64,8 @@ def test_mpirun_two_forced_hosts_over_tcp(tmp_path):
 
 
 def test_mpi_library_mismatch_is_named():
-    groups.check_same_mpi("Open MPI v4.1.4, package: Debian\n", " Open MPI v4.1.4,  package: Debian")
+    groups.check_same_mpi("Open MPI v4.1.4, package: Debian\n",
+                          " Open MPI v4.1.4,  package: Debian")
     with pytest.raises(InvalidArgument) as e:
         groups.check_same_mpi("MPICH Version: 4.0.2", "Open MPI v4.1.4, package: Debian")
     msg = str(e.value)

@@ -231,7 +231,8 @@ def make_group(group=None, *, timeout=60.0, ranks_per_host=0):
     shows the refusal."""
     rph = int(ranks_per_host)
     if rph < 0:
-        raise _ubep.InvalidArgument(f"make_group: ranks_per_host must be >= 0, got {ranks_per_host}")
+        raise _ubep.InvalidArgument(
+            f"make_group: ranks_per_host must be >= 0, got {ranks_per_host}")
     if group is None or _is_torch_group(group):
         if group is None:
             import torch.distributed as dist
