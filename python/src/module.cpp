@@ -14,6 +14,8 @@ namespace pb = pybind11;
 
 namespace ubep::python {
 void bind_bootstrap(pb::module_& m);  // bootstrap.cpp
+void bind_mpi(pb::module_& m);        // mpi.cpp
+void bind_baseline(pb::module_& m);   // baseline.cpp
 
 namespace {
 
@@ -99,6 +101,8 @@ PYBIND11_MODULE(_ubep, m) {
   bind_groups(m);
   bind_buffer(m);
   bind_bootstrap(m);
+  bind_mpi(m);
+  bind_baseline(m);
   m.def("_install_interrupt_hook", &install_interrupt_hook);
   m.def("_interrupt_pending", &interrupt_pending);
   m.def("_clear_interrupt", &clear_interrupt);

@@ -72,11 +72,21 @@ def routing(rank, seed):
     return idx, w
 
 
-def weighted_sum(rows, w):
-    """ubep's combine: sum over k ascending of fl(w_k * row_k) in fp32, one bf16 rounding."""
+RANKS_PER_HOST = 0  # > 0: the group has forced hosts of that many ranks (hosts_worker.py)
+
+
+def weighted_sum(rows, w, dests=None):
+    """ubep's combine: sum over k ascending of fl(w_k * row_k) in fp32, one bf16 rounding.
+    Across hosts (RANKS_PER_HOST, ``dests``: the rank each row came from) each host's partial is
+    summed from 0 and the partials added in ascending host order (docs/SEMANTICS.md)."""
+    hosts = [d // RANKS_PER_HOST if RANKS_PER_HOST else 0 for d in (dests or [0] * len(rows))]
     acc = np.zeros(rows[0].shape, dtype=np.float32)
-    for k, row in enumerate(rows):
-        acc = (acc + (np.float32(w[k]) * row).astype(np.float32)).astype(np.float32)
+    for h in sorted(set(hosts)):
+        part = np.zeros(rows[0].shape, dtype=np.float32)
+        for k, row in enumerate(rows):
+            if hosts[k] == h:
+                part = (part + (np.float32(w[k]) * row).astype(np.float32)).astype(np.float32)
+        acc = (acc + part).astype(np.float32)
     return f32(bf16(acc))
 
 
@@ -153,7 +163,8 @@ def check_low_latency(buf, comm, rank, R, seed):
                 xr = f32(bf16(xr))
                 for t in range(TOKENS):
                     sel = [k for k in range(TOPK) if idx[t, k] >= 0]
-                    ref = weighted_sum([xr[t]] * len(sel), w[t, sel].numpy())
+                    ref = weighted_sum([xr[t]] * len(sel), w[t, sel].numpy(),
+                                       [int(idx[t, k]) // El for k in sel])
                     assert (f32(y[t]) == ref).all(), (t, use_fp8, rs, zero_copy)
                 wsum = w.masked_fill(idx == -1, 0).sum(dim=1, keepdim=True)
                 diff = calc_diff(x.float() * wsum, y.float())

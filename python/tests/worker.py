@@ -40,12 +40,15 @@ def to_np(a):
 
 
 def run_rank(group, spec, layout, algorithm, framework, hook=False, zero_copy=True,
-             weights_at_combine=False, placement="compact", device="cpu"):
+             weights_at_combine=False, placement="compact", device="cpu", ranks_per_host=0):
     """Returns a list over iterations of dicts of NumPy arrays. ``device``: the Buffer's; for
-    "cuda[:N]" the torch inputs are made on that GPU (cuda-sim takes host arrays)."""
+    "cuda[:N]" the torch inputs are made on that GPU (cuda-sim takes host arrays).
+    ``ranks_per_host``: forced hosts when the Buffer makes the group (from an mpi4py comm)."""
     buf = ubep.Buffer(group, hidden=spec.H, num_experts=spec.E, max_tokens_per_rank=spec.T,
                       max_topk=spec.K, dtype=spec.dtype, algorithm=algorithm, timeout=30.0,
-                      placement=placement, device=device)
+                      placement=placement, device=device, ranks_per_host=ranks_per_host)
+    if ranks_per_host:
+        assert buf.group.num_hosts == -(-buf.num_ranks // ranks_per_host), buf.group.num_hosts
     gpu = buf.device if buf.device.startswith("cuda:") else None
     rank = buf.rank
     results = []

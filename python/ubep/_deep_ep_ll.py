@@ -144,7 +144,11 @@ def combine(buf, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, retur
         _not_supported("combine_wait_recv_cost_stats",
                        "ubep keeps no per-peer receive-wait timers")
     nb, h = handle._native, handle._h
-    if handle._combined or buf._last.get(id(nb)) is not h:
+    # Across hosts the relay reduces each host's rows with the weights that came with the
+    # dispatch (the C++ engine cannot replace them at combine), and DeepEP's dispatch has none:
+    # replay the dispatch with the combine's weights (one more dispatch per combine).
+    weights_now = topk_weights is not None and buf._group.num_hosts > 1
+    if handle._combined or buf._last.get(id(nb)) is not h or weights_now:
         # ubep combines a dispatch once (peers may still be reading its rows afterwards), so
         # a second combine of the same dispatch, or of an older one, replays the dispatch
         # (same tokens, same routing: the same rows in the same places) and combines that.
@@ -153,11 +157,14 @@ def combine(buf, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, retur
                 nb.get_next_low_latency_combine_buffer(h)
             zero_copy = False
         rx, ridx, use_fp8, round_scale = handle._replay
-        _, _, h, _, _ = nb.low_latency_dispatch(rx, ridx, handle[2], handle[4], None, use_fp8,
-                                                round_scale, False)
+        _, _, h, _, _ = nb.low_latency_dispatch(
+            rx, ridx, handle[2], handle[4], None, use_fp8, round_scale, False,
+            topk_weights=topk_weights.float().contiguous() if weights_now else None)
         handle._h, handle._staging = h, None
         buf._last[id(nb)] = h
     handle._combined = True
+    if weights_now:
+        topk_weights = None  # given to the replayed dispatch
     y, _, hook = nb.low_latency_combine(x, topk_idx, topk_weights, h, zero_copy=zero_copy,
                                         return_recv_hook=return_recv_hook)
     # DeepEP returns a new tensor each call; ubep's y is a view valid until the next combine.

@@ -47,8 +47,12 @@ def parse(argv=None):
                     "same calls timed in C++ (the binding's overhead), on local processes.")
     p.add_argument("--workload", default="decode", help="decode | prefill | tiny | all")
     p.add_argument("--ranks", type=int, default=2, help="local processes (default 2)")
-    p.add_argument("--algo", default="ubep,bsp,torch",
-                   help="comma list of ubep,bsp,deep_ep,torch")
+    p.add_argument("--algo", default=None,
+                   help="comma list of ubep,bsp,deep_ep,torch,mpi (mpi: the C++ MPI_Alltoallv "
+                        "baseline, under mpirun; default ubep,bsp,torch, and mpi under mpirun)")
+    p.add_argument("--topology", default=None,
+                   help="HxR under mpirun: H hosts of R ranks each (forced hosts when the "
+                        "processes share a machine: shared memory within, MPI between)")
     p.add_argument("--iters", type=int, default=None, help="measured iterations (per workload "
                    "default: decode 50, prefill 10, tiny 500)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up iterations")
@@ -168,9 +172,17 @@ def deep_ep_path(group, x, idx, w, T, E, latency, warmup, iters, sync):
     return td, tc
 
 
-def _rank(rank, ranks, port, args, out_path):
-    import time
+class Ctx:
+    """What the per-rank loop needs from its launcher: the ubep group, the per-iteration
+    slowest-rank reduction, torch.distributed (for the torch path; None: not available) and,
+    under mpirun, the communicator and topology (``_bench_hosts``)."""
 
+    def __init__(self, rank, ranks, group, slowest, dist, label, comm=None, topology=None):
+        self.rank, self.ranks, self.group, self.dist = rank, ranks, group, dist
+        self.slowest, self.label, self.comm, self.topology = slowest, label, comm, topology
+
+
+def _rank(rank, ranks, port, args, out_path):
     import torch
     import torch.distributed as dist
 
@@ -179,7 +191,24 @@ def _rank(rank, ranks, port, args, out_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local processes: never depend on DNS
     dist.init_process_group("gloo", rank=rank, world_size=ranks)
-    group = ubep.make_group()
+    ctx = Ctx(rank, ranks, ubep.make_group(), lambda t: slowest(dist, t), dist,
+              f"processes({ranks}, torch.distributed gloo set-up)")
+    report = run_rank(ctx, args)
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(report, f)
+    dist.destroy_process_group()
+
+
+def run_rank(ctx, args):
+    """Every workload and impl on this rank; the report (the same on every rank)."""
+    import time
+
+    import torch
+
+    import ubep
+    from . import _ubep
+    rank, ranks, group, dist = ctx.rank, ctx.ranks, ctx.group, ctx.dist
     algos = [a for a in args.algo.split(",") if a]
     sync = not args.no_barrier
     report = {"results": [], "binding": [], "configs": []}
@@ -197,7 +226,7 @@ def _rank(rank, ranks, port, args, out_path):
         buf = ubep.Buffer(group, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=K,
                           dtype=torch.bfloat16, enable_latency_layout=latency,
                           placement=args.placement)
-        cfg = dict(workload=name, group=f"processes({ranks}, torch.distributed gloo set-up)",
+        cfg = dict(workload=name, group=ctx.label, topology=ctx.topology,
                    ranks=ranks, tokens=T, hidden=H, topk=K, experts=E, dtype="bf16",
                    layout=wl["layout"], routing="uniform", iters=iters, warmup=warmup,
                    num_workers=buf.config()["num_workers"], placement=buf.config()["placement"],
@@ -244,8 +273,8 @@ def _rank(rank, ranks, port, args, out_path):
             for op, times, cpp_times, nbytes in (
                     ("dispatch", td, [c[0] for c in cpp], recv_rows * row),
                     ("combine", tc, [c[1] for c in cpp], back_rows * row)):
-                py = summary(slowest(dist, times), nbytes)
-                cc = summary(slowest(dist, cpp_times), nbytes)
+                py = summary(ctx.slowest(times), nbytes)
+                cc = summary(ctx.slowest(cpp_times), nbytes)
                 report["results"].append(dict(impl=algo, op=op, workload=name, **py))
                 report["binding"].append(dict(
                     impl=algo, op=op, workload=name, python_median_us=py["median_us"],
@@ -259,8 +288,21 @@ def _rank(rank, ranks, port, args, out_path):
                       if d["workload"] == name and d["impl"] in ("ubep", "bsp")}
             for op, times in (("dispatch", td), ("combine", tc)):
                 report["results"].append(dict(impl="deep_ep", op=op, workload=name, **summary(
-                    slowest(dist, times), nbytes.get(op, 0.0))))
-        if "torch" in algos:
+                    ctx.slowest(times), nbytes.get(op, 0.0))))
+        if "mpi" in algos:  # the C++ AlltoallBaseline (MPI_Alltoallv), timed in C++
+            base = _ubep.Baseline(buf._buf)
+            times = base.time_calls(x, idx, w, latency, iters, warmup, sync)
+            nbytes = {d["op"]: d["bytes_per_rank"] for d in report["results"]
+                      if d["workload"] == name and d["impl"] in ("ubep", "bsp")}
+            for op, i in (("dispatch", 0), ("combine", 1)):
+                report["results"].append(dict(impl="mpi", op=op, workload=name, **summary(
+                    ctx.slowest([t[i] for t in times]), nbytes.get(op, 0.0))))
+            if ctx.comm is not None:
+                from ._bench_hosts import identity_check
+                report.setdefault("identity", []).append(dict(workload=name, **identity_check(
+                    ctx, buf, base, x, idx, w, T, E, latency)))
+            del base
+        if "torch" in algos and dist is not None:
             d_fn, c_fn = torch_path(dist, x, idx, w, ranks, E)
             td, tc = [], []
             for i in range(warmup + iters):
@@ -281,12 +323,9 @@ def _rank(rank, ranks, port, args, out_path):
             for op, times, nbytes in (("dispatch", td, rows.shape[0] * row),
                                       ("combine", tc, pairs * row)):
                 report["results"].append(dict(impl="torch", op=op, workload=name,
-                                              **summary(slowest(dist, times), nbytes)))
+                                              **summary(ctx.slowest(times), nbytes)))
         del buf
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(report, f)
-    dist.destroy_process_group()
+    return report
 
 
 def free_port():
@@ -330,6 +369,11 @@ def run_ubep_bench(path, workload, ranks, algos, iters, warmup, placement):
 
 def main(argv=None):
     args = parse(argv)
+    from ._bench_hosts import under_mpirun
+    if args.topology is not None or under_mpirun():
+        from ._bench_hosts import main_mpi
+        return main_mpi(args)
+    args.algo = args.algo or "ubep,bsp,torch"
     args.workloads = list(WORKLOADS) if args.workload == "all" else args.workload.split(",")
     for w in args.workloads:
         if w not in WORKLOADS:
@@ -368,7 +412,7 @@ def print_report(rep):
         w = cfg["workload"]
         print(f"\n{w}: {cfg['ranks']} process ranks, tokens={cfg['tokens']} hidden={cfg['hidden']} "
               f"top-{cfg['topk']} of {cfg['experts']} experts, bf16, {cfg['layout']} layout, "
-              f"iters={cfg['iters']}")
+              f"iters={cfg['iters']}" + (f"; {cfg['group']}" if cfg.get("topology") else ""))
         print(f"{'impl':<8} {'op':<9} {'median_us':>10} {'p99_us':>10} {'GB/s':>8}")
         rows = [r for r in rep["results"] if r["workload"] == w]
         for r in rows:
@@ -377,9 +421,17 @@ def print_report(rep):
         tot = {}
         for r in rows:
             tot[r["impl"]] = tot.get(r["impl"], 0.0) + r["median_us"]
-        if "torch" in tot:
-            print("dispatch+combine median: " + "  ".join(
-                f"{k} {v:.1f} us ({v / tot['torch']:.2f}x torch)" for k, v in tot.items()))
+        for ref in ("mpi", "torch"):
+            if ref in tot:
+                print(f"dispatch+combine median vs {ref}: " + "  ".join(
+                    f"{k} {v:.1f} us ({v / tot[ref]:.2f}x {ref})" for k, v in tot.items()))
+        for e in (e for e in rep.get("identity", []) if e["workload"] == w):
+            line = f"bit-identity (ubep, all ranks): y vs mpi baseline {e['y_vs_mpi']} of " \
+                   f"{e['elements']} elements differ"
+            if "rows_vs_one_host" in e:
+                line += (f"; vs one host: received rows {e['rows_vs_one_host']} of {e['rows']}, "
+                         f"y {e['y_vs_one_host']} of {e['elements']} differ")
+            print(line)
         for b in (b for b in rep["binding"] if b["workload"] == w):
             print(f"binding {b['impl']:<5} {b['op']:<9} python {b['python_median_us']:9.1f} us"
                   f"  C++ loop {b['cpp_median_us']:9.1f} us  overhead {b['overhead_us']:+7.1f} us"

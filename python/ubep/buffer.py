@@ -89,7 +89,9 @@ def _own(buffer, handle, what):
 class Buffer:
     """One rank's communication buffer (collective: every rank of the group makes it with the
     same arguments). ``group``: a ``ubep.Group`` (``run_on_threads``), a ``torch.distributed``
-    process group, or an mpi4py communicator.
+    process group, or an mpi4py communicator (across hosts: an mpi4py communicator under
+    mpirun). ``timeout`` (s) and ``ranks_per_host`` (> 0: force hosts of that many ranks) apply
+    when the Buffer makes the group from a framework group (``ubep.make_group``).
 
     Unlike DeepEP's byte budgets, ubep sizes the buffer by shape: ``hidden``, ``num_experts``,
     ``max_tokens_per_rank`` (DeepEP's num_max_dispatch_tokens_per_rank), ``max_topk`` and
@@ -111,9 +113,9 @@ class Buffer:
     def __init__(self, group, *, hidden, num_experts, max_tokens_per_rank=128, max_topk=8,
                  dtype="bf16", algorithm="ubep", num_workers=-1, enable_latency_layout=True,
                  sync="fused", placement="compact", timeout=60.0, fp8_round_scale=False,
-                 device="cpu"):
+                 device="cpu", ranks_per_host=0):
         from .groups import as_group  # late: groups imports torch.distributed lazily
-        self.group = as_group(group, timeout=timeout)
+        self.group = as_group(group, timeout=timeout, ranks_per_host=ranks_per_host)
         self._buf = _ubep.Buffer(self.group, int(max_tokens_per_rank), int(hidden),
                                  _arrays.dtype_name(dtype), int(num_experts), int(max_topk),
                                  str(algorithm), int(num_workers), bool(enable_latency_layout),

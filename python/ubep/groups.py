@@ -1,10 +1,14 @@
 """Groups of ranks: threads of this process, or processes (torch.distributed, mpi4py).
 
-Processes on one host find each other through a *bootstrap*: the framework's collectives
-(gloo's all_gather_object, mpi4py's allgather) carry the shared-memory segment names and host
-names once, when the group and each Buffer are made. The data path is ubep's own: stores into
-the peers' shared memory, no framework call.
+An mpi4py communicator becomes the C++ ``make_mpi_group`` on that communicator (when the
+extension is built with MPI): hosts found by MPI_COMM_TYPE_SHARED, shared memory within a host,
+the relay over MPI between hosts. A torch.distributed group becomes a one-host group whose
+*bootstrap* is the framework's collectives (gloo's all_gather_object): they carry the
+shared-memory segment names once, when the group and each Buffer are made; a torch group that
+spans hosts is refused (it has no transport between hosts). The data path is ubep's own: stores
+into the peers' shared memory (and MPI between hosts), no framework call.
 """
+import socket
 import threading
 
 from . import _ubep
@@ -127,10 +131,108 @@ def _is_mpi_comm(obj):
     return type(obj).__module__.startswith("mpi4py") and hasattr(obj, "allgather")
 
 
-def make_group(group=None, *, timeout=60.0):
-    """A ``ubep.Group`` over processes on one host: ``group`` is a torch.distributed process
-    group (None: the default group, which must be initialised) or an mpi4py communicator.
-    Collective over its ranks."""
+def _ranges(ranks):
+    """[0, 1, 2, 5] -> "0-2, 5"."""
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ", ".join(out)
+
+
+def _hosts(boot, ranks_per_host):
+    """(host id of every rank, host names): forced by ranks_per_host > 0 (every that many
+    consecutive ranks form a host, as GroupOptions::ranks_per_host), else by host name. One
+    allgather over the bootstrap (collective)."""
+    name = socket.gethostname().encode()[:255]
+    raw = boot.allgather(name.ljust(256, b"\0"))
+    names = [raw[i * 256:(i + 1) * 256].rstrip(b"\0").decode(errors="replace")
+             for i in range(boot.size())]
+    if ranks_per_host > 0:
+        return [r // ranks_per_host for r in range(len(names))], names
+    ids = {}
+    return [ids.setdefault(n, len(ids)) for n in names], names
+
+
+def _refuse_multi_host(boot, ranks_per_host, what, way_on):
+    """Raises InvalidArgument on every rank (they all see the same host map, so none is left
+    waiting) when the ranks of ``boot`` span hosts: a bootstrap group is one host's shared
+    memory."""
+    hosts, names = _hosts(boot, ranks_per_host)
+    n = max(hosts) + 1 if hosts else 1
+    if n <= 1:
+        return
+    parts = []
+    for h in range(n):
+        ranks = [r for r, x in enumerate(hosts) if x == h]
+        parts.append(f"host {h} '{names[ranks[0]]}': ranks {_ranges(ranks)}")
+    forced = f", forced by ranks_per_host={ranks_per_host}" if ranks_per_host > 0 else ""
+    raise _ubep.InvalidArgument(
+        f"make_group: the {what} spans {n} hosts ({'; '.join(parts)}{forced}), but {way_on}")
+
+
+_TORCH_WAY_ON = (
+    "a group made from torch.distributed is one host's shared memory, with no transport "
+    "between hosts. Across hosts, launch with mpirun and pass an mpi4py communicator: "
+    "ubep.make_group(MPI.COMM_WORLD) or ubep.Buffer(MPI.COMM_WORLD, ...) (ubep's MPI group: "
+    "shared memory within each host, the relay over MPI between hosts; docs/PYTHON.md, "
+    "\"Across hosts\")")
+
+_NO_MPI_WAY_ON = (
+    "this build of ubep's extension has no MPI (built with UBEP_WITH_MPI=OFF, or no MPI was "
+    "found), so it can only run one host's shared memory. Install MPI's headers (Debian: "
+    "libopenmpi-dev, the MPI mpi4py uses; scripts/deps.sh) and rebuild with "
+    "cmake -DUBEP_WITH_MPI=ON")
+
+
+def check_same_mpi(mpi4py_version, ubep_version):
+    """Raises InvalidArgument naming both when mpi4py's MPI (MPI.Get_library_version()) is not
+    the one the extension was built with (MPI_Get_library_version): a communicator of one MPI
+    means nothing to another, and two MPI libraries in one process do not talk to each other."""
+    a, b = " ".join(str(mpi4py_version).split()), " ".join(str(ubep_version).split())
+    if a != b:
+        raise _ubep.InvalidArgument(
+            f"make_group: mpi4py and ubep use different MPI libraries: mpi4py's is '{a}', "
+            f"ubep's extension was built with '{b}'. Use one MPI for both: mpi4py built for "
+            f"ubep's MPI (Debian: python3-mpi4py with libopenmpi-dev), or ubep rebuilt against "
+            f"mpi4py's (cmake -DMPI_HOME=... -DUBEP_WITH_MPI=ON)")
+
+
+def _mpi_group(comm, timeout, ranks_per_host):
+    """The C++ make_mpi_group on an mpi4py communicator, after checking that both sides are one
+    MPI. The communicator crosses as its Fortran handle (comm.py2f(), MPI_Comm_f2c in C++): an
+    integer in every MPI, where the C handle is a pointer in Open MPI and an int in MPICH
+    (python/src/mpi.cpp)."""
+    from mpi4py import MPI
+    check_same_mpi(MPI.Get_library_version(), _ubep.mpi_library_version())
+    if not MPI.Is_initialized() or MPI.Is_finalized():
+        raise _ubep.InvalidArgument(
+            f"make_group: MPI is {'finalized' if MPI.Is_finalized() else 'not initialised'} "
+            f"(mpi4py.rc.initialize=False? call MPI.Init_thread() before making the group)")
+    return _ubep.make_mpi_group(int(comm.py2f()), comm.Get_rank(), comm.Get_size(),
+                                float(timeout), int(ranks_per_host))
+
+
+def make_group(group=None, *, timeout=60.0, ranks_per_host=0):
+    """A ``ubep.Group`` of processes (collective over their ranks).
+
+    ``group``: an mpi4py communicator -- the C++ ``make_mpi_group`` on it: hosts found by MPI
+    (MPI_COMM_TYPE_SHARED), shared memory within a host, the relay over MPI between hosts; the
+    way to run across hosts. Or a torch.distributed process group (None: the default group,
+    which must be initialised): one host's shared memory, set up over the group's collectives;
+    if its ranks span hosts, InvalidArgument names them and the way on (mpirun + mpi4py).
+
+    ``ranks_per_host`` > 0 forces every that many consecutive ranks to count as one host
+    (``GroupOptions::ranks_per_host``): with an mpi4py communicator it runs the cross-host relay
+    on one machine (over MPI, e.g. TCP with ``mpirun --mca btl tcp,self``); with a torch group it
+    shows the refusal."""
+    rph = int(ranks_per_host)
+    if rph < 0:
+        raise _ubep.InvalidArgument(
+            f"make_group: ranks_per_host must be >= 0, got {ranks_per_host}")
     if group is None or _is_torch_group(group):
         if group is None:
             import torch.distributed as dist
@@ -139,8 +241,13 @@ def make_group(group=None, *, timeout=60.0):
                     "make_group: no group given and torch.distributed is not initialised "
                     "(call torch.distributed.init_process_group('gloo') first)")
         boot = TorchBootstrap(group)
+        _refuse_multi_host(boot, rph, "torch.distributed group", _TORCH_WAY_ON)
     elif _is_mpi_comm(group):
+        if getattr(_ubep, "has_mpi", False):
+            return _mpi_group(group, timeout, rph)
+        # One host still works without MPI in the extension: mpi4py's collectives as bootstrap.
         boot = MpiBootstrap(group)
+        _refuse_multi_host(boot, rph, "mpi4py communicator", _NO_MPI_WAY_ON)
     else:
         raise _ubep.InvalidArgument(
             f"make_group: expected a torch.distributed ProcessGroup, an mpi4py communicator or a "
@@ -150,8 +257,13 @@ def make_group(group=None, *, timeout=60.0):
     return _ubep.make_bootstrap_group(boot, float(timeout))
 
 
-def as_group(group, *, timeout=60.0):
+def as_group(group, *, timeout=60.0, ranks_per_host=0):
     """``group`` if it is a ``ubep.Group``, else make_group(group)."""
     if isinstance(group, _ubep.Group):
+        if ranks_per_host:
+            raise _ubep.InvalidArgument(
+                f"ranks_per_host={ranks_per_host} applies when ubep makes the group, but {group!r} "
+                f"is a ubep.Group already ({group.num_hosts} hosts): pass it to make_group's "
+                f"group instead, or make the Group with ranks_per_host")
         return group
-    return make_group(group, timeout=timeout)
+    return make_group(group, timeout=timeout, ranks_per_host=ranks_per_host)

@@ -37,7 +37,13 @@ class MpiBootstrap : public Bootstrap {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
   }
-  ~MpiBootstrap() override { MPI_Comm_free(&comm_); }
+  // A group held by Python may outlive mpi4py's MPI_Finalize (run at interpreter exit): freeing
+  // the communicator then would be an MPI error, and finalize has released it anyway.
+  ~MpiBootstrap() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   // Bounded: MPI_Iallgather into staging the bootstrap owns. If a rank never arrives the wait

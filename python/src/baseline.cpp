@@ -1,0 +1,100 @@
+// The C++ AlltoallBaseline (include/ubep/baseline.hpp) for ubep.bench: the pack -> count
+// exchange -> MPI_Alltoallv -> unpack path users write without ubep ("mpi" on a group from
+// make_mpi_group, the in-process exchange "a2a" on thread ranks), timed in a C++ loop like
+// PyBuffer::time_calls so it gets no Python overhead ubep's Python rows pay: a conservative
+// baseline. The last combine's y is kept so the bench can check ubep's results against it.
+#include <pybind11/pybind11.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "arrays.hpp"
+#include "buffer.hpp"
+#include "interrupt.hpp"
+#include "ubep/baseline.hpp"
+#include "ubep/error.hpp"
+
+namespace pb = pybind11;
+
+namespace ubep::python {
+
+namespace {
+
+class PyBaseline {
+ public:
+  // Same group and config as `buffer` (a _ubep.Buffer), which it keeps alive. Collective.
+  explicit PyBaseline(pb::object buffer) : buffer_(std::move(buffer)) {
+    Buffer& buf = buffer_.cast<PyBuffer&>().buffer();
+    UBEP_CHECK_ARG(buf.config().device.type == DeviceType::kCpu,
+                   "Baseline: the all-to-all baseline runs on host memory (device cpu), not on ",
+                   buf.config().device.describe());
+    base_ =
+        without_gil([&] { return std::make_unique<AlltoallBaseline>(buf.group(), buf.config()); });
+  }
+
+  std::string name() const { return base_->name(); }
+
+  // Per iteration (dispatch µs, combine µs); the combine's input is the received rows as they
+  // are (the identity expert, as ubep-bench runs the baseline). barrier: an untimed group
+  // barrier before each timed call, as PyBuffer::time_calls.
+  pb::list time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk_weights, bool latency,
+                      int iters, int warmup, bool barrier) {
+    UBEP_CHECK_ARG(iters >= 0 && warmup >= 0, "Baseline.time_calls: iters ", iters, " and warmup ",
+                   warmup, " must be >= 0");
+    Buffer& buf = buffer_.cast<PyBuffer&>().buffer();
+    const Device& dev = buf.config().device;
+    Borrowed bx = borrow(x, "Baseline: x", buf.config().dtype, dev);
+    Borrowed bi = borrow(topk_idx, "Baseline: topk_idx", DType::kInt64, dev);
+    Borrowed bw = borrow(topk_weights, "Baseline: topk_weights", DType::kFP32, dev);
+    DispatchArgs a{bx.view, bi.view, bw.view, latency ? Layout::kLatency : Layout::kThroughput};
+    std::vector<std::pair<double, double>> times;
+    without_gil([&] {
+      using Clock = std::chrono::steady_clock;
+      for (int i = 0; i < warmup + iters; ++i) {
+        if (barrier) buf.group().barrier();
+        const auto t0 = Clock::now();
+        DispatchResult r = base_->dispatch(a);
+        const auto t1 = Clock::now();
+        if (barrier) buf.group().barrier();
+        const auto t2 = Clock::now();
+        TensorView y = base_->combine({r.recv_x, r.handle});
+        const auto t3 = Clock::now();
+        last_y_.assign(static_cast<const char*>(y.data),
+                       static_cast<const char*>(y.data) + y.bytes());
+        if (i >= warmup)
+          times.emplace_back(std::chrono::duration<double, std::micro>(t1 - t0).count(),
+                             std::chrono::duration<double, std::micro>(t3 - t2).count());
+      }
+      return 0;
+    });
+    pb::list out;
+    for (auto& [d, c] : times) out.append(pb::make_tuple(d, c));
+    return out;
+  }
+
+  // The raw bytes of the last combine's y (bf16 bits or fp32), rows of `hidden`.
+  pb::bytes last_y() const { return pb::bytes(last_y_.data(), last_y_.size()); }
+
+ private:
+  pb::object buffer_;
+  std::unique_ptr<AlltoallBaseline> base_;
+  std::vector<char> last_y_;
+};
+
+}  // namespace
+
+void bind_baseline(pb::module_& m) {
+  pb::class_<PyBaseline>(m, "Baseline",
+                         "ubep::AlltoallBaseline on a Buffer's group and config (benchmarks).")
+      .def(pb::init<pb::object>(), pb::arg("buffer"))
+      .def_property_readonly("name", &PyBaseline::name)
+      .def("time_calls", &PyBaseline::time_calls, pb::arg("x"), pb::arg("topk_idx"),
+           pb::arg("topk_weights"), pb::arg("latency"), pb::arg("iters"), pb::arg("warmup"),
+           pb::arg("barrier"))
+      .def("last_y", &PyBaseline::last_y);
+}
+
+}  // namespace ubep::python
