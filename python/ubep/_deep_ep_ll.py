@@ -15,7 +15,7 @@ from ._deep_ep_sizing import HINT_TOPK, check_fits, topk_capacity, window_bytes
 
 class LowLatencyHandle(tuple):
     """DeepEP's 5-tuple, carrying ubep's dispatch (the native buffer and its handle) and what a
-    repeated combine needs to replay the dispatch."""
+    combine of an older dispatch needs to replay it."""
 
 
 def _not_supported(what, why):
@@ -101,7 +101,6 @@ def _dispatch_on(buf, nb, x, topk_idx, T, hidden, E, stats, use_fp8, round_scale
     handle = LowLatencyHandle((src_info, layout_range, T, hidden, E))
     handle._native, handle._h = nb, h
     handle._replay = (x, topk_idx, use_fp8, round_scale)
-    handle._combined = False
     handle._staging = None
     buf._last[id(nb)] = h
     if return_recv_hook:
@@ -123,9 +122,9 @@ def _check_handle(handle, what):
 
 def combine_buffer(buf, handle):
     _check_handle(handle, "get_next_low_latency_combine_buffer")
-    if handle._combined or buf._last.get(id(handle._native)) is not handle._h:
-        # This dispatch's window rows may still be read by peers finishing the earlier
-        # combine: the next combine of it replays the dispatch (see combine), from here.
+    if buf._last.get(id(handle._native)) is not handle._h:
+        # An older dispatch: the window holds a later one's rows, and the next combine of this
+        # one replays it (see combine), from here.
         if handle._staging is None:
             handle._staging = torch.empty(
                 (handle._native.num_local_experts, handle[0].shape[1], handle[3]),
@@ -144,10 +143,10 @@ def combine(buf, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, retur
         _not_supported("combine_wait_recv_cost_stats",
                        "ubep keeps no per-peer receive-wait timers")
     nb, h = handle._native, handle._h
-    if handle._combined or buf._last.get(id(nb)) is not h:
-        # ubep combines a dispatch once (peers may still be reading its rows afterwards), so
-        # a second combine of the same dispatch, or of an older one, replays the dispatch
-        # (same tokens, same routing: the same rows in the same places) and combines that.
+    if buf._last.get(id(nb)) is not h:
+        # The window holds a later dispatch's rows: replay this one (same tokens, same routing:
+        # the same rows in the same places) and combine that. The last dispatch is combined
+        # again in place (ubep.Buffer's repeated combine).
         if zero_copy:
             x = handle._staging if handle._staging is not None else \
                 nb.get_next_low_latency_combine_buffer(h)
@@ -157,7 +156,6 @@ def combine(buf, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, retur
                                                 round_scale, False)
         handle._h, handle._staging = h, None
         buf._last[id(nb)] = h
-    handle._combined = True
     y, _, hook = nb.low_latency_combine(x, topk_idx, topk_weights, h, zero_copy=zero_copy,
                                         return_recv_hook=return_recv_hook)
     # DeepEP returns a new tensor each call; ubep's y is a view valid until the next combine.

@@ -17,7 +17,8 @@ from ._fp8 import FLOAT8
 
 
 class NormalHandle(tuple):
-    """DeepEP's 6-tuple, carrying ubep's dispatch and what cached and repeated calls need."""
+    """DeepEP's 6-tuple, carrying ubep's dispatch and what cached calls and combines of an
+    older dispatch need."""
 
 
 def _err(msg):
@@ -173,7 +174,7 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
 
 
 def _remember(buf, handle, nb, h, xin):
-    handle._native, handle._h, handle._x, handle._combined = nb, h, xin, False
+    handle._native, handle._h, handle._x = nb, h, xin
     buf._last[id(nb)] = h
 
 
@@ -203,13 +204,13 @@ def combine(buf, x, handle, topk_weights, bias):
     if not isinstance(handle, NormalHandle):
         _err(f"combine: handle must be the tuple dispatch returned, got {type(handle).__name__}")
     nb, h = handle._native, handle._h
-    if handle._combined or buf._last.get(id(nb)) is not h:
-        # ubep combines a dispatch once and only the last one; a repeated or older combine
-        # replays the handle's last dispatch (same rows, same places) first.
+    if buf._last.get(id(nb)) is not h:
+        # ubep combines only the last dispatch (a later one reused the window): replay this
+        # handle's dispatch (same rows, same places) first. The last one is combined again
+        # in place (ubep.Buffer's repeated combine).
         h = nb.dispatch(handle._x, topk_idx=handle._route)[4]
         handle._h = h
         buf._last[id(nb)] = h
-    handle._combined = True
     y = nb.combine(x, h)[0]
     biases = [b for b in (bias if isinstance(bias, (tuple, list)) else (bias,)) if b is not None]
     if biases:  # added to the sum in fp32, one rounding

@@ -52,6 +52,14 @@ class CallSequence {
  public:
   explicit CallSequence(uint64_t initial_epoch) : next_(first_seq_of(initial_epoch)) {}
   uint64_t begin_call() { return seq_ = next_++; }
+  // A repeated combine of the last call's dispatch: a sequence number (so a tag) of its own in
+  // the same half, so none of its messages can be taken for the first combine's; the next call
+  // still takes the other half.
+  uint64_t begin_repeat() {
+    seq_ += 2;
+    next_ = seq_ + 1;
+    return seq_;
+  }
   uint64_t seq() const { return seq_; }
   int half() const { return half_of(seq_); }
   uint32_t tag() const { return tag_of(seq_); }
