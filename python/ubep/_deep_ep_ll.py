@@ -101,6 +101,7 @@ def _dispatch_on(buf, nb, x, topk_idx, T, hidden, E, stats, use_fp8, round_scale
     handle = LowLatencyHandle((src_info, layout_range, T, hidden, E))
     handle._native, handle._h = nb, h
     handle._replay = (x, topk_idx, use_fp8, round_scale)
+    handle._combined = False
     handle._staging = None
     buf._last[id(nb)] = h
     if return_recv_hook:
@@ -120,11 +121,18 @@ def _check_handle(handle, what):
             f"{type(handle).__name__}")
 
 
+def _must_replay(buf, handle):
+    """Whether the next combine of this handle replays its dispatch: the window holds a later
+    dispatch's rows, or the group spans hosts, where ubep.Buffer combines a dispatch once.
+    Otherwise the last dispatch is combined again in place (ubep.Buffer's repeated combine)."""
+    return (buf._last.get(id(handle._native)) is not handle._h
+            or (handle._combined and buf._group.num_hosts > 1))
+
+
 def combine_buffer(buf, handle):
     _check_handle(handle, "get_next_low_latency_combine_buffer")
-    if buf._last.get(id(handle._native)) is not handle._h:
-        # An older dispatch: the window holds a later one's rows, and the next combine of this
-        # one replays it (see combine), from here.
+    if _must_replay(buf, handle):
+        # The next combine replays the dispatch (see combine), from here.
         if handle._staging is None:
             handle._staging = torch.empty(
                 (handle._native.num_local_experts, handle[0].shape[1], handle[3]),
@@ -143,10 +151,8 @@ def combine(buf, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, retur
         _not_supported("combine_wait_recv_cost_stats",
                        "ubep keeps no per-peer receive-wait timers")
     nb, h = handle._native, handle._h
-    if buf._last.get(id(nb)) is not h:
-        # The window holds a later dispatch's rows: replay this one (same tokens, same routing:
-        # the same rows in the same places) and combine that. The last dispatch is combined
-        # again in place (ubep.Buffer's repeated combine).
+    if _must_replay(buf, handle):
+        # Same tokens, same routing: the same rows in the same places.
         if zero_copy:
             x = handle._staging if handle._staging is not None else \
                 nb.get_next_low_latency_combine_buffer(h)
@@ -156,6 +162,7 @@ def combine(buf, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, retur
                                                 round_scale, False)
         handle._h, handle._staging = h, None
         buf._last[id(nb)] = h
+    handle._combined = True
     y, _, hook = nb.low_latency_combine(x, topk_idx, topk_weights, h, zero_copy=zero_copy,
                                         return_recv_hook=return_recv_hook)
     # DeepEP returns a new tensor each call; ubep's y is a view valid until the next combine.

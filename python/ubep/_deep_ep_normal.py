@@ -174,7 +174,7 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
 
 
 def _remember(buf, handle, nb, h, xin):
-    handle._native, handle._h, handle._x = nb, h, xin
+    handle._native, handle._h, handle._x, handle._combined = nb, h, xin, False
     buf._last[id(nb)] = h
 
 
@@ -204,13 +204,14 @@ def combine(buf, x, handle, topk_weights, bias):
     if not isinstance(handle, NormalHandle):
         _err(f"combine: handle must be the tuple dispatch returned, got {type(handle).__name__}")
     nb, h = handle._native, handle._h
-    if buf._last.get(id(nb)) is not h:
-        # ubep combines only the last dispatch (a later one reused the window): replay this
-        # handle's dispatch (same rows, same places) first. The last one is combined again
-        # in place (ubep.Buffer's repeated combine).
+    if buf._last.get(id(nb)) is not h or (handle._combined and buf._group.num_hosts > 1):
+        # ubep combines only the last dispatch (a later one reused the window), and across
+        # hosts only once: then replay this handle's dispatch (same rows, same places) first.
+        # Otherwise the last one is combined again in place (ubep.Buffer's repeated combine).
         h = nb.dispatch(handle._x, topk_idx=handle._route)[4]
         handle._h = h
         buf._last[id(nb)] = h
+    handle._combined = True
     y = nb.combine(x, h)[0]
     biases = [b for b in (bias if isinstance(bias, (tuple, list)) else (bias,)) if b is not None]
     if biases:  # added to the sum in fp32, one rounding
