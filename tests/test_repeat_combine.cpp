@@ -95,7 +95,7 @@ void run_repeats(const Mode& m) {
           const std::vector<char> first = outputs(r, c, me, R, expert_fn);
           const std::vector<char> second = outputs(r, c, me, R, other_expert);
           auto combine = [&](const std::vector<char>& x, bool zero_copy,
-                             const float* weights = nullptr) {
+                             const float* weights = nullptr, char* out = nullptr) {
             CombineArgs a;
             a.handle = r.handle;
             a.x = r.recv_x;
@@ -108,6 +108,7 @@ void run_repeats(const Mode& m) {
             if (weights)
               a.topk_weights = on_test_device(
                   TensorView(weights, DType::kFP32, {in.tokens, static_cast<int64_t>(c.topk)}));
+            if (out) a.out = on_test_device(TensorView(out, c.dtype, {in.tokens, c.hidden}));
             if (!m.split) return b.combine(a);
             b.combine_send(a);
             return b.combine_recv();
@@ -117,6 +118,11 @@ void run_repeats(const Mode& m) {
           expect_bits(combine(first, m.zero_copy), want1, c.dtype, in.tokens, c.hidden, "first");
           expect_bits(combine(second, false), want2, c.dtype, in.tokens, c.hidden, "second");
           expect_bits(combine(first, false), want1, c.dtype, in.tokens, c.hidden, "third");
+          // Into the caller's memory (CombineArgs::out): y is that memory, the same bits.
+          std::vector<char> mine(static_cast<size_t>(in.tokens * c.hidden) * 2 + 1);
+          const TensorView y = combine(second, false, nullptr, mine.data());
+          EXPECT_EQ(y.data, static_cast<void*>(mine.data()));
+          expect_bits(y, want2, c.dtype, in.tokens, c.hidden, "into out");
           if (layout == Layout::kLatency) {
             // Weights replaced in one combine, then the dispatch's again in the next.
             Problem pw = p;

@@ -135,6 +135,10 @@ struct CombineArgs {
   // ones given to dispatch (DeepEP's low_latency_combine takes its weights here). Only used on
   // the token's owner, so only on one host (across hosts the relay has them from dispatch).
   TensorView topk_weights = {};
+  // Optional: where y goes, [num_tokens, hidden] in combine_dtype(config), instead of Buffer
+  // memory (combine then returns a view of it), so a caller that wants y in its own tensor
+  // skips a copy. The cpu device only.
+  TensorView out = {};
 };
 
 class Buffer {

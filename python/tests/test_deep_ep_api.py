@@ -94,6 +94,15 @@ def test_not_supported_raise_naming_the_feature():
                 call()
         with pytest.raises(NotImplementedError, match="get_local_buffer_tensor"):
             buf.get_local_buffer_tensor(torch.bfloat16)
+        with pytest.raises(NotImplementedError, match="internode_dispatch"):
+            buf.internode_dispatch(x_of(0))
+        with pytest.raises(NotImplementedError, match="internode_combine"):
+            buf.internode_combine(x_of(0), None)
+        event, ran = deep_ep.Buffer.capture(), []
+        event.register_hook_after_wait(lambda: ran.append(1))
+        with event(release_handle=True):  # DeepEP's form: the hook runs on exit
+            assert not ran
+        assert ran == [1]
         buf.clean_low_latency_buffer(T, H, E)  # nothing to clean: epoch tags
         buf.destroy()
         assert not buf.is_available()

@@ -89,12 +89,18 @@ def _dispatch_on(buf, nb, x, topk_idx, T, hidden, E, stats, use_fp8, round_scale
     src_info = torch.empty((El, T * R), dtype=torch.int32, device=dev)
     layout_range = torch.empty((El, R), dtype=torch.int64, device=dev)
 
+    host = not nb.device.startswith("cuda:")
+
     def finish():
-        # DeepEP's formats, filled once the data is there (the hook, or now).
-        count.copy_(count64)
-        src_info.copy_(h.recv_src[..., 1])
-        rr = h.recv_range.to(dev)
-        torch.bitwise_or(rr[..., 0] << 32, rr[..., 1], out=layout_range)
+        # DeepEP's formats, filled once the data is there (the hook, or now); in host memory
+        # by one native call (the torch ops cost more than the copies: docs/DEEPEP.md).
+        if host:
+            nb._buf.deep_ep_layout(h.id, count, src_info, layout_range)
+        else:
+            count.copy_(count64)
+            src_info.copy_(h.recv_src[..., 1])
+            rr = h.recv_range.to(dev)
+            torch.bitwise_or(rr[..., 0] << 32, rr[..., 1], out=layout_range)
         if stats is not None:
             stats.add_(count.to(device=stats.device, dtype=stats.dtype))
 
@@ -163,18 +169,15 @@ def combine(buf, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, retur
         handle._h, handle._staging = h, None
         buf._last[id(nb)] = h
     handle._combined = True
+    # DeepEP returns a new tensor each call (or `out`): ubep's combine writes into it.
+    if out is None:
+        rx = handle._replay[0]
+        out = torch.empty((rx.shape[0], handle[3]),
+                          dtype=torch.float32 if nb.dtype == "fp32" else torch.bfloat16,
+                          device=rx.device)
     y, _, hook = nb.low_latency_combine(x, topk_idx, topk_weights, h, zero_copy=zero_copy,
-                                        return_recv_hook=return_recv_hook)
-    # DeepEP returns a new tensor each call; ubep's y is a view valid until the next combine.
-    result = out if out is not None else torch.empty(tuple(y.shape), dtype=y.dtype,
-                                                     device=y.device)
-    if return_recv_hook:
-        def recv_hook():
-            hook()
-            result.copy_(y)
-        return result, buf._event(), recv_hook
-    result.copy_(y)
-    return result, buf._event(), None
+                                        return_recv_hook=return_recv_hook, out=out)
+    return y, buf._event(), hook if return_recv_hook else None
 
 
 def size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts):

@@ -329,20 +329,24 @@ class Buffer:
         w = None if topk_weights is None or topk_weights is handle.topk_weights else topk_weights
         kind = kind_of(x)
         split = return_recv_hook and self._buf.algorithm == "ubep"
-        y = self._buf.combine(x, handle.id, w, kind, split)
+        # On the cpu the reduction writes straight into `out` (no copy); elsewhere y is copied.
+        direct = out is not None and self.device == "cpu"
+        y = self._buf.combine(x, handle.id, w, kind, split, out if direct else None)
         handle._combined = True
+        if direct:
+            y = out
         if split:
             buf = self._buf
 
-            def hook(x=x):  # the input stays alive until the call completes
+            def hook(x=x, out=out):  # the input (and out) stay alive until the call completes
                 buf.combine_recv(kind)
-                if out is not None:
+                if out is not None and not direct:
                     _arrays.copy_into(out, y)
 
             return (out if out is not None else y), _EVENT, hook
-        if out is not None:
+        if out is not None and not direct:
             y = _arrays.copy_into(out, y)
-        elif copy:
+        elif copy and out is None:
             y = owned(y)
         return y, _EVENT, _no_hook if return_recv_hook else None
 

@@ -151,6 +151,12 @@ void HostEngine::check_combine(const CombineArgs& a) const {
                    "] (latency layout), got ", a.x.describe());
   }
   UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine: x has no data");
+  if (a.out.ndim != 0)
+    UBEP_CHECK_ARG(a.out.ndim == 2 && a.out.dtype == cdtype &&
+                       a.out.dim(0) == call.routing.num_tokens && a.out.dim(1) == cfg.hidden &&
+                       a.out.device == cfg.device && (a.out.data || a.out.numel() == 0),
+                   "combine: out must be ", dtype_name(cdtype), " [", call.routing.num_tokens,
+                   ", ", cfg.hidden, "] on ", cfg.device.describe(), ", got ", a.out.describe());
   UBEP_CHECK_ARG(a.x.device == cfg.device, "combine: x is on ", a.x.device.describe(),
                  ", the buffer on ", cfg.device.describe());
   if (a.topk_weights.ndim != 0) {
@@ -169,6 +175,7 @@ void HostEngine::check_combine(const CombineArgs& a) const {
 }
 
 void HostEngine::set_combine_weights(const CombineArgs& a) {
+  reducer.set_out(a.out.ndim != 0 ? static_cast<char*>(a.out.data) : nullptr);
   std::vector<float>& w = call.routing.topk_weights;
   if (a.topk_weights.ndim == 0) {
     if (weights_kept) std::copy(dispatch_weights.begin(), dispatch_weights.end(), w.begin());

@@ -113,7 +113,8 @@ struct HostEngine final : backend::Engine {
   TensorView compact_rows();
   TensorView y_view() const;
   void check_combine(const CombineArgs& a) const;
-  void set_combine_weights(const CombineArgs& a);  // after check_combine accepted them
+  // After check_combine accepted them: the weights and where y goes (CombineArgs::out).
+  void set_combine_weights(const CombineArgs& a);
   // Before a repeated combine (repeat_combine.cpp): a new tag, then a barrier.
   void begin_repeat_combine();
 };
