@@ -253,8 +253,14 @@ void PyBuffer::deep_ep_layout(uint64_t handle, pb::handle count, pb::handle src_
     auto* si = static_cast<int32_t*>(bs.view.data);
     auto* lr = static_cast<int64_t*>(bl.view.data);
     for (int64_t e = 0; e < El; ++e) c[e] = static_cast<int32_t>(rc[e]);
-    for (int64_t i = 0; i < El * rows; ++i) si[i] = static_cast<int32_t>(src[2 * i + 1]);
-    for (int64_t i = 0; i < El * R; ++i) lr[i] = (rr[2 * i] << 32) | rr[2 * i + 1];
+    // Only the received rows: the rest of src_info is undefined, as in DeepEP (a few hundred
+    // rows of the 32K a decode window has).
+    for (int64_t i = 0; i < El * R; ++i) {
+      lr[i] = (rr[2 * i] << 32) | rr[2 * i + 1];
+      const int64_t base = (i / R) * rows;
+      for (int64_t p = base + rr[2 * i]; p < base + rr[2 * i] + rr[2 * i + 1]; ++p)
+        si[p] = static_cast<int32_t>(src[2 * p + 1]);
+    }
     return 0;
   });
 }

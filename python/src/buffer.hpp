@@ -42,7 +42,8 @@ class PyBuffer {
                       int iters, int warmup, bool barrier);
   void expert_identity();
   // ubep.deep_ep's low-latency handle of the last dispatch (`handle`), written in one call
-  // (host memory): count [El] int32, src_info [El, rows] int32 (every row's source token),
+  // (host memory): count [El] int32, src_info [El, rows] int32 (each received row's source
+  // token; other rows untouched),
   // layout_range [El, ranks] int64 (begin << 32 | count).
   void deep_ep_layout(uint64_t handle, pb::handle count, pb::handle src_info,
                       pb::handle layout_range);
