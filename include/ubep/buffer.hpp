@@ -151,7 +151,10 @@ class Buffer {
 
   DispatchResult dispatch(const DispatchArgs& args);
   // y [num_tokens, hidden] in combine_dtype(), for the tokens of the matching dispatch.
-  // A view into Buffer memory, valid until the next combine.
+  // A view into Buffer memory (or args.out), valid until the next combine. The last dispatch
+  // may be combined again until the next dispatch (cpu device, one host): each combine gives
+  // the same bits for the same inputs. Write into combine_buffer() only before a dispatch's
+  // first combine: afterwards peers may still be reading it until the next combine starts.
   TensorView combine(const CombineArgs& args);
 
   // Split-phase form (ubep algorithm): *_send starts the call and returns as soon as this
