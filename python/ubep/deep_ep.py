@@ -220,7 +220,7 @@ class Buffer:
 
     @staticmethod
     def get_combine_config(num_ranks):
-        return Config(Buffer.num_sms, 10 if num_ranks == 2 else 4, 256, 6, 128)
+        return Config(Buffer.num_sms, {2: 10, 4: 9}.get(num_ranks, 4), 256, 6, 128)
 
     def get_comm_stream(self):
         raise NotImplementedError("ubep.deep_ep: get_comm_stream (no CUDA streams: calls run on "
