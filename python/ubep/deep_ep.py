@@ -5,7 +5,7 @@
 
 Code written for DeepEP runs unchanged on CPU tensors, and on CUDA tensors where ubep has its
 CUDA backend (bf16/fp32; ubep-only ``device=``, docs/PYTHON.md "Devices"). What maps to what,
-and what differs, is docs/PYTHON.md ("ubep.deep_ep"). In short:
+and what differs, is docs/DEEPEP.md. In short:
 
 * Bytes are a budget: normal mode gets the tokens per rank that ``num_nvl_bytes`` holds, low
   latency checks that ``num_rdma_bytes`` holds the call's shape; an error says what does not fit.
