@@ -129,10 +129,15 @@ def _check_handle(handle, what):
 
 def _must_replay(buf, handle):
     """Whether the next combine of this handle replays its dispatch: the window holds a later
-    dispatch's rows, or the group spans hosts, where ubep.Buffer combines a dispatch once.
-    Otherwise the last dispatch is combined again in place (ubep.Buffer's repeated combine)."""
+    dispatch's rows, or ubep.Buffer combines a dispatch only once there (CUDA devices, groups
+    across hosts). Otherwise the last dispatch is combined again in place."""
     return (buf._last.get(id(handle._native)) is not handle._h
-            or (handle._combined and buf._group.num_hosts > 1))
+            or (handle._combined and not repeats(buf, handle._native)))
+
+
+def repeats(buf, nb):
+    """Whether ubep.Buffer nb combines one dispatch again (the cpu device, one host)."""
+    return nb.device == "cpu" and buf._group.num_hosts == 1
 
 
 def combine_buffer(buf, handle):

@@ -14,6 +14,7 @@ import torch
 from . import _ubep
 from ._deep_ep_sizing import max_tokens_for, topk_capacity, window_bytes
 from ._fp8 import FLOAT8
+from . import _deep_ep_ll as _ll
 
 
 class NormalHandle(tuple):
@@ -204,9 +205,10 @@ def combine(buf, x, handle, topk_weights, bias):
     if not isinstance(handle, NormalHandle):
         _err(f"combine: handle must be the tuple dispatch returned, got {type(handle).__name__}")
     nb, h = handle._native, handle._h
-    if buf._last.get(id(nb)) is not h or (handle._combined and buf._group.num_hosts > 1):
-        # ubep combines only the last dispatch (a later one reused the window), and across
-        # hosts only once: then replay this handle's dispatch (same rows, same places) first.
+    if buf._last.get(id(nb)) is not h or (handle._combined and not _ll.repeats(buf, nb)):
+        # ubep combines only the last dispatch (a later one reused the window), and on CUDA
+        # devices or across hosts only once: then replay this handle's dispatch (same rows,
+        # same places) first.
         # Otherwise the last one is combined again in place (ubep.Buffer's repeated combine).
         h = nb.dispatch(handle._x, topk_idx=handle._route)[4]
         handle._h = h
