@@ -110,7 +110,7 @@ ExpectedDispatch expected_dispatch(const Problem& p, int me) {
   return out;
 }
 
-std::vector<float> expected_combine(const Problem& p, int me, Layout layout) {
+std::vector<float> expected_combine(const Problem& p, int me, Layout layout, ExpertFn expert) {
   const RankInput& in = p.inputs[static_cast<size_t>(me)];
   const int El = p.experts / p.ranks;
   std::vector<float> y(static_cast<size_t>(in.tokens * p.hidden));
@@ -131,7 +131,7 @@ std::vector<float> expected_combine(const Problem& p, int me, Layout layout) {
               sent = sent || (e >= 0 && e / El == r);
             }
             if (!sent) continue;
-            partial += stored(expert_fn(v, r), p.dtype);
+            partial += stored(expert(v, r), p.dtype);
             any = true;
           }
         } else {
@@ -139,7 +139,7 @@ std::vector<float> expected_combine(const Problem& p, int me, Layout layout) {
             const int64_t e = in.topk_idx[static_cast<size_t>(t * in.topk + j)];
             if (e < 0 || p.host_of(static_cast<int>(e / El)) != host) continue;
             const float w = in.topk_weights[static_cast<size_t>(t * in.topk + j)];
-            const float prod = w * stored(expert_fn(v, e), p.dtype);
+            const float prod = w * stored(expert(v, e), p.dtype);
             partial += prod;
             any = true;
           }

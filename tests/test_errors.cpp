@@ -127,7 +127,11 @@ TEST(BadConfig, RanksThatDisagreeAreNamed) {
   });
 }
 
-TEST(BadCall, SecondCombineOfOneDispatchIsRejected) {
+// The CUDA kernels combine each dispatch at most once (kernel_engine.cpp says why); the host
+// engine combines one again (test_repeat_combine.cpp), but not across hosts (below).
+TEST(BadCall, SecondCombineOfOneDispatchIsRejectedOnKernelDevices) {
+  if (test_device().type == DeviceType::kCpu)
+    GTEST_SKIP() << "the cpu device combines a dispatch again: test_repeat_combine";
   Case c;
   c.tokens = {4, 4};
   c.capacity = 4;
@@ -141,6 +145,52 @@ TEST(BadCall, SecondCombineOfOneDispatchIsRejected) {
       expect_invalid([&] { b.combine({r.recv_x, r.handle}); }, "already combined");
       run_and_check(g, c, p, &b, nullptr);  // still usable
     });
+  }
+}
+
+// CombineArgs::out: a wrong shape is named; the kernel devices keep y in Buffer memory.
+TEST(BadCall, CombineOutIsChecked) {
+  Case c;
+  c.tokens = {4, 4};
+  c.capacity = 4;
+  const Problem p = make_problem(2, c.experts, c.hidden, c.dtype, c.tokens, c.topk, c.routing, 23);
+  run_on_threads(2, [&](Group& g) {
+    Buffer b(g, config_for(c, Algorithm::kUbep));
+    DispatchResult r =
+        b.dispatch(p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout));
+    std::vector<float> mine(static_cast<size_t>(4 * c.hidden));
+    CombineArgs a{r.recv_x, r.handle};
+    a.out = on_test_device(TensorView(mine.data(), c.dtype, {3, c.hidden}));
+    if (test_device().type == DeviceType::kCpu)
+      expect_invalid([&] { b.combine(a); }, "combine: out must be fp32 [4, 16]");
+    else
+      expect_invalid([&] { b.combine(a); }, "out is the cpu device's");
+    a.out = {};
+    b.combine(a);  // still usable
+  });
+}
+
+TEST(BadCall, SecondCombineAcrossHostsIsRejected) {
+  if (test_device().type != DeviceType::kCpu) GTEST_SKIP() << "the relay is the host engine's";
+  Case c;
+  c.tokens = {4, 4};
+  c.capacity = 4;
+  const Problem p = make_problem(2, c.experts, c.hidden, c.dtype, c.tokens, c.topk, c.routing, 22);
+  GroupOptions opts;
+  opts.ranks_per_host = 1;
+  for (Algorithm algo : {Algorithm::kBsp, Algorithm::kUbep}) {
+    run_on_threads(
+        2,
+        [&](Group& g) {
+          Buffer b(g, config_for(c, algo));
+          DispatchResult r =
+              b.dispatch(p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout));
+          b.combine({r.recv_x, r.handle});
+          expect_invalid([&] { b.combine({r.recv_x, r.handle}); },
+                         "already combined; a repeated combine of one dispatch needs the group "
+                         "on one host, this one spans 2");
+        },
+        opts);
   }
 }
 

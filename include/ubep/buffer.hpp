@@ -138,6 +138,10 @@ struct CombineArgs {
   // ones given to dispatch (DeepEP's low_latency_combine takes its weights here). Only used on
   // the token's owner, so only on one host (across hosts the relay has them from dispatch).
   TensorView topk_weights = {};
+  // Optional: where y goes, [num_tokens, hidden] in combine_dtype(config), instead of Buffer
+  // memory (combine then returns a view of it), so a caller that wants y in its own tensor
+  // skips a copy. The cpu device only.
+  TensorView out = {};
 };
 
 class Buffer {
@@ -150,7 +154,10 @@ class Buffer {
 
   DispatchResult dispatch(const DispatchArgs& args);
   // y [num_tokens, hidden] in combine_dtype(), for the tokens of the matching dispatch.
-  // A view into Buffer memory, valid until the next combine.
+  // A view into Buffer memory (or args.out), valid until the next combine. The last dispatch
+  // may be combined again until the next dispatch (cpu device, one host): each combine gives
+  // the same bits for the same inputs. Write into combine_buffer() only before a dispatch's
+  // first combine: afterwards peers may still be reading it until the next combine starts.
   TensorView combine(const CombineArgs& args);
 
   // Split-phase form (ubep algorithm): *_send starts the call and returns as soon as this

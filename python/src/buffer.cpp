@@ -104,7 +104,7 @@ pb::tuple PyBuffer::result_tuple(pb::handle self, const DispatchResult& r, int k
 }
 
 pb::object PyBuffer::combine(pb::handle self, pb::handle x, uint64_t handle,
-                             pb::handle topk_weights, int kind, bool send_only) {
+                             pb::handle topk_weights, int kind, bool send_only, pb::handle out) {
   PyBuffer& b = self.cast<PyBuffer&>();
   Buffer& buf = *b.buf_;
   const Device& dev = buf.config().device;
@@ -116,6 +116,11 @@ pb::object PyBuffer::combine(pb::handle self, pb::handle x, uint64_t handle,
   if (!topk_weights.is_none()) {
     bw = borrow(topk_weights, "combine: topk_weights", DType::kFP32, dev);
     a.topk_weights = bw.view;
+  }
+  Borrowed bo;
+  if (!out.is_none()) {
+    bo = borrow_writable(out, "combine: out", combine_dtype(buf.config()), dev);
+    a.out = bo.view;
   }
   TensorView y = without_gil([&] {
     if (!send_only) return buf.combine(a);
@@ -221,6 +226,45 @@ void PyBuffer::expert_identity() {
   });
 }
 
+// One call instead of the dozen torch ops it takes from Python (each dearer than the loops):
+// the per-call overhead of ubep.deep_ep over the native API (docs/DEEPEP.md, Performance).
+void PyBuffer::deep_ep_layout(uint64_t handle, pb::handle count, pb::handle src_info,
+                              pb::handle layout_range) {
+  UBEP_CHECK_ARG(handle == last_handle_, "deep_ep_layout: handle ", handle,
+                 " is not the last dispatch on this buffer (", last_handle_, ")");
+  check_host_memory(*buf_, "deep_ep_layout");
+  const DispatchResult& r = last_result_;
+  UBEP_CHECK_ARG(r.layout == Layout::kLatency, "deep_ep_layout: not a latency-layout dispatch");
+  const Device& dev = buf_->config().device;
+  const int64_t El = r.recv_src.dim(0), rows = r.recv_src.dim(1), R = r.recv_range.dim(1);
+  Borrowed bc = borrow_writable(count, "deep_ep_layout: count", DType::kInt32, dev);
+  Borrowed bs = borrow_writable(src_info, "deep_ep_layout: src_info", DType::kInt32, dev);
+  Borrowed bl = borrow_writable(layout_range, "deep_ep_layout: layout_range", DType::kInt64, dev);
+  UBEP_CHECK_ARG(bc.view.numel() == El && bs.view.numel() == El * rows &&
+                     bl.view.numel() == El * R,
+                 "deep_ep_layout: expected count [", El, "], src_info [", El, ", ", rows,
+                 "], layout_range [", El, ", ", R, "], got ", bc.view.describe(), ", ",
+                 bs.view.describe(), ", ", bl.view.describe());
+  without_gil([&] {
+    const auto* rc = r.recv_count.as<const int64_t>();
+    const auto* src = r.recv_src.as<const int64_t>();
+    const auto* rr = r.recv_range.as<const int64_t>();
+    auto* c = static_cast<int32_t*>(bc.view.data);
+    auto* si = static_cast<int32_t*>(bs.view.data);
+    auto* lr = static_cast<int64_t*>(bl.view.data);
+    for (int64_t e = 0; e < El; ++e) c[e] = static_cast<int32_t>(rc[e]);
+    // Only the received rows: the rest of src_info is undefined, as in DeepEP (a few hundred
+    // rows of the 32K a decode window has).
+    for (int64_t i = 0; i < El * R; ++i) {
+      lr[i] = (rr[2 * i] << 32) | rr[2 * i + 1];
+      const int64_t base = (i / R) * rows;
+      for (int64_t p = base + rr[2 * i]; p < base + rr[2 * i] + rr[2 * i + 1]; ++p)
+        si[p] = static_cast<int32_t>(src[2 * p + 1]);
+    }
+    return 0;
+  });
+}
+
 // The calls of a Python loop, timed in C++ with the GIL released throughout: dispatch, the
 // identity expert (untimed), zero-copy combine. Their difference to the same loop from Python
 // (ubep.bench) is the binding's cost. barrier: a group barrier (untimed) before each timed
@@ -290,12 +334,15 @@ void bind_buffer(pb::module_& m) {
            pb::arg("x_scales") = pb::none(), pb::arg("x_dtype") = "")
       .def("dispatch_recv", &PyBuffer::dispatch_recv)
       .def("wait_recv_range", &PyBuffer::wait_recv_range)
-      .def("combine", &PyBuffer::combine)
+      .def("combine", &PyBuffer::combine, pb::arg("x"), pb::arg("handle"),
+           pb::arg("topk_weights"), pb::arg("kind"), pb::arg("send_only"),
+           pb::arg("out") = pb::none())
       .def("combine_recv", &PyBuffer::combine_recv)
       .def("view", &PyBuffer::view)
       .def("last_stats", &PyBuffer::last_stats)
       .def("config", &PyBuffer::config)
       .def("time_calls", &PyBuffer::time_calls)
+      .def("deep_ep_layout", &PyBuffer::deep_ep_layout)
       .def("expert_identity", &PyBuffer::expert_identity,
            "Benchmark helper: copies the last dispatch's received rows into the combine buffer.")
       .def("set_algorithm",

@@ -29,8 +29,9 @@ class PyBuffer {
                             pb::handle topk_weights, bool latency, int kind, bool send_only,
                             pb::handle x_scales, const std::string& x_dtype);
   static pb::tuple dispatch_recv(pb::handle self, int kind);
+  // out: None, or where y goes (CombineArgs::out; the cpu device).
   static pb::object combine(pb::handle self, pb::handle x, uint64_t handle, pb::handle topk_weights,
-                            int kind, bool send_only);
+                            int kind, bool send_only, pb::handle out);
   static pb::object combine_recv(pb::handle self, int kind);
   // "combine_buffer", "recv_src" or "recv_range" of the dispatch `handle` (the last one).
   static pb::object view(pb::handle self, const std::string& which, uint64_t handle, int kind);
@@ -40,6 +41,12 @@ class PyBuffer {
   pb::list time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk_weights, bool latency,
                       int iters, int warmup, bool barrier);
   void expert_identity();
+  // ubep.deep_ep's low-latency handle of the last dispatch (`handle`), written in one call
+  // (host memory): count [El] int32, src_info [El, rows] int32 (each received row's source
+  // token; other rows untouched),
+  // layout_range [El, ranks] int64 (begin << 32 | count).
+  void deep_ep_layout(uint64_t handle, pb::handle count, pb::handle src_info,
+                      pb::handle layout_range);
 
   // The receive hook per piece of the outstanding dispatch `handle`: (begin, count).
   pb::tuple wait_recv_range(uint64_t handle, int source, int local_expert);

@@ -68,8 +68,16 @@ def test_low_latency_budget_and_handles():
         with pytest.raises(ubep.InvalidArgument, match="handle must be the tuple"):
             buf.low_latency_combine(recv, idx, w, tuple(handle))
         y, _, _ = buf.low_latency_combine(recv, idx, w, handle)
-        y2, _, _ = buf.low_latency_combine(recv, idx, w, handle)  # a repeated combine
-        assert torch.equal(y, y2)
+        native = handle._h
+        # A repeated combine, natively: no replayed dispatch (the same ubep handle), the same
+        # bits; then with other expert outputs (zero-copy) and the first again.
+        y2, _, _ = buf.low_latency_combine(recv, idx, w, handle)
+        assert handle._h is native and torch.equal(y, y2)
+        buf.get_next_low_latency_combine_buffer(handle)[:] = recv * 2
+        y3, _, _ = buf.low_latency_combine(None, idx, w, handle, zero_copy=True)
+        y4, _, _ = buf.low_latency_combine(recv, idx, w, handle)
+        assert handle._h is native and torch.equal(y4, y)
+        assert torch.equal(y3, y * 2)  # doubling is exact in fp32 and bf16
         return True
     assert all(on_threads(2, body))
 
@@ -86,6 +94,15 @@ def test_not_supported_raise_naming_the_feature():
                 call()
         with pytest.raises(NotImplementedError, match="get_local_buffer_tensor"):
             buf.get_local_buffer_tensor(torch.bfloat16)
+        with pytest.raises(NotImplementedError, match="internode_dispatch"):
+            buf.internode_dispatch(x_of(0))
+        with pytest.raises(NotImplementedError, match="internode_combine"):
+            buf.internode_combine(x_of(0), None)
+        event, ran = deep_ep.Buffer.capture(), []
+        event.register_hook_after_wait(lambda: ran.append(1))
+        with event(release_handle=True):  # DeepEP's form: the hook runs on exit
+            assert not ran
+        assert ran == [1]
         buf.clean_low_latency_buffer(T, H, E)  # nothing to clean: epoch tags
         buf.destroy()
         assert not buf.is_available()
@@ -95,6 +112,28 @@ def test_not_supported_raise_naming_the_feature():
     assert all(on_threads(2, body))
     with pytest.raises(ValueError, match="num_sms"):
         deep_ep.Config(3)
+
+
+def test_normal_repeated_combine_is_native():
+    """A normal-mode dispatch combined twice: the second combine replays nothing (the same
+    ubep handle) and doubling the input doubles the result exactly."""
+    def body(group):
+        buf = deep_ep.Buffer(group, window_bytes("bf16", H, 2, E // 2, topk_capacity(K, 2), T,
+                                                 False))
+        idx, w = routing(group.rank)
+        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+        recv, _, _, _, handle, _ = buf.dispatch(x_of(group.rank), num_tokens_per_rank=per_rank,
+                                                is_token_in_rank=in_rank,
+                                                num_tokens_per_expert=per_expert, topk_idx=idx,
+                                                topk_weights=w)
+        native = handle._h
+        y, _, _ = buf.combine(recv, handle)
+        y2, _, _ = buf.combine(recv * 2, handle)
+        y3, _, _ = buf.combine(recv, handle)
+        assert handle._h is native
+        assert torch.equal(y2, y * 2) and torch.equal(y3, y)
+        return True
+    assert all(on_threads(2, body))
 
 
 def test_normal_budget_names_what_does_not_fit():

@@ -112,3 +112,63 @@ def test_receive_hook_per_range(placement):
         return True
 
     assert ubep.run_on_threads(2, body, timeout=30) == [True, True]
+
+
+@pytest.mark.parametrize("algorithm", ["ubep", "bsp"])
+@pytest.mark.parametrize("layout", ["throughput", "latency"])
+def test_repeated_combine(layout, algorithm):
+    """One dispatch combined three times, each bit-identical to the reference: zero-copy from
+    the window, then other expert outputs from the caller's memory, then the first outputs
+    again zero-copy (after a combine, get_next_*_combine_buffer is an owned array: peers may
+    still read the window). Then ordinary calls on the same buffer."""
+    spec = ref.Spec(ranks=2, dtype="bf16", seed=11)
+    variants = (100, 200, 100)  # make_expert_output's `it` for each combine
+
+    def body(g):
+        buf = ubep.Buffer(g, hidden=spec.H, num_experts=spec.E, max_tokens_per_rank=spec.T,
+                          max_topk=spec.K, dtype=spec.dtype, algorithm=algorithm, timeout=30.0)
+        x, idx, w = ref.make_inputs(spec, buf.rank, 0)
+        ys = []
+        if layout == "throughput":
+            recv_x, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
+            shape = (recv_x.shape[0], spec.H)
+        else:
+            recv_x, _, h, _, _ = buf.low_latency_dispatch(x, idx, spec.T, spec.E,
+                                                          topk_weights=w)
+            shape = tuple(recv_x.shape)
+        window = buf.get_next_low_latency_combine_buffer(h)
+        for i, it in enumerate(variants):
+            out = ref.make_expert_output(spec, buf.rank, it, shape)
+            if i != 1:
+                cb = buf.get_next_low_latency_combine_buffer(h)
+                assert (cb is window) == (i == 0)
+                cb[...] = out
+                out = cb
+            if layout == "throughput":
+                y = buf.combine(out, h)[0]
+            elif i == 1:  # into the caller's array (written by the reduction itself)
+                mine = np.zeros((x.shape[0], spec.H), dtype=out.dtype)
+                y = buf.low_latency_combine(out, idx, w, h, out=mine)[0]
+                assert y is mine
+            else:
+                y = buf.low_latency_combine(None, idx, w, h, zero_copy=True)[0]
+            ys.append(worker.to_np(y))
+        after = worker.run_rank(g, spec, layout, algorithm, "numpy")
+        return ys, after
+
+    got = ubep.run_on_threads(2, body, timeout=30)
+    xs, idxs, ws = zip(*[ref.make_inputs(spec, r, 0) for r in range(spec.R)])
+    for i, it in enumerate(variants):
+        if layout == "throughput":
+            disp = ref.dispatch_throughput(spec, xs, idxs, ws)
+            outs = [ref.make_expert_output(spec, d, it, (disp[d]["recv_x"].shape[0], spec.H))
+                    for d in range(spec.R)]
+            want = ref.combine_throughput(spec, disp, outs, [x.shape[0] for x in xs])
+        else:
+            disp, where = ref.dispatch_latency(spec, xs, idxs)
+            outs = [ref.make_expert_output(spec, d, it, disp[d]["recv_x"].shape)
+                    for d in range(spec.R)]
+            want = ref.combine_latency(spec, where, outs, idxs, ws)
+        for r in range(spec.R):
+            np.testing.assert_array_equal(got[r][0][i], want[r], err_msg=f"combine {i} rank {r}")
+    worker.check(spec, layout, [after for _, after in got])

@@ -15,7 +15,7 @@ from ._deep_ep_sizing import HINT_TOPK, check_fits, topk_capacity, window_bytes
 
 class LowLatencyHandle(tuple):
     """DeepEP's 5-tuple, carrying ubep's dispatch (the native buffer and its handle) and what a
-    repeated combine needs to replay the dispatch."""
+    combine of an older dispatch needs to replay it."""
 
 
 def _not_supported(what, why):
@@ -89,12 +89,18 @@ def _dispatch_on(buf, nb, x, topk_idx, T, hidden, E, stats, use_fp8, round_scale
     src_info = torch.empty((El, T * R), dtype=torch.int32, device=dev)
     layout_range = torch.empty((El, R), dtype=torch.int64, device=dev)
 
+    host = not nb.device.startswith("cuda:")
+
     def finish():
-        # DeepEP's formats, filled once the data is there (the hook, or now).
-        count.copy_(count64)
-        src_info.copy_(h.recv_src[..., 1])
-        rr = h.recv_range.to(dev)
-        torch.bitwise_or(rr[..., 0] << 32, rr[..., 1], out=layout_range)
+        # DeepEP's formats, filled once the data is there (the hook, or now); in host memory
+        # by one native call (the torch ops cost more than the copies: docs/DEEPEP.md).
+        if host:
+            nb._buf.deep_ep_layout(h.id, count, src_info, layout_range)
+        else:
+            count.copy_(count64)
+            src_info.copy_(h.recv_src[..., 1])
+            rr = h.recv_range.to(dev)
+            torch.bitwise_or(rr[..., 0] << 32, rr[..., 1], out=layout_range)
         if stats is not None:
             stats.add_(count.to(device=stats.device, dtype=stats.dtype))
 
@@ -121,11 +127,23 @@ def _check_handle(handle, what):
             f"{type(handle).__name__}")
 
 
+def _must_replay(buf, handle):
+    """Whether the next combine of this handle replays its dispatch: the window holds a later
+    dispatch's rows, or ubep.Buffer combines a dispatch only once there (CUDA devices, groups
+    across hosts). Otherwise the last dispatch is combined again in place."""
+    return (buf._last.get(id(handle._native)) is not handle._h
+            or (handle._combined and not repeats(buf, handle._native)))
+
+
+def repeats(buf, nb):
+    """Whether ubep.Buffer nb combines one dispatch again (the cpu device, one host)."""
+    return nb.device == "cpu" and buf._group.num_hosts == 1
+
+
 def combine_buffer(buf, handle):
     _check_handle(handle, "get_next_low_latency_combine_buffer")
-    if handle._combined or buf._last.get(id(handle._native)) is not handle._h:
-        # This dispatch's window rows may still be read by peers finishing the earlier
-        # combine: the next combine of it replays the dispatch (see combine), from here.
+    if _must_replay(buf, handle):
+        # The next combine replays the dispatch (see combine), from here.
         if handle._staging is None:
             handle._staging = torch.empty(
                 (handle._native.num_local_experts, handle[0].shape[1], handle[3]),
@@ -148,10 +166,8 @@ def combine(buf, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, retur
     # dispatch (the C++ engine cannot replace them at combine), and DeepEP's dispatch has none:
     # replay the dispatch with the combine's weights (one more dispatch per combine).
     weights_now = topk_weights is not None and buf._group.num_hosts > 1
-    if handle._combined or buf._last.get(id(nb)) is not h or weights_now:
-        # ubep combines a dispatch once (peers may still be reading its rows afterwards), so
-        # a second combine of the same dispatch, or of an older one, replays the dispatch
-        # (same tokens, same routing: the same rows in the same places) and combines that.
+    if _must_replay(buf, handle) or weights_now:
+        # Same tokens, same routing: the same rows in the same places.
         if zero_copy:
             x = handle._staging if handle._staging is not None else \
                 nb.get_next_low_latency_combine_buffer(h)
@@ -165,18 +181,15 @@ def combine(buf, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, retur
     handle._combined = True
     if weights_now:
         topk_weights = None  # given to the replayed dispatch
+    # DeepEP returns a new tensor each call (or `out`): ubep's combine writes into it.
+    if out is None:
+        rx = handle._replay[0]
+        out = torch.empty((rx.shape[0], handle[3]),
+                          dtype=torch.float32 if nb.dtype == "fp32" else torch.bfloat16,
+                          device=rx.device)
     y, _, hook = nb.low_latency_combine(x, topk_idx, topk_weights, h, zero_copy=zero_copy,
-                                        return_recv_hook=return_recv_hook)
-    # DeepEP returns a new tensor each call; ubep's y is a view valid until the next combine.
-    result = out if out is not None else torch.empty(tuple(y.shape), dtype=y.dtype,
-                                                     device=y.device)
-    if return_recv_hook:
-        def recv_hook():
-            hook()
-            result.copy_(y)
-        return result, buf._event(), recv_hook
-    result.copy_(y)
-    return result, buf._event(), None
+                                        return_recv_hook=return_recv_hook, out=out)
+    return y, buf._event(), hook if return_recv_hook else None
 
 
 def size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts):

@@ -14,10 +14,12 @@ import torch
 from . import _ubep
 from ._deep_ep_sizing import max_tokens_for, topk_capacity, window_bytes
 from ._fp8 import FLOAT8
+from . import _deep_ep_ll as _ll
 
 
 class NormalHandle(tuple):
-    """DeepEP's 6-tuple, carrying ubep's dispatch and what cached and repeated calls need."""
+    """DeepEP's 6-tuple, carrying ubep's dispatch and what cached calls and combines of an
+    older dispatch need."""
 
 
 def _err(msg):
@@ -203,9 +205,11 @@ def combine(buf, x, handle, topk_weights, bias):
     if not isinstance(handle, NormalHandle):
         _err(f"combine: handle must be the tuple dispatch returned, got {type(handle).__name__}")
     nb, h = handle._native, handle._h
-    if handle._combined or buf._last.get(id(nb)) is not h:
-        # ubep combines a dispatch once and only the last one; a repeated or older combine
-        # replays the handle's last dispatch (same rows, same places) first.
+    if buf._last.get(id(nb)) is not h or (handle._combined and not _ll.repeats(buf, nb)):
+        # ubep combines only the last dispatch (a later one reused the window), and on CUDA
+        # devices or across hosts only once: then replay this handle's dispatch (same rows,
+        # same places) first.
+        # Otherwise the last one is combined again in place (ubep.Buffer's repeated combine).
         h = nb.dispatch(handle._x, topk_idx=handle._route)[4]
         handle._h = h
         buf._last[id(nb)] = h

@@ -5,6 +5,8 @@ Results are views of ubep's memory, in the framework of the input (torch or NumP
 * dispatch results (recv_x, recv_topk_idx, recv_topk_weights, recv_count) stay valid until the
   next dispatch on this Buffer;
 * combine results until the next combine;
+* a dispatch may be combined again (DeepEP's tests combine one dispatch twice) until the next
+  dispatch;
 * ``copy=True`` returns owned copies instead.
 
 A view keeps the Buffer's memory mapped, so a stale view is never a crash, only stale data.
@@ -31,11 +33,11 @@ _EVENT = EventOverlap()
 
 
 class Handle:
-    """Identifies one dispatch for its combine (one combine per dispatch), and keeps the routing
-    for a cached dispatch (``dispatch(x, handle=h)``)."""
+    """Identifies one dispatch for its combines (any number, until the next dispatch), and keeps
+    the routing for a cached dispatch (``dispatch(x, handle=h)``)."""
 
     __slots__ = ("id", "layout", "topk_idx", "topk_weights", "kind", "_buffer",
-                 "_combine_buffer")
+                 "_combine_buffer", "_combined", "_staging")
 
     def __init__(self, buffer, hid, layout, topk_idx, topk_weights, kind):
         self._buffer = buffer
@@ -45,6 +47,8 @@ class Handle:
         self.topk_weights = topk_weights
         self.kind = kind
         self._combine_buffer = None
+        self._combined = False  # combined at least once: zero-copy input goes to _staging
+        self._staging = None
 
     @property
     def num_tokens(self):
@@ -223,6 +227,7 @@ class Buffer:
         (what DeepEP's reduction of unchanged recv_topk_weights yields), else None."""
         _own(self, handle, "combine")
         y = self._buf.combine(x, handle.id, None, kind_of(x), False)
+        handle._combined = True
         if bias is not None:
             for b in (bias if isinstance(bias, (tuple, list)) else (bias,)):
                 if b is not None:
@@ -294,8 +299,14 @@ class Buffer:
     def get_next_low_latency_combine_buffer(self, handle):
         """Where experts may write their outputs, shaped like recv_x, in ubep's shared memory:
         low_latency_combine(..., zero_copy=True) then reads them in place. Valid until the next
-        dispatch."""
+        dispatch. Once the dispatch was combined, peers may still be reading that memory for
+        the earlier combine, so this is then an owned array (holding what the window held) that
+        a zero_copy combine copies from."""
         _own(self, handle, "get_next_low_latency_combine_buffer")
+        if handle._combined:
+            if handle._staging is None:
+                handle._staging = owned(self._buf.view("combine_buffer", handle.id, handle.kind))
+            return handle._staging
         if handle._combine_buffer is None:
             handle._combine_buffer = self._buf.view("combine_buffer", handle.id, handle.kind)
         return handle._combine_buffer
@@ -320,19 +331,24 @@ class Buffer:
         w = None if topk_weights is None or topk_weights is handle.topk_weights else topk_weights
         kind = kind_of(x)
         split = return_recv_hook and self._buf.algorithm == "ubep"
-        y = self._buf.combine(x, handle.id, w, kind, split)
+        # On the cpu the reduction writes straight into `out` (no copy); elsewhere y is copied.
+        direct = out is not None and self.device == "cpu"
+        y = self._buf.combine(x, handle.id, w, kind, split, out if direct else None)
+        handle._combined = True
+        if direct:
+            y = out
         if split:
             buf = self._buf
 
-            def hook(x=x):  # the input stays alive until the call completes
+            def hook(x=x, out=out):  # the input (and out) stay alive until the call completes
                 buf.combine_recv(kind)
-                if out is not None:
+                if out is not None and not direct:
                     _arrays.copy_into(out, y)
 
             return (out if out is not None else y), _EVENT, hook
-        if out is not None:
+        if out is not None and not direct:
             y = _arrays.copy_into(out, y)
-        elif copy:
+        elif copy and out is None:
             y = owned(y)
         return y, _EVENT, _no_hook if return_recv_hook else None
 

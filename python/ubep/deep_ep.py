@@ -5,7 +5,7 @@
 
 Code written for DeepEP runs unchanged on CPU tensors, and on CUDA tensors where ubep has its
 CUDA backend (bf16/fp32; ubep-only ``device=``, docs/PYTHON.md "Devices"). What maps to what,
-and what differs, is docs/PYTHON.md ("ubep.deep_ep"). In short:
+and what differs, is docs/DEEPEP.md. In short:
 
 * Bytes are a budget: normal mode gets the tokens per rank that ``num_nvl_bytes`` holds, low
   latency checks that ``num_rdma_bytes`` holds the call's shape; an error says what does not fit.
@@ -47,11 +47,16 @@ class EventOverlap:
         assert self.hook_after_wait is None, "A hook is already registered on this `EventOverlap`"
         self.hook_after_wait = hook_after_wait
 
+    def __call__(self, release_handle=False):
+        """``with event(release_handle=True):`` as DeepEP."""
+        self._release_on_exit = release_handle
+        return self
+
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
-        self.current_stream_wait()
+        self.current_stream_wait(getattr(self, "_release_on_exit", False))
         return False
 
 
@@ -150,6 +155,8 @@ class Buffer:
         else t's (cpu, or cuda:N)."""
         if self._device is not None:
             return self._device
+        if t.is_cpu:  # the common case, without building a device name per call
+            return "cpu"
         return _arrays.device_name(t.device)
 
     def _make_native(self, key, need, budget_name, budget, **shape):
@@ -213,7 +220,7 @@ class Buffer:
 
     @staticmethod
     def get_combine_config(num_ranks):
-        return Config(Buffer.num_sms, 10 if num_ranks == 2 else 4, 256, 6, 128)
+        return Config(Buffer.num_sms, {2: 10, 4: 9}.get(num_ranks, 4), 256, 6, 128)
 
     def get_comm_stream(self):
         raise NotImplementedError("ubep.deep_ep: get_comm_stream (no CUDA streams: calls run on "
@@ -248,6 +255,15 @@ class Buffer:
         """DeepEP's normal combine: (combined_x, combined_topk_weights or None, event)."""
         self._live("combine")
         return _normal.combine(self, x, handle, topk_weights, bias)
+
+    def internode_dispatch(self, *args, **kwargs):
+        raise NotImplementedError(
+            "ubep.deep_ep: internode_dispatch (DeepEP's RDMA+NVLink path; ubep's dispatch "
+            "serves every group and returns the intranode handle)")
+
+    def internode_combine(self, *args, **kwargs):
+        raise NotImplementedError(
+            "ubep.deep_ep: internode_combine (DeepEP's RDMA+NVLink path; use combine)")
 
     # --- low-latency mode ----------------------------------------------------------------
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):

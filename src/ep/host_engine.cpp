@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "core/log.hpp"
 #include "ep/algo_context.hpp"
@@ -79,7 +80,7 @@ DispatchResult HostEngine::result() const {
   const int64_t num_recv_rows = call.num_recv_rows;
   const protocol::WindowLayout& m = win.map();
   r.layout = layout;
-  r.handle = win.seq();
+  r.handle = dispatch_seq;
   const int64_t K = call.routing.topk;
   const auto scales = static_cast<int64_t>(codec().scale_bytes / sizeof(float));
   r.recv_count = TensorView(call.recv_count.get(), DType::kInt64, {local_experts});
@@ -125,22 +126,22 @@ void HostEngine::begin_dispatch(const DispatchArgs& a) {
                  "enable_latency_layout=false");
   call.begin(a, cfg, codec().row_bytes());  // validates: throws before anything is sent
   set_dispatch_source(a);
-  win.begin_call();
+  dispatch_seq = win.begin_call();
   have_dispatch = true;
   compacted_rows = -1;
   combined = false;
+  weights_kept = false;
 }
 
 void HostEngine::check_combine(const CombineArgs& a) const {
   UBEP_CHECK_ARG(phase == Phase::kIdle,
                  "combine: a split-phase call is still outstanding on this buffer");
   UBEP_CHECK_ARG(have_dispatch, "combine: no dispatch on this buffer yet");
-  UBEP_CHECK_ARG(
-      !combined, "combine: dispatch ", win.seq(),
-      " was already combined; each dispatch is combined at most once (peers may still be "
-      "reading the rows of the first combine)");
-  UBEP_CHECK_ARG(a.handle == win.seq(), "combine: handle ", a.handle,
-                 " does not belong to the last dispatch on this buffer (", win.seq(), ")");
+  UBEP_CHECK_ARG(!combined || !multi_host(), "combine: dispatch ", dispatch_seq,
+                 " was already combined; a repeated combine of one dispatch needs the group on "
+                 "one host, this one spans ", grp.num_hosts());
+  UBEP_CHECK_ARG(a.handle == dispatch_seq, "combine: handle ", a.handle,
+                 " does not belong to the last dispatch on this buffer (", dispatch_seq, ")");
   UBEP_CHECK_ARG(a.x.dtype == cdtype, "combine: x dtype ", dtype_name(a.x.dtype),
                  " does not match the buffer's combine dtype ", dtype_name(cdtype),
                  cfg.dtype == DType::kFP8E4M3 ? " (fp8 buffers combine in bf16)" : "");
@@ -160,6 +161,12 @@ void HostEngine::check_combine(const CombineArgs& a) const {
                    "] (latency layout), got ", a.x.describe());
   }
   UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine: x has no data");
+  if (a.out.ndim != 0)
+    UBEP_CHECK_ARG(a.out.ndim == 2 && a.out.dtype == cdtype &&
+                       a.out.dim(0) == call.routing.num_tokens && a.out.dim(1) == cfg.hidden &&
+                       a.out.device == cfg.device && (a.out.data || a.out.numel() == 0),
+                   "combine: out must be ", dtype_name(cdtype), " [", call.routing.num_tokens,
+                   ", ", cfg.hidden, "] on ", cfg.device.describe(), ", got ", a.out.describe());
   UBEP_CHECK_ARG(a.x.device == cfg.device, "combine: x is on ", a.x.device.describe(),
                  ", the buffer on ", cfg.device.describe());
   if (a.topk_weights.ndim != 0) {
@@ -178,8 +185,18 @@ void HostEngine::check_combine(const CombineArgs& a) const {
 }
 
 void HostEngine::set_combine_weights(const CombineArgs& a) {
-  if (a.topk_weights.ndim != 0 && a.topk_weights.numel() > 0)  // no tokens: data may be null
-    std::memcpy(call.routing.topk_weights.data(), a.topk_weights.data, a.topk_weights.bytes());
+  reducer.set_out(a.out.ndim != 0 ? static_cast<char*>(a.out.data) : nullptr);
+  std::vector<float>& w = call.routing.topk_weights;
+  if (a.topk_weights.ndim == 0) {
+    if (weights_kept) std::copy(dispatch_weights.begin(), dispatch_weights.end(), w.begin());
+    return;
+  }
+  if (!weights_kept) {
+    dispatch_weights.assign(w.begin(), w.end());
+    weights_kept = true;
+  }
+  if (a.topk_weights.numel() > 0)  // no tokens: data may be null
+    std::memcpy(w.data(), a.topk_weights.data, a.topk_weights.bytes());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -215,7 +232,9 @@ class CallScope {
 
  private:
   // Only bsp makes barriers through the window; ubep makes none.
-  uint64_t barriers() const { return b_.grp.barrier_count() + b_.bsp->window_barriers(); }
+  uint64_t barriers() const {
+    return b_.grp.barrier_count() + b_.bsp->window_barriers() + b_.repeat_barriers;
+  }
 
   HostEngine& b_;
   uint64_t barriers0_;
@@ -341,8 +360,9 @@ TensorView HostEngine::combine(const CombineArgs& args) {
   CallScope scope(b);
   inputs_of(b, "combine", [&] { b.check_combine(args); });
   b.set_combine_weights(args);
-  b.combined = true;
+  const bool repeat = std::exchange(b.combined, true);
   phase_of(b, "combine", [&] {
+    if (repeat) b.begin_repeat_combine();
     ep::Algorithm& algo = b.algorithm();
     algo.combine_send(args);
     algo.combine_recv();
@@ -386,8 +406,11 @@ void HostEngine::combine_send(const CombineArgs& args) {
   CallScope scope(b);
   inputs_of(b, "combine_send", [&] { b.check_combine(args); });
   b.set_combine_weights(args);
-  b.combined = true;
-  phase_of(b, "combine_send", [&] { b.algorithm().combine_send(args); });
+  const bool repeat = std::exchange(b.combined, true);
+  phase_of(b, "combine_send", [&] {
+    if (repeat) b.begin_repeat_combine();
+    b.algorithm().combine_send(args);
+  });
   b.phase = Phase::kCombineSent;
 }
 

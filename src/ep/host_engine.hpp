@@ -65,7 +65,14 @@ struct HostEngine final : backend::Engine {
 
   enum class Phase { kIdle, kDispatchSent, kCombineSent } phase = Phase::kIdle;
   bool have_dispatch = false;
-  bool combined = false;  // the last dispatch was combined (at most once: see ubep.cpp)
+  uint64_t dispatch_seq = 0;  // the last dispatch's handle (a repeated combine has its own seq)
+  // The last dispatch was combined: a further combine of it is a repeat (repeat_combine.cpp).
+  bool combined = false;
+  uint64_t repeat_barriers = 0;  // barriers made before repeated combines, for last_stats()
+  // The dispatch's topk_weights, kept once a combine replaced them: a later combine without
+  // weights uses the dispatch's again, as the first one would have.
+  std::vector<float> dispatch_weights;
+  bool weights_kept = false;
 
   LocalArray compacted;         // [valid rows, payload] compact() output
   LocalArray compacted_scales;  // [valid rows, scales] its scales (fp8)
@@ -115,7 +122,10 @@ struct HostEngine final : backend::Engine {
   TensorView compact_rows();
   TensorView y_view() const;
   void check_combine(const CombineArgs& a) const;
-  void set_combine_weights(const CombineArgs& a);  // after check_combine accepted them
+  // After check_combine accepted them: the weights and where y goes (CombineArgs::out).
+  void set_combine_weights(const CombineArgs& a);
+  // Before a repeated combine (repeat_combine.cpp): a new tag, then a barrier.
+  void begin_repeat_combine();
 };
 
 }  // namespace ubep::ep

@@ -25,7 +25,9 @@ class TokenReducer {
                const CallState& call, const Waiter& waiter, HostRelay* relay);
 
   // [max tokens per rank, combine row] the combine output y, in the combine dtype.
-  char* y() const { return y_.get(); }
+  char* y() const { return out_ ? out_ : y_.get(); }
+  // Where this call's y goes instead of the reducer's own memory (CombineArgs::out), or null.
+  void set_out(char* out) { out_ = out; }
   // Member m's fp32 accumulator row [hidden] (a role team member reduces with its own).
   float* acc(int m) { return &acc_[static_cast<size_t>(m) * static_cast<size_t>(H_)]; }
 
@@ -49,6 +51,7 @@ class TokenReducer {
   DType cdtype_;
   size_t row_bytes_;
   LocalArray y_;
+  char* out_ = nullptr;
   std::vector<float> part_;  // [hidden] this host's partial (multi-host)
   std::vector<float> acc_;   // [members, hidden]
 };
@@ -59,7 +62,7 @@ void TokenReducer::reduce(int64_t t, float* a, Locate&& locate) {
   const Routing& routing = call_.routing;
   const int K = routing.topk;
   const Layout layout = call_.layout;
-  char* out = y_.get() + static_cast<size_t>(t) * row_bytes_;
+  char* out = y() + static_cast<size_t>(t) * row_bytes_;
   // This host's contributions, from 0, in ascending rank (throughput) or ascending k (latency).
   auto local_partial = [&](float* p) {
     std::fill(p, p + H, 0.0f);

@@ -30,6 +30,7 @@ class Window {
 
   // --- epochs: one sequence number per dispatch (its combine shares it) ---
   uint64_t begin_call() { return calls_.begin_call(); }
+  uint64_t begin_repeat() { return calls_.begin_repeat(); }  // see CallSequence::begin_repeat
   uint64_t seq() const { return calls_.seq(); }
   void resume_after(uint64_t seq) { calls_.resume_after(seq); }
   int half() const { return calls_.half(); }

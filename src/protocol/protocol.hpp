@@ -55,6 +55,14 @@ class CallSequence {
   // After an agreement (docs/ELASTIC.md): the next call follows `seq`, the highest any live rank
   // used, so its tags differ from every earlier call's.
   void resume_after(uint64_t seq) { next_ = next_ > seq + 1 ? next_ : seq + 1; }
+  // A repeated combine of the last call's dispatch: a sequence number (so a tag) of its own in
+  // the same half, so none of its messages can be taken for the first combine's; the next call
+  // still takes the other half.
+  uint64_t begin_repeat() {
+    seq_ += 2;
+    next_ = seq_ + 1;
+    return seq_;
+  }
   uint64_t seq() const { return seq_; }
   int half() const { return half_of(seq_); }
   uint32_t tag() const { return tag_of(seq_); }

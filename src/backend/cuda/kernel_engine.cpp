@@ -250,9 +250,15 @@ void KernelEngine::launch_combine(const CombineArgs* args, uint32_t phases, cons
     ledger_.start(what);
     try {
       UBEP_CHECK_ARG(have_dispatch_, what, ": no dispatch on this buffer yet");
+      // A repeat needs a new tag in the same half and a barrier before it, so that no peer
+      // still reads the rows it rewrites (src/ep/repeat_combine.cpp); the kernels' combine
+      // has neither (ubep's makes no barrier at all), so it stays the host engine's.
       UBEP_CHECK_ARG(!combined_, what, ": dispatch ", seq_.results()[0].handle,
-                     " was already combined; each dispatch is combined at most once (peers may "
-                     "still be reading the rows of the first combine)");
+                     " was already combined; on ", cfg_.device.describe(),
+                     " each dispatch is combined at most once (peers may still be reading the "
+                     "rows of the first combine; repeated combine is on the cpu device only)");
+      UBEP_CHECK_ARG(args->out.ndim == 0, what, ": out is the cpu device's (on ",
+                     cfg_.device.describe(), " y is Buffer memory: copy it)");
       CombineArgs a = *args;
       // Compact throughput rows: the result's recv_x has num_recv_rows rows (as on the host
       // backend); the kernels address the window by capacity.
