@@ -21,7 +21,7 @@ class FailureWatch final : public WaitAbort {
     for (int r = 0; r < w_.map().ranks; ++r) {
       if (r == me_ || !w_.peer(r) || members_.masked(r)) continue;
       const uint32_t v = w_.failure_of(r);
-      if (is_dead(v) || members_.dead(r))
+      if (is_dead(v))
         throw PeerFailedError(detail::concat("rank ", r, " ", members_.death_note(r),
                                              " during call ", call_, " (seen by rank ", me_,
                                              ")"));

@@ -66,7 +66,11 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
   // a poll of the death (the watch thread's store, the waiter's acquire load).
   if (bootstrap::DeathWatch* deaths = g.death_watch())
     death_subscription =
-        deaths->subscribe([this](int r) { win.set_failure_of(r, protocol::kDeadWord); });
+        deaths->subscribe([this](int r) {
+          // A rank that departed cleanly (its Buffer's destructor published a break after its
+          // last call) keeps that word: peers still finishing that call have its part.
+          if (!protocol::is_broken(win.failure_of(r))) win.set_failure_of(r, protocol::kDeadWord);
+        });
   const AlgoContext ctx{grp, cfg, *dp, win, call, waiter, reducer, relay.get(), stats};
   bsp = make_bsp(ctx);
   ubep = make_ubep(ctx);
@@ -267,7 +271,11 @@ void HostEngine::settle_membership(const char* what, bool dispatch) {
   const Membership::Resume resume =
       members.agree(ledger.calls(), win.seq(), cfg.mask_dead_ranks, policy, what);
   ledger.resume_after(resume.calls);
-  win.resume_after(resume.seq);
+  // +1: a rank that died may have begun one dispatch past the highest live one (it needs the
+  // live ranks' count records to finish a dispatch, not to begin one), and its messages of that
+  // dispatch may sit in our windows with that dispatch's tags; skipping its sequence number
+  // keeps them from being taken for a new call's.
+  win.resume_after(resume.seq + 1);
   call.set_masked(members.masked_vector());
   have_dispatch = false;
 }

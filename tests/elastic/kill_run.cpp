@@ -1,0 +1,288 @@
+#include "kill_run.hpp"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "bootstrap/fork_bootstrap.hpp"
+#include "ubep/bf16.hpp"
+#include "ubep/buffer.hpp"
+#include "ubep/error.hpp"
+
+namespace ubep::elastic {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC: one clock for every process
+
+double now_us() {
+  return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
+}
+
+// What the processes share: the first kill's time and every rank's report.
+struct Shared {
+  std::atomic<double> kill_us{0};
+  RankReport reports[64];
+};
+
+uint64_t mix(uint64_t a) {
+  a ^= a >> 33;
+  a *= 0xff51afd7ed558ccdull;
+  a ^= a >> 33;
+  a *= 0xc4ceb9fe1a85ec53ull;
+  return a ^ (a >> 33);
+}
+
+// Every rank's inputs of call i, computable by any rank.
+struct Inputs {
+  const RunOptions& o;
+  int experts() const { return o.ranks * o.experts_per_rank; }
+  // topk distinct experts (or -1: dropped) of token t of rank s in call i.
+  void route(int s, int t, int i, int64_t* idx, float* w) const {
+    const uint64_t base = mix(static_cast<uint64_t>(s) << 40 ^ static_cast<uint64_t>(t) << 20 ^
+                              static_cast<uint64_t>(i));
+    const int E = experts();
+    int first = static_cast<int>(base % static_cast<uint64_t>(E));
+    for (int k = 0; k < o.topk; ++k) {
+      idx[k] = (first + k * 5) % E;  // distinct while topk * 5 < E or gcd allows; checked below
+      for (int j = 0; j < k; ++j)
+        if (idx[j] == idx[k]) idx[k] = -1;
+      if ((mix(base + static_cast<uint64_t>(k)) & 7u) == 0) idx[k] = -1;  // some drops
+      w[k] = 0.125f * static_cast<float>(1 + ((base >> (8 * k)) & 3u));
+    }
+  }
+  // x[s][t][h] in call i: a small integer, exact in bf16 and in every sum of weighted rows.
+  float value(int s, int t, int h, int i) const {
+    return static_cast<float>((s * 7 + t * 3 + h + i) % 16 - 8);
+  }
+};
+
+void note(char (&dst)[200], const std::string& s) {
+  std::snprintf(dst, sizeof dst, "%s", s.c_str());
+}
+
+void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& shared, int me) {
+  RankReport& rep = shared.reports[me];
+  GroupOptions gopt;
+  gopt.timeout = std::chrono::milliseconds(o.timeout_ms);
+  auto boot = std::make_shared<bootstrap::ForkBootstrap>(meeting, me, gopt.timeout);
+  std::unique_ptr<Group> group = make_bootstrap_group(boot, gopt);
+  BufferConfig cfg;
+  cfg.max_tokens_per_rank = o.tokens;
+  cfg.hidden = o.hidden;
+  cfg.num_experts = o.ranks * o.experts_per_rank;
+  cfg.max_topk = o.topk;
+  cfg.num_workers = 0;
+  cfg.mask_dead_ranks = true;
+  Buffer buf(*group, cfg);
+  boot->barrier();  // set-up done everywhere: kills land in calls
+
+  const Inputs in{o};
+  const int T = o.tokens, H = o.hidden, K = o.topk, El = o.experts_per_rank;
+  std::vector<uint16_t> x(static_cast<size_t>(T * H));
+  std::vector<int64_t> idx(static_cast<size_t>(T * K));
+  std::vector<float> w(static_cast<size_t>(T * K));
+  auto failed = [&](const std::string& what) {
+    if (rep.first_error_us < 0 && shared.kill_us.load() > 0) {
+      rep.first_error_us = now_us() - shared.kill_us.load();
+      note(rep.first_error, what);
+    }
+    note(rep.last_error, what);
+  };
+  for (int i = 0; i < o.calls; ++i) {
+    const Victim* v = nullptr;
+    for (const Victim& c : o.victims)
+      if (c.rank == me && c.at_call == i) v = &c;
+    auto die = [&](int sig) {
+      double expected = 0;
+      shared.kill_us.compare_exchange_strong(expected, now_us());
+      raise(sig);
+    };
+    if (v && v->phase == KillPhase::kBefore) die(SIGKILL);
+    if (v && v->phase == KillPhase::kStop) die(SIGSTOP);
+    if (v && v->phase == KillPhase::kDuring)
+      std::thread([&] {
+        std::this_thread::sleep_for(std::chrono::microseconds(30));
+        die(SIGKILL);
+      }).detach();
+    for (int t = 0; t < T; ++t) {
+      in.route(me, t, i, &idx[static_cast<size_t>(t * K)], &w[static_cast<size_t>(t * K)]);
+      for (int h = 0; h < H; ++h)
+        x[static_cast<size_t>(t * H + h)] = float_to_bf16(in.value(me, t, h, i));
+    }
+    DispatchArgs args;
+    args.x = TensorView(x.data(), DType::kBF16, {T, H});
+    args.topk_idx = TensorView(idx.data(), DType::kInt64, {T, K});
+    args.topk_weights = TensorView(w.data(), DType::kFP32, {T, K});
+    args.layout = Layout::kLatency;
+    DispatchResult r;
+    try {
+      if (v && v->phase == KillPhase::kReceive) {
+        buf.dispatch_send(args);
+        die(SIGKILL);
+      }
+      r = buf.dispatch(args);
+      ++rep.completed;
+    } catch (const PeerFailedError& e) {
+      ++rep.failed;
+      failed(e.what());
+      continue;
+    } catch (const std::exception& e) {
+      ++rep.other_errors;
+      failed(e.what());
+      continue;
+    }
+    const std::vector<int> masked = buf.masked_ranks();
+    auto is_masked = [&](int s) { return std::find(masked.begin(), masked.end(), s) != masked.end(); };
+    if (!masked.empty()) {
+      ++rep.masked_calls;
+      if (rep.first_masked_us < 0 && shared.kill_us.load() > 0)
+        rep.first_masked_us = now_us() - shared.kill_us.load();
+    }
+    // Dispatch: per local expert and live source, the source's tokens routed there, in order.
+    const auto* count = r.recv_count.as<const int64_t>();
+    const auto* range = r.recv_range.as<const int64_t>();
+    const auto* src = r.recv_src.as<const int64_t>();
+    const auto* rx = r.recv_x.as<const uint16_t>();
+    const int64_t RT = r.recv_x.dim(1);
+    std::vector<int64_t> sidx(static_cast<size_t>(K));
+    std::vector<float> sw(static_cast<size_t>(K));
+    for (int e = 0; e < El; ++e) {
+      const int expert = me * El + e;
+      int64_t total = 0;
+      for (int s = 0; s < o.ranks; ++s) {
+        std::vector<int> tokens;
+        if (!is_masked(s))
+          for (int t = 0; t < T; ++t) {
+            in.route(s, t, i, sidx.data(), sw.data());
+            bool to_here = false;
+            for (int k = 0; k < K; ++k)
+              to_here = to_here || (sidx[k] == expert && !is_masked(static_cast<int>(sidx[k] / El)));
+            if (to_here) tokens.push_back(t);
+          }
+        const int64_t* rg = range + 2 * (e * o.ranks + s);
+        if (rg[1] != static_cast<int64_t>(tokens.size())) ++rep.wrong;
+        total += rg[1];
+        for (int64_t p = 0; p < std::min<int64_t>(rg[1], static_cast<int64_t>(tokens.size())); ++p) {
+          const int64_t row = e * RT + rg[0] + p;
+          const int t = tokens[static_cast<size_t>(p)];
+          if (src[2 * row] != s || src[2 * row + 1] != t) ++rep.wrong;
+          for (int h = 0; h < H; ++h)
+            if (bf16_to_float(rx[row * H + h]) != in.value(s, t, h, i)) ++rep.wrong;
+        }
+      }
+      if (count[e] != total) ++rep.wrong;
+    }
+    if (v && v->phase == KillPhase::kBetween) die(SIGKILL);
+    // Combine with the identity expert: y[t] = sum over live k of w_k * x[t], exact.
+    try {
+      CombineArgs ca;
+      ca.x = r.recv_x;
+      ca.handle = r.handle;
+      TensorView y = buf.combine(ca);
+      ++rep.completed;
+      const auto* yv = y.as<const uint16_t>();
+      for (int t = 0; t < T; ++t) {
+        float wsum = 0;
+        for (int k = 0; k < K; ++k) {
+          const int64_t e = idx[static_cast<size_t>(t * K + k)];
+          if (e >= 0 && !is_masked(static_cast<int>(e / El))) wsum += w[static_cast<size_t>(t * K + k)];
+        }
+        for (int h = 0; h < H; ++h)
+          if (bf16_to_float(yv[t * H + h]) != wsum * in.value(me, t, h, i)) ++rep.wrong;
+      }
+    } catch (const PeerFailedError& e) {
+      ++rep.failed;
+      failed(e.what());
+    } catch (const std::exception& e) {
+      ++rep.other_errors;
+      failed(e.what());
+    }
+  }
+}
+
+}  // namespace
+
+const char* phase_name(KillPhase p) {
+  switch (p) {
+    case KillPhase::kBefore: return "before";
+    case KillPhase::kDuring: return "during";
+    case KillPhase::kReceive: return "receive";
+    case KillPhase::kBetween: return "between";
+    case KillPhase::kStop: return "stop";
+  }
+  return "?";
+}
+
+KillPhase parse_phase(const std::string& s) {
+  for (KillPhase p : {KillPhase::kBefore, KillPhase::kDuring, KillPhase::kReceive,
+                      KillPhase::kBetween, KillPhase::kStop})
+    if (s == phase_name(p)) return p;
+  throw InvalidArgument("phase must be before|during|receive|between|stop, got '" + s + "'");
+}
+
+RunResult run_kill_loop(const RunOptions& o) {
+  RunResult result;
+  UBEP_CHECK_ARG(o.ranks >= 2 && o.ranks <= 64, "ranks must be in [2, 64], got ", o.ranks);
+  UBEP_CHECK_ARG(o.topk >= 1 && o.topk <= o.ranks * o.experts_per_rank, "bad topk ", o.topk);
+  void* mem = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                   -1, 0);
+  if (mem == MAP_FAILED) throw SystemError("run_kill_loop: mmap");
+  Shared* shared = new (mem) Shared();
+  bootstrap::ForkMeeting meeting(o.ranks);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < o.ranks; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        rank_main(o, meeting, *shared, r);
+      } catch (const std::exception& e) {
+        note(shared->reports[r].last_error, std::string("set-up: ") + e.what());
+        ++shared->reports[r].other_errors;
+        code = 1;
+      }
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  for (const Victim& v : o.victims)
+    if (v.phase == KillPhase::kStop && v.rank < o.ranks) {
+      // Resume the stopped rank once it has been stopped for stop_ms.
+      int status = 0;
+      waitpid(pids[static_cast<size_t>(v.rank)], &status, WUNTRACED);
+      std::this_thread::sleep_for(std::chrono::milliseconds(o.stop_ms));
+      kill(pids[static_cast<size_t>(v.rank)], SIGCONT);
+    }
+  for (int r = 0; r < o.ranks; ++r) {
+    int status = 0;
+    waitpid(pids[static_cast<size_t>(r)], &status, 0);
+    RankReport& rep = shared->reports[r];
+    rep.died = WIFSIGNALED(status);
+    rep.exit_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    result.ranks.push_back(rep);
+  }
+  shared->~Shared();
+  munmap(mem, sizeof(Shared));
+  return result;
+}
+
+int count_shm_segments() {
+  int n = 0;
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d))
+      if (std::strncmp(e->d_name, "ubep-", 5) == 0) ++n;
+    closedir(d);
+  }
+  return n;
+}
+
+}  // namespace ubep::elastic

@@ -1,0 +1,69 @@
+// SIGKILL in a decode loop on forked process ranks (docs/ELASTIC.md): the machinery behind
+// test_elastic_kill and tools/elastic (ubep-elastic). The parent forks the ranks (no launcher, so
+// a killed rank does not end the job); every rank runs dispatch + combine calls on one Buffer
+// with mask_dead_ranks; the victims kill themselves at a chosen call and phase. Every completed
+// call is checked on its rank against a reference each rank computes on its own: every rank's
+// routing and rows derive from (rank, call), so a survivor knows what each live source sent, and
+// the values are small integers times powers of two, so combine's sums are exact.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ubep::elastic {
+
+enum class KillPhase {
+  kBefore,   // at the start of the call, before dispatch
+  kDuring,   // from a thread of the victim a few microseconds into dispatch (send or receive)
+  kReceive,  // after dispatch_send, before dispatch_recv (its rows are out, it never receives)
+  kBetween,  // after dispatch returned, before combine
+  kStop,     // SIGSTOP, not SIGKILL: slow, not dead (the parent resumes it with SIGCONT)
+};
+const char* phase_name(KillPhase p);
+KillPhase parse_phase(const std::string& s);
+
+struct Victim {
+  int rank = 1;
+  int at_call = 5;  // iteration index
+  KillPhase phase = KillPhase::kBefore;
+};
+
+struct RunOptions {
+  int ranks = 4;
+  int calls = 20;       // dispatch + combine iterations per rank
+  int tokens = 16;      // per rank
+  int hidden = 256;
+  int experts_per_rank = 2;
+  int topk = 3;
+  int timeout_ms = 5000;  // the group's timeout
+  int stop_ms = 0;        // kStop: how long the victim stays stopped
+  std::vector<Victim> victims;
+};
+
+struct RankReport {
+  int completed = 0;      // calls (dispatch + combine) that returned
+  int failed = 0;         // calls that threw PeerFailedError
+  int wrong = 0;          // values that differ from the reference (must be 0)
+  int other_errors = 0;   // anything else thrown (TimeoutError, ...)
+  int masked_calls = 0;   // completed dispatches with a masked rank
+  double first_error_us = -1;   // from the first kill to this rank's first error
+  double first_masked_us = -1;  // from the first kill to its first completed masked dispatch
+  bool died = false;            // a victim (killed as planned)
+  int exit_signal = 0;
+  char first_error[200] = {};
+  char last_error[200] = {};
+};
+
+struct RunResult {
+  std::vector<RankReport> ranks;
+  std::string error;  // set-up failures
+};
+
+// Forks opt.ranks processes and runs the loop; returns when all have ended.
+RunResult run_kill_loop(const RunOptions& opt);
+
+// Files named /dev/shm/ubep-* right now (for the leak checks).
+int count_shm_segments();
+
+}  // namespace ubep::elastic

@@ -1,0 +1,118 @@
+// Process ranks killed with SIGKILL in a decode loop (docs/ELASTIC.md): the survivors learn of
+// the death from the death watch in milliseconds (not at the timeout), mask the dead rank at
+// their next dispatch and go on; every completed call is checked against the reference with the
+// dead rank's experts dropped (kill_run.cpp). A stopped rank is slow, not dead.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <string>
+
+#include "kill_run.hpp"
+
+namespace ubep::elastic {
+namespace {
+
+#if defined(__SANITIZE_THREAD__)
+#define UBEP_SKIP_UNDER_TSAN() GTEST_SKIP() << "fork of a process under ThreadSanitizer"
+#else
+#define UBEP_SKIP_UNDER_TSAN() (void)0
+#endif
+
+void expect_survivors_went_on(const RunResult& res, const RunOptions& o, int kills) {
+  ASSERT_TRUE(res.error.empty()) << res.error;
+  int survivors = 0;
+  for (int r = 0; r < o.ranks; ++r) {
+    const RankReport& rep = res.ranks[static_cast<size_t>(r)];
+    bool victim = false;
+    for (const Victim& v : o.victims) victim = victim || v.rank == r;
+    if (victim) {
+      EXPECT_TRUE(rep.died) << "rank " << r;
+      EXPECT_EQ(rep.exit_signal, SIGKILL) << "rank " << r;
+      continue;
+    }
+    ++survivors;
+    SCOPED_TRACE("rank " + std::to_string(r) + " first error: " + rep.first_error +
+                 " | last: " + rep.last_error);
+    EXPECT_FALSE(rep.died);
+    EXPECT_EQ(rep.wrong, 0);
+    EXPECT_EQ(rep.other_errors, 0);  // never a TimeoutError: the death watch named it
+    // Every call ran to its end or failed with PeerFailedError (a failed dispatch skips its
+    // combine); at most a few calls per death fail (the one in flight, echoes of peers that
+    // left it), and the rest ran masked.
+    EXPECT_LE(rep.failed, 3 * kills);
+    EXPECT_GE(rep.completed, 2 * (o.calls - 3 * kills));
+    EXPECT_GT(rep.masked_calls, 0);
+    if (rep.failed > 0) {
+      EXPECT_GE(rep.first_error_us, 0);
+      EXPECT_LT(rep.first_error_us, 0.5e6 * o.timeout_ms / 1000.0);  // far below the timeout
+    }
+  }
+  EXPECT_EQ(survivors, o.ranks - static_cast<int>(o.victims.size()));
+}
+
+struct KillParam {
+  int ranks;
+  KillPhase phase;
+};
+
+class KillOneRank : public testing::TestWithParam<KillParam> {};
+
+TEST_P(KillOneRank, SurvivorsMaskItAndGoOn) {
+  UBEP_SKIP_UNDER_TSAN();
+  RunOptions o;
+  o.ranks = GetParam().ranks;
+  o.calls = 10;
+  o.victims = {{1, 4, GetParam().phase}};
+  const int before = count_shm_segments();
+  const RunResult res = run_kill_loop(o);
+  expect_survivors_went_on(res, o, 1);
+  EXPECT_EQ(count_shm_segments(), before);  // the dead rank's segments were unlinked at set-up
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Phases, KillOneRank,
+    testing::Values(KillParam{3, KillPhase::kBefore}, KillParam{3, KillPhase::kDuring},
+                    KillParam{3, KillPhase::kReceive}, KillParam{3, KillPhase::kBetween},
+                    KillParam{4, KillPhase::kBefore}, KillParam{4, KillPhase::kDuring},
+                    KillParam{4, KillPhase::kReceive}, KillParam{4, KillPhase::kBetween}),
+    [](const testing::TestParamInfo<KillParam>& i) {
+      return std::to_string(i.param.ranks) + "ranks_" + phase_name(i.param.phase);
+    });
+
+TEST(KillTwoRanks, SurvivorsMaskBoth) {
+  UBEP_SKIP_UNDER_TSAN();
+  RunOptions o;
+  o.ranks = 4;
+  o.calls = 12;
+  o.victims = {{1, 3, KillPhase::kBefore}, {2, 7, KillPhase::kBetween}};
+  expect_survivors_went_on(run_kill_loop(o), o, 2);
+}
+
+// SIGSTOP is not death: the watch stays quiet, the survivors wait out the group's timeout.
+TEST(StoppedRank, IsNotDeclaredDead) {
+  UBEP_SKIP_UNDER_TSAN();
+  RunOptions o;
+  o.ranks = 3;
+  o.calls = 5;
+  o.timeout_ms = 400;
+  o.stop_ms = 1200;
+  o.victims = {{1, 2, KillPhase::kStop}};
+  const RunResult res = run_kill_loop(o);
+  for (int r = 0; r < o.ranks; ++r) {
+    const RankReport& rep = res.ranks[static_cast<size_t>(r)];
+    EXPECT_FALSE(rep.died) << "rank " << r;
+    EXPECT_EQ(rep.wrong, 0) << "rank " << r;
+    EXPECT_EQ(std::string(rep.first_error).find("died"), std::string::npos) << rep.first_error;
+    if (r != 1) {
+      EXPECT_GE(rep.other_errors + rep.failed, 1) << "rank " << r;
+      EXPECT_EQ(rep.masked_calls, 0) << "rank " << r;
+    }
+  }
+  // A survivor times out; the other may instead get the echo (the first one's broken buffer).
+  const std::string e0 = res.ranks[0].first_error, e2 = res.ranks[2].first_error;
+  EXPECT_TRUE(e0.find("timed out") != std::string::npos || e2.find("timed out") != std::string::npos)
+      << e0 << " | " << e2;
+}
+
+}  // namespace
+}  // namespace ubep::elastic
