@@ -215,4 +215,48 @@ inline void run_fault_scenario(Group& g, Algorithm algo, Fault fault, int victim
   EXPECT_EQ(y1, y2);
 }
 
+// Ranks that pass different layouts to one dispatch, with the default placement (auto: the
+// throughput rank resolves to compact, the latency rank to per-source, so they also disagree on
+// placement). Two good calls, then call 3 where `latency_rank` passes latency and every other
+// rank throughput (through dispatch_send + dispatch_recv when `split`). Every rank gets
+// InvalidArgument naming a rank that differs, long before the group's timeout (`bound`), and the
+// same Buffer is usable afterwards (two matched calls checked against the reference).
+inline void run_mismatch_scenario(Group& g, Algorithm algo, int latency_rank, bool split,
+                                  std::chrono::milliseconds bound) {
+  const int me = g.rank();
+  const Case c = fault_case(g.size(), Layout::kThroughput);
+  const Problem p = all_ranks_problem(c, g.size(), 61);
+  SCOPED_TRACE(std::string(algorithm_name(algo)) + (split ? " split" : "") + " latency rank " +
+               std::to_string(latency_rank) + " rank " + std::to_string(me));
+  Buffer b(g, config_for(c, algo));
+  run_and_check(g, c, p, &b, nullptr);  // calls 1 and 2
+  const Layout mine = me == latency_rank ? Layout::kLatency : Layout::kThroughput;
+  const DispatchArgs a = p.inputs[static_cast<size_t>(me)].args(c.dtype, c.hidden, mine);
+  const Observed seen = observe([&] {
+    if (split) {
+      b.dispatch_send(a);
+      // The receive hook names the difference too, and leaves the call for dispatch_recv.
+      const int other = me == latency_rank ? (me + 1) % g.size() : latency_rank;
+      const Observed hook = observe([&] { b.wait_recv_range(other, 0); });
+      EXPECT_EQ(hook.kind, "InvalidArgument") << hook.what;
+      EXPECT_TRUE(contains(hook.what, "a different call (layout or placement)")) << hook.what;
+      b.dispatch_recv();
+    } else {
+      b.dispatch(a);
+    }
+  });
+  EXPECT_EQ(seen.kind, "InvalidArgument") << seen.what;
+  EXPECT_TRUE(contains(seen.what, "a different call (layout or placement)")) << seen.what;
+  if (me == latency_rank) {
+    EXPECT_TRUE(contains(seen.what, "dispatch: rank ") && !contains(seen.what, "dispatch: rank " +
+                std::to_string(me) + " made")) << seen.what;
+  } else {
+    EXPECT_TRUE(contains(seen.what, "dispatch: rank " + std::to_string(latency_rank) + " made"))
+        << seen.what;
+  }
+  EXPECT_LT(seen.after, bound) << seen.what;
+  run_and_check(g, c, p, &b, nullptr);  // the same Buffer: usable, right data
+  run_and_check(g, c, p, &b, nullptr);
+}
+
 }  // namespace ubep::test

@@ -106,6 +106,27 @@ TEST(MismatchedCall, LayoutDifferenceIsNamedOnEveryRank) {
   }
 }
 
+// The case the test above missed (issue 22): two ranks, one throughput and one latency, with the
+// default placement (so compact against per-source too), plain and split-phase, both ways round,
+// after good calls. Every rank names the other long before the timeout; the Buffer stays usable.
+TEST(MismatchedCall, ThroughputAgainstLatencyNamedPromptlyBufferUsable) {
+  GroupOptions opts;
+  opts.timeout = std::chrono::milliseconds(4000 * test_time_scale());
+  for (Algorithm algo : {Algorithm::kBsp, Algorithm::kUbep})
+    for (bool split : {false, true}) {
+      if (split && algo != Algorithm::kUbep) continue;
+      for (int ranks : {2, 3})
+        for (int latency_rank = 0; latency_rank < ranks; ++latency_rank)
+          run_on_threads(
+              ranks,
+              [&](Group& g) {
+                run_mismatch_scenario(g, algo, latency_rank, split,
+                                      std::chrono::milliseconds(1000 * test_time_scale()));
+              },
+              opts);
+    }
+}
+
 // A peer that breaks in the next call (here: its combine, call 2, times out while this rank is
 // still in call 1) had already sent its part of this one: this rank's dispatch (call 1) still
 // completes with the right rows, and its next call fails at once naming the peer and the call it

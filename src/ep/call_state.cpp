@@ -107,8 +107,8 @@ std::array<int64_t, 2> CallState::range_from_counts(const Window& w, int e, int 
       continue;
     }
     CountRecord rec = w.count(rank, src);
-    UBEP_CHECK_ARG(*rec.shape() == shape(), "dispatch: rank ", src,
-                   " made a different call (layout or placement) than rank ", rank);
+    UBEP_CHECK(*rec.shape() == shape(), MismatchedCallError, "dispatch: rank ", src,
+               " made a different call (layout or placement) than rank ", rank);
     const int64_t n = layout == Layout::kLatency ? rec.expert_rows()[e] : *rec.rows();
     if (src < s)
       begin += n;

@@ -11,8 +11,17 @@
 #include "core/local_array.hpp"
 #include "ep/routing.hpp"
 #include "ep/window.hpp"
+#include "ubep/error.hpp"
 
 namespace ubep::ep {
+
+// A peer made a different call (layout or placement) in this call, found by the receive hook:
+// an InvalidArgument that leaves the buffer usable (HostEngine's phases let it through without
+// breaking the buffer; dispatch_recv then ends the call with the same error on every rank).
+class MismatchedCallError : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
 
 class CallState {
  public:

@@ -214,7 +214,9 @@ HostEngine::~HostEngine() {
 }
 
 namespace {
-void report_topk_mismatch(const HostEngine& b) {
+void report_topk_mismatch(HostEngine& b) {
+  // A mismatched dispatch completed on every rank but its output means nothing: no combine.
+  if (b.call.shape_mismatch() >= 0 || b.call.topk_mismatch() >= 0) b.have_dispatch = false;
   const int shape = b.call.shape_mismatch();
   UBEP_CHECK_ARG(shape < 0, "dispatch: rank ", shape,
                  " made a different call (layout or placement) than rank ", b.rank, " (",
@@ -326,6 +328,8 @@ template <typename Fn>
 auto phase_of(HostEngine& b, const char* what, Fn&& fn) {
   try {
     return fn();
+  } catch (const ep::MismatchedCallError&) {
+    throw;  // the ranks are in step (a peer made a different call): the buffer stays usable
   } catch (const std::exception& e) {
     b.break_call(what, e);
     throw;

@@ -169,6 +169,22 @@ void Ubep::dispatch_recv() {
   wait_counts(c, c.rank(), c.ranks(), true);
   c.call.receive_counts(c.win);
   timer.lap("counts + prefix sum");
+  // A peer made a different call (layout or placement): its rows, and with compact placement
+  // the offsets of every rank above it, follow another arithmetic, so rows this rank expects
+  // may never come. Wait for none; HostEngine names the peer (InvalidArgument) once this phase
+  // returns, without breaking the buffer. Every rank publishes its count records first, so
+  // every rank of the call sees the difference at once. Safe to leave rows of this call
+  // unread, or still in flight: they all land in half n%2 (in bounds: a count record never
+  // exceeds T rows per source), which no rank reuses before call n+2, and this rank starts
+  // call n+2 only after call n+1's dispatch saw every peer's count record of call n+1 --
+  // published after that peer's call-n sends were done. Call n's epoch tag differs from call
+  // n+2's, so nothing of it is taken for new data (the argument at the top of this file).
+  if (c.call.shape_mismatch() >= 0) {
+    if (c.relay)
+      c.waiter.wait_for([&] { return c.relay->progress(); }, true,
+                        [] { return std::string("relay forwarding"); });
+    return;
+  }
   c.call.for_each_expected_row(c.win, [&](const Tag* tag, int64_t row) {
     c.waiter.wait_for(
         [&] { return c.win.arrived(tag); }, true,

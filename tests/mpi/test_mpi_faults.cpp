@@ -1,6 +1,7 @@
 // Failure semantics on process ranks under mpirun (ctest runs it with 2 and 4 processes): one
-// rank skips, rejects or throws (fault_scenario.hpp); a config rejected on one rank gives every
-// rank a clear error instead of leaving its peers in MPI_Allgather forever.
+// rank skips, rejects or throws (fault_scenario.hpp); one rank passes a different layout; a
+// config rejected on one rank gives every rank a clear error instead of leaving its peers in
+// MPI_Allgather forever.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -50,6 +51,22 @@ INSTANTIATE_TEST_SUITE_P(All, ProcessRankFails, ::testing::ValuesIn(fault_params
                            return std::string(algorithm_name(i.param.algo)) + "_" +
                                   fault_name(i.param.fault);
                          });
+
+// Issue 22 on process ranks: one rank passes latency, the others throughput, to one dispatch
+// (default placement: per-source against compact), plain and split-phase. Every rank gets
+// InvalidArgument naming a rank that differs, long before the timeout, and the same Buffer then
+// runs matched calls that are checked against the reference.
+TEST(ProcessMismatchedCall, ThroughputAgainstLatencyNamedPromptlyBufferUsable) {
+  GroupOptions opts;
+  opts.timeout = std::chrono::milliseconds(4000);
+  auto g = make_mpi_group(MPI_COMM_WORLD, opts);
+  for (Algorithm algo : {Algorithm::kBsp, Algorithm::kUbep})
+    for (bool split : {false, true}) {
+      if (split && algo != Algorithm::kUbep) continue;
+      for (int latency_rank : {1, 0})
+        run_mismatch_scenario(*g, algo, latency_rank, split, std::chrono::milliseconds(1000));
+    }
+}
 
 // Rank 1 passes a bad config: it names the value, every other rank names rank 1, within a
 // bound (before: the peers blocked in MPI_Allgather forever). Then a good Buffer works.
