@@ -309,7 +309,7 @@ void bind_buffer(pb::module_& m) {
                        const std::string& dtype, int num_experts, int max_topk,
                        const std::string& algorithm, int num_workers, bool enable_latency_layout,
                        const std::string& sync, const std::string& placement,
-                       bool fp8_pow2_scales, const std::string& device) {
+                       bool fp8_pow2_scales, const std::string& device, bool mask_dead_ranks) {
              BufferConfig c;
              c.max_tokens_per_rank = max_tokens_per_rank;
              c.hidden = hidden;
@@ -323,12 +323,14 @@ void bind_buffer(pb::module_& m) {
              c.research.sync = parse_sync_mode(sync);
              c.placement = parse_placement(placement);
              c.device = Device::parse(device);
+             c.mask_dead_ranks = mask_dead_ranks;
              return std::make_unique<PyBuffer>(std::move(group), c);
            }),
            pb::arg("group"), pb::arg("max_tokens_per_rank"), pb::arg("hidden"), pb::arg("dtype"),
            pb::arg("num_experts"), pb::arg("max_topk"), pb::arg("algorithm"),
            pb::arg("num_workers"), pb::arg("enable_latency_layout"), pb::arg("sync"),
-           pb::arg("placement"), pb::arg("fp8_pow2_scales") = false, pb::arg("device") = "cpu")
+           pb::arg("placement"), pb::arg("fp8_pow2_scales") = false, pb::arg("device") = "cpu",
+           pb::arg("mask_dead_ranks") = false)
       .def("dispatch", &PyBuffer::dispatch, pb::arg("x"), pb::arg("topk_idx"),
            pb::arg("topk_weights"), pb::arg("latency"), pb::arg("kind"), pb::arg("send_only"),
            pb::arg("x_scales") = pb::none(), pb::arg("x_dtype") = "")
@@ -352,7 +354,13 @@ void bind_buffer(pb::module_& m) {
       .def_property_readonly("num_local_experts",
                              [](PyBuffer& b) { return b.buffer().num_local_experts(); })
       .def_property_readonly("shared_bytes", [](PyBuffer& b) { return b.buffer().shared_bytes(); })
-      .def_property_readonly("group", [](PyBuffer& b) { return b.group_object(); });
+      .def_property_readonly("group", [](PyBuffer& b) { return b.group_object(); })
+      // Elastic EP (docs/ELASTIC.md). mask/rejoin only publish a local change (the agreement
+      // runs at the next dispatch), so they need no GIL release.
+      .def(
+          "mask", [](PyBuffer& b, int rank) { b.buffer().mask(rank); }, pb::arg("rank"))
+      .def("masked_ranks", [](PyBuffer& b) { return b.buffer().masked_ranks(); })
+      .def("rejoin", [](PyBuffer& b) { b.buffer().rejoin(); });
 }
 
 }  // namespace ubep::python

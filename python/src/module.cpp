@@ -23,6 +23,7 @@ namespace {
 PyObject* g_error = nullptr;
 PyObject* g_invalid = nullptr;
 PyObject* g_timeout = nullptr;
+PyObject* g_peer_failed = nullptr;
 
 PyObject* new_exception(const char* name, PyObject* bases, const char* doc) {
   PyObject* e = PyErr_NewExceptionWithDoc(name, doc, bases, nullptr);
@@ -40,7 +41,14 @@ void bind_errors(pb::module_& m) {
   pb::tuple timeout_bases = pb::make_tuple(pb::handle(g_error), pb::handle(PyExc_TimeoutError));
   g_timeout = new_exception("ubep.TimeoutError", timeout_bases.ptr(),
                             "A peer did not arrive within the group's timeout.");
+  // Its own class so that elastic-EP callers can retry a call that met a group change (the
+  // message names the agreement) without catching every ubep.Error.
+  g_peer_failed = new_exception("ubep.PeerFailedError", g_error,
+                                "A peer failed or the group changed (a rank masked or back) "
+                                "during the call; with elastic EP the next dispatch agrees on "
+                                "the new group.");
   m.attr("Error") = pb::handle(g_error);
+  m.attr("PeerFailedError") = pb::handle(g_peer_failed);
   m.attr("InvalidArgument") = pb::handle(g_invalid);
   m.attr("TimeoutError") = pb::handle(g_timeout);
   pb::register_exception_translator([](std::exception_ptr p) {
@@ -50,6 +58,8 @@ void bind_errors(pb::module_& m) {
       PyErr_SetString(g_invalid, e.what());
     } catch (const TimeoutError& e) {
       PyErr_SetString(g_timeout, e.what());
+    } catch (const PeerFailedError& e) {
+      PyErr_SetString(g_peer_failed, e.what());
     } catch (const Error& e) {
       PyErr_SetString(g_error, e.what());
     }

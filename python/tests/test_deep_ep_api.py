@@ -84,14 +84,8 @@ def test_low_latency_budget_and_handles():
 
 def test_not_supported_raise_naming_the_feature():
     def body(group):
-        with pytest.raises(NotImplementedError, match="enable_shrink.*masked ranks"):
-            deep_ep.Buffer(group, 0, 1 << 20, low_latency_mode=True, enable_shrink=True)
+        # The mask API is supported now (python/tests/test_elastic.py).
         buf = deep_ep.Buffer(group, 0, 1 << 20, low_latency_mode=True, explicitly_destroy=True)
-        for call in (lambda: buf.low_latency_update_mask_buffer(1, True),
-                     lambda: buf.low_latency_query_mask_buffer(torch.zeros(2, dtype=torch.int)),
-                     buf.low_latency_clean_mask_buffer):
-            with pytest.raises(NotImplementedError, match="low_latency_.*_mask_buffer.*elastic"):
-                call()
         with pytest.raises(NotImplementedError, match="get_local_buffer_tensor"):
             buf.get_local_buffer_tensor(torch.bfloat16)
         with pytest.raises(NotImplementedError, match="internode_dispatch"):

@@ -13,10 +13,10 @@ ubep.buffer and docs/PYTHON.md for how long they stay valid; copy=True for owned
 """
 from . import _arrays  # registers the DLPack converters with the extension
 from ._arrays import bf16_bits, bf16_to_float32
-from ._ubep import Error, Group, InvalidArgument, TimeoutError  # noqa: A004
+from ._ubep import Error, Group, InvalidArgument, PeerFailedError, TimeoutError  # noqa: A004
 from .buffer import Buffer, EventOverlap, Handle, get_dispatch_layout
 from .groups import make_group, run_on_threads
 
 __all__ = ["Buffer", "EventOverlap", "Error", "Group", "Handle", "InvalidArgument",
-           "TimeoutError", "bf16_bits", "bf16_to_float32", "get_dispatch_layout", "make_group",
+           "PeerFailedError", "TimeoutError", "bf16_bits", "bf16_to_float32", "get_dispatch_layout", "make_group",
            "run_on_threads"]

@@ -55,6 +55,9 @@ def window_bytes(dtype, hidden, ranks, local_experts, topk, max_tokens, latency)
     take(2 * ranks * _TAG)
     take(_STAGE_SLOTS * ranks * _LINE)
     take(ranks * _TAG)
+    # Elastic EP's membership records, one per rank (protocol.hpp MemberRecord: 7 words and a
+    # view word per rank, a cache line multiple).
+    take(ranks * _up((7 + ranks) * _TAG, _LINE))
     return off
 
 

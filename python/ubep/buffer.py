@@ -112,19 +112,22 @@ class Buffer:
     (default), "cuda" / "cuda:N" / a torch.device (CUDA tensors, the CUDA kernels; results are
     CUDA tensors), or "cuda-sim[:N]" (the CUDA kernels simulated on CPU threads: host arrays,
     thread ranks only; for tests).
+
+    ``mask_dead_ranks=True`` (elastic EP, docs/ELASTIC.md; CPU buffers on one host): a rank
+    whose process died is masked at the next dispatch, as if every survivor called ``mask``.
     """
 
     def __init__(self, group, *, hidden, num_experts, max_tokens_per_rank=128, max_topk=8,
                  dtype="bf16", algorithm="ubep", num_workers=-1, enable_latency_layout=True,
                  sync="fused", placement="compact", timeout=60.0, fp8_round_scale=False,
-                 device="cpu", ranks_per_host=0):
+                 device="cpu", ranks_per_host=0, mask_dead_ranks=False):
         from .groups import as_group  # late: groups imports torch.distributed lazily
         self.group = as_group(group, timeout=timeout, ranks_per_host=ranks_per_host)
         self._buf = _ubep.Buffer(self.group, int(max_tokens_per_rank), int(hidden),
                                  _arrays.dtype_name(dtype), int(num_experts), int(max_topk),
                                  str(algorithm), int(num_workers), bool(enable_latency_layout),
                                  str(sync), str(placement), bool(fp8_round_scale),
-                                 _arrays.device_name(device))
+                                 _arrays.device_name(device), bool(mask_dead_ranks))
         self.rank = self.group.rank
         self.num_ranks = self.group.size
         self.hidden = int(hidden)
@@ -174,6 +177,28 @@ class Buffer:
         """The last call: {"barriers", "stage_us": [(stage, us)...], "network_bytes",
         "network_rows"}."""
         return self._buf.last_stats()
+
+    # --- elastic EP (docs/ELASTIC.md; CPU buffers on one host, else InvalidArgument) -------
+    def mask(self, rank):
+        """From the next dispatch on, ``rank`` is neither sent to nor waited for, and top-k
+        entries naming its experts are dropped (its experts contribute nothing). Call it on
+        every surviving rank (DeepEP's low_latency_update_mask_buffer); a survivor that has not
+        yet learns it at its next dispatch, where the live ranks agree on the mask. A call in
+        flight when the group changes may fail with ``ubep.PeerFailedError`` naming the
+        agreement; the next dispatch agrees. A rank out of range, or this rank: InvalidArgument
+        naming it."""
+        self._buf.mask(int(rank))
+
+    def masked_ranks(self):
+        """The ranks masked in the view agreed at the last dispatch, ascending (a list)."""
+        return list(self._buf.masked_ranks())
+
+    def rejoin(self):
+        """This rank, masked while alive (or a replacement process), comes back: its next
+        dispatch waits for and agrees with every live peer, which unmask it from that dispatch
+        on (each sees it at a dispatch of its own). A masked rank that dispatches without
+        rejoining gets ``ubep.PeerFailedError``, never data."""
+        self._buf.rejoin()
 
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank=None, hidden=None,
                                  num_experts=None):

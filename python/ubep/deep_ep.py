@@ -12,8 +12,11 @@ and what differs, is docs/DEEPEP.md. In short:
   Each wire format (bf16, fp32, fp8, fp8 with power-of-two scales) and mode has its own ubep
   window, made on its first call (every rank makes the same calls, as DeepEP requires).
 * Calls finish before they return (or at ``hook()``): events are complete at once.
-* What ubep does not do raises ``NotImplementedError`` naming it: LogFMT combine, the mask API
-  (``enable_shrink``), receive-wait cost statistics, raw buffer tensors, CUDA streams.
+* The mask API (``enable_shrink``, low_latency_*_mask_buffer) is ubep's elastic EP
+  (docs/ELASTIC.md; CPU windows on one host): a masked rank comes back by ``rejoin`` of its
+  ``ubep.Buffer`` windows, not by unmasking it here.
+* What ubep does not do raises ``NotImplementedError`` naming it: LogFMT combine,
+  receive-wait cost statistics, raw buffer tensors, CUDA streams.
 """
 import torch
 
@@ -96,12 +99,6 @@ class Config:
                 f", {self.num_max_rdma_chunked_recv_tokens})")
 
 
-def _mask_api(name):
-    raise NotImplementedError(
-        f"ubep.deep_ep: {name} needs masked ranks (a rank neither sent to nor waited for, its "
-        f"experts contributing nothing), which the ubep library does not have yet (elastic EP)")
-
-
 class Buffer:
     """DeepEP's Buffer on ubep (collective: every rank makes it with the same arguments).
 
@@ -119,8 +116,6 @@ class Buffer:
                  num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False,
                  explicitly_destroy=False, enable_shrink=False, comm=None, *, algorithm="ubep",
                  num_workers=-1, timeout=60.0, max_tokens_per_rank=None, device=None):
-        if enable_shrink:
-            _mask_api("enable_shrink=True")
         if group is None and comm is None:
             raise ValueError("Either 'group' or 'comm' must be provided.")
         for name, v in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
@@ -138,7 +133,11 @@ class Buffer:
         self.num_rdma_bytes = int(num_rdma_bytes)
         self.low_latency_mode = bool(low_latency_mode)
         self.explicitly_destroy = bool(explicitly_destroy)
-        self.enable_shrink = False
+        # DeepEP's shrink mode: the mask API is in use, and a rank whose process died is masked
+        # instead of failing every later call (ubep's mask_dead_ranks, one host).
+        self.enable_shrink = bool(enable_shrink)
+        self._masked = set()  # ranks masked on this rank: applied to natives made later too
+        self._seen = set()    # those of them a dispatch has agreed (see _masked_now)
         self._algorithm, self._num_workers, self._timeout = algorithm, num_workers, timeout
         self._max_tokens = int(max_tokens_per_rank) if max_tokens_per_rank else None
         self._device = None if device is None else _arrays.device_name(device)
@@ -162,7 +161,10 @@ class Buffer:
     def _make_native(self, key, need, budget_name, budget, **shape):
         # shape includes device=: each device (and so each key) has its own window
         nb = _NativeBuffer(self._group, algorithm=self._algorithm, num_workers=self._num_workers,
-                           placement="compact", timeout=self._timeout, **shape)
+                           placement="compact", timeout=self._timeout,
+                           mask_dead_ranks=self.enable_shrink, **shape)
+        for r in sorted(self._masked_now()):  # a window made after a mask starts masked
+            nb.mask(r)
         real = nb._buf.shared_bytes
         if budget is not None and real > budget:
             raise _ubep.InvalidArgument(
@@ -295,15 +297,73 @@ class Buffer:
         self._live("get_next_low_latency_combine_buffer")
         return _ll.combine_buffer(self, handle)
 
-    # --- the mask API (elastic EP) -------------------------------------------------------
+    # --- the mask API (elastic EP, docs/ELASTIC.md) --------------------------------------
+    def _check_rank(self, what, rank):
+        if not 0 <= int(rank) < self.group_size:
+            raise _ubep.InvalidArgument(
+                f"{what}: rank {rank} out of range [0, {self.group_size})")
+
+    def _masked_now(self):
+        """The masked ranks: those the windows agreed at their last dispatch (union over the
+        windows), and those masked here that no dispatch has agreed yet (DeepEP's mask buffer
+        shows a rank at once). A rank masked here that the windows agreed and later dropped
+        came back (its rejoin): it is forgotten, so windows made later do not mask it."""
+        agreed = {r for nb in self._natives.values() for r in nb.masked_ranks()}
+        self._seen |= self._masked & agreed
+        self._masked -= self._seen - agreed  # agreed once, unmasked since: rejoined
+        self._seen &= self._masked
+        return agreed | self._masked
+
+    def native_buffers(self):
+        """ubep-only: the ``ubep.Buffer`` windows made so far (e.g. to ``rejoin`` each)."""
+        return list(self._natives.values())
+
     def low_latency_update_mask_buffer(self, rank_to_mask, mask=False):
-        _mask_api("low_latency_update_mask_buffer")
+        """mask=True: ``rank_to_mask`` is masked on every window of this Buffer and on those
+        made later (``ubep.Buffer.mask``; call it on every surviving rank, as DeepEP).
+        mask=False: a rank that is not masked: nothing to do; a masked one comes back only by
+        its own rejoin (``ubep.Buffer.rejoin`` on its windows), so NotImplementedError."""
+        self._live("low_latency_update_mask_buffer")
+        self._check_rank("low_latency_update_mask_buffer", rank_to_mask)
+        r = int(rank_to_mask)
+        if mask:
+            for nb in self._natives.values():
+                nb.mask(r)  # this rank itself: InvalidArgument from ubep, naming it
+            if not self._natives and r == self.rank:
+                raise _ubep.InvalidArgument(
+                    f"low_latency_update_mask_buffer: rank {r} cannot mask itself")
+            self._masked.add(r)
+            return
+        if r in self._masked_now():
+            raise NotImplementedError(
+                f"ubep.deep_ep: low_latency_update_mask_buffer(rank_to_mask={r}, mask=False): "
+                f"ubep unmasks a rank when that rank calls rejoin() on its ubep.Buffer windows "
+                f"(Buffer.native_buffers()), agreed at the next dispatch; not from here")
 
     def low_latency_query_mask_buffer(self, mask_status):
-        _mask_api("low_latency_query_mask_buffer")
+        """Fills ``mask_status`` (int32 [num_ranks]) with 1 for masked ranks, 0 for the others:
+        the mask the windows agreed at their last dispatch (before any window, the ranks
+        masked here)."""
+        self._live("low_latency_query_mask_buffer")
+        if tuple(mask_status.shape) != (self.group_size,):
+            raise _ubep.InvalidArgument(
+                f"low_latency_query_mask_buffer: mask_status must have shape "
+                f"[{self.group_size}], got {list(mask_status.shape)}")
+        status = torch.zeros(self.group_size, dtype=mask_status.dtype)
+        for r in self._masked_now():
+            status[r] = 1
+        mask_status.copy_(status)
 
     def low_latency_clean_mask_buffer(self):
-        _mask_api("low_latency_clean_mask_buffer")
+        """DeepEP resets the mask; in ubep a rank that was masked comes back by its own rejoin,
+        so with any rank masked this is NotImplementedError naming rejoin; else nothing to do."""
+        self._live("low_latency_clean_mask_buffer")
+        masked = sorted(self._masked_now())
+        if masked:
+            raise NotImplementedError(
+                f"ubep.deep_ep: low_latency_clean_mask_buffer with ranks {masked} masked: ubep "
+                f"unmasks a rank when that rank calls rejoin() on its ubep.Buffer windows "
+                f"(Buffer.native_buffers()), agreed at the next dispatch")
 
 
 __all__ = ["Buffer", "Config", "EventOverlap", "topk_idx_t"]
