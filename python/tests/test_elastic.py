@@ -1,4 +1,3 @@
-import os
 """Elastic EP from Python (docs/ELASTIC.md) on thread ranks: ubep.Buffer.mask / masked_ranks /
 rejoin, every call checked against the NumPy reference of the ranks it ran with (a masked
 rank's experts dropped from every topk_idx, the masked rank sending nothing); and the DeepEP
@@ -71,13 +70,7 @@ def one_call(buf, rank, it):
 
 
 
-# Rejoin is experimental: under load a rejoined rank's first call has returned too few rows in
-# the C++ suite (docs/ELASTIC.md, "Status"), so these run only when asked.
-_experimental = pytest.mark.skipif(
-    os.environ.get("UBEP_RUN_ELASTIC") != "1",
-    reason="experimental rejoin (docs/ELASTIC.md Status); UBEP_RUN_ELASTIC=1 runs it")
 
-@_experimental
 @pytest.mark.parametrize("algorithm", ["ubep", "bsp"])
 def test_mask_then_rejoin_matches_reference(algorithm):
     # A rank that fails leaves the barrier broken (timeout), so its peers fail instead of hang.
@@ -152,7 +145,6 @@ def test_peer_failed_error_is_a_ubep_error():
     assert issubclass(ubep.PeerFailedError, ubep.Error)
 
 
-@_experimental
 def test_deep_ep_mask_api():
     """ubep.deep_ep's update/query/clean on 3 thread ranks: a full call makes the window, ranks
     0 and 1 mask rank 2 and call on (checked against identity experts with rank 2's experts

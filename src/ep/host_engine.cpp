@@ -282,6 +282,16 @@ void HostEngine::settle_membership(const char* what, bool dispatch) {
   have_dispatch = false;
 }
 
+bool HostEngine::lost_a_rank() const {
+  // A rank whose process ended while it was part of the group: the death watch wrote
+  // kDeadWord for it. Not one that broke or departed first (its own word says so, and the
+  // failure rules for broken buffers apply).
+  for (int r = 0; r < ranks; ++r)
+    if (r != rank && !call.masked(r) && members.dead(r) && protocol::is_dead(win.failure_of(r)))
+      return true;
+  return false;
+}
+
 void HostEngine::mask(int r) {
   UBEP_CHECK_ARG(phase == Phase::kIdle, "mask: a split-phase call is outstanding");
   UBEP_CHECK_ARG(!multi_host(), "mask: masking ranks works on one host, the group spans ",
@@ -311,8 +321,7 @@ void HostEngine::break_call(const char* what, const std::exception& cause) {
   // The call failed because a rank died or left for an agreement: not a fault of this buffer.
   // Abandon the call (peers waiting for this rank's part learn it from the new round) and
   // agree at the next dispatch instead of breaking (docs/ELASTIC.md).
-  if (!multi_host() &&
-      (members.dead_unmasked() >= 0 || members.peer_ahead(ledger.calls()) >= 0)) {
+  if (!multi_host() && (lost_a_rank() || members.peer_ahead(ledger.calls()) >= 0)) {
     members.abandon(ledger.calls(), win.seq(), cfg.mask_dead_ranks);
     have_dispatch = false;
     return;

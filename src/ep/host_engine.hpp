@@ -55,6 +55,7 @@ struct HostEngine final : backend::Engine {
   // if a rank it needs died or left for an agreement.
   void start_call(const char* what, bool dispatch);
   void settle_membership(const char* what, bool dispatch);
+  bool lost_a_rank() const;  // an unmasked rank died in the group (not after breaking/leaving)
   // After the call's inputs were accepted: fails the call if a peer's buffer broke.
   void join_call(const char* what);
   // This rank rejected its input before sending anything: tell peers waiting in this call.

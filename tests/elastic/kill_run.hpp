@@ -58,12 +58,13 @@ struct RankReport {
 struct RunResult {
   std::vector<RankReport> ranks;
   std::string error;  // set-up failures
+  int leftover_segments = 0;  // /dev/shm/ubep-<pid>-* of this run's processes after they ended
 };
 
 // Forks opt.ranks processes and runs the loop; returns when all have ended.
 RunResult run_kill_loop(const RunOptions& opt);
 
-// Files named /dev/shm/ubep-* right now (for the leak checks).
-int count_shm_segments();
+// Files named /dev/shm/ubep-<pid>-* right now, for any pid in `pids` (all when empty).
+int count_shm_segments(const std::vector<int>& pids = {});
 
 }  // namespace ubep::elastic
