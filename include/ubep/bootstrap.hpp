@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "ubep/group.hpp"
@@ -35,5 +36,14 @@ class Bootstrap {
 // mapped. The bootstrap must outlive the group.
 std::unique_ptr<Group> make_bootstrap_group(std::shared_ptr<Bootstrap> bootstrap,
                                             GroupOptions options = {});
+
+// Elastic EP (docs/ELASTIC.md): a new process takes the place of rank `rank` of the live process
+// group that was made with GroupOptions::elastic_name == `elastic_name` on this host, after the
+// rank's process died. Not collective: the live ranks notice it at their next dispatch, map its
+// windows and unmask it from an agreed call on. Create the same Buffers, in the same order and
+// with the same configs, as the other ranks did (their windows are matched by order). Throws
+// InvalidArgument when no such group is on this host.
+std::unique_ptr<Group> make_rejoin_group(const std::string& elastic_name, int rank,
+                                         GroupOptions options = {});
 
 }  // namespace ubep

@@ -32,6 +32,10 @@ struct GroupOptions {
   // every N consecutive ranks form a host, so the cross-host paths (relay over the transport
   // between hosts) can be tested on one machine.
   int ranks_per_host = 0;
+  // Elastic EP (docs/ELASTIC.md), process groups on one host: a name for the group there, so a
+  // process that replaces a dead rank can join it (make_rejoin_group). Empty: no rejoin (and
+  // every shared-memory name is unlinked as soon as the ranks mapped it).
+  std::string elastic_name;
 };
 
 // Memory that every rank of a host contributes and every local peer can address.
@@ -42,6 +46,11 @@ class SharedWindow {
   // Base address of `rank`'s region in this process, or nullptr if `rank` is on another host.
   void* base(int rank) const { return bases_[static_cast<size_t>(rank)]; }
   void* local() const { return local_; }
+  // Elastic groups (docs/ELASTIC.md): the stamp under which `rank`'s part of this window is
+  // published on the host's rendezvous (0: none; it changes when a replacement takes over), and
+  // mapping a newer part in place of the old one (true if it did). Between calls only.
+  virtual uint32_t peer_incarnation(int /*rank*/) const { return 0; }
+  virtual bool refresh_peer(int /*rank*/) { return false; }
 
  protected:
   size_t bytes_ = 0;
@@ -86,6 +95,12 @@ class Group {
   std::string death_of(int rank);
   // Internal: the watch behind death_of (nullptr where nothing is watched).
   virtual bootstrap::DeathWatch* death_watch() { return nullptr; }
+  // Elastic groups: the incarnation of `rank` (0 for the group's first processes, +1 per
+  // replacement), whether this process is a replacement that joined a live group (its Buffers
+  // make no collective set-up calls), and what to do once a replacement of `rank` is seen.
+  virtual uint32_t incarnation_of(int /*rank*/) const { return 0; }
+  virtual bool rejoining() const { return false; }
+  virtual void peer_replaced(int /*rank*/) {}
 
   // Short description for logs and benchmark tables, e.g. "threads(4)" or "mpi(2 ranks, 1 host)".
   virtual const char* kind() const = 0;

@@ -2,6 +2,7 @@
 // names); ranks map each other's POSIX shared-memory segments and from then on write into them
 // directly.
 #include "bootstrap/shm_group.hpp"
+#include "bootstrap/shm_window.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -18,122 +19,6 @@
 
 namespace ubep::bootstrap {
 
-namespace {
-
-constexpr size_t kNameLen = 64;
-
-// Creates a new segment under a name nobody can predict or have left behind: pid, a sequence
-// number and 64 random bits, retried on the (unlikely) "File exists".
-int create_segment(char (&name)[kNameLen]) {
-  static std::atomic<uint64_t> sequence{0};
-  std::random_device rd;
-  for (int attempt = 0;; ++attempt) {
-    const uint64_t salt = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    std::snprintf(name, kNameLen, "/ubep-%d-%llu-%016llx", static_cast<int>(getpid()),
-                  static_cast<unsigned long long>(sequence++),
-                  static_cast<unsigned long long>(salt));
-    const int fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd >= 0) return fd;
-    if (errno != EEXIST || attempt >= 8)
-      throw SystemError(detail::concat("shm_open(", name, "): ", std::strerror(errno)));
-  }
-}
-
-class ShmWindow : public SharedWindow {
- public:
-  ShmWindow(size_t bytes, int rank, int size, const std::vector<int>& host_of, Bootstrap& boot) {
-    bytes_ = bytes;
-    mapped_ = std::max<size_t>(bytes, 1);
-    char name[kNameLen] = {};
-    std::string error;
-    int fd = -1;
-    try {
-      fd = create_segment(name);
-    } catch (const Error& e) {  // reported to the peers below, so none is left waiting
-      error = e.what();
-    }
-    if (fd >= 0 && ftruncate(fd, static_cast<off_t>(mapped_)) != 0)
-      error = detail::concat("ftruncate(", name, ", ", mapped_, "): ", std::strerror(errno),
-                             " (is /dev/shm large enough?)");
-    if (fd >= 0 && error.empty()) {
-      void* p = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      if (p == MAP_FAILED)
-        error = detail::concat("mmap(", name, "): ", std::strerror(errno));
-      else
-        local_ = p;
-    }
-    if (fd >= 0) close(fd);
-    if (!error.empty() && name[0]) shm_unlink(name);
-    if (!error.empty()) name[0] = '\0';  // peers skip us; the agreement below fails everywhere
-
-    std::vector<char> names(static_cast<size_t>(size) * kNameLen);
-    try {
-      boot.allgather(name, names.data(), kNameLen);
-    } catch (...) {
-      shm_unlink(name);
-      if (local_) munmap(local_, mapped_);
-      throw;
-    }
-    bases_.assign(static_cast<size_t>(size), nullptr);
-    // Map the peers on this host. A failure is reported to every rank (below) instead of thrown
-    // here, so no rank is left waiting and no segment is left behind.
-    for (int p = 0; p < size && error.empty(); ++p) {
-      if (p == rank) {
-        bases_[static_cast<size_t>(p)] = local_;
-      } else if (host_of[static_cast<size_t>(p)] == host_of[static_cast<size_t>(rank)]) {
-        const char* peer = &names[static_cast<size_t>(p) * kNameLen];
-        if (!peer[0]) {
-          error = detail::concat("rank ", p, " could not create its shared-memory window");
-          continue;
-        }
-        const int pfd = shm_open(peer, O_RDWR, 0600);
-        if (pfd < 0) {
-          error = detail::concat("shm_open(", peer, "): ", std::strerror(errno));
-          continue;
-        }
-        void* addr = mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, pfd, 0);
-        close(pfd);
-        if (addr == MAP_FAILED)
-          error = detail::concat("mmap(", peer, "): ", std::strerror(errno));
-        else
-          bases_[static_cast<size_t>(p)] = addr;
-      }
-    }
-    const int ok = error.empty() ? 1 : 0;
-    std::vector<int> all_ok(static_cast<size_t>(size));
-    std::exception_ptr agreement;
-    try {
-      boot.allgather(&ok, all_ok.data(), sizeof ok);
-    } catch (...) {
-      agreement = std::current_exception();
-    }
-    // Every peer has mapped our segment (or given up): unlink the name so nothing leaks.
-    if (name[0]) shm_unlink(name);
-    bool everyone = !agreement;
-    for (int v : all_ok) everyone = everyone && v;
-    if (!everyone) {
-      for (void* b : bases_)
-        if (b) munmap(b, mapped_);
-      if (local_ && (bases_.empty() || bases_[static_cast<size_t>(rank)] != local_))
-        munmap(local_, mapped_);
-      bases_.clear();
-      if (agreement) std::rethrow_exception(agreement);
-      throw SystemError(error.empty()
-                            ? std::string("shared-memory window set-up failed on another rank")
-                            : error);
-    }
-  }
-
-  ~ShmWindow() override {
-    for (void* b : bases_)
-      if (b) munmap(b, mapped_);
-  }
-
- private:
-  size_t mapped_ = 0;
-};
-
-}  // namespace
 
 std::vector<int> resolve_hosts(Bootstrap& bootstrap, const GroupOptions& options) {
   UBEP_CHECK_ARG(options.ranks_per_host >= 0, "ranks_per_host must be >= 0, got ",
@@ -161,6 +46,21 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
   for (int r = 0; r < size(); ++r)
     if (r == rank() || !same_host(r, rank())) pids[static_cast<size_t>(r)] = 0;
   deaths_ = std::make_unique<DeathWatch>(pids);
+  if (!options.elastic_name.empty()) {
+    UBEP_CHECK_ARG(single_host(), "elastic_name: elastic groups live on one host, this one spans ",
+                   num_hosts());
+    if (rank() == 0) rendezvous_ = Rendezvous::create(options.elastic_name, size());
+    bootstrap_->barrier();
+    if (rank() != 0) rendezvous_ = Rendezvous::open(options.elastic_name);
+    rendezvous_->claim(rank(), false);
+    // A dead rank's segments are of no use to anyone (a replacement makes new ones): unlink
+    // their names so nothing is left in /dev/shm.
+    unlink_dead_ = deaths_->subscribe([this](int r) {
+      for (int w = 0; w < windows_; ++w)
+        if (rendezvous_->window_incarnation(w, r) != 0)
+          shm_unlink(rendezvous_->window_name(w, r).c_str());
+    });
+  }
   control_ = allocate_window(sizeof(ArrivalCounter));
   barrier_ = std::make_unique<FlagBarrier>(
       rank(), size(), [this](int p) { return static_cast<ArrivalCounter*>(control_->base(p)); });
@@ -168,11 +68,52 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
              num_hosts());
 }
 
-ShmGroup::~ShmGroup() = default;
+ShmGroup::~ShmGroup() {
+  if (unlink_dead_ >= 0) deaths_->unsubscribe(unlink_dead_);
+  if (rendezvous_) rendezvous_->unlink();
+}
 
 std::unique_ptr<SharedWindow> ShmGroup::allocate_window(size_t bytes) {
-  return std::make_unique<ShmWindow>(bytes, rank(), size(), host_vec_, *bootstrap_);
+  return std::make_unique<ShmWindow>(bytes, rank(), size(), host_vec_, *bootstrap_,
+                                     rendezvous_.get(), windows_++, 0);
 }
+
+void ShmGroup::peer_replaced(int rank) {
+  if (rendezvous_) deaths_->rewatch(rank, rendezvous_->pid(rank));
+}
+
+// ---- the replacement's side -------------------------------------------------------------------
+
+RejoinGroup::RejoinGroup(std::unique_ptr<Rendezvous> rdv, int rank, GroupOptions options)
+    : Group(rank, rdv->ranks(), options), rdv_(std::move(rdv)) {
+  host_vec_.assign(static_cast<size_t>(size()), 0);  // elastic groups live on one host
+  set_hosts(host_vec_);
+  incarnation_ = rdv_->claim(rank, true);
+  std::vector<pid_t> pids(static_cast<size_t>(size()), 0);
+  for (int r = 0; r < size(); ++r)
+    if (r != rank) pids[static_cast<size_t>(r)] = rdv_->pid(r);
+  deaths_ = std::make_unique<DeathWatch>(pids);
+  control_ = allocate_window(sizeof(ArrivalCounter));
+  log::info("rank ", rank, ": rejoined as incarnation ", incarnation_);
+}
+
+RejoinGroup::~RejoinGroup() = default;
+
+std::unique_ptr<SharedWindow> RejoinGroup::allocate_window(size_t bytes) {
+  return std::make_unique<ShmWindow>(bytes, rank(), size(), host_vec_, *rdv_, windows_++,
+                                     incarnation_);
+}
+
+void RejoinGroup::allgather(const void*, void*, size_t) {
+  throw InvalidArgument("a rejoined rank makes no collective set-up calls (allgather): its "
+                        "peers are in their calls; create Buffers only");
+}
+
+void RejoinGroup::barrier_impl() {
+  throw InvalidArgument("a rejoined rank makes no group barriers: its peers are in their calls");
+}
+
+void RejoinGroup::peer_replaced(int rank) { deaths_->rewatch(rank, rdv_->pid(rank)); }
 
 void ShmGroup::allgather(const void* in, void* out, size_t bytes) {
   bootstrap_->allgather(in, out, bytes);
@@ -188,6 +129,15 @@ void ShmGroup::barrier_impl() {
 }  // namespace ubep::bootstrap
 
 namespace ubep {
+
+std::unique_ptr<Group> make_rejoin_group(const std::string& elastic_name, int rank,
+                                         GroupOptions options) {
+  auto rdv = bootstrap::Rendezvous::open(elastic_name);
+  UBEP_CHECK_ARG(rank >= 0 && rank < rdv->ranks(), "make_rejoin_group: rank ", rank,
+                 " out of range [0, ", rdv->ranks(), ") of group '", elastic_name, "'");
+  options.elastic_name = elastic_name;
+  return std::make_unique<bootstrap::RejoinGroup>(std::move(rdv), rank, options);
+}
 
 std::unique_ptr<Group> make_bootstrap_group(std::shared_ptr<Bootstrap> bootstrap,
                                             GroupOptions options) {

@@ -3,11 +3,13 @@
 // transport.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
 #include "bootstrap/death_watch.hpp"
 #include "bootstrap/flag_barrier.hpp"
+#include "bootstrap/rendezvous.hpp"
 #include "transport/remote.hpp"
 #include "ubep/bootstrap.hpp"
 
@@ -25,6 +27,10 @@ class ShmGroup : public Group {
   void allgather(const void* in, void* out, size_t bytes) override;
   transport::Remote* remote() override { return remote_.get(); }
   DeathWatch* death_watch() override { return deaths_.get(); }
+  uint32_t incarnation_of(int rank) const override {
+    return rendezvous_ ? rendezvous_->incarnation(rank) : 0;
+  }
+  void peer_replaced(int rank) override;
   const char* kind() const override { return "processes"; }
 
  protected:
@@ -38,6 +44,37 @@ class ShmGroup : public Group {
   std::unique_ptr<FlagBarrier> barrier_;
   std::unique_ptr<transport::Remote> remote_;
   std::unique_ptr<DeathWatch> deaths_;  // this host's other ranks' processes
+  // Elastic groups: the host's rendezvous (GroupOptions::elastic_name), the windows made so far
+  // (their index there), and the death watch subscription that unlinks a dead rank's names.
+  std::unique_ptr<Rendezvous> rendezvous_;
+  std::atomic<int> windows_{0};  // read by the death watch's thread
+  int unlink_dead_ = -1;
+};
+
+// A replacement process's group (make_rejoin_group): the live group's windows, mapped through
+// the rendezvous; no collective calls.
+class RejoinGroup : public Group {
+ public:
+  RejoinGroup(std::unique_ptr<Rendezvous> rdv, int rank, GroupOptions options);
+  ~RejoinGroup() override;
+  std::unique_ptr<SharedWindow> allocate_window(size_t bytes) override;
+  void allgather(const void* in, void* out, size_t bytes) override;
+  const char* kind() const override { return "processes (rejoined)"; }
+  DeathWatch* death_watch() override { return deaths_.get(); }
+  uint32_t incarnation_of(int rank) const override { return rdv_->incarnation(rank); }
+  bool rejoining() const override { return true; }
+  void peer_replaced(int rank) override;
+
+ protected:
+  void barrier_impl() override;
+
+ private:
+  std::unique_ptr<Rendezvous> rdv_;
+  std::vector<int> host_vec_;
+  uint32_t incarnation_ = 0;
+  int windows_ = 0;
+  std::unique_ptr<DeathWatch> deaths_;
+  std::unique_ptr<SharedWindow> control_;  // index 0, as in the live ranks' ShmGroup
 };
 
 // Host ids from options.ranks_per_host (> 0: every N consecutive ranks form a host) or else

@@ -65,6 +65,10 @@ struct Verdict {
 }  // namespace
 
 BufferConfig agree_on_config(Group& g, const BufferConfig& requested) {
+  // A replacement joins live ranks that are in their calls, not in a set-up collective: its
+  // config is checked here only; the same Buffers with the same configs are its contract
+  // (make_rejoin_group), and the first agreed dispatch names a different call shape.
+  if (g.rejoining()) return checked(g, requested);
   Verdict mine;
   BufferConfig c;
   std::exception_ptr rejection;

@@ -71,6 +71,10 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
           // last call) keeps that word: peers still finishing that call have its part.
           if (!protocol::is_broken(win.failure_of(r))) win.set_failure_of(r, protocol::kDeadWord);
         });
+  if (bootstrap::DeathWatch* deaths = g.death_watch())  // dead before this buffer was made
+    for (int r = 0; r < ranks; ++r)
+      if (r != rank && deaths->dead(r) && !protocol::is_broken(win.failure_of(r)))
+        win.set_failure_of(r, protocol::kDeadWord);
   const AlgoContext ctx{grp, cfg, *dp, win, call, waiter, reducer, relay.get(), stats};
   bsp = make_bsp(ctx);
   ubep = make_ubep(ctx);

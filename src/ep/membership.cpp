@@ -19,7 +19,32 @@ Membership::Membership(Group& group, const Window& win)
       ranks_(group.size()),
       view_(static_cast<size_t>(group.size()), 0u),
       agreed_(view_),
-      masked_(static_cast<size_t>(group.size()), 0) {}
+      masked_(static_cast<size_t>(group.size()), 0) {
+  // Ranks that are replacements already carry their incarnation; a replacement itself agrees
+  // with the live ranks at its first dispatch.
+  for (int r = 0; r < ranks_; ++r) view_[static_cast<size_t>(r)] = group.incarnation_of(r) << 1;
+  agreed_ = view_;
+  must_agree_ = group.rejoining();
+}
+
+bool Membership::replaced(int r) const {
+  const uint32_t stamp = win_.peer_incarnation(r);  // incarnation + 1, 0: none
+  return r != me_ && stamp > 1 && stamp - 1 > (view_[static_cast<size_t>(r)] >> 1);
+}
+
+void Membership::take_replacements() {
+  for (int r = 0; r < ranks_; ++r) {
+    if (!replaced(r)) continue;
+    if (!win_.refresh_peer(r)) continue;  // not mapped yet: taken at a later look
+    group_.peer_replaced(r);
+    // Live again as its new incarnation (merging moves every live rank's view here too); if
+    // that process is dead already, absorb_deaths masks it at this incarnation, so it is not
+    // taken again.
+    view_[static_cast<size_t>(r)] = (win_.peer_incarnation(r) - 1) << 1;
+    log::info("rank ", me_, ": rank ", r, "'s replacement (incarnation ",
+              win_.peer_incarnation(r) - 1, ") mapped");
+  }
+}
 
 std::vector<int> Membership::masked_ranks() const {
   std::vector<int> out;
@@ -81,7 +106,10 @@ int Membership::peer_ahead(uint64_t call) const {
 }
 
 bool Membership::change_pending() const {
-  return must_agree_ || view_ != agreed_ || dead_unmasked() >= 0 || peer_ahead() >= 0;
+  if (must_agree_ || view_ != agreed_ || dead_unmasked() >= 0 || peer_ahead() >= 0) return true;
+  for (int r = 0; r < ranks_; ++r)
+    if (masked(r) && replaced(r)) return true;
+  return false;
 }
 
 uint32_t Membership::max_round_seen() const {
@@ -149,6 +177,9 @@ Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mas
                                      const WaitPolicy& policy, const char* what) {
   calls_ = calls;
   seq_ = seq;
+  log::debug("rank ", me_, ": agreement at call ", calls + 1, " (must ", must_agree_, ", view ",
+             view_ != agreed_, ", dead ", dead_unmasked(), ", ahead ", peer_ahead(), ")");
+  take_replacements();
   absorb_deaths(auto_mask, what);
   bump();
   publish(0);
@@ -156,6 +187,7 @@ Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mas
   Record rec;
   wait_until(
       [&] {
+        take_replacements();
         absorb_deaths(auto_mask, what);
         bool changed = false, all = true;
         uint32_t top = round_;
@@ -179,7 +211,10 @@ Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mas
         resume = {calls, seq};
         for (int r = 0; r < ranks_; ++r) {
           if (r == me_ || !live_in_view(r)) continue;
-          if (!win_.peer(r) || !read(r, &rec) || rec.round != round_ || rec.view != view_) {
+          // A record marked abandoned is not in this agreement yet: that rank left a call and
+          // will bump the round when it enters, so concluding on it would leave it behind.
+          if (!win_.peer(r) || !read(r, &rec) || rec.round != round_ || rec.view != view_ ||
+              (rec.flags & MemberRecord::kAbandoned)) {
             all = false;
             break;
           }

@@ -87,6 +87,11 @@ class Membership {
   // Merges a peer's view into view_; true if view_ changed.
   bool merge(const std::vector<uint32_t>& other);
   bool live_in_view(int r) const { return (view_[static_cast<size_t>(r)] & 1u) == 0; }
+  // A replacement of rank r published its part of this buffer's window (rendezvous stamp newer
+  // than the incarnation in view_).
+  bool replaced(int r) const;
+  // Maps a replacement's window and watches its process; its records are then read like any.
+  void take_replacements();
 
   Group& group_;
   const Window& win_;

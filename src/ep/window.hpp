@@ -41,6 +41,9 @@ class Window {
   // --- addresses (nullptr for ranks on other hosts) ---
   void* peer(int r) const { return mem_->base(r); }
   void* local() const { return mem_->local(); }
+  // Elastic groups: a replacement's part of this window (SharedWindow::peer_incarnation).
+  uint32_t peer_incarnation(int r) const { return mem_->peer_incarnation(r); }
+  bool refresh_peer(int r) const { return mem_->refresh_peer(r); }
   template <typename T>
   T* at(int r, size_t region) const {
     return map_.at<T>(peer(r), half(), region);

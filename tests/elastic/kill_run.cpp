@@ -31,7 +31,10 @@ double now_us() {
 // What the processes share: the first kill's time and every rank's report.
 struct Shared {
   std::atomic<double> kill_us{0};
+  std::atomic<int> input_iter[64];  // the loop iteration whose inputs rank r dispatches now
+  std::atomic<int> done[64];        // rank r finished its loop
   RankReport reports[64];
+  RankReport replacement_reports[64];
 };
 
 uint64_t mix(uint64_t a) {
@@ -70,12 +73,23 @@ void note(char (&dst)[200], const std::string& s) {
   std::snprintf(dst, sizeof dst, "%s", s.c_str());
 }
 
-void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& shared, int me) {
-  RankReport& rep = shared.reports[me];
+// One rank's loop. replacement: a new process for rank `me` after its first one died, joining
+// the live group through make_rejoin_group; it runs until the live ranks are done.
+void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& shared, int me,
+               const Victim* replacing) {
+  const double start_us = now_us();
+  RankReport& rep = replacing ? shared.replacement_reports[me] : shared.reports[me];
   GroupOptions gopt;
   gopt.timeout = std::chrono::milliseconds(o.timeout_ms);
-  auto boot = std::make_shared<bootstrap::ForkBootstrap>(meeting, me, gopt.timeout);
-  std::unique_ptr<Group> group = make_bootstrap_group(boot, gopt);
+  gopt.elastic_name = o.elastic_name;
+  std::shared_ptr<bootstrap::ForkBootstrap> boot;
+  std::unique_ptr<Group> group;
+  if (replacing) {
+    group = make_rejoin_group(o.elastic_name, me, gopt);
+  } else {
+    boot = std::make_shared<bootstrap::ForkBootstrap>(meeting, me, gopt.timeout);
+    group = make_bootstrap_group(boot, gopt);
+  }
   BufferConfig cfg;
   cfg.max_tokens_per_rank = o.tokens;
   cfg.hidden = o.hidden;
@@ -84,24 +98,55 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
   cfg.num_workers = 0;
   cfg.mask_dead_ranks = true;
   Buffer buf(*group, cfg);
-  boot->barrier();  // set-up done everywhere: kills land in calls
+  if (boot) boot->barrier();  // set-up done everywhere: kills land in calls
 
   const Inputs in{o};
   const int T = o.tokens, H = o.hidden, K = o.topk, El = o.experts_per_rank;
   std::vector<uint16_t> x(static_cast<size_t>(T * H));
   std::vector<int64_t> idx(static_cast<size_t>(T * K));
   std::vector<float> w(static_cast<size_t>(T * K));
+  auto others_done = [&] {
+    for (int r = 0; r < o.ranks; ++r)
+      if (r != me && !shared.done[r].load()) {
+        bool victim = false;
+        for (const Victim& c : o.victims) victim = victim || (c.rank == r && !c.replace);
+        if (!victim) return false;
+      }
+    return true;
+  };
+  bool tail_now = false;
   auto failed = [&](const std::string& what) {
+    // Peers that finished their loop and left end the calls still open: not the failures
+    // under test.
+    if (tail_now || (replacing && others_done())) {
+      ++rep.tail_failed;
+      if (rep.failed > 0) --rep.failed;
+      return;
+    }
     if (rep.first_error_us < 0 && shared.kill_us.load() > 0) {
       rep.first_error_us = now_us() - shared.kill_us.load();
       note(rep.first_error, what);
     }
     note(rep.last_error, what);
   };
-  for (int i = 0; i < o.calls; ++i) {
+  int first_i = 0;
+  if (replacing)
+    for (int r = 0; r < o.ranks; ++r)
+      if (r != me) first_i = std::max(first_i, shared.input_iter[r].load() + 1);
+  for (int i = first_i;; ++i) {
+    if (replacing ? others_done() : i >= o.calls) break;
+    const bool tail = !replacing && i >= o.calls - 2;
+    const int k = i - first_i;  // the replacement's own call count
+    Victim replacement_kill;
     const Victim* v = nullptr;
     for (const Victim& c : o.victims)
-      if (c.rank == me && c.at_call == i) v = &c;
+      if (!replacing && c.rank == me && c.at_call == i) v = &c;
+    if (replacing && replacing->kill_replacement_at == k) {
+      replacement_kill.phase = replacing->kill_replacement_at == 0 ? KillPhase::kDuring
+                                                                   : KillPhase::kBefore;
+      v = &replacement_kill;
+    }
+    shared.input_iter[me].store(i);
     auto die = [&](int sig) {
       double expected = 0;
       shared.kill_us.compare_exchange_strong(expected, now_us());
@@ -121,6 +166,7 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
       for (int h = 0; h < H; ++h)
         x[static_cast<size_t>(t * H + h)] = float_to_bf16(in.value(me, t, h, i));
     }
+    tail_now = tail;
     DispatchArgs args;
     args.x = TensorView(x.data(), DType::kBF16, {T, H});
     args.topk_idx = TensorView(idx.data(), DType::kInt64, {T, K});
@@ -143,7 +189,10 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
       failed(e.what());
       continue;
     }
+    if (rep.first_call_us < 0) rep.first_call_us = now_us() - start_us;
     const std::vector<int> masked = buf.masked_ranks();
+    rep.final_masked = static_cast<int>(masked.size());
+    if (masked.empty() && shared.kill_us.load() > 0) ++rep.full_calls_after_kill;
     auto is_masked = [&](int s) { return std::find(masked.begin(), masked.end(), s) != masked.end(); };
     if (!masked.empty()) {
       ++rep.masked_calls;
@@ -189,8 +238,13 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
         }
         return true;
       };
+      // Candidates: this rank's own neighbourhood, and the iteration the source says it is on
+      // (or just left): a replacement's loop counts from where it joined.
       int call = -1;
+      const int theirs = shared.input_iter[s].load();
       for (int c = std::max(0, i - 2); c <= i + 2 && call < 0; ++c)
+        if (matches(c)) call = c;
+      for (int c = std::max(0, theirs - 2); c <= theirs && call < 0; ++c)
         if (matches(c)) call = c;
       if (call < 0) {
         ++rep.wrong;
@@ -235,6 +289,7 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
       failed(e.what());
     }
   }
+  shared.done[me].store(1);
 }
 
 }  // namespace
@@ -257,8 +312,12 @@ KillPhase parse_phase(const std::string& s) {
   throw InvalidArgument("phase must be before|during|receive|between|stop, got '" + s + "'");
 }
 
-RunResult run_kill_loop(const RunOptions& o) {
+RunResult run_kill_loop(const RunOptions& opt) {
   RunResult result;
+  RunOptions o = opt;
+  for (const Victim& v : o.victims)
+    if (v.replace && o.elastic_name.empty())
+      o.elastic_name = "kill-run-" + std::to_string(getpid());
   UBEP_CHECK_ARG(o.ranks >= 2 && o.ranks <= 64, "ranks must be in [2, 64], got ", o.ranks);
   UBEP_CHECK_ARG(o.topk >= 1 && o.topk <= o.ranks * o.experts_per_rank, "bad topk ", o.topk);
   void* mem = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
@@ -272,7 +331,7 @@ RunResult run_kill_loop(const RunOptions& o) {
     if (pid == 0) {
       int code = 0;
       try {
-        rank_main(o, meeting, *shared, r);
+        rank_main(o, meeting, *shared, r, nullptr);
       } catch (const std::exception& e) {
         note(shared->reports[r].last_error, std::string("set-up: ") + e.what());
         ++shared->reports[r].other_errors;
@@ -281,6 +340,27 @@ RunResult run_kill_loop(const RunOptions& o) {
       _exit(code);
     }
     pids.push_back(pid);
+  }
+  std::vector<pid_t> replacements;
+  for (const Victim& v : o.victims) {
+    if (!v.replace || v.rank >= o.ranks) continue;
+    int status = 0;
+    waitpid(pids[static_cast<size_t>(v.rank)], &status, 0);  // dead: start its replacement
+    shared->reports[v.rank].died = WIFSIGNALED(status);
+    shared->reports[v.rank].exit_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    const pid_t pid = fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        rank_main(o, meeting, *shared, v.rank, &v);
+      } catch (const std::exception& e) {
+        note(shared->replacement_reports[v.rank].last_error, std::string("set-up: ") + e.what());
+        ++shared->replacement_reports[v.rank].other_errors;
+        code = 1;
+      }
+      _exit(code);
+    }
+    replacements.push_back(pid);
   }
   for (const Victim& v : o.victims)
     if (v.phase == KillPhase::kStop && v.rank < o.ranks) {
@@ -292,11 +372,24 @@ RunResult run_kill_loop(const RunOptions& o) {
     }
   for (int r = 0; r < o.ranks; ++r) {
     int status = 0;
-    waitpid(pids[static_cast<size_t>(r)], &status, 0);
     RankReport& rep = shared->reports[r];
+    if (waitpid(pids[static_cast<size_t>(r)], &status, 0) == pids[static_cast<size_t>(r)]) {
+      rep.died = WIFSIGNALED(status);
+      rep.exit_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    }
+    result.ranks.push_back(rep);
+  }
+  size_t n = 0;
+  for (const Victim& v : o.victims) {
+    if (!v.replace) continue;
+    int status = 0;
+    const pid_t pid = replacements[n++];
+    waitpid(pid, &status, 0);
+    RankReport rep = shared->replacement_reports[v.rank];
     rep.died = WIFSIGNALED(status);
     rep.exit_signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    result.ranks.push_back(rep);
+    result.replacements.push_back(rep);
+    pids.push_back(pid);
   }
   result.leftover_segments = count_shm_segments(std::vector<int>(pids.begin(), pids.end()));
   shared->~Shared();

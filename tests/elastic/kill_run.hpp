@@ -27,6 +27,10 @@ struct Victim {
   int rank = 1;
   int at_call = 5;  // iteration index
   KillPhase phase = KillPhase::kBefore;
+  // Once it is dead, start a replacement process for its rank (make_rejoin_group); with
+  // kill_replacement_at >= 0 the replacement is killed too, at that call of its own loop.
+  bool replace = false;
+  int kill_replacement_at = -1;
 };
 
 struct RunOptions {
@@ -39,6 +43,7 @@ struct RunOptions {
   int timeout_ms = 5000;  // the group's timeout
   int stop_ms = 0;        // kStop: how long the victim stays stopped
   std::vector<Victim> victims;
+  std::string elastic_name;  // set by run_kill_loop when a victim is replaced
 };
 
 struct RankReport {
@@ -47,8 +52,12 @@ struct RankReport {
   int wrong = 0;          // values that differ from the reference (must be 0)
   int other_errors = 0;   // anything else thrown (TimeoutError, ...)
   int masked_calls = 0;   // completed dispatches with a masked rank
+  int tail_failed = 0;    // PeerFailedError in the last 2 calls (peers that finished and left)
+  int full_calls_after_kill = 0;  // completed dispatches after the kill with no rank masked
   double first_error_us = -1;   // from the first kill to this rank's first error
   double first_masked_us = -1;  // from the first kill to its first completed masked dispatch
+  double first_call_us = -1;    // replacement: from its start to its first completed dispatch
+  int final_masked = -1;        // masked ranks after the last completed dispatch
   bool died = false;            // a victim (killed as planned)
   int exit_signal = 0;
   char first_error[200] = {};
@@ -57,6 +66,7 @@ struct RankReport {
 
 struct RunResult {
   std::vector<RankReport> ranks;
+  std::vector<RankReport> replacements;  // one per replaced victim, in victims' order
   std::string error;  // set-up failures
   int leftover_segments = 0;  // /dev/shm/ubep-<pid>-* of this run's processes after they ended
 };

@@ -120,3 +120,66 @@ TEST(StoppedRank, IsNotDeclaredDead) {
 
 }  // namespace
 }  // namespace ubep::elastic
+
+namespace ubep::elastic {
+namespace {
+
+// A replacement process for the dead rank joins the live Buffer (make_rejoin_group): the
+// survivors map its windows at a dispatch, unmask it from an agreed call on, and every call of
+// everyone, the replacement's first included, matches the reference.
+TEST(KillAndReplace, ReplacementServesAndEveryCallIsRight) {
+  UBEP_SKIP_UNDER_TSAN();
+  RunOptions o;
+  o.ranks = 4;
+  o.calls = 40;
+  Victim v{1, 4, KillPhase::kBefore};
+  v.replace = true;
+  o.victims = {v};
+  const RunResult res = run_kill_loop(o);
+  ASSERT_EQ(res.replacements.size(), 1u);
+  const RankReport& rep = res.replacements[0];
+  SCOPED_TRACE(std::string("replacement: ") + rep.first_error + " | " + rep.last_error);
+  EXPECT_FALSE(rep.died);
+  EXPECT_EQ(rep.wrong, 0);
+  EXPECT_EQ(rep.other_errors, 0);
+  EXPECT_GT(rep.completed, 0);
+  EXPECT_GE(rep.first_call_us, 0);
+  EXPECT_LT(rep.first_call_us, 1e6);  // serving within a second of its start
+  EXPECT_EQ(rep.final_masked, 0);
+  for (int r : {0, 2, 3}) {
+    const RankReport& s = res.ranks[static_cast<size_t>(r)];
+    SCOPED_TRACE("rank " + std::to_string(r) + ": " + s.first_error + " | " + s.last_error);
+    EXPECT_EQ(s.wrong, 0);
+    EXPECT_EQ(s.other_errors, 0);
+    EXPECT_GT(s.full_calls_after_kill, 0);  // unmasked again
+    EXPECT_EQ(s.final_masked, 0);
+  }
+  EXPECT_EQ(res.leftover_segments, 0);
+}
+
+// The replacement dies too, during its first (agreeing) dispatch: the survivors mask it again
+// and go on; nothing wrong is returned anywhere.
+TEST(KillAndReplace, DeathDuringTheRejoin) {
+  UBEP_SKIP_UNDER_TSAN();
+  RunOptions o;
+  o.ranks = 3;
+  o.calls = 30;
+  Victim v{2, 3, KillPhase::kBetween};
+  v.replace = true;
+  v.kill_replacement_at = 0;
+  o.victims = {v};
+  const RunResult res = run_kill_loop(o);
+  ASSERT_EQ(res.replacements.size(), 1u);
+  EXPECT_TRUE(res.replacements[0].died);
+  EXPECT_EQ(res.replacements[0].wrong, 0);
+  for (int r : {0, 1}) {
+    const RankReport& s = res.ranks[static_cast<size_t>(r)];
+    SCOPED_TRACE("rank " + std::to_string(r) + ": " + s.first_error + " | " + s.last_error);
+    EXPECT_EQ(s.wrong, 0);
+    EXPECT_EQ(s.other_errors, 0);
+    EXPECT_EQ(s.final_masked, 1);
+  }
+}
+
+}  // namespace
+}  // namespace ubep::elastic
