@@ -134,7 +134,10 @@ void DeathWatch::watch_locked(int rank, pid_t pid) {
   p.dead.store(false, std::memory_order_release);
   epoll_event ev{};
   ev.events = EPOLLIN;
-  ev.data.u64 = static_cast<uint64_t>(rank);
+  // The event names the pidfd too: after a rewatch, an event of the old process that the
+  // thread already took must not count against the new one.
+  ev.data.u64 = static_cast<uint64_t>(static_cast<uint32_t>(p.pidfd)) << 32 |
+                static_cast<uint32_t>(rank);
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, p.pidfd, &ev);
 }
 
@@ -154,6 +157,11 @@ bool DeathWatch::dead(int rank) const {
 std::string DeathWatch::how(int rank) const {
   std::lock_guard<std::mutex> lock(info_mu_);
   return rank >= 0 && rank < ranks_ ? peers_[rank].how : std::string();
+}
+
+pid_t DeathWatch::pid_of(int rank) const {
+  std::lock_guard<std::mutex> lock(info_mu_);
+  return peers_[rank].pid;
 }
 
 std::chrono::steady_clock::time_point DeathWatch::seen_at(int rank) const {
@@ -176,11 +184,11 @@ void DeathWatch::unsubscribe(int id) {
     }
 }
 
-void DeathWatch::record_death(int rank) {
+void DeathWatch::record_death(int rank, int pidfd) {
   {
     std::lock_guard<std::mutex> lock(info_mu_);
     Peer& p = peers_[rank];
-    if (p.pidfd < 0 || p.dead.load(std::memory_order_relaxed)) return;
+    if (p.pidfd < 0 || p.pidfd != pidfd || p.dead.load(std::memory_order_relaxed)) return;
     p.seen_at = std::chrono::steady_clock::now();
     p.how = how_it_ended(p.pidfd, p.pid);
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, p.pidfd, nullptr);
@@ -207,7 +215,8 @@ void DeathWatch::run() {
     }
     for (int i = 0; i < n; ++i) {
       if (events[i].data.u64 == ~0ull) continue;  // the stop request: checked by the loop
-      record_death(static_cast<int>(events[i].data.u64));
+      record_death(static_cast<int>(events[i].data.u64 & 0xFFFFFFFFu),
+                   static_cast<int>(events[i].data.u64 >> 32));
     }
   }
 }

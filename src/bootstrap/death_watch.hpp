@@ -42,6 +42,8 @@ class DeathWatch {
   bool dead(int rank) const;
   // "died (signal 9)", "exited with status 3", ...: empty while alive.
   std::string how(int rank) const;
+  // The process watched for `rank` (the one that died, once dead() is true).
+  pid_t pid_of(int rank) const;
   // Steady-clock time at which the watch saw the death (for the elastic tool's table).
   std::chrono::steady_clock::time_point seen_at(int rank) const;
 
@@ -56,7 +58,7 @@ class DeathWatch {
  private:
   void run();
   void watch_locked(int rank, pid_t pid);
-  void record_death(int rank);
+  void record_death(int rank, int pidfd);
 
   struct Peer {
     pid_t pid = 0;

@@ -56,6 +56,8 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
     // A dead rank's segments are of no use to anyone (a replacement makes new ones): unlink
     // their names so nothing is left in /dev/shm.
     unlink_dead_ = deaths_->subscribe([this](int r) {
+      // Only the dead process's names: a replacement may have published its own already.
+      if (rendezvous_->pid(r) != deaths_->pid_of(r)) return;
       for (int w = 0; w < windows_; ++w)
         if (rendezvous_->window_incarnation(w, r) != 0)
           shm_unlink(rendezvous_->window_name(w, r).c_str());

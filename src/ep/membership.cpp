@@ -10,6 +10,15 @@ namespace ubep::ep {
 
 namespace {
 constexpr int kFieldsBeforeView = MemberRecord::kView - 1;  // the words after the stamp
+// " [0 1m 2'1]": rank, m if masked, 'incarnation if not 0.
+std::string view_text(const std::vector<uint32_t>& view) {
+  std::string out = " [";
+  for (size_t r = 0; r < view.size(); ++r) {
+    out += (r ? " " : "") + std::to_string(r) + ((view[r] & 1u) ? "m" : "");
+    if (view[r] >> 1) out += "'" + std::to_string(view[r] >> 1);
+  }
+  return out + "]";
+}
 }
 
 Membership::Membership(Group& group, const Window& win)
@@ -34,15 +43,16 @@ bool Membership::replaced(int r) const {
 
 void Membership::take_replacements() {
   for (int r = 0; r < ranks_; ++r) {
-    if (!replaced(r)) continue;
-    if (!win_.refresh_peer(r)) continue;  // not mapped yet: taken at a later look
+    // The mapping follows the rendezvous, not the view: a rank may learn of a replacement by
+    // merging a peer's view before it has looked itself, and must map it all the same.
+    if (r == me_ || !win_.refresh_peer(r)) continue;
     group_.peer_replaced(r);
+    const uint32_t inc = win_.peer_incarnation(r) - 1;
+    log::info("rank ", me_, ": rank ", r, "'s replacement (incarnation ", inc, ") mapped");
     // Live again as its new incarnation (merging moves every live rank's view here too); if
     // that process is dead already, absorb_deaths masks it at this incarnation, so it is not
     // taken again.
-    view_[static_cast<size_t>(r)] = (win_.peer_incarnation(r) - 1) << 1;
-    log::info("rank ", me_, ": rank ", r, "'s replacement (incarnation ",
-              win_.peer_incarnation(r) - 1, ") mapped");
+    if (inc > (view_[static_cast<size_t>(r)] >> 1)) view_[static_cast<size_t>(r)] = inc << 1;
   }
 }
 
@@ -129,6 +139,7 @@ void Membership::publish(uint32_t flags) {
   set(MemberRecord::kSeq + 1, static_cast<uint32_t>(seq_ >> 32));
   set(MemberRecord::kFlags, flags);
   std::copy(view_.begin(), view_.end(), fields_.begin() + kFieldsBeforeView);
+  published_view_ = view_;
   // Every peer on this host that can read it, masked ones included (a masked rank that
   // rejoins learns the round from them); not the dead.
   win_.publish_member(me_, ++version_, fields_.data(), static_cast<int>(fields_.size()),
@@ -142,6 +153,8 @@ void Membership::absorb_deaths(bool auto_mask, const char* what) {
                "; Buffer::mask(", r, ") on every surviving rank goes on without it "
                "(or BufferConfig::mask_dead_ranks)");
     view_[static_cast<size_t>(r)] |= 1u;
+    log::debug("rank ", me_, ": masks dead rank ", r, " (incarnation ", view_[r] >> 1, ", ",
+               death_note(r), ")");
   }
 }
 
@@ -203,6 +216,11 @@ Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mas
                      "; Buffer::rejoin() brings it back");
           changed = merge(rec.view) || changed;
         }
+        take_replacements();  // merged views may name a replacement this rank has not mapped
+        absorb_deaths(auto_mask, what);
+        // A change of this rank's own (a death absorbed, a replacement taken) counts like a
+        // merge: the peers must see it before anyone can conclude.
+        changed = changed || view_ != published_view_;
         if (changed || top > round_) {
           round_ = changed ? top + 1 : top;
           publish(0);
@@ -223,7 +241,20 @@ Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mas
         }
         return all;
       },
-      policy, [&] { return detail::concat(what, ": the live ranks' agreement on masked ranks"); });
+      policy, [&] {
+        // What each rank last said, so a stuck agreement can be read off the message.
+        std::string state = detail::concat(what, ": the live ranks' agreement on masked ranks (",
+                                           "rank ", me_, " round ", round_, " view", view_text(view_));
+        for (int r = 0; r < ranks_; ++r) {
+          if (r == me_) continue;
+          Record peer;
+          state += detail::concat("; rank ", r, dead(r) ? " dead" : "");
+          if (win_.peer(r) && read(r, &peer))
+            state += detail::concat(" round ", peer.round, peer.flags ? " abandoned" : "", " view",
+                                    view_text(peer.view));
+        }
+        return state + ")";
+      });
   for (int r = 0; r < ranks_; ++r) {
     const auto ru = static_cast<size_t>(r);
     // A rank back as a new incarnation: its old failure word (kDeadWord) goes; it writes anew.

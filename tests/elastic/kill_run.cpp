@@ -114,20 +114,26 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
       }
     return true;
   };
+  // Some live rank finished its loop: the calls from here on may pair with nobody.
+  auto some_done = [&] {
+    for (int r = 0; r < o.ranks; ++r)
+      if (r != me && shared.done[r].load()) return true;
+    return false;
+  };
   bool tail_now = false;
+  // Called after a call threw (and its counter was bumped): records what and when.
   auto failed = [&](const std::string& what) {
-    // Peers that finished their loop and left end the calls still open: not the failures
-    // under test.
-    if (tail_now || (replacing && others_done())) {
-      ++rep.tail_failed;
-      if (rep.failed > 0) --rep.failed;
-      return;
-    }
     if (rep.first_error_us < 0 && shared.kill_us.load() > 0) {
       rep.first_error_us = now_us() - shared.kill_us.load();
       note(rep.first_error, what);
     }
     note(rep.last_error, what);
+    // Peers that finished their loop and left end the calls still open: not the failures
+    // under test, counted apart.
+    if (tail_now || (replacing && some_done())) {
+      ++rep.tail_failed;
+      if (rep.failed > 0) --rep.failed;
+    }
   };
   int first_i = 0;
   if (replacing)
@@ -135,7 +141,7 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
       if (r != me) first_i = std::max(first_i, shared.input_iter[r].load() + 1);
   for (int i = first_i;; ++i) {
     if (replacing ? others_done() : i >= o.calls) break;
-    const bool tail = !replacing && i >= o.calls - 2;
+    const bool tail = replacing ? some_done() : i >= o.calls - 3;
     const int k = i - first_i;  // the replacement's own call count
     Victim replacement_kill;
     const Victim* v = nullptr;
@@ -147,6 +153,7 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
       v = &replacement_kill;
     }
     shared.input_iter[me].store(i);
+    if (o.pace_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(o.pace_us));
     auto die = [&](int sig) {
       double expected = 0;
       shared.kill_us.compare_exchange_strong(expected, now_us());
@@ -183,15 +190,20 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
     } catch (const PeerFailedError& e) {
       ++rep.failed;
       failed(e.what());
+      if (replacing && some_done()) break;
       continue;
     } catch (const std::exception& e) {
+      if (replacing && some_done()) {  // the live ranks finish and leave: its loop is over
+        ++rep.tail_failed;
+        break;
+      }
       ++rep.other_errors;
       failed(e.what());
       continue;
     }
     if (rep.first_call_us < 0) rep.first_call_us = now_us() - start_us;
     const std::vector<int> masked = buf.masked_ranks();
-    rep.final_masked = static_cast<int>(masked.size());
+    if (!tail && !(replacing && some_done())) rep.final_masked = static_cast<int>(masked.size());
     if (masked.empty() && shared.kill_us.load() > 0) ++rep.full_calls_after_kill;
     auto is_masked = [&](int s) { return std::find(masked.begin(), masked.end(), s) != masked.end(); };
     if (!masked.empty()) {

@@ -42,6 +42,7 @@ struct RunOptions {
   int topk = 3;
   int timeout_ms = 5000;  // the group's timeout
   int stop_ms = 0;        // kStop: how long the victim stays stopped
+  int pace_us = 0;        // "compute" between iterations (a decode step's expert work)
   std::vector<Victim> victims;
   std::string elastic_name;  // set by run_kill_loop when a victim is replaced
 };
@@ -52,12 +53,12 @@ struct RankReport {
   int wrong = 0;          // values that differ from the reference (must be 0)
   int other_errors = 0;   // anything else thrown (TimeoutError, ...)
   int masked_calls = 0;   // completed dispatches with a masked rank
-  int tail_failed = 0;    // PeerFailedError in the last 2 calls (peers that finished and left)
+  int tail_failed = 0;    // errors once peers finish and leave (survivors: the last 3 iterations)
   int full_calls_after_kill = 0;  // completed dispatches after the kill with no rank masked
   double first_error_us = -1;   // from the first kill to this rank's first error
   double first_masked_us = -1;  // from the first kill to its first completed masked dispatch
   double first_call_us = -1;    // replacement: from its start to its first completed dispatch
-  int final_masked = -1;        // masked ranks after the last completed dispatch
+  int final_masked = -1;        // masked ranks at the last completed dispatch before the tail
   bool died = false;            // a victim (killed as planned)
   int exit_signal = 0;
   char first_error[200] = {};

@@ -61,7 +61,8 @@ TEST_P(KillOneRank, SurvivorsMaskItAndGoOn) {
   UBEP_SKIP_UNDER_TSAN();
   RunOptions o;
   o.ranks = GetParam().ranks;
-  o.calls = 10;
+  o.calls = 16;
+  o.pace_us = 200;  // a late kill thread (a loaded machine) still lands mid-loop
   o.victims = {{1, 4, GetParam().phase}};
   const RunResult res = run_kill_loop(o);
   expect_survivors_went_on(res, o, 1);
@@ -131,7 +132,8 @@ TEST(KillAndReplace, ReplacementServesAndEveryCallIsRight) {
   UBEP_SKIP_UNDER_TSAN();
   RunOptions o;
   o.ranks = 4;
-  o.calls = 40;
+  o.calls = 60;
+  o.pace_us = 1000;  // the replacement starts while the survivors are still at it
   Victim v{1, 4, KillPhase::kBefore};
   v.replace = true;
   o.victims = {v};
@@ -163,7 +165,8 @@ TEST(KillAndReplace, DeathDuringTheRejoin) {
   UBEP_SKIP_UNDER_TSAN();
   RunOptions o;
   o.ranks = 3;
-  o.calls = 30;
+  o.calls = 40;
+  o.pace_us = 1000;
   Victim v{2, 3, KillPhase::kBetween};
   v.replace = true;
   v.kill_replacement_at = 0;
