@@ -90,6 +90,10 @@ RejoinGroup::RejoinGroup(std::unique_ptr<Rendezvous> rdv, int rank, GroupOptions
     : Group(rank, rdv->ranks(), options), rdv_(std::move(rdv)) {
   host_vec_.assign(static_cast<size_t>(size()), 0);  // elastic groups live on one host
   set_hosts(host_vec_);
+  // The predecessor's segments are of no use (this process makes new ones) and, dead, it cannot
+  // unlink them: do it here, before publishing ours (the live ranks' death watch may have).
+  for (int w = 0; w < Rendezvous::kMaxWindows; ++w)
+    if (rdv_->window_incarnation(w, rank) != 0) shm_unlink(rdv_->window_name(w, rank).c_str());
   incarnation_ = rdv_->claim(rank, true);
   std::vector<pid_t> pids(static_cast<size_t>(size()), 0);
   for (int r = 0; r < size(); ++r)

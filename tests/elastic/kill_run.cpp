@@ -202,6 +202,8 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
       continue;
     }
     if (rep.first_call_us < 0) rep.first_call_us = now_us() - start_us;
+    if (rep.first_after_us < 0 && shared.kill_us.load() > 0)
+      rep.first_after_us = now_us() - shared.kill_us.load();
     const std::vector<int> masked = buf.masked_ranks();
     if (!tail && !(replacing && some_done())) rep.final_masked = static_cast<int>(masked.size());
     if (masked.empty() && shared.kill_us.load() > 0) ++rep.full_calls_after_kill;

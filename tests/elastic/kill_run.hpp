@@ -57,6 +57,7 @@ struct RankReport {
   int full_calls_after_kill = 0;  // completed dispatches after the kill with no rank masked
   double first_error_us = -1;   // from the first kill to this rank's first error
   double first_masked_us = -1;  // from the first kill to its first completed masked dispatch
+  double first_after_us = -1;   // from the first kill to its first dispatch completed after it
   double first_call_us = -1;    // replacement: from its start to its first completed dispatch
   int final_masked = -1;        // masked ranks at the last completed dispatch before the tail
   bool died = false;            // a victim (killed as planned)

@@ -45,7 +45,10 @@ void usage() {
   std::puts(
       "ubep-elastic [--ranks 4] [--cycles 20] [--calls 30] [--kill-at 10] [--victim 1]\n"
       "             [--phase before|during|receive|between|all] [--tokens 32] [--hidden 1024]\n"
-      "             [--experts-per-rank 8] [--topk 4] [--timeout-ms 5000] [--quiet]");
+      "             [--experts-per-rank 8] [--topk 4] [--timeout-ms 5000] [--pace-us 500]\n"
+      "             [--no-replace] [--quiet]\n"
+      "Each cycle: a decode loop on forked process ranks, one SIGKILLed, a replacement started\n"
+      "(make_rejoin_group) once it is dead; every completed call checked.");
 }
 
 }  // namespace
@@ -60,7 +63,8 @@ int main(int argc, char** argv) {
   o.experts_per_rank = 8;
   o.topk = 4;
   int cycles = 20, kill_at = 10, victim = 1;
-  bool quiet = false;
+  bool quiet = false, replace = true;
+  o.pace_us = 500;
   std::string phase = "all";
   try {
     for (int i = 1; i < argc; ++i) {
@@ -90,6 +94,8 @@ int main(int argc, char** argv) {
       else if (a == "--topk") o.topk = num(1);
       else if (a == "--timeout-ms") o.timeout_ms = num(1);
       else if (a == "--quiet") quiet = true;
+      else if (a == "--no-replace") replace = false;
+      else if (a == "--pace-us") o.pace_us = num(0);
       else if (a == "--help" || a == "-h") { usage(); return 0; }
       else throw ubep::InvalidArgument("unknown flag '" + a + "' (--help)");
     }
@@ -111,16 +117,29 @@ int main(int argc, char** argv) {
               o.ranks * o.experts_per_rank, o.topk, o.timeout_ms);
   if (!quiet)
     std::printf("| cycle | phase | kill -> error, max over survivors (ms) | kill -> first masked "
-                "call, max (ms) | failed calls per survivor | wrong |\n|---|---|---|---|---|---|\n");
-  std::vector<double> err_ms, masked_ms;
+                "call, max (ms) | replacement start -> first call (ms) | failed calls per "
+                "survivor | full calls after the rejoin (min over survivors) | wrong |\n"
+                "|---|---|---|---|---|---|---|---|\n");
+  std::vector<double> err_ms, masked_ms, serve_ms, after_ms;
+  long not_rejoined = 0;
   long wrong = 0, other = 0, leftover = 0, not_died = 0;
   const int fds0 = open_fds();
   const long rss0 = rss_kb();
   for (int c = 0; c < cycles; ++c) {
     const KillPhase ph = phase == "all" ? phases[c % 4] : parse_phase(phase);
-    o.victims = {{victim, kill_at, ph}};
+    Victim v{victim, kill_at, ph};
+    v.replace = replace;
+    o.victims = {v};
     const RunResult res = run_kill_loop(o);
-    double e = -1, m = -1;
+    double e = -1, m = -1, serve = -1;
+    int full_min = 1 << 30;
+    for (const RankReport& rep : res.replacements) {
+      wrong += rep.wrong;
+      other += rep.other_errors;
+      if (!quiet && rep.other_errors) std::printf("#   replacement: %s\n", rep.last_error);
+      serve = rep.first_call_us / 1000;
+      if (rep.first_call_us >= 0) serve_ms.push_back(serve);
+    }
     long cycle_wrong = 0;
     std::string failed;
     for (int r = 0; r < o.ranks; ++r) {
@@ -136,17 +155,20 @@ int main(int argc, char** argv) {
         e = std::max(e, rep.first_error_us / 1000);
         err_ms.push_back(rep.first_error_us / 1000);
       }
+      if (rep.first_after_us >= 0) after_ms.push_back(rep.first_after_us / 1000);
       if (rep.first_masked_us >= 0) {
         m = std::max(m, rep.first_masked_us / 1000);
         masked_ms.push_back(rep.first_masked_us / 1000);
       }
       failed += (failed.empty() ? "" : " ") + std::to_string(rep.failed);
+      full_min = std::min(full_min, rep.full_calls_after_kill);
+      if (replace && rep.final_masked != 0) ++not_rejoined;
       if (!quiet && rep.other_errors) std::printf("#   rank %d: %s\n", r, rep.last_error);
     }
     leftover += res.leftover_segments;
     if (!quiet)
-      std::printf("| %d | %s | %.2f | %.2f | %s | %ld |\n", c, phase_name(ph), e, m,
-                  failed.c_str(), cycle_wrong);
+      std::printf("| %d | %s | %.2f | %.2f | %.2f | %s | %d | %ld |\n", c, phase_name(ph), e, m,
+                  serve, failed.c_str(), full_min, cycle_wrong);
   }
   std::printf("\nkill -> survivor's error (ms, %zu survivors x cycles): median %.2f, p90 %.2f, "
               "max %.2f\n",
@@ -154,9 +176,15 @@ int main(int argc, char** argv) {
   std::printf("kill -> survivor's first completed masked dispatch (ms): median %.2f, p90 %.2f, "
               "max %.2f\n",
               pct(masked_ms, 0.5), pct(masked_ms, 0.9), pct(masked_ms, 1.0));
+  std::printf("kill -> survivor's first dispatch completed after the kill, masked or with the "
+              "replacement (ms): median %.2f, p90 %.2f, max %.2f\n",
+              pct(after_ms, 0.5), pct(after_ms, 0.9), pct(after_ms, 1.0));
+  if (replace)
+    std::printf("replacement's start -> its first completed (full, agreed) call (ms): median %.2f, "
+                "p90 %.2f, max %.2f; survivors still masking at their last call: %ld\n",
+                pct(serve_ms, 0.5), pct(serve_ms, 0.9), pct(serve_ms, 1.0), not_rejoined);
   std::printf("wrong values %ld, other errors (timeouts, ...) %ld, victims not killed %ld, "
               "segments left in /dev/shm %ld, fds %d -> %d, max RSS %ld -> %ld KiB\n",
               wrong, other, not_died, leftover, fds0, open_fds(), rss0, rss_kb());
-  std::printf("rejoin of a replacement process: not supported yet (docs/ELASTIC.md)\n");
-  return wrong == 0 && other == 0 && not_died == 0 && leftover == 0 ? 0 : 1;
+  return wrong == 0 && other == 0 && not_died == 0 && leftover == 0 && not_rejoined == 0 ? 0 : 1;
 }
