@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
+#include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -205,6 +206,7 @@ void DeathWatch::record_death(int rank, int pidfd) {
 // The watch thread: asleep in epoll_wait until a pidfd turns readable (its process ended) or the
 // eventfd is written (stop). Nothing here polls.
 void DeathWatch::run() {
+  pthread_setname_np(pthread_self(), "ubep-deathwatch");  // so its cost can be read in /proc
   epoll_event events[16];
   while (!stop_.load(std::memory_order_acquire)) {
     const int n = epoll_wait(epoll_fd_, events, 16, -1);

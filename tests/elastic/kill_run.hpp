@@ -58,6 +58,8 @@ struct RankReport {
   double first_error_us = -1;   // from the first kill to this rank's first error
   double first_masked_us = -1;  // from the first kill to its first completed masked dispatch
   double first_after_us = -1;   // from the first kill to its first dispatch completed after it
+  double watch_cpu_us = -1;     // CPU time of the death watch's thread over the rank's life
+  double run_us = 0;            // the rank's life, from set-up to the end of its loop
   double first_call_us = -1;    // replacement: from its start to its first completed dispatch
   int final_masked = -1;        // masked ranks at the last completed dispatch before the tail
   bool died = false;            // a victim (killed as planned)

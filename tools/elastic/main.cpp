@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
                 "survivor | full calls after the rejoin (min over survivors) | wrong |\n"
                 "|---|---|---|---|---|---|---|---|\n");
   std::vector<double> err_ms, masked_ms, serve_ms, after_ms;
+  double watch_cpu_ms = 0, run_ms = 0;
   long not_rejoined = 0;
   long wrong = 0, other = 0, leftover = 0, not_died = 0;
   const int fds0 = open_fds();
@@ -150,6 +151,8 @@ int main(int argc, char** argv) {
       }
       wrong += rep.wrong;
       cycle_wrong += rep.wrong;
+      if (rep.watch_cpu_us >= 0) watch_cpu_ms += rep.watch_cpu_us / 1000;
+      run_ms += rep.run_us / 1000;
       other += rep.other_errors;
       if (rep.first_error_us >= 0) {
         e = std::max(e, rep.first_error_us / 1000);
@@ -183,6 +186,9 @@ int main(int argc, char** argv) {
     std::printf("replacement's start -> its first completed (full, agreed) call (ms): median %.2f, "
                 "p90 %.2f, max %.2f; survivors still masking at their last call: %ld\n",
                 pct(serve_ms, 0.5), pct(serve_ms, 0.9), pct(serve_ms, 1.0), not_rejoined);
+  std::printf("death watch thread: %.1f ms of CPU over %.0f ms of survivors' loops (%.3f%%; "
+              "/proc/<pid>/task/<tid>/stat, clock-tick resolution)\n",
+              watch_cpu_ms, run_ms, run_ms > 0 ? 100 * watch_cpu_ms / run_ms : 0.0);
   std::printf("wrong values %ld, other errors (timeouts, ...) %ld, victims not killed %ld, "
               "segments left in /dev/shm %ld, fds %d -> %d, max RSS %ld -> %ld KiB\n",
               wrong, other, not_died, leftover, fds0, open_fds(), rss0, rss_kb());
