@@ -76,8 +76,6 @@ struct BufferConfig {
   ResearchOptions research;
   // Elastic EP (docs/ELASTIC.md): when the process of a rank on this host dies, mask it at the
   // next dispatch without waiting for Buffer::mask (the call in flight still fails).
-  // EXPERIMENTAL: after a SIGKILL, some runs of test_elastic_kill still return wrong rows or
-  // time out in the agreement (docs/ELASTIC.md, "Status"); not for production yet.
   bool mask_dead_ranks = false;
 };
 
