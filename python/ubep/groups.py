@@ -269,7 +269,7 @@ def make_rejoin_group(elastic_name, rank, *, timeout=60.0):
     elastic_name=...)`` or ``ubep.Buffer(..., elastic_name=...)``), after that rank's process
     died (the C++ ``make_rejoin_group``, docs/ELASTIC.md). Not collective and no framework
     group is needed: the live ranks notice the newcomer at their next dispatch and unmask it
-    from an agreed call on. Then make the same ``ubep.Buffer``\ s on it, in the same order and
+    from an agreed call on. Then make the same Buffers on it, in the same order and
     with the same arguments, as the other ranks did (their windows are matched by order); their
     first dispatch rejoins. ``InvalidArgument`` when no group of that name is on this host or
     ``rank`` is out of its range."""
