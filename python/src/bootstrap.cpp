@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <string>
 
 #include "ubep/bootstrap.hpp"
 #include "ubep/error.hpp"
@@ -49,23 +50,41 @@ class PyBootstrap : public Bootstrap {
   int size_ = 0;
 };
 
+GroupOptions group_options(double timeout_s, const std::string& elastic_name, const char* what) {
+  UBEP_CHECK_ARG(timeout_s > 0, what, ": timeout must be > 0 seconds, got ", timeout_s);
+  GroupOptions o;
+  o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  o.elastic_name = elastic_name;
+  return o;
+}
+
 }  // namespace
 
 void bind_bootstrap(pb::module_& m) {
   m.def(
       "make_bootstrap_group",
-      [](pb::object impl, double timeout_s) {
-        UBEP_CHECK_ARG(timeout_s > 0, "timeout must be > 0 seconds, got ", timeout_s);
+      [](pb::object impl, double timeout_s, const std::string& elastic_name) {
+        const GroupOptions o = group_options(timeout_s, elastic_name, "make_group");
         auto boot = std::make_shared<PyBootstrap>(std::move(impl));
-        GroupOptions o;
-        o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
         // Collective: the callbacks take the GIL back when they need it.
         pb::gil_scoped_release nogil;
         return make_bootstrap_group(boot, o);
       },
-      pb::arg("bootstrap"), pb::arg("timeout") = 60.0,
+      pb::arg("bootstrap"), pb::arg("timeout") = 60.0, pb::arg("elastic_name") = "",
       "A Group of the processes of `bootstrap` (rank(), size(), allgather(bytes) -> bytes of "
-      "all ranks in rank order, barrier()), which must all be on this host.");
+      "all ranks in rank order, barrier()), which must all be on this host. elastic_name: "
+      "GroupOptions::elastic_name (docs/ELASTIC.md), '' for none.");
+  m.def(
+      "make_rejoin_group",
+      [](const std::string& elastic_name, int rank, double timeout_s) {
+        const GroupOptions o = group_options(timeout_s, elastic_name, "make_rejoin_group");
+        // Not collective: it maps the rendezvous segment and claims the rank.
+        pb::gil_scoped_release nogil;
+        return make_rejoin_group(elastic_name, rank, o);
+      },
+      pb::arg("elastic_name"), pb::arg("rank"), pb::arg("timeout") = 60.0,
+      "The C++ make_rejoin_group: a new process takes rank `rank` of the live elastic group "
+      "`elastic_name` on this host (docs/ELASTIC.md).");
 }
 
 }  // namespace ubep::python

@@ -36,7 +36,8 @@ std::string library_version() {
 }
 
 std::unique_ptr<Group> group_of_handle(int64_t fortran_handle, int expect_rank, int expect_size,
-                                       double timeout_s, int ranks_per_host) {
+                                       double timeout_s, int ranks_per_host,
+                                       const std::string& elastic_name) {
   UBEP_CHECK_ARG(timeout_s > 0, "make_group: timeout must be > 0 seconds, got ", timeout_s);
   UBEP_CHECK_ARG(ranks_per_host >= 0, "make_group: ranks_per_host must be >= 0, got ",
                  ranks_per_host);
@@ -65,6 +66,7 @@ std::unique_ptr<Group> group_of_handle(int64_t fortran_handle, int expect_rank, 
   MpiGroupOptions o;
   o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
   o.ranks_per_host = ranks_per_host;
+  o.elastic_name = elastic_name;
   // Collective over the communicator, bounded by the timeout; no Python inside.
   return without_gil([&] { return make_mpi_group(comm, o); });
 }
@@ -79,6 +81,7 @@ void bind_mpi(pb::module_& m) {
         "MPI_Get_library_version of the MPI this module was built with.");
   m.def("make_mpi_group", &group_of_handle, pb::arg("fortran_handle"), pb::arg("rank"),
         pb::arg("size"), pb::arg("timeout") = 60.0, pb::arg("ranks_per_host") = 0,
+        pb::arg("elastic_name") = "",
         "make_mpi_group on the communicator whose Fortran handle (mpi4py: comm.py2f()) is given; "
         "rank and size are mpi4py's, checked against what ubep's MPI says of the handle.");
 #else

@@ -15,8 +15,9 @@ from . import _arrays  # registers the DLPack converters with the extension
 from ._arrays import bf16_bits, bf16_to_float32
 from ._ubep import Error, Group, InvalidArgument, PeerFailedError, TimeoutError  # noqa: A004
 from .buffer import Buffer, EventOverlap, Handle, get_dispatch_layout
-from .groups import make_group, run_on_threads
+from .groups import make_group, make_rejoin_group, run_on_threads
 
 __all__ = ["Buffer", "EventOverlap", "Error", "Group", "Handle", "InvalidArgument",
            "PeerFailedError", "TimeoutError", "bf16_bits", "bf16_to_float32", "get_dispatch_layout", "make_group",
+           "make_rejoin_group",
            "run_on_threads"]

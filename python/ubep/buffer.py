@@ -115,14 +115,18 @@ class Buffer:
 
     ``mask_dead_ranks=True`` (elastic EP, docs/ELASTIC.md; CPU buffers on one host): a rank
     whose process died is masked at the next dispatch, as if every survivor called ``mask``.
+    ``elastic_name`` (when the Buffer makes the group from a framework group, as
+    ``ubep.make_group``): the group's name on the host, under which a replacement process
+    joins with ``ubep.make_rejoin_group(elastic_name, rank)``.
     """
 
     def __init__(self, group, *, hidden, num_experts, max_tokens_per_rank=128, max_topk=8,
                  dtype="bf16", algorithm="ubep", num_workers=-1, enable_latency_layout=True,
                  sync="fused", placement="compact", timeout=60.0, fp8_round_scale=False,
-                 device="cpu", ranks_per_host=0, mask_dead_ranks=False):
+                 device="cpu", ranks_per_host=0, mask_dead_ranks=False, elastic_name=""):
         from .groups import as_group  # late: groups imports torch.distributed lazily
-        self.group = as_group(group, timeout=timeout, ranks_per_host=ranks_per_host)
+        self.group = as_group(group, timeout=timeout, ranks_per_host=ranks_per_host,
+                              elastic_name=elastic_name)
         self._buf = _ubep.Buffer(self.group, int(max_tokens_per_rank), int(hidden),
                                  _arrays.dtype_name(dtype), int(num_experts), int(max_topk),
                                  str(algorithm), int(num_workers), bool(enable_latency_layout),

@@ -201,7 +201,7 @@ def check_same_mpi(mpi4py_version, ubep_version):
             f"mpi4py's (cmake -DMPI_HOME=... -DUBEP_WITH_MPI=ON)")
 
 
-def _mpi_group(comm, timeout, ranks_per_host):
+def _mpi_group(comm, timeout, ranks_per_host, elastic_name=""):
     """The C++ make_mpi_group on an mpi4py communicator, after checking that both sides are one
     MPI. The communicator crosses as its Fortran handle (comm.py2f(), MPI_Comm_f2c in C++): an
     integer in every MPI, where the C handle is a pointer in Open MPI and an int in MPICH
@@ -213,10 +213,10 @@ def _mpi_group(comm, timeout, ranks_per_host):
             f"make_group: MPI is {'finalized' if MPI.Is_finalized() else 'not initialised'} "
             f"(mpi4py.rc.initialize=False? call MPI.Init_thread() before making the group)")
     return _ubep.make_mpi_group(int(comm.py2f()), comm.Get_rank(), comm.Get_size(),
-                                float(timeout), int(ranks_per_host))
+                                float(timeout), int(ranks_per_host), str(elastic_name))
 
 
-def make_group(group=None, *, timeout=60.0, ranks_per_host=0):
+def make_group(group=None, *, timeout=60.0, ranks_per_host=0, elastic_name=""):
     """A ``ubep.Group`` of processes (collective over their ranks).
 
     ``group``: an mpi4py communicator -- the C++ ``make_mpi_group`` on it: hosts found by MPI
@@ -228,8 +228,14 @@ def make_group(group=None, *, timeout=60.0, ranks_per_host=0):
     ``ranks_per_host`` > 0 forces every that many consecutive ranks to count as one host
     (``GroupOptions::ranks_per_host``): with an mpi4py communicator it runs the cross-host relay
     on one machine (over MPI, e.g. TCP with ``mpirun --mca btl tcp,self``); with a torch group it
-    shows the refusal."""
+    shows the refusal.
+
+    ``elastic_name`` (elastic EP, docs/ELASTIC.md; one host): a name for the group on this host
+    (``GroupOptions::elastic_name``; 1..39 characters, no '/'; unique among the live groups of
+    the host), under which a process that replaces a dead rank joins it with
+    ``ubep.make_rejoin_group(elastic_name, rank)``. Empty (default): no rejoin."""
     rph = int(ranks_per_host)
+    elastic_name = str(elastic_name or "")
     if rph < 0:
         raise _ubep.InvalidArgument(
             f"make_group: ranks_per_host must be >= 0, got {ranks_per_host}")
@@ -244,7 +250,7 @@ def make_group(group=None, *, timeout=60.0, ranks_per_host=0):
         _refuse_multi_host(boot, rph, "torch.distributed group", _TORCH_WAY_ON)
     elif _is_mpi_comm(group):
         if getattr(_ubep, "has_mpi", False):
-            return _mpi_group(group, timeout, rph)
+            return _mpi_group(group, timeout, rph, elastic_name)
         # One host still works without MPI in the extension: mpi4py's collectives as bootstrap.
         boot = MpiBootstrap(group)
         _refuse_multi_host(boot, rph, "mpi4py communicator", _NO_MPI_WAY_ON)
@@ -254,10 +260,25 @@ def make_group(group=None, *, timeout=60.0, ranks_per_host=0):
             f"ubep.Group, got {type(group).__module__}.{type(group).__name__}")
     if not hasattr(_ubep, "make_bootstrap_group"):
         raise _ubep.InvalidArgument("make_group: this build has no process-group support")
-    return _ubep.make_bootstrap_group(boot, float(timeout))
+    return _ubep.make_bootstrap_group(boot, float(timeout), elastic_name)
 
 
-def as_group(group, *, timeout=60.0, ranks_per_host=0):
+def make_rejoin_group(elastic_name, rank, *, timeout=60.0):
+    """A ``ubep.Group`` in which this new process takes the place of rank ``rank`` of the live
+    process group made with ``elastic_name`` on this host (``make_group(...,
+    elastic_name=...)`` or ``ubep.Buffer(..., elastic_name=...)``), after that rank's process
+    died (the C++ ``make_rejoin_group``, docs/ELASTIC.md). Not collective and no framework
+    group is needed: the live ranks notice the newcomer at their next dispatch and unmask it
+    from an agreed call on. Then make the same Buffers on it, in the same order and
+    with the same arguments, as the other ranks did (their windows are matched by order); their
+    first dispatch rejoins. ``InvalidArgument`` when no group of that name is on this host or
+    ``rank`` is out of its range."""
+    if not hasattr(_ubep, "make_rejoin_group"):
+        raise _ubep.InvalidArgument("make_rejoin_group: this build has no process-group support")
+    return _ubep.make_rejoin_group(str(elastic_name), int(rank), float(timeout))
+
+
+def as_group(group, *, timeout=60.0, ranks_per_host=0, elastic_name=""):
     """``group`` if it is a ``ubep.Group``, else make_group(group)."""
     if isinstance(group, _ubep.Group):
         if ranks_per_host:
@@ -265,5 +286,10 @@ def as_group(group, *, timeout=60.0, ranks_per_host=0):
                 f"ranks_per_host={ranks_per_host} applies when ubep makes the group, but {group!r} "
                 f"is a ubep.Group already ({group.num_hosts} hosts): pass it to make_group's "
                 f"group instead, or make the Group with ranks_per_host")
+        if elastic_name:
+            raise _ubep.InvalidArgument(
+                f"elastic_name='{elastic_name}' applies when ubep makes the group, but {group!r} "
+                f"is a ubep.Group already: pass elastic_name to ubep.make_group instead")
         return group
-    return make_group(group, timeout=timeout, ranks_per_host=ranks_per_host)
+    return make_group(group, timeout=timeout, ranks_per_host=ranks_per_host,
+                      elastic_name=elastic_name)
