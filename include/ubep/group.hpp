@@ -101,6 +101,9 @@ class Group {
   virtual uint32_t incarnation_of(int /*rank*/) const { return 0; }
   virtual bool rejoining() const { return false; }
   virtual void peer_replaced(int /*rank*/) {}
+  // Groups that span hosts: forward this host's deaths to the other hosts and take theirs
+  // (docs/ELASTIC.md). Internal: called by the caller's thread inside its waits.
+  virtual void pump_deaths() {}
 
   // Short description for logs and benchmark tables, e.g. "threads(4)" or "mpi(2 ranks, 1 host)".
   virtual const char* kind() const = 0;

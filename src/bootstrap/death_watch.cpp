@@ -123,6 +123,7 @@ void DeathWatch::watch_locked(int rank, pid_t pid) {
   }
   p.pid = pid;
   p.how.clear();
+  p.forwarded.store(false, std::memory_order_relaxed);
   p.pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   if (p.pidfd < 0) {  // gone before we looked (ESRCH), or no pidfds at all (ENOSYS)
     if (errno == ESRCH) {
@@ -140,6 +141,23 @@ void DeathWatch::watch_locked(int rank, pid_t pid) {
   ev.data.u64 = static_cast<uint64_t>(static_cast<uint32_t>(p.pidfd)) << 32 |
                 static_cast<uint32_t>(rank);
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, p.pidfd, &ev);
+}
+
+void DeathWatch::note_remote(int rank, const std::string& how) {
+  {
+    std::lock_guard<std::mutex> lock(info_mu_);
+    Peer& p = peers_[rank];
+    if (p.dead.load(std::memory_order_relaxed)) return;
+    p.how = how + " (on its host; forwarded)";
+    p.seen_at = std::chrono::steady_clock::now();
+    p.dead.store(true, std::memory_order_release);
+  }
+  std::lock_guard<std::mutex> lock(subs_mu_);
+  for (auto& [id, fn] : subscribers_) fn(rank);
+}
+
+bool DeathWatch::claim_forward(int rank) {
+  return !peers_[rank].forwarded.exchange(true, std::memory_order_acq_rel);
 }
 
 void DeathWatch::rewatch(int rank, pid_t pid) {

@@ -52,6 +52,12 @@ class DeathWatch {
   int subscribe(std::function<void(int)> fn);
   void unsubscribe(int id);
 
+  // A rank of another host died, as a notice from its host says (DeathNotices): dead() and the
+  // subscribers as for a host-mate, how = what its host saw.
+  void note_remote(int rank, const std::string& how);
+  // Local deaths are forwarded once per process: true for the first caller per rank.
+  bool claim_forward(int rank);
+
   // A replacement process now holds `rank` (rejoin): watch it instead, alive again.
   void rewatch(int rank, pid_t pid);
 
@@ -64,6 +70,7 @@ class DeathWatch {
     pid_t pid = 0;
     int pidfd = -1;
     std::atomic<bool> dead{false};
+    std::atomic<bool> forwarded{false};
     std::string how;
     std::chrono::steady_clock::time_point seen_at;
   };

@@ -63,6 +63,8 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
           shm_unlink(rendezvous_->window_name(w, r).c_str());
     });
   }
+  if (remote_ && deaths_->active())
+    notices_ = std::make_unique<DeathNotices>(*remote_, *deaths_, rank(), host_vec_);
   control_ = allocate_window(sizeof(ArrivalCounter));
   barrier_ = std::make_unique<FlagBarrier>(
       rank(), size(), [this](int p) { return static_cast<ArrivalCounter*>(control_->base(p)); });
@@ -71,6 +73,7 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
 }
 
 ShmGroup::~ShmGroup() {
+  notices_.reset();  // its receives are withdrawn while the transport still exists
   if (unlink_dead_ >= 0) deaths_->unsubscribe(unlink_dead_);
   if (rendezvous_) rendezvous_->unlink();
 }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "bootstrap/death_notices.hpp"
 #include "bootstrap/death_watch.hpp"
 #include "bootstrap/flag_barrier.hpp"
 #include "bootstrap/rendezvous.hpp"
@@ -31,6 +32,9 @@ class ShmGroup : public Group {
     return rendezvous_ ? rendezvous_->incarnation(rank) : 0;
   }
   void peer_replaced(int rank) override;
+  void pump_deaths() override {
+    if (notices_) notices_->pump();
+  }
   const char* kind() const override { return "processes"; }
 
  protected:
@@ -49,6 +53,7 @@ class ShmGroup : public Group {
   std::unique_ptr<Rendezvous> rendezvous_;
   std::atomic<int> windows_{0};  // read by the death watch's thread
   int unlink_dead_ = -1;
+  std::unique_ptr<DeathNotices> notices_;  // across hosts: deaths forwarded over remote_
 };
 
 // A replacement process's group (make_rejoin_group): the live group's windows, mapped through

@@ -19,13 +19,13 @@ class FailureWatch final : public WaitAbort {
   uint64_t call() const { return call_; }
   void check() const override {
     for (int r = 0; r < w_.map().ranks; ++r) {
-      if (r == me_ || !w_.peer(r) || members_.masked(r)) continue;
-      const uint32_t v = w_.failure_of(r);
+      if (r == me_ || members_.masked(r)) continue;
+      const uint32_t v = w_.failure_of(r);  // ranks of other hosts: only a forwarded death
       if (is_dead(v))
         throw PeerFailedError(detail::concat("rank ", r, " ", members_.death_note(r),
                                              " during call ", call_, " (seen by rank ", me_,
                                              ")"));
-      if (!failure_ends_call(v, call_)) continue;
+      if (!w_.peer(r) || !failure_ends_call(v, call_)) continue;
       if (is_broken(v))
         throw PeerFailedError(detail::concat("rank ", r, " failed call ", marked_call(v, call_),
                                              " (its buffer is broken), so call ", call_,

@@ -259,8 +259,14 @@ void HostEngine::start_call(const char* what, bool dispatch) {
 }
 
 void HostEngine::settle_membership(const char* what, bool dispatch) {
+  if (multi_host()) grp.pump_deaths();
   if (!members.change_pending()) return;
   const uint64_t next = ledger.calls() + 1;
+  if (multi_host()) {  // no masking across hosts: a death ends the buffer's use, named
+    const int dead = members.dead_unmasked();
+    UBEP_CHECK(dead < 0, PeerFailedError, what, " (call ", next, "): rank ", dead, " ",
+               members.death_note(dead), "; masking ranks works on one host (docs/ELASTIC.md)");
+  }
   if (!dispatch) {  // agreements run at dispatches; this combine fails only if it cannot complete
     const int dead = members.dead_unmasked();
     UBEP_CHECK(dead < 0, PeerFailedError, what, " (call ", next, "): rank ", dead, " ",

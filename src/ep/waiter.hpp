@@ -18,8 +18,8 @@ namespace ubep::ep {
 class Waiter {
  public:
   // relay: nullptr when the group is on one host.
-  Waiter(const Group& g, const FailureWatch& watch, HostRelay* relay)
-      : watch_(watch), relay_(relay) {
+  Waiter(Group& g, const FailureWatch& watch, HostRelay* relay)
+      : group_(g), watch_(watch), relay_(relay) {
     policy_.timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout);
     policy_.abort = &watch_;
   }
@@ -32,7 +32,9 @@ class Waiter {
   void wait_for(Pred&& pred, bool caller, Describe&& describe) const {
     auto named = [&] { return detail::concat(describe(), " in call ", watch_.call()); };
     if (caller && relay_) {
-      wait_until([&] { return pred() || (relay_->progress(), pred()); }, policy_, named);
+      // Deaths on other hosts arrive through the transport too (Group::pump_deaths).
+      wait_until([&] { return pred() || (relay_->progress(), group_.pump_deaths(), pred()); },
+                 policy_, named);
     } else {
       wait_until(pred, policy_, named);
     }
@@ -40,6 +42,7 @@ class Waiter {
 
  private:
   WaitPolicy policy_;
+  Group& group_;
   const FailureWatch& watch_;
   HostRelay* relay_;
 };

@@ -21,6 +21,8 @@ class Remote {
   virtual int irecv(int peer, int tag, void* data, size_t capacity) = 0;
   // True once the request completed (the id is then released); *bytes receives the size.
   virtual bool test(int request, size_t* bytes) = 0;
+  // Withdraws a receive that has not completed (the id is released).
+  virtual void cancel(int request) = 0;
 };
 
 }  // namespace ubep::transport

@@ -64,8 +64,8 @@ bool call_and_check(Buffer& b, const test::Problem& p, int me, Layout layout) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::fprintf(stderr, "usage: %s <dir> <bsp|ubep> <timeout_ms>\n", argv[0]);
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr, "usage: %s <dir> <bsp|ubep> <timeout_ms> [ranks_per_host]\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
 
   GroupOptions opts;
   opts.timeout = std::chrono::milliseconds(timeout_ms);
+  if (argc == 5) opts.ranks_per_host = std::stoi(argv[4]);  // forced hosts: TCP between them
   auto group = make_mpi_group(MPI_COMM_WORLD, opts);
   BufferConfig cfg;
   cfg.max_tokens_per_rank = 8;

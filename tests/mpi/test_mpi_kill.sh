@@ -3,9 +3,11 @@
 # killed rank does not end the job), then asserts that every survivor's failing call raised
 # TimeoutError or PeerFailedError within the bound, that the next call on the broken buffer
 # failed at once, and that no ubep segment of the job's processes is left in /dev/shm.
-# Usage: test_mpi_kill.sh <mpiexec> <test_mpi_kill> <ranks> <bsp|ubep>
+# Usage: test_mpi_kill.sh <mpiexec> <test_mpi_kill> <ranks> <bsp|ubep> [ranks_per_host]
+# With ranks_per_host (forced hosts, TCP between them): the death is forwarded across hosts
+# (docs/ELASTIC.md), so every survivor must get PeerFailedError within half the timeout.
 set -uo pipefail
-mpiexec=$1 binary=$2 ranks=$3 algo=$4
+mpiexec=$1 binary=$2 ranks=$3 algo=$4 per_host=${5:-}
 timeout_ms=2000
 bound_ms=$((timeout_ms + 3000))  # the timeout plus slack for a loaded 2-core machine
 dir=$(mktemp -d)
@@ -14,9 +16,11 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 # OpenMPI 4.1 (ompi_info): orte_enable_recovery keeps the job alive when a process dies,
 # orte_abort_on_non_zero_status=0 does not abort it when one exits abnormally.
-timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe -np "$ranks" \
+btl=()
+[ -n "$per_host" ] && btl=(--mca btl tcp,self)
+timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe -np "$ranks" "${btl[@]}" \
   --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0 \
-  "$binary" "$dir" "$algo" "$timeout_ms"
+  "$binary" "$dir" "$algo" "$timeout_ms" $per_host
 rc=$?
 [ $rc -eq 124 ] && fail "mpirun still running after 120 s: a survivor hangs"
 echo "mpirun exit status $rc (not judged: the killed rank makes it non-zero)"
@@ -28,6 +32,11 @@ for ((r = 0; r < victim; ++r)); do
   read -r kind ms next next_ms calls < "$dir/result.$r"
   echo "survivor $r: $kind after $ms ms ($calls), next call: $next after $next_ms ms"
   case $kind in TimeoutError|PeerFailedError) ;; *) fail "survivor $r: $kind" ;; esac
+  if [ -n "$per_host" ]; then
+    [ "$kind" = PeerFailedError ] || fail "survivor $r: $kind, not the forwarded death"
+    awk -v a="$ms" -v b="$((timeout_ms / 2))" 'BEGIN { exit !(a <= b) }' ||
+      fail "survivor $r waited $ms ms for a death on the other host"
+  fi
   awk -v a="$ms" -v b="$bound_ms" 'BEGIN { exit !(a <= b) }' || fail "survivor $r waited $ms ms > $bound_ms"
   case $next in BrokenBufferError|PeerFailedError) ;; *) fail "survivor $r: next call gave $next" ;; esac
   awk -v a="$next_ms" 'BEGIN { exit !(a <= 500) }' || fail "survivor $r: next call took $next_ms ms"

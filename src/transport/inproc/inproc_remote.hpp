@@ -37,6 +37,7 @@ class InprocRemote : public Remote {
   int isend(int peer, int tag, const void* data, size_t bytes) override;
   int irecv(int peer, int tag, void* data, size_t capacity) override;
   bool test(int request, size_t* bytes) override;
+  void cancel(int request) override { pending_[static_cast<size_t>(request)].live = false; }
 
  private:
   struct Pending {

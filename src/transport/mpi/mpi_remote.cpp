@@ -55,4 +55,13 @@ bool MpiRemote::test(int request, size_t* bytes) {
   return true;
 }
 
+void MpiRemote::cancel(int request) {
+  MPI_Request& r = requests_[static_cast<size_t>(request)];
+  if (r != MPI_REQUEST_NULL) {
+    MPI_Cancel(&r);
+    MPI_Wait(&r, MPI_STATUS_IGNORE);  // a cancelled receive completes at once
+  }
+  free_.push_back(request);
+}
+
 }  // namespace ubep::transport

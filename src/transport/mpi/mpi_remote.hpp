@@ -15,6 +15,7 @@ class MpiRemote : public Remote {
   int isend(int peer, int tag, const void* data, size_t bytes) override;
   int irecv(int peer, int tag, void* data, size_t capacity) override;
   bool test(int request, size_t* bytes) override;
+  void cancel(int request) override;
 
  private:
   int slot();

@@ -1,0 +1,61 @@
+#include "bootstrap/death_notices.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+
+namespace ubep::bootstrap {
+
+DeathNotices::DeathNotices(transport::Remote& remote, DeathWatch& watch, int rank,
+                           const std::vector<int>& host_of)
+    : remote_(remote), watch_(watch), rank_(rank), host_of_(host_of) {
+  for (int r = 0; r < static_cast<int>(host_of_.size()); ++r)
+    if (host_of_[static_cast<size_t>(r)] != host_of_[static_cast<size_t>(rank)])
+      remotes_.push_back(r);
+  inbox_.resize(remotes_.size());
+  recv_.assign(remotes_.size(), -1);
+  // At most one notice per (dead host-mate, remote rank): reserve so pointers stay valid.
+  outbox_.reserve(host_of_.size() * remotes_.size());
+  for (size_t i = 0; i < remotes_.size(); ++i)
+    recv_[i] = remote_.irecv(remotes_[i], kTag, &inbox_[i], sizeof(Notice));
+}
+
+DeathNotices::~DeathNotices() {
+  for (int& r : recv_)
+    if (r >= 0) remote_.cancel(r);
+  // Sends in flight: give them a moment (their peers may be gone), then leave them.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  for (int& s : send_)
+    while (s >= 0 && std::chrono::steady_clock::now() < until)
+      if (remote_.test(s, nullptr)) s = -1; else std::this_thread::yield();
+}
+
+void DeathNotices::pump() {
+  // Deaths on this host, once per process: a notice to every rank of the other hosts.
+  for (int r = 0; r < static_cast<int>(host_of_.size()); ++r) {
+    if (r == rank_ || host_of_[static_cast<size_t>(r)] != host_of_[static_cast<size_t>(rank_)])
+      continue;
+    if (!watch_.dead(r) || !watch_.claim_forward(r)) continue;
+    for (int peer : remotes_) {
+      if (outbox_.size() == outbox_.capacity()) break;
+      Notice& n = outbox_.emplace_back();
+      n.rank = r;
+      std::snprintf(n.how, sizeof n.how, "%s", watch_.how(r).c_str());
+      send_.push_back(remote_.isend(peer, kTag, &n, sizeof n));
+    }
+  }
+  for (int& s : send_)
+    if (s >= 0 && remote_.test(s, nullptr)) s = -1;
+  // Notices from the other hosts.
+  for (size_t i = 0; i < remotes_.size(); ++i) {
+    if (recv_[i] < 0 || !remote_.test(recv_[i], nullptr)) continue;
+    const Notice n = inbox_[i];
+    if (n.rank >= 0 && n.rank < static_cast<int>(host_of_.size()))
+      watch_.note_remote(n.rank, std::string(n.how, strnlen(n.how, sizeof n.how)));
+    recv_[i] = remote_.irecv(remotes_[i], kTag, &inbox_[i], sizeof(Notice));
+  }
+}
+
+}  // namespace ubep::bootstrap
