@@ -5,6 +5,8 @@
 // (docs/ELASTIC.md). Masked ranks take no part in calls and are not watched.
 #pragma once
 
+#include <atomic>
+
 #include "core/wait.hpp"
 #include "ep/membership.hpp"
 #include "ep/window.hpp"
@@ -15,16 +17,24 @@ class FailureWatch final : public WaitAbort {
  public:
   FailureWatch(const Window& w, const Membership& members, int me)
       : w_(w), members_(members), me_(me) {}
-  void set_call(uint64_t call) { call_ = call; }
+  void set_call(uint64_t call) {
+    call_ = call;
+    group_change_.store(false, std::memory_order_relaxed);
+  }
+  // Whether this call was ended by a change of the group (a death, a peer that left to agree),
+  // not by a fault: any waiting thread may set it; the caller reads it once the roles are done.
+  bool ended_by_group_change() const { return group_change_.load(std::memory_order_relaxed); }
   uint64_t call() const { return call_; }
   void check() const override {
     for (int r = 0; r < w_.map().ranks; ++r) {
       if (r == me_ || members_.masked(r)) continue;
       const uint32_t v = w_.failure_of(r);  // ranks of other hosts: only a forwarded death
-      if (is_dead(v))
+      if (is_dead(v)) {
+        group_change_.store(true, std::memory_order_relaxed);
         throw PeerFailedError(detail::concat("rank ", r, " ", members_.death_note(r),
                                              " during call ", call_, " (seen by rank ", me_,
                                              ")"));
+      }
       if (!w_.peer(r) || !failure_ends_call(v, call_)) continue;
       if (is_broken(v))
         throw PeerFailedError(detail::concat("rank ", r, " failed call ", marked_call(v, call_),
@@ -34,6 +44,7 @@ class FailureWatch final : public WaitAbort {
                                            ", so the call cannot complete on rank ", me_));
     }
     const int ahead = members_.peer_ahead(call_);
+    if (ahead >= 0) group_change_.store(true, std::memory_order_relaxed);
     if (ahead >= 0)
       throw PeerFailedError(detail::concat(
           "rank ", ahead, " left call ", call_, " to agree on a change of the group (round ",
@@ -46,6 +57,7 @@ class FailureWatch final : public WaitAbort {
   const Membership& members_;
   int me_;
   uint64_t call_ = 0;
+  mutable std::atomic<bool> group_change_{false};
 };
 
 }  // namespace ubep::ep

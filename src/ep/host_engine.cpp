@@ -331,7 +331,8 @@ void HostEngine::break_call(const char* what, const std::exception& cause) {
   // The call failed because a rank died or left for an agreement: not a fault of this buffer.
   // Abandon the call (peers waiting for this rank's part learn it from the new round) and
   // agree at the next dispatch instead of breaking (docs/ELASTIC.md).
-  if (!multi_host() && (lost_a_rank() || members.peer_ahead(ledger.calls()) >= 0)) {
+  if (!multi_host() && (watch.ended_by_group_change() || lost_a_rank() ||
+                        members.peer_ahead(ledger.calls()) >= 0)) {
     members.abandon(ledger.calls(), win.seq(), cfg.mask_dead_ranks);
     have_dispatch = false;
     return;

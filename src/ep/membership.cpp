@@ -181,6 +181,7 @@ void Membership::abandon(uint64_t calls, uint64_t seq, bool auto_mask) {
   calls_ = calls;
   seq_ = seq;
   must_agree_ = true;
+  abandoned_ = true;
   bump();
   log::debug("rank ", me_, ": abandons call ", calls, ", round ", round_);
   publish(MemberRecord::kAbandoned);
@@ -195,7 +196,7 @@ Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mas
   take_replacements();
   absorb_deaths(auto_mask, what);
   bump();
-  publish(0);
+  publish(MemberRecord::kAgreeing | (abandoned_ ? MemberRecord::kAbandoned : 0));
   Resume resume{calls, seq};
   Record rec;
   wait_until(
@@ -223,16 +224,16 @@ Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mas
         changed = changed || view_ != published_view_;
         if (changed || top > round_) {
           round_ = changed ? top + 1 : top;
-          publish(0);
+          publish(MemberRecord::kAgreeing | (abandoned_ ? MemberRecord::kAbandoned : 0));
           return false;
         }
         resume = {calls, seq};
         for (int r = 0; r < ranks_; ++r) {
           if (r == me_ || !live_in_view(r)) continue;
-          // A record marked abandoned is not in this agreement yet: that rank left a call and
-          // will bump the round when it enters, so concluding on it would leave it behind.
+          // A record not marked agreeing is only the news of a change (a rank that left a call):
+          // that rank bumps the round when it enters, so concluding on it would leave it behind.
           if (!win_.peer(r) || !read(r, &rec) || rec.round != round_ || rec.view != view_ ||
-              (rec.flags & MemberRecord::kAbandoned)) {
+              !(rec.flags & MemberRecord::kAgreeing)) {
             all = false;
             break;
           }
@@ -250,8 +251,10 @@ Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mas
           Record peer;
           state += detail::concat("; rank ", r, dead(r) ? " dead" : "");
           if (win_.peer(r) && read(r, &peer))
-            state += detail::concat(" round ", peer.round, peer.flags ? " abandoned" : "", " view",
-                                    view_text(peer.view));
+            state += detail::concat(" round ", peer.round,
+                                    (peer.flags & MemberRecord::kAgreeing) ? " agreeing" : "",
+                                    (peer.flags & MemberRecord::kAbandoned) ? " abandoned" : "",
+                                    " view", view_text(peer.view));
         }
         return state + ")";
       });
@@ -263,6 +266,7 @@ Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mas
   }
   agreed_ = view_;
   must_agree_ = false;
+  abandoned_ = false;
   for (int r = 0; r < ranks_; ++r) masked_[static_cast<size_t>(r)] = agreed_[r] & 1u;
   log::info("rank ", me_, ": round ", round_, " agreed, ", masked_ranks().size(),
             " masked, resuming after call ", resume.calls);

@@ -102,6 +102,7 @@ class Membership {
   std::vector<uint8_t> masked_;   // agreed_, as flags
   uint32_t round_ = 0;            // round of the last published record
   bool must_agree_ = false;       // abandoned a call: the next dispatch agrees, whatever else
+  bool abandoned_ = false;        // the last call started was abandoned (until an agreement)
   uint32_t version_ = 0;          // seqlock versions of this rank's records
   uint64_t calls_ = 0, seq_ = 0;  // of the last published record
   std::vector<uint32_t> fields_;  // staging for publish/read

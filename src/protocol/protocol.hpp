@@ -142,11 +142,13 @@ struct CountRecord {
 // and process see a consistent record without a lock:
 //   [stamp][round][calls lo][calls hi][seq lo][seq hi][flags][view word per rank:
 //   incarnation << 1 | masked]; calls: the calls the source started, seq its last dispatch
-//   sequence number, flags & kAbandoned: it gave up its last call (its part of it is missing).
+//   sequence number, flags: kAbandoned (it gave up its last call: its part of it is missing),
+//   kAgreeing (the record is part of an agreement, not only the news of a change).
 struct MemberRecord {
   Tag* words;
   static constexpr int kStamp = 0, kRound = 1, kCalls = 2, kSeq = 4, kFlags = 6, kView = 7;
-  static constexpr uint32_t kAbandoned = 1;
+  static constexpr uint32_t kAbandoned = 1;  // its last started call was given up
+  static constexpr uint32_t kAgreeing = 2;   // published from inside an agreement
   UBEP_HD static constexpr size_t bytes(int ranks) {
     return round_up((kView + static_cast<size_t>(ranks)) * sizeof(Tag), kCacheLine);
   }
