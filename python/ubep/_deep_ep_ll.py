@@ -10,7 +10,11 @@ a new tensor (or ``out``).
 import torch
 
 from . import _ubep
+from ._arrays import TORCH
 from ._deep_ep_sizing import HINT_TOPK, check_fits, topk_capacity, window_bytes
+from .buffer import Handle as _Handle
+
+_empty, _int32, _int64 = torch.empty, torch.int32, torch.int64
 
 
 class LowLatencyHandle(tuple):
@@ -22,9 +26,41 @@ def _not_supported(what, why):
     raise NotImplementedError(f"ubep.deep_ep: {what} is not supported ({why})")
 
 
+class _Fast:
+    """What the common call of one shape needs, found once (the per-call Python work is most of
+    ubep.deep_ep's cost over the native API: docs/DEEPEP.md, Performance): a bf16/fp32 dispatch
+    without hook on a cpu window of one host, and its combines."""
+
+    __slots__ = ("nb", "b", "El", "rows", "R", "T", "hidden", "E", "out_dtype", "event")
+
+    def __init__(self, buf, nb, T, hidden, E, event):
+        self.nb, self.b = nb, nb._buf
+        self.El, self.R = nb.num_local_experts, buf.group_size
+        self.rows = T * self.R
+        self.T, self.hidden, self.E = T, hidden, E
+        self.out_dtype = torch.float32 if nb.dtype == "fp32" else torch.bfloat16
+        self.event = event  # the EventOverlap class (not a bound method: no cycle to buf)
+
+
+def _fast_key(T, E, x, topk_idx):
+    # Only 2-D x and topk_idx were ever registered: other shapes miss and take the checks.
+    return (T, E, x.dtype, x.shape[1:], topk_idx.shape[1:], x.is_cpu)
+
+
 def dispatch(buf, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
              cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, use_fp8,
              round_scale, use_ue8m0, return_recv_hook):
+    fastable = not (use_fp8 or use_ue8m0 or return_recv_hook) and \
+        dispatch_wait_recv_cost_stats is None
+    if fastable and buf._ll_fast:
+        try:
+            fast = buf._ll_fast.get(_fast_key(num_max_dispatch_tokens_per_rank, num_experts, x,
+                                              topk_idx))
+        except (AttributeError, TypeError):
+            fast = None
+        if fast is not None:
+            return _fast_dispatch(buf, fast, x, topk_idx, cumulative_local_expert_recv_stats,
+                                  round_scale)
     if dispatch_wait_recv_cost_stats is not None:
         _not_supported("dispatch_wait_recv_cost_stats",
                        "ubep keeps no per-peer receive-wait timers")
@@ -43,6 +79,11 @@ def dispatch(buf, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
     dtype = "fp8" if use_fp8 else _value_dtype(x)
     nb = native(buf, dtype, bool(use_fp8 and round_scale), T, hidden, E, topk_idx.shape[1],
                 buf._device_of(x))
+    if fastable and nb.device == "cpu" and buf._group.num_hosts == 1:
+        # Later calls of this shape take _fast_dispatch (the checks above hold for them: the
+        # key has the same T, E, dtype, hidden, top-k and device).
+        key = _fast_key(num_max_dispatch_tokens_per_rank, num_experts, x, topk_idx)
+        buf._ll_fast[key] = _Fast(buf, nb, T, hidden, E, buf._event_type)
     return _dispatch_on(buf, nb, x, topk_idx, T, hidden, E, cumulative_local_expert_recv_stats,
                         use_fp8, round_scale, use_ue8m0, return_recv_hook)
 
@@ -76,6 +117,27 @@ def native(buf, dtype, pow2, T, hidden, E, k, device="cpu"):
                               max_topk=kcap, dtype=dtype, enable_latency_layout=True,
                               fp8_round_scale=pow2, device=device)
     return nb
+
+
+def _fast_dispatch(buf, f, x, topk_idx, stats, round_scale):
+    """_dispatch_on for a registered shape (_Fast): the dispatch and DeepEP's handle tensors in
+    one native call, the same results."""
+    nb = f.nb
+    count = _empty(f.El, dtype=_int32)
+    src_info = _empty((f.El, f.rows), dtype=_int32)
+    layout_range = _empty((f.El, f.R), dtype=_int64)
+    recv, hid = f.b.deep_ep_dispatch(x, topk_idx, TORCH, count, src_info, layout_range)
+    h = _Handle(nb, hid, "latency", topk_idx, None, TORCH)
+    if stats is not None:
+        stats.add_(count.to(device=stats.device, dtype=stats.dtype))
+    handle = LowLatencyHandle((src_info, layout_range, f.T, f.hidden, f.E))
+    handle._native, handle._h = nb, h
+    handle._replay = (x, topk_idx, False, round_scale)
+    handle._combined = False
+    handle._staging = None
+    handle._fast = f
+    buf._last[id(nb)] = h
+    return recv, count, handle, f.event(), None
 
 
 def _dispatch_on(buf, nb, x, topk_idx, T, hidden, E, stats, use_fp8, round_scale, use_ue8m0,
@@ -155,6 +217,21 @@ def combine_buffer(buf, handle):
 def combine(buf, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, return_recv_hook,
             out, combine_wait_recv_cost_stats):
     _check_handle(handle, "low_latency_combine")
+    f = handle.__dict__.get("_fast")
+    if f is not None and not (use_logfmt or return_recv_hook) and \
+            combine_wait_recv_cost_stats is None:
+        h = handle._h
+        # The first combine of the window's last dispatch, with its own topk_idx: what
+        # ubep.Buffer.low_latency_combine does for it, in one native call (one host: the
+        # weights are the combine's; no replay).
+        if (not h._combined and topk_idx is h.topk_idx
+                and buf._last.get(id(f.nb)) is h):
+            handle._combined = True
+            if out is None:
+                out = _empty((topk_idx.shape[0], f.hidden), dtype=f.out_dtype)
+            f.b.combine_into(None if zero_copy else x, h.id, topk_weights, out)
+            h._combined = True
+            return out, f.event(), None
     if use_logfmt:
         _not_supported("use_logfmt=True (LogFMT combine)",
                        "ubep combines in bf16 with an fp32 sum; pass use_logfmt=False")

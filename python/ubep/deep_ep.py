@@ -111,6 +111,7 @@ class Buffer:
     CUDA backend on CPU tensors). Tensors this layer makes are on the inputs' device."""
 
     num_sms = 20
+    _event_type = EventOverlap
 
     def __init__(self, group=None, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False,
                  num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False,
@@ -143,6 +144,7 @@ class Buffer:
         self._device = None if device is None else _arrays.device_name(device)
         self._natives = {}  # shape and wire format -> ubep.Buffer
         self._last = {}     # id(ubep.Buffer) -> the handle of its last dispatch
+        self._ll_fast = {}  # low-latency call shape -> _deep_ep_ll._Fast (its checks passed)
         # DeepEP's C++ runtime; None once destroyed. Not `self`: a reference cycle would leave
         # the windows to the garbage collector, which may free every thread rank's buffer on one
         # thread (a CUDA-backend buffer's teardown waits for its peers: a hang).
@@ -185,6 +187,7 @@ class Buffer:
         assert self.explicitly_destroy, '`explicitly_destroy` flag must be set'
         self._natives.clear()
         self._last.clear()
+        self._ll_fast.clear()
         self.runtime = None
 
     def is_available(self):
