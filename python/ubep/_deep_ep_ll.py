@@ -39,28 +39,21 @@ class _Fast:
         self.rows = T * self.R
         self.T, self.hidden, self.E = T, hidden, E
         self.out_dtype = torch.float32 if nb.dtype == "fp32" else torch.bfloat16
-        self.event = event  # the EventOverlap class (not a bound method: no cycle to buf)
+        self.event = event  # makes an EventOverlap (not a bound method of buf: no cycle)
 
 
 def _fast_key(T, E, x, topk_idx):
     # Only 2-D x and topk_idx were ever registered: other shapes miss and take the checks.
+    # deep_ep.Buffer.low_latency_dispatch builds the same key inline.
     return (T, E, x.dtype, x.shape[1:], topk_idx.shape[1:], x.is_cpu)
 
 
 def dispatch(buf, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
              cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, use_fp8,
              round_scale, use_ue8m0, return_recv_hook):
+    # deep_ep.Buffer.low_latency_dispatch takes fast_dispatch for a registered shape.
     fastable = not (use_fp8 or use_ue8m0 or return_recv_hook) and \
         dispatch_wait_recv_cost_stats is None
-    if fastable and buf._ll_fast:
-        try:
-            fast = buf._ll_fast.get(_fast_key(num_max_dispatch_tokens_per_rank, num_experts, x,
-                                              topk_idx))
-        except (AttributeError, TypeError):
-            fast = None
-        if fast is not None:
-            return _fast_dispatch(buf, fast, x, topk_idx, cumulative_local_expert_recv_stats,
-                                  round_scale)
     if dispatch_wait_recv_cost_stats is not None:
         _not_supported("dispatch_wait_recv_cost_stats",
                        "ubep keeps no per-peer receive-wait timers")
@@ -83,7 +76,7 @@ def dispatch(buf, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
         # Later calls of this shape take _fast_dispatch (the checks above hold for them: the
         # key has the same T, E, dtype, hidden, top-k and device).
         key = _fast_key(num_max_dispatch_tokens_per_rank, num_experts, x, topk_idx)
-        buf._ll_fast[key] = _Fast(buf, nb, T, hidden, E, buf._event_type)
+        buf._ll_fast[key] = _Fast(buf, nb, T, hidden, E, buf._event_factory)
     return _dispatch_on(buf, nb, x, topk_idx, T, hidden, E, cumulative_local_expert_recv_stats,
                         use_fp8, round_scale, use_ue8m0, return_recv_hook)
 
@@ -119,7 +112,7 @@ def native(buf, dtype, pow2, T, hidden, E, k, device="cpu"):
     return nb
 
 
-def _fast_dispatch(buf, f, x, topk_idx, stats, round_scale):
+def fast_dispatch(buf, f, x, topk_idx, stats, round_scale):
     """_dispatch_on for a registered shape (_Fast): the dispatch and DeepEP's handle tensors in
     one native call, the same results."""
     nb = f.nb
@@ -217,21 +210,6 @@ def combine_buffer(buf, handle):
 def combine(buf, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy, return_recv_hook,
             out, combine_wait_recv_cost_stats):
     _check_handle(handle, "low_latency_combine")
-    f = handle.__dict__.get("_fast")
-    if f is not None and not (use_logfmt or return_recv_hook) and \
-            combine_wait_recv_cost_stats is None:
-        h = handle._h
-        # The first combine of the window's last dispatch, with its own topk_idx: what
-        # ubep.Buffer.low_latency_combine does for it, in one native call (one host: the
-        # weights are the combine's; no replay).
-        if (not h._combined and topk_idx is h.topk_idx
-                and buf._last.get(id(f.nb)) is h):
-            handle._combined = True
-            if out is None:
-                out = _empty((topk_idx.shape[0], f.hidden), dtype=f.out_dtype)
-            f.b.combine_into(None if zero_copy else x, h.id, topk_weights, out)
-            h._combined = True
-            return out, f.event(), None
     if use_logfmt:
         _not_supported("use_logfmt=True (LogFMT combine)",
                        "ubep combines in bf16 with an fp32 sum; pass use_logfmt=False")
