@@ -228,39 +228,119 @@ void PyBuffer::expert_identity() {
 
 // One call instead of the dozen torch ops it takes from Python (each dearer than the loops):
 // the per-call overhead of ubep.deep_ep over the native API (docs/DEEPEP.md, Performance).
+namespace {
+// deep_ep_layout's arrays, borrowed and checked against the dispatch r.
+struct DeepEPLayout {
+  Borrowed count, src_info, layout_range;
+};
+
+DeepEPLayout borrow_deep_ep_layout(const DispatchResult& r, const Device& dev, pb::handle count,
+                                   pb::handle src_info, pb::handle layout_range) {
+  UBEP_CHECK_ARG(r.layout == Layout::kLatency, "deep_ep_layout: not a latency-layout dispatch");
+  const int64_t El = r.recv_src.dim(0), rows = r.recv_src.dim(1), R = r.recv_range.dim(1);
+  DeepEPLayout l{borrow_writable(count, "deep_ep_layout: count", DType::kInt32, dev),
+                 borrow_writable(src_info, "deep_ep_layout: src_info", DType::kInt32, dev),
+                 borrow_writable(layout_range, "deep_ep_layout: layout_range", DType::kInt64, dev)};
+  UBEP_CHECK_ARG(l.count.view.numel() == El && l.src_info.view.numel() == El * rows &&
+                     l.layout_range.view.numel() == El * R,
+                 "deep_ep_layout: expected count [", El, "], src_info [", El, ", ", rows,
+                 "], layout_range [", El, ", ", R, "], got ", l.count.view.describe(), ", ",
+                 l.src_info.view.describe(), ", ", l.layout_range.view.describe());
+  return l;
+}
+
+// Fills DeepEP's formats from r (no GIL needed).
+void fill_deep_ep_layout(const DispatchResult& r, const DeepEPLayout& l) {
+  const int64_t El = r.recv_src.dim(0), rows = r.recv_src.dim(1), R = r.recv_range.dim(1);
+  const auto* rc = r.recv_count.as<const int64_t>();
+  const auto* src = r.recv_src.as<const int64_t>();
+  const auto* rr = r.recv_range.as<const int64_t>();
+  auto* c = static_cast<int32_t*>(l.count.view.data);
+  auto* si = static_cast<int32_t*>(l.src_info.view.data);
+  auto* lr = static_cast<int64_t*>(l.layout_range.view.data);
+  for (int64_t e = 0; e < El; ++e) c[e] = static_cast<int32_t>(rc[e]);
+  // Only the received rows: the rest of src_info is undefined, as in DeepEP (a few hundred
+  // rows of the 32K a decode window has).
+  for (int64_t i = 0; i < El * R; ++i) {
+    lr[i] = (rr[2 * i] << 32) | rr[2 * i + 1];
+    const int64_t base = (i / R) * rows;
+    for (int64_t p = base + rr[2 * i]; p < base + rr[2 * i] + rr[2 * i + 1]; ++p)
+      si[p] = static_cast<int32_t>(src[2 * p + 1]);
+  }
+}
+}  // namespace
+
 void PyBuffer::deep_ep_layout(uint64_t handle, pb::handle count, pb::handle src_info,
                               pb::handle layout_range) {
   UBEP_CHECK_ARG(handle == last_handle_, "deep_ep_layout: handle ", handle,
                  " is not the last dispatch on this buffer (", last_handle_, ")");
   check_host_memory(*buf_, "deep_ep_layout");
   const DispatchResult& r = last_result_;
-  UBEP_CHECK_ARG(r.layout == Layout::kLatency, "deep_ep_layout: not a latency-layout dispatch");
-  const Device& dev = buf_->config().device;
-  const int64_t El = r.recv_src.dim(0), rows = r.recv_src.dim(1), R = r.recv_range.dim(1);
-  Borrowed bc = borrow_writable(count, "deep_ep_layout: count", DType::kInt32, dev);
-  Borrowed bs = borrow_writable(src_info, "deep_ep_layout: src_info", DType::kInt32, dev);
-  Borrowed bl = borrow_writable(layout_range, "deep_ep_layout: layout_range", DType::kInt64, dev);
-  UBEP_CHECK_ARG(bc.view.numel() == El && bs.view.numel() == El * rows &&
-                     bl.view.numel() == El * R,
-                 "deep_ep_layout: expected count [", El, "], src_info [", El, ", ", rows,
-                 "], layout_range [", El, ", ", R, "], got ", bc.view.describe(), ", ",
-                 bs.view.describe(), ", ", bl.view.describe());
+  const DeepEPLayout l =
+      borrow_deep_ep_layout(r, buf_->config().device, count, src_info, layout_range);
   without_gil([&] {
-    const auto* rc = r.recv_count.as<const int64_t>();
-    const auto* src = r.recv_src.as<const int64_t>();
-    const auto* rr = r.recv_range.as<const int64_t>();
-    auto* c = static_cast<int32_t*>(bc.view.data);
-    auto* si = static_cast<int32_t*>(bs.view.data);
-    auto* lr = static_cast<int64_t*>(bl.view.data);
-    for (int64_t e = 0; e < El; ++e) c[e] = static_cast<int32_t>(rc[e]);
-    // Only the received rows: the rest of src_info is undefined, as in DeepEP (a few hundred
-    // rows of the 32K a decode window has).
-    for (int64_t i = 0; i < El * R; ++i) {
-      lr[i] = (rr[2 * i] << 32) | rr[2 * i + 1];
-      const int64_t base = (i / R) * rows;
-      for (int64_t p = base + rr[2 * i]; p < base + rr[2 * i] + rr[2 * i + 1]; ++p)
-        si[p] = static_cast<int32_t>(src[2 * p + 1]);
-    }
+    fill_deep_ep_layout(r, l);
+    return 0;
+  });
+}
+
+pb::tuple PyBuffer::deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
+                                     int kind, pb::handle count, pb::handle src_info,
+                                     pb::handle layout_range) {
+  PyBuffer& b = self.cast<PyBuffer&>();
+  Buffer& buf = *b.buf_;
+  check_host_memory(buf, "deep_ep_dispatch");
+  const Device& dev = buf.config().device;
+  UBEP_CHECK_ARG(buf.config().dtype != DType::kFP8E4M3,
+                 "deep_ep_dispatch: bf16 and fp32 buffers only (fp8: dispatch)");
+  Borrowed bx = borrow(x, "dispatch: x", buf.config().dtype, dev);
+  Borrowed bi = borrow(topk_idx, "dispatch: topk_idx", DType::kInt64, dev);
+  DispatchArgs a;
+  a.x = bx.view;
+  a.topk_idx = bi.view;
+  // The weights come with combine (DeepEP's low-latency API): ones meanwhile, as dispatch.
+  const size_t n = static_cast<size_t>(std::max<int64_t>(bi.view.numel(), 0));
+  if (b.ones_.size() < n) b.ones_.assign(n, 1.0f);
+  a.topk_weights = TensorView(b.ones_.data(), DType::kFP32, {bi.view.dim(0), bi.view.dim(1)});
+  a.topk_weights.device = dev;
+  if (bi.view.ndim != 2) a.topk_weights = bi.view;  // let validation name the bad topk_idx
+  a.layout = Layout::kLatency;
+  DispatchResult r = without_gil([&] { return buf.dispatch(a); });
+  b.last_handle_ = r.handle;
+  b.last_result_ = r;
+  const DeepEPLayout l = borrow_deep_ep_layout(r, dev, count, src_info, layout_range);
+  without_gil([&] {
+    fill_deep_ep_layout(r, l);
+    return 0;
+  });
+  return pb::make_tuple(to_array(r.recv_x, self, static_cast<Kind>(kind)), r.handle);
+}
+
+void PyBuffer::combine_into(pb::handle x, uint64_t handle, pb::handle topk_weights,
+                            pb::handle out) {
+  Buffer& buf = *buf_;
+  const Device& dev = buf.config().device;
+  UBEP_CHECK_ARG(dev.type == DeviceType::kCpu, "combine_into: cpu buffers only (else combine)");
+  CombineArgs a;
+  a.handle = handle;
+  Borrowed bx, bw, bo;
+  if (x.is_none()) {
+    UBEP_CHECK_ARG(handle == last_handle_, "combine_buffer: handle ", handle,
+                   " is not the last dispatch on this buffer (", last_handle_,
+                   "): its memory has been reused");
+    a.x = buf.combine_buffer();
+  } else {
+    bx = borrow(x, "combine: x", combine_dtype(buf.config()), dev);
+    a.x = bx.view;
+  }
+  if (!topk_weights.is_none()) {
+    bw = borrow(topk_weights, "combine: topk_weights", DType::kFP32, dev);
+    a.topk_weights = bw.view;
+  }
+  bo = borrow_writable(out, "combine: out", combine_dtype(buf.config()), dev);
+  a.out = bo.view;
+  without_gil([&] {
+    buf.combine(a);
     return 0;
   });
 }
@@ -345,6 +425,8 @@ void bind_buffer(pb::module_& m) {
       .def("config", &PyBuffer::config)
       .def("time_calls", &PyBuffer::time_calls)
       .def("deep_ep_layout", &PyBuffer::deep_ep_layout)
+      .def("deep_ep_dispatch", &PyBuffer::deep_ep_dispatch)
+      .def("combine_into", &PyBuffer::combine_into)
       .def("expert_identity", &PyBuffer::expert_identity,
            "Benchmark helper: copies the last dispatch's received rows into the combine buffer.")
       .def("set_algorithm",

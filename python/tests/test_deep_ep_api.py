@@ -82,6 +82,55 @@ def test_low_latency_budget_and_handles():
     assert all(on_threads(2, body))
 
 
+def test_low_latency_repeated_shape_same_results():
+    """The second call of a shape takes the cached path (_deep_ep_ll._Fast: one native call per
+    dispatch and combine); its results are the first (checked) call's, bit for bit: recv_x,
+    counts, the handle's received src_info rows and layout ranges, stats, and combine with and
+    without zero_copy, into a new tensor and into ``out``."""
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(T, H, 2, E)
+
+    def body(group):
+        buf = deep_ep.Buffer(group, 0, hint, low_latency_mode=True, num_qps_per_rank=4)
+        idx, w = routing(group.rank)
+        x = x_of(group.rank)
+        got = []
+        for i in range(3):
+            stats = torch.zeros(E // 2, dtype=torch.int32)
+            recv, count, handle, event, hook = buf.low_latency_dispatch(
+                x, idx, T, E, cumulative_local_expert_recv_stats=stats, use_fp8=False)
+            assert hook is None and isinstance(event, deep_ep.EventOverlap)
+            assert (handle.__dict__.get("_fast") is not None) == (i > 0)
+            assert torch.equal(stats, count) and count.dtype == torch.int32
+            rows = [handle[0][e, :int(count[e])].clone() for e in range(E // 2)]
+            r = recv.clone()
+            buf.get_next_low_latency_combine_buffer(handle)[:] = recv * 2
+            out = torch.empty((T, H), dtype=torch.bfloat16) if i == 2 else None
+            y, _, hook = buf.low_latency_combine(None, idx, w, handle, zero_copy=True, out=out)
+            assert hook is None and (out is None or y is out)
+            y2, _, _ = buf.low_latency_combine(recv, idx, w, handle)   # again: not zero-copy
+            assert torch.equal(y2 * 2, y)
+            got.append((r, count, rows, handle[1].clone(), y, y2))
+        for a in got[1:]:
+            assert torch.equal(a[0], got[0][0]) and torch.equal(a[1], got[0][1])
+            assert all(torch.equal(p, q) for p, q in zip(a[2], got[0][2]))
+            assert all(torch.equal(p, q) for p, q in zip(a[3:], got[0][3:]))
+        # A combine with another topk_idx object (same values) or a first combine that is not
+        # zero-copy: the same bits.
+        recv, count, handle, _, _ = buf.low_latency_dispatch(x, idx, T, E, use_fp8=False)
+        y, _, _ = buf.low_latency_combine(recv * 2, idx.clone(), w, handle)
+        assert torch.equal(y, got[0][4])
+        recv, count, handle, _, _ = buf.low_latency_dispatch(x, idx, T, E, use_fp8=False)
+        y, _, _ = buf.low_latency_combine(recv * 2, idx, w, handle)
+        assert torch.equal(y, got[0][4])
+        # An older handle after a newer dispatch: replayed (the general path), the same bits.
+        old = handle
+        buf.low_latency_dispatch(x, idx, T, E, use_fp8=False)
+        y, _, _ = buf.low_latency_combine(recv * 2, idx, w, old)
+        assert torch.equal(y, got[0][4])
+        return True
+    assert all(on_threads(2, body))
+
+
 def test_not_supported_raise_naming_the_feature():
     def body(group):
         # The mask API is supported now (python/tests/test_elastic.py).

@@ -10,7 +10,11 @@ a new tensor (or ``out``).
 import torch
 
 from . import _ubep
+from ._arrays import TORCH
 from ._deep_ep_sizing import HINT_TOPK, check_fits, topk_capacity, window_bytes
+from .buffer import Handle as _Handle
+
+_empty, _int32, _int64 = torch.empty, torch.int32, torch.int64
 
 
 class LowLatencyHandle(tuple):
@@ -22,9 +26,34 @@ def _not_supported(what, why):
     raise NotImplementedError(f"ubep.deep_ep: {what} is not supported ({why})")
 
 
+class _Fast:
+    """What the common call of one shape needs, found once (the per-call Python work is most of
+    ubep.deep_ep's cost over the native API: docs/DEEPEP.md, Performance): a bf16/fp32 dispatch
+    without hook on a cpu window of one host, and its combines."""
+
+    __slots__ = ("nb", "b", "El", "rows", "R", "T", "hidden", "E", "out_dtype", "event")
+
+    def __init__(self, buf, nb, T, hidden, E, event):
+        self.nb, self.b = nb, nb._buf
+        self.El, self.R = nb.num_local_experts, buf.group_size
+        self.rows = T * self.R
+        self.T, self.hidden, self.E = T, hidden, E
+        self.out_dtype = torch.float32 if nb.dtype == "fp32" else torch.bfloat16
+        self.event = event  # makes an EventOverlap (not a bound method of buf: no cycle)
+
+
+def _fast_key(T, E, x, topk_idx):
+    # Only 2-D x and topk_idx were ever registered: other shapes miss and take the checks.
+    # deep_ep.Buffer.low_latency_dispatch builds the same key inline.
+    return (T, E, x.dtype, x.shape[1:], topk_idx.shape[1:], x.is_cpu)
+
+
 def dispatch(buf, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
              cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, use_fp8,
              round_scale, use_ue8m0, return_recv_hook):
+    # deep_ep.Buffer.low_latency_dispatch takes fast_dispatch for a registered shape.
+    fastable = not (use_fp8 or use_ue8m0 or return_recv_hook) and \
+        dispatch_wait_recv_cost_stats is None
     if dispatch_wait_recv_cost_stats is not None:
         _not_supported("dispatch_wait_recv_cost_stats",
                        "ubep keeps no per-peer receive-wait timers")
@@ -43,6 +72,11 @@ def dispatch(buf, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
     dtype = "fp8" if use_fp8 else _value_dtype(x)
     nb = native(buf, dtype, bool(use_fp8 and round_scale), T, hidden, E, topk_idx.shape[1],
                 buf._device_of(x))
+    if fastable and nb.device == "cpu" and buf._group.num_hosts == 1:
+        # Later calls of this shape take _fast_dispatch (the checks above hold for them: the
+        # key has the same T, E, dtype, hidden, top-k and device).
+        key = _fast_key(num_max_dispatch_tokens_per_rank, num_experts, x, topk_idx)
+        buf._ll_fast[key] = _Fast(buf, nb, T, hidden, E, buf._event_factory)
     return _dispatch_on(buf, nb, x, topk_idx, T, hidden, E, cumulative_local_expert_recv_stats,
                         use_fp8, round_scale, use_ue8m0, return_recv_hook)
 
@@ -76,6 +110,27 @@ def native(buf, dtype, pow2, T, hidden, E, k, device="cpu"):
                               max_topk=kcap, dtype=dtype, enable_latency_layout=True,
                               fp8_round_scale=pow2, device=device)
     return nb
+
+
+def fast_dispatch(buf, f, x, topk_idx, stats, round_scale):
+    """_dispatch_on for a registered shape (_Fast): the dispatch and DeepEP's handle tensors in
+    one native call, the same results."""
+    nb = f.nb
+    count = _empty(f.El, dtype=_int32)
+    src_info = _empty((f.El, f.rows), dtype=_int32)
+    layout_range = _empty((f.El, f.R), dtype=_int64)
+    recv, hid = f.b.deep_ep_dispatch(x, topk_idx, TORCH, count, src_info, layout_range)
+    h = _Handle(nb, hid, "latency", topk_idx, None, TORCH)
+    if stats is not None:
+        stats.add_(count.to(device=stats.device, dtype=stats.dtype))
+    handle = LowLatencyHandle((src_info, layout_range, f.T, f.hidden, f.E))
+    handle._native, handle._h = nb, h
+    handle._replay = (x, topk_idx, False, round_scale)
+    handle._combined = False
+    handle._staging = None
+    handle._fast = f
+    buf._last[id(nb)] = h
+    return recv, count, handle, f.event(), None
 
 
 def _dispatch_on(buf, nb, x, topk_idx, T, hidden, E, stats, use_fp8, round_scale, use_ue8m0,

@@ -18,6 +18,8 @@ and what differs, is docs/DEEPEP.md. In short:
 * What ubep does not do raises ``NotImplementedError`` naming it: LogFMT combine,
   receive-wait cost statistics, raw buffer tensors, CUDA streams.
 """
+import functools
+
 import torch
 
 from . import _deep_ep_ll as _ll
@@ -33,6 +35,12 @@ topk_idx_t = torch.int64
 class EventOverlap:
     """DeepEP's event wrapper. ubep's calls complete before they return, so every event is
     already complete: waiting returns at once (after the hook registered to run after it)."""
+
+    # What __init__ sets, as class defaults: the hot paths make events without running
+    # __init__ (_new_event: one C call instead of a Python frame), with the same attributes.
+    event = None
+    extra_tensors = None
+    hook_after_wait = None
 
     def __init__(self, event=None, extra_tensors=None):
         self.event = event
@@ -61,6 +69,12 @@ class EventOverlap:
     def __exit__(self, *exc):
         self.current_stream_wait(getattr(self, "_release_on_exit", False))
         return False
+
+
+_empty = torch.empty
+
+# EventOverlap() without its __init__ frame: an instance whose attributes are the defaults.
+_new_event = functools.partial(object.__new__, EventOverlap)
 
 
 class Config:
@@ -111,6 +125,7 @@ class Buffer:
     CUDA backend on CPU tensors). Tensors this layer makes are on the inputs' device."""
 
     num_sms = 20
+    _event_factory = _new_event  # a partial, not a function: no bound method
 
     def __init__(self, group=None, num_nvl_bytes=0, num_rdma_bytes=0, low_latency_mode=False,
                  num_qps_per_rank=24, allow_nvlink_for_low_latency_mode=True, allow_mnnvl=False,
@@ -143,6 +158,7 @@ class Buffer:
         self._device = None if device is None else _arrays.device_name(device)
         self._natives = {}  # shape and wire format -> ubep.Buffer
         self._last = {}     # id(ubep.Buffer) -> the handle of its last dispatch
+        self._ll_fast = {}  # low-latency call shape -> _deep_ep_ll._Fast (its checks passed)
         # DeepEP's C++ runtime; None once destroyed. Not `self`: a reference cycle would leave
         # the windows to the garbage collector, which may free every thread rank's buffer on one
         # thread (a CUDA-backend buffer's teardown waits for its peers: a hang).
@@ -178,13 +194,14 @@ class Buffer:
             raise _ubep.InvalidArgument(f"{what}: the Buffer was destroyed")
 
     def _event(self):
-        return EventOverlap()
+        return _new_event()
 
     def destroy(self):
         """Releases ubep's windows (results still in use keep theirs until dropped)."""
         assert self.explicitly_destroy, '`explicitly_destroy` flag must be set'
         self._natives.clear()
         self._last.clear()
+        self._ll_fast.clear()
         self.runtime = None
 
     def is_available(self):
@@ -278,6 +295,18 @@ class Buffer:
                              dispatch_wait_recv_cost_stats=None, use_fp8=True, round_scale=False,
                              use_ue8m0=False, async_finish=False, return_recv_hook=False):
         """(recv_x or (codes, scales), recv_count int32, handle, event, hook)."""
+        if self._ll_fast and not (use_fp8 or use_ue8m0 or return_recv_hook) and \
+                dispatch_wait_recv_cost_stats is None:
+            # A shape seen before (its checks passed then): _ll's cached path, here rather than
+            # behind two more calls (the per-call Python work is this layer's cost).
+            try:
+                f = self._ll_fast.get((num_max_dispatch_tokens_per_rank, num_experts, x.dtype,
+                                       x.shape[1:], topk_idx.shape[1:], x.is_cpu))
+            except (AttributeError, TypeError):
+                f = None
+            if f is not None:
+                return _ll.fast_dispatch(self, f, x, topk_idx, cumulative_local_expert_recv_stats,
+                                         round_scale)
         self._live("low_latency_dispatch")
         return _ll.dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
                             cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
@@ -288,6 +317,21 @@ class Buffer:
                             out=None, combine_wait_recv_cost_stats=None):
         """(combined_x, event, hook): combined_x[t] = sum over selected k of
         topk_weights[t, k] * x[expert, slot]; a new tensor, or ``out``."""
+        f = handle.__dict__.get("_fast") if isinstance(handle, _ll.LowLatencyHandle) else None
+        if f is not None and not (use_logfmt or return_recv_hook) and \
+                combine_wait_recv_cost_stats is None:
+            h = handle._h
+            # The first combine of the window's last dispatch (of a shape _ll cached: one host,
+            # a cpu window), with the dispatch's topk_idx: what _ll.combine does for it, in one
+            # native call (here rather than behind two more calls). After destroy() _last is
+            # empty: _ll.combine says the Buffer was destroyed.
+            if not h._combined and topk_idx is h.topk_idx and self._last.get(id(f.nb)) is h:
+                handle._combined = True
+                if out is None:  # DeepEP returns a new tensor
+                    out = _empty((topk_idx.shape[0], f.hidden), dtype=f.out_dtype)
+                f.b.combine_into(None if zero_copy else x, h.id, topk_weights, out)
+                h._combined = True
+                return out, _new_event(), None
         self._live("low_latency_combine")
         return _ll.combine(self, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy,
                            return_recv_hook, out, combine_wait_recv_cost_stats)
