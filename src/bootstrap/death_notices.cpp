@@ -29,7 +29,10 @@ DeathNotices::~DeathNotices() {
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
   for (int& s : send_)
     while (s >= 0 && std::chrono::steady_clock::now() < until)
-      if (remote_.test(s, nullptr)) s = -1; else std::this_thread::yield();
+      if (remote_.test(s, nullptr))
+        s = -1;
+      else
+        std::this_thread::yield();
 }
 
 void DeathNotices::pump() {

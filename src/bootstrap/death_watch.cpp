@@ -1,11 +1,11 @@
 #include "bootstrap/death_watch.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/syscall.h>
-#include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -138,8 +138,8 @@ void DeathWatch::watch_locked(int rank, pid_t pid) {
   ev.events = EPOLLIN;
   // The event names the pidfd too: after a rewatch, an event of the old process that the
   // thread already took must not count against the new one.
-  ev.data.u64 = static_cast<uint64_t>(static_cast<uint32_t>(p.pidfd)) << 32 |
-                static_cast<uint32_t>(rank);
+  ev.data.u64 =
+      static_cast<uint64_t>(static_cast<uint32_t>(p.pidfd)) << 32 | static_cast<uint32_t>(rank);
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, p.pidfd, &ev);
 }
 

@@ -63,8 +63,8 @@ std::unique_ptr<Rendezvous> Rendezvous::open(const std::string& name) {
   const std::string seg = segment_of(name);
   const int fd = shm_open(seg.c_str(), O_RDWR, 0600);
   if (fd < 0)
-    throw InvalidArgument(detail::concat("no elastic group named '", name, "' on this host (",
-                                         seg, ": ", std::strerror(errno),
+    throw InvalidArgument(detail::concat("no elastic group named '", name, "' on this host (", seg,
+                                         ": ", std::strerror(errno),
                                          "); GroupOptions::elastic_name names it"));
   Header h{};
   if (pread(fd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h) || h.ranks < 1) {

@@ -131,9 +131,8 @@ ShmWindow::ShmWindow(size_t bytes, int rank, int size, const std::vector<int>& h
     bases_.clear();
     own_name_.clear();
     if (agreement) std::rethrow_exception(agreement);
-    throw SystemError(error.empty()
-                          ? std::string("shared-memory window set-up failed on another rank")
-                          : error);
+    throw SystemError(
+        error.empty() ? std::string("shared-memory window set-up failed on another rank") : error);
   }
   if (rdv_) {
     rdv_->publish_window(index_, rank, own_name_.c_str(), incarnation);

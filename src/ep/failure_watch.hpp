@@ -32,8 +32,7 @@ class FailureWatch final : public WaitAbort {
       if (is_dead(v)) {
         group_change_.store(true, std::memory_order_relaxed);
         throw PeerFailedError(detail::concat("rank ", r, " ", members_.death_note(r),
-                                             " during call ", call_, " (seen by rank ", me_,
-                                             ")"));
+                                             " during call ", call_, " (seen by rank ", me_, ")"));
       }
       if (!w_.peer(r) || !failure_ends_call(v, call_)) continue;
       if (is_broken(v))

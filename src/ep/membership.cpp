@@ -19,7 +19,7 @@ std::string view_text(const std::vector<uint32_t>& view) {
   }
   return out + "]";
 }
-}
+}  // namespace
 
 Membership::Membership(Group& group, const Window& win)
     : group_(group),
@@ -150,7 +150,8 @@ void Membership::absorb_deaths(bool auto_mask, const char* what) {
   for (int r = 0; r < ranks_; ++r) {
     if (r == me_ || !live_in_view(r) || !dead(r)) continue;
     UBEP_CHECK(auto_mask, PeerFailedError, what, ": rank ", r, " ", death_note(r),
-               "; Buffer::mask(", r, ") on every surviving rank goes on without it "
+               "; Buffer::mask(", r,
+               ") on every surviving rank goes on without it "
                "(or BufferConfig::mask_dead_ranks)");
     view_[static_cast<size_t>(r)] |= 1u;
     log::debug("rank ", me_, ": masks dead rank ", r, " (incarnation ", view_[r] >> 1, ", ",
@@ -242,10 +243,12 @@ Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mas
         }
         return all;
       },
-      policy, [&] {
+      policy,
+      [&] {
         // What each rank last said, so a stuck agreement can be read off the message.
-        std::string state = detail::concat(what, ": the live ranks' agreement on masked ranks (",
-                                           "rank ", me_, " round ", round_, " view", view_text(view_));
+        std::string state =
+            detail::concat(what, ": the live ranks' agreement on masked ranks (", "rank ", me_,
+                           " round ", round_, " view", view_text(view_));
         for (int r = 0; r < ranks_; ++r) {
           if (r == me_) continue;
           Record peer;

@@ -96,11 +96,11 @@ class Membership {
   Group& group_;
   const Window& win_;
   int me_, ranks_;
-  std::vector<uint32_t> view_;    // proposed: agreed_ plus local changes and merges
-  std::vector<uint32_t> agreed_;  // at the last agreement
+  std::vector<uint32_t> view_;            // proposed: agreed_ plus local changes and merges
+  std::vector<uint32_t> agreed_;          // at the last agreement
   std::vector<uint32_t> published_view_;  // in this rank's last record
-  std::vector<uint8_t> masked_;   // agreed_, as flags
-  uint32_t round_ = 0;            // round of the last published record
+  std::vector<uint8_t> masked_;           // agreed_, as flags
+  uint32_t round_ = 0;                    // round of the last published record
   bool must_agree_ = false;       // abandoned a call: the next dispatch agrees, whatever else
   bool abandoned_ = false;        // the last call started was abandoned (until an agreement)
   uint32_t version_ = 0;          // seqlock versions of this rank's records

@@ -15,7 +15,9 @@ namespace ubep::test {
 inline Problem masked_problem(const Problem& p, const std::vector<int>& masked) {
   Problem out = p;
   const int El = p.experts / p.ranks;
-  auto is_masked = [&](int r) { return std::find(masked.begin(), masked.end(), r) != masked.end(); };
+  auto is_masked = [&](int r) {
+    return std::find(masked.begin(), masked.end(), r) != masked.end();
+  };
   for (int r = 0; r < p.ranks; ++r) {
     RankInput& in = out.inputs[static_cast<size_t>(r)];
     if (is_masked(r)) {

@@ -7,9 +7,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -88,10 +88,11 @@ double thread_cpu_us(const char* name) {
         std::fclose(f);
         const char* p = std::strrchr(buf, ')');
         unsigned long long ut = 0, st = 0;
-        if (n && p && std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut,
-                                  &st) == 2)
-          total = std::max(total, 0.0) + 1e6 * static_cast<double>(ut + st) /
-                                              static_cast<double>(sysconf(_SC_CLK_TCK));
+        if (n && p &&
+            std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) ==
+                2)
+          total = std::max(total, 0.0) +
+                  1e6 * static_cast<double>(ut + st) / static_cast<double>(sysconf(_SC_CLK_TCK));
       }
     }
     closedir(d);
@@ -178,8 +179,8 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
     for (const Victim& c : o.victims)
       if (!replacing && c.rank == me && c.at_call == i) v = &c;
     if (replacing && replacing->kill_replacement_at == k) {
-      replacement_kill.phase = replacing->kill_replacement_at == 0 ? KillPhase::kDuring
-                                                                   : KillPhase::kBefore;
+      replacement_kill.phase =
+          replacing->kill_replacement_at == 0 ? KillPhase::kDuring : KillPhase::kBefore;
       v = &replacement_kill;
     }
     shared.input_iter[me].store(i);
@@ -197,7 +198,8 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
         double expected = 0;
         sh->kill_us.compare_exchange_strong(expected, now_us());
         raise(SIGKILL);
-      }).detach();
+      })
+          .detach();
     for (int t = 0; t < T; ++t) {
       in.route(me, t, i, &idx[static_cast<size_t>(t * K)], &w[static_cast<size_t>(t * K)]);
       for (int h = 0; h < H; ++h)
@@ -237,7 +239,9 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
     const std::vector<int> masked = buf.masked_ranks();
     if (!tail && !(replacing && some_done())) rep.final_masked = static_cast<int>(masked.size());
     if (masked.empty() && shared.kill_us.load() > 0) ++rep.full_calls_after_kill;
-    auto is_masked = [&](int s) { return std::find(masked.begin(), masked.end(), s) != masked.end(); };
+    auto is_masked = [&](int s) {
+      return std::find(masked.begin(), masked.end(), s) != masked.end();
+    };
     if (!masked.empty()) {
       ++rep.masked_calls;
       if (rep.first_masked_us < 0 && shared.kill_us.load() > 0)
@@ -320,7 +324,8 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
         float wsum = 0;
         for (int k = 0; k < K; ++k) {
           const int64_t e = idx[static_cast<size_t>(t * K + k)];
-          if (e >= 0 && !is_masked(static_cast<int>(e / El))) wsum += w[static_cast<size_t>(t * K + k)];
+          if (e >= 0 && !is_masked(static_cast<int>(e / El)))
+            wsum += w[static_cast<size_t>(t * K + k)];
         }
         for (int h = 0; h < H; ++h)
           if (bf16_to_float(yv[t * H + h]) != wsum * in.value(me, t, h, i)) ++rep.wrong;
@@ -342,11 +347,16 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
 
 const char* phase_name(KillPhase p) {
   switch (p) {
-    case KillPhase::kBefore: return "before";
-    case KillPhase::kDuring: return "during";
-    case KillPhase::kReceive: return "receive";
-    case KillPhase::kBetween: return "between";
-    case KillPhase::kStop: return "stop";
+    case KillPhase::kBefore:
+      return "before";
+    case KillPhase::kDuring:
+      return "during";
+    case KillPhase::kReceive:
+      return "receive";
+    case KillPhase::kBetween:
+      return "between";
+    case KillPhase::kStop:
+      return "stop";
   }
   return "?";
 }
@@ -366,8 +376,8 @@ RunResult run_kill_loop(const RunOptions& opt) {
       o.elastic_name = "kill-run-" + std::to_string(getpid());
   UBEP_CHECK_ARG(o.ranks >= 2 && o.ranks <= 64, "ranks must be in [2, 64], got ", o.ranks);
   UBEP_CHECK_ARG(o.topk >= 1 && o.topk <= o.ranks * o.experts_per_rank, "bad topk ", o.topk);
-  void* mem = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                   -1, 0);
+  void* mem =
+      mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) throw SystemError("run_kill_loop: mmap");
   Shared* shared = new (mem) Shared();
   bootstrap::ForkMeeting meeting(o.ranks);

@@ -35,8 +35,8 @@ struct Victim {
 
 struct RunOptions {
   int ranks = 4;
-  int calls = 20;       // dispatch + combine iterations per rank
-  int tokens = 16;      // per rank
+  int calls = 20;   // dispatch + combine iterations per rank
+  int tokens = 16;  // per rank
   int hidden = 256;
   int experts_per_rank = 2;
   int topk = 3;
@@ -48,21 +48,21 @@ struct RunOptions {
 };
 
 struct RankReport {
-  int completed = 0;      // calls (dispatch + combine) that returned
-  int failed = 0;         // calls that threw PeerFailedError
-  int wrong = 0;          // values that differ from the reference (must be 0)
-  int other_errors = 0;   // anything else thrown (TimeoutError, ...)
-  int masked_calls = 0;   // completed dispatches with a masked rank
-  int tail_failed = 0;    // errors once peers finish and leave (survivors: the last 3 iterations)
+  int completed = 0;     // calls (dispatch + combine) that returned
+  int failed = 0;        // calls that threw PeerFailedError
+  int wrong = 0;         // values that differ from the reference (must be 0)
+  int other_errors = 0;  // anything else thrown (TimeoutError, ...)
+  int masked_calls = 0;  // completed dispatches with a masked rank
+  int tail_failed = 0;   // errors once peers finish and leave (survivors: the last 3 iterations)
   int full_calls_after_kill = 0;  // completed dispatches after the kill with no rank masked
-  double first_error_us = -1;   // from the first kill to this rank's first error
-  double first_masked_us = -1;  // from the first kill to its first completed masked dispatch
-  double first_after_us = -1;   // from the first kill to its first dispatch completed after it
-  double watch_cpu_us = -1;     // CPU time of the death watch's thread over the rank's life
-  double run_us = 0;            // the rank's life, from set-up to the end of its loop
-  double first_call_us = -1;    // replacement: from its start to its first completed dispatch
-  int final_masked = -1;        // masked ranks at the last completed dispatch before the tail
-  bool died = false;            // a victim (killed as planned)
+  double first_error_us = -1;     // from the first kill to this rank's first error
+  double first_masked_us = -1;    // from the first kill to its first completed masked dispatch
+  double first_after_us = -1;     // from the first kill to its first dispatch completed after it
+  double watch_cpu_us = -1;       // CPU time of the death watch's thread over the rank's life
+  double run_us = 0;              // the rank's life, from set-up to the end of its loop
+  double first_call_us = -1;      // replacement: from its start to its first completed dispatch
+  int final_masked = -1;          // masked ranks at the last completed dispatch before the tail
+  bool died = false;              // a victim (killed as planned)
   int exit_signal = 0;
   char first_error[200] = {};
   char last_error[200] = {};
@@ -71,7 +71,7 @@ struct RankReport {
 struct RunResult {
   std::vector<RankReport> ranks;
   std::vector<RankReport> replacements;  // one per replaced victim, in victims' order
-  std::string error;  // set-up failures
+  std::string error;                     // set-up failures
   int leftover_segments = 0;  // /dev/shm/ubep-<pid>-* of this run's processes after they ended
 };
 

@@ -65,8 +65,8 @@ TEST_P(MaskAndRejoin, SurvivorsGoOnAndTheRankComesBack) {
         // masked (each checked against the ranks it ran with). The victim's first call is the
         // agreed, full one.
         const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-        for (int i = 0; i == 0 || (!buf.masked_ranks().empty() &&
-                                   std::chrono::steady_clock::now() < deadline);
+        for (int i = 0;
+             i == 0 || (!buf.masked_ranks().empty() && std::chrono::steady_clock::now() < deadline);
              ++i) {
           // One seed for every call of this loop: after a change the ranks' loops need not be
           // in step (a survivor may have made a masked call before it saw the rejoin), and the

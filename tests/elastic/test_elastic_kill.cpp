@@ -115,7 +115,8 @@ TEST(StoppedRank, IsNotDeclaredDead) {
   }
   // A survivor times out; the other may instead get the echo (the first one's broken buffer).
   const std::string e0 = res.ranks[0].first_error, e2 = res.ranks[2].first_error;
-  EXPECT_TRUE(e0.find("timed out") != std::string::npos || e2.find("timed out") != std::string::npos)
+  EXPECT_TRUE(e0.find("timed out") != std::string::npos ||
+              e2.find("timed out") != std::string::npos)
       << e0 << " | " << e2;
 }
 

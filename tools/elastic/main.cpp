@@ -82,28 +82,44 @@ int main(int argc, char** argv) {
                                       ", got '" + v + "'");
         return static_cast<int>(n);
       };
-      if (a == "--ranks") o.ranks = num(2);
-      else if (a == "--cycles") cycles = num(1);
-      else if (a == "--calls") o.calls = num(2);
-      else if (a == "--kill-at") kill_at = num(0);
-      else if (a == "--victim") victim = num(0);
-      else if (a == "--phase") phase = next();
-      else if (a == "--tokens") o.tokens = num(1);
-      else if (a == "--hidden") o.hidden = num(1);
-      else if (a == "--experts-per-rank") o.experts_per_rank = num(1);
-      else if (a == "--topk") o.topk = num(1);
-      else if (a == "--timeout-ms") o.timeout_ms = num(1);
-      else if (a == "--quiet") quiet = true;
-      else if (a == "--no-replace") replace = false;
-      else if (a == "--pace-us") o.pace_us = num(0);
-      else if (a == "--help" || a == "-h") { usage(); return 0; }
-      else throw ubep::InvalidArgument("unknown flag '" + a + "' (--help)");
+      if (a == "--ranks")
+        o.ranks = num(2);
+      else if (a == "--cycles")
+        cycles = num(1);
+      else if (a == "--calls")
+        o.calls = num(2);
+      else if (a == "--kill-at")
+        kill_at = num(0);
+      else if (a == "--victim")
+        victim = num(0);
+      else if (a == "--phase")
+        phase = next();
+      else if (a == "--tokens")
+        o.tokens = num(1);
+      else if (a == "--hidden")
+        o.hidden = num(1);
+      else if (a == "--experts-per-rank")
+        o.experts_per_rank = num(1);
+      else if (a == "--topk")
+        o.topk = num(1);
+      else if (a == "--timeout-ms")
+        o.timeout_ms = num(1);
+      else if (a == "--quiet")
+        quiet = true;
+      else if (a == "--no-replace")
+        replace = false;
+      else if (a == "--pace-us")
+        o.pace_us = num(0);
+      else if (a == "--help" || a == "-h") {
+        usage();
+        return 0;
+      } else
+        throw ubep::InvalidArgument("unknown flag '" + a + "' (--help)");
     }
     if (victim >= o.ranks)
       throw ubep::InvalidArgument("--victim " + std::to_string(victim) + " is not below --ranks " +
                                   std::to_string(o.ranks));
-    if (kill_at >= o.calls)
-      throw ubep::InvalidArgument("--kill-at must be below --calls");
+    if (kill_at >= o.calls) throw ubep::InvalidArgument("--kill-at must be below --calls");
     if (phase != "all") (void)parse_phase(phase);
   } catch (const ubep::Error& e) {
     std::fprintf(stderr, "ubep-elastic: %s\n", e.what());
@@ -111,15 +127,17 @@ int main(int argc, char** argv) {
   }
   const KillPhase phases[] = {KillPhase::kBefore, KillPhase::kDuring, KillPhase::kReceive,
                               KillPhase::kBetween};
-  std::printf("# ubep-elastic: %d process ranks, %d cycles, %d calls each, rank %d killed "
-              "(SIGKILL) at call %d; tokens %d, hidden %d, %d experts, top-%d, timeout %d ms\n",
-              o.ranks, cycles, o.calls, victim, kill_at, o.tokens, o.hidden,
-              o.ranks * o.experts_per_rank, o.topk, o.timeout_ms);
+  std::printf(
+      "# ubep-elastic: %d process ranks, %d cycles, %d calls each, rank %d killed "
+      "(SIGKILL) at call %d; tokens %d, hidden %d, %d experts, top-%d, timeout %d ms\n",
+      o.ranks, cycles, o.calls, victim, kill_at, o.tokens, o.hidden, o.ranks * o.experts_per_rank,
+      o.topk, o.timeout_ms);
   if (!quiet)
-    std::printf("| cycle | phase | kill -> error, max over survivors (ms) | kill -> first masked "
-                "call, max (ms) | replacement start -> first call (ms) | failed calls per "
-                "survivor | full calls after the rejoin (min over survivors) | wrong |\n"
-                "|---|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "| cycle | phase | kill -> error, max over survivors (ms) | kill -> first masked "
+        "call, max (ms) | replacement start -> first call (ms) | failed calls per "
+        "survivor | full calls after the rejoin (min over survivors) | wrong |\n"
+        "|---|---|---|---|---|---|---|---|\n");
   std::vector<double> err_ms, masked_ms, serve_ms, after_ms;
   double watch_cpu_ms = 0, run_ms = 0;
   long not_rejoined = 0;
@@ -173,24 +191,30 @@ int main(int argc, char** argv) {
       std::printf("| %d | %s | %.2f | %.2f | %.2f | %s | %d | %ld |\n", c, phase_name(ph), e, m,
                   serve, failed.c_str(), full_min, cycle_wrong);
   }
-  std::printf("\nkill -> survivor's error (ms, %zu survivors x cycles): median %.2f, p90 %.2f, "
-              "max %.2f\n",
-              err_ms.size(), pct(err_ms, 0.5), pct(err_ms, 0.9), pct(err_ms, 1.0));
-  std::printf("kill -> survivor's first completed masked dispatch (ms): median %.2f, p90 %.2f, "
-              "max %.2f\n",
-              pct(masked_ms, 0.5), pct(masked_ms, 0.9), pct(masked_ms, 1.0));
-  std::printf("kill -> survivor's first dispatch completed after the kill, masked or with the "
-              "replacement (ms): median %.2f, p90 %.2f, max %.2f\n",
-              pct(after_ms, 0.5), pct(after_ms, 0.9), pct(after_ms, 1.0));
+  std::printf(
+      "\nkill -> survivor's error (ms, %zu survivors x cycles): median %.2f, p90 %.2f, "
+      "max %.2f\n",
+      err_ms.size(), pct(err_ms, 0.5), pct(err_ms, 0.9), pct(err_ms, 1.0));
+  std::printf(
+      "kill -> survivor's first completed masked dispatch (ms): median %.2f, p90 %.2f, "
+      "max %.2f\n",
+      pct(masked_ms, 0.5), pct(masked_ms, 0.9), pct(masked_ms, 1.0));
+  std::printf(
+      "kill -> survivor's first dispatch completed after the kill, masked or with the "
+      "replacement (ms): median %.2f, p90 %.2f, max %.2f\n",
+      pct(after_ms, 0.5), pct(after_ms, 0.9), pct(after_ms, 1.0));
   if (replace)
-    std::printf("replacement's start -> its first completed (full, agreed) call (ms): median %.2f, "
-                "p90 %.2f, max %.2f; survivors still masking at their last call: %ld\n",
-                pct(serve_ms, 0.5), pct(serve_ms, 0.9), pct(serve_ms, 1.0), not_rejoined);
-  std::printf("death watch thread: %.1f ms of CPU over %.0f ms of survivors' loops (%.3f%%; "
-              "/proc/<pid>/task/<tid>/stat, clock-tick resolution)\n",
-              watch_cpu_ms, run_ms, run_ms > 0 ? 100 * watch_cpu_ms / run_ms : 0.0);
-  std::printf("wrong values %ld, other errors (timeouts, ...) %ld, victims not killed %ld, "
-              "segments left in /dev/shm %ld, fds %d -> %d, max RSS %ld -> %ld KiB\n",
-              wrong, other, not_died, leftover, fds0, open_fds(), rss0, rss_kb());
+    std::printf(
+        "replacement's start -> its first completed (full, agreed) call (ms): median %.2f, "
+        "p90 %.2f, max %.2f; survivors still masking at their last call: %ld\n",
+        pct(serve_ms, 0.5), pct(serve_ms, 0.9), pct(serve_ms, 1.0), not_rejoined);
+  std::printf(
+      "death watch thread: %.1f ms of CPU over %.0f ms of survivors' loops (%.3f%%; "
+      "/proc/<pid>/task/<tid>/stat, clock-tick resolution)\n",
+      watch_cpu_ms, run_ms, run_ms > 0 ? 100 * watch_cpu_ms / run_ms : 0.0);
+  std::printf(
+      "wrong values %ld, other errors (timeouts, ...) %ld, victims not killed %ld, "
+      "segments left in /dev/shm %ld, fds %d -> %d, max RSS %ld -> %ld KiB\n",
+      wrong, other, not_died, leftover, fds0, open_fds(), rss0, rss_kb());
   return wrong == 0 && other == 0 && not_died == 0 && leftover == 0 && not_rejoined == 0 ? 0 : 1;
 }
