@@ -1,5 +1,7 @@
 #include "bootstrap/death_notices.hpp"
 
+#include "core/log.hpp"
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -47,6 +49,7 @@ void DeathNotices::pump() {
       n.rank = r;
       std::snprintf(n.how, sizeof n.how, "%s", watch_.how(r).c_str());
       send_.push_back(remote_.isend(peer, kTag, &n, sizeof n));
+      log::debug("rank ", rank_, ": rank ", r, "'s death forwarded to rank ", peer);
     }
   }
   for (int& s : send_)
@@ -55,6 +58,7 @@ void DeathNotices::pump() {
   for (size_t i = 0; i < remotes_.size(); ++i) {
     if (recv_[i] < 0 || !remote_.test(recv_[i], nullptr)) continue;
     const Notice n = inbox_[i];
+    log::debug("rank ", rank_, ": rank ", n.rank, "'s death heard from rank ", remotes_[i]);
     if (n.rank >= 0 && n.rank < static_cast<int>(host_of_.size()))
       watch_.note_remote(n.rank, std::string(n.how, strnlen(n.how, sizeof n.how)));
     recv_[i] = remote_.irecv(remotes_[i], kTag, &inbox_[i], sizeof(Notice));
