@@ -53,15 +53,6 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
     bootstrap_->barrier();
     if (rank() != 0) rendezvous_ = Rendezvous::open(options.elastic_name);
     rendezvous_->claim(rank(), false);
-    // A dead rank's segments are of no use to anyone (a replacement makes new ones): unlink
-    // their names so nothing is left in /dev/shm.
-    unlink_dead_ = deaths_->subscribe([this](int r) {
-      // Only the dead process's names: a replacement may have published its own already.
-      if (rendezvous_->pid(r) != deaths_->pid_of(r)) return;
-      for (int w = 0; w < windows_; ++w)
-        if (rendezvous_->window_incarnation(w, r) != 0)
-          shm_unlink(rendezvous_->window_name(w, r).c_str());
-    });
   }
   if (remote_ && deaths_->active())
     notices_ = std::make_unique<DeathNotices>(*remote_, *deaths_, rank(), host_vec_);
@@ -74,8 +65,17 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
 
 ShmGroup::~ShmGroup() {
   notices_.reset();  // its receives are withdrawn while the transport still exists
-  if (unlink_dead_ >= 0) deaths_->unsubscribe(unlink_dead_);
-  if (rendezvous_) rendezvous_->unlink();
+  if (rendezvous_) {
+    // A rank that died and was never replaced cannot unlink its segments' names (a replacement
+    // unlinks its predecessor's): do it here, when no replacement can come any more. Not on the
+    // death itself: a replacement may be publishing its own names under that rank by then.
+    for (int r = 0; r < size(); ++r)
+      if (r != rank() && deaths_->dead(r) && rendezvous_->pid(r) == deaths_->pid_of(r))
+        for (int w = 0; w < windows_; ++w)
+          if (rendezvous_->window_incarnation(w, r) != 0)
+            shm_unlink(rendezvous_->window_name(w, r).c_str());
+    rendezvous_->unlink();
+  }
 }
 
 std::unique_ptr<SharedWindow> ShmGroup::allocate_window(size_t bytes) {

@@ -48,11 +48,10 @@ class ShmGroup : public Group {
   std::unique_ptr<FlagBarrier> barrier_;
   std::unique_ptr<transport::Remote> remote_;
   std::unique_ptr<DeathWatch> deaths_;  // this host's other ranks' processes
-  // Elastic groups: the host's rendezvous (GroupOptions::elastic_name), the windows made so far
-  // (their index there), and the death watch subscription that unlinks a dead rank's names.
+  // Elastic groups: the host's rendezvous (GroupOptions::elastic_name) and the windows made so
+  // far (their index there).
   std::unique_ptr<Rendezvous> rendezvous_;
-  std::atomic<int> windows_{0};  // read by the death watch's thread
-  int unlink_dead_ = -1;
+  std::atomic<int> windows_{0};
   std::unique_ptr<DeathNotices> notices_;  // across hosts: deaths forwarded over remote_
 };
 
