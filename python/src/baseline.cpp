@@ -50,29 +50,14 @@ class PyBaseline {
     Borrowed bi = borrow(topk_idx, "Baseline: topk_idx", DType::kInt64, dev);
     Borrowed bw = borrow(topk_weights, "Baseline: topk_weights", DType::kFP32, dev);
     DispatchArgs a{bx.view, bi.view, bw.view, latency ? Layout::kLatency : Layout::kThroughput};
-    std::vector<std::pair<double, double>> times;
-    without_gil([&] {
-      using Clock = std::chrono::steady_clock;
-      for (int i = 0; i < warmup + iters; ++i) {
-        if (barrier) buf.group().barrier();
-        const auto t0 = Clock::now();
-        DispatchResult r = base_->dispatch(a);
-        const auto t1 = Clock::now();
-        if (barrier) buf.group().barrier();
-        const auto t2 = Clock::now();
-        TensorView y = base_->combine({r.recv_x, r.handle});
-        const auto t3 = Clock::now();
-        last_y_.assign(static_cast<const char*>(y.data),
-                       static_cast<const char*>(y.data) + y.bytes());
-        if (i >= warmup)
-          times.emplace_back(std::chrono::duration<double, std::micro>(t1 - t0).count(),
-                             std::chrono::duration<double, std::micro>(t3 - t2).count());
-      }
-      return 0;
-    });
-    pb::list out;
-    for (auto& [d, c] : times) out.append(pb::make_tuple(d, c));
-    return out;
+    return time_pairs(
+        buf.group(), iters, warmup, barrier, [&] { return base_->dispatch(a); },
+        [](const DispatchResult&) {},  // the identity expert: combine takes recv_x as it is
+        [&](const DispatchResult& r) {
+          TensorView y = base_->combine({r.recv_x, r.handle});
+          last_y_.assign(static_cast<const char*>(y.data),
+                         static_cast<const char*>(y.data) + y.bytes());
+        });
   }
 
   // The raw bytes of the last combine's y (bf16 bits or fp32), rows of `hidden`.

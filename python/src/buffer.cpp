@@ -359,28 +359,10 @@ pb::list PyBuffer::time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk
   Borrowed bi = borrow(topk_idx, "time_calls: topk_idx", DType::kInt64, dev);
   Borrowed bw = borrow(topk_weights, "time_calls: topk_weights", DType::kFP32, dev);
   DispatchArgs a{bx.view, bi.view, bw.view, latency ? Layout::kLatency : Layout::kThroughput};
-  std::vector<std::pair<double, double>> times;
-  without_gil([&] {
-    using Clock = std::chrono::steady_clock;
-    for (int i = 0; i < warmup + iters; ++i) {
-      if (barrier) buf.group().barrier();
-      const auto t0 = Clock::now();
-      DispatchResult r = buf.dispatch(a);
-      const auto t1 = Clock::now();
-      identity_expert(buf, r);
-      if (barrier) buf.group().barrier();
-      const auto t2 = Clock::now();
-      buf.combine({buf.combine_buffer(), r.handle});
-      const auto t3 = Clock::now();
-      if (i >= warmup)
-        times.emplace_back(std::chrono::duration<double, std::micro>(t1 - t0).count(),
-                           std::chrono::duration<double, std::micro>(t3 - t2).count());
-    }
-    return 0;
-  });
-  pb::list out;
-  for (auto& [d, c] : times) out.append(pb::make_tuple(d, c));
-  return out;
+  return time_pairs(
+      buf.group(), iters, warmup, barrier, [&] { return buf.dispatch(a); },
+      [&](const DispatchResult& r) { identity_expert(buf, r); },
+      [&](const DispatchResult& r) { buf.combine({buf.combine_buffer(), r.handle}); });
 }
 
 void bind_buffer(pb::module_& m) {

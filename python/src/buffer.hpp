@@ -3,10 +3,12 @@
 
 #include <pybind11/pybind11.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "interrupt.hpp"
 #include "ubep/buffer.hpp"
 
 namespace ubep::python {
@@ -74,5 +76,37 @@ class PyBuffer {
 };
 
 void bind_buffer(pb::module_& m);
+
+// ubep.bench's timing loop, for any implementation: `warmup` untimed then `iters` timed
+// dispatch + combine pairs, without the GIL; barrier: an untimed group barrier before each timed
+// call, so untimed work in between does not show up as one rank waiting inside the next call.
+// dispatch() returns what between(result) (untimed: the expert) and combine(result) take.
+// Returns [(dispatch µs, combine µs), ...].
+template <typename Dispatch, typename Between, typename Combine>
+pb::list time_pairs(Group& group, int iters, int warmup, bool barrier, Dispatch&& dispatch,
+                    Between&& between, Combine&& combine) {
+  std::vector<std::pair<double, double>> times;
+  without_gil([&] {
+    using Clock = std::chrono::steady_clock;
+    for (int i = 0; i < warmup + iters; ++i) {
+      if (barrier) group.barrier();
+      const auto t0 = Clock::now();
+      auto r = dispatch();
+      const auto t1 = Clock::now();
+      between(r);
+      if (barrier) group.barrier();
+      const auto t2 = Clock::now();
+      combine(r);
+      const auto t3 = Clock::now();
+      if (i >= warmup)
+        times.emplace_back(std::chrono::duration<double, std::micro>(t1 - t0).count(),
+                           std::chrono::duration<double, std::micro>(t3 - t2).count());
+    }
+    return 0;
+  });
+  pb::list out;
+  for (auto& [d, c] : times) out.append(pb::make_tuple(d, c));
+  return out;
+}
 
 }  // namespace ubep::python

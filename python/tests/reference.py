@@ -56,6 +56,23 @@ def make_inputs(spec, rank, it):
     return x, idx, w
 
 
+def mask_inputs(spec, inputs, masked):
+    """Every rank's (x, idx, w) as the reference must see them when the ranks in ``masked`` are
+    masked (docs/ELASTIC.md): a masked rank sends nothing, and the others' topk entries naming
+    its experts become -1. Returns (xs, idxs, ws)."""
+    xs, idxs, ws = [], [], []
+    for r, (x, idx, w) in enumerate(inputs):
+        if r in masked:
+            x, idx, w = x[:0], idx[:0], w[:0]
+        idx = idx.copy()
+        for m in masked:
+            idx[(idx >= 0) & (idx // spec.El == m)] = -1
+        xs.append(x)
+        idxs.append(idx)
+        ws.append(w)
+    return xs, idxs, ws
+
+
 def make_expert_output(spec, rank, it, shape):
     """What the 'experts' hand to combine: random rows (every misplaced row shows)."""
     rng = np.random.default_rng(spec.seed * 7777 + rank * 10 + it)

@@ -18,19 +18,9 @@ SPEC = ref.Spec(ranks=R, tokens=6, hidden=40, experts=6, topk=2, dtype="bf16", s
 
 def masked_inputs(spec, its, masked):
     """Every rank's inputs of the call (rank r's of call its[r]), as the reference must see
-    them: a masked rank sends nothing, the others' entries naming its experts become -1."""
-    xs, idxs, ws = [], [], []
-    for r in range(spec.R):
-        x, idx, w = ref.make_inputs(spec, r, its.get(r, 0))
-        if r in masked:
-            x, idx, w = x[:0], idx[:0], w[:0]
-        idx = idx.copy()
-        for m in masked:
-            idx[(idx >= 0) & (idx // spec.El == m)] = -1
-        xs.append(x)
-        idxs.append(idx)
-        ws.append(w)
-    return xs, idxs, ws
+    them with ``masked`` masked."""
+    return ref.mask_inputs(spec, [ref.make_inputs(spec, r, its.get(r, 0)) for r in range(spec.R)],
+                           masked)
 
 
 def check_call(spec, rank, its, masked, got, what):

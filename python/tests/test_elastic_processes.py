@@ -57,17 +57,7 @@ def expected(me, its, masked):
     """The reference of rank ``me``'s call when rank r used the inputs of iteration its[r]: a
     masked rank sends nothing and its experts are dropped from every topk_idx."""
     spec = spec_of(0)
-    xs, idxs, ws = [], [], []
-    for r in range(R):
-        x, idx, w = inputs(r, its[r])
-        if r in masked:
-            x, idx, w = x[:0], idx[:0], w[:0]
-        idx = idx.copy()
-        for m in masked:
-            idx[(idx >= 0) & (idx // spec.El == m)] = -1
-        xs.append(x)
-        idxs.append(idx)
-        ws.append(w)
+    xs, idxs, ws = ref.mask_inputs(spec, [inputs(r, its[r]) for r in range(R)], masked)
     disp, where = ref.dispatch_latency(spec, xs, idxs)
     outs = [expert_output(d, its[d], disp[d]["recv_x"].shape) for d in range(R)]
     ys = ref.combine_latency(spec, where, outs, idxs, ws)

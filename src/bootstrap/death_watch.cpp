@@ -128,7 +128,6 @@ void DeathWatch::watch_locked(int rank, pid_t pid) {
   if (p.pidfd < 0) {  // gone before we looked (ESRCH), or no pidfds at all (ENOSYS)
     if (errno == ESRCH) {
       p.how = "ended before its peers could watch it";
-      p.seen_at = std::chrono::steady_clock::now();
       p.dead.store(true, std::memory_order_release);
     }
     return;
@@ -149,7 +148,6 @@ void DeathWatch::note_remote(int rank, const std::string& how) {
     Peer& p = peers_[rank];
     if (p.dead.load(std::memory_order_relaxed)) return;
     p.how = how + " (on its host; forwarded)";
-    p.seen_at = std::chrono::steady_clock::now();
     p.dead.store(true, std::memory_order_release);
   }
   std::lock_guard<std::mutex> lock(subs_mu_);
@@ -183,11 +181,6 @@ pid_t DeathWatch::pid_of(int rank) const {
   return peers_[rank].pid;
 }
 
-std::chrono::steady_clock::time_point DeathWatch::seen_at(int rank) const {
-  std::lock_guard<std::mutex> lock(info_mu_);
-  return peers_[rank].seen_at;
-}
-
 int DeathWatch::subscribe(std::function<void(int)> fn) {
   std::lock_guard<std::mutex> lock(subs_mu_);
   subscribers_.emplace_back(next_id_, std::move(fn));
@@ -208,12 +201,11 @@ void DeathWatch::record_death(int rank, int pidfd) {
     std::lock_guard<std::mutex> lock(info_mu_);
     Peer& p = peers_[rank];
     if (p.pidfd < 0 || p.pidfd != pidfd || p.dead.load(std::memory_order_relaxed)) return;
-    p.seen_at = std::chrono::steady_clock::now();
     p.how = how_it_ended(p.pidfd, p.pid);
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, p.pidfd, nullptr);
     close(p.pidfd);
     p.pidfd = -1;
-    // Release: a thread that sees dead() also sees how and seen_at.
+    // Release: a thread that sees dead() also sees how.
     p.dead.store(true, std::memory_order_release);
   }
   log::info("rank ", rank, " ", how(rank));

@@ -44,8 +44,6 @@ class DeathWatch {
   std::string how(int rank) const;
   // The process watched for `rank` (the one that died, once dead() is true).
   pid_t pid_of(int rank) const;
-  // Steady-clock time at which the watch saw the death (for the elastic tool's table).
-  std::chrono::steady_clock::time_point seen_at(int rank) const;
 
   // fn(rank) runs on the watch thread once per death, after dead(rank) is true. unsubscribe
   // returns only once fn is not running and will not run again (so fn may capture its owner).
@@ -72,14 +70,13 @@ class DeathWatch {
     std::atomic<bool> dead{false};
     std::atomic<bool> forwarded{false};
     std::string how;
-    std::chrono::steady_clock::time_point seen_at;
   };
   std::unique_ptr<Peer[]> peers_;
   int ranks_ = 0;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
-  mutable std::mutex info_mu_;  // guards Peer::pid/pidfd/how/seen_at
+  mutable std::mutex info_mu_;  // guards Peer::pid/pidfd/how
   // Guards subscribers_; held while they run, so unsubscribe waits for a running one.
   std::mutex subs_mu_;
   std::vector<std::pair<int, std::function<void(int)>>> subscribers_;

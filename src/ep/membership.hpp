@@ -69,9 +69,6 @@ class Membership {
   Resume agree(uint64_t calls, uint64_t seq, bool auto_mask, const WaitPolicy& policy,
                const char* what);
 
-  uint32_t round() const { return round_; }
-  int incarnation(int r) const { return static_cast<int>(view_[static_cast<size_t>(r)] >> 1); }
-
  private:
   struct Record {
     uint32_t round = 0, flags = 0;
@@ -100,6 +97,10 @@ class Membership {
   std::vector<uint32_t> agreed_;          // at the last agreement
   std::vector<uint32_t> published_view_;  // in this rank's last record
   std::vector<uint8_t> masked_;           // agreed_, as flags
+  // Concurrency: this object is written only by the caller's thread between calls (agree runs
+  // before a call's roles start, abandon after they ended); role threads read masked_, round_
+  // and the records (peer_ahead, from FailureWatch) during a call. run_roles' start and join
+  // order the two, so no lock is needed; peers' records are read through the seqlock.
   uint32_t round_ = 0;                    // round of the last published record
   bool must_agree_ = false;       // abandoned a call: the next dispatch agrees, whatever else
   bool abandoned_ = false;        // the last call started was abandoned (until an agreement)

@@ -32,9 +32,22 @@ class Waiter {
   void wait_for(Pred&& pred, bool caller, Describe&& describe) const {
     auto named = [&] { return detail::concat(describe(), " in call ", watch_.call()); };
     if (caller && relay_) {
-      // Deaths on other hosts arrive through the transport too (Group::pump_deaths).
-      wait_until([&] { return pred() || (relay_->progress(), group_.pump_deaths(), pred()); },
-                 policy_, named);
+      // Deaths on other hosts arrive through the transport too (Group::pump_deaths): looked
+      // for at most every 100 µs, not at every poll of the relay (a death is rare, a poll is
+      // not), so a forwarded death still ends this wait within about a poll's sleep.
+      auto next_pump = std::chrono::steady_clock::now();
+      wait_until(
+          [&] {
+            if (pred()) return true;
+            relay_->progress();
+            const auto now = std::chrono::steady_clock::now();
+            if (now >= next_pump) {
+              group_.pump_deaths();
+              next_pump = now + std::chrono::microseconds(100);
+            }
+            return pred();
+          },
+          policy_, named);
     } else {
       wait_until(pred, policy_, named);
     }

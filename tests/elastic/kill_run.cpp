@@ -153,19 +153,21 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
     return false;
   };
   bool tail_now = false;
-  // Called after a call threw (and its counter was bumped): records what and when.
-  auto failed = [&](const std::string& what) {
+  // A call threw: records what and when, and counts it. A PeerFailedError once peers finished
+  // their loop and left (the tail) is not a failure under test and is counted apart; anything
+  // else counts as `other` wherever it happens.
+  auto failed = [&](const std::string& what, bool peer_failed) {
     if (rep.first_error_us < 0 && shared.kill_us.load() > 0) {
       rep.first_error_us = now_us() - shared.kill_us.load();
       note(rep.first_error, what);
     }
     note(rep.last_error, what);
-    // Peers that finished their loop and left end the calls still open: not the failures
-    // under test, counted apart.
-    if (tail_now || (replacing && some_done())) {
+    if (!peer_failed)
+      ++rep.other_errors;
+    else if (tail_now || (replacing && some_done()))
       ++rep.tail_failed;
-      if (rep.failed > 0) --rep.failed;
-    }
+    else
+      ++rep.failed;
   };
   int first_i = 0;
   if (replacing)
@@ -238,8 +240,7 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
       r = buf.dispatch(args);
       ++rep.completed;
     } catch (const PeerFailedError& e) {
-      ++rep.failed;
-      failed(e.what());
+      failed(e.what(), true);
       if (replacing && some_done()) break;
       continue;
     } catch (const std::exception& e) {
@@ -247,8 +248,7 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
         ++rep.tail_failed;
         break;
       }
-      ++rep.other_errors;
-      failed(e.what());
+      failed(e.what(), false);
       continue;
     }
     if (rep.first_call_us < 0) rep.first_call_us = now_us() - start_us;
@@ -350,11 +350,9 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
           if (bf16_to_float(yv[t * H + h]) != wsum * in.value(me, t, h, i)) ++rep.wrong;
       }
     } catch (const PeerFailedError& e) {
-      ++rep.failed;
-      failed(e.what());
+      failed(e.what(), true);
     } catch (const std::exception& e) {
-      ++rep.other_errors;
-      failed(e.what());
+      failed(e.what(), false);
     }
   }
   shared.done[me].store(1);
