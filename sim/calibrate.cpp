@@ -96,7 +96,7 @@ double handoff_ns(int iters) {
 
 int cmd_calibrate(const Options& o) {
   // The library's calls on the two calibrated shapes, and the plain-store call of half the
-  // non-temporal threshold (call_state.hpp kStreamBytes / 2 = 2 MiB: 18 tokens x 8 rows; the
+  // non-temporal threshold (dispatch_call.hpp kStreamBytes / 2 = 2 MiB: 18 tokens x 8 rows; the
   // regime of small calls, whose rows the library writes with plain stores because they stay in
   // cache). Each rate is the call's bytes per rank over its time (calibrate_calls.hpp).
   struct Named {

@@ -9,7 +9,7 @@
 //  * combine reduction (in place, or from bsp's staging): input rows read + output rows written
 //    (decode writes one row per 8 read, prefill one per 2; top-4 one per 4);
 //  * plain copies (bsp's staging, dispatches below the library's non-temporal threshold,
-//    call_state.hpp kStreamBytes: small calls use plain stores because the rows are still in
+//    dispatch_call.hpp kStreamBytes: small calls use plain stores because the rows are still in
 //    cache when read): the rate moves with log(bytes) from the rate `calibrate` measured for a
 //    plain-store call of half that threshold (cache-resident) to decode's and prefill's.
 // The two per-byte costs of each split are solved from the decode and prefill measurements

@@ -18,12 +18,14 @@
 
 namespace ubep {
 
+class Group;
 namespace transport {
 class Remote;
 }
 namespace bootstrap {
-class DeathWatch;
-}
+class GroupHooks;  // internal (src/bootstrap/group_hooks.hpp)
+GroupHooks& hooks_of(const Group& group);
+}  // namespace bootstrap
 
 struct GroupOptions {
   // How long any wait on a peer may last before a TimeoutError names the peer.
@@ -85,25 +87,10 @@ class Group {
   // Collective gather of `bytes` from every rank into out[size * bytes]. Set-up path only.
   virtual void allgather(const void* in, void* out, size_t bytes) = 0;
 
-  // Point-to-point transport to ranks on other hosts; nullptr on a single host. Internal: used
-  // by the cross-host relay of the EP algorithms, from one thread at a time.
-  virtual transport::Remote* remote() { return nullptr; }
-
   // Process groups watch the processes of this host's other ranks (docs/ELASTIC.md): how rank
   // `rank`'s process ended, e.g. "died (signal 9)"; empty while it lives or is not watched
   // (thread groups, other hosts).
   std::string death_of(int rank);
-  // Internal: the watch behind death_of (nullptr where nothing is watched).
-  virtual bootstrap::DeathWatch* death_watch() { return nullptr; }
-  // Elastic groups: the incarnation of `rank` (0 for the group's first processes, +1 per
-  // replacement), whether this process is a replacement that joined a live group (its Buffers
-  // make no collective set-up calls), and what to do once a replacement of `rank` is seen.
-  virtual uint32_t incarnation_of(int /*rank*/) const { return 0; }
-  virtual bool rejoining() const { return false; }
-  virtual void peer_replaced(int /*rank*/) {}
-  // Groups that span hosts: forward this host's deaths to the other hosts and take theirs
-  // (docs/ELASTIC.md). Internal: called by the caller's thread inside its waits.
-  virtual void pump_deaths() {}
 
   // Short description for logs and benchmark tables, e.g. "threads(4)" or "mpi(2 ranks, 1 host)".
   virtual const char* kind() const = 0;
@@ -112,6 +99,9 @@ class Group {
   Group(int rank, int size, GroupOptions options);
   virtual void barrier_impl() = 0;
   void set_hosts(std::vector<int> host_of);
+  // Implementations hand the library's internals what they have beyond this interface (the
+  // transport between hosts, the death watch, elastic membership); it outlives the group's use.
+  void set_hooks(bootstrap::GroupHooks* hooks) { hooks_ = hooks; }
 
  private:
   int rank_;
@@ -120,6 +110,8 @@ class Group {
   std::vector<int> host_of_;
   int num_hosts_ = 1;
   uint64_t barriers_ = 0;
+  bootstrap::GroupHooks* hooks_ = nullptr;
+  friend bootstrap::GroupHooks& bootstrap::hooks_of(const Group& group);
 };
 
 // Runs fn(group) on `ranks` threads, one Group per thread (gloo's spawn). After every thread

@@ -7,9 +7,10 @@
 // the fixed order, and run the role groups concurrently. They never memcpy into, or use atomics
 // on, peer memory themselves.
 //
-// A backend whose roles run on the device (CUDA: warps inside one kernel, not host calls per
-// row) implements the ep::Algorithm interface directly with kernels over the same protocol;
-// this per-row interface is for backends whose roles are host threads (docs/BACKENDS.md).
+// This per-row interface is for backends whose roles are host threads (docs/BACKENDS.md). The
+// CUDA backend's roles are warps inside its kernels, so it has no DataPath: it implements
+// backend::Engine itself (cuda_host::KernelEngine, src/backend/cuda/kernel_engine.hpp), running
+// the same algorithms over the same protocol (src/protocol) and the same CallMachine.
 #pragma once
 
 #include <cstddef>

@@ -12,6 +12,7 @@
 #include "ubep/baseline.hpp"
 #include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
+#include "protocol/config_checks.hpp"
 #include "ubep/fp8.hpp"
 
 namespace ubep {
@@ -22,18 +23,7 @@ namespace {
 
 // Rejects every config that would divide by zero or size nothing, before anything is sized.
 const BufferConfig& checked(const Group& g, const BufferConfig& c) {
-  UBEP_CHECK_ARG(c.hidden >= 1, "AlltoallBaseline: hidden must be >= 1, got ", c.hidden);
-  UBEP_CHECK_ARG(c.max_tokens_per_rank >= 1,
-                 "AlltoallBaseline: max_tokens_per_rank must be >= 1, got ", c.max_tokens_per_rank);
-  UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32 || c.dtype == DType::kFP8E4M3,
-                 "AlltoallBaseline: dtype must be bf16, fp32 or fp8, got ", dtype_name(c.dtype));
-  UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0,
-                 "AlltoallBaseline: num_experts ", c.num_experts,
-                 " must be a positive multiple of the group size ", g.size());
-  UBEP_CHECK_ARG(c.max_topk >= 1 && c.max_topk <= 64,
-                 "AlltoallBaseline: max_topk must be in [1, 64], got ", c.max_topk);
-  UBEP_CHECK_ARG(c.num_workers >= -1 && c.num_workers <= 1024,
-                 "AlltoallBaseline: num_workers must be in [-1, 1024], got ", c.num_workers);
+  protocol::check_buffer_config(c, g.size(), "AlltoallBaseline");
   return c;
 }
 

@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "bootstrap/death_watch.hpp"
+#include "bootstrap/group_hooks.hpp"
 #include "ubep/error.hpp"
 #include "ubep/group.hpp"
 
@@ -17,8 +18,13 @@ void Group::barrier() {
   barrier_impl();
 }
 
+bootstrap::GroupHooks& bootstrap::hooks_of(const Group& group) {
+  static GroupHooks none;  // stateless: one host, nothing watched, never rejoining
+  return group.hooks_ ? *group.hooks_ : none;
+}
+
 std::string Group::death_of(int rank) {
-  bootstrap::DeathWatch* watch = death_watch();
+  bootstrap::DeathWatch* watch = bootstrap::hooks_of(*this).death_watch();
   return watch && watch->dead(rank) ? watch->how(rank) : std::string();
 }
 

@@ -36,6 +36,7 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
       bootstrap_(std::move(bootstrap)),
       host_vec_(host_of),
       remote_(std::move(remote)) {
+  set_hooks(this);
   set_hosts(std::move(host_of));
   UBEP_CHECK_ARG(single_host() || remote_, "the group spans ", num_hosts(),
                  " hosts but has no transport between them (use make_mpi_group)");
@@ -91,6 +92,7 @@ void ShmGroup::peer_replaced(int rank) {
 
 RejoinGroup::RejoinGroup(std::unique_ptr<Rendezvous> rdv, int rank, GroupOptions options)
     : Group(rank, rdv->ranks(), options), rdv_(std::move(rdv)) {
+  set_hooks(this);
   host_vec_.assign(static_cast<size_t>(size()), 0);  // elastic groups live on one host
   set_hosts(host_vec_);
   // The predecessor's segments are of no use (this process makes new ones) and, dead, it cannot

@@ -10,13 +10,14 @@
 #include "bootstrap/death_notices.hpp"
 #include "bootstrap/death_watch.hpp"
 #include "bootstrap/flag_barrier.hpp"
+#include "bootstrap/group_hooks.hpp"
 #include "bootstrap/rendezvous.hpp"
 #include "transport/remote.hpp"
 #include "ubep/bootstrap.hpp"
 
 namespace ubep::bootstrap {
 
-class ShmGroup : public Group {
+class ShmGroup : public Group, private GroupHooks {
  public:
   // host_of: host of every rank (from the bootstrap, or forced by options.ranks_per_host).
   // remote: the transport to other hosts (required when host_of names more than one host).
@@ -57,7 +58,7 @@ class ShmGroup : public Group {
 
 // A replacement process's group (make_rejoin_group): the live group's windows, mapped through
 // the rendezvous; no collective calls.
-class RejoinGroup : public Group {
+class RejoinGroup : public Group, private GroupHooks {
  public:
   RejoinGroup(std::unique_ptr<Rendezvous> rdv, int rank, GroupOptions options);
   ~RejoinGroup() override;

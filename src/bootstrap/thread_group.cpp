@@ -14,6 +14,7 @@
 #include "core/wait.hpp"
 #include "transport/inproc/inproc_remote.hpp"
 #include "ubep/error.hpp"
+#include "bootstrap/group_hooks.hpp"
 #include "ubep/group.hpp"
 
 namespace ubep {
@@ -59,12 +60,13 @@ struct ThreadWorld::State {
 
 namespace {
 
-class ThreadGroup : public Group {
+class ThreadGroup : public Group, private bootstrap::GroupHooks {
  public:
   ThreadGroup(int rank, std::shared_ptr<ThreadWorld::State> state)
       : Group(rank, state->size, state->options),
         state_(std::move(state)),
         barrier_(rank, state_->size, [s = state_.get()](int p) { return &s->counters[p]; }) {
+    set_hooks(this);
     if (state_->ranks_per_host > 0) {
       std::vector<int> hosts(static_cast<size_t>(size()));
       for (int r = 0; r < size(); ++r) hosts[static_cast<size_t>(r)] = r / state_->ranks_per_host;

@@ -8,24 +8,25 @@
 // flags are the separate "done" round the staged design pays for. Outputs are double-buffered
 // by call parity (protocol.hpp), so no barrier is needed after the last stage.
 #include "core/stage_timer.hpp"
-#include "ep/algo_context.hpp"
-#include "ep/algorithm.hpp"
+#include "ep/exchange_context.hpp"
+#include "ep/token_exchange.hpp"
 
 namespace ubep::ep {
 
 namespace {
 constexpr int kDispatchOp = 0, kCombineOp = 1;
 
-void set_flags_and_verify(const AlgoContext& c, int op) {
-  const Window& w = c.win;
+void set_flags_and_verify(const ExchangeContext& ctx, const DispatchCall& call, int op) {
+  const Window& w = ctx.win;
   // Flags travel through shared memory, so only within the host; the barriers cover the rest.
-  for (int d = 0; d < c.ranks(); ++d)
-    if (c.reach(d)) w.dp().publish(w.map().stage_flag(w.peer(d), op, c.rank()), w.tag());
-  for (int s = 0; s < c.ranks(); ++s) {
-    if (!c.reach(s)) continue;
-    const Tag* f = w.map().stage_flag(w.local(), op, s);
-    c.waiter.wait_for([&] { return w.arrived(f); }, true,
-                      [&] { return detail::concat("bsp flag of rank ", s); });
+  for (int dest = 0; dest < ctx.ranks(); ++dest)
+    if (ctx.reach(call, dest))
+      w.dp().publish(w.map().stage_flag(w.peer(dest), op, ctx.rank()), w.tag());
+  for (int source = 0; source < ctx.ranks(); ++source) {
+    if (!ctx.reach(call, source)) continue;
+    const Tag* flag = w.map().stage_flag(w.local(), op, source);
+    ctx.waiter.wait_for([&] { return w.arrived(flag); }, true,
+                        [&] { return detail::concat("bsp flag of rank ", source); });
   }
 }
 
@@ -36,146 +37,180 @@ void set_flags_and_verify(const AlgoContext& c, int op) {
 // barrier out of step. A slot is rewritten only in the next call, after every rank has passed
 // it (passing the next barrier needs everyone), so a waiter never misses the value it waits for.
 // Across hosts the group's barrier (MPI) does it.
-void stage_barrier(const AlgoContext& c, int n, uint64_t* window_barriers) {
-  if (c.multi_host()) {
-    c.group.barrier();
+void stage_barrier(const ExchangeContext& ctx, const DispatchCall& call, int n,
+                   uint64_t* window_barriers) {
+  if (ctx.multi_host()) {
+    ctx.group.barrier();
     return;
   }
-  const Window& w = c.win;
+  const Window& w = ctx.win;
   const int slot = 2 + n;
-  for (int d = 0; d < c.ranks(); ++d)
-    if (d != c.rank() && c.reach(d))
-      w.dp().publish(w.map().stage_flag(w.peer(d), slot, c.rank()), w.tag());
-  for (int s = 0; s < c.ranks(); ++s) {
-    if (s == c.rank() || !c.reach(s)) continue;
-    const Tag* f = w.map().stage_flag(w.local(), slot, s);
-    c.waiter.wait_for([&] { return w.arrived(f); }, true,
-                      [&] { return detail::concat("bsp barrier ", n, " of rank ", s); });
+  for (int dest = 0; dest < ctx.ranks(); ++dest)
+    if (dest != ctx.rank() && ctx.reach(call, dest))
+      w.dp().publish(w.map().stage_flag(w.peer(dest), slot, ctx.rank()), w.tag());
+  for (int source = 0; source < ctx.ranks(); ++source) {
+    if (source == ctx.rank() || !ctx.reach(call, source)) continue;
+    const Tag* flag = w.map().stage_flag(w.local(), slot, source);
+    ctx.waiter.wait_for([&] { return w.arrived(flag); }, true,
+                        [&] { return detail::concat("bsp barrier ", n, " of rank ", source); });
   }
   ++*window_barriers;
 }
 
-class Bsp final : public Algorithm {
+class Bsp final : public TokenExchange {
  public:
-  explicit Bsp(const AlgoContext& c) : c_(c) {}
+  explicit Bsp(const ExchangeContext& ctx) : ctx_(ctx) {}
   bool split_phase() const override { return false; }
-  void dispatch_send(const DispatchArgs& a) override;
-  void dispatch_recv() override {}  // dispatch_send completed the call
-  std::array<int64_t, 2> wait_recv_range(int s, int e) override {
-    const int64_t* r = c_.call.range(e, s);
-    return {r[0], r[1]};
+  void dispatch_send(DispatchCall& call) override;
+  // dispatch_send completed the call.
+  Arrivals dispatch_recv(DispatchCall& call) override { return call.arrivals(); }
+  std::array<int64_t, 2> wait_recv_range(const DispatchCall& call, int s, int e) override {
+    const int64_t* range = call.range(e, s);
+    return {range[0], range[1]};
   }
-  void combine_send(const CombineArgs& a) override;
-  void combine_recv() override {}
+  void combine_send(const CombineCall& combine) override;
+  TensorView combine_recv(const CombineCall& combine) override {
+    return ctx_.reducer.y_view(combine.dispatch.routing().num_tokens, combine.out);
+  }
   uint64_t window_barriers() const override { return window_barriers_; }
 
  private:
-  void barrier(int n) { stage_barrier(c_, n, &window_barriers_); }
+  void barrier(const DispatchCall& call, int n) {
+    stage_barrier(ctx_, call, n, &window_barriers_);
+  }
+  void exchange_counts(DispatchCall& call);
+  void send_tokens(DispatchCall& call);
+  void push_combine_rows(const CombineCall& combine);
+  void reduce_staged(const CombineCall& combine);
 
-  AlgoContext c_;
+  ExchangeContext ctx_;
   uint64_t window_barriers_ = 0;
 };
 
-void Bsp::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
-  const AlgoContext& c = c_;
-  CallState& call = c.call;
-  const Routing& routing = call.routing;
-  StageTimer timer(c.stats);
-  timer.lap("layout");  // routing was built (and validated) by begin_dispatch
-  if (c.relay) c.relay->start_dispatch();
-  for (int d = 0; d < c.ranks(); ++d) {
-    if (!c.reach(d)) continue;
-    c.win.publish_count(d, c.rank(), routing.dest_rows[static_cast<size_t>(d)], routing.topk,
-                        call.shape(),
-                        &routing.dest_expert_rows[static_cast<size_t>(d * c.local_experts())]);
+// Stage 1: every count record, then a barrier; every sender then knows its offsets.
+void Bsp::exchange_counts(DispatchCall& call) {
+  const Routing& routing = call.routing();
+  if (ctx_.relay) ctx_.relay->start_dispatch(call);
+  for (int dest = 0; dest < ctx_.ranks(); ++dest) {
+    if (!ctx_.reach(call, dest)) continue;
+    ctx_.win.publish_count(
+        dest, ctx_.rank(), routing.dest_rows[static_cast<size_t>(dest)], routing.topk,
+        call.shape(),
+        &routing.dest_expert_rows[static_cast<size_t>(dest * ctx_.local_experts())]);
   }
-  if (c.relay)  // relayed sources' count records are part of this stage
-    c.waiter.wait_for([&] { return c.relay->counts_forwarded(); }, true,
-                      [] { return std::string("relayed counts"); });
-  barrier(0);
-  timer.lap("count exchange");
-  for (int d = 0; d < c.ranks(); ++d)
-    if (c.reach(d)) call.compute_offsets(c.win, d);
-  // The rows to each destination split over the worker team as ubep splits them (fair
-  // baseline); the barrier after this stage orders them for the receivers. Destinations in
-  // rotated order (as ubep does), so senders do not all start on the same rank.
-  c.dp.run_roles([&](int m) {
-    const int members = c.dp.members();
-    for (int k = 1; k <= c.ranks(); ++k) {
-      const int d = (c.rank() + k) % c.ranks();
-      if (!c.reach(d)) continue;
-      const int64_t n = routing.dest_rows[static_cast<size_t>(d)];
-      for (int64_t i = n * m / members; i < n * (m + 1) / members; ++i)
-        call.send_rows(c.win, d, i, [](Tag*) {});
+  if (ctx_.relay)  // relayed sources' count records are part of this stage
+    ctx_.waiter.wait_for([&] { return ctx_.relay->counts_forwarded(); }, true,
+                         [] { return std::string("relayed counts"); });
+  barrier(call, 0);
+}
+
+// Stage 2: the rows to each destination split over the worker team as ubep splits them (fair
+// baseline); the barrier after this stage orders them for the receivers. Destinations in
+// rotated order (as ubep does), so senders do not all start on the same rank.
+void Bsp::send_tokens(DispatchCall& call) {
+  for (int dest = 0; dest < ctx_.ranks(); ++dest)
+    if (ctx_.reach(call, dest)) call.compute_offsets(ctx_.win, dest);
+  const Routing& routing = call.routing();
+  ctx_.dp.run_roles([&](int member) {
+    const int members = ctx_.dp.members();
+    for (int k = 1; k <= ctx_.ranks(); ++k) {
+      const int dest = (ctx_.rank() + k) % ctx_.ranks();
+      if (!ctx_.reach(call, dest)) continue;
+      const int64_t n = routing.dest_rows[static_cast<size_t>(dest)];
+      for (int64_t i = n * member / members; i < n * (member + 1) / members; ++i)
+        call.send_rows(ctx_.win, dest, i, [](Tag*) {});
     }
   });
-  if (c.relay)
-    c.waiter.wait_for([&] { return c.relay->progress(); }, true,
-                      [] { return std::string("relay forwarding"); });
-  barrier(1);
+  if (ctx_.relay)
+    ctx_.waiter.wait_for([&] { return ctx_.relay->progress(); }, true,
+                         [] { return std::string("relay forwarding"); });
+  barrier(call, 1);
+}
+
+void Bsp::dispatch_send(DispatchCall& call) {
+  StageTimer timer(ctx_.stats);
+  timer.lap("layout");  // the engine routed (and validated) the call
+  exchange_counts(call);
+  timer.lap("count exchange");
+  send_tokens(call);
   timer.lap("token send");
-  set_flags_and_verify(c, kDispatchOp);
-  barrier(2);
+  set_flags_and_verify(ctx_, call, kDispatchOp);
+  barrier(call, 2);
   timer.lap("set-flag & verify");
-  call.receive_counts(c.win);
+  call.receive_counts(ctx_.win);
   timer.lap("prefix sum");
 }
 
-void Bsp::combine_send(const CombineArgs& a) {
-  const AlgoContext& c = c_;
-  const CallState& call = c.call;
-  const Window& w = c.win;
-  StageTimer timer(c.stats);
-  c.dp.run_roles([&](int m) {  // the rows split over the worker team, like ubep's
-    call.for_each_output_row(m, c.dp.members(), [&](int64_t row, int64_t packed) {
+// Combine stage 1: every combine row into its owner's staging (or, for an owner on another
+// host, into this rank's combine rows for the relay).
+void Bsp::push_combine_rows(const CombineCall& combine) {
+  const DispatchCall& call = combine.dispatch;
+  const Window& w = ctx_.win;
+  const size_t row_bytes = ctx_.row_bytes();
+  ctx_.dp.run_roles([&](int member) {  // the rows split over the worker team, like ubep's
+    call.for_each_output_row(member, ctx_.dp.members(), [&](int64_t row, int64_t packed) {
       int owner;
       int64_t slot;
-      call.row_owner(w, c.cfg.max_topk, row, &owner, &slot);
-      const char* data = static_cast<const char*>(a.x.data) +
-                         static_cast<size_t>(a.compacted ? packed : row) * c.row_bytes();
-      if (c.same_host(owner)) {
+      call.row_owner(w, ctx_.cfg.max_topk, row, &owner, &slot);
+      const char* data =
+          combine.x + static_cast<size_t>(combine.compacted ? packed : row) * row_bytes;
+      if (ctx_.same_host(owner)) {
         // Plain stores: the owner reduces these rows right away, so they should stay in cache.
-        w.put_row(w.at<char>(owner, w.map().push) + static_cast<size_t>(slot) * c.row_bytes(), data,
+        w.put_row(w.at<char>(owner, w.map().push) + static_cast<size_t>(slot) * row_bytes, data,
                   false);
       } else {  // stage it for this host's relay to that owner
-        w.put_row(w.at<char>(c.rank(), w.map().comb_x) + static_cast<size_t>(row) * c.row_bytes(),
+        w.put_row(w.at<char>(ctx_.rank(), w.map().comb_x) + static_cast<size_t>(row) * row_bytes,
                   data, false);
-        w.dp().publish(w.at<Tag>(c.rank(), w.map().comb_tag) + row, w.tag());
+        w.dp().publish(w.at<Tag>(ctx_.rank(), w.map().comb_tag) + row, w.tag());
       }
     });
   });
-  if (c.relay) c.relay->start_combine();
-  barrier(3);
-  timer.lap("row send");
-  set_flags_and_verify(c, kCombineOp);
-  barrier(4);
-  timer.lap("set-flag & verify");
-  const char* push = w.at<char>(c.rank(), w.map().push);
-  auto reduce = [&](int64_t t0, int64_t t1, float* acc) {
-    for (int64_t t = t0; t < t1; ++t)
-      c.reducer.reduce(t, acc, [&](int64_t tok, int j) {
-        const int64_t slot =
-            call.layout == Layout::kThroughput ? j * c.T() + tok : tok * c.cfg.max_topk + j;
-        return push + static_cast<size_t>(slot) * c.row_bytes();
+  if (ctx_.relay) ctx_.relay->start_combine(call);
+}
+
+// Combine stage 3: each owner reduces its tokens from its staging.
+void Bsp::reduce_staged(const CombineCall& combine) {
+  const DispatchCall& call = combine.dispatch;
+  const char* push = ctx_.win.at<char>(ctx_.rank(), ctx_.win.map().push);
+  auto reduce = [&](int64_t begin, int64_t end, float* acc) {
+    for (int64_t t = begin; t < end; ++t)
+      ctx_.reducer.reduce(call, combine.out, t, acc, [&](int64_t tok, int j) {
+        const int64_t slot = call.layout() == Layout::kThroughput
+                                 ? j * ctx_.max_tokens() + tok
+                                 : tok * ctx_.cfg.max_topk + j;
+        return push + static_cast<size_t>(slot) * ctx_.row_bytes();
       });
   };
-  const int64_t tokens = call.routing.num_tokens;
-  if (c.relay) {  // across hosts the caller's thread drives the transport, so it reduces alone
-    reduce(0, tokens, c.reducer.acc(0));
+  const int64_t tokens = call.routing().num_tokens;
+  if (ctx_.relay) {  // across hosts the caller's thread drives the transport, so it reduces alone
+    reduce(0, tokens, ctx_.reducer.acc(0));
+    ctx_.waiter.wait_for([&] { return ctx_.relay->combine_done(); }, true,
+                         [] { return std::string("relay partials"); });
   } else {  // tokens split over the worker team, each member with its own accumulator row
-    c.dp.run_roles([&](int m) {
-      const int members = c.dp.members();
-      reduce(tokens * m / members, tokens * (m + 1) / members, c.reducer.acc(m));
+    ctx_.dp.run_roles([&](int member) {
+      const int members = ctx_.dp.members();
+      reduce(tokens * member / members, tokens * (member + 1) / members,
+             ctx_.reducer.acc(member));
     });
   }
-  if (c.relay)
-    c.waiter.wait_for([&] { return c.relay->combine_done(); }, true,
-                      [] { return std::string("relay partials"); });
+}
+
+void Bsp::combine_send(const CombineCall& combine) {
+  StageTimer timer(ctx_.stats);
+  push_combine_rows(combine);
+  barrier(combine.dispatch, 3);
+  timer.lap("row send");
+  set_flags_and_verify(ctx_, combine.dispatch, kCombineOp);
+  barrier(combine.dispatch, 4);
+  timer.lap("set-flag & verify");
+  reduce_staged(combine);
   timer.lap("reduce");
 }
 
 }  // namespace
 
-std::unique_ptr<Algorithm> make_bsp(const AlgoContext& c) { return std::make_unique<Bsp>(c); }
+std::unique_ptr<TokenExchange> make_bsp(const ExchangeContext& ctx) {
+  return std::make_unique<Bsp>(ctx);
+}
 
 }  // namespace ubep::ep

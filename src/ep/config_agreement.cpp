@@ -9,8 +9,10 @@
 #include <exception>
 #include <thread>
 
+#include "bootstrap/group_hooks.hpp"
 #include "backend/factory/factory.hpp"
 #include "ep/config_agreement.hpp"
+#include "protocol/config_checks.hpp"
 #include "ubep/error.hpp"
 #include "ubep/scheduler.hpp"
 
@@ -19,18 +21,7 @@ namespace ubep::ep {
 namespace {
 
 BufferConfig checked(const Group& g, BufferConfig c) {
-  UBEP_CHECK_ARG(c.max_tokens_per_rank >= 1, "max_tokens_per_rank must be >= 1, got ",
-                 c.max_tokens_per_rank);
-  UBEP_CHECK_ARG(c.max_tokens_per_rank < (int64_t{1} << 30),
-                 "max_tokens_per_rank too large: ", c.max_tokens_per_rank);
-  UBEP_CHECK_ARG(c.hidden >= 1, "hidden must be >= 1, got ", c.hidden);
-  UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32 || c.dtype == DType::kFP8E4M3,
-                 "buffer dtype must be bf16, fp32 or fp8, got ", dtype_name(c.dtype));
-  UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0, "Buffer: num_experts ",
-                 c.num_experts, " must be a positive multiple of the group size ", g.size());
-  UBEP_CHECK_ARG(c.max_topk >= 1 && c.max_topk <= 64, "max_topk must be in [1, 64], got ",
-                 c.max_topk);
-  UBEP_CHECK_ARG(c.num_workers <= 1024, "Buffer: num_workers must be <= 1024, got ", c.num_workers);
+  protocol::check_buffer_config(c, g.size(), "Buffer");
   if (c.research.schedule != SendSchedule::kEqualSlices && !c.research.topology.empty()) {
     // Parsed again (deterministically) when the scheduler is built; here only to agree on it.
     const sched::Topology topo = sched::parse_topology(c.research.topology, g.size());
@@ -68,7 +59,7 @@ BufferConfig agree_on_config(Group& g, const BufferConfig& requested) {
   // A replacement joins live ranks that are in their calls, not in a set-up collective: its
   // config is checked here only; the same Buffers with the same configs are its contract
   // (make_rejoin_group), and the first agreed dispatch names a different call shape.
-  if (g.rejoining()) return checked(g, requested);
+  if (bootstrap::hooks_of(g).rejoining()) return checked(g, requested);
   Verdict mine;
   BufferConfig c;
   std::exception_ptr rejection;

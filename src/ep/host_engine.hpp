@@ -1,15 +1,23 @@
-// The host-driven engine behind a Buffer (backend/engine.hpp) on the CPU backend: the parts it
-// is composed of, and the call bookkeeping around the algorithms (sequencing, failure words,
-// split-phase state, input checks).
+// The host-driven engine behind a Buffer (backend/engine.hpp) on the CPU backend: the parts it is
+// composed of, and the call bookkeeping around the algorithms (the split-phase state machine,
+// failure words, input checks, elastic membership).
 //
-//   DataPath     (backend)  how bytes and tags move, where roles run   src/backend/data_path.hpp
-//   Window       (ep)       window map, epochs, count records, tags    src/ep/window.hpp
-//   CallState    (ep)       routing, offsets, arrivals of one call     src/ep/call_state.hpp
-//   HostRelay    (ep)       the cross-host relay, over a Remote        src/ep/relay.hpp
-//   Waiter       (ep)       bounded waits; keeps the relay going       src/ep/waiter.hpp
-//   TokenReducer (ep)       combine's fixed-order reduction into y     src/ep/reducer.hpp
-//   Algorithm    (ep)       bsp | ubep over an AlgoContext of the above  src/ep/algorithm.hpp
-// The algorithms see the parts through their context (src/ep/algo_context.hpp), never the engine.
+//   DataPath      (backend)   how bytes and tags move, where roles run  src/backend/data_path.hpp
+//   Window        (ep)        window map, epochs, count records, tags   src/ep/window.hpp
+//   DispatchCall  (ep)        one routed dispatch: input and products   src/ep/dispatch_call.hpp
+//   HostRelay     (ep)        the cross-host relay, over a Remote       src/ep/relay.hpp
+//   Waiter        (ep)        bounded waits; keeps the relay going      src/ep/waiter.hpp
+//   TokenReducer  (ep)        combine's fixed-order reduction into y    src/ep/reducer.hpp
+//   TokenExchange (ep)        bsp | ubep                                src/ep/token_exchange.hpp
+//   CallMachine   (protocol)  phases, call sequence, failure words      src/protocol/call_machine.hpp
+//
+// The engine's parts are private; the algorithms see the long-lived ones through their
+// ExchangeContext and each call as an argument, never the engine. Its code is in
+//   host_engine.cpp             construction, departure, the views a call returns
+//   host_engine_calls.cpp       Buffer's calls, each through the CallMachine
+//   host_engine_inputs.cpp      routing a dispatch (and its fp8 cast), combine's checks, compact()
+//   host_engine_membership.cpp  elastic EP: agreeing on masked ranks, mask, rejoin
+//   repeat_combine.cpp          a second combine of one dispatch
 #pragma once
 
 #include <memory>
@@ -18,75 +26,27 @@
 #include "backend/data_path.hpp"
 #include "backend/engine.hpp"
 #include "core/local_array.hpp"
-#include "ep/algorithm.hpp"
-#include "ep/call_state.hpp"
+#include "ep/dispatch_call.hpp"
+#include "ep/failure_watch.hpp"
 #include "ep/membership.hpp"
 #include "ep/reducer.hpp"
 #include "ep/relay.hpp"
+#include "ep/token_exchange.hpp"
 #include "ep/waiter.hpp"
 #include "ep/window.hpp"
-#include "protocol/call_checks.hpp"
-#include "protocol/call_ledger.hpp"
+#include "protocol/call_machine.hpp"
 #include "ubep/buffer.hpp"
 
 namespace ubep::ep {
 
-struct HostEngine final : backend::Engine {
-  Group& grp;
-  BufferConfig cfg;
-  DType cdtype;  // combine_dtype(cfg): combine's rows (dispatch rows follow the window's codec)
-  int rank, ranks, local_experts;
-  int64_t T;  // max tokens per rank
-  std::unique_ptr<backend::DataPath> dp;
-  ep::Window win;
-  ep::CallState call;
-  // Calls started, whether the buffer is broken, what the peers are told (shared with the
-  // device engine): once the ranks are out of step no call may return data.
-  protocol::CallLedger ledger;
-  ep::Membership members;            // masked ranks and their agreement (docs/ELASTIC.md)
-  int death_subscription = -1;       // the group's death watch writes kDeadWord for us
-  ep::FailureWatch watch;            // every wait of this buffer polls the peers' failure words
-  std::unique_ptr<HostRelay> relay;  // cross-host relay, when the group spans hosts
-  ep::Waiter waiter;
-  ep::TokenReducer reducer;  // owns y, combine's output
-
-  // Starts call number `ledger.calls() + 1`; throws BrokenBufferError if the buffer is broken.
-  // A dispatch first agrees on a pending change of the group (membership.hpp); a combine fails
-  // if a rank it needs died or left for an agreement.
-  void start_call(const char* what, bool dispatch);
-  void settle_membership(const char* what, bool dispatch);
-  bool lost_a_rank() const;  // an unmasked rank died in the group (not after breaking/leaving)
-  // After the call's inputs were accepted: fails the call if a peer's buffer broke.
-  void join_call(const char* what);
-  // This rank rejected its input before sending anything: tell peers waiting in this call.
-  void reject_call();
-  // The call failed after the ranks started it: the buffer is broken, for this rank and (through
-  // its failure word) for its peers.
-  void break_call(const char* what, const std::exception& cause);
-
-  enum class Phase { kIdle, kDispatchSent, kCombineSent } phase = Phase::kIdle;
-  bool have_dispatch = false;
-  uint64_t dispatch_seq = 0;  // the last dispatch's handle (a repeated combine has its own seq)
-  // The last dispatch was combined: a further combine of it is a repeat (repeat_combine.cpp).
-  bool combined = false;
-  uint64_t repeat_barriers = 0;  // barriers made before repeated combines, for last_stats()
-  // The dispatch's topk_weights, kept once a combine replaced them: a later combine without
-  // weights uses the dispatch's again, as the first one would have.
-  std::vector<float> dispatch_weights;
-  bool weights_kept = false;
-
-  LocalArray compacted;         // [valid rows, payload] compact() output
-  LocalArray compacted_scales;  // [valid rows, scales] its scales (fp8)
-  int64_t compacted_rows = -1;  // rows of the last compact() (-1: none since the last dispatch)
-  // fp8 cast on send: this rank's x as e4m3 codes and scales, [T, payload] and [T, scales].
-  LocalArray cast_x, cast_scales;
-  CallStats stats;
-  std::unique_ptr<ep::Algorithm> bsp, ubep;
-
+class HostEngine final : public backend::Engine {
+ public:
   HostEngine(Group& g, const BufferConfig& c, std::unique_ptr<backend::DataPath> data_path);
   ~HostEngine() override;
+  HostEngine(const HostEngine&) = delete;
+  HostEngine& operator=(const HostEngine&) = delete;
 
-  // backend::Engine: Buffer's calls (host_engine.cpp).
+  // backend::Engine: Buffer's calls (host_engine_calls.cpp).
   DispatchResult dispatch(const DispatchArgs& args) override;
   TensorView combine(const CombineArgs& args) override;
   void dispatch_send(const DispatchArgs& args) override;
@@ -99,34 +59,86 @@ struct HostEngine final : backend::Engine {
   TensorView compact() override;
   TensorView compact_scales() const override;
   TensorView combine_buffer() const override;
-  const BufferConfig& config() const override { return cfg; }
-  Group& group() override { return grp; }
-  int num_workers() const override { return dp->members() - 1; }
-  void mask(int r) override;
-  std::vector<int> masked_ranks() const override { return members.masked_ranks(); }
+  const BufferConfig& config() const override { return cfg_; }
+  Group& group() override { return group_; }
+  int num_workers() const override { return data_path_->members() - 1; }
+  void mask(int rank) override;
+  std::vector<int> masked_ranks() const override { return members_.masked_ranks(); }
   void rejoin() override;
-  void set_algorithm(ubep::Algorithm a) override;
+  void set_algorithm(Algorithm a) override;
   void set_sync_mode(SyncMode m) override;
-  const CallStats& last_stats() const override { return stats; }
-  size_t shared_bytes() const override { return win.bytes(); }
+  const CallStats& last_stats() const override { return stats_; }
+  size_t shared_bytes() const override { return window_.bytes(); }
 
-  ep::Algorithm& algorithm() const { return cfg.algorithm == ubep::Algorithm::kBsp ? *bsp : *ubep; }
+ private:
+  class CallScope;
 
-  const protocol::RowCodec& codec() const { return win.codec(); }  // dispatch rows
-  int64_t RT() const { return call.RT(); }
-  bool multi_host() const { return relay != nullptr; }
+  TokenExchange& exchange() const {
+    return cfg_.algorithm == Algorithm::kBsp ? *bsp_exchange_ : *ubep_exchange_;
+  }
+  const protocol::RowCodec& codec() const { return window_.codec(); }  // dispatch rows
+  bool multi_host() const { return relay_ != nullptr; }
 
+  // --- the call's life (host_engine_calls.cpp) ---
+  // Starts call number calls() + 1; a dispatch first agrees on a pending change of the group
+  // (membership.hpp), a combine fails if a rank it needs died or left for an agreement.
+  void start_call(const char* what, bool dispatch);
+  // What a failed phase means: broken, in step (a peer made a different call), or abandoned
+  // because the group changed (the agreement at the next dispatch settles it).
+  protocol::FailureFate fate_of(const std::exception& cause);
+  template <typename PhaseFn>
+  auto run_phase(const char* what, PhaseFn&& phase_fn);
+  DispatchResult finish_dispatch(const Arrivals& arrivals);
+  CombineCall combine_call(const CombineArgs& args) const;
+  void begin_combine(const char* what, const CombineArgs& args);
+
+  // --- inputs (host_engine_inputs.cpp) ---
   void begin_dispatch(const DispatchArgs& a);
-  void set_dispatch_source(const DispatchArgs& a);  // call.source; casts to fp8 if asked
-  DispatchResult result() const;
-  TensorView combine_input_view() const;
-  TensorView compact_rows();
-  TensorView y_view() const;
+  RowArrays dispatch_rows(const DispatchArgs& a);  // x as given, or its fp8 cast
   void check_combine(const CombineArgs& a) const;
-  // After check_combine accepted them: the weights and where y goes (CombineArgs::out).
-  void set_combine_weights(const CombineArgs& a);
+  TensorView compact_rows();
+
+  // --- views of what a call produced (host_engine.cpp) ---
+  DispatchResult result(const Arrivals& arrivals) const;
+  TensorView combine_input_view() const;
+
+  // --- elastic EP (host_engine_membership.cpp) ---
+  void settle_membership(const char* what, bool dispatch);
+  bool lost_a_rank() const;  // an unmasked rank died in the group (not after breaking/leaving)
+  void watch_deaths();
+
   // Before a repeated combine (repeat_combine.cpp): a new tag, then a barrier.
   void begin_repeat_combine();
+
+  Group& group_;
+  BufferConfig cfg_;
+  const DType combine_dtype_;  // combine's rows (dispatch rows follow the window's codec)
+  const int rank_, ranks_, local_experts_;
+  const int64_t max_tokens_;  // per rank
+  std::unique_ptr<backend::DataPath> data_path_;
+  Window window_;
+  DispatchCall call_;  // the last dispatch: routed by begin_dispatch, handed to the algorithm
+  // Phases, calls started, whether the buffer is broken, what the peers are told (shared with
+  // the device engine): once the ranks are out of step no call may return data.
+  protocol::CallMachine machine_;
+  Membership members_;            // masked ranks and their agreement (docs/ELASTIC.md)
+  int death_subscription_ = -1;   // the group's death watch writes kDeadWord for us
+  FailureWatch watch_;            // every wait of this buffer polls the peers' failure words
+  std::unique_ptr<HostRelay> relay_;  // cross-host relay, when the group spans hosts
+  Waiter waiter_;
+  TokenReducer reducer_;  // owns y, combine's output
+  Arrivals arrivals_{};   // what the last dispatch's receive produced
+  CombineArgs pending_combine_args_;  // a combine_send's arguments, for its combine_recv
+  uint64_t dispatch_seq_ = 0;     // the last dispatch's handle (a repeated combine has its own seq)
+  uint64_t repeat_barriers_ = 0;  // barriers made before repeated combines, for last_stats()
+
+  LocalArray compacted_;         // [valid rows, payload] compact() output
+  LocalArray compacted_scales_;  // [valid rows, scales] its scales (fp8)
+  int64_t compacted_rows_ = -1;  // rows of the last compact() (-1: none since the last dispatch)
+  // fp8 cast on send: this rank's x as e4m3 codes and scales, [T, payload] and [T, scales].
+  LocalArray cast_x_, cast_scales_;
+  CallStats stats_;
+  std::unique_ptr<TokenExchange> bsp_exchange_, ubep_exchange_;
 };
 
 }  // namespace ubep::ep

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "bootstrap/death_watch.hpp"
+#include "bootstrap/group_hooks.hpp"
 #include "core/log.hpp"
 #include "ubep/error.hpp"
 
@@ -31,9 +32,9 @@ Membership::Membership(Group& group, const Window& win)
       masked_(static_cast<size_t>(group.size()), 0) {
   // Ranks that are replacements already carry their incarnation; a replacement itself agrees
   // with the live ranks at its first dispatch.
-  for (int r = 0; r < ranks_; ++r) view_[static_cast<size_t>(r)] = group.incarnation_of(r) << 1;
+  for (int r = 0; r < ranks_; ++r) view_[static_cast<size_t>(r)] = bootstrap::hooks_of(group).incarnation_of(r) << 1;
   agreed_ = view_;
-  must_agree_ = group.rejoining();
+  must_agree_ = bootstrap::hooks_of(group).rejoining();
 }
 
 bool Membership::replaced(int r) const {
@@ -46,7 +47,7 @@ void Membership::take_replacements() {
     // The mapping follows the rendezvous, not the view: a rank may learn of a replacement by
     // merging a peer's view before it has looked itself, and must map it all the same.
     if (r == me_ || !win_.refresh_peer(r)) continue;
-    group_.peer_replaced(r);
+    bootstrap::hooks_of(group_).peer_replaced(r);
     const uint32_t inc = win_.peer_incarnation(r) - 1;
     log::info("rank ", me_, ": rank ", r, "'s replacement (incarnation ", inc, ") mapped");
     // Live again as its new incarnation (merging moves every live rank's view here too); if
@@ -64,7 +65,7 @@ std::vector<int> Membership::masked_ranks() const {
 }
 
 bool Membership::dead(int r) const {
-  const bootstrap::DeathWatch* w = group_.death_watch();
+  const bootstrap::DeathWatch* w = bootstrap::hooks_of(group_).death_watch();
   return w != nullptr && w->dead(r);
 }
 

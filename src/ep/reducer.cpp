@@ -3,16 +3,14 @@
 namespace ubep::ep {
 
 TokenReducer::TokenReducer(const Group& g, const BufferConfig& cfg, backend::DataPath& dp,
-                           const Window& win, const CallState& call, const Waiter& waiter,
-                           HostRelay* relay)
+                           const Window& win, const Waiter& waiter, HostRelay* relay)
     : grp_(g),
       dp_(dp),
-      call_(call),
       waiter_(waiter),
       relay_(relay),
       rank_(g.rank()),
       ranks_(g.size()),
-      local_experts_(call.local_experts),
+      local_experts_(cfg.num_experts / g.size()),
       H_(cfg.hidden),
       cdtype_(combine_dtype(cfg)),
       row_bytes_(win.row_bytes()),

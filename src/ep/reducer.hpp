@@ -10,7 +10,7 @@
 
 #include "backend/data_path.hpp"
 #include "core/local_array.hpp"
-#include "ep/call_state.hpp"
+#include "ep/dispatch_call.hpp"
 #include "ep/waiter.hpp"
 #include "ep/window.hpp"
 
@@ -22,19 +22,21 @@ class TokenReducer {
  public:
   // relay: nullptr when the group is on one host.
   TokenReducer(const Group& g, const BufferConfig& cfg, backend::DataPath& dp, const Window& win,
-               const CallState& call, const Waiter& waiter, HostRelay* relay);
+               const Waiter& waiter, HostRelay* relay);
 
-  // [max tokens per rank, combine row] the combine output y, in the combine dtype.
-  char* y() const { return out_ ? out_ : y_.get(); }
-  // Where this call's y goes instead of the reducer's own memory (CombineArgs::out), or null.
-  void set_out(char* out) { out_ = out; }
+  // Where a combine's y goes: the caller's memory (CombineArgs::out), or else the reducer's own
+  // [max tokens per rank, combine row], in the combine dtype.
+  char* y(char* out) const { return out ? out : y_.get(); }
+  TensorView y_view(int64_t tokens, char* out) const {
+    return TensorView(y(out), cdtype_, {tokens, H_});
+  }
   // Member m's fp32 accumulator row [hidden] (a role team member reduces with its own).
   float* acc(int m) { return &acc_[static_cast<size_t>(m) * static_cast<size_t>(H_)]; }
 
-  // Reduces token t into y; acc_row is the caller's scratch; locate(t, j) -> the row of the
-  // j-th contribution (throughput: j is the expert rank; latency: j is k), waited for.
+  // Reduces token t of `call` into y(out); acc_row is the caller's scratch; locate(t, j) -> the
+  // row of the j-th contribution (throughput: j is the expert rank; latency: j is k), waited for.
   template <typename Locate>
-  void reduce(int64_t t, float* acc_row, Locate&& locate);
+  void reduce(const DispatchCall& call, char* out, int64_t t, float* acc_row, Locate&& locate);
 
  private:
   bool same_host(int r) const { return grp_.same_host(r, rank_); }
@@ -43,7 +45,6 @@ class TokenReducer {
 
   const Group& grp_;
   backend::DataPath& dp_;
-  const CallState& call_;
   const Waiter& waiter_;
   HostRelay* relay_;
   int rank_, ranks_, local_experts_;
@@ -51,18 +52,18 @@ class TokenReducer {
   DType cdtype_;
   size_t row_bytes_;
   LocalArray y_;
-  char* out_ = nullptr;
   std::vector<float> part_;  // [hidden] this host's partial (multi-host)
   std::vector<float> acc_;   // [members, hidden]
 };
 
 template <typename Locate>
-void TokenReducer::reduce(int64_t t, float* a, Locate&& locate) {
+void TokenReducer::reduce(const DispatchCall& call, char* y_out, int64_t t, float* a,
+                          Locate&& locate) {
   const int64_t H = H_;
-  const Routing& routing = call_.routing;
+  const Routing& routing = call.routing();
   const int K = routing.topk;
-  const Layout layout = call_.layout;
-  char* out = y() + static_cast<size_t>(t) * row_bytes_;
+  const Layout layout = call.layout();
+  char* out = y(y_out) + static_cast<size_t>(t) * row_bytes_;
   // This host's contributions, from 0, in ascending rank (throughput) or ascending k (latency).
   auto local_partial = [&](float* p) {
     std::fill(p, p + H, 0.0f);
@@ -97,7 +98,7 @@ void TokenReducer::reduce(int64_t t, float* a, Locate&& locate) {
     }
     // Outputs larger than the streaming threshold skip the cache (like dispatch's rows).
     const bool stream = static_cast<double>(routing.num_tokens) * static_cast<double>(row_bytes_) >=
-                        CallState::kStreamBytes;
+                        DispatchCall::kStreamBytes;
     dp_.reduce_rows(out, cdtype_, H, rows, layout == Layout::kLatency ? weights : nullptr, n,
                     stream);
     return;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "bootstrap/group_hooks.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep {
@@ -16,8 +17,13 @@ using protocol::relay_wire::PackedToken;
 using protocol::relay_wire::read_header;
 using protocol::relay_wire::write_header;
 
-HostRelay::HostRelay(Group& g, const BufferConfig& cfg, ep::Window& win, ep::CallState& call)
-    : g_(g), cfg_(cfg), win_(win), call_(call), remote_(g.remote()) {
+HostRelay::HostRelay(Group& g, const BufferConfig& cfg, ep::Window& win)
+    : g_(g),
+      cfg_(cfg),
+      win_(win),
+      remote_(bootstrap::hooks_of(g).remote()),
+      local_experts_(cfg.num_experts / g.size()),
+      max_tokens_(cfg.max_tokens_per_rank) {
   hosts_.resize(static_cast<size_t>(g.num_hosts()));
   local_index_.resize(static_cast<size_t>(g.size()));
   for (int r = 0; r < g.size(); ++r) {
@@ -25,15 +31,15 @@ HostRelay::HostRelay(Group& g, const BufferConfig& cfg, ep::Window& win, ep::Cal
     local_index_[static_cast<size_t>(r)] = static_cast<int>(h.size());
     h.push_back(r);
   }
-  my_host_ = g.host_of(call.rank);
-  const size_t cap = kHeader + static_cast<size_t>(call.T) * record_bytes();
-  const auto R = static_cast<size_t>(call.ranks), El = static_cast<size_t>(call.local_experts);
-  const size_t TH = static_cast<size_t>(call.T) * static_cast<size_t>(cfg.hidden);
+  my_host_ = g.host_of(g.rank());
+  const size_t cap = kHeader + static_cast<size_t>(max_tokens_) * record_bytes();
+  const auto R = static_cast<size_t>(g.size()), El = static_cast<size_t>(local_experts_);
+  const size_t TH = static_cast<size_t>(max_tokens_) * static_cast<size_t>(cfg.hidden);
   for (int s = 0; s < g.size(); ++s) {
     const int hs = g.host_of(s);
     if (hs == my_host_) continue;
     const auto& mine = hosts_[static_cast<size_t>(my_host_)];
-    if (mine[static_cast<size_t>(local_index_[static_cast<size_t>(s)]) % mine.size()] != call.rank)
+    if (mine[static_cast<size_t>(local_index_[static_cast<size_t>(s)]) % mine.size()] != g.rank())
       continue;
     Relayed r;
     r.source = s;
@@ -54,7 +60,7 @@ HostRelay::HostRelay(Group& g, const BufferConfig& cfg, ep::Window& win, ep::Cal
     out_[h].resize(cap);
     in_partial_[h].resize(TH);
   }
-  host_slot_.resize(static_cast<size_t>(call.T) * hosts_.size());
+  host_slot_.resize(static_cast<size_t>(max_tokens_) * hosts_.size());
   scratch_rows_.resize(R);
   scratch_expert_.resize(R * El);
   count_rows_.resize(R);
@@ -73,7 +79,8 @@ size_t HostRelay::record_bytes() const {
   return protocol::relay_wire::record_bytes(win_.codec().row_bytes(), cfg_.max_topk);
 }
 
-void HostRelay::start_dispatch() {
+void HostRelay::start_dispatch(const ep::DispatchCall& call) {
+  call_ = &call;
   sent_bytes_ = sent_rows_ = 0;
   const int half = win_.half();
   for (Relayed& s : relayed_) {
@@ -84,7 +91,7 @@ void HostRelay::start_dispatch() {
 }
 
 void HostRelay::pack() {
-  const int K = call_.routing.topk, El = call_.local_experts;
+  const int K = call_->routing().topk, El = local_experts_;
   // A wire row is the codec's: payload then scales (protocol.hpp).
   const protocol::RowCodec& codec = win_.codec();
   const size_t rec = record_bytes(), RB = codec.row_bytes();
@@ -93,23 +100,23 @@ void HostRelay::pack() {
     if (static_cast<int>(h) == my_host_) continue;
     char* out = out_[h].data();
     int32_t n = 0;
-    for (int64_t t = 0; t < call_.routing.num_tokens; ++t) {
-      const int32_t* idx = &call_.routing.topk_idx[static_cast<size_t>(t * K)];
+    for (int64_t t = 0; t < call_->routing().num_tokens; ++t) {
+      const int32_t* idx = &call_->routing().topk_idx[static_cast<size_t>(t * K)];
       bool there = false;
       for (int j = 0; j < K && !there; ++j)
         there = idx[j] >= 0 && g_.host_of(idx[j] / El) == static_cast<int>(h);
       host_slot_[static_cast<size_t>(t) * nh + h] = there ? n : -1;
       if (!there) continue;
       const PackedToken p{out + kHeader + static_cast<size_t>(n) * rec, RB, K};
-      p.write(codec, call_.source.row(t), static_cast<int32_t>(t), idx,
-              &call_.routing.topk_weights[static_cast<size_t>(t * K)]);
+      p.write(codec, call_->rows().row(t), static_cast<int32_t>(t), idx,
+              &call_->routing().topk_weights[static_cast<size_t>(t * K)]);
       ++n;
     }
-    write_header(out, Header{n, K, call_.shape()});
+    write_header(out, Header{n, K, call_->shape()});
     const size_t bytes = kHeader + static_cast<size_t>(n) * rec;
     const auto& target = hosts_[h];
     const int relay =
-        target[static_cast<size_t>(local_index_[static_cast<size_t>(call_.rank)]) % target.size()];
+        target[static_cast<size_t>(local_index_[static_cast<size_t>(g_.rank())]) % target.size()];
     out_req_.push_back(remote_->isend(relay, kDispatchTag, out, bytes));
     sent_bytes_ += bytes;
     sent_rows_ += static_cast<uint64_t>(n);
@@ -122,7 +129,7 @@ template <typename Visit>
 void HostRelay::walk(const Relayed& s, Visit&& visit) const {
   const char* msg = s.msg[win_.half()].data();
   const Header header = read_header(msg);
-  const int n = header.tokens, K = header.topk, El = call_.local_experts;
+  const int n = header.tokens, K = header.topk, El = local_experts_;
   auto& rows = const_cast<std::vector<int64_t>&>(scratch_rows_);
   auto& experts = const_cast<std::vector<int64_t>&>(scratch_expert_);
   std::fill(rows.begin(), rows.end(), 0);
@@ -146,7 +153,7 @@ void HostRelay::walk(const Relayed& s, Visit&& visit) const {
 }
 
 void HostRelay::write_counts(Relayed& s) {
-  const int El = call_.local_experts;
+  const int El = local_experts_;
   std::vector<int32_t>& rows = count_rows_;
   std::vector<int32_t>& experts = count_experts_;
   std::fill(rows.begin(), rows.end(), 0);
@@ -167,24 +174,24 @@ void HostRelay::write_counts(Relayed& s) {
 }
 
 bool HostRelay::lower_counts_ready(const Relayed& s, int dest) const {
-  if (!call_.offsets_need_counts()) return true;  // per-source placement: nothing to wait for
+  if (!call_->offsets_need_counts()) return true;  // per-source placement: nothing to wait for
   for (int lower = 0; lower < s.source; ++lower)
     if (!win_.count_arrived(dest, lower)) return false;
   return true;
 }
 
 void HostRelay::forward(Relayed& s) {
-  const int El = call_.local_experts;
+  const int El = local_experts_;
   if (read_header(s.msg[win_.half()].data()).shape !=
-      call_.shape()) {  // a different call: receivers name it from the count record
+      call_->shape()) {  // a different call: receivers name it from the count record
     s.forwarded = true;
     return;
   }
   for (int d : hosts_[static_cast<size_t>(my_host_)]) {
-    if (!call_.offsets_need_counts()) {  // per-source: the source's fixed region
+    if (!call_->offsets_need_counts()) {  // per-source: the source's fixed region
       int64_t* eo = &s.expert_off[static_cast<size_t>(d * El)];
-      std::fill(eo, eo + El, s.source * call_.T);
-      s.row_off[static_cast<size_t>(d)] = s.source * call_.T;
+      std::fill(eo, eo + El, s.source * max_tokens_);
+      s.row_off[static_cast<size_t>(d)] = s.source * max_tokens_;
       continue;
     }
     int64_t rows = 0;
@@ -198,7 +205,7 @@ void HostRelay::forward(Relayed& s) {
     s.row_off[static_cast<size_t>(d)] = rows;
   }
   walk(s, [&](int, const PackedToken& p, int d, int64_t slot, const int32_t* slots) {
-    call_.place_row(win_, d, s.source, *p.token(), protocol::wire_row(p.row(), win_.codec()),
+    call_->place_row(win_, d, s.source, *p.token(), protocol::wire_row(p.row(), win_.codec()),
                     p.idx(), p.w(), p.K, slot, slots, s.row_off[static_cast<size_t>(d)],
                     &s.expert_off[static_cast<size_t>(d * El)],
                     [&](protocol::Tag* tag) { win_.complete(tag); });
@@ -242,7 +249,8 @@ bool HostRelay::progress() {
 
 // ---- combine ----
 
-void HostRelay::start_combine() {
+void HostRelay::start_combine(const ep::DispatchCall& call) {
+  call_ = &call;
   sent_bytes_ = sent_rows_ = 0;
   in_combine_ = true;
   for (Relayed& s : relayed_) {
@@ -253,7 +261,7 @@ void HostRelay::start_combine() {
     if (static_cast<int>(h) == my_host_) continue;
     const auto& target = hosts_[h];
     const int relay =
-        target[static_cast<size_t>(local_index_[static_cast<size_t>(call_.rank)]) % target.size()];
+        target[static_cast<size_t>(local_index_[static_cast<size_t>(g_.rank())]) % target.size()];
     in_partial_req_[h] = remote_->irecv(relay, kCombineTag, in_partial_[h].data(),
                                         in_partial_[h].size() * sizeof(float));
   }
@@ -263,7 +271,7 @@ void HostRelay::start_combine() {
 // where the last call stopped (cursor and slot counters live in Relayed); sends the partials
 // once every token is done. Throughput: ascending rank; latency: ascending k (DESIGN §2).
 void HostRelay::advance_partials(Relayed& s) {
-  const int El = call_.local_experts;
+  const int El = local_experts_;
   const int64_t H = cfg_.hidden;
   const char* msg = s.msg[win_.half()].data();
   const Header header = read_header(msg);
@@ -280,7 +288,7 @@ void HostRelay::advance_partials(Relayed& s) {
                   win_.codec().row_bytes(), K};
     int count = 0;
     bool ready = true;
-    if (call_.layout == Layout::kThroughput) {
+    if (call_->layout() == Layout::kThroughput) {
       for (int d : hosts_[static_cast<size_t>(my_host_)]) {
         bool there = false;
         for (int j = 0; j < K && !there; ++j) there = p.idx()[j] >= 0 && p.idx()[j] / El == d;
@@ -296,7 +304,7 @@ void HostRelay::advance_partials(Relayed& s) {
         const int32_t e = p.idx()[j];
         if (e < 0 || !local(e / El)) continue;
         const int d = e / El;
-        const int64_t pos = (e % El) * call_.RT() +
+        const int64_t pos = (e % El) * call_->expert_slots() +
                             s.expert_off[static_cast<size_t>(d * El + e % El)] +
                             s.experts_seen[static_cast<size_t>(e)];
         dslot[count] = e;
@@ -310,7 +318,7 @@ void HostRelay::advance_partials(Relayed& s) {
     float* part = &s.partial[static_cast<size_t>(s.cursor) * static_cast<size_t>(H)];
     std::fill(part, part + H, 0.0f);
     for (int c = 0; c < count; ++c) {
-      if (call_.layout == Layout::kThroughput) {
+      if (call_->layout() == Layout::kThroughput) {
         win_.dp().accumulate_row(part, rows[c], combine_dtype(cfg_), H, nullptr);
         ++s.rows_seen[static_cast<size_t>(dslot[c])];
       } else {

@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "ep/call_state.hpp"
+#include "ep/dispatch_call.hpp"
 #include "ep/window.hpp"
 #include "transport/remote.hpp"
 #include "ubep/buffer.hpp"
@@ -31,9 +31,9 @@ namespace ubep {
 
 class HostRelay {
  public:
-  // Depends on the window and the call's routing only; the relay writes relayed rows with the
-  // same placement (CallState::place_row) as local senders.
-  HostRelay(Group& g, const BufferConfig& cfg, ep::Window& win, ep::CallState& call);
+  // The relay writes relayed rows with the same placement (DispatchCall::place_row) as local
+  // senders; it serves one call at a time, the one handed to start_dispatch.
+  HostRelay(Group& g, const BufferConfig& cfg, ep::Window& win);
 
   int my_host() const { return my_host_; }
   int num_hosts() const { return static_cast<int>(hosts_.size()); }
@@ -42,14 +42,14 @@ class HostRelay {
 
   // Dispatch: post receives from the sources this rank relays for, pack and send this rank's
   // tokens to its relays on the other hosts.
-  void start_dispatch();
+  void start_dispatch(const ep::DispatchCall& call);
   // Non-blocking relay work; true once every relayed message was forwarded and every send done.
   bool progress();
   // All relayed messages have arrived and their count records are written (bsp's stage 1).
   bool counts_forwarded() const;
 
   // Combine: post the receives for the partials of this rank's tokens from remote hosts.
-  void start_combine();
+  void start_combine(const ep::DispatchCall& call);
   // The fp32 partial of token t computed on host h (nullptr if the token has no expert there).
   // Only valid once combine_partial_arrived(h).
   const float* partial(int h, int64_t t) const;
@@ -76,7 +76,7 @@ class HostRelay {
   };
 
   size_t record_bytes() const;
-  void pack();  // this rank's rows, from CallState::source
+  void pack();  // this rank's rows, from the call's rows()
   void write_counts(Relayed& s);
   bool lower_counts_ready(const Relayed& s, int dest) const;
   void forward(Relayed& s);
@@ -87,8 +87,11 @@ class HostRelay {
   Group& g_;
   const BufferConfig& cfg_;
   ep::Window& win_;
-  ep::CallState& call_;
+  // The call being relayed: from start_dispatch until the next one (its combine included).
+  const ep::DispatchCall* call_ = nullptr;
   transport::Remote* remote_;
+  int local_experts_;
+  int64_t max_tokens_;
   std::vector<std::vector<int>> hosts_;
   std::vector<int> local_index_;
   int my_host_ = 0;

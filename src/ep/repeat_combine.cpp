@@ -29,19 +29,19 @@ constexpr int kRepeatSlots[2] = {7, 0};
 }  // namespace
 
 void HostEngine::begin_repeat_combine() {
-  const uint64_t seq = win.begin_repeat();
+  const uint64_t seq = window_.begin_repeat();
   const int slot = kRepeatSlots[(seq / 2) % 2];
-  for (int d = 0; d < ranks; ++d)
-    if (d != rank) win.dp().publish(win.map().stage_flag(win.peer(d), slot, rank), win.tag());
-  for (int s = 0; s < ranks; ++s) {
-    if (s == rank) continue;
-    const Tag* f = win.map().stage_flag(win.local(), slot, s);
-    waiter.wait_for([&] { return win.arrived(f); }, true, [&] {
+  for (int d = 0; d < ranks_; ++d)
+    if (d != rank_) window_.dp().publish(window_.map().stage_flag(window_.peer(d), slot, rank_), window_.tag());
+  for (int s = 0; s < ranks_; ++s) {
+    if (s == rank_) continue;
+    const Tag* f = window_.map().stage_flag(window_.local(), slot, s);
+    waiter_.wait_for([&] { return window_.arrived(f); }, true, [&] {
       return detail::concat("rank ", s, " to enter the repeated combine of dispatch ",
-                            dispatch_seq, " (epoch tag ", win.tag(), ")");
+                            dispatch_seq_, " (epoch tag ", window_.tag(), ")");
     });
   }
-  ++repeat_barriers;
+  ++repeat_barriers_;
 }
 
 }  // namespace ubep::ep

@@ -26,8 +26,8 @@
 // Buffer enforces (one outstanding split-phase call, combine only for the last dispatch).
 
 #include "core/stage_timer.hpp"
-#include "ep/algo_context.hpp"
-#include "ep/algorithm.hpp"
+#include "ep/exchange_context.hpp"
+#include "ep/token_exchange.hpp"
 #include "ubep/scheduler.hpp"
 
 namespace ubep::ep {
@@ -42,132 +42,160 @@ inline void slice(int64_t n, int m, int members, int64_t* begin, int64_t* end) {
 
 // Waits until the count records of sources [from, upto) are at `dest` (on the caller's thread
 // the cross-host relay keeps running meanwhile, so proxied records can appear).
-void wait_counts(const AlgoContext& c, int dest, int upto, bool caller, int from = 0) {
-  for (int s = from; s < upto; ++s)
-    if (!c.call.masked(s))
-      c.waiter.wait_for([&] { return c.win.count_arrived(dest, s); }, caller,
-                      [&] {
-                        return detail::concat("count record of rank ", s, " at rank ", dest,
-                                              " (epoch tag ", c.win.tag(), ")");
-                      });
+void wait_counts(const ExchangeContext& ctx, const DispatchCall& call, int dest, int upto,
+                 bool caller, int from = 0) {
+  for (int source = from; source < upto; ++source)
+    if (!call.masked(source))
+      ctx.waiter.wait_for([&] { return ctx.win.count_arrived(dest, source); }, caller, [&] {
+        return detail::concat("count record of rank ", source, " at rank ", dest, " (epoch tag ",
+                              ctx.win.tag(), ")");
+      });
 }
 
 // The hop-aware send plan (BufferConfig::schedule): only ubep's senders follow one.
-std::unique_ptr<sched::Scheduler> make_scheduler(const AlgoContext& c) {
-  const BufferConfig& cfg = c.cfg;
-  if (cfg.research.schedule == SendSchedule::kEqualSlices) return nullptr;
-  sched::Topology topo = cfg.research.topology.empty() ? sched::discover(c.group)
-                                              : sched::parse_topology(cfg.research.topology, c.ranks());
-  UBEP_CHECK_ARG(topo.ranks() == c.ranks(), "topology '", cfg.research.topology, "' has ", topo.ranks(),
-                 " ranks, the group ", c.ranks());
-  const sched::Policy policy = cfg.research.schedule == SendSchedule::kNaive ? sched::Policy::kNaive
-                               : cfg.research.schedule == SendSchedule::kColumnMajor
+std::unique_ptr<sched::Scheduler> make_scheduler(const ExchangeContext& ctx) {
+  const ResearchOptions& research = ctx.cfg.research;
+  if (research.schedule == SendSchedule::kEqualSlices) return nullptr;
+  sched::Topology topo = research.topology.empty()
+                             ? sched::discover(ctx.group)
+                             : sched::parse_topology(research.topology, ctx.ranks());
+  UBEP_CHECK_ARG(topo.ranks() == ctx.ranks(), "topology '", research.topology, "' has ",
+                 topo.ranks(), " ranks, the group ", ctx.ranks());
+  const sched::Policy policy = research.schedule == SendSchedule::kNaive ? sched::Policy::kNaive
+                               : research.schedule == SendSchedule::kColumnMajor
                                    ? sched::Policy::kColumnMajor
                                    : sched::Policy::kBalanced;
   return std::make_unique<sched::Scheduler>(std::move(topo),
-                                            sched::SchedulerOptions{c.dp.members(), policy});
+                                            sched::SchedulerOptions{ctx.dp.members(), policy});
 }
 
-class Ubep final : public Algorithm {
+class Ubep final : public TokenExchange {
  public:
-  explicit Ubep(const AlgoContext& c) : c_(c), scheduler_(make_scheduler(c)) {
-    if (scheduler_) plan_rows_.resize(static_cast<size_t>(c.ranks()));
+  explicit Ubep(const ExchangeContext& ctx) : ctx_(ctx), scheduler_(make_scheduler(ctx)) {
+    if (scheduler_) plan_rows_.resize(static_cast<size_t>(ctx.ranks()));
   }
   bool split_phase() const override { return true; }
-  void dispatch_send(const DispatchArgs& a) override;
-  void dispatch_recv() override;
-  std::array<int64_t, 2> wait_recv_range(int s, int e) override;
-  void combine_send(const CombineArgs& a) override;
-  void combine_recv() override;
+  void dispatch_send(DispatchCall& call) override;
+  Arrivals dispatch_recv(DispatchCall& call) override;
+  std::array<int64_t, 2> wait_recv_range(const DispatchCall& call, int s, int e) override;
+  void combine_send(const CombineCall& call) override;
+  TensorView combine_recv(const CombineCall& call) override;
 
  private:
-  AlgoContext c_;
+  // Destinations in rotated order, starting after this rank, so senders spread over receivers;
+  // visit(dest) for each one reached through shared memory (the others go through the relay).
+  template <typename Visit>
+  void for_each_destination(const DispatchCall& call, Visit&& visit) const {
+    for (int k = 1; k <= ctx_.ranks(); ++k) {
+      const int dest = (ctx_.rank() + k) % ctx_.ranks();
+      if (ctx_.reach(call, dest)) visit(dest);
+    }
+  }
+  void publish_counts(const DispatchCall& call) const;
+  // The offset role for one destination: computes where this rank's rows go there (after the
+  // lower ranks' count records, with compact placement) and signals the token senders.
+  void settle_offsets(DispatchCall& call, int dest, uint64_t generation) const;
+  void send_planned(DispatchCall& call, int member, uint64_t generation);
+  void send_equal_slices(DispatchCall& call, int member, uint64_t generation);
+  void wait_offsets(const DispatchCall& call, int dest, uint64_t generation) const;
+  // The combine row of token `tok`'s j-th contribution, waited for (throughput: j is the expert
+  // rank; latency: j is k).
+  const char* combine_row(const DispatchCall& call, int64_t tok, int j, bool caller) const;
+
+  ExchangeContext ctx_;
   std::unique_ptr<sched::Scheduler> scheduler_;  // when cfg.research.schedule plans the send work
   sched::Plan plan_;
   std::vector<int64_t> plan_rows_;  // [R] rows per destination handed to the scheduler
 };
 
-void Ubep::dispatch_send(const DispatchArgs& /*a: read through call.source*/) {
-  const AlgoContext& c = c_;
-  CallState& call = c.call;
-  const Routing& routing = call.routing;
-  StageTimer timer(c.stats);
-  const int members = c.dp.members();
+void Ubep::publish_counts(const DispatchCall& call) const {
+  const Routing& routing = call.routing();
+  for_each_destination(call, [&](int dest) {
+    ctx_.win.publish_count(
+        dest, ctx_.rank(), routing.dest_rows[static_cast<size_t>(dest)], routing.topk,
+        call.shape(),
+        &routing.dest_expert_rows[static_cast<size_t>(dest * ctx_.local_experts())]);
+  });
+}
+
+void Ubep::settle_offsets(DispatchCall& call, int dest, uint64_t generation) const {
+  if (call.offsets_need_counts()) wait_counts(ctx_, call, dest, ctx_.rank(), true);
+  call.compute_offsets(ctx_.win, dest);
+  call.signal_offsets(dest, generation);
+}
+
+void Ubep::wait_offsets(const DispatchCall& call, int dest, uint64_t generation) const {
+  wait_until([&] { return call.offsets_signalled(dest, generation); }, ctx_.waiter.policy(),
+             [&] { return detail::concat("offsets for rank ", dest); });
+}
+
+// The scheduler's plan: member 0 settles every destination's offsets first, then every member
+// sends its planned (destination, row slice) items.
+void Ubep::send_planned(DispatchCall& call, int member, uint64_t generation) {
+  if (member == 0)
+    for_each_destination(call, [&](int dest) { settle_offsets(call, dest, generation); });
+  for (const sched::PlanItem& item : plan_.worker_items(member)) {
+    wait_offsets(call, item.dest_rank, generation);
+    for (int64_t i = item.row_begin; i < item.row_end; ++i)
+      call.send_rows(ctx_.win, item.dest_rank, i, [&](Tag* t) { ctx_.win.complete(t); });
+  }
+}
+
+// Equal slices: each destination's rows split over the members; member 0 settles a
+// destination's offsets just before its own slice there.
+void Ubep::send_equal_slices(DispatchCall& call, int member, uint64_t generation) {
+  const int members = ctx_.dp.members();
+  for_each_destination(call, [&](int dest) {
+    if (member == 0)
+      settle_offsets(call, dest, generation);
+    else
+      wait_offsets(call, dest, generation);
+    int64_t begin, end;
+    slice(call.routing().dest_rows[static_cast<size_t>(dest)], member, members, &begin, &end);
+    for (int64_t i = begin; i < end; ++i)
+      call.send_rows(ctx_.win, dest, i, [&](Tag* t) { ctx_.win.complete(t); });
+  });
+}
+
+void Ubep::dispatch_send(DispatchCall& call) {
+  StageTimer timer(ctx_.stats);
   // The offset role (member 0, one writer) signals the other senders that the offsets for a
-  // destination are computed (CallState::signal_offsets: release/acquire, rank-local).
-  const uint64_t signal = call.next_send_generation();
+  // destination are computed (DispatchCall::signal_offsets: release/acquire, rank-local).
+  const uint64_t generation = call.next_send_generation();
   if (scheduler_) {
     // Plan (destination, row slice) items per worker for this call's routing; cross-host rows
     // go through the relay and are not part of the workers' plan.
-    for (int d = 0; d < c.ranks(); ++d)
-      plan_rows_[static_cast<size_t>(d)] =
-          c.same_host(d) ? routing.dest_rows[static_cast<size_t>(d)] : 0;
-    scheduler_->plan({c.rank(), 0, plan_rows_, static_cast<int64_t>(c.row_bytes())}, plan_);
+    for (int dest = 0; dest < ctx_.ranks(); ++dest)
+      plan_rows_[static_cast<size_t>(dest)] =
+          ctx_.same_host(dest) ? call.routing().dest_rows[static_cast<size_t>(dest)] : 0;
+    scheduler_->plan(
+        {ctx_.rank(), 0, plan_rows_, static_cast<int64_t>(ctx_.row_bytes())}, plan_);
   }
-  auto wait_offsets = [&](int d) {
-    wait_until([&] { return call.offsets_signalled(d, signal); }, c.waiter.policy(),
-               [&] { return detail::concat("offsets for rank ", d); });
-  };
-  c.dp.run_roles([&](int m) {
-    if (m == 0) {
-      if (c.relay) c.relay->start_dispatch();  // remote hosts first: their data has furthest to go
-      for (int k = 1; k <= c.ranks(); ++k) {
-        const int d = (c.rank() + k) % c.ranks();
-        if (!c.reach(d)) continue;
-        c.win.publish_count(d, c.rank(), routing.dest_rows[static_cast<size_t>(d)], routing.topk,
-                            call.shape(),
-                            &routing.dest_expert_rows[static_cast<size_t>(d * c.local_experts())]);
-      }
+  ctx_.dp.run_roles([&](int member) {
+    if (member == 0) {
+      // Remote hosts first: their data has furthest to go. Then the count records.
+      if (ctx_.relay) ctx_.relay->start_dispatch(call);
+      publish_counts(call);
     }
-    if (scheduler_) {
-      if (m == 0) {
-        for (int k = 1; k <= c.ranks(); ++k) {
-          const int d = (c.rank() + k) % c.ranks();
-          if (!c.reach(d)) continue;
-          if (call.offsets_need_counts()) wait_counts(c, d, c.rank(), true);
-          call.compute_offsets(c.win, d);
-          call.signal_offsets(d, signal);
-        }
-      }
-      for (const sched::PlanItem& item : plan_.worker_items(m)) {
-        wait_offsets(item.dest_rank);
-        for (int64_t i = item.row_begin; i < item.row_end; ++i)
-          call.send_rows(c.win, item.dest_rank, i, [&](Tag* t) { c.win.complete(t); });
-      }
-      return;
-    }
-    // Destinations in rotated order, starting after ourselves, so senders spread over receivers.
-    for (int k = 1; k <= c.ranks(); ++k) {
-      const int d = (c.rank() + k) % c.ranks();
-      if (!c.reach(d)) continue;  // reached through the relay
-      if (m == 0) {
-        if (call.offsets_need_counts()) wait_counts(c, d, c.rank(), true);
-        call.compute_offsets(c.win, d);
-        call.signal_offsets(d, signal);
-      } else {
-        wait_offsets(d);
-      }
-      int64_t i0, i1;
-      slice(routing.dest_rows[static_cast<size_t>(d)], m, members, &i0, &i1);
-      for (int64_t i = i0; i < i1; ++i)
-        call.send_rows(c.win, d, i, [&](Tag* t) { c.win.complete(t); });
-    }
+    if (scheduler_)
+      send_planned(call, member, generation);
+    else
+      send_equal_slices(call, member, generation);
   });
   // Across hosts, leave only once the messages this rank relays have arrived and their count
   // records are written: that depends only on the other ranks' sends, and keeps the transport
   // progressing while a split-phase caller computes (the relay is idle between the phases).
-  if (c.relay)
-    c.waiter.wait_for([&] { return c.relay->counts_forwarded(); }, true,
-                      [] { return std::string("relayed messages"); });
+  if (ctx_.relay)
+    ctx_.waiter.wait_for([&] { return ctx_.relay->counts_forwarded(); }, true,
+                         [] { return std::string("relayed messages"); });
   timer.lap("send");
 }
 
-void Ubep::dispatch_recv() {
-  const AlgoContext& c = c_;
-  const double send_us = c.stats.stage_us.empty() ? 0.0 : c.stats.stage_us.back().second;
-  StageTimer timer(c.stats);
-  wait_counts(c, c.rank(), c.ranks(), true);
-  c.call.receive_counts(c.win);
+Arrivals Ubep::dispatch_recv(DispatchCall& call) {
+  const double send_us = ctx_.stats.stage_us.empty() ? 0.0 : ctx_.stats.stage_us.back().second;
+  StageTimer timer(ctx_.stats);
+  wait_counts(ctx_, call, ctx_.rank(), ctx_.ranks(), true);
+  call.receive_counts(ctx_.win);
   timer.lap("counts + prefix sum");
   // A peer made a different call (layout or placement): its rows, and with compact placement
   // the offsets of every rank above it, follow another arithmetic, so rows this rank expects
@@ -179,116 +207,116 @@ void Ubep::dispatch_recv() {
   // call n+2 only after call n+1's dispatch saw every peer's count record of call n+1 --
   // published after that peer's call-n sends were done. Call n's epoch tag differs from call
   // n+2's, so nothing of it is taken for new data (the argument at the top of this file).
-  if (c.call.shape_mismatch() >= 0) {
-    if (c.relay)
-      c.waiter.wait_for([&] { return c.relay->progress(); }, true,
-                        [] { return std::string("relay forwarding"); });
-    return;
-  }
-  c.call.for_each_expected_row(c.win, [&](const Tag* tag, int64_t row) {
-    c.waiter.wait_for(
-        [&] { return c.win.arrived(tag); }, true,
-        [&] { return detail::concat("dispatch row ", row, " (epoch tag ", c.win.tag(), ")"); });
-  });
+  if (call.shape_mismatch() < 0)
+    call.for_each_expected_row(ctx_.win, [&](const Tag* tag, int64_t row) {
+      ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tag); }, true, [&] {
+        return detail::concat("dispatch row ", row, " (epoch tag ", ctx_.win.tag(), ")");
+      });
+    });
   // A relay leaves only when what it relays is forwarded and its own sends are done.
-  if (c.relay)
-    c.waiter.wait_for([&] { return c.relay->progress(); }, true,
-                      [] { return std::string("relay forwarding"); });
-  c.stats.stage_us.insert(c.stats.stage_us.begin(), {"send", send_us});
+  if (ctx_.relay)
+    ctx_.waiter.wait_for([&] { return ctx_.relay->progress(); }, true,
+                         [] { return std::string("relay forwarding"); });
+  if (call.shape_mismatch() >= 0) return call.arrivals();
+  ctx_.stats.stage_us.insert(ctx_.stats.stage_us.begin(), {"send", send_us});
   timer.lap("receive");
+  return call.arrivals();
 }
 
 // The receive hook: only the count records the range depends on (source s's alone with
 // per-source placement) and the range's own rows are waited for, so a late rank delays only
 // the ranges it sends. dispatch_recv later waits for the rest (rows already seen return at once).
-std::array<int64_t, 2> Ubep::wait_recv_range(int s, int e) {
-  const AlgoContext& c = c_;
-  wait_counts(c, c.rank(), s + 1, true, c.call.first_range_source(s));
-  const std::array<int64_t, 2> range = c.call.range_from_counts(c.win, e, s);
-  const bool latency = c.call.layout == Layout::kLatency;
-  const Tag* tags = c.win.at<Tag>(c.rank(), latency ? c.win.map().lat_tag : c.win.map().tp_tag) +
-                    (latency ? e * c.call.RT() : 0);
+std::array<int64_t, 2> Ubep::wait_recv_range(const DispatchCall& call, int s, int e) {
+  wait_counts(ctx_, call, ctx_.rank(), s + 1, true, call.first_range_source(s));
+  const std::array<int64_t, 2> range = call.range_from_counts(ctx_.win, e, s);
+  const bool latency = call.layout() == Layout::kLatency;
+  const Tag* tags =
+      ctx_.win.at<Tag>(ctx_.rank(), latency ? ctx_.win.map().lat_tag : ctx_.win.map().tp_tag) +
+      (latency ? e * call.expert_slots() : 0);
   for (int64_t p = range[0]; p < range[0] + range[1]; ++p)
-    c.waiter.wait_for([&] { return c.win.arrived(tags + p); }, true,
-                      [&] {
-                        return detail::concat("dispatch row ", p, " from rank ", s, " (epoch tag ",
-                                              c.win.tag(), ")");
-                      });
+    ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tags + p); }, true, [&] {
+      return detail::concat("dispatch row ", p, " from rank ", s, " (epoch tag ", ctx_.win.tag(),
+                            ")");
+    });
   return range;
 }
 
-void Ubep::combine_send(const CombineArgs& a) {
-  const AlgoContext& c = c_;
-  StageTimer timer(c.stats);
-  const int members = c.dp.members();
-  char* comb = c.win.at<char>(c.rank(), c.win.map().comb_x);
-  Tag* tags = c.win.at<Tag>(c.rank(), c.win.map().comb_tag);
-  const bool zero_copy = a.x.data == comb && !a.compacted;
-  c.dp.run_roles([&](int m) {
-    c.call.for_each_output_row(m, members, [&](int64_t row, int64_t packed) {
-      const int64_t from = a.compacted ? packed : row;
-      if (!zero_copy)  // plain stores: the owners read these rows right away
-        c.win.put_row(
-            comb + static_cast<size_t>(row) * c.row_bytes(),
-            static_cast<const char*>(a.x.data) + static_cast<size_t>(from) * c.row_bytes(), false);
-      c.win.complete(tags + row);
+void Ubep::combine_send(const CombineCall& combine) {
+  StageTimer timer(ctx_.stats);
+  const int members = ctx_.dp.members();
+  char* combine_rows = ctx_.win.at<char>(ctx_.rank(), ctx_.win.map().comb_x);
+  Tag* tags = ctx_.win.at<Tag>(ctx_.rank(), ctx_.win.map().comb_tag);
+  const size_t row_bytes = ctx_.row_bytes();
+  ctx_.dp.run_roles([&](int member) {
+    combine.dispatch.for_each_output_row(member, members, [&](int64_t row, int64_t packed) {
+      const int64_t from = combine.compacted ? packed : row;
+      if (!combine.zero_copy)  // plain stores: the owners read these rows right away
+        ctx_.win.put_row(combine_rows + static_cast<size_t>(row) * row_bytes,
+                         combine.x + static_cast<size_t>(from) * row_bytes, false);
+      ctx_.win.complete(tags + row);
     });
   });
-  if (c.relay) c.relay->start_combine();
+  if (ctx_.relay) ctx_.relay->start_combine(combine.dispatch);
   timer.lap("send");
 }
 
-void Ubep::combine_recv() {
-  const AlgoContext& c = c_;
-  const CallState& call = c.call;
-  const Routing& routing = call.routing;
-  const int members = c.dp.members();
-  const double send_us = c.stats.stage_us.empty() ? 0.0 : c.stats.stage_us.back().second;
-  StageTimer timer(c.stats);
-  const int El = c.local_experts();
-  auto locate = [&](int64_t tok, int j, bool caller) -> const char* {
-    int r;
-    int64_t pos;
-    if (call.layout == Layout::kThroughput) {
-      r = j;
-      pos = call.row_offset_at[static_cast<size_t>(r)] + routing.slot_at(tok, r);
-    } else {
-      const size_t tk = static_cast<size_t>(tok * routing.topk + j);
-      const int e = routing.topk_idx[tk];
-      r = e / El;
-      pos = (e % El) * c.call.RT() + call.expert_offset_at[static_cast<size_t>(r * El + e % El)] +
-            routing.expert_slot[tk];
-    }
-    const Tag* tag = c.win.at<Tag>(r, c.win.map().comb_tag) + pos;
-    c.waiter.wait_for([&] { return c.win.arrived(tag); }, caller,
-                      [&] {
-                        return detail::concat("combine row of token ", tok, " at rank ", r,
-                                              " (epoch tag ", c.win.tag(), ")");
-                      });
-    return c.win.at<char>(r, c.win.map().comb_x) + static_cast<size_t>(pos) * c.row_bytes();
-  };
-  if (c.relay) {
-    // Across hosts the caller's thread alone drives the transport, so it reduces alone too.
-    for (int64_t t = 0; t < routing.num_tokens; ++t)
-      c.reducer.reduce(t, c.reducer.acc(0),
-                       [&](int64_t tok, int j) { return locate(tok, j, true); });
-    c.waiter.wait_for([&] { return c.relay->combine_done(); }, true,
-                      [] { return std::string("relay partials"); });
+const char* Ubep::combine_row(const DispatchCall& call, int64_t tok, int j, bool caller) const {
+  const Routing& routing = call.routing();
+  const int local_experts = ctx_.local_experts();
+  int expert_rank;
+  int64_t pos;
+  if (call.layout() == Layout::kThroughput) {
+    expert_rank = j;
+    pos = call.row_offset_at(expert_rank) + routing.slot_at(tok, expert_rank);
   } else {
-    c.dp.run_roles([&](int m) {
-      float* acc = c.reducer.acc(m);
-      int64_t t0, t1;
-      slice(routing.num_tokens, m, members, &t0, &t1);
-      for (int64_t t = t0; t < t1; ++t)
-        c.reducer.reduce(t, acc, [&](int64_t tok, int j) { return locate(tok, j, false); });
+    const size_t tk = static_cast<size_t>(tok * routing.topk + j);
+    const int expert = routing.topk_idx[tk];
+    const int local = expert % local_experts;
+    expert_rank = expert / local_experts;
+    pos = local * call.expert_slots() + call.expert_offset_at(expert_rank, local) +
+          routing.expert_slot[tk];
+  }
+  const Tag* tag = ctx_.win.at<Tag>(expert_rank, ctx_.win.map().comb_tag) + pos;
+  ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tag); }, caller, [&] {
+    return detail::concat("combine row of token ", tok, " at rank ", expert_rank, " (epoch tag ",
+                          ctx_.win.tag(), ")");
+  });
+  return ctx_.win.at<char>(expert_rank, ctx_.win.map().comb_x) +
+         static_cast<size_t>(pos) * ctx_.row_bytes();
+}
+
+TensorView Ubep::combine_recv(const CombineCall& combine) {
+  const DispatchCall& call = combine.dispatch;
+  const int64_t tokens = call.routing().num_tokens;
+  const double send_us = ctx_.stats.stage_us.empty() ? 0.0 : ctx_.stats.stage_us.back().second;
+  StageTimer timer(ctx_.stats);
+  if (ctx_.relay) {
+    // Across hosts the caller's thread alone drives the transport, so it reduces alone too.
+    for (int64_t t = 0; t < tokens; ++t)
+      ctx_.reducer.reduce(call, combine.out, t, ctx_.reducer.acc(0),
+                          [&](int64_t tok, int j) { return combine_row(call, tok, j, true); });
+    ctx_.waiter.wait_for([&] { return ctx_.relay->combine_done(); }, true,
+                         [] { return std::string("relay partials"); });
+  } else {
+    const int members = ctx_.dp.members();
+    ctx_.dp.run_roles([&](int member) {
+      float* acc = ctx_.reducer.acc(member);
+      int64_t begin, end;
+      slice(tokens, member, members, &begin, &end);
+      for (int64_t t = begin; t < end; ++t)
+        ctx_.reducer.reduce(call, combine.out, t, acc,
+                            [&](int64_t tok, int j) { return combine_row(call, tok, j, false); });
     });
   }
-  c.stats.stage_us.insert(c.stats.stage_us.begin(), {"send", send_us});
+  ctx_.stats.stage_us.insert(ctx_.stats.stage_us.begin(), {"send", send_us});
   timer.lap("receive + reduce");
+  return ctx_.reducer.y_view(tokens, combine.out);
 }
 
 }  // namespace
 
-std::unique_ptr<Algorithm> make_ubep(const AlgoContext& c) { return std::make_unique<Ubep>(c); }
+std::unique_ptr<TokenExchange> make_ubep(const ExchangeContext& ctx) {
+  return std::make_unique<Ubep>(ctx);
+}
 
 }  // namespace ubep::ep

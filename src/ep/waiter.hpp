@@ -9,6 +9,7 @@
 
 #include <chrono>
 
+#include "bootstrap/group_hooks.hpp"
 #include "core/wait.hpp"
 #include "ep/failure_watch.hpp"
 #include "ep/relay.hpp"
@@ -42,7 +43,7 @@ class Waiter {
             relay_->progress();
             const auto now = std::chrono::steady_clock::now();
             if (now >= next_pump) {
-              group_.pump_deaths();
+              bootstrap::hooks_of(group_).pump_deaths();
               next_pump = now + std::chrono::microseconds(100);
             }
             return pred();

@@ -10,6 +10,7 @@
 #include "backend/factory/factory.hpp"
 #include "core/local_array.hpp"
 #include "core/wait.hpp"
+#include "protocol/config_checks.hpp"
 #include "protocol/protocol.hpp"
 #include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
@@ -33,16 +34,8 @@ inline BufferConfig data_path_config(const ExpertLayerConfig& c) {
 }
 
 inline ExpertLayerConfig checked(const Group& g, ExpertLayerConfig c) {
-  UBEP_CHECK_ARG(c.max_tokens_per_rank >= 1 && c.max_tokens_per_rank < (int64_t{1} << 30),
-                 "ExpertLayer: max_tokens_per_rank must be in [1, 2^30), got ",
-                 c.max_tokens_per_rank);
-  UBEP_CHECK_ARG(c.hidden >= 1, "ExpertLayer: hidden must be >= 1, got ", c.hidden);
-  UBEP_CHECK_ARG(c.dtype == DType::kBF16 || c.dtype == DType::kFP32,
-                 "ExpertLayer: dtype must be bf16 or fp32, got ", dtype_name(c.dtype));
-  UBEP_CHECK_ARG(c.num_experts >= 1 && c.num_experts % g.size() == 0, "ExpertLayer: num_experts ",
-                 c.num_experts, " must be a positive multiple of the group size ", g.size());
-  UBEP_CHECK_ARG(c.max_topk >= 1 && c.max_topk <= 64,
-                 "ExpertLayer: max_topk must be in [1, 64], got ", c.max_topk);
+  protocol::check_shape({c.max_tokens_per_rank, c.hidden, c.dtype, c.num_experts, c.max_topk},
+                        g.size(), "ExpertLayer", {.fp8 = false});
   UBEP_CHECK_ARG(c.compute_workers >= 1 && c.compute_workers <= 256,
                  "ExpertLayer: compute_workers must be in [1, 256], got ", c.compute_workers);
   UBEP_CHECK_ARG(c.comm_workers >= 1 && c.comm_workers <= 256,

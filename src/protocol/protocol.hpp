@@ -319,7 +319,7 @@ inline constexpr int kCombineTag = 7102;
 inline constexpr size_t kHeader = 16;  // a Header, padded
 
 // A dispatch message's header: its tokens, the sender's topk and the sender's call shape
-// (CallState::shape: the receivers compare it with their own and name a mismatched call).
+// (DispatchCall::shape: the receivers compare it with their own and name a mismatched call).
 // A combine message carries only the first two.
 struct Header {
   int32_t tokens = 0, topk = 0, shape = 0;

@@ -345,7 +345,7 @@ void BoundHarness::run(int iters, bool record) {
   // Every timed op starts from the memory state a call leaves its successor: the window half
   // flips at every op, as the epoch parity does, and each combine follows its own fresh
   // dispatch (untimed, with the stores a call of this size uses: non-temporal from 4 MiB,
-  // call_state.hpp) and expert copy. Combines run back to back over the same rows instead
+  // dispatch_call.hpp) and expert copy. Combines run back to back over the same rows instead
   // find them in L3 from the previous candidate's copy: on the Zen 4 VM (2 ranks, decode) the
   // library's own reduction ran 25-40% faster there than inside a real combine -- a "bound"
   // no call can reach, because no call reads its rows twice.

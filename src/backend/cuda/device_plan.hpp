@@ -1,10 +1,10 @@
 // The CUDA backend's per-rank state and the placement arithmetic its kernels use, as plain
 // UBEP_HD code: compiled into the kernels and into the CPU-side tests (tests/cuda), which check
-// it against the CPU backend's CallState and the independent reference.
+// it against the CPU backend's DispatchCall and the independent reference.
 //
 // Per rank, besides its window (protocol::WindowLayout, shared with peers), the backend keeps a
 // private scratch area in device memory: the routing of the last dispatch (what the CPU keeps in
-// ep::Routing / CallState) and the rank-local signals between its blocks.
+// ep::Routing / DispatchCall) and the rank-local signals between its blocks.
 #pragma once
 
 #include <cstddef>
@@ -64,7 +64,7 @@ struct ScratchLayout {
   }
 };
 
-// ---- Placement (docs/SEMANTICS.md "Placement"; the CPU's ep::CallState) ----------------------
+// ---- Placement (docs/SEMANTICS.md "Placement"; the CPU's ep::DispatchCall) ----------------------
 // Where source `source`'s rows start at a destination, per local expert (latency) or overall
 // (throughput). Per-source placement: its fixed region of max_tokens rows, known from its own
 // rank alone -- the sender never waits for a peer. Compact: after the rows every lower-ranked
@@ -85,7 +85,7 @@ UBEP_HD inline int64_t range_index(bool latency, int ranks, int le, int s) {
 }
 
 // Where row `slot` of `source` lands at its destination in the throughput layout, and where
-// the copy for local expert `le` lands in the latency layout (CallState::place_row).
+// the copy for local expert `le` lands in the latency layout (DispatchCall::place_row).
 UBEP_HD inline int64_t tp_position(int64_t row_offset, int64_t slot) { return row_offset + slot; }
 UBEP_HD inline int64_t lat_position(int64_t rt_rows, int le, int64_t expert_offset,
                                     int64_t expert_slot) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "protocol/call_checks.hpp"
+#include "protocol/config_checks.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::cuda_host {
@@ -25,19 +26,11 @@ void check_config(const BufferConfig& cfg, int ranks, int local_ranks) {
                  cuda_hd::kMaxVirtualRanks);
   UBEP_CHECK_ARG(ranks <= cuda_hd::kMaxContributions, "CUDA buffer: ranks ", ranks, " exceeds ",
                  cuda_hd::kMaxContributions);
-  UBEP_CHECK_ARG(cfg.num_experts > 0 && cfg.num_experts % ranks == 0, "CUDA buffer: num_experts ",
-                 cfg.num_experts, " is not a positive multiple of ranks ", ranks);
-  UBEP_CHECK_ARG(cfg.max_topk >= 1 && cfg.max_topk <= cuda_hd::kMaxContributions,
-                 "CUDA buffer: max_topk ", cfg.max_topk, " outside [1, ",
-                 cuda_hd::kMaxContributions, "]");
-  UBEP_CHECK_ARG(cfg.max_tokens_per_rank >= 1 && cfg.max_tokens_per_rank <= (int64_t{1} << 30),
-                 "CUDA buffer: max_tokens_per_rank ", cfg.max_tokens_per_rank, " out of range");
-  UBEP_CHECK_ARG(cfg.hidden >= 1, "CUDA buffer: hidden ", cfg.hidden, " < 1");
-  UBEP_CHECK_ARG(cfg.dtype == DType::kBF16 || cfg.dtype == DType::kFP32, "CUDA buffer on ",
-                 cfg.device.describe(), ": dtype must be bf16 or fp32, got ", dtype_name(cfg.dtype),
-                 cfg.dtype == DType::kFP8E4M3
-                     ? " (fp8 dispatch is not implemented by the CUDA kernels; the CPU has it)"
-                     : "");
+  UBEP_CHECK_ARG(cfg.dtype != DType::kFP8E4M3, "CUDA buffer on ", cfg.device.describe(),
+                 ": dtype must be bf16 or fp32, got ", dtype_name(cfg.dtype),
+                 " (fp8 dispatch is not implemented by the CUDA kernels; the CPU has it)");
+  protocol::check_buffer_config(cfg, ranks, "CUDA buffer",
+                                {.fp8 = false, .max_topk = cuda_hd::kMaxContributions});
 }
 
 void check_dispatch(const DispatchArgs& a, const BufferConfig& cfg, int rank) {

@@ -11,6 +11,8 @@
 
 namespace ubep::cuda_host {
 
+using protocol::Phase;
+
 namespace {
 // What a rank tells its peers at set-up: enough to reach its window from any process.
 struct PeerInfo {
@@ -29,7 +31,7 @@ KernelEngine::KernelEngine(Group& group, const BufferConfig& cfg, std::unique_pt
       seq_(cfg, group.size(), group.rank(), 1),
       rank_(group.rank()),
       ranks_(group.size()),
-      ledger_(
+      machine_(
           group.rank(), group.size(), [this](int r) { return failure_of(r); },
           [this](uint32_t word) { publish_failure(word); }) {
   UBEP_CHECK_ARG(group.single_host(), "Buffer on ", cfg.device.describe(), ": the group spans ",
@@ -122,7 +124,7 @@ void KernelEngine::map_peers() {
 KernelEngine::~KernelEngine() {
   try {
     ops_->synchronize();
-    ledger_.depart(phase_ == Phase::kIdle || phase_ == Phase::kDispatchDone);
+    machine_.depart();
     if (!shared_) group_.barrier();
   } catch (...) {  // a dead peer: nothing more to agree on
   }
@@ -150,15 +152,13 @@ uint32_t KernelEngine::failure_of(int peer) const {
 }
 
 void KernelEngine::break_call(const char* what, const std::exception& cause) {
-  ledger_.fail(what, cause);
-  phase_ = Phase::kIdle;
+  machine_.fail(what, cause);
   throw;
 }
 
 void KernelEngine::check_idle(const char* what) const {
-  ledger_.check_usable(what);
-  UBEP_CHECK_ARG(phase_ == Phase::kIdle, what,
-                 ": a split-phase call is still outstanding on this buffer");
+  machine_.require_usable(what);
+  machine_.require_idle(what);
 }
 
 void KernelEngine::finish(const char* what) {
@@ -216,20 +216,15 @@ void KernelEngine::arm(cuda_hd::LaunchParams& p) const {
 void KernelEngine::launch_dispatch(const DispatchArgs* args, uint32_t phases, const char* what) {
   cuda_hd::LaunchParams p;
   if (args) {
-    ledger_.start(what);
-    try {
+    machine_.start(what);
+    machine_.accept(what, [&] {
       p = seq_.dispatch({args, 1}, phases, res_);  // shapes, dtypes, devices, pointers
       if (ops_->host_readable()) protocol::check_expert_ids(*args, cfg_);
-    } catch (const InvalidArgument&) {
-      ledger_.reject();
-      throw;
-    }
-    ledger_.join(what);
+    });
     layout_ = args->layout;
     tokens_ = args->x.dim(0);
     topk_ = static_cast<int>(args->topk_idx.dim(1));
-    have_dispatch_ = true;
-    combined_ = false;
+    machine_.dispatched();
     num_recv_rows_ = -1;
   } else {
     p = seq_.dispatch({}, phases, res_);
@@ -244,56 +239,58 @@ void KernelEngine::launch_dispatch(const DispatchArgs* args, uint32_t phases, co
   }
 }
 
+// A combine's arguments as the kernels take them (the engine's own checks first): throws
+// InvalidArgument before anything is launched.
+cuda_hd::LaunchParams KernelEngine::combine_params(const CombineArgs& args, uint32_t phases,
+                                                   const char* what) {
+  machine_.require_dispatch(what);
+  // A repeat needs a new tag in the same half and a barrier before it, so that no peer still
+  // reads the rows it rewrites (src/ep/repeat_combine.cpp); the kernels' combine has neither
+  // (ubep's makes no barrier at all), so it stays the host engine's.
+  UBEP_CHECK_ARG(!machine_.combined(), what, ": dispatch ", seq_.results()[0].handle,
+                 " was already combined; on ", cfg_.device.describe(),
+                 " each dispatch is combined at most once (peers may still be reading the "
+                 "rows of the first combine; repeated combine is on the cpu device only)");
+  UBEP_CHECK_ARG(args.out.ndim == 0, what, ": out is the cpu device's (on ",
+                 cfg_.device.describe(), " y is Buffer memory: copy it)");
+  CombineArgs a = args;
+  // Compact throughput rows: the result's recv_x has num_recv_rows rows (as on the host
+  // backend); the kernels address the window by capacity.
+  const DispatchResult cap = seq_.results()[0];
+  if (!a.compacted && layout_ == Layout::kThroughput && cap.placement == Placement::kCompact) {
+    UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == num_recv_rows_, what, ": x must be [",
+                   num_recv_rows_, ", ", cfg_.hidden, "] (one row per received row), got ",
+                   a.x.describe());
+    a.x.shape[0] = cap.recv_x.dim(0);
+    // No rows received: nothing is read, and an empty tensor may have no address.
+    if (num_recv_rows_ == 0 && a.x.data == nullptr) a.x.data = seq_.combine_buffer(0).data;
+  }
+  const TensorView w = a.topk_weights;
+  if (w.ndim != 0) {
+    UBEP_CHECK_ARG(layout_ == Layout::kLatency, what,
+                   ": topk_weights can only replace the dispatch's in the latency layout");
+    UBEP_CHECK_ARG(w.device == cfg_.device, what, ": topk_weights is on ", w.device.describe(),
+                   ", the buffer on ", cfg_.device.describe());
+    UBEP_CHECK_ARG(w.ndim == 2 && w.dtype == DType::kFP32 && w.dim(0) == tokens_ &&
+                       w.dim(1) == topk_ && (w.data != nullptr || w.numel() == 0),
+                   what, ": topk_weights must be fp32 [", tokens_, ", ", topk_,
+                   "] like the dispatch's topk_idx, got ", w.describe());
+    a.topk_weights = {};  // the kernels read the weights from this rank's scratch
+  }
+  cuda_hd::LaunchParams p = seq_.combine({&a, 1}, phases, res_);
+  // Replacing the dispatch's weights (DeepEP's low_latency_combine takes them here): only the
+  // owner reads them, in its combine receive, so they go into its scratch now.
+  if (w.ndim != 0 && w.numel() > 0)
+    ops_->copy(seq_.scratch_map().at<char>(scratch_, seq_.scratch_map().w), w.data, w.bytes());
+  return p;
+}
+
 void KernelEngine::launch_combine(const CombineArgs* args, uint32_t phases, const char* what) {
   cuda_hd::LaunchParams p;
   if (args) {
-    ledger_.start(what);
-    try {
-      UBEP_CHECK_ARG(have_dispatch_, what, ": no dispatch on this buffer yet");
-      // A repeat needs a new tag in the same half and a barrier before it, so that no peer
-      // still reads the rows it rewrites (src/ep/repeat_combine.cpp); the kernels' combine
-      // has neither (ubep's makes no barrier at all), so it stays the host engine's.
-      UBEP_CHECK_ARG(!combined_, what, ": dispatch ", seq_.results()[0].handle,
-                     " was already combined; on ", cfg_.device.describe(),
-                     " each dispatch is combined at most once (peers may still be reading the "
-                     "rows of the first combine; repeated combine is on the cpu device only)");
-      UBEP_CHECK_ARG(args->out.ndim == 0, what, ": out is the cpu device's (on ",
-                     cfg_.device.describe(), " y is Buffer memory: copy it)");
-      CombineArgs a = *args;
-      // Compact throughput rows: the result's recv_x has num_recv_rows rows (as on the host
-      // backend); the kernels address the window by capacity.
-      const DispatchResult cap = seq_.results()[0];
-      if (!a.compacted && layout_ == Layout::kThroughput && cap.placement == Placement::kCompact) {
-        UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == num_recv_rows_, what, ": x must be [",
-                       num_recv_rows_, ", ", cfg_.hidden, "] (one row per received row), got ",
-                       a.x.describe());
-        a.x.shape[0] = cap.recv_x.dim(0);
-        // No rows received: nothing is read, and an empty tensor may have no address.
-        if (num_recv_rows_ == 0 && a.x.data == nullptr) a.x.data = seq_.combine_buffer(0).data;
-      }
-      const TensorView w = a.topk_weights;
-      if (w.ndim != 0) {
-        UBEP_CHECK_ARG(layout_ == Layout::kLatency, what,
-                       ": topk_weights can only replace the dispatch's in the latency layout");
-        UBEP_CHECK_ARG(w.device == cfg_.device, what, ": topk_weights is on ", w.device.describe(),
-                       ", the buffer on ", cfg_.device.describe());
-        UBEP_CHECK_ARG(w.ndim == 2 && w.dtype == DType::kFP32 && w.dim(0) == tokens_ &&
-                           w.dim(1) == topk_ && (w.data != nullptr || w.numel() == 0),
-                       what, ": topk_weights must be fp32 [", tokens_, ", ", topk_,
-                       "] like the dispatch's topk_idx, got ", w.describe());
-        a.topk_weights = {};  // the kernels read the weights from this rank's scratch
-      }
-      p = seq_.combine({&a, 1}, phases, res_);
-      // Replacing the dispatch's weights (DeepEP's low_latency_combine takes them here): only
-      // the owner reads them, in its combine receive, so they go into its scratch now.
-      if (w.ndim != 0 && w.numel() > 0)
-        ops_->copy(seq_.scratch_map().at<char>(scratch_, seq_.scratch_map().w), w.data, w.bytes());
-    } catch (const InvalidArgument&) {
-      ledger_.reject();
-      throw;
-    }
-    ledger_.join(what);
-    combined_ = true;
+    machine_.start(what);
+    machine_.accept(what, [&] { p = combine_params(*args, phases, what); });
+    machine_.mark_combined();
   } else {
     p = seq_.combine({}, phases, res_);
   }
@@ -341,24 +338,20 @@ DispatchResult KernelEngine::dispatch(const DispatchArgs& args) {
 }
 
 void KernelEngine::dispatch_send(const DispatchArgs& args) {
-  UBEP_CHECK_ARG(seq_.algorithm == Algorithm::kUbep,
-                 "dispatch_send: split-phase calls need the ubep algorithm, this buffer runs ",
-                 algorithm_name(seq_.algorithm));
+  protocol::CallMachine::require_split_phase("dispatch_send", seq_.algorithm);
   check_idle("dispatch_send");
   launch_dispatch(&args, cuda_hd::kSend, "dispatch_send");
-  phase_ = Phase::kDispatchSent;
+  machine_.enter(Phase::kDispatchSent);
 }
 
 DispatchResult KernelEngine::dispatch_recv() {
-  ledger_.check_usable("dispatch_recv");
-  UBEP_CHECK_ARG(phase_ == Phase::kDispatchSent || phase_ == Phase::kDispatchDone,
-                 "dispatch_recv: no dispatch_send outstanding");
-  if (phase_ == Phase::kDispatchSent) {
+  machine_.require_dispatch_sent("dispatch_recv");
+  if (machine_.phase() == Phase::kDispatchSent) {
     launch_dispatch(nullptr, cuda_hd::kRecv, "dispatch_recv");
     finish("dispatch_recv");
     num_recv_rows_ = *recv_rows_;
   }
-  phase_ = Phase::kIdle;
+  machine_.enter(Phase::kIdle);
   return result();
 }
 
@@ -366,15 +359,13 @@ DispatchResult KernelEngine::dispatch_recv() {
 // so the hook runs the whole receive (dispatch_recv's launch) and returns the piece's range:
 // the rows are then there, as the contract says, though the hook waited for every source.
 std::array<int64_t, 2> KernelEngine::wait_recv_range(int source, int local_expert) {
-  ledger_.check_usable("wait_recv_range");
-  UBEP_CHECK_ARG(phase_ == Phase::kDispatchSent || phase_ == Phase::kDispatchDone,
-                 "wait_recv_range: no dispatch_send outstanding");
+  machine_.require_dispatch_sent("wait_recv_range");
   protocol::check_recv_piece(source, local_expert, layout_, ranks_, cfg_.num_experts / ranks_);
-  if (phase_ == Phase::kDispatchSent) {
+  if (machine_.phase() == Phase::kDispatchSent) {
     launch_dispatch(nullptr, cuda_hd::kRecv, "wait_recv_range");
     finish("wait_recv_range");
     num_recv_rows_ = *recv_rows_;
-    phase_ = Phase::kDispatchDone;
+    machine_.enter(Phase::kDispatchReceived);
   }
   std::array<int64_t, 2> range{};
   const auto index =
@@ -386,9 +377,7 @@ std::array<int64_t, 2> KernelEngine::wait_recv_range(int source, int local_exper
 }
 
 DispatchResult KernelEngine::pending_dispatch() const {
-  UBEP_CHECK_ARG((phase_ == Phase::kDispatchSent || phase_ == Phase::kDispatchDone) &&
-                     layout_ == Layout::kLatency,
-                 "pending_dispatch: no latency-layout dispatch_send outstanding");
+  machine_.require_pending_latency_dispatch(layout_);
   return result();
 }
 
@@ -400,30 +389,27 @@ TensorView KernelEngine::combine(const CombineArgs& args) {
 }
 
 void KernelEngine::combine_send(const CombineArgs& args) {
-  UBEP_CHECK_ARG(seq_.algorithm == Algorithm::kUbep,
-                 "combine_send: split-phase calls need the ubep algorithm, this buffer runs ",
-                 algorithm_name(seq_.algorithm));
+  protocol::CallMachine::require_split_phase("combine_send", seq_.algorithm);
   check_idle("combine_send");
   launch_combine(&args, cuda_hd::kCombSend, "combine_send");
-  phase_ = Phase::kCombineSent;
+  machine_.enter(Phase::kCombineSent);
 }
 
 TensorView KernelEngine::combine_recv() {
-  ledger_.check_usable("combine_recv");
-  UBEP_CHECK_ARG(phase_ == Phase::kCombineSent, "combine_recv: no combine_send outstanding");
-  phase_ = Phase::kIdle;
+  machine_.require_combine_sent("combine_recv");
+  machine_.enter(Phase::kIdle);
   launch_combine(nullptr, cuda_hd::kCombRecv, "combine_recv");
   finish("combine_recv");
   return seq_.outputs()[0];
 }
 
 TensorView KernelEngine::pending_combine() const {
-  UBEP_CHECK_ARG(phase_ == Phase::kCombineSent, "pending_combine: no combine_send outstanding");
+  machine_.require_pending_combine("pending_combine");
   return seq_.outputs()[0];
 }
 
 TensorView KernelEngine::compact() {
-  UBEP_CHECK_ARG(have_dispatch_, "compact: no dispatch on this buffer yet");
+  machine_.require_dispatch("compact");
   check_idle("compact");
   if (!compact_) {
     const protocol::WindowLayout& m = seq_.map();
@@ -451,7 +437,7 @@ TensorView KernelEngine::compact_scales() const {
 }
 
 TensorView KernelEngine::combine_buffer() const {
-  UBEP_CHECK_ARG(have_dispatch_, "combine_buffer: no dispatch on this buffer yet");
+  machine_.require_dispatch("combine_buffer");
   TensorView v = seq_.combine_buffer(0);  // shaped by capacity
   const DispatchResult r = result();      // shaped like recv_x (compact rows: by their count)
   if (r.layout == Layout::kThroughput) v.shape[0] = r.recv_x.dim(0);
@@ -459,13 +445,13 @@ TensorView KernelEngine::combine_buffer() const {
 }
 
 void KernelEngine::set_algorithm(Algorithm a) {
-  UBEP_CHECK_ARG(phase_ == Phase::kIdle, "set_algorithm: a split-phase call is outstanding");
+  UBEP_CHECK_ARG(machine_.idle(), "set_algorithm: a split-phase call is outstanding");
   seq_.algorithm = a;
   cfg_.algorithm = a;
 }
 
 void KernelEngine::set_sync_mode(SyncMode m) {
-  UBEP_CHECK_ARG(phase_ == Phase::kIdle, "set_sync_mode: a split-phase call is outstanding");
+  UBEP_CHECK_ARG(machine_.idle(), "set_sync_mode: a split-phase call is outstanding");
   seq_.sync = m;
   cfg_.research.sync = m;
 }

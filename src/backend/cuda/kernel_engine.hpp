@@ -17,7 +17,7 @@
 #include "backend/cuda/device_ops.hpp"
 #include "backend/cuda/sequencer.hpp"
 #include "backend/engine.hpp"
-#include "protocol/call_ledger.hpp"
+#include "protocol/call_machine.hpp"
 
 namespace ubep::cuda_host {
 
@@ -52,7 +52,6 @@ class KernelEngine final : public backend::Engine {
   int blocks_per_rank() const { return bpr_; }
 
  private:
-  enum class Phase { kIdle, kDispatchSent, kDispatchDone, kCombineSent };
   void map_peers();
   void publish_failure(uint32_t word);
   [[noreturn]] void break_call(const char* what, const std::exception& cause);
@@ -62,11 +61,12 @@ class KernelEngine final : public backend::Engine {
   void finish(const char* what);
   void launch_dispatch(const DispatchArgs* args, uint32_t phases, const char* what);
   void launch_combine(const CombineArgs* args, uint32_t phases, const char* what);
+  cuda_hd::LaunchParams combine_params(const CombineArgs& args, uint32_t phases, const char* what);
   void arm(cuda_hd::LaunchParams& p) const;
   DispatchResult result() const;
   int64_t sum_recv_count() const;
   uint32_t failure_of(int peer) const;
-  uint64_t calls() const { return ledger_.calls(); }
+  uint64_t calls() const { return machine_.calls(); }
 
   Group& group_;
   BufferConfig cfg_;
@@ -91,13 +91,12 @@ class KernelEngine final : public backend::Engine {
   // memory a peer still reads.
   std::unique_ptr<SharedWindow> shared_;
 
-  Phase phase_ = Phase::kIdle;
   Layout layout_ = Layout::kThroughput;
-  bool have_dispatch_ = false, combined_ = false;
   int64_t num_recv_rows_ = -1;
   int64_t tokens_ = 0;  // of the last dispatch
   int topk_ = 0;
-  protocol::CallLedger ledger_;  // calls, broken, failure words: as the host backend's
+  // Phases, calls, broken, failure words: the host backend's state machine.
+  protocol::CallMachine machine_;
   CallStats stats_;
 };
 

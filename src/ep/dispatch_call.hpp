@@ -1,6 +1,10 @@
-// The state of one dispatch/combine pair on one rank: its routing, where this rank's rows go at
-// every destination (sender side), what arrived (receiver side), and the placement of rows in
-// the window -- the arithmetic both algorithms and the relay share.
+// One dispatch (and the combines of it) on one rank, as the engine hands it to an algorithm:
+//   input     routed by the engine from the caller's arguments (route()): the routing, this
+//             rank's rows, the call's shape. Read-only for the algorithms and the relay.
+//   products  what the algorithm records while it runs the call, through the methods below:
+//             where this rank's rows start at every destination (sender side, kept for combine)
+//             and what arrived (receiver side, returned as Arrivals).
+// Also the placement arithmetic of rows in the window, which both algorithms and the relay share.
 #pragma once
 
 #include <algorithm>
@@ -23,45 +27,65 @@ class MismatchedCallError : public InvalidArgument {
   using InvalidArgument::InvalidArgument;
 };
 
-class CallState {
+// What a dispatch's receive produced: views of the call's receiver-side records, valid until
+// the next route().
+struct Arrivals {
+  const int64_t* recv_count;  // [El] rows per local expert
+  const int64_t* recv_range;  // (begin, count): latency [El, R, 2], throughput [R, 2]
+  int64_t num_recv_rows;      // valid rows in all
+  int shape_mismatch;         // a source that made a different call (layout, placement), or -1
+  int topk_mismatch;          // a source whose topk differed, or -1
+};
+
+class DispatchCall {
  public:
-  CallState(int rank, const BufferConfig& cfg, int ranks);
+  DispatchCall(int rank, const BufferConfig& cfg, int ranks);
 
-  // Validates the inputs and builds the routing (throws before anything is written), then
-  // decides the per-call store policy.
-  void begin(const DispatchArgs& a, const BufferConfig& cfg, size_t row_bytes);
+  // --- the input, set by the engine for each dispatch ---
+  // Validates the arguments and builds the routing (throws before anything is written), decides
+  // the per-call store policy, then takes this rank's dispatch rows by token from rows_of()
+  // (the caller's x and x_scales, or their fp8 cast: made only once the arguments are valid).
+  template <typename RowsOf>
+  void route(const DispatchArgs& a, const BufferConfig& cfg, size_t row_bytes, RowsOf&& rows_of) {
+    build_routing(a, cfg, row_bytes);
+    rows_ = rows_of();
+  }
+  // A combine with its own topk_weights (latency layout) weighs with them; one without uses the
+  // dispatch's again, as the first combine would have.
+  void use_combine_weights(const float* weights);
 
-  // This rank's dispatch rows, by token: the caller's x (and x_scales), or the cast-on-send
-  // staging copy (HostEngine::begin_dispatch sets it after begin()).
-  RowArrays source;
-  Routing routing;
-  Layout layout = Layout::kThroughput;
-  Placement placement = Placement::kCompact;  // resolved (never kAuto)
+  const Routing& routing() const { return routing_; }
+  const RowArrays& rows() const { return rows_; }
+  Layout layout() const { return layout_; }
+  Placement placement() const { return placement_; }  // resolved (never kAuto)
   // The count record's call-shape word for this call (protocol.hpp).
   int32_t shape() const {
-    return call_shape(static_cast<int>(layout), static_cast<int>(placement));
+    return call_shape(static_cast<int>(layout_), static_cast<int>(placement_));
   }
-  int rank, ranks, local_experts;
-  int64_t T;  // max tokens per rank
+  const int rank, ranks, local_experts;
+  const int64_t max_tokens;  // per rank
   // The ranks masked in this buffer's agreed view (docs/ELASTIC.md), set between calls by the
   // engine: never sent to, never waited for, their count records read as zero; the routing
   // drops the topk entries of their experts (those weights contribute nothing to combine).
   bool masked(int r) const { return masked_[static_cast<size_t>(r)] != 0; }
   void set_masked(const std::vector<uint8_t>& m) { masked_ = m; }
-  int64_t RT() const { return static_cast<int64_t>(ranks) * T; }
+  // Rows of one local expert's region in the latency layout: a slot per (source, token).
+  int64_t expert_slots() const { return static_cast<int64_t>(ranks) * max_tokens; }
   // Rows into a peer's dispatch output: non-temporal stores when the call moves more than
   // kStreamBytes (they skip the read-for-ownership of lines the writer never reads, like
   // DeepEP's no-allocate stores), plain stores for small calls whose rows the receiver reads
   // while they are still in cache.
   static constexpr double kStreamBytes = 4.0 * (1 << 20);
-  bool stream_rows = false;
+  bool stream_rows() const { return stream_rows_; }
 
   // --- sender side: where this rank's rows start at each destination (from the count records
   // of the lower-ranked sources). Kept for combine, which reads the rows back there.
-  std::vector<int64_t> row_offset_at;     // [R] throughput
-  std::vector<int64_t> expert_offset_at;  // [R, El] latency
+  int64_t row_offset_at(int dest) const { return row_offset_at_[static_cast<size_t>(dest)]; }
+  int64_t expert_offset_at(int dest, int local_expert) const {
+    return expert_offset_at_[static_cast<size_t>(dest * local_experts + local_expert)];
+  }
   // Whether the offsets at a destination depend on the lower ranks' count records there.
-  bool offsets_need_counts() const { return placement == Placement::kCompact; }
+  bool offsets_need_counts() const { return placement_ == Placement::kCompact; }
   // Compact: reads the count records of sources below this rank at `dest` (they must be
   // visible). Per-source: this rank's fixed region, from nothing but its rank.
   void compute_offsets(const Window& w, int dest);
@@ -77,14 +101,18 @@ class CallState {
   }
 
   // --- receiver side ---
-  LocalArray recv_count;      // [El] int64
-  LocalArray recv_range;      // int64 (begin, count): latency [El, R, 2], throughput [R, 2]
-  int64_t num_recv_rows = 0;  // valid rows in all
   // After every count record of this call is visible: per-expert counts, each source's range
   // (from the placement) and total rows.
   void receive_counts(const Window& w);
+  Arrivals arrivals() const {
+    return {recv_count_.get<int64_t>(), recv_range_.get<int64_t>(), num_recv_rows_,
+            shape_mismatch(), topk_mismatch()};
+  }
+  int64_t num_recv_rows() const { return num_recv_rows_; }
   // Rows the dispatch output spans (throughput: per-source placement leaves gaps).
-  int64_t tp_span() const { return placement == Placement::kPerSource ? RT() : num_recv_rows; }
+  int64_t throughput_span() const {
+    return placement_ == Placement::kPerSource ? expert_slots() : num_recv_rows_;
+  }
   // A source whose topk, or call shape, differed from ours in this call, or -1.
   int topk_mismatch() const { return topk_mismatch_.load(std::memory_order_relaxed); }
   int shape_mismatch() const { return shape_mismatch_.load(std::memory_order_relaxed); }
@@ -92,12 +120,12 @@ class CallState {
   // expert e (throughput: e is ignored), read from the count records of sources
   // [first_range_source(s), s], which must be visible. A record of another call shape throws.
   std::array<int64_t, 2> range_from_counts(const Window& w, int e, int s) const;
-  int first_range_source(int s) const { return placement == Placement::kPerSource ? s : 0; }
+  int first_range_source(int s) const { return placement_ == Placement::kPerSource ? s : 0; }
   // (begin, count) of source s's rows (throughput: e is ignored).
   const int64_t* range(int e, int s) const {
     const size_t i =
-        layout == Layout::kLatency ? static_cast<size_t>(e * ranks + s) : static_cast<size_t>(s);
-    return recv_range.get<int64_t>() + 2 * i;
+        layout_ == Layout::kLatency ? static_cast<size_t>(e * ranks + s) : static_cast<size_t>(s);
+    return recv_range_.get<int64_t>() + 2 * i;
   }
 
   // Writes one token's row(s) for `dest` on behalf of `source` (itself or, on a relay, a rank
@@ -123,6 +151,20 @@ class CallState {
                  int64_t* push_slot) const;
 
  private:
+  void build_routing(const DispatchArgs& a, const BufferConfig& cfg, size_t row_bytes);
+
+  Routing routing_;
+  RowArrays rows_;
+  std::vector<float> dispatch_weights_;  // the dispatch's, while a combine uses its own
+  bool weights_replaced_ = false;
+  Layout layout_ = Layout::kThroughput;
+  Placement placement_ = Placement::kCompact;
+  bool stream_rows_ = false;
+  std::vector<int64_t> row_offset_at_;     // [R] throughput
+  std::vector<int64_t> expert_offset_at_;  // [R, El] latency
+  LocalArray recv_count_;                  // [El] int64
+  LocalArray recv_range_;                  // int64 (begin, count): latency [El, R, 2], throughput [R, 2]
+  int64_t num_recv_rows_ = 0;
   std::vector<std::atomic<uint64_t>> offsets_ready_;  // [R]
   std::vector<uint8_t> masked_;                       // [R]
   uint64_t send_generation_ = 0;
@@ -132,27 +174,27 @@ class CallState {
   // where base is the output index of row 0 of expert e (latency) or 0.
   template <typename Fn>
   void for_each_range(Fn&& fn) const {
-    const int experts = layout == Layout::kLatency ? local_experts : 1;
+    const int experts = layout_ == Layout::kLatency ? local_experts : 1;
     for (int e = 0; e < experts; ++e)
       for (int s = 0; s < ranks; ++s) {
         const int64_t* r = range(e, s);
-        fn(e, s, r[0], r[1], layout == Layout::kLatency ? e * RT() : int64_t{0});
+        fn(e, s, r[0], r[1], layout_ == Layout::kLatency ? e * expert_slots() : int64_t{0});
       }
   }
 };
 
 template <typename Done>
-void CallState::place_row(const Window& win, int dest, int source, int32_t t, RowRef row,
+void DispatchCall::place_row(const Window& win, int dest, int source, int32_t t, RowRef row,
                           const int32_t* idx, const float* w, int K, int64_t slot,
                           const int32_t* expert_slot, int64_t row_off, const int64_t* expert_off,
                           Done&& done) const {
   const WindowLayout& m = win.map();
   const size_t xb = m.codec.payload_bytes, sb = m.codec.scale_bytes;
-  if (layout == Layout::kThroughput) {
+  if (layout_ == Layout::kThroughput) {
     const auto pos = row_off + slot;
     const auto p = static_cast<size_t>(pos);
     win.put_dispatch_row(win.at<char>(dest, m.tp_x) + p * xb,
-                         win.at<char>(dest, m.tp_scale) + p * sb, row, stream_rows);
+                         win.at<char>(dest, m.tp_scale) + p * sb, row, stream_rows_);
     const int64_t src[2] = {source, t};
     win.put(win.at<int64_t>(dest, m.tp_src) + 2 * pos, src, sizeof src);
     int32_t oidx[64];
@@ -171,10 +213,10 @@ void CallState::place_row(const Window& win, int dest, int source, int32_t t, Ro
       const int32_t e = idx[j];
       if (e < 0 || e / local_experts != dest) continue;
       const int le = e % local_experts;
-      const int64_t pos = le * RT() + expert_off[le] + expert_slot[j];
+      const int64_t pos = le * expert_slots() + expert_off[le] + expert_slot[j];
       const auto p = static_cast<size_t>(pos);
       win.put_dispatch_row(win.at<char>(dest, m.lat_x) + p * xb,
-                           win.at<char>(dest, m.lat_scale) + p * sb, row, stream_rows);
+                           win.at<char>(dest, m.lat_scale) + p * sb, row, stream_rows_);
       const int64_t src[2] = {source, t};
       win.put(win.at<int64_t>(dest, m.lat_src) + 2 * pos, src, sizeof src);
       const auto k = static_cast<int8_t>(j);
@@ -185,26 +227,26 @@ void CallState::place_row(const Window& win, int dest, int source, int32_t t, Ro
 }
 
 template <typename Done>
-void CallState::send_rows(const Window& win, int dest, int64_t i, Done&& done) const {
-  const int32_t t = routing.dest_token(dest, i);
-  const size_t tK = static_cast<size_t>(t) * static_cast<size_t>(routing.topk);
-  place_row(win, dest, rank, t, source.row(t), &routing.topk_idx[tK], &routing.topk_weights[tK],
-            routing.topk, i, &routing.expert_slot[tK], row_offset_at[static_cast<size_t>(dest)],
-            &expert_offset_at[static_cast<size_t>(dest * local_experts)], std::forward<Done>(done));
+void DispatchCall::send_rows(const Window& win, int dest, int64_t i, Done&& done) const {
+  const int32_t t = routing_.dest_token(dest, i);
+  const size_t tK = static_cast<size_t>(t) * static_cast<size_t>(routing_.topk);
+  place_row(win, dest, rank, t, rows_.row(t), &routing_.topk_idx[tK], &routing_.topk_weights[tK],
+            routing_.topk, i, &routing_.expert_slot[tK], row_offset_at_[static_cast<size_t>(dest)],
+            &expert_offset_at_[static_cast<size_t>(dest * local_experts)], std::forward<Done>(done));
 }
 
 template <typename Visit>
-void CallState::for_each_expected_row(const Window& win, Visit&& visit) const {
+void DispatchCall::for_each_expected_row(const Window& win, Visit&& visit) const {
   const Tag* tags =
-      win.at<Tag>(rank, layout == Layout::kThroughput ? win.map().tp_tag : win.map().lat_tag);
+      win.at<Tag>(rank, layout_ == Layout::kThroughput ? win.map().tp_tag : win.map().lat_tag);
   for_each_range([&](int, int, int64_t begin, int64_t count, int64_t base) {
     for (int64_t p = base + begin; p < base + begin + count; ++p) visit(tags + p, p);
   });
 }
 
 template <typename Visit>
-void CallState::for_each_output_row(int m, int members, Visit&& visit) const {
-  const int64_t begin = num_recv_rows * m / members, end = num_recv_rows * (m + 1) / members;
+void DispatchCall::for_each_output_row(int m, int members, Visit&& visit) const {
+  const int64_t begin = num_recv_rows_ * m / members, end = num_recv_rows_ * (m + 1) / members;
   int64_t seen = 0;  // valid rows of the ranges before this one
   for_each_range([&](int, int, int64_t first, int64_t count, int64_t base) {
     const int64_t p0 = std::max<int64_t>(begin - seen, 0), p1 = std::min(count, end - seen);

@@ -1,0 +1,36 @@
+// What the library's internals reach through a Group beyond its public interface: the transport
+// between hosts, the death watch, and elastic membership. Group implementations (thread_group,
+// shm_group, mpi_group) implement the hooks they have and register them (Group::set_hooks);
+// the EP layer asks for them with hooks_of(group), which answers a group without any with the
+// defaults below (one host, nothing watched, never rejoining).
+#pragma once
+
+#include <cstdint>
+
+#include "ubep/group.hpp"
+
+namespace ubep::bootstrap {
+
+class DeathWatch;
+
+class GroupHooks {
+ public:
+  virtual ~GroupHooks() = default;
+  // Point-to-point transport to ranks on other hosts; nullptr on a single host. Used by the
+  // cross-host relay of the EP algorithms, from one thread at a time.
+  virtual transport::Remote* remote() { return nullptr; }
+  // Process groups watch the processes of this host's other ranks (docs/ELASTIC.md); nullptr
+  // where nothing is watched.
+  virtual DeathWatch* death_watch() { return nullptr; }
+  // Elastic groups: the incarnation of `rank` (0 for the group's first processes, +1 per
+  // replacement), whether this process is a replacement that joined a live group (its Buffers
+  // make no collective set-up calls), and what to do once a replacement of `rank` is seen.
+  virtual uint32_t incarnation_of(int /*rank*/) const { return 0; }
+  virtual bool rejoining() const { return false; }
+  virtual void peer_replaced(int /*rank*/) {}
+  // Groups that span hosts: forward this host's deaths to the other hosts and take theirs
+  // (docs/ELASTIC.md). Called by the caller's thread inside its waits.
+  virtual void pump_deaths() {}
+};
+
+}  // namespace ubep::bootstrap
