@@ -9,6 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
+# Layering (docs/ARCHITECTURE.md, "Layering rules"): includes, src/'s folder graph, python/ubep's
+# imports, function lengths in src/; first its self-test, so the check is shown able to fail.
+python3 scripts/check_layers.py --self-test
+python3 scripts/check_layers.py --quiet
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 jobs=$(nproc)
 

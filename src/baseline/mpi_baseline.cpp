@@ -219,23 +219,21 @@ AlltoallBaseline::~AlltoallBaseline() = default;
 const CallStats& AlltoallBaseline::last_stats() const { return impl_->stats; }
 const char* AlltoallBaseline::name() const { return impl_->exchange->name(); }
 
-DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
-  Impl& b = *impl_;
-  // Pointers first: the shape checks below read the routing arrays.
-  UBEP_CHECK_ARG(a.topk_idx.data != nullptr || a.topk_idx.numel() == 0,
-                 "dispatch: topk_idx has no data");
-  UBEP_CHECK_ARG(a.topk_weights.data != nullptr || a.topk_weights.numel() == 0,
-                 "dispatch: topk_weights has no data");
-  UBEP_CHECK_ARG(a.layout == Layout::kThroughput || b.cfg.enable_latency_layout,
-                 "dispatch: latency layout needs enable_latency_layout");
-  b.routing.build(a, b.cfg);
-  StageTimer timer(b.stats);
-  const protocol::RowArrays source = b.dispatch_source(a);
-  b.layout = a.layout;
-  ++b.seq;
+namespace {
+
+using Impl = AlltoallBaseline::Impl;
+
+// The peer whose block in row_prefix holds row position g (of the send or the receive buffer).
+int peer_of(const Impl& b, int64_t g) {
+  const auto it = std::upper_bound(b.row_prefix.begin(), b.row_prefix.begin() + b.ranks + 1, g);
+  return static_cast<int>(it - b.row_prefix.begin()) - 1;
+}
+
+// Dispatch, pack: counts and offsets per destination (serial: R entries), then every row sent
+// (payload, scales, then its token, local experts, slots and weights) in parallel.
+void pack_dispatch(Impl& b, const protocol::RowArrays& source) {
   const int R = b.ranks, El = b.El, K = b.routing.topk;
   const auto rec = static_cast<int64_t>(b.rec_bytes);
-  // Counts and offsets per destination (serial: R entries), then the rows in parallel.
   int64_t off = 0;
   for (int d = 0; d < R; ++d) {
     const int32_t n = b.routing.dest_rows[static_cast<size_t>(d)];
@@ -251,8 +249,7 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
   b.row_prefix[static_cast<size_t>(R)] = off / rec;
   for_range(*b.dp, off / rec, [&](int, int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
-      const auto it = std::upper_bound(b.row_prefix.begin(), b.row_prefix.begin() + R + 1, g);
-      const int d = static_cast<int>(it - b.row_prefix.begin()) - 1;
+      const int d = peer_of(b, g);
       const int32_t t = b.routing.dest_token(d, g - b.row_prefix[static_cast<size_t>(d)]);
       char* r = b.send_buf.get() + g * rec;
       const protocol::RowRef x = source.row(t);
@@ -270,12 +267,13 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
       }
     }
   });
-  timer.lap("pack");
-  // Sizes first (like MPI_Alltoall of counts), then the tokens and metadata.
-  b.tok_sb = b.sb;  // keep the token exchange's sizes (no reallocation: same size)
-  b.tok_so = b.so;
-  b.exchange_fixed(b.send_counts.data(), b.recv_counts.data(), static_cast<size_t>(1 + El) * 4);
-  timer.lap("count alltoall");
+}
+
+// Dispatch, after the count exchange: every source's rows and each local expert's offset from
+// the received counts, then the token alltoallv. Returns the rows received.
+int64_t receive_dispatch_rows(Impl& b) {
+  const int R = b.ranks, El = b.El;
+  const auto rec = static_cast<int64_t>(b.rec_bytes);
   int64_t roff = 0;
   auto* counts = b.recv_count.get<int64_t>();
   std::fill(counts, counts + El, 0);
@@ -293,15 +291,18 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
   b.row_prefix[static_cast<size_t>(R)] = roff / rec;
   b.exchange->alltoallv(b.send_buf.get(), b.tok_sb.data(), b.tok_so.data(), b.recv_buf.get(),
                         b.rb.data(), b.ro.data());
-  timer.lap("token alltoallv");
-  // Unpack: every received row has its own place (its position, or its (expert, slot)s).
-  const int64_t rows = roff / rec;
-  b.num_recv_rows = rows;
+  return roff / rec;
+}
+
+// Dispatch, unpack: every received row has its own place (its position, or its (expert,
+// slot)s in the latency layout).
+void unpack_dispatch(Impl& b, int64_t rows) {
+  const int R = b.ranks, K = b.routing.topk;
+  const auto rec = static_cast<int64_t>(b.rec_bytes);
   const int64_t RT = static_cast<int64_t>(R) * b.T;
   for_range(*b.dp, rows, [&](int, int64_t begin, int64_t end) {
     for (int64_t pos = begin; pos < end; ++pos) {
-      const auto it = std::upper_bound(b.row_prefix.begin(), b.row_prefix.begin() + R + 1, pos);
-      const int s = static_cast<int>(it - b.row_prefix.begin()) - 1;
+      const int s = peer_of(b, pos);
       const char* r = b.recv_buf.get() + pos * rec;
       const auto* meta = reinterpret_cast<const int32_t*>(r + b.rec_bytes - b.meta_bytes);
       if (b.layout == Layout::kThroughput) {
@@ -326,7 +327,12 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
       }
     }
   });
-  timer.lap("unpack");
+}
+
+// The views a dispatch returns over the unpacked outputs.
+DispatchResult dispatch_result(const Impl& b, int64_t rows) {
+  const int El = b.El, K = b.routing.topk;
+  const int64_t RT = static_cast<int64_t>(b.ranks) * b.T;
   DispatchResult r;
   const auto scales = static_cast<int64_t>(b.XC.scale_bytes / sizeof(float));
   r.layout = b.layout;
@@ -347,6 +353,171 @@ DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
   return r;
 }
 
+// Throughput combine: rows are already grouped by source rank, so they go straight from x (no
+// pack); rank p returns my rows in the order I sent them, so token t's row from p is at its
+// slot among my tokens for p. Accumulates per token in ascending rank order.
+void combine_throughput(Impl& b, const CombineArgs& a, StageTimer& timer) {
+  const int R = b.ranks, El = b.El;
+  const auto RB = static_cast<int64_t>(b.RB);
+  int64_t off = 0, roff = 0;
+  for (int p = 0; p < R; ++p) {
+    const int64_t n_back = b.recv_counts[static_cast<size_t>(p * (1 + El))];
+    b.sb[p] = n_back * RB;
+    b.so[p] = off;
+    off += b.sb[p];
+    b.rb[p] = b.routing.dest_rows[static_cast<size_t>(p)] * RB;
+    b.ro[p] = roff;
+    roff += b.rb[p];
+  }
+  b.exchange->alltoallv(a.x.data, b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(),
+                        b.ro.data());
+  timer.lap("row alltoallv");
+  for_range(*b.dp, b.routing.num_tokens, [&](int m, int64_t begin, int64_t end) {
+    Impl::Scratch& sc = b.scratch[static_cast<size_t>(m)];
+    for (int64_t t = begin; t < end; ++t) {
+      sc.contrib.clear();
+      for (int p = 0; p < R; ++p) {
+        if (!b.routing.sent(t, p)) continue;
+        sc.contrib.push_back(
+            {p, b.comb_recv.get() + b.ro[p] + b.routing.slot_at(t, p) * RB, nullptr});
+      }
+      b.reduce(b.y.get() + t * RB, sc);
+    }
+  });
+}
+
+// Latency combine, pack: rows per owner with their (token, k), the slots serially (integers),
+// the rows' bytes in parallel. Leaves b.per_owner (rows per owner) and b.so (the owners' first
+// rows) for the exchange.
+void pack_latency_combine(Impl& b, const CombineArgs& a) {
+  const int R = b.ranks, El = b.El;
+  const int64_t RT = static_cast<int64_t>(R) * b.T;
+  const auto RB = static_cast<int64_t>(b.RB);
+  const auto* counts = b.recv_count.get<int64_t>();
+  const auto* src = b.lat_src.get<int64_t>();
+  std::vector<int64_t>& per_owner = b.per_owner;
+  std::fill(per_owner.begin(), per_owner.end(), 0);
+  for (int e = 0; e < El; ++e)
+    for (int64_t p = 0; p < counts[e]; ++p) ++per_owner[static_cast<size_t>(src[2 * (e * RT + p)])];
+  int64_t off = 0;
+  for (int p = 0; p < R; ++p) {
+    b.so[p] = off;
+    off += per_owner[static_cast<size_t>(p)];
+  }
+  std::vector<int64_t>& fill = b.fill;
+  fill.assign(b.so.begin(), b.so.end());
+  for (int e = 0; e < El; ++e) {
+    for (int64_t p = 0; p < counts[e]; ++p) {
+      const int64_t row = e * RT + p;
+      const int owner = static_cast<int>(src[2 * row]);
+      const int64_t i = fill[static_cast<size_t>(owner)]++;
+      b.pack_row[static_cast<size_t>(i)] = row;
+      b.comb_meta_send[static_cast<size_t>(2 * i)] = static_cast<int32_t>(src[2 * row + 1]);
+      b.comb_meta_send[static_cast<size_t>(2 * i + 1)] = b.lat_k.get<int8_t>()[row];
+    }
+  }
+  for_range(*b.dp, off, [&](int, int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      std::memcpy(b.comb_send.get() + i * RB,
+                  static_cast<const char*>(a.x.data) + b.pack_row[static_cast<size_t>(i)] * RB,
+                  b.RB);
+  });
+}
+
+// Latency combine, exchange: the rows, then their (token, k) records, from and to every expert
+// rank (the rows I expect from one: my (token, k) pairs whose expert lives there). Returns the
+// rows received.
+int64_t exchange_latency_combine(Impl& b) {
+  const int R = b.ranks, El = b.El, K = b.routing.topk;
+  const auto RB = static_cast<int64_t>(b.RB);
+  const int64_t N = b.routing.num_tokens;
+  const std::vector<int64_t>& per_owner = b.per_owner;
+  std::vector<int64_t>& expect = b.expect;
+  std::fill(expect.begin(), expect.end(), 0);
+  for (int64_t t = 0; t < N; ++t)
+    for (int j = 0; j < K; ++j) {
+      const int32_t e = b.routing.topk_idx[static_cast<size_t>(t * K + j)];
+      if (e >= 0) ++expect[static_cast<size_t>(e / El)];
+    }
+  int64_t roff = 0;
+  for (int p = 0; p < R; ++p) {
+    b.sb[p] = per_owner[static_cast<size_t>(p)] * RB;
+    b.so[p] *= RB;
+    b.rb[p] = expect[static_cast<size_t>(p)] * RB;
+    b.ro[p] = roff;
+    roff += b.rb[p];
+  }
+  b.exchange->alltoallv(b.comb_send.get(), b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(),
+                        b.ro.data());
+  for (int p = 0; p < R; ++p) {
+    b.sb[p] = per_owner[static_cast<size_t>(p)] * 8;
+    b.so[p] = b.so[p] / RB * 8;
+    b.rb[p] = expect[static_cast<size_t>(p)] * 8;
+    b.ro[p] = b.ro[p] / RB * 8;
+  }
+  b.exchange->alltoallv(b.comb_meta_send.data(), b.sb.data(), b.so.data(), b.comb_meta_recv.data(),
+                        b.rb.data(), b.ro.data());
+  return roff / RB;
+}
+
+// Latency combine, unpack + reduce: the received rows into (token, k) order, then each token
+// reduced in ascending k.
+void reduce_latency_combine(Impl& b, int64_t total) {
+  const int El = b.El, K = b.routing.topk, Kmax = b.cfg.max_topk;
+  const auto RB = static_cast<int64_t>(b.RB);
+  const int64_t N = b.routing.num_tokens;
+  std::vector<int64_t>& where = b.where;
+  std::fill(where.begin(), where.begin() + N * Kmax, -1);
+  for (int64_t i = 0; i < total; ++i)
+    where[static_cast<size_t>(b.comb_meta_recv[static_cast<size_t>(2 * i)] * Kmax +
+                              b.comb_meta_recv[static_cast<size_t>(2 * i + 1)])] = i;
+  for_range(*b.dp, N, [&](int m, int64_t begin, int64_t end) {
+    Impl::Scratch& sc = b.scratch[static_cast<size_t>(m)];
+    for (int64_t t = begin; t < end; ++t) {
+      sc.contrib.clear();
+      for (int j = 0; j < K; ++j) {
+        const size_t tk = static_cast<size_t>(t * K + j);
+        if (b.routing.topk_idx[tk] < 0) continue;
+        sc.contrib.push_back({b.routing.topk_idx[tk] / El,
+                              b.comb_recv.get() + where[static_cast<size_t>(t * Kmax + j)] * RB,
+                              &b.routing.topk_weights[tk]});
+      }
+      b.reduce(b.y.get() + t * RB, sc);
+    }
+  });
+}
+
+}  // namespace
+
+DispatchResult AlltoallBaseline::dispatch(const DispatchArgs& a) {
+  Impl& b = *impl_;
+  // Pointers first: the shape checks below read the routing arrays.
+  UBEP_CHECK_ARG(a.topk_idx.data != nullptr || a.topk_idx.numel() == 0,
+                 "dispatch: topk_idx has no data");
+  UBEP_CHECK_ARG(a.topk_weights.data != nullptr || a.topk_weights.numel() == 0,
+                 "dispatch: topk_weights has no data");
+  UBEP_CHECK_ARG(a.layout == Layout::kThroughput || b.cfg.enable_latency_layout,
+                 "dispatch: latency layout needs enable_latency_layout");
+  b.routing.build(a, b.cfg);
+  StageTimer timer(b.stats);
+  const protocol::RowArrays source = b.dispatch_source(a);
+  b.layout = a.layout;
+  ++b.seq;
+  pack_dispatch(b, source);
+  timer.lap("pack");
+  // Sizes first (like MPI_Alltoall of counts), then the tokens and metadata.
+  b.tok_sb = b.sb;  // keep the token exchange's sizes (no reallocation: same size)
+  b.tok_so = b.so;
+  b.exchange_fixed(b.send_counts.data(), b.recv_counts.data(), static_cast<size_t>(1 + b.El) * 4);
+  timer.lap("count alltoall");
+  const int64_t rows = receive_dispatch_rows(b);
+  timer.lap("token alltoallv");
+  b.num_recv_rows = rows;
+  unpack_dispatch(b, rows);
+  timer.lap("unpack");
+  return dispatch_result(b, rows);
+}
+
 TensorView AlltoallBaseline::combine(const CombineArgs& a) {
   Impl& b = *impl_;
   UBEP_CHECK_ARG(a.handle == b.seq && b.seq != 0, "combine: handle ", a.handle,
@@ -355,127 +526,22 @@ TensorView AlltoallBaseline::combine(const CombineArgs& a) {
                  " does not match the buffer's combine dtype ", dtype_name(b.cdtype));
   UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine: x has no data");
   StageTimer timer(b.stats);
-  const int R = b.ranks, El = b.El, K = b.routing.topk, Kmax = b.cfg.max_topk;
-  const int64_t RT = static_cast<int64_t>(R) * b.T;
-  const auto RB = static_cast<int64_t>(b.RB);
+  const int64_t RT = static_cast<int64_t>(b.ranks) * b.T;
   const int64_t N = b.routing.num_tokens;
   if (b.layout == Layout::kThroughput) {
     UBEP_CHECK_ARG(a.x.ndim == 2 && a.x.dim(0) == b.num_recv_rows && a.x.dim(1) == b.cfg.hidden,
                    "combine: x must be [", b.num_recv_rows, ", ", b.cfg.hidden, "], got ",
                    a.x.describe());
-    // Rows are already grouped by source rank: send straight from x, no pack needed.
-    int64_t off = 0, roff = 0;
-    for (int p = 0; p < R; ++p) {
-      const int64_t n_back = b.recv_counts[static_cast<size_t>(p * (1 + El))];
-      b.sb[p] = n_back * RB;
-      b.so[p] = off;
-      off += b.sb[p];
-      b.rb[p] = b.routing.dest_rows[static_cast<size_t>(p)] * RB;
-      b.ro[p] = roff;
-      roff += b.rb[p];
-    }
-    b.exchange->alltoallv(a.x.data, b.sb.data(), b.so.data(), b.comb_recv.get(), b.rb.data(),
-                          b.ro.data());
-    timer.lap("row alltoallv");
-    // Unpack + reduce: rank p returns my rows in the order I sent them, so token t's row from p
-    // is at its slot among my tokens for p. Accumulate per token in ascending rank order.
-    for_range(*b.dp, N, [&](int m, int64_t begin, int64_t end) {
-      Impl::Scratch& sc = b.scratch[static_cast<size_t>(m)];
-      for (int64_t t = begin; t < end; ++t) {
-        sc.contrib.clear();
-        for (int p = 0; p < R; ++p) {
-          if (!b.routing.sent(t, p)) continue;
-          sc.contrib.push_back(
-              {p, b.comb_recv.get() + b.ro[p] + b.routing.slot_at(t, p) * RB, nullptr});
-        }
-        b.reduce(b.y.get() + t * RB, sc);
-      }
-    });
+    combine_throughput(b, a, timer);
   } else {
     UBEP_CHECK_ARG(
-        a.x.ndim == 3 && a.x.dim(0) == El && a.x.dim(1) == RT && a.x.dim(2) == b.cfg.hidden,
-        "combine: x must be [", El, ", ", RT, ", ", b.cfg.hidden, "], got ", a.x.describe());
-    // Pack rows per owner with their (token, k): the slots serially (integers), the rows'
-    // bytes in parallel.
-    const auto* counts = b.recv_count.get<int64_t>();
-    const auto* src = b.lat_src.get<int64_t>();
-    std::vector<int64_t>& per_owner = b.per_owner;
-    std::fill(per_owner.begin(), per_owner.end(), 0);
-    for (int e = 0; e < El; ++e)
-      for (int64_t p = 0; p < counts[e]; ++p)
-        ++per_owner[static_cast<size_t>(src[2 * (e * RT + p)])];
-    int64_t off = 0;
-    for (int p = 0; p < R; ++p) {
-      b.so[p] = off;
-      off += per_owner[static_cast<size_t>(p)];
-    }
-    std::vector<int64_t>& fill = b.fill;
-    fill.assign(b.so.begin(), b.so.end());
-    for (int e = 0; e < El; ++e) {
-      for (int64_t p = 0; p < counts[e]; ++p) {
-        const int64_t row = e * RT + p;
-        const int owner = static_cast<int>(src[2 * row]);
-        const int64_t i = fill[static_cast<size_t>(owner)]++;
-        b.pack_row[static_cast<size_t>(i)] = row;
-        b.comb_meta_send[static_cast<size_t>(2 * i)] = static_cast<int32_t>(src[2 * row + 1]);
-        b.comb_meta_send[static_cast<size_t>(2 * i + 1)] = b.lat_k.get<int8_t>()[row];
-      }
-    }
-    for_range(*b.dp, off, [&](int, int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i)
-        std::memcpy(b.comb_send.get() + i * RB,
-                    static_cast<const char*>(a.x.data) + b.pack_row[static_cast<size_t>(i)] * RB,
-                    b.RB);
-    });
+        a.x.ndim == 3 && a.x.dim(0) == b.El && a.x.dim(1) == RT && a.x.dim(2) == b.cfg.hidden,
+        "combine: x must be [", b.El, ", ", RT, ", ", b.cfg.hidden, "], got ", a.x.describe());
+    pack_latency_combine(b, a);
     timer.lap("pack");
-    // Expected rows from each expert rank: my (token, k) pairs whose expert lives there.
-    std::vector<int64_t>& expect = b.expect;
-    std::fill(expect.begin(), expect.end(), 0);
-    for (int64_t t = 0; t < N; ++t)
-      for (int j = 0; j < K; ++j) {
-        const int32_t e = b.routing.topk_idx[static_cast<size_t>(t * K + j)];
-        if (e >= 0) ++expect[static_cast<size_t>(e / El)];
-      }
-    int64_t roff = 0;
-    for (int p = 0; p < R; ++p) {
-      b.sb[p] = per_owner[static_cast<size_t>(p)] * RB;
-      b.so[p] *= RB;
-      b.rb[p] = expect[static_cast<size_t>(p)] * RB;
-      b.ro[p] = roff;
-      roff += b.rb[p];
-    }
-    b.exchange->alltoallv(b.comb_send.get(), b.sb.data(), b.so.data(), b.comb_recv.get(),
-                          b.rb.data(), b.ro.data());
-    for (int p = 0; p < R; ++p) {
-      b.sb[p] = per_owner[static_cast<size_t>(p)] * 8;
-      b.so[p] = b.so[p] / RB * 8;
-      b.rb[p] = expect[static_cast<size_t>(p)] * 8;
-      b.ro[p] = b.ro[p] / RB * 8;
-    }
-    b.exchange->alltoallv(b.comb_meta_send.data(), b.sb.data(), b.so.data(),
-                          b.comb_meta_recv.data(), b.rb.data(), b.ro.data());
+    const int64_t total = exchange_latency_combine(b);
     timer.lap("row alltoallv");
-    // Unpack into (token, k) order, then reduce in ascending k.
-    const int64_t total = roff / RB;
-    std::vector<int64_t>& where = b.where;
-    std::fill(where.begin(), where.begin() + N * Kmax, -1);
-    for (int64_t i = 0; i < total; ++i)
-      where[static_cast<size_t>(b.comb_meta_recv[static_cast<size_t>(2 * i)] * Kmax +
-                                b.comb_meta_recv[static_cast<size_t>(2 * i + 1)])] = i;
-    for_range(*b.dp, N, [&](int m, int64_t begin, int64_t end) {
-      Impl::Scratch& sc = b.scratch[static_cast<size_t>(m)];
-      for (int64_t t = begin; t < end; ++t) {
-        sc.contrib.clear();
-        for (int j = 0; j < K; ++j) {
-          const size_t tk = static_cast<size_t>(t * K + j);
-          if (b.routing.topk_idx[tk] < 0) continue;
-          sc.contrib.push_back({b.routing.topk_idx[tk] / El,
-                                b.comb_recv.get() + where[static_cast<size_t>(t * Kmax + j)] * RB,
-                                &b.routing.topk_weights[tk]});
-        }
-        b.reduce(b.y.get() + t * RB, sc);
-      }
-    });
+    reduce_latency_combine(b, total);
   }
   timer.lap("unpack + reduce");
   return TensorView(b.y.get(), b.cdtype, {N, b.cfg.hidden});

@@ -67,11 +67,12 @@ void ExpertLayer::set_compute_delay_hook(std::function<void(int)> hook) {
   impl_->compute_hook = std::move(hook);
 }
 
-TensorView ExpertLayer::run(const DispatchResult& d, const TensorView& topk_idx,
-                            const TensorView& topk_weights, const TileFn& tile, Schedule schedule) {
-  Impl& m = *impl_;
-  const auto start = Clock::now();
-  // Validate everything before touching shared memory, so bad input leaves the group usable.
+namespace {
+
+// Validates a run()'s inputs before anything touches shared memory, so bad input leaves the
+// group usable.
+void check_run_args(const ExpertLayer::Impl& m, const DispatchResult& d, const TensorView& topk_idx,
+                    const TensorView& topk_weights, const TileFn& tile) {
   UBEP_CHECK_ARG(d.layout == Layout::kThroughput,
                  "ExpertLayer::run: needs a throughput-layout dispatch, got ",
                  layout_name(d.layout));
@@ -116,20 +117,13 @@ TensorView ExpertLayer::run(const DispatchResult& d, const TensorView& topk_idx,
                    idx[i], " at token ", i / K, ", k ", i % K, " is outside [-1, ",
                    m.cfg.num_experts, ")");
   UBEP_CHECK_ARG(static_cast<bool>(tile), "ExpertLayer::run: empty tile function");
+}
 
-  // The call's epoch, as the Window takes it (protocol::CallSequence, F7's guard included):
-  // only after validation, so a rejected call leaves the sequence where it was.
-  m.epochs.begin_call();
-  m.plan(d);
-  m.recv_x = static_cast<const char*>(d.recv_x.data);
-  m.current_tile_fn = &tile;
-  m.next_tile.store(0, std::memory_order_relaxed);
-  m.abort.store(false, std::memory_order_relaxed);
-  for (auto& s : m.mstats) s = MemberStats{};
+// The compute and communication members of one call, overlapped or one phase after the other;
+// then their times into m.stats.
+void run_compute_and_ship(ExpertLayer::Impl& m, Schedule schedule, Clock::time_point start) {
   const int C = m.cfg.compute_workers, M = m.cfg.comm_workers, all = C + M;
-  const bool overlapped = schedule == Schedule::kOverlapped;
-
-  if (overlapped) {
+  if (schedule == Schedule::kOverlapped) {
     m.dp->run_roles([&](int i) {
       if (i < C)
         m.compute_role(i, true);
@@ -158,9 +152,33 @@ TensorView ExpertLayer::run(const DispatchResult& d, const TensorView& topk_idx,
     m.stats.segments += s.segments;
     s.idle = 0;
   }
+}
+
+}  // namespace
+
+TensorView ExpertLayer::run(const DispatchResult& d, const TensorView& topk_idx,
+                            const TensorView& topk_weights, const TileFn& tile, Schedule schedule) {
+  Impl& m = *impl_;
+  const auto start = Clock::now();
+  check_run_args(m, d, topk_idx, topk_weights, tile);
+  const int64_t tokens = topk_idx.dim(0);
+  const int K = static_cast<int>(topk_idx.dim(1));
+  const auto* idx = topk_idx.as<const int64_t>();
+
+  // The call's epoch, as the Window takes it (protocol::CallSequence, F7's guard included):
+  // only after validation, so a rejected call leaves the sequence where it was.
+  m.epochs.begin_call();
+  m.plan(d);
+  m.recv_x = static_cast<const char*>(d.recv_x.data);
+  m.current_tile_fn = &tile;
+  m.next_tile.store(0, std::memory_order_relaxed);
+  m.abort.store(false, std::memory_order_relaxed);
+  for (auto& s : m.mstats) s = MemberStats{};
+  run_compute_and_ship(m, schedule, start);
 
   const auto r0 = Clock::now();
   const auto* w = topk_weights.as<const float>();
+  const int all = m.cfg.compute_workers + m.cfg.comm_workers;
   m.dp->run_roles([&](int i) { m.reduce(tokens, K, idx, w, i, all); });
   // Every member's reads of this call's records happened before run() returned: let senders
   // reuse this half two calls from now.

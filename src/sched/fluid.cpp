@@ -9,8 +9,11 @@
 
 namespace ubep::sched::detail {
 
-void fluid_finish(std::span<const FluidItem> items, std::span<const int32_t> stream_begin,
-                  std::span<const double> link_gbps, double cap_gbps, std::span<double> out) {
+namespace {
+
+// The inputs' shapes and ranges (every stream's item range is checked as it is started).
+void check_fluid_args(std::span<const FluidItem> items, std::span<const int32_t> stream_begin,
+                      std::span<const double> link_gbps, double cap_gbps, std::span<double> out) {
   UBEP_CHECK_ARG(!stream_begin.empty(), "fluid_finish: stream_begin must have streams + 1 entries");
   const size_t streams = stream_begin.size() - 1;
   UBEP_CHECK_ARG(out.size() == streams, "fluid_finish: out has ", out.size(), " entries for ",
@@ -24,38 +27,69 @@ void fluid_finish(std::span<const FluidItem> items, std::span<const int32_t> str
     UBEP_CHECK_ARG(it.latency_ns >= 0 && it.bytes >= 0, "fluid item with latency ", it.latency_ns,
                    " ns and ", it.bytes, " bytes: both must be >= 0");
   }
-  const double cap = cap_gbps > 0 ? cap_gbps : std::numeric_limits<double>::infinity();
+}
 
-  struct State {
-    int32_t next;  // next item to issue
-    int32_t end;
-    int32_t link;  // link of the item being issued
-    double latency_ns;
-    double bytes_left;
-    bool active;
-  };
-  std::vector<State> st(streams);
+// One stream's progress through its items.
+struct Stream {
+  int32_t next;  // next item to issue
+  int32_t end;
+  int32_t link;  // link of the item being issued
+  double latency_ns;
+  double bytes_left;
+  bool active;
+};
+
+// Starts the stream's next item with bytes at time t; items without bytes complete at once
+// (t + latency, into finish). Marks the stream idle when it has nothing left to issue.
+void start_next(Stream& x, std::span<const FluidItem> items, double t, double& finish) {
+  while (x.next < x.end) {
+    const FluidItem& it = items[static_cast<size_t>(x.next++)];
+    if (it.bytes <= 0) {
+      finish = std::max(finish, t + it.latency_ns);
+      continue;
+    }
+    x.link = it.link;
+    x.latency_ns = it.latency_ns;
+    x.bytes_left = it.bytes;
+    x.active = true;
+    return;
+  }
+  x.active = false;
+}
+
+// Shares every link equally among the streams issuing on it (each capped at cap) into rate,
+// and returns the time to the next issue end among all streams, that stream in first. busy is
+// scratch, one entry per link.
+double next_issue_end(std::span<const Stream> st, std::span<const double> link_gbps, double cap,
+                      std::span<int> busy, std::span<double> rate, size_t& first) {
+  std::fill(busy.begin(), busy.end(), 0);
+  for (const Stream& x : st)
+    if (x.active) ++busy[static_cast<size_t>(x.link)];
+  double dt = std::numeric_limits<double>::infinity();
+  first = 0;
+  for (size_t s = 0; s < st.size(); ++s) {
+    const Stream& x = st[s];
+    if (!x.active) continue;
+    const auto l = static_cast<size_t>(x.link);
+    rate[s] = std::min(cap, link_gbps[l] / busy[l]);
+    if (x.bytes_left / rate[s] < dt) {
+      dt = x.bytes_left / rate[s];
+      first = s;
+    }
+  }
+  return dt;
+}
+
+}  // namespace
+
+void fluid_finish(std::span<const FluidItem> items, std::span<const int32_t> stream_begin,
+                  std::span<const double> link_gbps, double cap_gbps, std::span<double> out) {
+  check_fluid_args(items, stream_begin, link_gbps, cap_gbps, out);
+  const size_t streams = stream_begin.size() - 1;
+  const double cap = cap_gbps > 0 ? cap_gbps : std::numeric_limits<double>::infinity();
+  std::vector<Stream> st(streams);
   std::vector<int> busy(link_gbps.size(), 0);
   std::vector<double> rate(streams, 0);
-
-  // Starts stream s's next item with bytes at time t; items without bytes complete at once
-  // (t + latency). Marks the stream idle when it has nothing left to issue.
-  auto start_next = [&](size_t s, double t) {
-    State& x = st[s];
-    while (x.next < x.end) {
-      const FluidItem& it = items[static_cast<size_t>(x.next++)];
-      if (it.bytes <= 0) {
-        out[s] = std::max(out[s], t + it.latency_ns);
-        continue;
-      }
-      x.link = it.link;
-      x.latency_ns = it.latency_ns;
-      x.bytes_left = it.bytes;
-      x.active = true;
-      return;
-    }
-    x.active = false;
-  };
 
   double t = 0;
   for (size_t s = 0; s < streams; ++s) {
@@ -64,40 +98,22 @@ void fluid_finish(std::span<const FluidItem> items, std::span<const int32_t> str
     UBEP_CHECK_ARG(st[s].next <= st[s].end && static_cast<size_t>(st[s].end) <= items.size(),
                    "fluid_finish: stream ", s, " has a bad item range");
     out[s] = 0;
-    start_next(s, 0);
+    start_next(st[s], items, 0, out[s]);
   }
   for (;;) {
-    std::fill(busy.begin(), busy.end(), 0);
-    bool any = false;
-    for (const State& x : st)
-      if (x.active) {
-        any = true;
-        ++busy[static_cast<size_t>(x.link)];
-      }
-    if (!any) break;
-    // Time to the next issue end among all streams.
-    double dt = std::numeric_limits<double>::infinity();
+    if (std::none_of(st.begin(), st.end(), [](const Stream& x) { return x.active; })) break;
     size_t first = 0;
-    for (size_t s = 0; s < streams; ++s) {
-      const State& x = st[s];
-      if (!x.active) continue;
-      const auto l = static_cast<size_t>(x.link);
-      rate[s] = std::min(cap, link_gbps[l] / busy[l]);
-      if (x.bytes_left / rate[s] < dt) {
-        dt = x.bytes_left / rate[s];
-        first = s;
-      }
-    }
+    const double dt = next_issue_end(st, link_gbps, cap, busy, rate, first);
     t += dt;
     for (size_t s = 0; s < streams; ++s) {
-      State& x = st[s];
+      Stream& x = st[s];
       if (!x.active) continue;
       x.bytes_left -= rate[s] * dt;
       // Issue ends are compared with a relative tolerance so that streams finishing together
       // (the common case with equal items) finish in the same event instead of leaving dust.
       if (s == first || x.bytes_left <= 1e-9 * std::max(1.0, rate[s] * dt)) {
         out[s] = std::max(out[s], t + x.latency_ns);
-        start_next(s, t);
+        start_next(x, items, t, out[s]);
       }
     }
   }

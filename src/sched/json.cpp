@@ -93,64 +93,8 @@ class Parser {
     v.col = col_;
     const char c = peek();
     if (pos_ >= s_.size()) fail("expected a value, got end of input");
-    if (c == '{') {
-      v.kind = JsonValue::Kind::kObject;
-      advance();
-      skip_ws();
-      if (peek() == '}') {
-        advance();
-        return v;
-      }
-      for (;;) {
-        skip_ws();
-        if (peek() != '"') fail("expected a quoted key, got ", shown());
-        const int kl = line_, kc = col_;
-        std::string key = string();
-        for (const auto& kv : v.object)
-          if (kv.first == key) {
-            line_ = kl;
-            col_ = kc;
-            fail("duplicate key \"", key, "\"");
-          }
-        skip_ws();
-        expect(':');
-        skip_ws();
-        v.object.emplace_back(std::move(key), value(depth + 1));
-        skip_ws();
-        if (peek() == ',') {
-          advance();
-          continue;
-        }
-        if (peek() == '}') {
-          advance();
-          return v;
-        }
-        fail("expected ',' or '}' in object, got ", shown());
-      }
-    }
-    if (c == '[') {
-      v.kind = JsonValue::Kind::kArray;
-      advance();
-      skip_ws();
-      if (peek() == ']') {
-        advance();
-        return v;
-      }
-      for (;;) {
-        skip_ws();
-        v.array.push_back(value(depth + 1));
-        skip_ws();
-        if (peek() == ',') {
-          advance();
-          continue;
-        }
-        if (peek() == ']') {
-          advance();
-          return v;
-        }
-        fail("expected ',' or ']' in array, got ", shown());
-      }
-    }
+    if (c == '{') return object(v, depth);
+    if (c == '[') return array(v, depth);
     if (c == '"') {
       v.kind = JsonValue::Kind::kString;
       v.text = string();
@@ -168,6 +112,68 @@ class Parser {
     }
     if (literal("null")) return v;
     fail("expected a value, got ", shown());
+  }
+
+  // At '{': the members of an object at nesting depth (keys unique), into v.
+  JsonValue object(JsonValue v, int depth) {
+    v.kind = JsonValue::Kind::kObject;
+    advance();
+    skip_ws();
+    if (peek() == '}') {
+      advance();
+      return v;
+    }
+    for (;;) {
+      skip_ws();
+      if (peek() != '"') fail("expected a quoted key, got ", shown());
+      const int kl = line_, kc = col_;
+      std::string key = string();
+      for (const auto& kv : v.object)
+        if (kv.first == key) {
+          line_ = kl;
+          col_ = kc;
+          fail("duplicate key \"", key, "\"");
+        }
+      skip_ws();
+      expect(':');
+      skip_ws();
+      v.object.emplace_back(std::move(key), value(depth + 1));
+      skip_ws();
+      if (peek() == ',') {
+        advance();
+        continue;
+      }
+      if (peek() == '}') {
+        advance();
+        return v;
+      }
+      fail("expected ',' or '}' in object, got ", shown());
+    }
+  }
+
+  // At '[': the elements of an array at nesting depth, into v.
+  JsonValue array(JsonValue v, int depth) {
+    v.kind = JsonValue::Kind::kArray;
+    advance();
+    skip_ws();
+    if (peek() == ']') {
+      advance();
+      return v;
+    }
+    for (;;) {
+      skip_ws();
+      v.array.push_back(value(depth + 1));
+      skip_ws();
+      if (peek() == ',') {
+        advance();
+        continue;
+      }
+      if (peek() == ']') {
+        advance();
+        return v;
+      }
+      fail("expected ',' or ']' in array, got ", shown());
+    }
   }
 
   // RFC 8259 number grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?

@@ -89,35 +89,25 @@ std::string stem(const std::string& path) {
   return s.empty() ? "topology" : s;
 }
 
-}  // namespace
-
-Topology from_json_text(const std::string& text, int ranks, const std::string& origin) {
-  UBEP_CHECK_ARG(ranks >= 0, origin, ": ranks must be >= 0 (0 = from the file), got ", ranks);
-  const JsonValue doc = detail::parse_json(text, origin);
-  const Reader rd(origin);
-  rd.need(doc, JsonValue::Kind::kObject, "the top-level value");
-  rd.only_keys(doc, {"name", "ranks", "levels"}, "the topology");
-
+// The file's "name", else the file name's stem.
+std::string read_name(const Reader& rd, const JsonValue& doc, const std::string& origin) {
   std::string name = stem(origin);
   if (const JsonValue* v = Reader::find(doc, "name")) {
     rd.need(*v, JsonValue::Kind::kString, "\"name\"");
     if (v->text.empty()) rd.fail(*v, "\"name\" must not be empty");
     name = v->text;
   }
+  return name;
+}
 
-  const JsonValue* lv = Reader::find(doc, "levels");
-  if (!lv) rd.fail(doc, "missing key \"levels\"");
-  rd.need(*lv, JsonValue::Kind::kArray, "\"levels\"");
-  if (lv->array.size() < 2)
-    rd.fail(*lv, "\"levels\" needs at least 2 levels (same rank, and one joining all ranks), got ",
-            lv->array.size());
-
-  // Rank count: the file's "ranks", else the length of a domain_of list, else the caller's.
+// Rank count: the file's "ranks", else the length of a domain_of list, else the caller's (ranks;
+// 0 when the caller does not know it). Returns 0 when none says.
+int rank_count(const Reader& rd, const JsonValue& doc, const JsonValue& lv, int ranks) {
   int file_ranks = 0;
   const JsonValue* ranks_at = Reader::find(doc, "ranks");
   if (ranks_at) file_ranks = rd.integer(*ranks_at, "\"ranks\"", 1);
-  for (const JsonValue& l : lv->array) {
-    if (l.kind != JsonValue::Kind::kObject) continue;  // reported below
+  for (const JsonValue& l : lv.array) {
+    if (l.kind != JsonValue::Kind::kObject) continue;  // reported by read_level
     if (const JsonValue* d = Reader::find(l, "domain_of")) {
       rd.need(*d, JsonValue::Kind::kArray, "\"domain_of\"");
       const int n = static_cast<int>(d->array.size());
@@ -129,50 +119,50 @@ Topology from_json_text(const std::string& text, int ranks, const std::string& o
   }
   if (file_ranks && ranks && file_ranks != ranks)
     rd.fail(*ranks_at, "the file describes ", file_ranks, " ranks but the group has ", ranks);
-  const int n = file_ranks ? file_ranks : ranks;
+  return file_ranks ? file_ranks : ranks;
+}
 
-  std::vector<Level> levels;
-  std::vector<const JsonValue*> placements;  // per middle level: its group_size or domain_of
+// levels[i] of last + 1. A middle level's group_size or domain_of goes to placement (read once
+// the rank count is known); the first and the last level have none.
+Level read_level(const Reader& rd, const JsonValue& l, size_t i, size_t last,
+                 const JsonValue*& placement) {
+  const std::string what = "levels[" + std::to_string(i) + "]";
+  rd.need(l, JsonValue::Kind::kObject, what);
+  const bool middle = i > 0 && i < last;
+  if (middle)
+    rd.only_keys(l, {"name", "latency_ns", "bandwidth_gbps", "group_size", "domain_of"}, what);
+  else
+    rd.only_keys(l, {"name", "latency_ns", "bandwidth_gbps"},
+                 what + (i == 0 ? " (the same-rank level)" : " (the top level, joins all ranks)"));
+  Level level;
+  const JsonValue* nm = Reader::find(l, "name");
+  if (!nm) rd.fail(l, what, ": missing \"name\"");
+  rd.need(*nm, JsonValue::Kind::kString, what + ".name");
+  if (nm->text.empty()) rd.fail(*nm, what, ".name must not be empty");
+  level.name = nm->text;
+  const JsonValue* lat = Reader::find(l, "latency_ns");
+  if (!lat) rd.fail(l, what, " ('", level.name, "'): missing \"latency_ns\"");
+  level.latency_ns = rd.number(*lat, what + ".latency_ns");
+  if (level.latency_ns < 0) rd.fail(*lat, what, ".latency_ns must be >= 0, got ", lat->text);
+  const JsonValue* bw = Reader::find(l, "bandwidth_gbps");
+  if (!bw) rd.fail(l, what, " ('", level.name, "'): missing \"bandwidth_gbps\"");
+  level.bandwidth_gbps = rd.number(*bw, what + ".bandwidth_gbps");
+  if (level.bandwidth_gbps <= 0) rd.fail(*bw, what, ".bandwidth_gbps must be > 0, got ", bw->text);
+  placement = nullptr;
+  if (!middle) return level;
+
+  const JsonValue* gs = Reader::find(l, "group_size");
+  const JsonValue* dm = Reader::find(l, "domain_of");
+  if (!gs == !dm)
+    rd.fail(l, what, " ('", level.name, "') needs exactly one of \"group_size\" and \"domain_of\"");
+  placement = gs ? gs : dm;
+  return level;
+}
+
+// The domain of each of n ranks at every middle level, from its group_size or domain_of.
+std::vector<std::vector<int>> read_domains(const Reader& rd,
+                                           const std::vector<const JsonValue*>& placements, int n) {
   std::vector<std::vector<int>> domains;
-  const size_t last = lv->array.size() - 1;
-  for (size_t i = 0; i <= last; ++i) {
-    const JsonValue& l = lv->array[i];
-    const std::string what = "levels[" + std::to_string(i) + "]";
-    rd.need(l, JsonValue::Kind::kObject, what);
-    const bool middle = i > 0 && i < last;
-    if (middle)
-      rd.only_keys(l, {"name", "latency_ns", "bandwidth_gbps", "group_size", "domain_of"}, what);
-    else
-      rd.only_keys(
-          l, {"name", "latency_ns", "bandwidth_gbps"},
-          what + (i == 0 ? " (the same-rank level)" : " (the top level, joins all ranks)"));
-    Level level;
-    const JsonValue* nm = Reader::find(l, "name");
-    if (!nm) rd.fail(l, what, ": missing \"name\"");
-    rd.need(*nm, JsonValue::Kind::kString, what + ".name");
-    if (nm->text.empty()) rd.fail(*nm, what, ".name must not be empty");
-    level.name = nm->text;
-    const JsonValue* lat = Reader::find(l, "latency_ns");
-    if (!lat) rd.fail(l, what, " ('", level.name, "'): missing \"latency_ns\"");
-    level.latency_ns = rd.number(*lat, what + ".latency_ns");
-    if (level.latency_ns < 0) rd.fail(*lat, what, ".latency_ns must be >= 0, got ", lat->text);
-    const JsonValue* bw = Reader::find(l, "bandwidth_gbps");
-    if (!bw) rd.fail(l, what, " ('", level.name, "'): missing \"bandwidth_gbps\"");
-    level.bandwidth_gbps = rd.number(*bw, what + ".bandwidth_gbps");
-    if (level.bandwidth_gbps <= 0)
-      rd.fail(*bw, what, ".bandwidth_gbps must be > 0, got ", bw->text);
-    levels.push_back(level);
-    if (!middle) continue;
-
-    const JsonValue* gs = Reader::find(l, "group_size");
-    const JsonValue* dm = Reader::find(l, "domain_of");
-    if (!gs == !dm)
-      rd.fail(l, what, " ('", level.name,
-              "') needs exactly one of \"group_size\" and \"domain_of\"");
-    placements.push_back(gs ? gs : dm);
-  }
-  // Placements need the rank count, known once every level has been read.
-  if (n < 1) rd.fail(doc, "the rank count is unknown: add \"ranks\" or pass it");
   for (size_t m = 0; m < placements.size(); ++m) {
     const JsonValue& p = *placements[m];
     const std::string what = "levels[" + std::to_string(m + 1) + "]";
@@ -187,6 +177,38 @@ Topology from_json_text(const std::string& text, int ranks, const std::string& o
     }
     domains.push_back(std::move(d));
   }
+  return domains;
+}
+
+}  // namespace
+
+Topology from_json_text(const std::string& text, int ranks, const std::string& origin) {
+  UBEP_CHECK_ARG(ranks >= 0, origin, ": ranks must be >= 0 (0 = from the file), got ", ranks);
+  const JsonValue doc = detail::parse_json(text, origin);
+  const Reader rd(origin);
+  rd.need(doc, JsonValue::Kind::kObject, "the top-level value");
+  rd.only_keys(doc, {"name", "ranks", "levels"}, "the topology");
+  std::string name = read_name(rd, doc, origin);
+
+  const JsonValue* lv = Reader::find(doc, "levels");
+  if (!lv) rd.fail(doc, "missing key \"levels\"");
+  rd.need(*lv, JsonValue::Kind::kArray, "\"levels\"");
+  if (lv->array.size() < 2)
+    rd.fail(*lv, "\"levels\" needs at least 2 levels (same rank, and one joining all ranks), got ",
+            lv->array.size());
+  const int n = rank_count(rd, doc, *lv, ranks);
+
+  std::vector<Level> levels;
+  std::vector<const JsonValue*> placements;  // per middle level: its group_size or domain_of
+  const size_t last = lv->array.size() - 1;
+  for (size_t i = 0; i <= last; ++i) {
+    const JsonValue* placement = nullptr;
+    levels.push_back(read_level(rd, lv->array[i], i, last, placement));
+    if (placement) placements.push_back(placement);
+  }
+  // Placements need the rank count, known once every level has been read.
+  if (n < 1) rd.fail(doc, "the rank count is unknown: add \"ranks\" or pass it");
+  std::vector<std::vector<int>> domains = read_domains(rd, placements, n);
   try {
     return Topology(name, std::move(levels), n, std::move(domains));
   } catch (const InvalidArgument& e) {
