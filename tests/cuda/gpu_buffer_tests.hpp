@@ -68,7 +68,12 @@ inline BufferConfig config_for(const Case& c) {
 
 // Every wait inside the kernels is bounded by the group's timeout: short enough that a hung
 // case fails well inside gpu_check.sh's step limit, long enough for 8 ranks sharing one GPU.
-inline GroupOptions test_group(std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+#if defined(UBEP_GPU_TESTS_ON_SIM)
+inline constexpr std::chrono::milliseconds kCaseTimeout = std::chrono::seconds(120);  // CPU threads
+#else
+inline constexpr std::chrono::milliseconds kCaseTimeout = std::chrono::seconds(10);
+#endif
+inline GroupOptions test_group(std::chrono::milliseconds timeout = kCaseTimeout) {
   GroupOptions o;
   o.timeout = timeout;
   return o;
@@ -102,7 +107,7 @@ inline void run_call(const Case& c, const test::Problem& p, Buffer& buf, int me,
   CombineArgs a;
   a.handle = r.handle;
   if (c.compacted) {
-    check_compacted(p, me, c.layout, dense);
+    check_compacted(p, me, c.layout, dense, ResultRows::kAsBuffer);
     const auto rows =
         static_cast<int64_t>(packed.size() / (static_cast<size_t>(c.hidden) * dtype_size(c.dtype)));
     a.x = on_device(combine_in.p, c.dtype, {rows, c.hidden});

@@ -222,9 +222,11 @@ inline std::vector<char> check_dispatch(const test::Problem& p, int d, const Dis
   return comb;
 }
 
-// Checks compact()'s output of rank d (device, first rows valid) against the reference's rows
-// in compact order: by local expert (latency), then source, then token.
-inline void check_compacted(const test::Problem& p, int d, Layout layout, const TensorView& c) {
+// Checks compact()'s output of rank d (device) against the reference's rows in compact order:
+// by local expert (latency), then source, then token. kCapacity: the first rows are valid;
+// kAsBuffer: exactly the valid rows ([valid rows, hidden], Buffer::compact's contract).
+inline void check_compacted(const test::Problem& p, int d, Layout layout, const TensorView& c,
+                            ResultRows shape = ResultRows::kCapacity) {
   const test::ExpectedDispatch ex = test::expected_dispatch(p, d);
   std::vector<std::array<int64_t, 2>> want = ex.src;
   if (layout == Layout::kLatency) {
@@ -232,8 +234,11 @@ inline void check_compacted(const test::Problem& p, int d, Layout layout, const 
     for (const auto& rows : ex.expert_rows) want.insert(want.end(), rows.begin(), rows.end());
   }
   const size_t rb = static_cast<size_t>(p.hidden) * dtype_size(p.dtype);
-  if (c.ndim != 2 || c.dim(0) < static_cast<int64_t>(want.size()) || c.dim(1) != p.hidden)
-    fail("rank " + std::to_string(d) + " compact() is " + c.describe());
+  const auto rows = static_cast<int64_t>(want.size());
+  const bool rows_ok = shape == ResultRows::kAsBuffer ? c.dim(0) == rows : c.dim(0) >= rows;
+  if (c.ndim != 2 || !rows_ok || c.dim(1) != p.hidden)
+    fail("rank " + std::to_string(d) + " compact() is " + c.describe() + ", want " +
+         std::to_string(rows) + " valid rows of " + std::to_string(p.hidden));
   const auto x = download<char>(c.data, want.size() * rb);
   for (size_t i = 0; i < want.size(); ++i)
     if (!same_row(p, static_cast<int>(want[i][0]), want[i][1], x.data() + i * rb))
