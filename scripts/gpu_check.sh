@@ -2,7 +2,8 @@
 # The CUDA backend's checks on a GPU machine, in one go (docs/CUDA.md). Writes everything under
 # $OUT (default build-gpu/out): per-step logs, ptxas register/spill report, GPU test results, the
 # 2-process CUDA IPC smoke test, compute-sanitizer memcheck and racecheck, the bench table
-# (single-GPU loopback, virtual ranks: NOT NVLink) and summary.txt. A failing step does not stop
+# (single-GPU loopback, thread ranks sharing one GPU: NOT NVLink) and summary.txt. Every step
+# drives ubep::Buffer on a CUDA device (the one API; docs/CUDA.md). A failing step does not stop
 # the others; the exit status is non-zero if any step failed. Budget: < 10 minutes on one H200
 # (the step time limits add up to 580 s; expected total is well under). Placement: the GPU
 # tests cover compact and per-source for both layouts (auto = per-source for latency); the
@@ -79,7 +80,7 @@ step configure 45 cmake -S . -B "$BUILD" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release 
   -DUBEP_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DUBEP_WITH_MPI=OFF \
   -DUBEP_BUILD_TESTS=OFF -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_EXTRAS=OFF -DUBEP_INSTALL=OFF \
   -DUBEP_BUILD_CUDA_TESTS=ON "${py_cfg[@]}"
-step build 150 cmake --build "$BUILD" -j"$jobs" --target ubep_cuda ubep_cuda_gpu_tests \
+step build 150 cmake --build "$BUILD" -j"$jobs" --target ubep ubep_cuda_gpu_tests \
   ubep_cuda_ipc_smoke ubep-cuda-bench
 grep -E "Compiling entry|registers|spill" "$OUT/build.log" >"$OUT/ptxas_registers.txt" 2>/dev/null || true
 
@@ -113,6 +114,6 @@ else
   printf '%-22s %-14s %4ss  (%s)\n' python_gpu SKIPPED 0 "$py_why" | tee -a "$SUMMARY"
 fi
 
-echo "total $(( $(date +%s) - t_start ))s; bench: single-GPU loopback (virtual ranks), not NVLink" | tee -a "$SUMMARY"
+echo "total $(( $(date +%s) - t_start ))s; bench: single-GPU loopback (thread ranks), not NVLink" | tee -a "$SUMMARY"
 [ "$failed" = 0 ] && echo "gpu_check: all steps passed or skipped" | tee -a "$SUMMARY" || echo "gpu_check: SOME STEPS FAILED" | tee -a "$SUMMARY"
 exit "$failed"

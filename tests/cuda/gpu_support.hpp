@@ -1,9 +1,15 @@
 // Helpers of the GPU tests and the IPC smoke test (no GoogleTest: the GPU machine has none):
 // device copies of the reference problem, and bit-exact checks of dispatch and combine results
 // against tests/reference.cpp.
+//
+// Two host-memory builds: UBEP_CUDA_HOST_SIM (test_cuda_sim: the kernels driven directly, views
+// still say cuda:0) and UBEP_GPU_TESTS_ON_SIM (the GPU tests' cases on a Buffer on the CUDA
+// simulation device, cuda-sim:0, so their logic runs without a GPU).
 #pragma once
 
-#if !defined(UBEP_CUDA_HOST_SIM)
+#if defined(UBEP_CUDA_HOST_SIM) || defined(UBEP_GPU_TESTS_ON_SIM)
+#define UBEP_GPU_TEST_HOST_MEMORY 1
+#else
 #include <cuda_runtime.h>
 #endif
 
@@ -23,8 +29,15 @@ namespace ubep::gpu_test {
 
 inline constexpr int kSkip = 77;  // ctest SKIP_RETURN_CODE
 
-#if defined(UBEP_CUDA_HOST_SIM)
-// The CPU simulation (test_cuda_sim.cpp): "device" memory is host memory.
+// The device the tests' tensors and Buffers are on.
+#if defined(UBEP_GPU_TESTS_ON_SIM)
+inline constexpr Device kTestDevice{DeviceType::kCudaSim, 0};
+#else
+inline constexpr Device kTestDevice{DeviceType::kCuda, 0};
+#endif
+
+#if defined(UBEP_GPU_TEST_HOST_MEMORY)
+// The CPU simulation: "device" memory is host memory.
 struct DevMem {
   void* p = nullptr;
   explicit DevMem(size_t n) : p(std::aligned_alloc(256, (n + 255) / 256 * 256 + 256)) {
@@ -69,7 +82,7 @@ std::vector<T> download(const void* src, size_t count) {
 
 inline TensorView on_device(void* p, DType t, std::initializer_list<int64_t> dims) {
   TensorView v(p, t, dims);
-  v.device = {DeviceType::kCuda, 0};
+  v.device = kTestDevice;
   return v;
 }
 
@@ -107,15 +120,23 @@ inline bool same_row(const test::Problem& p, int s, int64_t t, const char* row) 
   return std::memcmp(want, row, rb) == 0;
 }
 
+// How many rows a throughput-layout result's views have.
+enum class ResultRows {
+  kCapacity,  // always ranks * max_tokens (the kernels' own views, test_cuda_sim)
+  kAsBuffer,  // ubep::Buffer's contract: compact placement by the received count, per-source
+              // by capacity (ubep/buffer.hpp, DispatchResult::recv_range)
+};
+
 // Checks rank d's dispatch outputs (device views, after synchronisation) bit for bit in the
 // result's placement: recv_count, every source's (begin, count) in recv_range against the
 // reference (per-source: begin = source * max_tokens; compact: the rows of the lower sources),
-// and every row inside the ranges. Returns the combine input the reference's expert function
-// gives (host, shaped like recv_x, rows in the placement) and, in *packed, the same rows in
-// compact() order (by local expert, then source, then token).
+// the shape of the views (`shape`), and every row inside the ranges. Returns the combine input
+// the reference's expert function gives (host, shaped like recv_x, rows in the placement) and,
+// in *packed, the same rows in compact() order (by local expert, then source, then token).
 inline std::vector<char> check_dispatch(const test::Problem& p, int d, const DispatchResult& r,
                                         int64_t num_rows, int El, int64_t RT, int topk,
-                                        std::vector<char>* packed = nullptr) {
+                                        std::vector<char>* packed = nullptr,
+                                        ResultRows shape = ResultRows::kCapacity) {
   const test::ExpectedDispatch ex = test::expected_dispatch(p, d);
   const int R = p.ranks;
   const int64_t T = RT / R;
@@ -144,17 +165,22 @@ inline std::vector<char> check_dispatch(const test::Problem& p, int d, const Dis
   if (!latency && num_rows != static_cast<int64_t>(ex.src.size()))
     fail(me + " received " + std::to_string(num_rows) + " rows, want " +
          std::to_string(ex.src.size()));
-  if (!latency && r.recv_x.dim(0) != RT)
-    fail(me + " throughput recv_x has " + std::to_string(r.recv_x.dim(0)) + " rows, want " +
-         std::to_string(RT) + " (capacity)");
+  const bool by_count = shape == ResultRows::kAsBuffer && !per_source;
+  const int64_t want_rows = by_count ? num_rows : RT;
+  if (!latency)
+    for (const TensorView* v : {&r.recv_x, &r.recv_topk_idx, &r.recv_topk_weights, &r.recv_src})
+      if (v->dim(0) != want_rows)
+        fail(me + " throughput result view " + v->describe() + " has " + std::to_string(v->dim(0)) +
+             " rows, want " + std::to_string(want_rows) +
+             (by_count ? " (the received rows)" : " (capacity)"));
   const auto x =
       download<char>(r.recv_x.data, static_cast<size_t>(r.recv_x.numel()) * dtype_size(p.dtype));
   const auto src = download<int64_t>(r.recv_src.data, static_cast<size_t>(r.recv_src.numel()));
   std::vector<int32_t> idx;
   std::vector<float> w;
   if (!latency) {
-    idx = download<int32_t>(r.recv_topk_idx.data, static_cast<size_t>(RT * topk));
-    w = download<float>(r.recv_topk_weights.data, static_cast<size_t>(RT * topk));
+    idx = download<int32_t>(r.recv_topk_idx.data, static_cast<size_t>(r.recv_topk_idx.numel()));
+    w = download<float>(r.recv_topk_weights.data, static_cast<size_t>(r.recv_topk_weights.numel()));
   }
   for (int le = 0; le < groups; ++le) {
     // The reference's rows of this expert (latency) or of all (throughput): by source, token.
@@ -196,9 +222,11 @@ inline std::vector<char> check_dispatch(const test::Problem& p, int d, const Dis
   return comb;
 }
 
-// Checks compact()'s output of rank d (device, first rows valid) against the reference's rows
-// in compact order: by local expert (latency), then source, then token.
-inline void check_compacted(const test::Problem& p, int d, Layout layout, const TensorView& c) {
+// Checks compact()'s output of rank d (device) against the reference's rows in compact order:
+// by local expert (latency), then source, then token. kCapacity: the first rows are valid;
+// kAsBuffer: exactly the valid rows ([valid rows, hidden], Buffer::compact's contract).
+inline void check_compacted(const test::Problem& p, int d, Layout layout, const TensorView& c,
+                            ResultRows shape = ResultRows::kCapacity) {
   const test::ExpectedDispatch ex = test::expected_dispatch(p, d);
   std::vector<std::array<int64_t, 2>> want = ex.src;
   if (layout == Layout::kLatency) {
@@ -206,8 +234,11 @@ inline void check_compacted(const test::Problem& p, int d, Layout layout, const 
     for (const auto& rows : ex.expert_rows) want.insert(want.end(), rows.begin(), rows.end());
   }
   const size_t rb = static_cast<size_t>(p.hidden) * dtype_size(p.dtype);
-  if (c.ndim != 2 || c.dim(0) < static_cast<int64_t>(want.size()) || c.dim(1) != p.hidden)
-    fail("rank " + std::to_string(d) + " compact() is " + c.describe());
+  const auto rows = static_cast<int64_t>(want.size());
+  const bool rows_ok = shape == ResultRows::kAsBuffer ? c.dim(0) == rows : c.dim(0) >= rows;
+  if (c.ndim != 2 || !rows_ok || c.dim(1) != p.hidden)
+    fail("rank " + std::to_string(d) + " compact() is " + c.describe() + ", want " +
+         std::to_string(rows) + " valid rows of " + std::to_string(p.hidden));
   const auto x = download<char>(c.data, want.size() * rb);
   for (size_t i = 0; i < want.size(); ++i)
     if (!same_row(p, static_cast<int>(want[i][0]), want[i][1], x.data() + i * rb))

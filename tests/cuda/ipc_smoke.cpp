@@ -1,15 +1,20 @@
-// Two-process smoke test of the CUDA IPC path (label gpu): the process forks before touching
-// CUDA, the two processes find each other through a Bootstrap over a socketpair, each builds an
-// IpcBuffer on GPU 0 (or GPU `rank` when there are two), and runs dispatch + combine in both
-// layouts, both placements (compact, per-source), ubep and bsp, checked bit for bit against the
-// reference. Exit 77 (skipped) without a GPU, as the GPU tests do.
+// Two-process smoke test of the CUDA IPC path of ubep::Buffer (label gpu): the process forks
+// before touching CUDA, the two processes find each other through a Bootstrap over a socketpair
+// and make a process Group of it (make_bootstrap_group); each builds a Buffer on cuda:0 (or
+// cuda:rank when there are two GPUs) -- the peers' windows then travel as CUDA IPC handles --
+// and runs dispatch + combine in both layouts, both placements (compact, per-source), ubep
+// (split phase) and bsp, checked bit for bit against the reference. Exit 77 (skipped) without a
+// GPU, as the GPU tests do.
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <iostream>
 
 #include "gpu_support.hpp"
+#include "ubep/bootstrap.hpp"
+#include "ubep/buffer.hpp"
 #include "ubep/cuda.hpp"
 
 using namespace ubep;
@@ -49,6 +54,41 @@ class PairBootstrap final : public Bootstrap {
   int rank_, fd_;
 };
 
+BufferConfig smoke_config(Algorithm algo, Placement placement, int device) {
+  BufferConfig cfg;
+  cfg.device = {DeviceType::kCuda, device};
+  cfg.max_tokens_per_rank = 32;
+  cfg.hidden = 512;
+  cfg.num_experts = 8;
+  cfg.max_topk = 4;
+  cfg.algorithm = algo;
+  cfg.placement = placement;
+  return cfg;
+}
+
+// Three calls on one Buffer, each checked: dispatch (split phase for ubep), the reference's
+// expert function written into combine_buffer() (zero-copy), combine.
+void run_smoke_case(Group& group, const BufferConfig& cfg, Layout layout) {
+  const int rank = group.rank();
+  Buffer buf(group, cfg);
+  for (int call = 0; call < 3; ++call) {
+    const test::Problem p =
+        test::make_problem(2, 8, cfg.hidden, cfg.dtype, {32, 17 + call}, 4,
+                           test::Routing::kWithDrops, 77u + static_cast<unsigned>(call));
+    RankInputs in(p, rank, layout);
+    for (TensorView* v : {&in.args.x, &in.args.topk_idx, &in.args.topk_weights})
+      v->device = cfg.device;
+    const DispatchResult r = cfg.algorithm == Algorithm::kUbep
+                                 ? (buf.dispatch_send(in.args), buf.dispatch_recv())
+                                 : buf.dispatch(in.args);
+    const std::vector<char> comb =
+        check_dispatch(p, rank, r, r.num_recv_rows, 4, 64, 4, nullptr, ResultRows::kAsBuffer);
+    const CombineArgs ca{buf.combine_buffer(), r.handle};
+    upload(ca.x.data, comb.data(), comb.size());
+    check_combine(p, rank, buf.combine(ca), test::expected_combine(p, rank, layout));
+  }
+}
+
 int run_rank(int rank, int fd) {
   std::string why;
   if (!cuda::device_available(&why)) {
@@ -57,8 +97,13 @@ int run_rank(int rank, int fd) {
     return kSkip;
   }
   int devices = 0;
-  cudaGetDeviceCount(&devices);
+  ck(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+  const int device = devices > 1 ? rank : 0;
+  ck(cudaSetDevice(device), "cudaSetDevice");
   auto boot = std::make_shared<PairBootstrap>(rank, fd);
+  GroupOptions options;
+  options.timeout = std::chrono::seconds(20);  // both processes may time-slice one GPU
+  std::unique_ptr<Group> group = make_bootstrap_group(boot, options);
   int failed = 0;
   for (Algorithm algo : {Algorithm::kUbep, Algorithm::kBsp})
     for (Layout layout : {Layout::kThroughput, Layout::kLatency})
@@ -66,42 +111,7 @@ int run_rank(int rank, int fd) {
         const std::string name = std::string(algorithm_name(algo)) + ", " + layout_name(layout) +
                                  ", " + placement_name(placement);
         try {
-          BufferConfig cfg;
-          cfg.device = {DeviceType::kCuda, devices > 1 ? rank : 0};
-          cfg.max_tokens_per_rank = 32;
-          cfg.hidden = 512;
-          cfg.num_experts = 8;
-          cfg.max_topk = 4;
-          cfg.algorithm = algo;
-          cfg.placement = placement;
-          ck(cudaSetDevice(cfg.device.index), "cudaSetDevice");
-          cuda::Options opts;
-          opts.blocks_per_rank = 4;  // both processes may share one GPU: leave room for the other
-          cuda::IpcBuffer buf(boot, cfg, opts);
-          cudaStream_t s;
-          ck(cudaStreamCreate(&s), "stream");
-          auto st = reinterpret_cast<cuda::Stream>(s);
-          for (int call = 0; call < 3; ++call) {
-            const test::Problem p =
-                test::make_problem(2, 8, cfg.hidden, cfg.dtype, {32, 17 + call}, 4,
-                                   test::Routing::kWithDrops, 77u + static_cast<unsigned>(call));
-            RankInputs in(p, rank, layout);
-            DispatchResult r;
-            if (algo == Algorithm::kUbep) {
-              buf.dispatch_send(in.args, st);
-              r = buf.dispatch_recv(st);
-            } else {
-              r = buf.dispatch(in.args, st);
-            }
-            const int64_t rows = buf.num_recv_rows(st);
-            const std::vector<char> comb = check_dispatch(p, rank, r, rows, 4, 64, 4);
-            CombineArgs ca{buf.combine_buffer(), r.handle};
-            upload(ca.x.data, comb.data(), comb.size());
-            const TensorView y = buf.combine(ca, st);
-            buf.synchronize(st);
-            check_combine(p, rank, y, test::expected_combine(p, rank, layout));
-          }
-          cudaStreamDestroy(s);
+          run_smoke_case(*group, smoke_config(algo, placement, device), layout);
           std::cout << "rank " << rank << " PASS " << name << "\n";
         } catch (const std::exception& e) {
           ++failed;

@@ -426,7 +426,9 @@ TensorView KernelEngine::compact() {
   }
   finish("compact");
   TensorView v = seq_.compacted()[0];
-  v.shape[0] = sum_recv_count();
+  // Latency: one row per (local expert, token), so the recv_count sum. Throughput: one row per
+  // (token, rank) however many local experts it carries, so the rows received.
+  v.shape[0] = layout_ == Layout::kLatency ? sum_recv_count() : num_recv_rows_;
   return v;
 }
 
