@@ -189,6 +189,67 @@ void Membership::abandon(uint64_t calls, uint64_t seq, bool auto_mask) {
   publish(MemberRecord::kAbandoned);
 }
 
+// One poll of the agreement: merges the live peers' views; false while the round moves, true
+// (with where to resume) once every live rank agrees on this round and view.
+bool Membership::poll_agreement(bool auto_mask, const char* what, Resume* resume) {
+  take_replacements();
+  absorb_deaths(auto_mask, what);
+  bool changed = false;
+  uint32_t top = round_;
+  Record rec;
+  for (int r = 0; r < ranks_; ++r) {
+    if (r == me_ || !win_.peer(r) || dead(r) || !read(r, &rec)) continue;
+    top = std::max(top, rec.round);
+    // Masked peers' views count only when they bring themselves back.
+    const auto ru = static_cast<size_t>(r), mu = static_cast<size_t>(me_);
+    if (!live_in_view(r) && (rec.view[ru] >> 1) <= (view_[ru] >> 1)) continue;
+    // A live peer masked this very incarnation of this rank: it must rejoin to come back.
+    UBEP_CHECK((rec.view[mu] & 1u) == 0 || (rec.view[mu] >> 1) != (view_[mu] >> 1),
+               PeerFailedError, what, ": rank ", r, " masked rank ", me_,
+               "; Buffer::rejoin() brings it back");
+    changed = merge(rec.view) || changed;
+  }
+  take_replacements();  // merged views may name a replacement this rank has not mapped
+  absorb_deaths(auto_mask, what);
+  // A change of this rank's own (a death absorbed, a replacement taken) counts like a merge:
+  // the peers must see it before anyone can conclude.
+  changed = changed || view_ != published_view_;
+  if (changed || top > round_) {
+    round_ = changed ? top + 1 : top;
+    publish(MemberRecord::kAgreeing | (abandoned_ ? MemberRecord::kAbandoned : 0));
+    return false;
+  }
+  *resume = {calls_, seq_};
+  for (int r = 0; r < ranks_; ++r) {
+    if (r == me_ || !live_in_view(r)) continue;
+    // A record not marked agreeing is only the news of a change (a rank that left a call): that
+    // rank bumps the round when it enters, so concluding on it would leave it behind.
+    if (!win_.peer(r) || !read(r, &rec) || rec.round != round_ || rec.view != view_ ||
+        !(rec.flags & MemberRecord::kAgreeing))
+      return false;
+    resume->calls = std::max(resume->calls, rec.calls);
+    resume->seq = std::max(resume->seq, rec.seq);
+  }
+  return true;
+}
+
+// What each rank last said, so a stuck agreement can be read off the timeout's message.
+std::string Membership::agreement_state(const char* what) const {
+  std::string state = detail::concat(what, ": the live ranks' agreement on masked ranks (",
+                                     "rank ", me_, " round ", round_, " view", view_text(view_));
+  for (int r = 0; r < ranks_; ++r) {
+    if (r == me_) continue;
+    Record peer;
+    state += detail::concat("; rank ", r, dead(r) ? " dead" : "");
+    if (win_.peer(r) && read(r, &peer))
+      state += detail::concat(" round ", peer.round,
+                              (peer.flags & MemberRecord::kAgreeing) ? " agreeing" : "",
+                              (peer.flags & MemberRecord::kAbandoned) ? " abandoned" : "",
+                              " view", view_text(peer.view));
+  }
+  return state + ")";
+}
+
 Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mask,
                                      const WaitPolicy& policy, const char* what) {
   calls_ = calls;
@@ -200,68 +261,8 @@ Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mas
   bump();
   publish(MemberRecord::kAgreeing | (abandoned_ ? MemberRecord::kAbandoned : 0));
   Resume resume{calls, seq};
-  Record rec;
-  wait_until(
-      [&] {
-        take_replacements();
-        absorb_deaths(auto_mask, what);
-        bool changed = false, all = true;
-        uint32_t top = round_;
-        for (int r = 0; r < ranks_; ++r) {
-          if (r == me_ || !win_.peer(r) || dead(r) || !read(r, &rec)) continue;
-          top = std::max(top, rec.round);
-          // Masked peers' views count only when they bring themselves back.
-          const auto ru = static_cast<size_t>(r), mu = static_cast<size_t>(me_);
-          if (!live_in_view(r) && (rec.view[ru] >> 1) <= (view_[ru] >> 1)) continue;
-          // A live peer masked this very incarnation of this rank: it must rejoin to come back.
-          UBEP_CHECK((rec.view[mu] & 1u) == 0 || (rec.view[mu] >> 1) != (view_[mu] >> 1),
-                     PeerFailedError, what, ": rank ", r, " masked rank ", me_,
-                     "; Buffer::rejoin() brings it back");
-          changed = merge(rec.view) || changed;
-        }
-        take_replacements();  // merged views may name a replacement this rank has not mapped
-        absorb_deaths(auto_mask, what);
-        // A change of this rank's own (a death absorbed, a replacement taken) counts like a
-        // merge: the peers must see it before anyone can conclude.
-        changed = changed || view_ != published_view_;
-        if (changed || top > round_) {
-          round_ = changed ? top + 1 : top;
-          publish(MemberRecord::kAgreeing | (abandoned_ ? MemberRecord::kAbandoned : 0));
-          return false;
-        }
-        resume = {calls, seq};
-        for (int r = 0; r < ranks_; ++r) {
-          if (r == me_ || !live_in_view(r)) continue;
-          // A record not marked agreeing is only the news of a change (a rank that left a call):
-          // that rank bumps the round when it enters, so concluding on it would leave it behind.
-          if (!win_.peer(r) || !read(r, &rec) || rec.round != round_ || rec.view != view_ ||
-              !(rec.flags & MemberRecord::kAgreeing)) {
-            all = false;
-            break;
-          }
-          resume.calls = std::max(resume.calls, rec.calls);
-          resume.seq = std::max(resume.seq, rec.seq);
-        }
-        return all;
-      },
-      policy,
-      [&] {
-        // What each rank last said, so a stuck agreement can be read off the message.
-        std::string state =
-            detail::concat(what, ": the live ranks' agreement on masked ranks (", "rank ", me_,
-                           " round ", round_, " view", view_text(view_));
-        for (int r = 0; r < ranks_; ++r) {
-          if (r == me_) continue;
-          Record peer;
-          state += detail::concat("; rank ", r, dead(r) ? " dead" : "");
-          if (win_.peer(r) && read(r, &peer))
-            state += detail::concat(" round ", peer.round,
-                                    (peer.flags & MemberRecord::kAgreeing) ? " agreeing" : "",
-                                    (peer.flags & MemberRecord::kAbandoned) ? " abandoned" : "",
-                                    " view", view_text(peer.view));
-        }
-        return state + ")";
-      });
+  wait_until([&] { return poll_agreement(auto_mask, what, &resume); }, policy,
+             [&] { return agreement_state(what); });
   for (int r = 0; r < ranks_; ++r) {
     const auto ru = static_cast<size_t>(r);
     // A rank back as a new incarnation: its old failure word (kDeadWord) goes; it writes anew.

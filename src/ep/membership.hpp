@@ -89,6 +89,9 @@ class Membership {
   bool replaced(int r) const;
   // Maps a replacement's window and watches its process; its records are then read like any.
   void take_replacements();
+  // agree's steps: one poll of the peers' records, and the state a stuck agreement reports.
+  bool poll_agreement(bool auto_mask, const char* what, Resume* resume);
+  std::string agreement_state(const char* what) const;
 
   Group& group_;
   const Window& win_;

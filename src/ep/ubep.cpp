@@ -34,10 +34,10 @@ namespace ubep::ep {
 
 namespace {
 
-// [begin, end) of member m's share of n items split into `members` equal slices.
-inline void slice(int64_t n, int m, int members, int64_t* begin, int64_t* end) {
-  *begin = n * m / members;
-  *end = n * (m + 1) / members;
+// [begin, end) of `member`'s share of `items` split into `members` equal slices.
+inline void slice(int64_t items, int member, int members, int64_t* begin, int64_t* end) {
+  *begin = items * member / members;
+  *end = items * (member + 1) / members;
 }
 
 // Waits until the count records of sources [from, upto) are at `dest` (on the caller's thread
@@ -77,7 +77,8 @@ class Ubep final : public TokenExchange {
   bool split_phase() const override { return true; }
   void dispatch_send(DispatchCall& call) override;
   Arrivals dispatch_recv(DispatchCall& call) override;
-  std::array<int64_t, 2> wait_recv_range(const DispatchCall& call, int s, int e) override;
+  std::array<int64_t, 2> wait_recv_range(const DispatchCall& call, int source,
+                                         int local_expert) override;
   void combine_send(const CombineCall& call) override;
   TensorView combine_recv(const CombineCall& call) override;
 
@@ -98,9 +99,9 @@ class Ubep final : public TokenExchange {
   void send_planned(DispatchCall& call, int member, uint64_t generation);
   void send_equal_slices(DispatchCall& call, int member, uint64_t generation);
   void wait_offsets(const DispatchCall& call, int dest, uint64_t generation) const;
-  // The combine row of token `tok`'s j-th contribution, waited for (throughput: j is the expert
+  // The combine row of `token`'s j-th contribution, waited for (throughput: j is the expert
   // rank; latency: j is k).
-  const char* combine_row(const DispatchCall& call, int64_t tok, int j, bool caller) const;
+  const char* combine_row(const DispatchCall& call, int64_t token, int j, bool caller) const;
 
   ExchangeContext ctx_;
   std::unique_ptr<sched::Scheduler> scheduler_;  // when cfg.research.schedule plans the send work
@@ -226,17 +227,18 @@ Arrivals Ubep::dispatch_recv(DispatchCall& call) {
 // The receive hook: only the count records the range depends on (source s's alone with
 // per-source placement) and the range's own rows are waited for, so a late rank delays only
 // the ranges it sends. dispatch_recv later waits for the rest (rows already seen return at once).
-std::array<int64_t, 2> Ubep::wait_recv_range(const DispatchCall& call, int s, int e) {
-  wait_counts(ctx_, call, ctx_.rank(), s + 1, true, call.first_range_source(s));
-  const std::array<int64_t, 2> range = call.range_from_counts(ctx_.win, e, s);
+std::array<int64_t, 2> Ubep::wait_recv_range(const DispatchCall& call, int source,
+                                             int local_expert) {
+  wait_counts(ctx_, call, ctx_.rank(), source + 1, true, call.first_range_source(source));
+  const std::array<int64_t, 2> range = call.range_from_counts(ctx_.win, local_expert, source);
   const bool latency = call.layout() == Layout::kLatency;
   const Tag* tags =
       ctx_.win.at<Tag>(ctx_.rank(), latency ? ctx_.win.map().lat_tag : ctx_.win.map().tp_tag) +
-      (latency ? e * call.expert_slots() : 0);
-  for (int64_t p = range[0]; p < range[0] + range[1]; ++p)
-    ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tags + p); }, true, [&] {
-      return detail::concat("dispatch row ", p, " from rank ", s, " (epoch tag ", ctx_.win.tag(),
-                            ")");
+      (latency ? local_expert * call.expert_slots() : 0);
+  for (int64_t row = range[0]; row < range[0] + range[1]; ++row)
+    ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tags + row); }, true, [&] {
+      return detail::concat("dispatch row ", row, " from rank ", source, " (epoch tag ",
+                            ctx_.win.tag(), ")");
     });
   return range;
 }
@@ -260,16 +262,16 @@ void Ubep::combine_send(const CombineCall& combine) {
   timer.lap("send");
 }
 
-const char* Ubep::combine_row(const DispatchCall& call, int64_t tok, int j, bool caller) const {
+const char* Ubep::combine_row(const DispatchCall& call, int64_t token, int j, bool caller) const {
   const Routing& routing = call.routing();
   const int local_experts = ctx_.local_experts();
   int expert_rank;
   int64_t pos;
   if (call.layout() == Layout::kThroughput) {
     expert_rank = j;
-    pos = call.row_offset_at(expert_rank) + routing.slot_at(tok, expert_rank);
+    pos = call.row_offset_at(expert_rank) + routing.slot_at(token, expert_rank);
   } else {
-    const size_t tk = static_cast<size_t>(tok * routing.topk + j);
+    const size_t tk = static_cast<size_t>(token * routing.topk + j);
     const int expert = routing.topk_idx[tk];
     const int local = expert % local_experts;
     expert_rank = expert / local_experts;
@@ -278,7 +280,7 @@ const char* Ubep::combine_row(const DispatchCall& call, int64_t tok, int j, bool
   }
   const Tag* tag = ctx_.win.at<Tag>(expert_rank, ctx_.win.map().comb_tag) + pos;
   ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tag); }, caller, [&] {
-    return detail::concat("combine row of token ", tok, " at rank ", expert_rank, " (epoch tag ",
+    return detail::concat("combine row of token ", token, " at rank ", expert_rank, " (epoch tag ",
                           ctx_.win.tag(), ")");
   });
   return ctx_.win.at<char>(expert_rank, ctx_.win.map().comb_x) +

@@ -143,12 +143,72 @@ __device__ inline Contribution locate(const RankCtx& c, int64_t t, int i) {
   return x;
 }
 
+// reduce_token's sums over hidden: this warp's share (part of parts) of the row, the n
+// contributions in the fixed order nth(i) gives. The loops run the same trip count on every
+// lane (nth() shuffles across the warp: a lane-dependent bound would leave lanes out of a
+// full-mask __shfl_sync); lanes past the end of the row only skip the loads and the store.
+template <typename Elem, typename Nth>
+__device__ inline void reduce_vectors(const RankCtx& c, char* out, int n, int part, int parts,
+                                      Nth&& nth) {
+  using IO = ElemIO<Elem>;
+  constexpr int V = IO::kVec;
+  const int64_t H = c.p.hidden;
+  const bool weighted = c.p.latency;
+  const int64_t step = 32 * V, pieces = (H + step - 1) / step;
+  for (int64_t base = pieces * part / parts * step; base < pieces * (part + 1) / parts * step;
+       base += step) {
+    const int64_t h0 = base + static_cast<int64_t>(c.lane) * V;
+    const bool active = h0 < H;
+    float acc[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      const char* row;
+      float w;
+      const uint32_t* tag;
+      nth(i, &row, &w, &tag);
+      if (!active) continue;
+      float v[V];
+      IO::unpack(*reinterpret_cast<const int4*>(row + h0 * static_cast<int64_t>(sizeof(Elem))), v);
+#pragma unroll
+      for (int k = 0; k < V; ++k)
+        acc[k] = weighted ? cuda_hd::add_weighted_term(acc[k], w, v[k])
+                          : cuda_hd::add_term(acc[k], v[k]);
+    }
+    if (active)
+      *reinterpret_cast<int4*>(out + h0 * static_cast<int64_t>(sizeof(Elem))) = IO::pack(acc);
+  }
+}
+
+template <typename Elem, typename Nth>
+__device__ inline void reduce_scalars(const RankCtx& c, char* out, int n, int part, int parts,
+                                      Nth&& nth) {
+  using IO = ElemIO<Elem>;
+  const int64_t H = c.p.hidden;
+  const bool weighted = c.p.latency;
+  const int64_t pieces = (H + 31) / 32;
+  for (int64_t base = pieces * part / parts * 32; base < pieces * (part + 1) / parts * 32;
+       base += 32) {
+    const int64_t h = base + c.lane;
+    float acc = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      const char* row;
+      float w;
+      const uint32_t* tag;
+      nth(i, &row, &w, &tag);
+      if (h >= H) continue;
+      const float v = IO::get(row, h);
+      acc = weighted ? cuda_hd::add_weighted_term(acc, w, v) : cuda_hd::add_term(acc, v);
+    }
+    if (h < H) IO::put(out, h, acc);
+  }
+}
+
 template <typename Elem>
 __device__ inline void reduce_token(const RankCtx& c, int64_t t, int part, int parts) {
   using IO = ElemIO<Elem>;
   const LaunchParams& p = c.p;
   const int64_t H = p.hidden;
-  const bool weighted = p.latency;
   Contribution lo = locate(c, t, c.lane), hi = locate(c, t, 32 + c.lane);
   // Each lane waits for its own contributions' tags (bounded), in parallel.
   bool ok = true;
@@ -184,54 +244,10 @@ __device__ inline void reduce_token(const RankCtx& c, int64_t t, int part, int p
     (void)ld_acquire_sys(tag);
   }
   char* out = static_cast<char*>(c.io.y) + static_cast<size_t>(t) * p.map.row_bytes;
-  constexpr int V = IO::kVec;
-  // The loops over hidden run the same trip count on every lane (nth() shuffles across the
-  // warp: a lane-dependent bound would leave lanes out of a full-mask __shfl_sync); lanes past
-  // the end of the row only skip the loads and the store.
-  if (H % V == 0) {
-    const int64_t step = 32 * V, pieces = (H + step - 1) / step;
-    for (int64_t base = pieces * part / parts * step; base < pieces * (part + 1) / parts * step;
-         base += step) {
-      const int64_t h0 = base + static_cast<int64_t>(c.lane) * V;
-      const bool active = h0 < H;
-      float acc[V];
-#pragma unroll
-      for (int k = 0; k < V; ++k) acc[k] = 0.0f;
-      for (int i = 0; i < n; ++i) {
-        const char* row;
-        float w;
-        const uint32_t* tag;
-        nth(i, &row, &w, &tag);
-        if (!active) continue;
-        float v[V];
-        IO::unpack(*reinterpret_cast<const int4*>(row + h0 * static_cast<int64_t>(sizeof(Elem))),
-                   v);
-#pragma unroll
-        for (int k = 0; k < V; ++k)
-          acc[k] = weighted ? cuda_hd::add_weighted_term(acc[k], w, v[k])
-                            : cuda_hd::add_term(acc[k], v[k]);
-      }
-      if (active)
-        *reinterpret_cast<int4*>(out + h0 * static_cast<int64_t>(sizeof(Elem))) = IO::pack(acc);
-    }
-  } else {
-    const int64_t pieces = (H + 31) / 32;
-    for (int64_t base = pieces * part / parts * 32; base < pieces * (part + 1) / parts * 32;
-         base += 32) {
-      const int64_t h = base + c.lane;
-      float acc = 0.0f;
-      for (int i = 0; i < n; ++i) {
-        const char* row;
-        float w;
-        const uint32_t* tag;
-        nth(i, &row, &w, &tag);
-        if (h >= H) continue;
-        const float v = IO::get(row, h);
-        acc = weighted ? cuda_hd::add_weighted_term(acc, w, v) : cuda_hd::add_term(acc, v);
-      }
-      if (h < H) IO::put(out, h, acc);
-    }
-  }
+  if (H % IO::kVec == 0)
+    reduce_vectors<Elem>(c, out, n, part, parts, nth);
+  else
+    reduce_scalars<Elem>(c, out, n, part, parts, nth);
 }
 
 template <class Peers>

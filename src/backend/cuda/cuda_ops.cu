@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "backend/cuda/device_ops.hpp"
-#include "backend/cuda/engine.hpp"
+#include "backend/cuda/launch.hpp"
 #include "backend/cuda/host_logic.hpp"
 #include "ubep/error.hpp"
 

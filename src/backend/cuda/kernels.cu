@@ -2,7 +2,7 @@
 // policies. Compiled with -Xptxas -v,-warn-spills,-Werror (CMakeLists.txt): a register spill in
 // these hot kernels fails the build.
 #include "backend/cuda/combine.cuh"
-#include "backend/cuda/engine.hpp"
+#include "backend/cuda/launch.hpp"
 
 namespace ubep::cuda {
 

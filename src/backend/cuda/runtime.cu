@@ -1,5 +1,5 @@
 // CUDA error checks and the device query of include/ubep/cuda.hpp (engine.hpp).
-#include "backend/cuda/engine.hpp"
+#include "backend/cuda/launch.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::cuda {

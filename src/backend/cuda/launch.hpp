@@ -1,8 +1,6 @@
 // The CUDA runtime glue of the backend, used by cuda_ops.cu (the GPU's DeviceOps behind
 // cuda_host::KernelEngine, the engine of ubep::Buffer): the cooperative launches of the kernels
 // (defined in kernels.cu), the co-resident block count that sizes them, and CUDA error checks.
-// There is no engine here any more; the name stays because kernels.cu and cuda_ops.cu include it
-// and are being reshaped elsewhere (issue 27). Rename it with them (e.g. launch.hpp).
 #pragma once
 
 #include <cuda_runtime.h>
