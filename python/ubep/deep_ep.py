@@ -410,4 +410,7 @@ class Buffer:
                 f"next dispatch")
 
 
-__all__ = ["Buffer", "Config", "EventOverlap", "topk_idx_t"]
+# ubep-only: DeepEP's layout without a Buffer (topk_idx torch or NumPy, any number of ranks).
+get_dispatch_layout = _normal.get_dispatch_layout
+
+__all__ = ["Buffer", "Config", "EventOverlap", "get_dispatch_layout", "topk_idx_t"]
