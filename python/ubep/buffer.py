@@ -185,11 +185,14 @@ class Buffer:
                                       "dispatch")
         return self._result(got, layout, n, kind, copy)
 
-    def dispatch_send(self, x, topk_idx, topk_weights=None, *, x_scales=None, layout="latency"):
-        """The split phase (algorithm "ubep"): starts the dispatch and returns once this rank's
-        messages are written; compute, then ``dispatch_recv()``. Returns the DispatchResult
-        whose views ``dispatch_recv`` fills (latency layout; valid once it has returned).
-        ``wait_recv_range`` waits for one source's rows in between."""
+    def dispatch_send(self, x, topk_idx, topk_weights=None, *, x_scales=None,
+                      layout="throughput"):
+        """The split phase (algorithm "ubep"; bsp: InvalidArgument): starts the dispatch (the
+        arguments of ``dispatch``) and returns once this rank's messages are written; compute,
+        then ``dispatch_recv()``. Returns the DispatchResult whose views ``dispatch_recv``
+        fills, valid once it has returned (latency layout; a throughput result's row count is
+        known only then: use dispatch_recv's). ``wait_recv_range`` waits for one source's rows
+        in between."""
         got, kind, n = self._dispatch(x, topk_idx, topk_weights, x_scales, layout, True,
                                       "dispatch_send")
         return self._result(got, layout, n, kind, False)
