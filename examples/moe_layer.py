@@ -10,8 +10,8 @@ whose default hits an enum change of Python 3.11; torch >= 2 spells it --nproc-p
 
 Every rank builds the whole layer from the same seed (router, top-k gate, experts as
 torch.nn.Linear pairs) and keeps the experts it owns (rank r: experts [r*E/R, (r+1)*E/R)).
-forward(): route, ubep low_latency_dispatch, run each local expert on its received rows writing
-into ubep's zero-copy combine buffer, low_latency_combine (which applies the gate weights).
+forward(): route, ubep.Buffer.dispatch (latency layout), run each local expert on its received
+rows writing into ubep's zero-copy combine buffer, combine (which applies the gate weights).
 """
 import argparse
 import os
@@ -51,14 +51,13 @@ class MoELayer(nn.Module):
     @torch.no_grad()
     def forward(self, x, buffer):
         idx, weights = self.route(x)
-        recv_x, recv_count, handle, _, _ = buffer.low_latency_dispatch(
-            x, idx, buffer.max_tokens_per_rank, self.num_experts)
-        out = buffer.get_next_low_latency_combine_buffer(handle)
+        r = buffer.dispatch(x, idx, layout="latency")  # the weights come with combine
+        out = buffer.combine_buffer(r.handle)
         first = buffer.rank * buffer.num_local_experts
-        for e, n in enumerate(recv_count.tolist()):
+        for e, n in enumerate(r.recv_count.tolist()):
             if n:
-                out[e, :n] = self.experts[first + e](recv_x[e, :n])
-        y, _, _ = buffer.low_latency_combine(out, idx, weights, handle, zero_copy=True, copy=True)
+                out[e, :n] = self.experts[first + e](r.recv_x[e, :n])
+        y = buffer.combine(out, r.handle, weights, copy=True)  # zero copy: out is ubep's memory
         return y
 
     @torch.no_grad()

@@ -48,19 +48,15 @@ def run_fp8(group, spec, layout, algorithm):
         fx = worker.to_fw(x, "torch")
         fidx, fw = torch.from_numpy(idx), torch.from_numpy(w)
         got = {}
-        if layout == "throughput":
-            (codes, scales), _, rw, counts, h, _ = buf.dispatch(fx, topk_idx=fidx, topk_weights=fw)
-            got.update(recv_count=np.array(counts, dtype=np.int64))
-            out = ref.make_expert_output(spec, rank, it, (codes.shape[0], spec.H))
-            y, _, _ = buf.combine(worker.to_fw(out, "torch"), h, topk_weights=rw)
-        else:
-            (codes, scales), count, h, _, _ = buf.low_latency_dispatch(
-                fx, fidx, spec.T, spec.E, topk_weights=fw, use_fp8=True)
-            got.update(recv_count=worker.to_np(count))
-            out = ref.make_expert_output(spec, rank, it, tuple(codes.shape))
-            y, _, _ = buf.low_latency_combine(worker.to_fw(out, "torch"), fidx, fw, h)
+        r = buf.dispatch(fx, fidx, fw, layout=layout)
+        codes, scales = r.recv_x, r.recv_x_scales
+        got.update(recv_count=worker.to_np(r.recv_count))
+        shape = (codes.shape[0], spec.H) if layout == "throughput" else tuple(codes.shape)
+        out = ref.make_expert_output(spec, rank, it, shape)
         got.update(codes=worker.to_np(codes.view(torch.uint8)), scales=worker.to_np(scales),
-                   recv_src=worker.to_np(h.recv_src), y=worker.to_np(y))
+                   recv_src=worker.to_np(r.recv_src))
+        y = buf.combine(worker.to_fw(out, "torch"), r.handle)
+        got.update(y=worker.to_np(y))
         results.append(got)
     return results
 

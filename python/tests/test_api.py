@@ -1,5 +1,6 @@
-"""The DeepEP-shaped extras: get_dispatch_layout, cached dispatch, expert_alignment, events,
-last_stats, the algorithm switch, and python3 -m ubep.bench's JSON."""
+"""DeepEP's extras through ubep.deep_ep (get_dispatch_layout, cached dispatch,
+expert_alignment, events, bias), ubep.Buffer's last_stats and algorithm switch, and
+python3 -m ubep.bench's JSON."""
 import json
 import os
 import subprocess
@@ -11,12 +12,13 @@ import torch
 
 import reference as ref
 import ubep
+import ubep.deep_ep as deep_ep
 
 
 def test_get_dispatch_layout_matches_a_direct_count():
     rng = np.random.default_rng(0)
     idx = rng.integers(-1, 16, size=(50, 4))
-    per_rank, rdma, per_expert, in_rank = ubep.get_dispatch_layout(idx, 16, 4)
+    per_rank, rdma, per_expert, in_rank = deep_ep.get_dispatch_layout(idx, 16, 4)
     assert rdma is None
     want_in_rank = np.zeros((50, 4), dtype=bool)
     for t in range(50):
@@ -26,39 +28,44 @@ def test_get_dispatch_layout_matches_a_direct_count():
     np.testing.assert_array_equal(in_rank, want_in_rank)
     np.testing.assert_array_equal(per_rank, want_in_rank.sum(0))
     np.testing.assert_array_equal(per_expert, [(idx == e).sum() for e in range(16)])
-    t_rank, _, t_expert, t_in = ubep.get_dispatch_layout(torch.from_numpy(idx), 16, 4)
+    t_rank, _, t_expert, t_in = deep_ep.get_dispatch_layout(torch.from_numpy(idx), 16, 4)
     assert isinstance(t_rank, torch.Tensor) and t_rank.dtype == torch.int32
     assert t_rank.tolist() == per_rank.tolist() and t_in.numpy().tolist() == in_rank.tolist()
     with pytest.raises(ubep.InvalidArgument, match="expert id 16"):
-        ubep.get_dispatch_layout(np.array([[16]]), 16, 4)
+        deep_ep.get_dispatch_layout(np.array([[16]]), 16, 4)
 
 
 def _extras(g):
     spec = ref.Spec(ranks=2, dtype="fp32", seed=9)
-    buf = ubep.Buffer(g, hidden=spec.H, num_experts=spec.E, max_tokens_per_rank=spec.T,
-                      max_topk=spec.K, dtype=torch.float32)
+    buf = deep_ep.Buffer(g, 1 << 30, max_tokens_per_rank=spec.T)
     x, idx, w = (torch.from_numpy(a) for a in ref.make_inputs(spec, g.rank, 0))
     layout = buf.get_dispatch_layout(idx, spec.E, None)
-    assert len(layout) == 5 and isinstance(layout[-1], ubep.EventOverlap)
+    assert len(layout) == 5 and isinstance(layout[-1], deep_ep.EventOverlap)
     rx, ridx, rw, counts, h, event = buf.dispatch(x, num_tokens_per_rank=layout[0],
                                                   is_token_in_rank=layout[3],
+                                                  num_tokens_per_expert=layout[2],
                                                   topk_idx=idx, topk_weights=w,
                                                   expert_alignment=4)
     event.current_stream_wait()
     assert all(c % 4 == 0 for c in counts)
     first = rx.clone()
-    y, cw, _ = buf.combine(rx, h, topk_weights=rw, copy=True)
-    assert cw is w
+    y, cw, _ = buf.combine(rx, h, topk_weights=rw)
+    # DeepEP's combined_topk_weights: each rank passes back its received weights, summed.
+    assert torch.equal(cw, torch.where(idx >= 0, w, torch.zeros_like(w)))
     # Cached dispatch (DeepEP: the handle's layout, new data).
-    rx2, _, _, _, h2, _ = buf.dispatch(x * 2, handle=h)
+    rx2 = buf.dispatch(x * 2, handle=h)[0]
     assert torch.equal(rx2, first * 2)
-    y2, _, _ = buf.combine(rx2, h2, bias=torch.ones(1, spec.H))
+    y2, _, _ = buf.combine(rx2, h, bias=torch.ones(1, spec.H))
     assert torch.equal(y2, y * 2 + 1)
-    stats = buf.last_stats()
+    # ubep's own Buffer: the last call's stats and the algorithm switch.
+    ub = ubep.Buffer(g, hidden=spec.H, num_experts=spec.E, max_tokens_per_rank=spec.T,
+                     max_topk=spec.K, dtype=torch.float32)
+    ub.dispatch(x, idx, w)
+    stats = ub.last_stats()
     assert stats["barriers"] == 0 and [s for s, _ in stats["stage_us"]]
-    buf.algorithm = "bsp"
-    buf.dispatch(x, topk_idx=idx, topk_weights=w)
-    assert buf.algorithm == "bsp" and buf.last_stats()["barriers"] == 3
+    ub.algorithm = "bsp"
+    ub.dispatch(x, idx, w)
+    assert ub.algorithm == "bsp" and ub.last_stats()["barriers"] == 3
     return True
 
 

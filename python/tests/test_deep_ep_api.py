@@ -38,7 +38,7 @@ def test_window_formula_matches_the_library(dtype, latency):
         kcap = topk_capacity(K, 1 if latency else 2)
         b = ubep.Buffer(group, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=kcap,
                         dtype=dtype, enable_latency_layout=latency)
-        return b._buf.shared_bytes, window_bytes(dtype, H, 2, E // 2, kcap, T, latency)
+        return b.shared_bytes, window_bytes(dtype, H, 2, E // 2, kcap, T, latency)
     for real, est in on_threads(2, body):
         assert real == est
 
@@ -68,15 +68,15 @@ def test_low_latency_budget_and_handles():
         with pytest.raises(ubep.InvalidArgument, match="handle must be the tuple"):
             buf.low_latency_combine(recv, idx, w, tuple(handle))
         y, _, _ = buf.low_latency_combine(recv, idx, w, handle)
-        native = handle._h
+        native = handle._dispatch
         # A repeated combine, natively: no replayed dispatch (the same ubep handle), the same
         # bits; then with other expert outputs (zero-copy) and the first again.
         y2, _, _ = buf.low_latency_combine(recv, idx, w, handle)
-        assert handle._h is native and torch.equal(y, y2)
+        assert handle._dispatch is native and torch.equal(y, y2)
         buf.get_next_low_latency_combine_buffer(handle)[:] = recv * 2
         y3, _, _ = buf.low_latency_combine(None, idx, w, handle, zero_copy=True)
         y4, _, _ = buf.low_latency_combine(recv, idx, w, handle)
-        assert handle._h is native and torch.equal(y4, y)
+        assert handle._dispatch is native and torch.equal(y4, y)
         assert torch.equal(y3, y * 2)  # doubling is exact in fp32 and bf16
         return True
     assert all(on_threads(2, body))
@@ -169,11 +169,11 @@ def test_normal_repeated_combine_is_native():
                                                 is_token_in_rank=in_rank,
                                                 num_tokens_per_expert=per_expert, topk_idx=idx,
                                                 topk_weights=w)
-        native = handle._h
+        native = handle._dispatch
         y, _, _ = buf.combine(recv, handle)
         y2, _, _ = buf.combine(recv * 2, handle)
         y3, _, _ = buf.combine(recv, handle)
-        assert handle._h is native
+        assert handle._dispatch is native
         assert torch.equal(y2, y * 2) and torch.equal(y3, y)
         return True
     assert all(on_threads(2, body))
@@ -222,16 +222,16 @@ def test_native_fp8_bit_identical(layout, pow2):
         x = (x_of(r).float() * torch.linspace(-3, 3, H)).to(torch.bfloat16)
         codes, scales = f8.quantize(x.float().numpy(), pow2)
         out = []
-        for xin in (x, (torch.from_numpy(codes), torch.from_numpy(scales))):
+        for xin, xs in ((x, None), (torch.from_numpy(codes), torch.from_numpy(scales))):
+            res = buf.dispatch(xin, idx, w, x_scales=xs, layout=layout, copy=True)
+            c, s = res.recv_x, res.recv_x_scales
             if layout == "latency":
-                (c, s), n, h, _, _ = buf.low_latency_dispatch(xin, idx, T, E, use_fp8=True,
-                                                              round_scale=pow2, copy=True)
-                rng = h.recv_range.clone()
-                out.append([(c[e, b:b + k].clone(), s[e, b:b + k].clone(), h.recv_src[e, b:b + k]
-                             .clone()) for e in range(E // 2) for b, k in rng[e].tolist()])
+                rng = res.recv_range.clone()
+                out.append([(c[e, b:b + k].clone(), s[e, b:b + k].clone(),
+                             res.recv_src[e, b:b + k].clone())
+                            for e in range(E // 2) for b, k in rng[e].tolist()])
             else:
-                (c, s), _, _, _, h, _ = buf.dispatch(xin, topk_idx=idx, topk_weights=w, copy=True)
-                out.append([(c, s, h.recv_src.clone())])
+                out.append([(c, s, res.recv_src.clone())])
         return out
     results = on_threads(2, body)
     xs = [(x_of(r).float() * torch.linspace(-3, 3, H)).to(torch.bfloat16) for r in range(2)]
@@ -250,21 +250,19 @@ def test_native_fp8_errors():
     def body(group):
         idx, _ = routing(group.rank)
         b16 = ubep.Buffer(group, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=K)
+        codes = torch.zeros((T, H), dtype=torch.uint8)
         with pytest.raises(ubep.InvalidArgument, match="dtype='fp8'"):
-            b16.low_latency_dispatch(x_of(0), idx, T, E, use_fp8=True)
+            b16.dispatch(codes, idx, x_scales=torch.ones((T, 2)), layout="latency")
         with pytest.raises(ubep.InvalidArgument, match="buffer's dtype is bf16"):
-            b16.dispatch((torch.zeros((T, H), dtype=torch.uint8), torch.ones((T, 2))),
-                         topk_idx=idx)
+            b16.dispatch(codes, idx, x_scales=torch.ones((T, 2)))
         b8 = ubep.Buffer(group, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=K,
                          dtype="fp8")
-        with pytest.raises(ubep.InvalidArgument, match="round_scale=True but"):
-            b8.low_latency_dispatch(x_of(0), idx, T, E, use_fp8=True, round_scale=True)
+        with pytest.raises(ubep.InvalidArgument, match="must be bfloat16 or float32"):
+            b8.dispatch(x_of(0).half(), idx, layout="latency")  # values to cast: bf16/fp32
         with pytest.raises(ubep.InvalidArgument, match="x_scales"):
-            b8.dispatch((torch.zeros((T, H), dtype=torch.uint8), torch.ones((T, 3))),
-                        topk_idx=idx)
+            b8.dispatch(codes, idx, x_scales=torch.ones((T, 3)))
         with pytest.raises(ubep.InvalidArgument, match="fp8 codes must be"):
-            b8.dispatch((torch.zeros((T, H), dtype=torch.int32), torch.ones((T, 2))),
-                        topk_idx=idx)
+            b8.dispatch(torch.zeros((T, H), dtype=torch.int32), idx, x_scales=torch.ones((T, 2)))
         return True
     assert all(on_threads(2, body))
 

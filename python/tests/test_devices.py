@@ -9,6 +9,7 @@ import torch
 
 import reference as ref
 import ubep
+import ubep.deep_ep as deep_ep
 import worker
 from test_errors import FakeDevice
 from ubep import _arrays, _ubep
@@ -70,10 +71,11 @@ def test_cuda_tensor_to_cpu_and_sim_buffers_refused():
             idx = torch.tensor([[0, 1], [1, -1], [0, -1]])
             w = torch.ones(3, 2)
             with pytest.raises(ubep.InvalidArgument) as e:
-                buf.low_latency_dispatch(FakeDevice(device_id=0), idx, 4, 2, topk_weights=w)
+                buf.dispatch(FakeDevice(device_id=0), idx, w, layout="latency")
             out[device] = str(e.value)
             x = torch.ones(3, 16, dtype=torch.bfloat16)
-            recv_x, count, *_ = buf.low_latency_dispatch(x, idx, 4, 2, topk_weights=w)
+            r = buf.dispatch(x, idx, w, layout="latency")
+            recv_x, count = r.recv_x, r.recv_count
             assert count.tolist() == [2, 2] and recv_x.device.type == "cpu"
         return out
 
@@ -150,17 +152,19 @@ def test_cuda_sim_results_are_host_views():
                           dtype="fp32", device="cuda-sim")
         x = torch.arange(3 * 32, dtype=torch.float32).reshape(3, 32)
         idx = torch.tensor([[0, 1], [1, -1], [0, -1]])
-        recv_x, count, h, _, _ = buf.low_latency_dispatch(x, idx, 4, 2,
-                                                          topk_weights=torch.ones(3, 2))
+        r = buf.dispatch(x, idx, torch.ones(3, 2), layout="latency")
+        recv_x, h = r.recv_x, r.handle
         assert recv_x.device == torch.device("cpu") and recv_x.shape == (2, 4, 32)
         assert torch.equal(recv_x[0, :2], x[:3:2]) and torch.equal(recv_x[1, :2], x[:2])
-        cb = buf.get_next_low_latency_combine_buffer(h)
-        view = buf._buf.view("combine_buffer", h.id, _arrays.DLPACK)
+        cb = buf.combine_buffer(h)
+        # The same memory as a bare DLPack object (the native layer's export, as for inputs
+        # that are neither torch nor NumPy).
+        view = buf._window.view("combine_buffer", h.id, _arrays.DLPACK)
         assert type(view).__name__ == "ArrayOut" and view.__dlpack_device__() == (1, 0)
         assert view.device == "cuda-sim:0"
         assert np.asarray(view).ctypes.data == cb.data_ptr()
         cb.copy_(recv_x)
-        y, _, _ = buf.low_latency_combine(None, idx, None, h, zero_copy=True)
+        y = buf.combine(cb, h)
         assert torch.equal(y, x * torch.tensor([[2.0], [1.0], [1.0]]))
         del buf
         return y.sum().item()  # the view keeps the buffer's memory
@@ -170,7 +174,7 @@ def test_cuda_sim_results_are_host_views():
 
 
 def test_cuda_backend_takes_the_weights_at_combine():
-    """The CUDA backend (here through cuda-sim) takes topk_weights at low_latency_combine too
+    """The CUDA backend (here through cuda-sim) takes topk_weights at combine too
     (DeepEP's way; main's KernelEngine): y = sum_k w[t, k] * rows; weights on another device
     are refused by name."""
     def body(g):
@@ -179,15 +183,14 @@ def test_cuda_backend_takes_the_weights_at_combine():
         x = torch.arange(2 * 32, dtype=torch.float32).reshape(2, 32)
         idx = torch.tensor([[0, 1], [1, -1]])
         w = torch.tensor([[0.5, 0.25], [2.0, 0.0]])
-        recv_x, _, h, _, _ = buf.low_latency_dispatch(x, idx, 4, 2)
-        cb = buf.get_next_low_latency_combine_buffer(h)
-        cb.copy_(recv_x)
-        y, _, _ = buf.low_latency_combine(None, idx, w, h, zero_copy=True)
+        r = buf.dispatch(x, idx, layout="latency")
+        cb = buf.combine_buffer(r.handle)
+        cb.copy_(r.recv_x)
+        y = buf.combine(cb, r.handle, w)
         assert torch.equal(y, x * torch.tensor([[0.75], [2.0]]))
-        _, _, h, _, _ = buf.low_latency_dispatch(x, idx, 4, 2)
+        h = buf.dispatch(x, idx, layout="latency").handle
         with pytest.raises(ubep.InvalidArgument, match="topk_weights"):
-            buf.low_latency_combine(None, idx, FakeDevice(device_type=2, device_id=0), h,
-                                    zero_copy=True)
+            buf.combine(buf.combine_buffer(h), h, FakeDevice(device_type=2, device_id=0))
         return True
 
     assert ubep.run_on_threads(1, body, timeout=30) == [True]
@@ -195,8 +198,8 @@ def test_cuda_backend_takes_the_weights_at_combine():
 
 def test_get_dispatch_layout_torch_path_matches_numpy():
     idx = torch.tensor([[0, 3, -1], [5, 2, 1], [-1, -1, -1], [7, 6, 0]])
-    got = ubep.get_dispatch_layout(idx, 8, 4)
-    want = ubep.get_dispatch_layout(idx.numpy(), 8, 4)
+    got = deep_ep.get_dispatch_layout(idx, 8, 4)
+    want = deep_ep.get_dispatch_layout(idx.numpy(), 8, 4)
     for g, w in zip(got, want):
         if w is None:
             assert g is None
@@ -213,7 +216,8 @@ def test_fp8_buffer_on_cpu_and_refused_on_cuda_sim():
         assert buf.device == "cpu" and buf.config()["dtype"] == "fp8"
         x = torch.ones(3, 128, dtype=torch.bfloat16)
         idx = torch.tensor([[0, 1], [1, -1], [0, -1]])
-        (codes, scales), count, *_ = buf.low_latency_dispatch(x, idx, 4, 2, use_fp8=True)
+        r = buf.dispatch(x, idx, layout="latency")  # cast to fp8 on send
+        codes, scales, count = r.recv_x, r.recv_x_scales, r.recv_count
         assert count.tolist() == [2, 2] and scales.shape == (2, 4, 1)
         with pytest.raises(ubep.InvalidArgument) as e:
             ubep.Buffer(g, hidden=128, num_experts=2, max_tokens_per_rank=4, max_topk=2,
@@ -227,7 +231,6 @@ def test_fp8_buffer_on_cpu_and_refused_on_cuda_sim():
 def _deep_ep_rank(g, device, on="cpu"):
     """ubep.deep_ep, low latency and normal mode, on thread rank g (bf16), tensors on `on`
     (also used by test_gpu.py)."""
-    import ubep.deep_ep as deep_ep
     T, H, E, K = 4, 32, 4, 2
     gen = torch.Generator().manual_seed(g.rank + 5)
     x = torch.randn((T, H), generator=gen).to(torch.bfloat16)

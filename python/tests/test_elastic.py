@@ -45,13 +45,13 @@ def one_call(buf, rank, it):
     x, idx, w = ref.make_inputs(SPEC, rank, it)
     for attempt in (0, 1):
         try:
-            recv_x, recv_count, h, _, _ = buf.low_latency_dispatch(
-                x, idx, SPEC.T, SPEC.E, topk_weights=w)
+            r = buf.dispatch(x, idx, w, layout="latency")
+            recv_x = r.recv_x
             view = buf.masked_ranks()
-            got = dict(recv_x=to_np(recv_x), recv_count=to_np(recv_count),
-                       recv_src=to_np(h.recv_src))
+            got = dict(recv_x=to_np(recv_x), recv_count=to_np(r.recv_count),
+                       recv_src=to_np(r.recv_src))
             out = ref.make_expert_output(SPEC, rank, it, tuple(recv_x.shape))
-            y, _, _ = buf.low_latency_combine(out, idx, w, h)
+            y = buf.combine(out, r.handle)
             got["y"] = to_np(y)
             return it, view, got
         except ubep.PeerFailedError as e:
@@ -206,8 +206,7 @@ def test_deep_ep_mask_api():
                 buf.low_latency_update_mask_buffer(me, mask=True)
             assert call(buf, me, 1) == [0, 0, 1]
         else:
-            for nb in buf.native_buffers():
-                nb.rejoin()
+            buf.rejoin()  # ubep-only: on every window of the deep_ep.Buffer
         sync.wait()
         views = []
         for i in range(8):

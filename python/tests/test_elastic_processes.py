@@ -148,12 +148,13 @@ def _loop(role, me, state, start, name, store):
             os.kill(os.getpid(), signal.SIGKILL)
         x, idx, w = inputs(me, it)
         try:
-            recv_x, recv_count, h, _, _ = buf.low_latency_dispatch(x, idx, T, E, topk_weights=w)
+            r = buf.dispatch(x, idx, w, layout="latency")
+            recv_x = r.recv_x
             snap = [int(v) for v in state[IT:IT + R]]
             view = buf.masked_ranks()
-            got = dict(recv_x=recv_x.copy(), recv_count=recv_count.copy(),
-                       recv_src=h.recv_src.copy())
-            y, _, _ = buf.low_latency_combine(expert_output(me, it, recv_x.shape), idx, w, h)
+            got = dict(recv_x=recv_x.copy(), recv_count=r.recv_count.copy(),
+                       recv_src=r.recv_src.copy())
+            y = buf.combine(expert_output(me, it, recv_x.shape), r.handle)
             got["y"] = y.copy()
         except ubep.Error as e:
             msg = str(e)

@@ -104,17 +104,14 @@ def _rank_check(g):
         args.update(change)
         for layout in ("throughput", "latency"):
             with pytest.raises(ubep.InvalidArgument) as e:
-                if layout == "throughput":
-                    buf.dispatch(args["x"], topk_idx=args["idx"], topk_weights=args["w"])
-                else:
-                    buf.low_latency_dispatch(args["x"], args["idx"], T, E, topk_weights=args["w"])
+                buf.dispatch(args["x"], args["idx"], args["w"], layout=layout)
             messages[(name, layout)] = (str(e.value), needles)
     # Still usable: a correct call, checked against the reference.
     spec = ref.Spec(ranks=1, tokens=T, hidden=H, experts=E, topk=K, dtype="bf16")
     x, idx, w = ref.make_inputs(spec, 0, 0)
     tx = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
-    recv_x, recv_count, h, _, _ = buf.low_latency_dispatch(tx, torch.from_numpy(idx), T, E,
-                                                           topk_weights=torch.from_numpy(w))
+    recv_count = buf.dispatch(tx, torch.from_numpy(idx), torch.from_numpy(w),
+                              layout="latency").recv_count
     disp, _ = ref.dispatch_latency(spec, [x], [idx])
     assert recv_count.tolist() == disp[0]["recv_count"].tolist()
     return messages
@@ -138,30 +135,29 @@ def _combine_errors(g):
         assert needle in str(e.value), (needle, str(e.value))
         errors.append(str(e.value))
 
-    recv_x, recv_count, h, _, _ = buf.low_latency_dispatch(x, idx, T, E, topk_weights=w)
-    expect("combine: x must be [4, 4, 16]", lambda: buf.low_latency_combine(
-        recv_x[:, :2].contiguous(), idx, w, h))
-    expect("combine: x must be bfloat16", lambda: buf.low_latency_combine(
-        recv_x.float(), idx, w, h))
-    expect("topk_weights must be fp32 [3, 2]", lambda: buf.low_latency_combine(
-        recv_x, idx, torch.ones(2, K), h))
-    expect("topk_idx shape (2, 2)", lambda: buf.low_latency_combine(recv_x, idx[:2], w, h))
-    expect("num_max_dispatch_tokens_per_rank 8", lambda: buf.low_latency_dispatch(x, idx, 8, E))
-    expect("num_experts 8", lambda: buf.low_latency_dispatch(x, idx, T, 8))
-    expect("use_fp8", lambda: buf.low_latency_dispatch(x, idx, T, E, use_fp8=True))
-    y, _, _ = buf.low_latency_combine(recv_x, idx, w, h)  # the good one still works
-    _, _, h2, _, _ = buf.low_latency_dispatch(x, idx, T, E, topk_weights=w)
-    expect("does not belong to the last dispatch", lambda: buf.low_latency_combine(
-        recv_x, idx, w, h))
-    expect("is not the last dispatch", lambda: h.recv_src)
+    r = buf.dispatch(x, idx, w, layout="latency")
+    recv_x, h = r.recv_x, r.handle
+    expect("combine: x must be [4, 4, 16]", lambda: buf.combine(recv_x[:, :2].contiguous(), h))
+    expect("combine: x must be bfloat16", lambda: buf.combine(recv_x.float(), h))
+    expect("topk_weights must be fp32 [3, 2]", lambda: buf.combine(recv_x, h, torch.ones(2, K)))
+    expect("combine: out", lambda: buf.combine(recv_x, h, out=torch.empty(2, H,
+                                                                          dtype=torch.bfloat16)))
+    expect("layout must be 'throughput' or 'latency', got 'low'",
+           lambda: buf.dispatch(x, idx, w, layout="low"))
+    expect("handle must be the DispatchResult.handle", lambda: buf.combine(recv_x, r))
+    expect("no dispatch_send outstanding", lambda: buf.wait_recv_range(0))
+    buf.combine(recv_x, h)  # the good one still works
+    buf.dispatch(x, idx, w, layout="latency")
+    expect("does not belong to the last dispatch", lambda: buf.combine(recv_x, h))
+    expect("is not the last dispatch", lambda: r.recv_src)
     other = ubep.Buffer(g, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=K)
-    _, _, oh, _, _ = other.low_latency_dispatch(x, idx, T, E, topk_weights=w)
-    expect("belongs to another Buffer", lambda: buf.low_latency_combine(recv_x, idx, w, oh))
-    other.low_latency_combine(recv_x, idx, w, oh)
+    oh = other.dispatch(x, idx, w, layout="latency").handle
+    expect("belongs to another Buffer", lambda: buf.combine(recv_x, oh))
+    other.combine(recv_x, oh)
     # Throughput layout: wrong row count.
-    rx, _, rw, _, th, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
-    expect("one row per received row", lambda: buf.combine(rx[:1].contiguous(), th))
-    buf.combine(rx, th)
+    t = buf.dispatch(x, idx, w)
+    expect("one row per received row", lambda: buf.combine(t.recv_x[:1].contiguous(), t.handle))
+    buf.combine(t.recv_x, t.handle)
     return errors
 
 
@@ -208,7 +204,7 @@ def test_peer_that_never_comes_times_out():
             t0 = time.monotonic()
             try:
                 with pytest.raises(ubep.TimeoutError, match="rank 1"):
-                    buf.low_latency_dispatch(x, idx, T, E)
+                    buf.dispatch(x, idx, layout="latency")
             finally:
                 done.set()
             return time.monotonic() - t0
@@ -235,7 +231,7 @@ def test_peer_that_leaves_fails_the_call_at_once():
         x, idx, w = good_inputs()
         t0 = time.monotonic()
         with pytest.raises(ubep.Error, match="rank 1 failed call 1"):
-            buf.low_latency_dispatch(x, idx, T, E)
+            buf.dispatch(x, idx, layout="latency")
         return time.monotonic() - t0
 
     elapsed = ubep.run_on_threads(2, fn, timeout=20.0)[0]
@@ -255,8 +251,8 @@ def test_numpy_inputs_checked_too():
                  (np.zeros((2, H), dtype=np.uint16), "must be float32, got uint16")]
         for x, needle in cases:
             with pytest.raises(ubep.InvalidArgument, match=needle):
-                buf.low_latency_dispatch(x, idx, T, E)
-        y = buf.low_latency_dispatch(np.ones((2, H), dtype=np.float32), idx, T, E)
-        return y[1].tolist()
+                buf.dispatch(x, idx, layout="latency")
+        y = buf.dispatch(np.ones((2, H), dtype=np.float32), idx, layout="latency")
+        return y.recv_count.tolist()
 
     assert ubep.run_on_threads(1, fn, timeout=10)[0] == [1, 1, 1, 0]

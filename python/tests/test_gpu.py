@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
 
 import reference as ref  # noqa: E402
 import ubep  # noqa: E402
+import ubep.deep_ep as deep_ep  # noqa: E402
 import worker  # noqa: E402
 from ubep import _arrays  # noqa: E402
 
@@ -81,35 +82,37 @@ def test_results_are_cuda_views_and_devices_are_checked():
         assert buf.device == "cuda:0"
         x = torch.arange(3 * 64, dtype=torch.float32, device=dev).reshape(3, 64)
         idx = torch.tensor([[0, 1], [1, -1], [0, -1]], device=dev)
-        recv_x, count, h, _, _ = buf.low_latency_dispatch(x, idx, 4, 2)  # ones made on the GPU
+        r = buf.dispatch(x, idx, layout="latency")  # weights: ones made on the GPU
+        recv_x, count, h = r.recv_x, r.recv_count, r.handle
         assert recv_x.device == dev and count.device == dev and recv_x.shape == (2, 4, 64)
         assert count.tolist() == [2, 2]
         assert torch.equal(recv_x[0, :2], x[:3:2]) and torch.equal(recv_x[1, :2], x[:2])
-        view = buf._buf.view("combine_buffer", h.id, _arrays.DLPACK)
+        # The combine buffer as a bare DLPack object (the native layer's export).
+        view = buf._window.view("combine_buffer", h.id, _arrays.DLPACK)
         assert view.__dlpack_device__() == (2, 0) and view.device == "cuda:0"
         with pytest.raises(ubep.InvalidArgument, match="GPU memory"):
             np.asarray(view)
-        cb = buf.get_next_low_latency_combine_buffer(h)
+        cb = buf.combine_buffer(h)
         assert cb.device == dev and cb.data_ptr() == torch.from_dlpack(view).data_ptr()
         cb.copy_(recv_x)
-        y, _, _ = buf.low_latency_combine(None, idx, None, h, zero_copy=True)
+        y = buf.combine(cb, h)
         assert y.device == dev
         assert torch.equal(y, x * torch.tensor([[2.0], [1.0], [1.0]], device=dev))
         # Wrong devices, both ways, named; the buffer stays usable.
         msgs = []
         for bad in (dict(x=x.cpu()), dict(idx=idx.cpu()), dict(x=x.cpu(), idx=idx.cpu())):
             with pytest.raises(ubep.InvalidArgument) as e:
-                buf.low_latency_dispatch(bad.get("x", x), bad.get("idx", idx), 4, 2)
+                buf.dispatch(bad.get("x", x), bad.get("idx", idx), layout="latency")
             msgs.append(str(e.value))
         with pytest.raises(ubep.InvalidArgument) as e:
-            buf.low_latency_dispatch(x.cpu().numpy(), idx.cpu().numpy(), 4, 2)
+            buf.dispatch(x.cpu().numpy(), idx.cpu().numpy(), layout="latency")
         msgs.append(str(e.value))
         cpu_buf = ubep.Buffer(g, hidden=64, num_experts=2, max_tokens_per_rank=4, max_topk=2,
                               dtype="fp32")
         with pytest.raises(ubep.InvalidArgument) as e:
-            cpu_buf.low_latency_dispatch(x, idx.cpu(), 4, 2)
+            cpu_buf.dispatch(x, idx.cpu(), layout="latency")
         msgs.append(str(e.value))
-        recv_x2, *_ = buf.low_latency_dispatch(x, idx, 4, 2)
+        recv_x2 = buf.dispatch(x, idx, layout="latency").recv_x
         assert torch.equal(recv_x2[0, :2], x[:3:2])
         del buf, cpu_buf
         torch.cuda.synchronize()
@@ -124,8 +127,8 @@ def test_results_are_cuda_views_and_devices_are_checked():
 
 def test_get_dispatch_layout_on_the_gpu():
     idx = torch.tensor([[0, 3, -1], [5, 2, 1], [-1, -1, -1], [7, 6, 0]], device="cuda")
-    got = ubep.get_dispatch_layout(idx, 8, 4)
-    want = ubep.get_dispatch_layout(idx.cpu().numpy(), 8, 4)
+    got = deep_ep.get_dispatch_layout(idx, 8, 4)
+    want = deep_ep.get_dispatch_layout(idx.cpu().numpy(), 8, 4)
     for g, w in zip(got, want):
         if w is None:
             continue

@@ -45,12 +45,12 @@ def _views(g):
     buf = ubep.Buffer(g, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=K)
     seen = []
     for call in range(4):
-        recv_x, recv_count, h, _, _ = buf.low_latency_dispatch(make_x(call + 1), IDX, T, E,
-                                                               topk_weights=W)
-        seen.append((recv_x, recv_x.clone(), recv_count.clone()))
-        cb = buf.get_next_low_latency_combine_buffer(h)
+        r = buf.dispatch(make_x(call + 1), IDX, W, layout="latency")
+        recv_x = r.recv_x
+        seen.append((recv_x, recv_x.clone(), r.recv_count.clone()))
+        cb = buf.combine_buffer(r.handle)
         cb.copy_(recv_x)
-        y, _, _ = buf.low_latency_combine(None, IDX, W, h, zero_copy=True)
+        y = buf.combine(cb, r.handle)
         seen[-1] += (y, y.clone())
     return buf, seen
 
@@ -74,16 +74,16 @@ def test_results_are_views_with_documented_lifetime():
 
 def _copies(g):
     buf = ubep.Buffer(g, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=K)
-    a = buf.low_latency_dispatch(make_x(1), IDX, T, E, topk_weights=W, copy=True)
-    ya, _, _ = buf.low_latency_combine(a[0], IDX, W, a[2], copy=True)
-    b = buf.low_latency_dispatch(make_x(2), IDX, T, E, topk_weights=W)
-    buf.low_latency_combine(b[0], IDX, W, b[2])
-    c = buf.low_latency_dispatch(make_x(5), IDX, T, E, topk_weights=W)
-    yc, _, _ = buf.low_latency_combine(c[0], IDX, W, c[2])
-    tp = buf.dispatch(make_x(7), topk_idx=IDX, topk_weights=W, copy=True)
-    buf.combine(tp[0], tp[4])
-    buf.dispatch(make_x(8), topk_idx=IDX, topk_weights=W)
-    return a, ya, yc, tp
+    a = buf.dispatch(make_x(1), IDX, W, layout="latency", copy=True)
+    ya = buf.combine(a.recv_x, a.handle, copy=True)
+    b = buf.dispatch(make_x(2), IDX, W, layout="latency")
+    buf.combine(b.recv_x, b.handle)
+    c = buf.dispatch(make_x(5), IDX, W, layout="latency")
+    yc = buf.combine(c.recv_x, c.handle)
+    tp = buf.dispatch(make_x(7), IDX, W, copy=True)
+    buf.combine(tp.recv_x, tp.handle)
+    buf.dispatch(make_x(8), IDX, W)
+    return (a.recv_x, a.recv_count), ya, yc, tp.recv_x
 
 
 def test_copy_true_survives_later_calls():
@@ -93,17 +93,18 @@ def test_copy_true_survives_later_calls():
     assert torch.equal(ya, torch.full((T, H), 2.0, dtype=torch.bfloat16))  # 1*1 + 1*1
     # yc was a view (no copy): the later throughput combine (x = 7, one rank) overwrote it.
     assert torch.equal(yc, torch.full((T, H), 7.0, dtype=torch.bfloat16))
-    assert torch.equal(tp[0], torch.full((T, H), 7.0, dtype=torch.bfloat16))
+    assert torch.equal(tp, torch.full((T, H), 7.0, dtype=torch.bfloat16))
 
 
-def test_out_argument_and_cumulative_stats():
+def test_out_argument_and_weights_at_combine():
     def fn(g):
         buf = ubep.Buffer(g, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=K)
         stats = torch.zeros(E, dtype=torch.int32)
         out = torch.empty(T, H, dtype=torch.bfloat16)
         for _ in range(2):
-            r = buf.low_latency_dispatch(make_x(3), IDX, T, E, stats)
-            y, _, _ = buf.low_latency_combine(r[0], IDX, W * 0.5, r[2], out=out)
+            r = buf.dispatch(make_x(3), IDX, layout="latency")
+            stats += r.recv_count.to(torch.int32)
+            y = buf.combine(r.recv_x, r.handle, W * 0.5, out=out)
             assert y is out
         return stats, out
 
@@ -126,7 +127,7 @@ def test_interrupt_flag_ends_a_wait_on_a_rank_thread():
         t0 = time.monotonic()
         try:
             with pytest.raises(ubep.Error, match="interrupted while waiting"):
-                buf.low_latency_dispatch(make_x(1), IDX, T, E)
+                buf.dispatch(make_x(1), IDX, layout="latency")
         finally:
             done.set()
         return time.monotonic() - t0
@@ -148,7 +149,7 @@ SIGINT_SCRIPT = textwrap.dedent("""
     x, idx = torch.zeros(1, 8, dtype=torch.bfloat16), torch.zeros(1, 1, dtype=torch.long)
     print("waiting", flush=True)
     try:
-        b0.low_latency_dispatch(x, idx, 1, 2)   # rank 1 never comes: only Ctrl-C ends this
+        b0.dispatch(x, idx, layout="latency")   # rank 1 never comes: only Ctrl-C ends this
     except KeyboardInterrupt:
         print("KeyboardInterrupt", flush=True)
         sys.exit(3)
@@ -190,7 +191,7 @@ def test_other_frameworks_get_dlpack_objects():
                           dtype="fp32")
         x = np.arange(16, dtype=np.float32).reshape(2, 8)
         idx = np.array([[1], [0]], dtype=np.int64)
-        recv_x, recv_count, h, _, _ = buf.low_latency_dispatch(Foreign(x), idx, 2, 2)
+        recv_x = buf.dispatch(Foreign(x), idx, layout="latency").recv_x
         assert type(recv_x).__name__ == "ArrayOut" and recv_x.shape == (2, 2, 8)
         t = torch.utils.dlpack.from_dlpack(recv_x)
         n = np.from_dlpack(recv_x)

@@ -59,7 +59,8 @@ def test_per_source_placement(algorithm, framework):
 @pytest.mark.parametrize("algorithm", ["ubep", "bsp"])
 @pytest.mark.parametrize("framework", ["torch", "numpy"])
 def test_split_phase_hooks(algorithm, framework):
-    """return_recv_hook=True: recv_x/recv_count/y are filled once the hooks return."""
+    """dispatch_send/dispatch_recv and combine_send/combine_recv (the ubep algorithm's split
+    phase; bsp runs whole calls): recv_x/recv_count/y are filled once the *_recv return."""
     spec = ref.Spec(ranks=2, dtype="bf16", seed=3)
     got = ubep.run_on_threads(
         2, lambda g: worker.run_rank(g, spec, "latency", algorithm, framework, hook=True),
@@ -69,7 +70,7 @@ def test_split_phase_hooks(algorithm, framework):
 
 @pytest.mark.parametrize("framework", ["torch", "numpy"])
 def test_weights_given_to_combine_and_copy_input(framework):
-    """DeepEP passes the weights to low_latency_combine, not to dispatch; and a combine input
+    """The weights given to combine, not to dispatch (latency layout); and a combine input
     outside the zero-copy buffer."""
     spec = ref.Spec(ranks=2, dtype="fp32", seed=4)
     got = ubep.run_on_threads(
@@ -81,34 +82,34 @@ def test_weights_given_to_combine_and_copy_input(framework):
 
 @pytest.mark.parametrize("placement", ["per-source", "compact"])
 def test_receive_hook_per_range(placement):
-    """Handle.wait_recv_range(source, expert) between a split dispatch and its hook: the rows
+    """Buffer.wait_recv_range(source, expert) between dispatch_send and dispatch_recv: the rows
     of the range are final when it returns (equal to what the completed call holds), the range
-    equals recv_range, the ranges add up to recv_count; out of the split phase or with a stale
-    handle it is refused."""
+    equals recv_range, the ranges add up to recv_count; a combine before dispatch_recv, or a
+    wait out of the split phase, is refused."""
     spec = ref.Spec(ranks=2, dtype="fp32", seed=9)
 
     def body(g):
         buf = ubep.Buffer(g, hidden=spec.H, num_experts=spec.E, max_tokens_per_rank=spec.T,
                           max_topk=spec.K, dtype=spec.dtype, timeout=30.0, placement=placement)
         x, idx, w = ref.make_inputs(spec, buf.rank, 0)
-        recv_x, recv_count, h, _, hook = buf.low_latency_dispatch(
-            x, idx, spec.T, spec.E, topk_weights=w, return_recv_hook=True)
+        pending = buf.dispatch_send(x, idx, w, layout="latency")
+        recv_x, recv_count = pending.recv_x, pending.recv_count
         seen = {}
         for e in range(buf.num_local_experts):
             for s in range(buf.num_ranks):
-                b, n = h.wait_recv_range(s, e)
+                b, n = buf.wait_recv_range(s, e)
                 seen[(e, s)] = (b, n, recv_x[e, b:b + n].copy())
-        with pytest.raises(ubep.InvalidArgument, match="not the outstanding dispatch"):
-            buf._buf.wait_recv_range(h.id + 1, 0, 0)
-        hook()
-        rr = h.recv_range
+        with pytest.raises(ubep.InvalidArgument, match="split-phase call is still outstanding"):
+            buf.combine(recv_x, pending.handle)
+        r = buf.dispatch_recv()
+        rr = r.recv_range
         for (e, s), (b, n, rows) in seen.items():
             assert (b, n) == (int(rr[e, s, 0]), int(rr[e, s, 1]))
             assert np.array_equal(rows, recv_x[e, b:b + n])
         for e in range(buf.num_local_experts):
             assert sum(seen[(e, s)][1] for s in range(buf.num_ranks)) == int(recv_count[e])
         with pytest.raises(ubep.InvalidArgument, match="no dispatch_send outstanding"):
-            h.wait_recv_range(0, 0)
+            buf.wait_recv_range(0, 0)
         return True
 
     assert ubep.run_on_threads(2, body, timeout=30) == [True, True]
@@ -119,7 +120,7 @@ def test_receive_hook_per_range(placement):
 def test_repeated_combine(layout, algorithm):
     """One dispatch combined three times, each bit-identical to the reference: zero-copy from
     the window, then other expert outputs from the caller's memory, then the first outputs
-    again zero-copy (after a combine, get_next_*_combine_buffer is an owned array: peers may
+    again zero-copy (after a combine, combine_buffer is an owned array: peers may
     still read the window). Then ordinary calls on the same buffer."""
     spec = ref.Spec(ranks=2, dtype="bf16", seed=11)
     variants = (100, 200, 100)  # make_expert_output's `it` for each combine
@@ -129,29 +130,25 @@ def test_repeated_combine(layout, algorithm):
                           max_topk=spec.K, dtype=spec.dtype, algorithm=algorithm, timeout=30.0)
         x, idx, w = ref.make_inputs(spec, buf.rank, 0)
         ys = []
-        if layout == "throughput":
-            recv_x, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
-            shape = (recv_x.shape[0], spec.H)
-        else:
-            recv_x, _, h, _, _ = buf.low_latency_dispatch(x, idx, spec.T, spec.E,
-                                                          topk_weights=w)
-            shape = tuple(recv_x.shape)
-        window = buf.get_next_low_latency_combine_buffer(h)
+        r = buf.dispatch(x, idx, w, layout=layout)
+        recv_x, h = r.recv_x, r.handle
+        shape = (recv_x.shape[0], spec.H) if layout == "throughput" else tuple(recv_x.shape)
+        window = buf.combine_buffer(h)
         for i, it in enumerate(variants):
             out = ref.make_expert_output(spec, buf.rank, it, shape)
             if i != 1:
-                cb = buf.get_next_low_latency_combine_buffer(h)
+                cb = buf.combine_buffer(h)
                 assert (cb is window) == (i == 0)
                 cb[...] = out
                 out = cb
             if layout == "throughput":
-                y = buf.combine(out, h)[0]
+                y = buf.combine(out, h)
             elif i == 1:  # into the caller's array (written by the reduction itself)
                 mine = np.zeros((x.shape[0], spec.H), dtype=out.dtype)
-                y = buf.low_latency_combine(out, idx, w, h, out=mine)[0]
+                y = buf.combine(out, h, out=mine)
                 assert y is mine
             else:
-                y = buf.low_latency_combine(None, idx, w, h, zero_copy=True)[0]
+                y = buf.combine(out, h)
             ys.append(worker.to_np(y))
         after = worker.run_rank(g, spec, layout, algorithm, "numpy")
         return ys, after

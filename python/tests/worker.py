@@ -58,31 +58,36 @@ def run_rank(group, spec, layout, algorithm, framework, hook=False, zero_copy=Tr
                         to_fw(w, framework, device=gpu))
         got = {}
         if layout == "throughput":
-            recv_x, ridx, rw, counts, h, _ = buf.dispatch(fx, topk_idx=fidx, topk_weights=fw)
-            got.update(recv_x=to_np(recv_x), recv_topk_idx=to_np(ridx),
-                       recv_topk_weights=to_np(rw), recv_src=to_np(h.recv_src),
-                       recv_count=np.array(counts, dtype=np.int64))
+            r = buf.dispatch(fx, fidx, fw)
+            recv_x = r.recv_x
+            got.update(recv_x=to_np(recv_x), recv_topk_idx=to_np(r.recv_topk_idx),
+                       recv_topk_weights=to_np(r.recv_topk_weights), recv_src=to_np(r.recv_src),
+                       recv_count=to_np(r.recv_count))
             out = ref.make_expert_output(spec, rank, it, (recv_x.shape[0], spec.H))
-            y, cw, _ = buf.combine(to_fw(out, framework, device=gpu), h, topk_weights=rw)
+            y = buf.combine(to_fw(out, framework, device=gpu), r.handle)
         else:
-            recv_x, recv_count, h, _, recv_hook = buf.low_latency_dispatch(
-                fx, fidx, spec.T, spec.E, topk_weights=None if weights_at_combine else fw,
-                return_recv_hook=hook)
-            if hook:
-                recv_hook()
-            got.update(recv_x=to_np(recv_x), recv_count=to_np(recv_count),
-                       recv_src=to_np(h.recv_src))
+            weights = None if weights_at_combine else fw
+            split = hook and algorithm == "ubep"  # the split phase is the ubep algorithm's
+            if split:
+                buf.dispatch_send(fx, fidx, weights, layout="latency")
+                r = buf.dispatch_recv()
+            else:
+                r = buf.dispatch(fx, fidx, weights, layout="latency")
+            recv_x, h = r.recv_x, r.handle
+            got.update(recv_x=to_np(recv_x), recv_count=to_np(r.recv_count),
+                       recv_src=to_np(r.recv_src))
             out = ref.make_expert_output(spec, rank, it, tuple(recv_x.shape))
             if zero_copy:
-                cb = buf.get_next_low_latency_combine_buffer(h)
-                cb[...] = to_fw(out, framework, device=gpu)
-                y, _, combine_hook = buf.low_latency_combine(
-                    None, fidx, fw, h, zero_copy=True, return_recv_hook=hook)
+                x_in = buf.combine_buffer(h)
+                x_in[...] = to_fw(out, framework, device=gpu)
             else:
-                y, _, combine_hook = buf.low_latency_combine(to_fw(out, framework, device=gpu),
-                                                             fidx, fw, h, return_recv_hook=hook)
-            if hook:
-                combine_hook()
+                x_in = to_fw(out, framework, device=gpu)
+            at_combine = fw if weights_at_combine else None  # else the dispatch's
+            if split:
+                buf.combine_send(x_in, h, at_combine)
+                y = buf.combine_recv()
+            else:
+                y = buf.combine(x_in, h, at_combine)
         got["y"] = to_np(y)
         got["barriers"] = np.int64(buf.last_stats()["barriers"])
         results.append(got)

@@ -20,6 +20,8 @@ import sys
 
 import numpy as np
 
+from . import _bench_run as bench
+
 
 def under_mpirun():
     """Whether this process was started by mpirun (Open MPI, MPICH/Hydra or PMIx launchers)."""
@@ -56,58 +58,7 @@ def _torch_dist(comm, rank, size, names):
     return dist
 
 
-def _call(buf, x, idx, w, T, E, latency):
-    """One ubep call with the identity expert: (received rows, y) as int16 bit patterns."""
-    import torch
-    H = x.shape[1]
-    if latency:
-        rx, _, h, _, _ = buf.low_latency_dispatch(x, idx, T, E, topk_weights=w)
-        rr = h.recv_range
-        rows = [rx[e, int(b):int(b) + int(n)] for e in range(rx.shape[0])
-                for b, n in rr[e].tolist()]
-    else:
-        rx, _, _, _, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
-        rows = [rx]
-    rows = torch.cat([r.reshape(-1, H) for r in rows]).view(torch.int16).numpy().copy()
-    buf._buf.expert_identity()
-    cb = buf.get_next_combine_buffer(h)
-    y = buf.low_latency_combine(cb, idx, w, h, zero_copy=True)[0] if latency else \
-        buf.combine(cb, h)[0]
-    return rows, y.view(torch.int16).numpy().copy()
-
-
-def identity_check(ctx, buf, base, x, idx, w, T, E, latency):
-    """Elements (summed over ranks) in which ubep's y differs from the MPI baseline's on the same
-    group, and, with forced hosts, in which its received rows and y differ from a one-host group
-    of the same processes (combine across hosts adds per-host partials, docs/SEMANTICS.md, so y
-    may differ there in the last bit; rows may not)."""
-    import ubep
-    comm = ctx.comm
-    algo = buf.algorithm
-    buf.algorithm = "ubep"
-    rows, y = _call(buf, x, idx, w, T, E, latency)
-    buf.algorithm = algo
-    y_base = np.frombuffer(base.last_y(), dtype=np.int16)
-    out = dict(elements=comm.allreduce(int(y.size)),
-               y_vs_mpi=comm.allreduce(int((y.ravel() != y_base).sum())))
-    if ctx.group.num_hosts > 1:
-        one = ubep.make_group(comm)  # the hosts MPI finds: one, when they are forced
-        if one.num_hosts == 1:
-            c = buf.config()
-            b1 = ubep.Buffer(one, hidden=x.shape[1], num_experts=E, max_tokens_per_rank=T,
-                             max_topk=idx.shape[1], dtype="bf16", enable_latency_layout=latency,
-                             placement=c["placement"])
-            rows1, y1 = _call(b1, x, idx, w, T, E, latency)
-            out.update(rows=comm.allreduce(int(rows.size)),
-                       rows_vs_one_host=comm.allreduce(
-                           int(rows.size) if rows.shape != rows1.shape else
-                           int((rows != rows1).sum())),
-                       y_vs_one_host=comm.allreduce(int((y != y1).sum())))
-    return out
-
-
 def main_mpi(args):
-    from . import bench
     if not under_mpirun():
         sys.exit("--topology runs under mpirun, one rank per process: mpirun -np N [--mca btl "
                  "tcp,self] python3 -m ubep.bench --topology HxR")

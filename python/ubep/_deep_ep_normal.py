@@ -9,12 +9,14 @@ dispatch reuses). The handle is DeepEP's intranode 6-tuple:
   is_token_in_rank [tokens, ranks] bool;
   send_head [tokens, ranks] int32: the token's position among those sent to that rank, or -1.
 """
+import numpy as np
 import torch
 
-from . import _ubep
+from . import _arrays, _ubep
+from . import _deep_ep_window as _win
+from ._arrays import kind_of
 from ._deep_ep_sizing import max_tokens_for, topk_capacity, window_bytes
 from ._fp8 import FLOAT8
-from . import _deep_ep_ll as _ll
 
 
 class NormalHandle(tuple):
@@ -39,8 +41,8 @@ def _dtype_of(x, scales):
          f"got {x.dtype}")
 
 
-def native(buf, dtype, hidden, E, k, num_tokens, device="cpu"):
-    """The ubep.Buffer serving this normal-mode shape and wire format: its max_tokens_per_rank is
+def window(buf, dtype, hidden, E, k, num_tokens, device="cpu"):
+    """The window serving this normal-mode shape and wire format: its max_tokens_per_rank is
     what num_nvl_bytes holds (a budget, as DeepEP's), made on first use (collective)."""
     R = buf.group_size
     if E % R:
@@ -48,7 +50,7 @@ def native(buf, dtype, hidden, E, k, num_tokens, device="cpu"):
              f"ranks")
     kcap = topk_capacity(k, R)
     key = ("throughput", dtype, hidden, E, kcap, device)
-    nb = buf._natives.get(key)
+    nb = buf._windows.get(key)
     if nb is None:
         T = buf._max_tokens or max_tokens_for(buf.num_nvl_bytes, dtype, hidden, R, E // R, kcap)
         if T == 0:
@@ -56,7 +58,7 @@ def native(buf, dtype, hidden, E, k, num_tokens, device="cpu"):
                  f"(hidden {hidden}, {dtype}, {R} ranks needs "
                  f"{window_bytes(dtype, hidden, R, E // R, kcap, 1, False)} bytes)")
         need = window_bytes(dtype, hidden, R, E // R, kcap, T, False)
-        nb = buf._make_native(key, need, "num_nvl_bytes", buf.num_nvl_bytes,
+        nb = buf._make_window(key, need, "num_nvl_bytes", buf.num_nvl_bytes,
                               max_tokens_per_rank=T, hidden=hidden, num_experts=E, max_topk=kcap,
                               dtype=dtype, enable_latency_layout=False, device=device)
     if num_tokens > nb.max_tokens_per_rank:
@@ -72,9 +74,9 @@ def _aux(buf, name, hidden, T, E, k, device):
     """A small fp32 side window (outside the byte budget): the count exchange and the
     combine of top-k weights."""
     key = ("aux", name, hidden, T, E, k, device)
-    nb = buf._natives.get(key)
+    nb = buf._windows.get(key)
     if nb is None:
-        nb = buf._make_native(key, None, None, None, max_tokens_per_rank=T, hidden=hidden,
+        nb = buf._make_window(key, None, None, None, max_tokens_per_rank=T, hidden=hidden,
                               num_experts=E, max_topk=k, dtype="fp32",
                               enable_latency_layout=False, device=device)
     return nb
@@ -85,7 +87,7 @@ def _allgather(buf, vec):
     R = buf.group_size
     nb = _aux(buf, "allgather", vec.numel(), 1, R, topk_capacity(R, R), buf._device_of(vec))
     route = torch.arange(R, dtype=torch.int64, device=vec.device).view(1, R)
-    rows = nb.dispatch(vec.to(torch.float32).view(1, -1), topk_idx=route)[0]
+    rows = _win.dispatch(nb, vec.to(torch.float32).view(1, -1), route, latency=False)[0]
     return rows.to(torch.int64)  # exact: counts are far below 2**24
 
 
@@ -106,7 +108,7 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
     values, scales = (x[0], x[1]) if isinstance(x, (tuple, list)) else (x, None)
     if scales is not None and not scales.is_contiguous():
         scales = scales.contiguous()  # DeepEP's scales are often column-major
-    xin = (values, scales) if scales is not None else values
+    xin = (values, scales)
     dtype, hidden = _dtype_of(values, scales), int(values.shape[-1])
     if handle is not None:  # cached dispatch: the handle's routing again
         if not isinstance(handle, NormalHandle):
@@ -116,10 +118,10 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
             _err("dispatch: a cached dispatch (handle=) takes no topk_idx/topk_weights "
                  "(as DeepEP)")
         route = handle._route
-        nb = native(buf, dtype, hidden, handle._E, route.shape[1], route.shape[0],
+        nb = window(buf, dtype, hidden, handle._E, route.shape[1], route.shape[0],
                     buf._device_of(values))
-        recv_x, _, _, _, h, _ = nb.dispatch(xin, topk_idx=route)
-        _remember(buf, handle, nb, h, xin)
+        recv_x, _, _, _, d = _win.dispatch(nb, values, route, latency=False, x_scales=scales)
+        _remember(handle, nb, d, xin)
         return _owned(recv_x, scales is not None), None, None, None, None, buf._event()
 
     if num_tokens_per_rank is None or is_token_in_rank is None or num_tokens_per_expert is None:
@@ -133,7 +135,6 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
              f"{tuple(is_token_in_rank.shape)}")
     if topk_idx is not None:
         route = topk_idx
-        from .buffer import get_dispatch_layout
         _, _, _, in_rank = get_dispatch_layout(topk_idx, E, R)
         if not torch.equal(in_rank, is_token_in_rank.to(torch.bool)):
             t = int((in_rank != is_token_in_rank.to(torch.bool)).any(dim=1).nonzero()[0])
@@ -141,12 +142,12 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
                  f"match the ranks of topk_idx row {t} ({topk_idx[t].tolist()})")
     else:
         route = _route(E, R, is_token_in_rank.to(device=values.device, dtype=torch.bool))
-    nb = native(buf, dtype, hidden, E, route.shape[1], route.shape[0], buf._device_of(values))
-    recv_x, recv_idx, recv_w, _, h, _ = nb.dispatch(xin, topk_idx=route,
-                                                    topk_weights=topk_weights)
+    nb = window(buf, dtype, hidden, E, route.shape[1], route.shape[0], buf._device_of(values))
+    recv_x, recv_idx, recv_w, _, d = _win.dispatch(nb, values, route, topk_weights,
+                                                   latency=False, x_scales=scales)
     recv_x = _owned(recv_x, scales is not None)
-    recv_src_idx = h.recv_src[:, 1].to(torch.int32)
-    begins = h.recv_range[:, 0].to(torch.int32).view(R, 1)
+    recv_src_idx = _win.view(nb, "recv_src", d)[:, 1].to(torch.int32)
+    begins = _win.view(nb, "recv_range", d)[:, 0].to(torch.int32).view(R, 1)
     # The counts every rank sends (DeepEP's notify step): each rank's rank_prefix_matrix row
     # and its tokens per expert, for the whole matrix and the per-expert list.
     local = torch.cat([num_tokens_per_rank.to(torch.int64).view(-1),
@@ -164,7 +165,7 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
                            torch.zeros((R, 1), dtype=torch.int32, device=values.device), begins,
                            recv_src_idx, in_rank, send_head))
     handle._route, handle._E = route, E
-    _remember(buf, handle, nb, h, xin)
+    _remember(handle, nb, d, xin)
     recv_topk_idx = recv_idx.to(torch.int64) if topk_idx is not None else None
     recv_topk_weights = recv_w.clone() if topk_idx is not None else None
     if num_worst_tokens:
@@ -174,9 +175,8 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
     return recv_x, recv_topk_idx, recv_topk_weights, counts, handle, buf._event()
 
 
-def _remember(buf, handle, nb, h, xin):
-    handle._native, handle._h, handle._x, handle._combined = nb, h, xin, False
-    buf._last[id(nb)] = h
+def _remember(handle, w, d, xin):
+    handle._window, handle._dispatch, handle._x = w, d, xin
 
 
 def _pad(recv_x, idx, w, n):
@@ -204,17 +204,17 @@ def _pad(recv_x, idx, w, n):
 def combine(buf, x, handle, topk_weights, bias):
     if not isinstance(handle, NormalHandle):
         _err(f"combine: handle must be the tuple dispatch returned, got {type(handle).__name__}")
-    nb, h = handle._native, handle._h
-    if buf._last.get(id(nb)) is not h or (handle._combined and not _ll.repeats(buf, nb)):
+    nb, d = handle._window, handle._dispatch
+    if nb.last is not d or (d.combined and not nb.repeats):
         # ubep combines only the last dispatch (a later one reused the window), and on CUDA
         # devices or across hosts only once: then replay this handle's dispatch (same rows,
         # same places) first.
-        # Otherwise the last one is combined again in place (ubep.Buffer's repeated combine).
-        h = nb.dispatch(handle._x, topk_idx=handle._route)[4]
-        handle._h = h
-        buf._last[id(nb)] = h
-    handle._combined = True
-    y = nb.combine(x, h)[0]
+        # Otherwise the last one is combined again in place (ubep's repeated combine).
+        values, scales = handle._x
+        d = _win.dispatch(nb, values, handle._route, latency=False, x_scales=scales)[4]
+        handle._dispatch = d
+    d.combined = True
+    y = nb.native.combine(x, d.id, None, _arrays.TORCH, False, None)
     biases = [b for b in (bias if isinstance(bias, (tuple, list)) else (bias,)) if b is not None]
     if biases:  # added to the sum in fp32, one rounding
         acc = y.to(torch.float32)
@@ -233,8 +233,37 @@ def _combine_weights(buf, handle, topk_weights):
     """DeepEP's combined_topk_weights: per token, the sum over the ranks it went to of the
     weights each passed back (fp32, ascending rank order): a combine of the weights as rows."""
     route, k = handle._route, int(topk_weights.shape[-1])
-    nb = _aux(buf, "weights", k, handle._native.max_tokens_per_rank, handle._E,
-              handle._native.config()["max_topk"], handle._native.device)
-    h = nb.dispatch(torch.zeros((route.shape[0], k), dtype=torch.float32, device=route.device),
-                    topk_idx=route)[4]
-    return nb.combine(topk_weights.to(torch.float32).contiguous(), h)[0].clone()
+    w = handle._window
+    nb = _aux(buf, "weights", k, w.max_tokens_per_rank, handle._E, w.max_topk, w.device)
+    d = _win.dispatch(nb, torch.zeros((route.shape[0], k), dtype=torch.float32,
+                                      device=route.device), route, latency=False)[4]
+    d.combined = True
+    return nb.native.combine(topk_weights.to(torch.float32).contiguous(), d.id, None,
+                             _arrays.TORCH, False, None).clone()
+
+
+def get_dispatch_layout(topk_idx, num_experts, num_ranks):
+    """DeepEP's layout from topk_idx [tokens, k] (-1 = none): (num_tokens_per_rank [ranks],
+    None, num_tokens_per_expert [experts], is_token_in_rank [tokens, ranks] bool), int32 counts,
+    torch or NumPy like topk_idx. """
+    import numpy as np
+    kind = kind_of(topk_idx)
+    if kind == _arrays.TORCH:  # on the tensor's device
+        return _arrays.dispatch_layout_torch(topk_idx, num_experts, num_ranks)
+    idx = np.from_dlpack(topk_idx) if kind != _arrays.NUMPY else topk_idx
+    idx = np.asarray(idx, dtype=np.int64)
+    if num_experts % num_ranks:
+        raise _ubep.InvalidArgument(
+            f"get_dispatch_layout: num_experts {num_experts} is not a multiple of the "
+            f"{num_ranks} ranks")
+    bad = (idx < -1) | (idx >= num_experts)
+    if bad.any():
+        raise _ubep.InvalidArgument(
+            f"get_dispatch_layout: expert id {int(idx[bad][0])} outside [-1, {num_experts})")
+    valid = idx >= 0
+    per_expert = np.bincount(idx[valid], minlength=num_experts).astype(np.int32)
+    in_rank = np.zeros((idx.shape[0], num_ranks), dtype=bool)
+    rows, _ = np.nonzero(valid)
+    in_rank[rows, idx[valid] // (num_experts // num_ranks)] = True
+    per_rank = in_rank.sum(axis=0).astype(np.int32)
+    return per_rank, None, per_expert, in_rank

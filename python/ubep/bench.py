@@ -31,13 +31,8 @@ import subprocess
 import sys
 import tempfile
 
-import numpy as np
-
-WORKLOADS = {  # as ubep-bench: hidden 7168, top-8 of 256 experts, bf16
-    "decode": dict(tokens=128, layout="latency", iters=50, warmup=5),
-    "prefill": dict(tokens=4096, layout="throughput", iters=10, warmup=2),
-    "tiny": dict(tokens=1, layout="latency", iters=500, warmup=50),
-}
+from . import _bench_hosts
+from ._bench_run import WORKLOADS, print_report, rank_main
 
 
 def parse(argv=None):
@@ -66,266 +61,6 @@ def parse(argv=None):
                    help="time calls back to back (as ubep-bench) instead of starting each timed "
                         "call after an untimed group barrier")
     return p.parse_args(argv)
-
-
-def routing(rng, tokens, topk, experts):
-    idx = np.stack([rng.choice(experts, size=topk, replace=False) for _ in range(tokens)])
-    return idx.astype(np.int64).reshape(tokens, topk), rng.uniform(
-        0.05, 1.0, size=(tokens, topk)).astype(np.float32)
-
-
-def slowest(dist, times):
-    """Per iteration, the slowest rank's time (all_gather over gloo, outside the timed part)."""
-    import torch
-    t = torch.tensor(times, dtype=torch.float64)
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t)
-    return torch.stack(out).max(dim=0).values.numpy()
-
-
-def summary(per_iter, bytes_per_rank):
-    med = float(np.median(per_iter))
-    p99 = float(np.sort(per_iter)[min(len(per_iter) - 1, int(np.ceil(0.99 * len(per_iter))) - 1)])
-    return dict(median_us=med, p99_us=p99, gbps=bytes_per_rank / (med * 1e3) if med else 0.0,
-                bytes_per_rank=bytes_per_rank)
-
-
-def torch_path(dist, x, idx, w, ranks, experts):
-    """The gloo path, as two closures (dispatch, combine) sharing state."""
-    import torch
-    El = experts // ranks
-    state = {}
-
-    def wire(t):  # gloo (torch 1.13) has no bf16 or int16 all_to_all: same bytes as float16
-        return t.view(torch.float16) if t.dtype == torch.bfloat16 else t
-
-    def dispatch():
-        valid = idx >= 0
-        tok = torch.arange(idx.shape[0]).unsqueeze(1).expand_as(idx)[valid]
-        exp = idx[valid]
-        order = torch.argsort(exp, stable=True)  # by expert, hence by destination rank
-        tok, exp = tok[order], exp[order]
-        send_counts = torch.bincount(exp // El, minlength=ranks)
-        recv_counts = torch.empty_like(send_counts)
-        dist.all_to_all_single(recv_counts, send_counts)
-        s, r = send_counts.tolist(), recv_counts.tolist()
-        rows = x.index_select(0, tok)
-        recv_rows = x.new_empty((sum(r), x.shape[1]))
-        dist.all_to_all_single(wire(recv_rows), wire(rows), r, s)
-        recv_exp = exp.new_empty(sum(r))
-        dist.all_to_all_single(recv_exp, exp, r, s)
-        perm = torch.argsort(recv_exp, stable=True)  # group by local expert (for the GEMMs)
-        state.update(tok=tok, w=w[valid][order], s=s, r=r, perm=perm)
-        return recv_rows.index_select(0, perm), torch.bincount(recv_exp % El, minlength=El)
-
-    def combine(expert_out):
-        back = torch.empty_like(expert_out)
-        back[state["perm"]] = expert_out  # un-permute to the received order
-        rows = expert_out.new_empty((sum(state["s"]), expert_out.shape[1]))
-        dist.all_to_all_single(wire(rows), wire(back), state["s"], state["r"])
-        y = torch.zeros((x.shape[0], x.shape[1]), dtype=torch.float32)
-        y.index_add_(0, state["tok"], rows.float() * state["w"].unsqueeze(1))
-        return y.to(x.dtype)
-
-    return dispatch, combine
-
-
-def deep_ep_path(group, x, idx, w, T, E, latency, warmup, iters, sync):
-    """ubep.deep_ep's dispatch and combine (DeepEP's calls), the identity expert untimed."""
-    import time
-
-    import ubep.deep_ep as deep_ep
-    R, H = group.size, x.shape[1]
-    if latency:
-        buf = deep_ep.Buffer(group, num_rdma_bytes=deep_ep.Buffer.get_low_latency_rdma_size_hint(
-            T, H, R, E), low_latency_mode=True, num_qps_per_rank=E // R)
-    else:
-        buf = deep_ep.Buffer(group, num_nvl_bytes=deep_ep.Config().get_nvl_buffer_size_hint(
-            2 * H, R))
-        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
-    td, tc = [], []
-    for i in range(warmup + iters):
-        if sync:
-            group.barrier()
-        t0 = time.perf_counter()
-        if latency:
-            rx, rc, h, _, _ = buf.low_latency_dispatch(x, idx, T, E, use_fp8=False)
-        else:
-            rx, _, rw, _, h, _ = buf.dispatch(x, num_tokens_per_rank=per_rank,
-                                              is_token_in_rank=in_rank,
-                                              num_tokens_per_expert=per_expert, topk_idx=idx,
-                                              topk_weights=w)
-        t1 = time.perf_counter()
-        if latency:  # the same memcpy as the native loop's identity expert
-            h._native._buf.expert_identity()
-        if sync:
-            group.barrier()
-        t2 = time.perf_counter()
-        if latency:
-            buf.low_latency_combine(rx, idx, w, h, zero_copy=True)
-        else:
-            buf.combine(rx, h)
-        t3 = time.perf_counter()
-        if i >= warmup:
-            td.append((t1 - t0) * 1e6)
-            tc.append((t3 - t2) * 1e6)
-    return td, tc
-
-
-class Ctx:
-    """What the per-rank loop needs from its launcher: the ubep group, the per-iteration
-    slowest-rank reduction, torch.distributed (for the torch path; None: not available) and,
-    under mpirun, the communicator and topology (``_bench_hosts``)."""
-
-    def __init__(self, rank, ranks, group, slowest, dist, label, comm=None, topology=None):
-        self.rank, self.ranks, self.group, self.dist = rank, ranks, group, dist
-        self.slowest, self.label, self.comm, self.topology = slowest, label, comm, topology
-
-
-def _rank(rank, ranks, port, args, out_path):
-    import torch
-    import torch.distributed as dist
-
-    import ubep
-    torch.set_num_threads(1)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local processes: never depend on DNS
-    dist.init_process_group("gloo", rank=rank, world_size=ranks)
-    ctx = Ctx(rank, ranks, ubep.make_group(), lambda t: slowest(dist, t), dist,
-              f"processes({ranks}, torch.distributed gloo set-up)")
-    report = run_rank(ctx, args)
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(report, f)
-    dist.destroy_process_group()
-
-
-def run_rank(ctx, args):
-    """Every workload and impl on this rank; the report (the same on every rank)."""
-    import time
-
-    import torch
-
-    import ubep
-    from . import _ubep
-    rank, ranks, group, dist = ctx.rank, ctx.ranks, ctx.group, ctx.dist
-    algos = [a for a in args.algo.split(",") if a]
-    sync = not args.no_barrier
-    report = {"results": [], "binding": [], "configs": []}
-    for name in args.workloads:
-        wl = dict(WORKLOADS[name])
-        iters = args.iters or wl["iters"]
-        warmup = args.warmup if args.warmup is not None else wl["warmup"]
-        T, H, K, E = wl["tokens"], 7168, 8, 256
-        latency = wl["layout"] == "latency"
-        rng = np.random.default_rng(args.seed * 131 + rank)
-        idx_np, w_np = routing(rng, T, K, E)
-        x = torch.from_numpy(rng.uniform(-1, 1, size=(T, H)).astype(np.float32)).to(torch.bfloat16)
-        idx, w = torch.from_numpy(idx_np), torch.from_numpy(w_np)
-        row = H * 2
-        buf = ubep.Buffer(group, hidden=H, num_experts=E, max_tokens_per_rank=T, max_topk=K,
-                          dtype=torch.bfloat16, enable_latency_layout=latency,
-                          placement=args.placement)
-        cfg = dict(workload=name, group=ctx.label, topology=ctx.topology,
-                   ranks=ranks, tokens=T, hidden=H, topk=K, experts=E, dtype="bf16",
-                   layout=wl["layout"], routing="uniform", iters=iters, warmup=warmup,
-                   num_workers=buf.config()["num_workers"], placement=buf.config()["placement"],
-                   barrier_before_each_call=sync)
-        report["configs"].append(cfg)
-        for algo in [a for a in algos if a in ("ubep", "bsp")]:
-            buf.algorithm = algo
-            td, tc, cpp = [], [], []
-            # Python and C++ loops in alternating rounds, so a change in machine load hits both.
-            rounds = min(5, iters)
-            for rnd in range(rounds):
-                n = iters // rounds + (rnd < iters % rounds)
-                w_up = warmup if rnd == 0 else 1
-                for i in range(w_up + n):
-                    if sync:
-                        group.barrier()
-                    t0 = time.perf_counter()
-                    if latency:
-                        rx, rc, h, _, _ = buf.low_latency_dispatch(x, idx, T, E, topk_weights=w)
-                    else:
-                        rx, _, _, counts, h, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w)
-                    t1 = time.perf_counter()
-                    buf._buf.expert_identity()  # untimed, the same memcpy as the C++ loop
-                    cb = buf.get_next_combine_buffer(h)
-                    if sync:
-                        group.barrier()
-                    t2 = time.perf_counter()
-                    if latency:
-                        buf.low_latency_combine(cb, idx, w, h, zero_copy=True)
-                    else:
-                        buf.combine(cb, h)
-                    t3 = time.perf_counter()
-                    if i >= w_up:
-                        td.append((t1 - t0) * 1e6)
-                        tc.append((t3 - t2) * 1e6)
-                cpp += buf._buf.time_calls(x, idx, w, latency, n, w_up, sync)
-            if latency:
-                recv_rows = float(rc.sum())
-                back_rows = float((idx >= 0).sum())
-            else:
-                recv_rows = float(rx.shape[0])
-                back_rows = float(sum(len(set((e // (E // ranks)) for e in r if e >= 0))
-                                      for r in idx_np.tolist()))
-            for op, times, cpp_times, nbytes in (
-                    ("dispatch", td, [c[0] for c in cpp], recv_rows * row),
-                    ("combine", tc, [c[1] for c in cpp], back_rows * row)):
-                py = summary(ctx.slowest(times), nbytes)
-                cc = summary(ctx.slowest(cpp_times), nbytes)
-                report["results"].append(dict(impl=algo, op=op, workload=name, **py))
-                report["binding"].append(dict(
-                    impl=algo, op=op, workload=name, python_median_us=py["median_us"],
-                    cpp_median_us=cc["median_us"], cpp_p99_us=cc["p99_us"],
-                    overhead_us=py["median_us"] - cc["median_us"],
-                    overhead_pct=100.0 * (py["median_us"] - cc["median_us"]) / cc["median_us"]))
-        if "deep_ep" in algos:
-            td, tc = deep_ep_path(group, x, idx, w, T, E, latency, warmup, iters, sync)
-            # The same bytes as the native rows (GB/s needs them; 0 without ubep or bsp).
-            nbytes = {d["op"]: d["bytes_per_rank"] for d in report["results"]
-                      if d["workload"] == name and d["impl"] in ("ubep", "bsp")}
-            for op, times in (("dispatch", td), ("combine", tc)):
-                report["results"].append(dict(impl="deep_ep", op=op, workload=name, **summary(
-                    ctx.slowest(times), nbytes.get(op, 0.0))))
-        if "mpi" in algos:  # the C++ AlltoallBaseline (MPI_Alltoallv), timed in C++
-            base = _ubep.Baseline(buf._buf)
-            times = base.time_calls(x, idx, w, latency, iters, warmup, sync)
-            nbytes = {d["op"]: d["bytes_per_rank"] for d in report["results"]
-                      if d["workload"] == name and d["impl"] in ("ubep", "bsp")}
-            for op, i in (("dispatch", 0), ("combine", 1)):
-                report["results"].append(dict(impl="mpi", op=op, workload=name, **summary(
-                    ctx.slowest([t[i] for t in times]), nbytes.get(op, 0.0))))
-            if ctx.comm is not None:
-                from ._bench_hosts import identity_check
-                report.setdefault("identity", []).append(dict(workload=name, **identity_check(
-                    ctx, buf, base, x, idx, w, T, E, latency)))
-            del base
-        if "torch" in algos and dist is not None:
-            d_fn, c_fn = torch_path(dist, x, idx, w, ranks, E)
-            td, tc = [], []
-            for i in range(warmup + iters):
-                if sync:
-                    group.barrier()
-                t0 = time.perf_counter()
-                rows, _ = d_fn()
-                t1 = time.perf_counter()
-                if sync:
-                    group.barrier()
-                t2 = time.perf_counter()
-                c_fn(rows)
-                t3 = time.perf_counter()
-                if i >= warmup:
-                    td.append((t1 - t0) * 1e6)
-                    tc.append((t3 - t2) * 1e6)
-            pairs = float((idx >= 0).sum())
-            for op, times, nbytes in (("dispatch", td, rows.shape[0] * row),
-                                      ("combine", tc, pairs * row)):
-                report["results"].append(dict(impl="torch", op=op, workload=name,
-                                              **summary(ctx.slowest(times), nbytes)))
-        del buf
-    return report
 
 
 def free_port():
@@ -369,10 +104,8 @@ def run_ubep_bench(path, workload, ranks, algos, iters, warmup, placement):
 
 def main(argv=None):
     args = parse(argv)
-    from ._bench_hosts import under_mpirun
-    if args.topology is not None or under_mpirun():
-        from ._bench_hosts import main_mpi
-        return main_mpi(args)
+    if args.topology is not None or _bench_hosts.under_mpirun():
+        return _bench_hosts.main_mpi(args)
     args.algo = args.algo or "ubep,bsp,torch"
     args.workloads = list(WORKLOADS) if args.workload == "all" else args.workload.split(",")
     for w in args.workloads:
@@ -381,7 +114,7 @@ def main(argv=None):
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "report.json")
-        mp.spawn(_rank, args=(args.ranks, free_port(), args, out), nprocs=args.ranks)
+        mp.spawn(rank_main, args=(args.ranks, free_port(), args, out), nprocs=args.ranks)
         with open(out) as f:
             report = json.load(f)
     algos = args.algo.split(",")
@@ -405,43 +138,6 @@ def main(argv=None):
                            report["configs"], results=report["results"],
                            binding=report["binding"], ubep_bench=report["ubep_bench"]), f,
                       indent=1)
-
-
-def print_report(rep):
-    for cfg in rep["configs"]:
-        w = cfg["workload"]
-        print(f"\n{w}: {cfg['ranks']} process ranks, tokens={cfg['tokens']} hidden={cfg['hidden']} "
-              f"top-{cfg['topk']} of {cfg['experts']} experts, bf16, {cfg['layout']} layout, "
-              f"iters={cfg['iters']}" + (f"; {cfg['group']}" if cfg.get("topology") else ""))
-        print(f"{'impl':<8} {'op':<9} {'median_us':>10} {'p99_us':>10} {'GB/s':>8}")
-        rows = [r for r in rep["results"] if r["workload"] == w]
-        for r in rows:
-            print(f"{r['impl']:<8} {r['op']:<9} {r['median_us']:>10.1f} {r['p99_us']:>10.1f} "
-                  f"{r['gbps']:>8.2f}")
-        tot = {}
-        for r in rows:
-            tot[r["impl"]] = tot.get(r["impl"], 0.0) + r["median_us"]
-        for ref in ("mpi", "torch"):
-            if ref in tot:
-                print(f"dispatch+combine median vs {ref}: " + "  ".join(
-                    f"{k} {v:.1f} us ({v / tot[ref]:.2f}x {ref})" for k, v in tot.items()))
-        for e in (e for e in rep.get("identity", []) if e["workload"] == w):
-            line = f"bit-identity (ubep, all ranks): y vs mpi baseline {e['y_vs_mpi']} of " \
-                   f"{e['elements']} elements differ"
-            if "rows_vs_one_host" in e:
-                line += (f"; vs one host: received rows {e['rows_vs_one_host']} of {e['rows']}, "
-                         f"y {e['y_vs_one_host']} of {e['elements']} differ")
-            print(line)
-        for b in (b for b in rep["binding"] if b["workload"] == w):
-            print(f"binding {b['impl']:<5} {b['op']:<9} python {b['python_median_us']:9.1f} us"
-                  f"  C++ loop {b['cpp_median_us']:9.1f} us  overhead {b['overhead_us']:+7.1f} us"
-                  f" ({b['overhead_pct']:+.1f}%)")
-        for e in (e for e in rep["ubep_bench"] if e["workload"] == w):
-            if "results" in e:
-                print("ubep-bench (" + e["command"].split(" --json")[0] + "): " + "  ".join(
-                    f"{r['impl']} {r['op']} {r['median_us']:.1f} us" for r in e["results"]))
-            else:
-                print(f"ubep-bench failed: {e['error']}")
 
 
 if __name__ == "__main__":

@@ -1,93 +1,99 @@
-"""ubep.Buffer: DeepEP's Buffer API over ubep's dispatch and combine (docs/PYTHON.md).
+"""ubep.Buffer: ubep's own API, the C++ ``ubep::Buffer`` from Python (docs/PYTHON.md).
+
+    buf = ubep.Buffer(group, hidden=7168, num_experts=256, max_tokens_per_rank=128)
+    r = buf.dispatch(x, topk_idx, topk_weights, layout="latency")
+    ...  # experts on r.recv_x[e, :r.recv_count[e]] (compact placement)
+    y = buf.combine(expert_out, r.handle)
+
+Code written against DeepEP's API uses ``ubep.deep_ep.Buffer`` instead (docs/DEEPEP.md).
 
 Results are views of ubep's memory, in the framework of the input (torch or NumPy):
 
-* dispatch results (recv_x, recv_topk_idx, recv_topk_weights, recv_count) stay valid until the
-  next dispatch on this Buffer;
+* dispatch results (recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, recv_count,
+  recv_src, recv_range) stay valid until the next dispatch on this Buffer;
 * combine results until the next combine;
-* a dispatch may be combined again (DeepEP's tests combine one dispatch twice) until the next
-  dispatch;
+* a dispatch may be combined again (cpu device, one host) until the next dispatch;
 * ``copy=True`` returns owned copies instead.
 
 A view keeps the Buffer's memory mapped, so a stale view is never a crash, only stale data.
 """
-from . import _arrays, _fp8, _ubep
+from . import _arrays, _native, _ubep
 from ._arrays import kind_of, owned
 
 
-class EventOverlap:
-    """DeepEP's event handle. Calls finish before they return on the CPU, so there is nothing to
-    wait for: the methods exist so DeepEP code runs unchanged."""
-
-    def current_stream_wait(self):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_EVENT = EventOverlap()
-
-
 class Handle:
-    """Identifies one dispatch for its combines (any number, until the next dispatch), and keeps
-    the routing for a cached dispatch (``dispatch(x, handle=h)``)."""
+    """Identifies one dispatch for its combines (any number, until the next dispatch)."""
 
-    __slots__ = ("id", "layout", "topk_idx", "topk_weights", "kind", "_buffer",
-                 "_combine_buffer", "_combined", "_staging")
+    __slots__ = ("id", "layout", "num_tokens", "_buffer", "_kind", "_combined",
+                 "_combine_buffer", "_staging")
 
-    def __init__(self, buffer, hid, layout, topk_idx, topk_weights, kind):
+    def __init__(self, buffer, dispatch_id, layout, num_tokens, kind):
         self._buffer = buffer
-        self.id = hid
+        self.id = dispatch_id
         self.layout = layout
-        self.topk_idx = topk_idx
-        self.topk_weights = topk_weights
-        self.kind = kind
+        self.num_tokens = num_tokens
+        self._kind = kind
+        self._combined = False  # combined at least once: combine_buffer is then _staging
         self._combine_buffer = None
-        self._combined = False  # combined at least once: zero-copy input goes to _staging
         self._staging = None
-
-    @property
-    def num_tokens(self):
-        return self.topk_idx.shape[0]
-
-    @property
-    def recv_src(self):
-        """(source rank, source token) of every received row: [rows, 2] (throughput) or
-        [local_experts, max_tokens * ranks, 2] (latency), int64. Only while this is the last
-        dispatch on the Buffer."""
-        return self._buffer._buf.view("recv_src", self.id, self.kind)
-
-    @property
-    def recv_range(self):
-        """Where each source's rows are (DeepEP's packed_recv_layout_range), int64 (begin,
-        count): [local_experts, ranks, 2] (latency, row within recv_x[e]) or [ranks, 2]
-        (throughput). Only while this is the last dispatch on the Buffer."""
-        return self._buffer._buf.view("recv_range", self.id, self.kind)
-
-    def wait_recv_range(self, source, local_expert=0):
-        """The receive hook per piece, between a ``return_recv_hook=True`` dispatch and its
-        hook(): waits until the rows ``source`` sends to ``local_expert`` (throughput: 0, all its
-        rows) are in recv_x and returns their (begin, count). With placement="per-source" it
-        waits for no other rank, so an expert can start on the sources that are there while a
-        late rank is away."""
-        return self._buffer._buf.wait_recv_range(self.id, int(source), int(local_expert))
 
     def __repr__(self):
         return f"<ubep.Handle dispatch {self.id} ({self.layout}, {self.num_tokens} tokens)>"
 
 
-def _no_hook():
-    pass
+class DispatchResult:
+    """What one dispatch received (C++ ``ubep::DispatchResult``); views valid until the next
+    dispatch on the Buffer.
 
+    * throughput layout: recv_x [rows, hidden], recv_topk_idx [rows, k] int32 local expert id or
+      -1, recv_topk_weights [rows, k] fp32, recv_count [local_experts] int64;
+    * latency layout: recv_x [local_experts, max_tokens * ranks, hidden], recv_count
+      [local_experts] int64 (recv_topk_idx, recv_topk_weights: None);
+    * fp8 buffers: recv_x holds e4m3 codes (torch.float8_e4m3fn where torch has it, else uint8)
+      and recv_x_scales their fp32 scales, one row per row of recv_x (else None);
+    * ``recv_src`` / ``recv_range``: see the properties; ``handle``: for combine.
+    """
 
-def _own(buffer, handle, what):
-    # Dispatch numbers are per Buffer: another Buffer's handle could carry a valid-looking one.
-    if handle._buffer is not buffer:
-        raise _ubep.InvalidArgument(f"{what}: {handle!r} belongs to another Buffer")
+    __slots__ = ("recv_x", "recv_x_scales", "recv_topk_idx", "recv_topk_weights", "recv_count",
+                 "handle", "_owned")
+
+    def __init__(self, recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, recv_count,
+                 handle, copies=None):
+        self.recv_x = recv_x
+        self.recv_x_scales = recv_x_scales
+        self.recv_topk_idx = recv_topk_idx
+        self.recv_topk_weights = recv_topk_weights
+        self.recv_count = recv_count
+        self.handle = handle
+        self._owned = copies  # copy=True: (recv_src, recv_range), taken at dispatch
+
+    @property
+    def layout(self):
+        return self.handle.layout
+
+    @property
+    def recv_src(self):
+        """(source rank, source token) of every received row, int64: [rows, 2] (throughput) or
+        [local_experts, max_tokens * ranks, 2] (latency). A view while this is the last dispatch
+        on the Buffer (afterwards InvalidArgument), an owned copy with ``copy=True``."""
+        if self._owned is not None:
+            return self._owned[0]
+        h = self.handle
+        return h._buffer._window.view("recv_src", h.id, h._kind)
+
+    @property
+    def recv_range(self):
+        """Where each source's rows are, int64 (begin, count): [local_experts, ranks, 2]
+        (latency, row within recv_x[e]) or [ranks, 2] (throughput, row of recv_x). Compact
+        placement: contiguous, in rank order; per-source: begin = source * max_tokens_per_rank.
+        A view while this is the last dispatch on the Buffer, an owned copy with ``copy=True``."""
+        if self._owned is not None:
+            return self._owned[1]
+        h = self.handle
+        return h._buffer._window.view("recv_range", h.id, h._kind)
+
+    def __repr__(self):
+        return f"<ubep.DispatchResult of {self.handle!r}>"
 
 
 class Buffer:
@@ -97,16 +103,16 @@ class Buffer:
     mpirun). ``timeout`` (s) and ``ranks_per_host`` (> 0: force hosts of that many ranks) apply
     when the Buffer makes the group from a framework group (``ubep.make_group``).
 
-    Unlike DeepEP's byte budgets, ubep sizes the buffer by shape: ``hidden``, ``num_experts``,
-    ``max_tokens_per_rank`` (DeepEP's num_max_dispatch_tokens_per_rank), ``max_topk`` and
-    ``dtype`` (torch.bfloat16 / torch.float32, "bf16" / "fp32"; NumPy bf16 is uint16 bits; or
-    "fp8": dispatch moves e4m3 codes with per-128-channel fp32 scales, combine runs in bf16;
-    ``fp8_round_scale=True`` rounds the scales ubep computes up to powers of two).
+    ubep sizes the buffer by shape: ``hidden``, ``num_experts``, ``max_tokens_per_rank``,
+    ``max_topk`` and ``dtype`` (torch.bfloat16 / torch.float32, "bf16" / "fp32"; NumPy bf16 is
+    uint16 bits; or "fp8": dispatch moves e4m3 codes with per-128-channel fp32 scales, combine
+    runs in bf16; ``fp8_round_scale=True`` rounds the scales ubep computes up to powers of two).
+    ``enable_latency_layout=False`` leaves out the latency layout's memory.
 
-    ``placement``: "compact" (default, DeepEP's packing: recv_x[e, :recv_count[e]] are the
-    rows of local expert e), "per-source" (source s's rows for expert e start at row
-    s * max_tokens_per_rank, so senders never wait for each other's counts; see
-    Handle.recv_range) or "auto" (ubep's measured default: per-source for the latency layout).
+    ``placement``: "compact" (default: recv_x[e, :recv_count[e]] are the rows of local expert
+    e), "per-source" (source s's rows for expert e start at row s * max_tokens_per_rank, so
+    senders never wait for each other's counts; see DispatchResult.recv_range) or "auto"
+    (ubep's measured default: per-source for the latency layout).
 
     ``device``: where the arrays live and so which backend runs (docs/PYTHON.md, Devices): "cpu"
     (default), "cuda" / "cuda:N" / a torch.device (CUDA tensors, the CUDA kernels; results are
@@ -127,287 +133,220 @@ class Buffer:
         from .groups import as_group  # late: groups imports torch.distributed lazily
         self.group = as_group(group, timeout=timeout, ranks_per_host=ranks_per_host,
                               elastic_name=elastic_name)
-        self._buf = _ubep.Buffer(self.group, int(max_tokens_per_rank), int(hidden),
-                                 _arrays.dtype_name(dtype), int(num_experts), int(max_topk),
-                                 str(algorithm), int(num_workers), bool(enable_latency_layout),
-                                 str(sync), str(placement), bool(fp8_round_scale),
-                                 _arrays.device_name(device), bool(mask_dead_ranks))
+        self._window = _native.make_window(
+            self.group, hidden=hidden, num_experts=num_experts,
+            max_tokens_per_rank=max_tokens_per_rank, max_topk=max_topk, dtype=dtype,
+            algorithm=algorithm, num_workers=num_workers,
+            enable_latency_layout=enable_latency_layout, sync=sync, placement=placement,
+            fp8_round_scale=fp8_round_scale, device=device, mask_dead_ranks=mask_dead_ranks)
         self.rank = self.group.rank
         self.num_ranks = self.group.size
         self.hidden = int(hidden)
         self.num_experts = int(num_experts)
         self.max_tokens_per_rank = int(max_tokens_per_rank)
-        self.num_local_experts = self._buf.num_local_experts
-        self.device = self._buf.config()["device"]  # "cpu", "cuda:N" or "cuda-sim:N"
+        self.num_local_experts = self._window.num_local_experts
+        self.device = self._window.config()["device"]  # "cpu", "cuda:N" or "cuda-sim:N"
         self.dtype = _arrays.dtype_name(dtype)
         self.fp8_round_scale = bool(fp8_round_scale)
+        self._last = None     # the Handle of the last dispatch (wait_recv_range, combine_recv)
+        self._combining = None  # combine_send's (handle, out, direct, x) until combine_recv
 
-    def _x_args(self, x, what):
-        """(x, x_scales, x_dtype) for the extension: an fp8 (codes, scales) tuple, or values (cast
-        on send when the buffer is fp8)."""
-        if isinstance(x, tuple):
-            if len(x) != 2:
-                raise _ubep.InvalidArgument(
-                    f"{what}: an fp8 x is a (codes, scales) tuple, got {len(x)} items")
-            if self.dtype != "fp8":
-                raise _ubep.InvalidArgument(
-                    f"{what}: x is an fp8 (codes, scales) tuple but the buffer's dtype is "
-                    f"{self.dtype}; make the Buffer with dtype='fp8'")
-            return _fp8.codes_in(x[0], what + ": x[0]"), x[1], ""
-        return x, None, (_fp8.cast_dtype(x) if self.dtype == "fp8" else "")
+    # --- dispatch ------------------------------------------------------------------------
+    def _result(self, got, layout, num_tokens, kind, copy):
+        recv_x, recv_idx, recv_w, recv_count, dispatch_id, recv_scales = got
+        h = Handle(self, dispatch_id, layout, num_tokens, kind)
+        self._last = h
+        copies = None
+        if copy:
+            recv_x, recv_idx, recv_w = owned(recv_x), owned(recv_idx), owned(recv_w)
+            recv_count, recv_scales = owned(recv_count), owned(recv_scales)
+            copies = (owned(self._window.view("recv_src", dispatch_id, kind)),
+                      owned(self._window.view("recv_range", dispatch_id, kind)))
+        return DispatchResult(_native.recv_codes(recv_x, recv_scales), recv_scales, recv_idx,
+                              recv_w, recv_count, h, copies)
 
-    def _fp8_recv(self, recv_x, scales, use_ue8m0):
-        """recv_x as DeepEP returns it from an fp8 dispatch: (codes, scales)."""
-        if scales is None:
-            return recv_x
-        if use_ue8m0:
-            scales = _fp8.pack_ue8m0(scales)
-        return _fp8.codes_out(recv_x), scales
+    def _dispatch(self, x, topk_idx, topk_weights, x_scales, layout, send_only, what):
+        latency = _native.is_latency(layout, what)
+        kind = kind_of(x)
+        x, x_scales, x_dtype = _native.x_args(x, x_scales, self.dtype, what)
+        got = self._window.dispatch(x, topk_idx, topk_weights, latency, kind, send_only,
+                                    x_scales, x_dtype)
+        return got, kind, getattr(topk_idx, "shape", (0,))[0]
+
+    def dispatch(self, x, topk_idx, topk_weights=None, *, x_scales=None, layout="throughput",
+                 copy=False):
+        """Sends each token of x [tokens, hidden] to the ranks of its experts (topk_idx [tokens,
+        k] int64 global expert ids, -1 = none; topk_weights [tokens, k] fp32, or None: ones, the
+        weights then come with the latency layout's combine). ``x_scales``: fp8 buffers given
+        e4m3 codes (torch.float8_e4m3fn or uint8), their [tokens, ceil(hidden/128)] fp32 scales
+        (without it, bf16/fp32 x is cast on send). ``layout``: "throughput" or "latency".
+        Returns a DispatchResult (views until the next dispatch; ``copy=True``: owned)."""
+        got, kind, n = self._dispatch(x, topk_idx, topk_weights, x_scales, layout, False,
+                                      "dispatch")
+        return self._result(got, layout, n, kind, copy)
+
+    def dispatch_send(self, x, topk_idx, topk_weights=None, *, x_scales=None,
+                      layout="throughput"):
+        """The split phase (algorithm "ubep"; bsp: InvalidArgument): starts the dispatch (the
+        arguments of ``dispatch``) and returns once this rank's messages are written; compute,
+        then ``dispatch_recv()``. Returns the DispatchResult whose views ``dispatch_recv``
+        fills, valid once it has returned (latency layout; a throughput result's row count is
+        known only then: use dispatch_recv's). ``wait_recv_range`` waits for one source's rows
+        in between."""
+        got, kind, n = self._dispatch(x, topk_idx, topk_weights, x_scales, layout, True,
+                                      "dispatch_send")
+        return self._result(got, layout, n, kind, False)
+
+    def dispatch_recv(self):
+        """Completes ``dispatch_send``: returns its DispatchResult, the data there."""
+        h = self._last
+        if h is None:
+            raise _ubep.InvalidArgument("dispatch_recv: no dispatch_send outstanding")
+        got = self._window.dispatch_recv(h._kind)
+        return self._result(got, h.layout, h.num_tokens, h._kind, False)
+
+    def wait_recv_range(self, source, local_expert=0):
+        """Between ``dispatch_send`` and ``dispatch_recv``: waits until the rows ``source``
+        sends to ``local_expert`` (throughput: 0, all its rows) are in recv_x and returns their
+        (begin, count). With placement="per-source" it waits for no other rank, so an expert can
+        start on the sources that are there while a late rank is away."""
+        if self._last is None:
+            raise _ubep.InvalidArgument("wait_recv_range: no dispatch_send outstanding")
+        return self._window.wait_recv_range(self._last.id, int(source), int(local_expert))
+
+    # --- combine -------------------------------------------------------------------------
+    def _own(self, handle, what):
+        if not isinstance(handle, Handle):
+            raise _ubep.InvalidArgument(
+                f"{what}: handle must be the DispatchResult.handle of a dispatch, got "
+                f"{type(handle).__name__}")
+        # Dispatch numbers are per Buffer: another Buffer's handle could carry a valid-looking one.
+        if handle._buffer is not self:
+            raise _ubep.InvalidArgument(f"{what}: {handle!r} belongs to another Buffer")
+
+    def combine_buffer(self, handle):
+        """Where experts may write their outputs, shaped like recv_x, in ubep's shared memory:
+        a combine of this array then reads them in place (zero copy). Valid until the next
+        dispatch. Once the dispatch was combined, peers may still be reading that memory for
+        the earlier combine, so this is then an owned array (holding what the window held) that
+        combine copies from."""
+        self._own(handle, "combine_buffer")
+        if handle._combined:
+            if handle._staging is None:
+                handle._staging = owned(self._window.view("combine_buffer", handle.id,
+                                                          handle._kind))
+            return handle._staging
+        if handle._combine_buffer is None:
+            handle._combine_buffer = self._window.view("combine_buffer", handle.id, handle._kind)
+        return handle._combine_buffer
+
+    def combine(self, x, handle, topk_weights=None, *, out=None, copy=False):
+        """Brings the expert outputs x (shaped like the dispatch's recv_x, combine dtype: the
+        buffer's, bf16 for fp8) back to the tokens' ranks: y [tokens, hidden], y[t] = sum over
+        selected k, ascending, of weight[t, k] * x[row of (t, k)] (fp32 accumulation, one
+        rounding; throughput layout: x is already weighted and reduced per rank).
+        ``topk_weights`` (latency layout, one host): the weights to apply instead of the
+        dispatch's. ``out``: y goes there (returned). A view until the next combine
+        (``copy=True``: owned)."""
+        self._own(handle, "combine")
+        kind = kind_of(x)
+        direct = out is not None and self.device == "cpu"  # the reduction writes into out
+        if direct:
+            self._window.combine_into(x, handle.id, topk_weights, out)
+            handle._combined = True
+            return out
+        y = self._window.combine(x, handle.id, topk_weights, kind, False, None)
+        handle._combined = True
+        if out is not None:
+            return _arrays.copy_into(out, y)
+        return owned(y) if copy else y
+
+    def combine_send(self, x, handle, topk_weights=None, *, out=None):
+        """The split phase of combine (algorithm "ubep"): starts it and returns once this rank's
+        messages are written; ``combine_recv()`` returns y (x and out must stay alive until
+        then). Arguments as ``combine``."""
+        self._own(handle, "combine_send")
+        kind = kind_of(x)
+        direct = out is not None and self.device == "cpu"
+        self._window.combine(x, handle.id, topk_weights, kind, True, out if direct else None)
+        handle._combined = True
+        self._combining = (kind, out, direct, x)
+        return None
+
+    def combine_recv(self):
+        """Completes ``combine_send``: y (``out`` when it was given)."""
+        if self._combining is None:
+            raise _ubep.InvalidArgument("combine_recv: no combine_send outstanding")
+        kind, out, direct, _ = self._combining
+        self._combining = None
+        y = self._window.combine_recv(kind)
+        if out is None:
+            return y
+        return out if direct else _arrays.copy_into(out, y)
 
     # --- configuration -------------------------------------------------------------------
     @property
     def algorithm(self):
         """"ubep" (barrier-free) or "bsp" (staged, 3+2 barriers); settable between calls."""
-        return self._buf.algorithm
+        return self._window.algorithm
 
     @algorithm.setter
     def algorithm(self, name):
-        self._buf.set_algorithm(str(name))
+        self._window.set_algorithm(str(name))
+
+    @property
+    def shared_bytes(self):
+        """The shared memory this rank's window takes (bytes)."""
+        return self._window.shared_bytes
 
     def config(self):
-        return self._buf.config()
+        """The buffer's configuration as the library holds it (a dict)."""
+        return self._window.config()
 
     def last_stats(self):
         """The last call: {"barriers", "stage_us": [(stage, us)...], "network_bytes",
         "network_rows"}."""
-        return self._buf.last_stats()
+        return self._window.last_stats()
 
     # --- elastic EP (docs/ELASTIC.md; CPU buffers on one host, else InvalidArgument) -------
     def mask(self, rank):
         """From the next dispatch on, ``rank`` is neither sent to nor waited for, and top-k
         entries naming its experts are dropped (its experts contribute nothing). Call it on
-        every surviving rank (DeepEP's low_latency_update_mask_buffer); a survivor that has not
-        yet learns it at its next dispatch, where the live ranks agree on the mask. A call in
-        flight when the group changes may fail with ``ubep.PeerFailedError`` naming the
-        agreement; the next dispatch agrees. A rank out of range, or this rank: InvalidArgument
-        naming it."""
-        self._buf.mask(int(rank))
+        every surviving rank; a survivor that has not yet learns it at its next dispatch, where
+        the live ranks agree on the mask. A call in flight when the group changes may fail with
+        ``ubep.PeerFailedError`` naming the agreement; the next dispatch agrees. A rank out of
+        range, or this rank: InvalidArgument naming it."""
+        self._window.mask(int(rank))
 
     def masked_ranks(self):
         """The ranks masked in the view agreed at the last dispatch, ascending (a list)."""
-        return list(self._buf.masked_ranks())
+        return list(self._window.masked_ranks())
 
     def rejoin(self):
         """This rank, masked while alive (or a replacement process), comes back: its next
         dispatch waits for and agrees with every live peer, which unmask it from that dispatch
         on (each sees it at a dispatch of its own). A masked rank that dispatches without
         rejoining gets ``ubep.PeerFailedError``, never data."""
-        self._buf.rejoin()
+        self._window.rejoin()
 
-    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank=None, hidden=None,
-                                 num_experts=None):
-        """DeepEP zeroes its receive flags between uses; ubep's messages carry epoch tags, so
-        there is nothing to clean. Kept so DeepEP code runs unchanged."""
+    # --- benchmark helpers (host memory: cpu and cuda-sim buffers) -----------------------
+    def copy_recv_to_combine_buffer(self):
+        """The benchmarks' identity expert: copies the last dispatch's received rows into its
+        combine buffer (as ubep-bench does), in C++ without the GIL."""
+        self._window.expert_identity()
 
-    @staticmethod
-    def set_num_sms(num_sms):
-        """DeepEP's GPU SM budget; no meaning on the CPU (ubep: num_workers=)."""
+    def time_calls(self, x, topk_idx, topk_weights, *, layout="throughput", iters=10, warmup=2,
+                   barrier=True):
+        """``warmup`` untimed then ``iters`` timed dispatch + identity expert + zero-copy
+        combine, in a C++ loop without the GIL (``barrier``: a group barrier before each timed
+        call): [(dispatch µs, combine µs), ...]."""
+        latency = _native.is_latency(layout, "time_calls")
+        return self._window.time_calls(x, topk_idx, topk_weights, latency, int(iters),
+                                       int(warmup), bool(barrier))
 
-    # --- throughput layout (DeepEP "normal") ---------------------------------------------
-    def get_dispatch_layout(self, topk_idx, num_experts, previous_event=None, async_finish=False,
-                            allocate_on_comm_stream=False):
-        """(num_tokens_per_rank [ranks], None, num_tokens_per_expert [experts],
-        is_token_in_rank [tokens, ranks] bool, event) as DeepEP; counts are int32."""
-        return get_dispatch_layout(topk_idx, num_experts, self.num_ranks) + (_EVENT,)
+    def baseline(self):
+        """The C++ MPI_Alltoallv baseline on this buffer's group and shape (``ubep._ubep``
+        builds with MPI only): ``time_calls(x, topk_idx, topk_weights, latency, iters, warmup,
+        barrier)`` and ``last_y()``."""
+        return _ubep.Baseline(self._window)
 
-    def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
-                 is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
-                 topk_weights=None, expert_alignment=1, num_worst_tokens=0, config=None,
-                 previous_event=None, async_finish=False, allocate_on_comm_stream=False, *,
-                 copy=False):
-        """Throughput-layout dispatch. Returns (recv_x [rows, hidden], recv_topk_idx [rows, k]
-        int32 local expert ids or -1, recv_topk_weights [rows, k] fp32,
-        num_recv_tokens_per_expert_list, handle, event). The layout arguments are accepted for
-        DeepEP compatibility and not needed: ubep routes from topk_idx. With ``handle`` and no
-        topk_idx, the handle's routing is dispatched again (DeepEP's cached dispatch)."""
-        kind = kind_of(x[0] if isinstance(x, tuple) else x)
-        x, x_scales, x_dtype = self._x_args(x, "dispatch")
-        if topk_idx is None:
-            if handle is None:
-                raise _ubep.InvalidArgument("dispatch: topk_idx is required (or a handle to reuse)")
-            _own(self, handle, "dispatch")
-            topk_idx, topk_weights = handle.topk_idx, handle.topk_weights
-        recv_x, recv_idx, recv_w, recv_count, hid, recv_scales = self._buf.dispatch(
-            x, topk_idx, topk_weights, False, kind, False, x_scales, x_dtype)
-        counts = [int(c) for c in recv_count.tolist()]
-        if expert_alignment > 1:
-            counts = [-(-c // expert_alignment) * expert_alignment for c in counts]
-        h = Handle(self, hid, "throughput", topk_idx, topk_weights, kind)
-        if copy:
-            recv_x, recv_idx, recv_w = owned(recv_x), owned(recv_idx), owned(recv_w)
-            recv_scales = owned(recv_scales)
-        return self._fp8_recv(recv_x, recv_scales, False), recv_idx, recv_w, counts, h, _EVENT
-
-    def combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
-                async_finish=False, allocate_on_comm_stream=False, *, copy=False):
-        """Throughput-layout combine: x [rows, hidden] holds, per received row, the weighted sum
-        of the rank's local experts. Returns (combined_x [tokens, hidden], combined_topk_weights,
-        event); combined_topk_weights is the dispatch's topk_weights when topk_weights is given
-        (what DeepEP's reduction of unchanged recv_topk_weights yields), else None."""
-        _own(self, handle, "combine")
-        y = self._buf.combine(x, handle.id, None, kind_of(x), False)
-        handle._combined = True
-        if bias is not None:
-            for b in (bias if isinstance(bias, (tuple, list)) else (bias,)):
-                if b is not None:
-                    y = y + b
-        elif copy:
-            y = owned(y)
-        return y, (handle.topk_weights if topk_weights is not None else None), _EVENT
-
-    # --- latency layout (DeepEP "low latency") -------------------------------------------
-    def low_latency_dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
-                             cumulative_local_expert_recv_stats=None, use_fp8=False,
-                             round_scale=False, use_ue8m0=False, async_finish=False,
-                             return_recv_hook=False, *, topk_weights=None, copy=False):
-        """Returns (recv_x [local_experts, max_tokens * ranks, hidden], recv_count
-        [local_experts] int64, handle, event, hook). With return_recv_hook=True the call only
-        sends: recv_x and recv_count are filled once hook() returns (the split phase; compute
-        in between). ``topk_weights`` may be given here or to low_latency_combine."""
-        if num_max_dispatch_tokens_per_rank != self.max_tokens_per_rank:
-            raise _ubep.InvalidArgument(
-                f"low_latency_dispatch: num_max_dispatch_tokens_per_rank "
-                f"{num_max_dispatch_tokens_per_rank} differs from the buffer's "
-                f"max_tokens_per_rank {self.max_tokens_per_rank}")
-        if num_experts != self.num_experts:
-            raise _ubep.InvalidArgument(
-                f"low_latency_dispatch: num_experts {num_experts} differs from the buffer's "
-                f"{self.num_experts}")
-        # The wire format is fixed when the Buffer is made (its windows are sized for it).
-        if bool(use_fp8) != (self.dtype == "fp8"):
-            raise _ubep.InvalidArgument(
-                f"low_latency_dispatch: use_fp8={bool(use_fp8)} but the buffer's dtype is "
-                f"{self.dtype}; make the Buffer with dtype='fp8' for use_fp8=True")
-        if use_fp8 and bool(round_scale) != self.fp8_round_scale:
-            raise _ubep.InvalidArgument(
-                f"low_latency_dispatch: round_scale={bool(round_scale)} but the buffer was made "
-                f"with fp8_round_scale={self.fp8_round_scale}")
-        if use_ue8m0 and not (use_fp8 and round_scale):
-            raise _ubep.InvalidArgument(
-                "low_latency_dispatch: use_ue8m0=True needs use_fp8=True and round_scale=True "
-                "(UE8M0 holds powers of two only)")
-        kind = kind_of(x[0] if isinstance(x, tuple) else x)
-        x, x_scales, x_dtype = self._x_args(x, "low_latency_dispatch")
-        split = return_recv_hook and self._buf.algorithm == "ubep"
-        recv_x, _, _, recv_count, hid, scales = self._buf.dispatch(
-            x, topk_idx, topk_weights, True, kind, split, x_scales, x_dtype)
-        h = Handle(self, hid, "latency", topk_idx, topk_weights, kind)
-        stats = cumulative_local_expert_recv_stats
-        if not split:
-            if stats is not None:
-                _arrays.accumulate(stats, recv_count)
-            if copy:
-                recv_x, recv_count, scales = owned(recv_x), owned(recv_count), owned(scales)
-            return (self._fp8_recv(recv_x, scales, use_ue8m0), recv_count, h, _EVENT,
-                    _no_hook if return_recv_hook else None)
-
-        buf = self._buf
-        if use_ue8m0:  # packed from the scales once they are there; filled in by the hook
-            packed = _fp8.pack_ue8m0(owned(scales))
-
-        def hook(x=x, topk_idx=topk_idx, x_scales=x_scales):  # inputs live until the call ends
-            buf.dispatch_recv(kind)
-            if stats is not None:
-                _arrays.accumulate(stats, recv_count)
-            if use_ue8m0:
-                _arrays.copy_into(packed, _fp8.pack_ue8m0(scales))
-
-        recv = (_fp8.codes_out(recv_x), packed if use_ue8m0 else scales) if use_fp8 else recv_x
-        return recv, recv_count, h, _EVENT, hook
-
-    def get_next_low_latency_combine_buffer(self, handle):
-        """Where experts may write their outputs, shaped like recv_x, in ubep's shared memory:
-        low_latency_combine(..., zero_copy=True) then reads them in place. Valid until the next
-        dispatch. Once the dispatch was combined, peers may still be reading that memory for
-        the earlier combine, so this is then an owned array (holding what the window held) that
-        a zero_copy combine copies from."""
-        _own(self, handle, "get_next_low_latency_combine_buffer")
-        if handle._combined:
-            if handle._staging is None:
-                handle._staging = owned(self._buf.view("combine_buffer", handle.id, handle.kind))
-            return handle._staging
-        if handle._combine_buffer is None:
-            handle._combine_buffer = self._buf.view("combine_buffer", handle.id, handle.kind)
-        return handle._combine_buffer
-
-    # The throughput layout has the same zero-copy input ([rows, hidden]; pass it to combine).
-    get_next_combine_buffer = get_next_low_latency_combine_buffer
-
-    def low_latency_combine(self, x, topk_idx, topk_weights, handle, use_logfmt=False,
-                            zero_copy=False, async_finish=False, return_recv_hook=False,
-                            out=None, *, copy=False):
-        """y[t] = sum over selected k, ascending, of topk_weights[t, k] * x[expert, slot]
-        (fp32 accumulation, one rounding). Returns (combined_x [tokens, hidden], event, hook).
-        topk_idx must be the dispatch's (ubep routes with what it saw at dispatch)."""
-        _own(self, handle, "low_latency_combine")
-        if zero_copy:
-            x = self.get_next_low_latency_combine_buffer(handle)
-        if (topk_idx is not None and topk_idx is not handle.topk_idx
-                and tuple(topk_idx.shape) != tuple(handle.topk_idx.shape)):
-            raise _ubep.InvalidArgument(
-                f"low_latency_combine: topk_idx shape {tuple(topk_idx.shape)} differs from the "
-                f"dispatch's {tuple(handle.topk_idx.shape)}")
-        w = None if topk_weights is None or topk_weights is handle.topk_weights else topk_weights
-        kind = kind_of(x)
-        split = return_recv_hook and self._buf.algorithm == "ubep"
-        # On the cpu the reduction writes straight into `out` (no copy); elsewhere y is copied.
-        direct = out is not None and self.device == "cpu"
-        y = self._buf.combine(x, handle.id, w, kind, split, out if direct else None)
-        handle._combined = True
-        if direct:
-            y = out
-        if split:
-            buf = self._buf
-
-            def hook(x=x, out=out):  # the input (and out) stay alive until the call completes
-                buf.combine_recv(kind)
-                if out is not None and not direct:
-                    _arrays.copy_into(out, y)
-
-            return (out if out is not None else y), _EVENT, hook
-        if out is not None and not direct:
-            y = _arrays.copy_into(out, y)
-        elif copy and out is None:
-            y = owned(y)
-        return y, _EVENT, _no_hook if return_recv_hook else None
-
-
-def get_dispatch_layout(topk_idx, num_experts, num_ranks):
-    """DeepEP's layout from topk_idx [tokens, k] (-1 = none): (num_tokens_per_rank [ranks],
-    None, num_tokens_per_expert [experts], is_token_in_rank [tokens, ranks] bool), int32 counts,
-    torch or NumPy like topk_idx."""
-    import numpy as np
-    kind = kind_of(topk_idx)
-    if kind == _arrays.TORCH:  # on the tensor's device
-        return _arrays.dispatch_layout_torch(topk_idx, num_experts, num_ranks)
-    idx = np.from_dlpack(topk_idx) if kind != _arrays.NUMPY else topk_idx
-    idx = np.asarray(idx, dtype=np.int64)
-    if num_experts % num_ranks:
-        raise _ubep.InvalidArgument(
-            f"get_dispatch_layout: num_experts {num_experts} is not a multiple of the "
-            f"{num_ranks} ranks")
-    bad = (idx < -1) | (idx >= num_experts)
-    if bad.any():
-        raise _ubep.InvalidArgument(
-            f"get_dispatch_layout: expert id {int(idx[bad][0])} outside [-1, {num_experts})")
-    valid = idx >= 0
-    per_expert = np.bincount(idx[valid], minlength=num_experts).astype(np.int32)
-    in_rank = np.zeros((idx.shape[0], num_ranks), dtype=bool)
-    rows, _ = np.nonzero(valid)
-    in_rank[rows, idx[valid] // (num_experts // num_ranks)] = True
-    per_rank = in_rank.sum(axis=0).astype(np.int32)
-    if kind == _arrays.TORCH:
-        torch = _arrays.torch
-        return (torch.from_numpy(per_rank), None, torch.from_numpy(per_expert),
-                torch.from_numpy(in_rank))
-    return per_rank, None, per_expert, in_rank

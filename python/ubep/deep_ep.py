@@ -13,8 +13,12 @@ and what differs, is docs/DEEPEP.md. In short:
   window, made on its first call (every rank makes the same calls, as DeepEP requires).
 * Calls finish before they return (or at ``hook()``): events are complete at once.
 * The mask API (``enable_shrink``, low_latency_*_mask_buffer) is ubep's elastic EP
-  (docs/ELASTIC.md; CPU windows on one host): a masked rank comes back by ``rejoin`` of its
-  ``ubep.Buffer`` windows, not by unmasking it here.
+  (docs/ELASTIC.md; CPU windows on one host): a masked rank comes back by its own
+  ``rejoin()`` (ubep-only), not by unmasking it here.
+
+It is built on ubep's native layer (``_native``, ``_deep_ep_window``), as ``ubep.Buffer`` is;
+new code that wants ubep's own features (split phase, placement, masks) uses ``ubep.Buffer``
+(docs/PYTHON.md).
 * What ubep does not do raises ``NotImplementedError`` naming it: LogFMT combine,
   receive-wait cost statistics, raw buffer tensors, CUDA streams.
 """
@@ -24,9 +28,8 @@ import torch
 
 from . import _deep_ep_ll as _ll
 from . import _deep_ep_normal as _normal
+from . import _deep_ep_window as _win
 from . import _arrays, _ubep
-from .buffer import Buffer as _NativeBuffer
-from .buffer import get_dispatch_layout as _layout
 from .groups import as_group
 
 topk_idx_t = torch.int64
@@ -156,8 +159,7 @@ class Buffer:
         self._algorithm, self._num_workers, self._timeout = algorithm, num_workers, timeout
         self._max_tokens = int(max_tokens_per_rank) if max_tokens_per_rank else None
         self._device = None if device is None else _arrays.device_name(device)
-        self._natives = {}  # shape and wire format -> ubep.Buffer
-        self._last = {}     # id(ubep.Buffer) -> the handle of its last dispatch
+        self._windows = {}  # shape and wire format -> _deep_ep_window.Window
         self._ll_fast = {}  # low-latency call shape -> _deep_ep_ll._Fast (its checks passed)
         # DeepEP's C++ runtime; None once destroyed. Not `self`: a reference cycle would leave
         # the windows to the garbage collector, which may free every thread rank's buffer on one
@@ -174,20 +176,14 @@ class Buffer:
             return "cpu"
         return _arrays.device_name(t.device)
 
-    def _make_native(self, key, need, budget_name, budget, **shape):
+    def _make_window(self, key, need, budget_name, budget, **shape):
         # shape includes device=: each device (and so each key) has its own window
-        nb = _NativeBuffer(self._group, algorithm=self._algorithm, num_workers=self._num_workers,
-                           placement="compact", timeout=self._timeout,
-                           mask_dead_ranks=self.enable_shrink, **shape)
-        for r in sorted(self._masked_now()):  # a window made after a mask starts masked
-            nb.mask(r)
-        real = nb._buf.shared_bytes
-        if budget is not None and real > budget:
-            raise _ubep.InvalidArgument(
-                f"Buffer: ubep's window for {shape} takes {real} bytes per rank (estimated "
-                f"{need}), more than {budget_name}={budget}")
-        self._natives[key] = nb
-        return nb
+        w = _win.make(self._group, self._masked_now(), algorithm=self._algorithm,
+                      num_workers=self._num_workers, placement="compact",
+                      mask_dead_ranks=self.enable_shrink, **shape)
+        _win.check_budget(w, need, budget_name, budget, shape)
+        self._windows[key] = w
+        return w
 
     def _live(self, what):
         if self.runtime is None:
@@ -199,8 +195,9 @@ class Buffer:
     def destroy(self):
         """Releases ubep's windows (results still in use keep theirs until dropped)."""
         assert self.explicitly_destroy, '`explicitly_destroy` flag must be set'
-        self._natives.clear()
-        self._last.clear()
+        for w in self._windows.values():
+            w.last = None  # a handle's window no longer serves it (the fast combine checks)
+        self._windows.clear()
         self._ll_fast.clear()
         self.runtime = None
 
@@ -255,7 +252,8 @@ class Buffer:
                             allocate_on_comm_stream=False):
         """(num_tokens_per_rank int32, None, num_tokens_per_expert int32, is_token_in_rank bool,
         event)."""
-        return _layout(topk_idx, num_experts, self.group_size) + (EventOverlap(),)
+        return _normal.get_dispatch_layout(topk_idx, num_experts, self.group_size) + \
+            (EventOverlap(),)
 
     def dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
                  is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
@@ -305,8 +303,7 @@ class Buffer:
             except (AttributeError, TypeError):
                 f = None
             if f is not None:
-                return _ll.fast_dispatch(self, f, x, topk_idx, cumulative_local_expert_recv_stats,
-                                         round_scale)
+                return _ll.fast_dispatch(self, f, x, topk_idx, cumulative_local_expert_recv_stats)
         self._live("low_latency_dispatch")
         return _ll.dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
                             cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
@@ -320,17 +317,16 @@ class Buffer:
         f = handle.__dict__.get("_fast") if isinstance(handle, _ll.LowLatencyHandle) else None
         if f is not None and not (use_logfmt or return_recv_hook) and \
                 combine_wait_recv_cost_stats is None:
-            h = handle._h
+            d = handle._dispatch
             # The first combine of the window's last dispatch (of a shape _ll cached: one host,
             # a cpu window), with the dispatch's topk_idx: what _ll.combine does for it, in one
-            # native call (here rather than behind two more calls). After destroy() _last is
-            # empty: _ll.combine says the Buffer was destroyed.
-            if not h._combined and topk_idx is h.topk_idx and self._last.get(id(f.nb)) is h:
-                handle._combined = True
+            # native call (here rather than behind two more calls). After destroy() no window
+            # has a last dispatch: _ll.combine says the Buffer was destroyed.
+            if not d.combined and topk_idx is d.topk_idx and f.window.last is d:
+                d.combined = True
                 if out is None:  # DeepEP returns a new tensor
                     out = _empty((topk_idx.shape[0], f.hidden), dtype=f.out_dtype)
-                f.b.combine_into(None if zero_copy else x, h.id, topk_weights, out)
-                h._combined = True
+                f.native.combine_into(None if zero_copy else x, d.id, topk_weights, out)
                 return out, _new_event(), None
         self._live("low_latency_combine")
         return _ll.combine(self, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy,
@@ -352,28 +348,32 @@ class Buffer:
         windows), and those masked here that no dispatch has agreed yet (DeepEP's mask buffer
         shows a rank at once). A rank masked here that the windows agreed and later dropped
         came back (its rejoin): it is forgotten, so windows made later do not mask it."""
-        agreed = {r for nb in self._natives.values() for r in nb.masked_ranks()}
+        agreed = {r for w in self._windows.values() for r in w.native.masked_ranks()}
         self._seen |= self._masked & agreed
         self._masked -= self._seen - agreed  # agreed once, unmasked since: rejoined
         self._seen &= self._masked
         return agreed | self._masked
 
-    def native_buffers(self):
-        """ubep-only: the ``ubep.Buffer`` windows made so far (e.g. to ``rejoin`` each)."""
-        return list(self._natives.values())
+    def rejoin(self):
+        """ubep-only: this rank, masked while alive (or a replacement process), comes back on
+        every window of this Buffer (``ubep.Buffer.rejoin``): its next dispatch on each agrees
+        with every live peer, which unmask it from then on."""
+        self._live("rejoin")
+        for w in self._windows.values():
+            w.native.rejoin()
 
     def low_latency_update_mask_buffer(self, rank_to_mask, mask=False):
         """mask=True: ``rank_to_mask`` is masked on every window of this Buffer and on those
         made later (``ubep.Buffer.mask``; call it on every surviving rank, as DeepEP).
         mask=False: a rank that is not masked: nothing to do; a masked one comes back only by
-        its own rejoin (``ubep.Buffer.rejoin`` on its windows), so NotImplementedError."""
+        its own ``rejoin()`` (ubep-only, on every window), so NotImplementedError."""
         self._live("low_latency_update_mask_buffer")
         self._check_rank("low_latency_update_mask_buffer", rank_to_mask)
         r = int(rank_to_mask)
         if mask:
-            for nb in self._natives.values():
-                nb.mask(r)  # this rank itself: InvalidArgument from ubep, naming it
-            if not self._natives and r == self.rank:
+            for w in self._windows.values():
+                w.native.mask(r)  # this rank itself: InvalidArgument from ubep, naming it
+            if not self._windows and r == self.rank:
                 raise _ubep.InvalidArgument(
                     f"low_latency_update_mask_buffer: rank {r} cannot mask itself")
             self._masked.add(r)
@@ -381,8 +381,8 @@ class Buffer:
         if r in self._masked_now():
             raise NotImplementedError(
                 f"ubep.deep_ep: low_latency_update_mask_buffer(rank_to_mask={r}, mask=False): "
-                f"ubep unmasks a rank when that rank calls rejoin() on its ubep.Buffer windows "
-                f"(Buffer.native_buffers()), agreed at the next dispatch; not from here")
+                f"ubep unmasks a rank when that rank calls Buffer.rejoin() (ubep-only), agreed at "
+                f"the next dispatch; not from here")
 
     def low_latency_query_mask_buffer(self, mask_status):
         """Fills ``mask_status`` (int32 [num_ranks]) with 1 for masked ranks, 0 for the others:
@@ -406,8 +406,11 @@ class Buffer:
         if masked:
             raise NotImplementedError(
                 f"ubep.deep_ep: low_latency_clean_mask_buffer with ranks {masked} masked: ubep "
-                f"unmasks a rank when that rank calls rejoin() on its ubep.Buffer windows "
-                f"(Buffer.native_buffers()), agreed at the next dispatch")
+                f"unmasks a rank when that rank calls Buffer.rejoin() (ubep-only), agreed at the "
+                f"next dispatch")
 
 
-__all__ = ["Buffer", "Config", "EventOverlap", "topk_idx_t"]
+# ubep-only: DeepEP's layout without a Buffer (topk_idx torch or NumPy, any number of ranks).
+get_dispatch_layout = _normal.get_dispatch_layout
+
+__all__ = ["Buffer", "Config", "EventOverlap", "get_dispatch_layout", "topk_idx_t"]
