@@ -175,10 +175,10 @@ TEST(ConfigChecks, TheComponentsUseIt) {
     EXPECT_NE(message_of([&] { Buffer b(g, c); }).find("Buffer: hidden must be >= 1, got 0"),
               std::string::npos);
 #if UBEP_TEST_HAS_MOE
-    ExpertLayerConfig e;
+    moe::ExpertLayerConfig e;
     e.num_experts = 8;
     e.max_topk = 0;
-    EXPECT_EQ(message_of([&] { ExpertLayer layer(g, e); }),
+    EXPECT_EQ(message_of([&] { moe::ExpertLayer layer(g, e); }),
               "ExpertLayer: max_topk must be in [1, 64], got 0");
 #endif
   });
