@@ -96,8 +96,9 @@ TEST(CallMachine, AFailedPhaseBreaksUnlessTheRanksAreInStep) {
     m.start("combine_send");
     m.accept("combine_send", [] {});
     m.enter(Phase::kCombineSent);
-    EXPECT_THROW(m.run("combine_recv", [&]() -> int { throw std::runtime_error("lost"); },
-                       [&](const std::exception&) { return fate; }),
+    EXPECT_THROW(m.run(
+                     "combine_recv", [&]() -> int { throw std::runtime_error("lost"); },
+                     [&](const std::exception&) { return fate; }),
                  std::runtime_error);
     EXPECT_EQ(m.ledger().broken(), fate == FailureFate::kBreaks);
     EXPECT_EQ(m.idle(), fate != FailureFate::kInStep);
@@ -138,14 +139,16 @@ TEST(ConfigChecks, EveryFieldAndEveryComponentNamesTheValue) {
     const char* message;
   };
   const Case cases[] = {
-      {[](BufferConfig& c) { c.max_tokens_per_rank = 0; }, "max_tokens_per_rank must be >= 1, got 0"},
+      {[](BufferConfig& c) { c.max_tokens_per_rank = 0; },
+       "max_tokens_per_rank must be >= 1, got 0"},
       {[](BufferConfig& c) { c.max_tokens_per_rank = int64_t{1} << 30; },
        "max_tokens_per_rank must be < 2^30, got 1073741824"},
       {[](BufferConfig& c) { c.hidden = -3; }, "hidden must be >= 1, got -3"},
       {[](BufferConfig& c) { c.num_experts = 7; },
        "num_experts 7 must be a positive multiple of the group size 2"},
       {[](BufferConfig& c) { c.max_topk = 65; }, "max_topk must be in [1, 64], got 65"},
-      {[](BufferConfig& c) { c.num_workers = 2000; }, "num_workers must be in [-1, 1024], got 2000"},
+      {[](BufferConfig& c) { c.num_workers = 2000; },
+       "num_workers must be in [-1, 1024], got 2000"},
   };
   for (const Case& k : cases) {
     BufferConfig c;
@@ -162,8 +165,9 @@ TEST(ConfigChecks, EveryFieldAndEveryComponentNamesTheValue) {
   fp8.num_experts = 8;
   fp8.dtype = DType::kFP8E4M3;
   EXPECT_NO_THROW(protocol::check_buffer_config(fp8, 2, "Buffer"));
-  EXPECT_EQ(message_of([&] { protocol::check_buffer_config(fp8, 2, "ExpertLayer", {.fp8 = false}); }),
-            "ExpertLayer: dtype must be bf16, fp32 (no fp8), got fp8");
+  EXPECT_EQ(
+      message_of([&] { protocol::check_buffer_config(fp8, 2, "ExpertLayer", {.fp8 = false}); }),
+      "ExpertLayer: dtype must be bf16, fp32 (no fp8), got fp8");
 }
 
 // The components themselves go through the validator: each error carries its name.

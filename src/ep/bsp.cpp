@@ -75,9 +75,7 @@ class Bsp final : public TokenExchange {
   uint64_t window_barriers() const override { return window_barriers_; }
 
  private:
-  void barrier(const DispatchCall& call, int n) {
-    stage_barrier(ctx_, call, n, &window_barriers_);
-  }
+  void barrier(const DispatchCall& call, int n) { stage_barrier(ctx_, call, n, &window_barriers_); }
   void exchange_counts(DispatchCall& call);
   void send_tokens(DispatchCall& call);
   void push_combine_rows(const CombineCall& combine);
@@ -94,8 +92,7 @@ void Bsp::exchange_counts(DispatchCall& call) {
   for (int dest = 0; dest < ctx_.ranks(); ++dest) {
     if (!ctx_.reach(call, dest)) continue;
     ctx_.win.publish_count(
-        dest, ctx_.rank(), routing.dest_rows[static_cast<size_t>(dest)], routing.topk,
-        call.shape(),
+        dest, ctx_.rank(), routing.dest_rows[static_cast<size_t>(dest)], routing.topk, call.shape(),
         &routing.dest_expert_rows[static_cast<size_t>(dest * ctx_.local_experts())]);
   }
   if (ctx_.relay)  // relayed sources' count records are part of this stage
@@ -175,9 +172,8 @@ void Bsp::reduce_staged(const CombineCall& combine) {
   auto reduce = [&](int64_t begin, int64_t end, float* acc) {
     for (int64_t t = begin; t < end; ++t)
       ctx_.reducer.reduce(call, combine.out, t, acc, [&](int64_t tok, int j) {
-        const int64_t slot = call.layout() == Layout::kThroughput
-                                 ? j * ctx_.max_tokens() + tok
-                                 : tok * ctx_.cfg.max_topk + j;
+        const int64_t slot = call.layout() == Layout::kThroughput ? j * ctx_.max_tokens() + tok
+                                                                  : tok * ctx_.cfg.max_topk + j;
         return push + static_cast<size_t>(slot) * ctx_.row_bytes();
       });
   };
@@ -189,8 +185,7 @@ void Bsp::reduce_staged(const CombineCall& combine) {
   } else {  // tokens split over the worker team, each member with its own accumulator row
     ctx_.dp.run_roles([&](int member) {
       const int members = ctx_.dp.members();
-      reduce(tokens * member / members, tokens * (member + 1) / members,
-             ctx_.reducer.acc(member));
+      reduce(tokens * member / members, tokens * (member + 1) / members, ctx_.reducer.acc(member));
     });
   }
 }

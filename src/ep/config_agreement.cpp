@@ -9,8 +9,8 @@
 #include <exception>
 #include <thread>
 
-#include "bootstrap/group_hooks.hpp"
 #include "backend/factory/factory.hpp"
+#include "bootstrap/group_hooks.hpp"
 #include "ep/config_agreement.hpp"
 #include "protocol/config_checks.hpp"
 #include "ubep/error.hpp"
@@ -25,8 +25,8 @@ BufferConfig checked(const Group& g, BufferConfig c) {
   if (c.research.schedule != SendSchedule::kEqualSlices && !c.research.topology.empty()) {
     // Parsed again (deterministically) when the scheduler is built; here only to agree on it.
     const sched::Topology topo = sched::parse_topology(c.research.topology, g.size());
-    UBEP_CHECK_ARG(topo.ranks() == g.size(), "topology '", c.research.topology, "' has ", topo.ranks(),
-                   " ranks, the group ", g.size());
+    UBEP_CHECK_ARG(topo.ranks() == g.size(), "topology '", c.research.topology, "' has ",
+                   topo.ranks(), " ranks, the group ", g.size());
   }
   backend::check_config(c, g.size());  // what the device's backend can serve
   if (c.num_workers < 0) {

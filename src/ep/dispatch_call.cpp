@@ -135,7 +135,7 @@ std::array<int64_t, 2> DispatchCall::range_from_counts(const Window& w, int e, i
 }
 
 void DispatchCall::row_owner(const Window& w, int max_topk, int64_t row, int* owner,
-                          int64_t* push_slot) const {
+                             int64_t* push_slot) const {
   if (layout_ == Layout::kThroughput) {
     const int64_t* s = w.at<int64_t>(rank, w.map().tp_src) + 2 * row;
     *owner = static_cast<int>(s[0]);

@@ -163,7 +163,7 @@ class DispatchCall {
   std::vector<int64_t> row_offset_at_;     // [R] throughput
   std::vector<int64_t> expert_offset_at_;  // [R, El] latency
   LocalArray recv_count_;                  // [El] int64
-  LocalArray recv_range_;                  // int64 (begin, count): latency [El, R, 2], throughput [R, 2]
+  LocalArray recv_range_;  // int64 (begin, count): latency [El, R, 2], throughput [R, 2]
   int64_t num_recv_rows_ = 0;
   std::vector<std::atomic<uint64_t>> offsets_ready_;  // [R]
   std::vector<uint8_t> masked_;                       // [R]
@@ -185,9 +185,9 @@ class DispatchCall {
 
 template <typename Done>
 void DispatchCall::place_row(const Window& win, int dest, int source, int32_t t, RowRef row,
-                          const int32_t* idx, const float* w, int K, int64_t slot,
-                          const int32_t* expert_slot, int64_t row_off, const int64_t* expert_off,
-                          Done&& done) const {
+                             const int32_t* idx, const float* w, int K, int64_t slot,
+                             const int32_t* expert_slot, int64_t row_off, const int64_t* expert_off,
+                             Done&& done) const {
   const WindowLayout& m = win.map();
   const size_t xb = m.codec.payload_bytes, sb = m.codec.scale_bytes;
   if (layout_ == Layout::kThroughput) {
@@ -232,7 +232,8 @@ void DispatchCall::send_rows(const Window& win, int dest, int64_t i, Done&& done
   const size_t tK = static_cast<size_t>(t) * static_cast<size_t>(routing_.topk);
   place_row(win, dest, rank, t, rows_.row(t), &routing_.topk_idx[tK], &routing_.topk_weights[tK],
             routing_.topk, i, &routing_.expert_slot[tK], row_offset_at_[static_cast<size_t>(dest)],
-            &expert_offset_at_[static_cast<size_t>(dest * local_experts)], std::forward<Done>(done));
+            &expert_offset_at_[static_cast<size_t>(dest * local_experts)],
+            std::forward<Done>(done));
 }
 
 template <typename Visit>

@@ -19,10 +19,10 @@ std::unique_ptr<HostRelay> make_relay(Group& g, const BufferConfig& cfg, Window&
 }
 
 protocol::WindowLayout window_layout(const BufferConfig& cfg, int ranks) {
-  return protocol::WindowLayout(
-      protocol::row_codec(cfg.dtype, cfg.hidden),
-      static_cast<size_t>(cfg.hidden) * dtype_size(combine_dtype(cfg)), ranks,
-      cfg.num_experts / ranks, cfg.max_topk, cfg.max_tokens_per_rank, cfg.enable_latency_layout);
+  return protocol::WindowLayout(protocol::row_codec(cfg.dtype, cfg.hidden),
+                                static_cast<size_t>(cfg.hidden) * dtype_size(combine_dtype(cfg)),
+                                ranks, cfg.num_experts / ranks, cfg.max_topk,
+                                cfg.max_tokens_per_rank, cfg.enable_latency_layout);
 }
 }  // namespace
 
@@ -60,7 +60,7 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
   }
   stats_.stage_us.reserve(16);
   watch_deaths();
-  const ExchangeContext ctx{group_,  cfg_,     *data_path_,   window_,
+  const ExchangeContext ctx{group_,  cfg_,     *data_path_,  window_,
                             waiter_, reducer_, relay_.get(), stats_};
   bsp_exchange_ = make_bsp(ctx);
   ubep_exchange_ = make_ubep(ctx);
@@ -78,8 +78,7 @@ void HostEngine::watch_deaths() {
   death_subscription_ = deaths->subscribe([this](int r) {
     // A rank that departed cleanly (its Buffer's destructor published a break after its last
     // call) keeps that word: peers still finishing that call have its part.
-    if (!protocol::is_broken(window_.failure_of(r)))
-      window_.set_failure_of(r, protocol::kDeadWord);
+    if (!protocol::is_broken(window_.failure_of(r))) window_.set_failure_of(r, protocol::kDeadWord);
   });
   for (int r = 0; r < ranks_; ++r)  // dead before this buffer was made
     if (r != rank_ && deaths->dead(r) && !protocol::is_broken(window_.failure_of(r)))
@@ -104,8 +103,8 @@ DispatchResult HostEngine::result(const Arrivals& arrivals) const {
   const int64_t topk = call_.routing().topk;
   const auto scales = static_cast<int64_t>(codec().scale_bytes / sizeof(float));
   const auto at = [&](size_t region) { return window_.at<char>(rank_, region); };
-  r.recv_count = TensorView(const_cast<int64_t*>(arrivals.recv_count), DType::kInt64,
-                            {local_experts_});
+  r.recv_count =
+      TensorView(const_cast<int64_t*>(arrivals.recv_count), DType::kInt64, {local_experts_});
   r.placement = call_.placement();
   if (layout == Layout::kThroughput) {
     const int64_t span = call_.throughput_span();

@@ -9,7 +9,7 @@
 //   Waiter        (ep)        bounded waits; keeps the relay going      src/ep/waiter.hpp
 //   TokenReducer  (ep)        combine's fixed-order reduction into y    src/ep/reducer.hpp
 //   TokenExchange (ep)        bsp | ubep                                src/ep/token_exchange.hpp
-//   CallMachine   (protocol)  phases, call sequence, failure words      src/protocol/call_machine.hpp
+//   CallMachine   (protocol)  phases, call sequence, failure words src/protocol/call_machine.hpp
 //
 // The engine's parts are private; the algorithms see the long-lived ones through their
 // ExchangeContext and each call as an argument, never the engine. Its code is in
@@ -121,13 +121,13 @@ class HostEngine final : public backend::Engine {
   // Phases, calls started, whether the buffer is broken, what the peers are told (shared with
   // the device engine): once the ranks are out of step no call may return data.
   protocol::CallMachine machine_;
-  Membership members_;            // masked ranks and their agreement (docs/ELASTIC.md)
-  int death_subscription_ = -1;   // the group's death watch writes kDeadWord for us
-  FailureWatch watch_;            // every wait of this buffer polls the peers' failure words
+  Membership members_;                // masked ranks and their agreement (docs/ELASTIC.md)
+  int death_subscription_ = -1;       // the group's death watch writes kDeadWord for us
+  FailureWatch watch_;                // every wait of this buffer polls the peers' failure words
   std::unique_ptr<HostRelay> relay_;  // cross-host relay, when the group spans hosts
   Waiter waiter_;
-  TokenReducer reducer_;  // owns y, combine's output
-  Arrivals arrivals_{};   // what the last dispatch's receive produced
+  TokenReducer reducer_;              // owns y, combine's output
+  Arrivals arrivals_{};               // what the last dispatch's receive produced
   CombineArgs pending_combine_args_;  // a combine_send's arguments, for its combine_recv
   uint64_t dispatch_seq_ = 0;     // the last dispatch's handle (a repeated combine has its own seq)
   uint64_t repeat_barriers_ = 0;  // barriers made before repeated combines, for last_stats()

@@ -141,9 +141,8 @@ CombineCall HostEngine::combine_call(const CombineArgs& a) const {
 // it combines with.
 void HostEngine::begin_combine(const char* what, const CombineArgs& args) {
   machine_.accept(what, [&] { check_combine(args); });
-  call_.use_combine_weights(args.topk_weights.ndim != 0
-                                ? static_cast<const float*>(args.topk_weights.data)
-                                : nullptr);
+  call_.use_combine_weights(
+      args.topk_weights.ndim != 0 ? static_cast<const float*>(args.topk_weights.data) : nullptr);
 }
 
 TensorView HostEngine::combine(const CombineArgs& args) {
@@ -185,8 +184,7 @@ TensorView HostEngine::combine_recv() {
 
 TensorView HostEngine::pending_combine() const {
   machine_.require_pending_combine("pending_combine");
-  return reducer_.y_view(call_.routing().num_tokens,
-                         combine_call(pending_combine_args_).out);
+  return reducer_.y_view(call_.routing().num_tokens, combine_call(pending_combine_args_).out);
 }
 
 TensorView HostEngine::compact() {

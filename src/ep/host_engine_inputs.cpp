@@ -45,7 +45,8 @@ void HostEngine::check_combine(const CombineArgs& a) const {
   machine_.require_dispatch("combine");
   UBEP_CHECK_ARG(!machine_.combined() || !multi_host(), "combine: dispatch ", dispatch_seq_,
                  " was already combined; a repeated combine of one dispatch needs the group on "
-                 "one host, this one spans ", group_.num_hosts());
+                 "one host, this one spans ",
+                 group_.num_hosts());
   UBEP_CHECK_ARG(a.handle == dispatch_seq_, "combine: handle ", a.handle,
                  " does not belong to the last dispatch on this buffer (", dispatch_seq_, ")");
   UBEP_CHECK_ARG(a.x.dtype == combine_dtype_, "combine: x dtype ", dtype_name(a.x.dtype),
@@ -61,18 +62,19 @@ void HostEngine::check_combine(const CombineArgs& a) const {
                        : "one row per received row",
                    "), got ", a.x.describe());
   } else {
-    UBEP_CHECK_ARG(a.x.ndim == 3 && a.x.dim(0) == local_experts_ && a.x.dim(1) == call_.expert_slots() &&
-                       a.x.dim(2) == cfg_.hidden,
-                   "combine: x must be [", local_experts_, ", ", call_.expert_slots(), ", ", cfg_.hidden,
-                   "] (latency layout), got ", a.x.describe());
+    UBEP_CHECK_ARG(a.x.ndim == 3 && a.x.dim(0) == local_experts_ &&
+                       a.x.dim(1) == call_.expert_slots() && a.x.dim(2) == cfg_.hidden,
+                   "combine: x must be [", local_experts_, ", ", call_.expert_slots(), ", ",
+                   cfg_.hidden, "] (latency layout), got ", a.x.describe());
   }
   UBEP_CHECK_ARG(a.x.data != nullptr || a.x.numel() == 0, "combine: x has no data");
   if (a.out.ndim != 0)
     UBEP_CHECK_ARG(a.out.ndim == 2 && a.out.dtype == combine_dtype_ &&
                        a.out.dim(0) == call_.routing().num_tokens && a.out.dim(1) == cfg_.hidden &&
                        a.out.device == cfg_.device && (a.out.data || a.out.numel() == 0),
-                   "combine: out must be ", dtype_name(combine_dtype_), " [", call_.routing().num_tokens,
-                   ", ", cfg_.hidden, "] on ", cfg_.device.describe(), ", got ", a.out.describe());
+                   "combine: out must be ", dtype_name(combine_dtype_), " [",
+                   call_.routing().num_tokens, ", ", cfg_.hidden, "] on ", cfg_.device.describe(),
+                   ", got ", a.out.describe());
   UBEP_CHECK_ARG(a.x.device == cfg_.device, "combine: x is on ", a.x.device.describe(),
                  ", the buffer on ", cfg_.device.describe());
   if (a.topk_weights.ndim != 0) {

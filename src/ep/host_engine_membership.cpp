@@ -46,7 +46,8 @@ bool HostEngine::lost_a_rank() const {
   // kDeadWord for it. Not one that broke or departed first (its own word says so, and the
   // failure rules for broken buffers apply).
   for (int r = 0; r < ranks_; ++r)
-    if (r != rank_ && !call_.masked(r) && members_.dead(r) && protocol::is_dead(window_.failure_of(r)))
+    if (r != rank_ && !call_.masked(r) && members_.dead(r) &&
+        protocol::is_dead(window_.failure_of(r)))
       return true;
   return false;
 }

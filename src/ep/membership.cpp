@@ -32,7 +32,8 @@ Membership::Membership(Group& group, const Window& win)
       masked_(static_cast<size_t>(group.size()), 0) {
   // Ranks that are replacements already carry their incarnation; a replacement itself agrees
   // with the live ranks at its first dispatch.
-  for (int r = 0; r < ranks_; ++r) view_[static_cast<size_t>(r)] = bootstrap::hooks_of(group).incarnation_of(r) << 1;
+  for (int r = 0; r < ranks_; ++r)
+    view_[static_cast<size_t>(r)] = bootstrap::hooks_of(group).incarnation_of(r) << 1;
   agreed_ = view_;
   must_agree_ = bootstrap::hooks_of(group).rejoining();
 }
@@ -204,9 +205,8 @@ bool Membership::poll_agreement(bool auto_mask, const char* what, Resume* resume
     const auto ru = static_cast<size_t>(r), mu = static_cast<size_t>(me_);
     if (!live_in_view(r) && (rec.view[ru] >> 1) <= (view_[ru] >> 1)) continue;
     // A live peer masked this very incarnation of this rank: it must rejoin to come back.
-    UBEP_CHECK((rec.view[mu] & 1u) == 0 || (rec.view[mu] >> 1) != (view_[mu] >> 1),
-               PeerFailedError, what, ": rank ", r, " masked rank ", me_,
-               "; Buffer::rejoin() brings it back");
+    UBEP_CHECK((rec.view[mu] & 1u) == 0 || (rec.view[mu] >> 1) != (view_[mu] >> 1), PeerFailedError,
+               what, ": rank ", r, " masked rank ", me_, "; Buffer::rejoin() brings it back");
     changed = merge(rec.view) || changed;
   }
   take_replacements();  // merged views may name a replacement this rank has not mapped
@@ -235,8 +235,8 @@ bool Membership::poll_agreement(bool auto_mask, const char* what, Resume* resume
 
 // What each rank last said, so a stuck agreement can be read off the timeout's message.
 std::string Membership::agreement_state(const char* what) const {
-  std::string state = detail::concat(what, ": the live ranks' agreement on masked ranks (",
-                                     "rank ", me_, " round ", round_, " view", view_text(view_));
+  std::string state = detail::concat(what, ": the live ranks' agreement on masked ranks (", "rank ",
+                                     me_, " round ", round_, " view", view_text(view_));
   for (int r = 0; r < ranks_; ++r) {
     if (r == me_) continue;
     Record peer;
@@ -244,8 +244,8 @@ std::string Membership::agreement_state(const char* what) const {
     if (win_.peer(r) && read(r, &peer))
       state += detail::concat(" round ", peer.round,
                               (peer.flags & MemberRecord::kAgreeing) ? " agreeing" : "",
-                              (peer.flags & MemberRecord::kAbandoned) ? " abandoned" : "",
-                              " view", view_text(peer.view));
+                              (peer.flags & MemberRecord::kAbandoned) ? " abandoned" : "", " view",
+                              view_text(peer.view));
   }
   return state + ")";
 }

@@ -104,7 +104,7 @@ class Membership {
   // before a call's roles start, abandon after they ended); role threads read masked_, round_
   // and the records (peer_ahead, from FailureWatch) during a call. run_roles' start and join
   // order the two, so no lock is needed; peers' records are read through the seqlock.
-  uint32_t round_ = 0;                    // round of the last published record
+  uint32_t round_ = 0;            // round of the last published record
   bool must_agree_ = false;       // abandoned a call: the next dispatch agrees, whatever else
   bool abandoned_ = false;        // the last call started was abandoned (until an agreement)
   uint32_t version_ = 0;          // seqlock versions of this rank's records

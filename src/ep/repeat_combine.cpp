@@ -32,14 +32,17 @@ void HostEngine::begin_repeat_combine() {
   const uint64_t seq = window_.begin_repeat();
   const int slot = kRepeatSlots[(seq / 2) % 2];
   for (int d = 0; d < ranks_; ++d)
-    if (d != rank_) window_.dp().publish(window_.map().stage_flag(window_.peer(d), slot, rank_), window_.tag());
+    if (d != rank_)
+      window_.dp().publish(window_.map().stage_flag(window_.peer(d), slot, rank_), window_.tag());
   for (int s = 0; s < ranks_; ++s) {
     if (s == rank_) continue;
     const Tag* f = window_.map().stage_flag(window_.local(), slot, s);
-    waiter_.wait_for([&] { return window_.arrived(f); }, true, [&] {
-      return detail::concat("rank ", s, " to enter the repeated combine of dispatch ",
-                            dispatch_seq_, " (epoch tag ", window_.tag(), ")");
-    });
+    waiter_.wait_for([&] { return window_.arrived(f); }, true,
+                     [&] {
+                       return detail::concat("rank ", s,
+                                             " to enter the repeated combine of dispatch ",
+                                             dispatch_seq_, " (epoch tag ", window_.tag(), ")");
+                     });
   }
   ++repeat_barriers_;
 }

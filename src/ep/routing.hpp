@@ -34,8 +34,7 @@ struct Routing {
   // and fills every array. Nothing is written to shared memory before this succeeds.
   // masked[r] != 0: rank r is masked (docs/ELASTIC.md); entries naming its experts become -1
   // after validation, so its experts get no rows and their weights drop out of combine.
-  void build(const DispatchArgs& args, const BufferConfig& cfg,
-             const uint8_t* masked = nullptr);
+  void build(const DispatchArgs& args, const BufferConfig& cfg, const uint8_t* masked = nullptr);
 
   bool sent(int64_t t, int r) const { return sent_to[static_cast<size_t>(t * ranks + r)] != 0; }
   int32_t slot_at(int64_t t, int r) const { return dest_slot[static_cast<size_t>(t * ranks + r)]; }

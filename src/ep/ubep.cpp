@@ -46,10 +46,11 @@ void wait_counts(const ExchangeContext& ctx, const DispatchCall& call, int dest,
                  bool caller, int from = 0) {
   for (int source = from; source < upto; ++source)
     if (!call.masked(source))
-      ctx.waiter.wait_for([&] { return ctx.win.count_arrived(dest, source); }, caller, [&] {
-        return detail::concat("count record of rank ", source, " at rank ", dest, " (epoch tag ",
-                              ctx.win.tag(), ")");
-      });
+      ctx.waiter.wait_for([&] { return ctx.win.count_arrived(dest, source); }, caller,
+                          [&] {
+                            return detail::concat("count record of rank ", source, " at rank ",
+                                                  dest, " (epoch tag ", ctx.win.tag(), ")");
+                          });
 }
 
 // The hop-aware send plan (BufferConfig::schedule): only ubep's senders follow one.
@@ -113,8 +114,7 @@ void Ubep::publish_counts(const DispatchCall& call) const {
   const Routing& routing = call.routing();
   for_each_destination(call, [&](int dest) {
     ctx_.win.publish_count(
-        dest, ctx_.rank(), routing.dest_rows[static_cast<size_t>(dest)], routing.topk,
-        call.shape(),
+        dest, ctx_.rank(), routing.dest_rows[static_cast<size_t>(dest)], routing.topk, call.shape(),
         &routing.dest_expert_rows[static_cast<size_t>(dest * ctx_.local_experts())]);
   });
 }
@@ -169,8 +169,7 @@ void Ubep::dispatch_send(DispatchCall& call) {
     for (int dest = 0; dest < ctx_.ranks(); ++dest)
       plan_rows_[static_cast<size_t>(dest)] =
           ctx_.same_host(dest) ? call.routing().dest_rows[static_cast<size_t>(dest)] : 0;
-    scheduler_->plan(
-        {ctx_.rank(), 0, plan_rows_, static_cast<int64_t>(ctx_.row_bytes())}, plan_);
+    scheduler_->plan({ctx_.rank(), 0, plan_rows_, static_cast<int64_t>(ctx_.row_bytes())}, plan_);
   }
   ctx_.dp.run_roles([&](int member) {
     if (member == 0) {
@@ -210,9 +209,11 @@ Arrivals Ubep::dispatch_recv(DispatchCall& call) {
   // n+2's, so nothing of it is taken for new data (the argument at the top of this file).
   if (call.shape_mismatch() < 0)
     call.for_each_expected_row(ctx_.win, [&](const Tag* tag, int64_t row) {
-      ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tag); }, true, [&] {
-        return detail::concat("dispatch row ", row, " (epoch tag ", ctx_.win.tag(), ")");
-      });
+      ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tag); }, true,
+                           [&] {
+                             return detail::concat("dispatch row ", row, " (epoch tag ",
+                                                   ctx_.win.tag(), ")");
+                           });
     });
   // A relay leaves only when what it relays is forwarded and its own sends are done.
   if (ctx_.relay)
@@ -236,10 +237,11 @@ std::array<int64_t, 2> Ubep::wait_recv_range(const DispatchCall& call, int sourc
       ctx_.win.at<Tag>(ctx_.rank(), latency ? ctx_.win.map().lat_tag : ctx_.win.map().tp_tag) +
       (latency ? local_expert * call.expert_slots() : 0);
   for (int64_t row = range[0]; row < range[0] + range[1]; ++row)
-    ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tags + row); }, true, [&] {
-      return detail::concat("dispatch row ", row, " from rank ", source, " (epoch tag ",
-                            ctx_.win.tag(), ")");
-    });
+    ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tags + row); }, true,
+                         [&] {
+                           return detail::concat("dispatch row ", row, " from rank ", source,
+                                                 " (epoch tag ", ctx_.win.tag(), ")");
+                         });
   return range;
 }
 
@@ -279,10 +281,11 @@ const char* Ubep::combine_row(const DispatchCall& call, int64_t token, int j, bo
           routing.expert_slot[tk];
   }
   const Tag* tag = ctx_.win.at<Tag>(expert_rank, ctx_.win.map().comb_tag) + pos;
-  ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tag); }, caller, [&] {
-    return detail::concat("combine row of token ", token, " at rank ", expert_rank, " (epoch tag ",
-                          ctx_.win.tag(), ")");
-  });
+  ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tag); }, caller,
+                       [&] {
+                         return detail::concat("combine row of token ", token, " at rank ",
+                                               expert_rank, " (epoch tag ", ctx_.win.tag(), ")");
+                       });
   return ctx_.win.at<char>(expert_rank, ctx_.win.map().comb_x) +
          static_cast<size_t>(pos) * ctx_.row_bytes();
 }

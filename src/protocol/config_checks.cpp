@@ -17,8 +17,8 @@ void check_shape(const ShapeFields& s, int ranks, const char* who, ConfigLimits 
   UBEP_CHECK_ARG(ranks >= 1, who, ": the group has ", ranks, " ranks");
   UBEP_CHECK_ARG(s.num_experts >= 1 && s.num_experts % ranks == 0, who, ": num_experts ",
                  s.num_experts, " must be a positive multiple of the group size ", ranks);
-  UBEP_CHECK_ARG(s.max_topk >= 1 && s.max_topk <= limits.max_topk, who, ": max_topk must be in [1, ",
-                 limits.max_topk, "], got ", s.max_topk);
+  UBEP_CHECK_ARG(s.max_topk >= 1 && s.max_topk <= limits.max_topk, who,
+                 ": max_topk must be in [1, ", limits.max_topk, "], got ", s.max_topk);
 }
 
 void check_buffer_config(const BufferConfig& c, int ranks, const char* who, ConfigLimits limits) {

@@ -12,7 +12,7 @@ namespace ubep::protocol {
 
 // What a component serves beyond the common limits.
 struct ConfigLimits {
-  bool fp8 = true;   // the e4m3 dtype (the CUDA kernels and the expert layer have none)
+  bool fp8 = true;    // the e4m3 dtype (the CUDA kernels and the expert layer have none)
   int max_topk = 64;  // the widest topk a token row may carry
 };
 

@@ -251,8 +251,8 @@ cuda_hd::LaunchParams KernelEngine::combine_params(const CombineArgs& args, uint
                  " was already combined; on ", cfg_.device.describe(),
                  " each dispatch is combined at most once (peers may still be reading the "
                  "rows of the first combine; repeated combine is on the cpu device only)");
-  UBEP_CHECK_ARG(args.out.ndim == 0, what, ": out is the cpu device's (on ",
-                 cfg_.device.describe(), " y is Buffer memory: copy it)");
+  UBEP_CHECK_ARG(args.out.ndim == 0, what, ": out is the cpu device's (on ", cfg_.device.describe(),
+                 " y is Buffer memory: copy it)");
   CombineArgs a = args;
   // Compact throughput rows: the result's recv_x has num_recv_rows rows (as on the host
   // backend); the kernels address the window by capacity.
