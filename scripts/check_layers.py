@@ -6,7 +6,8 @@ It fails (exit status 1, one line per finding: file:line, what, the rule) on
      from the document, so the document is the one source of the rules;
   2. a cycle in the folder graph of src/ (one node per folder, an edge per #include between two);
   3. an import cycle among the modules of python/ubep (module- and function-level imports alike);
-  4. a function in src/ whose body (the lines between its braces) is over MAX_BODY_LINES lines.
+  4. a function in src/ whose body (the lines between its braces) is over MAX_BODY_LINES lines;
+  5. a C++ file in src/ or include/ of MAX_FILE_LINES lines or more.
 Findings listed in KNOWN_VIOLATIONS below are reported as allowed and do not fail the check.
 
   scripts/check_layers.py              check the repository this script lives in
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MAX_BODY_LINES = 80
+MAX_FILE_LINES = 500  # the style guide: files under 500 lines (C++ and Python sources)
 DOC = "docs/ARCHITECTURE.md"
 RULES_HEADING = "## Layering rules"
 CXX_SUFFIXES = {".h", ".hpp", ".cuh", ".inl", ".c", ".cc", ".cpp", ".cu"}
@@ -585,6 +587,11 @@ def check_functions(root: Path, report: Report,
                     continue
             report.error(where, f"function {f.name} has {f.body} body lines",
                          f"functions in src/ have at most {MAX_BODY_LINES} (split it)", why)
+    for rel in cxx_files(root):
+        if rel.startswith(("src/", "include/")):
+            n = (root / rel).read_text(encoding="utf-8", errors="replace").count("\n")
+            if n >= MAX_FILE_LINES:
+                report.error(rel, f"{n} lines", f"files are under {MAX_FILE_LINES} lines (split it)")
     for key in set(allowed) - used:
         report.notes.append(f"KNOWN_VIOLATIONS long_functions {key}: no longer over "
                             f"{MAX_BODY_LINES} lines; remove the entry")

@@ -3,7 +3,7 @@ and beside the same calls timed in C++ (the binding's overhead).
 
 On ``--ranks`` local processes (torch.multiprocessing, gloo for set-up), per workload:
 
-* ``ubep`` / ``bsp``: Buffer.low_latency_dispatch / dispatch and the matching combine, called
+* ``ubep`` / ``bsp``: ubep.Buffer.dispatch (latency or throughput layout) and combine, called
   from Python (results as torch views; the identity expert copies the received rows into the
   zero-copy combine buffer, untimed, as ubep-bench does);
 * ``deep_ep``: the same calls through ``ubep.deep_ep`` (DeepEP's API: tuple handles, int32
