@@ -155,7 +155,8 @@ int main(int argc, char** argv) {
     for (const RankReport& rep : res.replacements) {
       wrong += rep.wrong;
       other += rep.other_errors;
-      if (!quiet && rep.other_errors) std::printf("#   replacement: %s\n", rep.last_error);
+      // Always named, --quiet or not: an error that fails the run must be readable in its log.
+      if (rep.other_errors) std::printf("#   cycle %d, replacement: %s\n", c, rep.last_error);
       serve = rep.first_call_us / 1000;
       if (rep.first_call_us >= 0) serve_ms.push_back(serve);
     }
@@ -184,7 +185,7 @@ int main(int argc, char** argv) {
       failed += (failed.empty() ? "" : " ") + std::to_string(rep.failed);
       full_min = std::min(full_min, rep.full_calls_after_kill);
       if (replace && rep.final_masked != 0) ++not_rejoined;
-      if (!quiet && rep.other_errors) std::printf("#   rank %d: %s\n", r, rep.last_error);
+      if (rep.other_errors) std::printf("#   cycle %d, rank %d: %s\n", c, r, rep.last_error);
     }
     leftover += res.leftover_segments;
     if (!quiet)
