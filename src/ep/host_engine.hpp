@@ -127,7 +127,6 @@ class HostEngine final : public backend::Engine {
   std::unique_ptr<HostRelay> relay_;  // cross-host relay, when the group spans hosts
   Waiter waiter_;
   TokenReducer reducer_;              // owns y, combine's output
-  Arrivals arrivals_{};               // what the last dispatch's receive produced
   CombineArgs pending_combine_args_;  // a combine_send's arguments, for its combine_recv
   uint64_t dispatch_seq_ = 0;     // the last dispatch's handle (a repeated combine has its own seq)
   uint64_t repeat_barriers_ = 0;  // barriers made before repeated combines, for last_stats()

@@ -72,7 +72,6 @@ auto HostEngine::run_phase(const char* what, PhaseFn&& phase_fn) {
 // A dispatch that a peer made differently completed on every rank, but its output means
 // nothing: no combine of it, and the error names the peer.
 DispatchResult HostEngine::finish_dispatch(const Arrivals& arrivals) {
-  arrivals_ = arrivals;
   if (arrivals.shape_mismatch >= 0 || arrivals.topk_mismatch >= 0) machine_.forget_dispatch();
   UBEP_CHECK_ARG(arrivals.shape_mismatch < 0, "dispatch: rank ", arrivals.shape_mismatch,
                  " made a different call (layout or placement) than rank ", rank_, " (",

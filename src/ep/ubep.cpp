@@ -72,7 +72,8 @@ std::unique_ptr<sched::Scheduler> make_scheduler(const ExchangeContext& ctx) {
 
 class Ubep final : public TokenExchange {
  public:
-  explicit Ubep(const ExchangeContext& ctx) : ctx_(ctx), scheduler_(make_scheduler(ctx)) {
+  explicit Ubep(const ExchangeContext& ctx)
+      : ctx_(ctx), local_experts_(ctx.local_experts()), scheduler_(make_scheduler(ctx)) {
     if (scheduler_) plan_rows_.resize(static_cast<size_t>(ctx.ranks()));
   }
   bool split_phase() const override { return true; }
@@ -105,6 +106,7 @@ class Ubep final : public TokenExchange {
   const char* combine_row(const DispatchCall& call, int64_t token, int j, bool caller) const;
 
   ExchangeContext ctx_;
+  const int local_experts_;  // per rank: read per combine contribution, so computed once
   std::unique_ptr<sched::Scheduler> scheduler_;  // when cfg.research.schedule plans the send work
   sched::Plan plan_;
   std::vector<int64_t> plan_rows_;  // [R] rows per destination handed to the scheduler
@@ -266,7 +268,7 @@ void Ubep::combine_send(const CombineCall& combine) {
 
 const char* Ubep::combine_row(const DispatchCall& call, int64_t token, int j, bool caller) const {
   const Routing& routing = call.routing();
-  const int local_experts = ctx_.local_experts();
+  const int local_experts = local_experts_;
   int expert_rank;
   int64_t pos;
   if (call.layout() == Layout::kThroughput) {
