@@ -37,6 +37,7 @@ class DeathWatch {
 
   // Whether this watch works here (pidfd_open exists); when not, deaths show as timeouts.
   bool active() const { return epoll_fd_ >= 0; }
+  int ranks() const { return ranks_; }
   // Acquire load, any thread: true once rank's process has ended (set before any subscriber
   // runs).
   bool dead(int rank) const;

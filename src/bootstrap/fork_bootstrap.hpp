@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 
+#include "bootstrap/death_check.hpp"
 #include "core/wait.hpp"
 #include "ubep/bootstrap.hpp"
 #include "ubep/error.hpp"
@@ -35,7 +36,7 @@ class ForkMeeting {
   // Arrive and wait for every rank. The last to arrive resets the count, then bumps the
   // generation (release); the others wait for the generation to change (acquire), so the reset
   // is visible before anyone can arrive at the next barrier.
-  void barrier(std::chrono::milliseconds timeout) {
+  void barrier(std::chrono::milliseconds timeout, const DeathCheck* deaths = nullptr) {
     const uint32_t gen = state_->generation.load(std::memory_order_acquire);
     if (state_->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == ranks_) {
       state_->arrived.store(0, std::memory_order_relaxed);
@@ -44,8 +45,10 @@ class ForkMeeting {
     }
     WaitPolicy policy;
     policy.timeout = timeout;
-    wait_until([&] { return state_->generation.load(std::memory_order_acquire) != gen; }, policy,
-               [] { return std::string("the forked ranks' set-up barrier"); });
+    auto what = [] { return std::string("the forked ranks' set-up barrier"); };
+    DeathAbort abort(deaths, -1, what);
+    wait_until([&] { return state_->generation.load(std::memory_order_acquire) != gen; },
+               abort.applied_to(policy), what);
   }
   char* slot(int r) {
     return reinterpret_cast<char*>(state_ + 1) + static_cast<size_t>(r) * kSlotBytes;
@@ -61,7 +64,7 @@ class ForkMeeting {
   int ranks_;
 };
 
-class ForkBootstrap final : public Bootstrap {
+class ForkBootstrap final : public Bootstrap, public DeathAwareBootstrap {
  public:
   ForkBootstrap(ForkMeeting& meeting, int rank, std::chrono::milliseconds timeout)
       : meeting_(meeting), rank_(rank), timeout_(timeout) {}
@@ -80,9 +83,11 @@ class ForkBootstrap final : public Bootstrap {
       if (bytes == 0) break;
     }
   }
-  void barrier() override { meeting_.barrier(timeout_); }
+  void barrier() override { meeting_.barrier(timeout_, deaths_); }
+  void watch_deaths(const DeathCheck* deaths) override { deaths_ = deaths; }
 
  private:
+  const DeathCheck* deaths_ = nullptr;
   ForkMeeting& meeting_;
   int rank_;
   std::chrono::milliseconds timeout_;

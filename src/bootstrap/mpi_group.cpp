@@ -16,22 +16,25 @@ namespace {
 
 // Waits for a non-blocking collective, bounded by the group's timeout (sleeping with back-off,
 // like every wait of the library), so a rank that never arrives gives a TimeoutError instead of
-// a hang.
-void wait_request(MPI_Request& req, std::chrono::milliseconds timeout, const char* what,
-                  int ranks) {
+// a hang; and, once the group watches deaths, a dead rank a PeerFailedError naming it at once.
+void wait_request(MPI_Request& req, std::chrono::milliseconds timeout, const char* what, int ranks,
+                  const bootstrap::DeathCheck* deaths) {
   WaitPolicy policy;
   policy.timeout = timeout;
+  auto named = [&] {
+    return detail::concat(what, " of the set-up (every one of the ", ranks, " ranks)");
+  };
+  bootstrap::DeathAbort abort(deaths, -1, named);
   wait_until(
       [&] {
         int done = 0;
         detail::mpi_check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
         return done != 0;
       },
-      policy,
-      [&] { return detail::concat(what, " of the set-up (every one of the ", ranks, " ranks)"); });
+      abort.applied_to(policy), named);
 }
 
-class MpiBootstrap : public Bootstrap {
+class MpiBootstrap : public Bootstrap, public bootstrap::DeathAwareBootstrap {
  public:
   MpiBootstrap(MPI_Comm comm, std::chrono::milliseconds timeout) : comm_(comm), timeout_(timeout) {
     MPI_Comm_rank(comm_, &rank_);
@@ -57,14 +60,14 @@ class MpiBootstrap : public Bootstrap {
     detail::mpi_check(MPI_Iallgather(staging, static_cast<int>(bytes), MPI_BYTE, staging + bytes,
                                      static_cast<int>(bytes), MPI_BYTE, comm_, &req),
                       "MPI_Iallgather");
-    wait_request(req, timeout_, "MPI_Iallgather", size_);
+    wait_request(req, timeout_, "MPI_Iallgather", size_, deaths_);
     std::memcpy(out, staging + bytes, bytes * n);
     delete[] staging;
   }
   void barrier() override {
     MPI_Request req;
     detail::mpi_check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier");
-    wait_request(req, timeout_, "MPI_Ibarrier", size_);
+    wait_request(req, timeout_, "MPI_Ibarrier", size_, deaths_);
   }
   // The ranks MPI says share memory (MPI_COMM_TYPE_SHARED), named by their lowest rank.
   std::vector<int> host_map() override {
@@ -87,10 +90,12 @@ class MpiBootstrap : public Bootstrap {
     return hosts;
   }
   MPI_Comm comm() const { return comm_; }
+  void watch_deaths(const bootstrap::DeathCheck* deaths) override { deaths_ = deaths; }
 
  private:
   MPI_Comm comm_;
   std::chrono::milliseconds timeout_;
+  const bootstrap::DeathCheck* deaths_ = nullptr;
   int rank_ = 0, size_ = 0;
 };
 

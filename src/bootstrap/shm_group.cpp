@@ -47,6 +47,18 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
   for (int r = 0; r < size(); ++r)
     if (r == rank() || !same_host(r, rank())) pids[static_cast<size_t>(r)] = 0;
   deaths_ = std::make_unique<DeathWatch>(pids);
+  // A host-mate that dies inside a window's set-up leaves its segment named: its death unlinks
+  // it (on the watch thread; captures only the watch, which outlives its subscribers), unless an
+  // elastic replacement will want the names.
+  if (options.elastic_name.empty())
+    deaths_->subscribe([watch = deaths_.get()](int r) { unlink_segments_of(watch->pid_of(r)); });
+  if (remote_ && deaths_->active())
+    notices_ = std::make_unique<DeathNotices>(*remote_, *deaths_, rank(), host_vec_);
+  // From here every wait of the group watches the deaths (the exchange of pids above could not:
+  // nobody's pid was known yet, so a death there is named at the timeout).
+  death_check_ = std::make_unique<DeathCheck>(*deaths_, notices_.get(), rank());
+  if (auto* aware = dynamic_cast<DeathAwareBootstrap*>(bootstrap_.get()))
+    aware->watch_deaths(death_check_.get());
   if (!options.elastic_name.empty()) {
     UBEP_CHECK_ARG(single_host(), "elastic_name: elastic groups live on one host, this one spans ",
                    num_hosts());
@@ -55,16 +67,18 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
     if (rank() != 0) rendezvous_ = Rendezvous::open(options.elastic_name);
     rendezvous_->claim(rank(), false);
   }
-  if (remote_ && deaths_->active())
-    notices_ = std::make_unique<DeathNotices>(*remote_, *deaths_, rank(), host_vec_);
   control_ = allocate_window(sizeof(ArrivalCounter));
   barrier_ = std::make_unique<FlagBarrier>(
-      rank(), size(), [this](int p) { return static_cast<ArrivalCounter*>(control_->base(p)); });
+      rank(), size(), [this](int p) { return static_cast<ArrivalCounter*>(control_->base(p)); },
+      death_check_.get());
   log::debug("rank ", rank(), "/", size(), " on host ", Group::host_of(rank()), " of ",
              num_hosts());
 }
 
 ShmGroup::~ShmGroup() {
+  // The bootstrap may outlive the group: its waits stop asking this group's watch.
+  if (auto* aware = dynamic_cast<DeathAwareBootstrap*>(bootstrap_.get()))
+    aware->watch_deaths(nullptr);
   notices_.reset();  // its receives are withdrawn while the transport still exists
   if (rendezvous_) {
     // A rank that died and was never replaced cannot unlink its segments' names (a replacement

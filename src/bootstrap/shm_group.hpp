@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "bootstrap/death_check.hpp"
 #include "bootstrap/death_notices.hpp"
 #include "bootstrap/death_watch.hpp"
 #include "bootstrap/flag_barrier.hpp"
@@ -54,6 +55,8 @@ class ShmGroup : public Group, private GroupHooks {
   std::unique_ptr<Rendezvous> rendezvous_;
   std::atomic<int> windows_{0};
   std::unique_ptr<DeathNotices> notices_;  // across hosts: deaths forwarded over remote_
+  // What the group's own waits (barriers, set-up exchanges) ask about deaths.
+  std::unique_ptr<DeathCheck> death_check_;
 };
 
 // A replacement process's group (make_rejoin_group): the live group's windows, mapped through

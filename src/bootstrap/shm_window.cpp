@@ -1,11 +1,14 @@
 // POSIX shared-memory windows of process groups (shm_window.hpp).
 #include "bootstrap/shm_window.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <climits>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -185,6 +188,22 @@ bool ShmWindow::refresh_peer(int rank) {
   if (old) munmap(old, mapped_);
   mapped_inc_[static_cast<size_t>(rank)] = inc;
   return true;
+}
+
+int unlink_segments_of(pid_t pid) {
+  if (pid <= 0) return 0;
+  const std::string prefix = detail::concat("ubep-", static_cast<int>(pid), "-");
+  DIR* dir = opendir("/dev/shm");
+  if (!dir) return 0;
+  int unlinked = 0;
+  char name[NAME_MAX + 2];
+  while (dirent* e = readdir(dir)) {
+    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) != 0) continue;
+    std::snprintf(name, sizeof name, "/%s", e->d_name);
+    if (shm_unlink(name) == 0) ++unlinked;
+  }
+  closedir(dir);
+  return unlinked;
 }
 
 }  // namespace ubep::bootstrap

@@ -5,6 +5,8 @@
 // ranks can map the replacement's (docs/ELASTIC.md).
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -40,5 +42,10 @@ class ShmWindow : public SharedWindow {
   std::string own_name_;
   std::vector<uint32_t> mapped_inc_;  // per peer: the rendezvous incarnation mapped (0: none)
 };
+
+// Unlinks the segment names a dead process of this host left (/dev/shm/ubep-<pid>-*): one that
+// dies inside a window's set-up never unlinks its own. Not for elastic groups, whose names a
+// replacement reads (it unlinks its predecessor's itself). Returns how many were unlinked.
+int unlink_segments_of(pid_t pid);
 
 }  // namespace ubep::bootstrap

@@ -1,0 +1,133 @@
+// kill -9 of a rank while its peers wait outside any call (issue 29), run by
+// test_mpi_kill_wait.sh under mpirun with recovery on. Usage:
+//   test_mpi_kill_wait <dir> <barrier|allgather|setup> <timeout_ms> [ranks_per_host]
+// Every rank loops on one kind of group wait:
+//   barrier    Group::barrier (one host: the shared-memory flag barrier; across hosts: the MPI
+//              bootstrap's MPI_Ibarrier, with deaths forwarded between hosts);
+//   allgather  Group::allgather, the set-up exchange (MPI_Iallgather);
+//   setup      a Buffer made and dropped (its windows' exchanges of segment names and status).
+// The last rank SIGKILLs itself after a few ms of that loop, writing the kill's CLOCK_MONOTONIC
+// time first (<dir>/killed_at; the clock is the machine's, shared by virtual hosts). Every
+// survivor writes <dir>/result.<rank>: "<error kind> <ms from the kill to the error> <what()>".
+// The driver asserts that each survivor got PeerFailedError naming the dead rank; with a long
+// timeout, the old behaviour (a TimeoutError after timeout_ms) fails it.
+#include <mpi.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "ubep/buffer.hpp"
+#include "ubep/error.hpp"
+#include "ubep/mpi_group.hpp"
+
+namespace {
+
+using namespace ubep;
+
+double monotonic_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+const char* error_kind(const std::exception& e) {
+  if (dynamic_cast<const TimeoutError*>(&e)) return "TimeoutError";
+  if (dynamic_cast<const PeerFailedError*>(&e)) return "PeerFailedError";
+  return "other";
+}
+
+void wait_once(Group& g, const std::string& mode, long i) {
+  if (mode == "barrier") {
+    g.barrier();
+  } else if (mode == "allgather") {
+    const long mine = i * 1000 + g.rank();
+    std::vector<long> all(static_cast<size_t>(g.size()));
+    g.allgather(&mine, all.data(), sizeof mine);
+    for (int r = 0; r < g.size(); ++r)
+      if (all[static_cast<size_t>(r)] != i * 1000 + r)
+        throw std::runtime_error("allgather returned a wrong value");
+  } else {
+    BufferConfig cfg;
+    cfg.max_tokens_per_rank = 4;
+    cfg.hidden = 8;
+    cfg.dtype = DType::kFP32;
+    cfg.num_experts = 2 * g.size();
+    cfg.max_topk = 2;
+    cfg.num_workers = 0;
+    Buffer b(g, cfg);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4 && argc != 5) {
+    std::fprintf(stderr,
+                 "usage: %s <dir> <barrier|allgather|setup> <timeout_ms> [ranks_per_host]\n",
+                 argv[0]);
+    return 2;
+  }
+  const std::string dir = argv[1], mode = argv[2];
+  if (mode != "barrier" && mode != "allgather" && mode != "setup") {
+    std::fprintf(stderr, "unknown mode '%s' (barrier, allgather, setup)\n", mode.c_str());
+    return 2;
+  }
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
+  int me = 0, ranks = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &me);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  std::ofstream(dir + "/pid." + std::to_string(me)) << getpid() << "\n";
+  GroupOptions opts;
+  opts.timeout = std::chrono::milliseconds(std::stoi(argv[3]));
+  if (argc == 5) opts.ranks_per_host = std::stoi(argv[4]);
+  auto group = make_mpi_group(MPI_COMM_WORLD, opts);
+  std::ofstream(dir + "/hosts." + std::to_string(me)) << group->num_hosts() << "\n";
+  MPI_Barrier(MPI_COMM_WORLD);  // the group is made: the kill lands in the loop below
+
+  if (me == ranks - 1) {
+    std::thread([dir] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      char t[64];
+      std::snprintf(t, sizeof t, "%.3f\n", monotonic_ms());
+      std::ofstream(dir + "/killed_at") << t << std::flush;
+      kill(getpid(), SIGKILL);
+    }).detach();
+  }
+  std::string result = "none";
+  long i = 0;
+  try {
+    for (; i < 100000000; ++i) wait_once(*group, mode, i);
+  } catch (const std::exception& e) {
+    const double at = monotonic_ms();
+    std::string what = e.what();
+    for (char& c : what)
+      if (c == '\n') c = ' ';
+    char head[96];
+    std::snprintf(head, sizeof head, "%s %.3f ", error_kind(e), at);
+    result = head + what;
+    std::fprintf(stderr, "rank %d after %ld waits: %s\n", me, i, e.what());
+  }
+  {
+    std::ofstream out(dir + "/result." + std::to_string(me) + ".tmp");
+    out << result << "\n";
+  }
+  std::rename((dir + "/result." + std::to_string(me) + ".tmp").c_str(),
+              (dir + "/result." + std::to_string(me)).c_str());
+  // Stay until every survivor has its result: an early exit would be a death its host-mates see
+  // (and may report first). Bounded: 20 s, then the driver finds the missing result.
+  for (int r = 0, tries = 0; r < ranks - 1 && tries < 20000; ++tries)
+    if (access((dir + "/result." + std::to_string(r)).c_str(), F_OK) == 0)
+      ++r;
+    else
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // No MPI_Finalize: it would wait for the dead rank. No destructors either (they would wait).
+  std::fflush(nullptr);
+  _exit(0);
+}
