@@ -4,7 +4,9 @@
     python3 hosts_worker.py torch PORT      (the torch.distributed refusal, 2 gloo processes)
 
 4 processes as 2 forced hosts of 2 (ranks_per_host=2) with every MPI byte on TCP, as between
-real hosts: the mpi4py communicator becomes the C++ make_mpi_group (shared memory within a host,
+real hosts; or, with UBEP_TEST_HOSTS=H (test_vhosts.py), H virtual hosts of 2 ranks
+(scripts/vhosts.sh: each its own network, /dev/shm and hostname) that ubep finds itself, without
+ranks_per_host: the mpi4py communicator becomes the C++ make_mpi_group (shared memory within a host,
 the relay over MPI between hosts). Runs the native API (both layouts, both algorithms, fp8) and
 saves what it got for the parent to check against the NumPy reference; runs ubep.deep_ep's own
 test pattern (normal and low-latency modes) with its checks; and the set-up checks that need
@@ -20,7 +22,10 @@ import reference as ref
 import ubep
 import worker
 
-RPH = 2  # ranks per forced host
+RPH = 2  # ranks per host
+# Virtual hosts (scripts/vhosts.sh): the hosts are found, not forced (ranks_per_host=0).
+REAL_HOSTS = int(os.environ.get("UBEP_TEST_HOSTS", "0"))
+FORCE = 0 if REAL_HOSTS else RPH
 
 # (name, layout, algorithm, framework, dtype, hook): both layouts x both algorithms, bf16 and
 # fp32, torch and NumPy, a split-phase call.
@@ -32,8 +37,9 @@ NATIVE = [("tp-ubep", "throughput", "ubep", "torch", "bf16", False),
 FP8 = [("fp8-ll-ubep", "latency", "ubep"), ("fp8-tp-bsp", "throughput", "bsp")]
 
 
-def spec_of(dtype, seed):
-    return ref.Spec(ranks=4, experts=8, topk=3, dtype=dtype, seed=seed, ranks_per_host=RPH)
+def spec_of(dtype, seed, ranks=4):
+    return ref.Spec(ranks=ranks, experts=2 * ranks, topk=3, dtype=dtype, seed=seed,
+                    ranks_per_host=RPH)
 
 
 def run_fp8(group, spec, layout, algorithm):
@@ -85,6 +91,15 @@ def check_without_mpi(comm, spec):
     saved = ubep._ubep.has_mpi
     ubep._ubep.has_mpi = False
     try:
+        if REAL_HOSTS:  # real hosts, found by their names: refused, naming them
+            try:
+                ubep.make_group(comm)
+                raise AssertionError("hosts without MPI were accepted")
+            except ubep.InvalidArgument as e:
+                msg = str(e)
+                assert f"spans {REAL_HOSTS} hosts" in msg and "'vh1'" in msg, msg
+                assert "UBEP_WITH_MPI=ON" in msg and "forced" not in msg, msg
+            return None
         g = ubep.make_group(comm)
         assert g.kind == "processes" and g.num_hosts == 1, (g.kind, g.num_hosts)
         got = worker.run_rank(g, spec, "latency", "ubep", "numpy")
@@ -104,29 +119,32 @@ def main():
     from mpi4py import MPI
     comm = MPI.COMM_WORLD
     out = sys.argv[1]
-    rank = comm.Get_rank()
-    assert comm.Get_size() == 4, "run with mpirun -np 4"
+    rank, size = comm.Get_rank(), comm.Get_size()
+    hosts = REAL_HOSTS or 2
+    assert size == hosts * RPH, f"run with mpirun -np {hosts * RPH}"
     check_setup_errors(comm)
-    group = ubep.make_group(comm, ranks_per_host=RPH)
-    assert group.kind == "mpi" and group.num_hosts == 2, (group.kind, group.num_hosts)
-    assert [group.host_of(r) for r in range(4)] == [0, 0, 1, 1]
+    group = ubep.make_group(comm, ranks_per_host=FORCE)
+    assert group.kind == "mpi" and group.num_hosts == hosts, (group.kind, group.num_hosts)
+    assert [group.host_of(r) for r in range(size)] == [r // RPH for r in range(size)]
     for seed, (name, layout, algorithm, framework, dtype, hook) in enumerate(NATIVE):
         # The first config hands the communicator itself to ubep.Buffer.
         g = comm if seed == 0 else group
-        kw = dict(ranks_per_host=RPH) if seed == 0 else {}
-        spec = spec_of(dtype, seed + 20)
+        kw = dict(ranks_per_host=FORCE) if seed == 0 else {}
+        spec = spec_of(dtype, seed + 20, size)
         worker.save(os.path.join(out, name), rank,
                     worker.run_rank(g, spec, layout, algorithm, framework, hook=hook, **kw))
     for seed, (name, layout, algorithm) in enumerate(FP8):
         worker.save(os.path.join(out, name), rank,
-                    run_fp8(group, spec_of("bf16", seed + 40), layout, algorithm))
-    worker.save(os.path.join(out, "nompi"), rank,
-                check_without_mpi(comm, ref.Spec(ranks=4, experts=8, topk=3, seed=50)))
-    # ubep.deep_ep across the two hosts: DeepEP's test pattern and checks (deep_ep_worker.py),
-    # its combine model adding per-host partials.
+                    run_fp8(group, spec_of("bf16", seed + 40, size), layout, algorithm))
+    nompi = check_without_mpi(comm, ref.Spec(ranks=4, experts=8, topk=3, seed=50))
+    if nompi is not None:
+        worker.save(os.path.join(out, "nompi"), rank, nompi)
+    # ubep.deep_ep across the hosts: DeepEP's test pattern and checks (deep_ep_worker.py), its
+    # combine model adding per-host partials; 4 experts per rank (16 on 4 ranks, as DeepEP's).
     import deep_ep_worker as dw
     dw.RANKS_PER_HOST = RPH
-    dw.run(group, dw.Comm(comm), rank, 4, "ubep")
+    dw.EXPERTS = 4 * size
+    dw.run(group, dw.Comm(comm), rank, size, "ubep")
     comm.Barrier()
     print(f"rank {rank}: hosts OK", flush=True)
 
