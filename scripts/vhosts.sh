@@ -151,8 +151,13 @@ vmpirun() {
   state=$(state_of "$name")
   hosts=$(cat "$state/hosts.count")
   for ((i = 1; i <= hosts; ++i)); do echo "vh$i slots=$per_host"; done > "$state/hostfile.$per_host"
+  # Every host is given per_host slots, so Open MPI does not know that the machine under them is
+  # oversubscribed when hosts * per_host > its cores: tell it (idle ranks yield the core),
+  # as it decides by itself for the same ranks on one host.
+  local yield=()
+  [ $((hosts * per_host)) -gt "$(nproc)" ] && yield=(--mca mpi_yield_when_idle 1)
   in_host "$name" 1 mpirun --allow-run-as-root --hostfile "$state/hostfile.$per_host" \
-    -np $((hosts * per_host)) \
+    -np $((hosts * per_host)) "${yield[@]}" \
     --map-by slot --mca plm_rsh_agent "$state/agent" \
     --mca oob_tcp_if_include "$SUBNET.0/24" --mca btl_tcp_if_include "$SUBNET.0/24" \
     --mca btl tcp,vader,self "$@"
@@ -223,7 +228,8 @@ case $cmd in
     if [ "$*" = off ]; then
       ip netns exec "$name-vh$host" tc qdisc del dev eth0 root 2>/dev/null || true
     else
-      ip netns exec "$name-vh$host" tc qdisc replace dev eth0 root netem "$@"
+      ip netns exec "$name-vh$host" tc qdisc replace dev eth0 root netem "$@" ||
+        die "tc netem failed on vh$host (is sch_netem in this kernel? tc qdisc add dev lo root netem delay 1ms)"
     fi ;;
   kill-host) [ $# -ge 2 ] || die "usage: kill-host NAME HOST [SIGNAL]"; kill_host_pids "$@" ;;
   *) die "unknown command '$cmd' (check, up, down, exec, mpirun, run, shell, gc, link, netem, kill-host)" ;;
