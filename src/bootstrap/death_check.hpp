@@ -11,6 +11,7 @@
 // call), the only thread that touches the transport then (death_notices.hpp).
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <string>
 
@@ -34,9 +35,13 @@ class DeathCheck {
     const int first = awaited >= 0 ? awaited : 0;
     const int last = awaited >= 0 ? awaited : ranks() - 1;
     for (int r = first; r <= last; ++r)
-      if (r != me_ && watch_.dead(r))
+      if (r != me_ && watch_.dead(r)) {
+        // This rank may be the one that forwards the death to the other hosts (pump above):
+        // deliver that before leaving the wait, after which it may not call the transport again.
+        if (notices_) notices_->flush(std::chrono::milliseconds(100));
         throw PeerFailedError(detail::concat("rank ", r, " ", watch_.how(r), " while rank ", me_,
                                              " waited for ", what()));
+      }
   }
   int ranks() const { return watch_.ranks(); }
 

@@ -28,7 +28,11 @@ DeathNotices::~DeathNotices() {
   for (int& r : recv_)
     if (r >= 0) remote_.cancel(r);
   // Sends in flight: give them a moment (their peers may be gone), then leave them.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  flush(std::chrono::milliseconds(100));
+}
+
+void DeathNotices::flush(std::chrono::milliseconds bound) {
+  const auto until = std::chrono::steady_clock::now() + bound;
   for (int& s : send_)
     while (s >= 0 && std::chrono::steady_clock::now() < until)
       if (remote_.test(s, nullptr))

@@ -7,6 +7,7 @@
 // from one thread at a time, like the relay's), from inside every caller wait.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <vector>
 
@@ -25,6 +26,10 @@ class DeathNotices {
   DeathNotices& operator=(const DeathNotices&) = delete;
 
   void pump();
+  // Progresses the notices this rank sent until they are delivered or `bound` has passed: a rank
+  // that stops calling the transport once it has named a death (it throws, then does something
+  // else) must not keep its notice from the other hosts. Caller's thread, like pump().
+  void flush(std::chrono::milliseconds bound);
 
  private:
   struct Notice {
