@@ -36,9 +36,13 @@ class DeathCheck {
     const int last = awaited >= 0 ? awaited : ranks() - 1;
     for (int r = first; r <= last; ++r)
       if (r != me_ && watch_.dead(r)) {
-        // This rank may be the one that forwards the death to the other hosts (pump above):
-        // deliver that before leaving the wait, after which it may not call the transport again.
-        if (notices_) notices_->flush(std::chrono::milliseconds(100));
+        // This rank may be the one that forwards the death to the other hosts: pump again (the
+        // watch thread may have recorded the death after the pump above looked) and deliver the
+        // notice before leaving the wait, after which this rank may not call the transport again.
+        if (notices_) {
+          notices_->pump();
+          notices_->flush(std::chrono::milliseconds(100));
+        }
         throw PeerFailedError(detail::concat("rank ", r, " ", watch_.how(r), " while rank ", me_,
                                              " waited for ", what()));
       }
