@@ -1,0 +1,130 @@
+// The max-min solver of Network: progressive filling over the part of the network an instant's
+// starts and finishes can change.
+//
+// Why the restriction is exact. Progressive filling raises every flow's rate together; a link
+// whose capacity runs out freezes the flows crossing it at the current level. So a flow's rate is
+// the level at which its first link filled, and every link a flow f crosses fills at a level
+// >= rate(f). Remove f: every link that filled below rate(f) carries no f and saw the same flows
+// frozen at the same levels below it, so it fills at the same level: every flow slower than f
+// keeps its rate, and every other flow stays at >= rate(f). Adding f is the same argument read
+// backwards, with f's new rate r' >= min over its links of capacity / flows (max-min gives no
+// flow less than that). Applied change by change, the instant's threshold
+//   theta = min(rates of the flows that finished, that bound for each flow that started)
+// splits the flows: those below theta keep their rates; the rest (the "upper" flows) are the
+// max-min solution of the same problem with the lower flows' rates taken off every capacity,
+// which is progressive filling started from zero on the upper flows alone (no link fills below
+// theta for them). That problem splits into connected components (flows linked by the links
+// they share); a component that touches no changed link has the same flows and capacities as
+// before, hence the same solution. So only the component reached from the changed links through
+// upper flows is refilled. Rounding: theta is lowered by a relative 1e-9, which only admits more
+// flows (still exact: the argument holds for any threshold at or below theta).
+#include <algorithm>
+#include <limits>
+
+#include "sim/engine.hpp"
+
+namespace ubep::sim {
+
+namespace {
+
+struct Share {
+  double level;  // residual / unfrozen: where the link fills
+  int link;
+  uint32_t version;
+};
+// Min-heap order; ties by link id so that runs are deterministic.
+bool later(const Share& a, const Share& b) {
+  return a.level != b.level ? a.level > b.level : a.link > b.link;
+}
+
+}  // namespace
+
+double Network::threshold() const {
+  double theta = finished_min_rate_;
+  for (int id : fresh_) {
+    const Flow& f = flows_[static_cast<size_t>(id)];
+    for (int h = 0; h < f.hops; ++h) {
+      const Link& l = links_[static_cast<size_t>(f.path[h])];
+      theta = std::min(theta, l.capacity / static_cast<double>(l.flows.size()));
+    }
+  }
+  return theta * (1 - 1e-9);
+}
+
+void Network::collect_component(double theta) {
+  ++epoch_;  // the changed links already carry this epoch (touch)
+  comp_links_ = changed_links_;
+  comp_flows_.clear();
+  for (size_t i = 0; i < comp_links_.size(); ++i) {
+    const Link& l = links_[static_cast<size_t>(comp_links_[i])];
+    for (int id : l.flows) {
+      Flow& f = flows_[static_cast<size_t>(id)];
+      if (f.mark == epoch_ || (!f.fresh && f.rate < theta)) continue;
+      f.mark = epoch_;
+      f.frozen = false;
+      comp_flows_.push_back(id);
+      for (int h = 0; h < f.hops; ++h) {
+        Link& next = links_[static_cast<size_t>(f.path[h])];
+        if (next.mark == epoch_) continue;
+        next.mark = epoch_;
+        comp_links_.push_back(f.path[h]);
+      }
+    }
+  }
+}
+
+void Network::fill_component() {
+  std::vector<Share> heap;
+  heap.reserve(comp_links_.size());
+  for (int id : comp_links_) {
+    Link& l = links_[static_cast<size_t>(id)];
+    l.residual = l.capacity;
+    l.unfrozen = 0;
+    for (int fid : l.flows) {
+      const Flow& f = flows_[static_cast<size_t>(fid)];
+      if (f.mark == epoch_)
+        ++l.unfrozen;
+      else
+        l.residual -= f.rate;  // a lower flow: its rate stands
+    }
+    if (l.unfrozen > 0) heap.push_back(Share{l.residual / l.unfrozen, id, ++l.heap_version});
+  }
+  std::make_heap(heap.begin(), heap.end(), later);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const Share top = heap.back();
+    heap.pop_back();
+    Link& l = links_[static_cast<size_t>(top.link)];
+    if (top.version != l.heap_version || l.unfrozen == 0) continue;
+    // Rounding can leave a full link a hair below zero; no flow gets a zero rate.
+    const double level = std::max(top.level, l.capacity * 1e-12);
+    for (int fid : l.flows) {
+      Flow& f = flows_[static_cast<size_t>(fid)];
+      if (f.mark != epoch_ || f.frozen) continue;
+      f.frozen = true;
+      for (int h = 0; h < f.hops; ++h) {
+        Link& other = links_[static_cast<size_t>(f.path[h])];
+        other.residual -= level;
+        if (--other.unfrozen > 0 && f.path[h] != top.link) {
+          heap.push_back(Share{other.residual / other.unfrozen, f.path[h], ++other.heap_version});
+          std::push_heap(heap.begin(), heap.end(), later);
+        }
+      }
+      set_rate(fid, level);
+    }
+  }
+}
+
+void Network::resolve() {
+  collect_component(threshold());
+  fill_component();
+  for (int id : fresh_) flows_[static_cast<size_t>(id)].fresh = false;
+  refilled_ += comp_flows_.size();
+  ++resolves_;
+  fresh_.clear();
+  changed_links_.clear();
+  finished_min_rate_ = std::numeric_limits<double>::infinity();
+  dirty_ = false;
+}
+
+}  // namespace ubep::sim
