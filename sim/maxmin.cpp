@@ -115,7 +115,18 @@ void Network::fill_component() {
   }
 }
 
+void Network::end_instant() {
+  if (quantum_ <= 0 || q_.now() >= last_resolve_ + quantum_) {
+    resolve();
+    return;
+  }
+  deferred_ = true;
+  q_.at(last_resolve_ + quantum_, [this] { resolve(); });
+}
+
 void Network::resolve() {
+  last_resolve_ = q_.now();
+  deferred_ = false;
   collect_component(threshold());
   fill_component();
   for (int id : fresh_) flows_[static_cast<size_t>(id)].fresh = false;
