@@ -104,7 +104,6 @@ class Network {
     double residual = 0;  // capacity left to the unfrozen flows of the component
     int unfrozen = 0;     // unfrozen component flows crossing the link
     uint64_t mark = 0;    // resolve epoch that reached it
-    uint32_t heap_version = 0;
   };
   struct Flow {
     int path[4];
