@@ -2,6 +2,7 @@
 // orchestration, executing the plans of the library's real scheduler (ubep::sched).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -50,6 +51,16 @@ struct CallConfig {
   // Max-min rates recomputed at most once per this many ns (0: at every start and finish, the
   // exact model; Network::end_instant).
   double resolve_ns = 0;
+  // Print "items simulated of planned, elapsed, ETA" on stderr while a call runs past 2 s.
+  bool progress = false;
+};
+
+// Progress of one long call on stderr: "items simulated of planned, elapsed, ETA", at most every
+// 2 s and only once the call has run 2 s.
+struct CallProgress {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  double last = 0;
+  void report(uint64_t simulated, uint64_t planned);
 };
 
 // One planned item as the simulator executed it.
@@ -69,10 +80,10 @@ struct CallResult {
   double barrier_ns = 0;          // bsp: wall time inside barriers (rank 0's view)
   uint64_t planned_items = 0, simulated_items = 0, events = 0;
   uint64_t resolves = 0, flows_refilled = 0;  // the max-min solver's work (engine.hpp)
-  double wire_bytes = 0;            // bytes of data on the wire (planned items)
-  double payload_bytes = 0;         // useful bytes (rows x row payload)
-  std::vector<Transfer> transfers;  // when CallConfig::record_transfers
-  std::vector<sched::Plan> plans;   // when CallConfig::record_transfers, per source rank
+  double wire_bytes = 0;                      // bytes of data on the wire (planned items)
+  double payload_bytes = 0;                   // useful bytes (rows x row payload)
+  std::vector<Transfer> transfers;            // when CallConfig::record_transfers
+  std::vector<sched::Plan> plans;             // when CallConfig::record_transfers, per source rank
 };
 
 // Simulates one call. start_ns: per-rank time the call begins (empty = all at 0).

@@ -63,7 +63,8 @@ int cmd_call(const Options& o) {
   const Preset p = make_preset(o.preset, R, o.calibration);
   header(o, p);
   const Traffic t = traffic_for(o, R, B);
-  const CallConfig cfg = call_config(o, o.algo, o.op);
+  CallConfig cfg = call_config(o, o.algo, o.op);
+  cfg.progress = !o.quiet;
   const CallResult r = simulate_call(p, cfg, t);
   std::printf(
       "%s %s (%s, policy %s): %.2f us, %.1f GB/s per rank; planned slowest worker %.2f us, "
