@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "core/enum_names.hpp"
 #include "sim/rates.hpp"
@@ -179,6 +180,18 @@ Preset effective_preset(const Preset& preset, const CallConfig& cfg, const Traff
       bytes >= c.stream_threshold_bytes && c.stream_GBps > 0)
     c.worker_GBps = c.stream_GBps;
   return p;
+}
+
+void CallProgress::report(uint64_t simulated, uint64_t planned) {
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (elapsed < 2 || elapsed < last + 2) return;
+  last = elapsed;
+  const double done =
+      static_cast<double>(simulated) / static_cast<double>(planned > 0 ? planned : 1);
+  std::fprintf(stderr, "[call] %llu of %llu items, %.0f s, ETA %.0f s\n",
+               static_cast<unsigned long long>(simulated), static_cast<unsigned long long>(planned),
+               elapsed, elapsed * (1 - done) / (done > 1e-9 ? done : 1e-9));
 }
 
 }  // namespace ubep::sim

@@ -2,6 +2,7 @@
 // orchestration, executing the plans of the library's real scheduler (ubep::sched).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -47,6 +48,19 @@ struct CallConfig {
   int elem_bytes = 2;
   int workers = 0;  // per rank; 0 = the preset's
   bool record_transfers = false;
+  // Max-min rates recomputed at most once per this many ns (0: at every start and finish, the
+  // exact model; Network::end_instant).
+  double resolve_ns = 0;
+  // Print "items simulated of planned, elapsed, ETA" on stderr while a call runs past 2 s.
+  bool progress = false;
+};
+
+// Progress of one long call on stderr: "items simulated of planned, elapsed, ETA", at most every
+// 2 s and only once the call has run 2 s.
+struct CallProgress {
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+  double last = 0;
+  void report(uint64_t simulated, uint64_t planned);
 };
 
 // One planned item as the simulator executed it.
@@ -65,10 +79,11 @@ struct CallResult {
   double planned_slowest_ns = 0;  // max over ranks of the scheduler's predicted slowest worker
   double barrier_ns = 0;          // bsp: wall time inside barriers (rank 0's view)
   uint64_t planned_items = 0, simulated_items = 0, events = 0;
-  double wire_bytes = 0;            // bytes of data on the wire (planned items)
-  double payload_bytes = 0;         // useful bytes (rows x row payload)
-  std::vector<Transfer> transfers;  // when CallConfig::record_transfers
-  std::vector<sched::Plan> plans;   // when CallConfig::record_transfers, per source rank
+  uint64_t resolves = 0, flows_refilled = 0;  // the max-min solver's work (engine.hpp)
+  double wire_bytes = 0;                      // bytes of data on the wire (planned items)
+  double payload_bytes = 0;                   // useful bytes (rows x row payload)
+  std::vector<Transfer> transfers;            // when CallConfig::record_transfers
+  std::vector<sched::Plan> plans;             // when CallConfig::record_transfers, per source rank
 };
 
 // Simulates one call. start_ns: per-rank time the call begins (empty = all at 0).

@@ -23,37 +23,13 @@
 #include <functional>
 #include <memory>
 
+#include "sim/barrier.hpp"
 #include "sim/call.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::sim {
 
 namespace {
-
-// A group barrier: releases every rank `cost` after the last one arrives.
-class Barrier {
- public:
-  Barrier(EventQueue& q, int ranks, double cost) : q_(q), ranks_(ranks), cost_(cost) {}
-  // Rank arrives now; `then(release_time)` runs at release.
-  void arrive(std::function<void()> then) {
-    waiting_.push_back(std::move(then));
-    if (static_cast<int>(waiting_.size()) < ranks_) return;
-    auto all = std::move(waiting_);
-    waiting_.clear();
-    released_at_ = q_.now() + cost_;
-    q_.after(cost_, [all = std::move(all)] {
-      for (auto& f : all) f();
-    });
-  }
-  double released_at() const { return released_at_; }
-
- private:
-  EventQueue& q_;
-  int ranks_;
-  double cost_;
-  double released_at_ = 0;
-  std::vector<std::function<void()>> waiting_;
-};
 
 struct Task {  // a reorder / reduce task: rows that became visible at a receiver
   double cost_ns;
@@ -91,6 +67,7 @@ class CallSim {
     start_.assign(static_cast<size_t>(R_), 0.0);
     if (!start.empty()) start_.assign(start.begin(), start.end());
     machine_ = std::make_unique<Machine>(eff_, net_, W_);
+    net_.set_resolve_quantum(cfg.resolve_ns);
     El_ = tr_.experts / R_;
   }
 
@@ -126,6 +103,7 @@ class CallSim {
     return cfg_.algo == Algo::kUbep && cfg_.op == Op::kCombine && c_.combine_in_place;
   }
   void check_rank_done(int r);
+  CallProgress progress_;  // long calls (8,192 ranks) show how far they are
   // ---- orchestrations ----
   void run_bsp();
   void run_ubep();
@@ -264,7 +242,8 @@ void CallSim::issue_next(int r, int w) {
     const double issue = q_.now() + c_.issue_ns;
     q_.at(issue, [this, r, w, idx, issue] {
       const auto& it = plans_[static_cast<size_t>(r)].items[static_cast<size_t>(idx)];
-      ++res_.simulated_items;
+      if ((++res_.simulated_items & 0x3fff) == 0 && cfg_.progress)
+        progress_.report(res_.simulated_items, res_.planned_items);
       // In-place combine: the rows stay where the expert wrote them; the worker only tags them.
       const double bytes = in_place() ? 0.0 : static_cast<double>(it.bytes);
       const double hold = in_place() ? static_cast<double>(it.rows()) * c_.tag_ns : 0.0;
@@ -482,6 +461,8 @@ CallResult CallSim::run() {
   res_.start_ns = *std::min_element(start_.begin(), start_.end());
   res_.makespan_ns = *std::max_element(finish_.begin(), finish_.end()) - res_.start_ns;
   res_.events = q_.executed();
+  res_.resolves = net_.resolves();
+  res_.flows_refilled = net_.flows_refilled();
   res_.payload_bytes = 0;
   for (int r = 0; r < R_; ++r) res_.payload_bytes += recv_rows_[static_cast<size_t>(r)] * payload_;
   if (cfg_.record_transfers) res_.plans = plans_;

@@ -18,7 +18,14 @@ void EventQueue::at_flow_check(double t, Network* net, int flow, uint64_t versio
 }
 
 double EventQueue::run() {
-  while (!heap_.empty()) {
+  for (;;) {
+    // Rates change only between instants: every start and finish of this instant is in before
+    // the network is solved, so one resolve serves them all.
+    if (net_ && net_->dirty() && (heap_.empty() || heap_.top().time > now_)) {
+      net_->end_instant();
+      continue;
+    }
+    if (heap_.empty()) break;
     // priority_queue::top is const; the element is popped right after, so moving from it is safe.
     Event e = std::move(const_cast<Event&>(heap_.top()));
     heap_.pop();
@@ -38,18 +45,9 @@ int Network::add_link(double capacity) {
   return static_cast<int>(links_.size()) - 1;
 }
 
-double Network::fair_rate(const Flow& f) const {
-  double r = std::numeric_limits<double>::infinity();
-  for (int h = 0; h < f.hops; ++h) {
-    const Link& l = links_[static_cast<size_t>(f.path[h])];
-    r = std::min(r, l.capacity / static_cast<double>(l.flows.size()));
-  }
-  return r;
-}
-
 void Network::settle(Flow& f) {
   const double dt = q_.now() - f.since;
-  if (dt > 0) {
+  if (dt > 0 && f.rate > 0) {
     const double moved = std::min(f.remaining, f.rate * dt);
     f.remaining -= moved;
     for (int h = 0; h < f.hops; ++h) links_[static_cast<size_t>(f.path[h])].bytes += moved;
@@ -60,10 +58,9 @@ void Network::settle(Flow& f) {
 // Lazy rescheduling: a rate change that makes the flow finish later keeps the pending (now
 // early) event, which re-checks and re-arms itself when it fires; only a flow that speeds up
 // needs a new event. Under churn this avoids one heap push per flow per change.
-void Network::reschedule(int id) {
+void Network::set_rate(int id, double rate) {
   Flow& f = flows_[static_cast<size_t>(id)];
-  const double rate = fair_rate(f);
-  if (rate == f.rate) return;  // bottleneck elsewhere did not move: the pending finish stands
+  if (rate == f.rate) return;
   settle(f);
   f.rate = rate;
   const double due = q_.now() + f.remaining / rate;
@@ -82,13 +79,17 @@ void Network::check(int id, uint64_t version) {
     q_.at_flow_check(f.due, this, id, ++f.version);
     return;
   }
-  finish(id, version);
+  finish(id);
 }
 
-void Network::touch_links(const Flow& f, int except) {
-  for (int h = 0; h < f.hops; ++h)
-    for (int other : links_[static_cast<size_t>(f.path[h])].flows)
-      if (other != except) reschedule(other);
+void Network::touch(const Flow& f) {
+  dirty_ = true;
+  for (int h = 0; h < f.hops; ++h) {
+    Link& l = links_[static_cast<size_t>(f.path[h])];
+    if (l.mark == epoch_ + 1) continue;  // epoch_ + 1: the coming resolve's epoch
+    l.mark = epoch_ + 1;
+    changed_links_.push_back(f.path[h]);
+  }
 }
 
 void Network::start_flow(const std::vector<int>& path, double bytes, double latency_ns,
@@ -96,6 +97,7 @@ void Network::start_flow(const std::vector<int>& path, double bytes, double late
   UBEP_CHECK_ARG(path.size() <= 4, "flow path longer than 4 links: ", path.size());
   UBEP_CHECK_ARG(bytes >= 0 && latency_ns >= 0, "negative flow bytes ", bytes, " or latency ",
                  latency_ns);
+  for (int link : path) UBEP_CHECK_ARG(link >= 0 && link < link_count(), "unknown link ", link);
   ++started_;
   if (bytes == 0 || path.empty()) {
     q_.after(latency_ns, std::move(done));
@@ -112,9 +114,10 @@ void Network::start_flow(const std::vector<int>& path, double bytes, double late
   Flow& f = flows_[static_cast<size_t>(id)];
   f.hops = static_cast<int>(path.size());
   for (int h = 0; h < f.hops; ++h) {
-    UBEP_CHECK_ARG(path[static_cast<size_t>(h)] >= 0 && path[static_cast<size_t>(h)] < link_count(),
-                   "unknown link ", path[static_cast<size_t>(h)]);
     f.path[h] = path[static_cast<size_t>(h)];
+    auto& on_link = links_[static_cast<size_t>(f.path[h])].flows;
+    f.slot[h] = static_cast<int>(on_link.size());
+    on_link.push_back(id);
   }
   f.remaining = bytes;
   f.rate = 0;
@@ -123,37 +126,33 @@ void Network::start_flow(const std::vector<int>& path, double bytes, double late
   f.since = q_.now();
   f.latency = latency_ns;
   f.active = true;
+  f.fresh = true;
   f.done = std::move(done);
   ++active_;
-  // Settle the flows already on these links at their old rates before the share changes.
-  for (int h = 0; h < f.hops; ++h)
-    for (int other : links_[static_cast<size_t>(f.path[h])].flows)
-      settle(flows_[static_cast<size_t>(other)]);
-  for (int h = 0; h < f.hops; ++h) links_[static_cast<size_t>(f.path[h])].flows.push_back(id);
-  touch_links(flows_[static_cast<size_t>(id)], id);
-  reschedule(id);
+  fresh_.push_back(id);
+  touch(f);
 }
 
-void Network::finish(int id, uint64_t) {
+void Network::finish(int id) {
   Flow& f = flows_[static_cast<size_t>(id)];
   f.active = false;
   --active_;
   for (int h = 0; h < f.hops; ++h) {
-    auto& v = links_[static_cast<size_t>(f.path[h])].flows;
-    auto it = std::find(v.begin(), v.end(), id);
-    *it = v.back();
-    v.pop_back();
+    auto& on_link = links_[static_cast<size_t>(f.path[h])].flows;
+    const int moved = on_link.back();
+    on_link[static_cast<size_t>(f.slot[h])] = moved;
+    on_link.pop_back();
+    if (moved != id) {  // the moved flow's slot on this link
+      Flow& m = flows_[static_cast<size_t>(moved)];
+      for (int k = 0; k < m.hops; ++k)
+        if (m.path[k] == f.path[h]) m.slot[k] = f.slot[h];
+    }
   }
-  // Flows that shared a link speed up from now on.
-  for (int h = 0; h < f.hops; ++h)
-    for (int other : links_[static_cast<size_t>(f.path[h])].flows)
-      settle(flows_[static_cast<size_t>(other)]);
+  finished_min_rate_ = std::min(finished_min_rate_, f.rate);
+  touch(f);
   Action done = std::move(f.done);
-  const double latency = f.latency;
-  const Flow copy = f;
   free_ids_.push_back(id);
-  touch_links(copy, -1);
-  q_.after(latency, std::move(done));
+  q_.after(f.latency, std::move(done));
 }
 
 }  // namespace ubep::sim

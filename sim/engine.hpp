@@ -5,17 +5,17 @@
 // scheduled (a sequence number breaks ties), so a simulation is deterministic.
 //
 // Bandwidth sharing: every flow crosses a short path of links (worker engine, sender port,
-// receiver port...). A flow's rate is the smallest fair share along its path,
-// min over links l of capacity(l) / active_flows(l) ("bottleneck fair share"). This is the
-// first step of max-min progressive filling: exact when all flows of a link have the same
-// bottleneck (the common case: every flow of a hot receiver is limited by that receiver), and
-// conservative otherwise (capacity a flow cannot use is not redistributed). The full max-min
-// solution costs O(flows x links) per event; the 256-rank case has ~10^4 concurrent flows and
-// ~10^6 events, so we trade that last bit of fidelity for speed (issue 5: < 5 s per call).
+// receiver port...). Rates are the exact max-min fair allocation (progressive filling: raise
+// every flow's rate together; a link that fills freezes its flows; capacity a flow held back
+// elsewhere cannot use goes to the others). The solution is recomputed once per instant at which
+// flows start or finish (Network::resolve, before the clock advances), and only where it can
+// change (see engine.cpp: flows slower than the change's threshold keep their rates, and only
+// the component of faster flows that touches a changed link is refilled).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <queue>
 #include <vector>
 
@@ -36,6 +36,8 @@ class EventQueue {
   uint64_t executed() const { return executed_; }
   // A flow's finish check, without allocating a closure (the hot event of large runs).
   void at_flow_check(double at, Network* net, int flow, uint64_t version);
+  // The network whose rates run() brings up to date before the clock advances (one per queue).
+  void attach(Network* net) { net_ = net; }
 
  private:
   struct Event {
@@ -52,6 +54,7 @@ class EventQueue {
     }
   };
   std::priority_queue<Event, std::vector<Event>, Later> heap_;
+  Network* net_ = nullptr;
   double now_ = 0;
   uint64_t seq_ = 0;
   uint64_t executed_ = 0;
@@ -61,7 +64,9 @@ class EventQueue {
 // byte has drained, `done` runs after the flow's extra latency (propagation + switching).
 class Network {
  public:
-  explicit Network(EventQueue& q) : q_(q) {}
+  explicit Network(EventQueue& q) : q_(q) { q_.attach(this); }
+  Network(const Network&) = delete;
+  Network& operator=(const Network&) = delete;
 
   // capacity in bytes per nanosecond (= GB/s).
   int add_link(double capacity_bytes_per_ns);
@@ -70,44 +75,78 @@ class Network {
   // Bytes that crossed `link` so far (for utilisation and tests).
   double link_bytes(int link) const { return links_[static_cast<size_t>(link)].bytes; }
 
-  // Starts a flow of `bytes` over `path` (link ids, no duplicates). `done` runs at
+  // Starts a flow of `bytes` over `path` (link ids, no duplicates, at most 4). `done` runs at
   // drain time + latency_ns. A zero-byte flow just waits latency_ns.
   void start_flow(const std::vector<int>& path, double bytes, double latency_ns, Action done);
   uint64_t flows_started() const { return started_; }
   int active_flows() const { return active_; }
+  // Flows whose rate was recomputed, over all resolves (the cost of the incremental solver).
+  uint64_t flows_refilled() const { return refilled_; }
+  uint64_t resolves() const { return resolves_; }
+
+  // Recomputes the max-min rates after the starts and finishes of this instant (EventQueue::run
+  // calls it before the clock moves on).
+  bool dirty() const { return dirty_ && !deferred_; }
+  void resolve();
+  // Called when an instant with changes ends: resolves now, or with a quantum > 0 at most once
+  // per `quantum` ns (the changes in between wait for the next resolve: a started flow sends
+  // nothing and a finished flow's capacity stays unused until then). An approximation whose
+  // error tests/sim/test_maxmin.cpp bounds; 0 (the default) is the exact model.
+  void end_instant();
+  void set_resolve_quantum(double ns) { quantum_ = ns; }
 
  private:
   struct Link {
     double capacity;
     double bytes = 0;
     std::vector<int> flows;  // active flow ids (unordered)
+    // Scratch of one resolve:
+    double residual = 0;  // capacity left to the unfrozen flows of the component
+    int unfrozen = 0;     // unfrozen component flows crossing the link
+    uint64_t mark = 0;    // resolve epoch that reached it
   };
   struct Flow {
     int path[4];
+    int slot[4];  // index of this flow in links_[path[h]].flows
     int hops = 0;
     double remaining = 0;  // bytes
-    double rate = 0;       // bytes / ns
+    double rate = 0;       // bytes / ns (0 until its first resolve)
     double since = 0;      // time `remaining` was last brought up to date
     double latency = 0;
     uint64_t version = 0;  // bumps when an earlier finish event replaces the pending one
     double due = 0;        // time of the pending finish event
+    uint64_t mark = 0;     // resolve epoch that put it in the refilled component
     bool active = false;
+    bool fresh = false;   // started in this instant, no rate yet
+    bool frozen = false;  // scratch of one resolve
     Action done;
   };
-  double fair_rate(const Flow& f) const;
-  void settle(Flow& f);     // bring `remaining` up to now at the old rate
-  void reschedule(int id);  // recompute rate and finish event
+  void settle(Flow& f);  // bring `remaining` up to now at the old rate
+  void set_rate(int id, double rate);
   friend class EventQueue;
   void check(int id, uint64_t version);  // a flow's pending finish event fired
-  void finish(int id, uint64_t version);
-  void touch_links(const Flow& f, int except);
+  void finish(int id);
+  void touch(const Flow& f);  // its links changed in this instant
+  double threshold() const;
+  void collect_component(double threshold);
+  void fill_component();
 
   EventQueue& q_;
   std::vector<Link> links_;
   std::vector<Flow> flows_;
   std::vector<int> free_ids_;
-  uint64_t started_ = 0;
+  uint64_t started_ = 0, refilled_ = 0, resolves_ = 0;
   int active_ = 0;
+  // The instant's changes: links whose flow set changed, the slowest finished flow's rate, the
+  // flows started.
+  bool dirty_ = false;
+  bool deferred_ = false;  // a resolve is scheduled at last_resolve_ + quantum_
+  double quantum_ = 0, last_resolve_ = -std::numeric_limits<double>::infinity();
+  std::vector<int> changed_links_;
+  double finished_min_rate_ = std::numeric_limits<double>::infinity();
+  std::vector<int> fresh_;
+  uint64_t epoch_ = 0;
+  std::vector<int> comp_flows_, comp_links_;  // scratch of resolve
 };
 
 }  // namespace ubep::sim

@@ -30,7 +30,8 @@ Commands (each prints a table; --json FILE also writes it as JSON for sim/plot.p
   params      print the preset's topology, every cost parameter and its source
 
 Machine:
-  --preset P          cm384 | nvl72 (<= 72 ranks) | h800 | local (default cm384)
+  --preset P          cm384 (<= 768 ranks) | ubmesh8k (<= 8192) | nvl72 (<= 72 ranks) | h800 |
+                      local | FILE.json, your own pod (docs/sim/TOPOLOGY.md) (default cm384)
   --calibration FILE  calibration file of the local preset (default sim-calibration.json)
   --workers N         workers per rank (default: the preset's)
 Workload:
@@ -53,6 +54,9 @@ TPOT:
   --moe-layers N      MoE layers (default 58)       --dense-layers N  dense layers (default 3)
 Other:
   --repeats N         bench: timed repetitions (default 3)
+  --resolve-ns N      recompute the max-min link rates at most once per N ns (default 0: at
+                      every flow start and finish, exact; N > 0 trades bounded error for speed
+                      on large pods, docs/sim/MODEL.md)
   --measured FILE     predict, validate: ubep-bench --json file(s), comma list
   --out FILE          calibrate: output file (default sim-calibration.json)
   --json FILE         write results as JSON
@@ -158,6 +162,9 @@ Options parse_options(int argc, char** argv) {
       o.dense_layers = pos_int(0);
     else if (f == "--repeats")
       o.repeats = pos_int(1);
+    else if (f == "--resolve-ns")
+      o.resolve_ns = pos_int(0);
+
     else if (f == "--json")
       o.json = v;
     else if (f == "--measured")

@@ -69,10 +69,10 @@ TEST(Network, LateJoinerSharesFromItsStart) {
   EXPECT_DOUBLE_EQ(a, 50);
 }
 
-// Bottleneck fair share across two links: X uses send port S (10) and receive port P (4);
-// Y uses S only. On P, X alone gets 4; on S each gets 5; X's rate = min(5, 4) = 4, Y's = 5.
-// X (40 B) ends at 10; Y (100 B) has 50 B left, then alone on S at 10 B/ns: ends at 15.
-TEST(Network, RateIsTheSmallestFairShareOnThePath) {
+// Max-min across two links: X uses send port S (10) and receive port P (4); Y uses S only.
+// P fills first at 4 (X alone); S then gives Y all that X leaves: 10 - 4 = 6.
+// X (40 B) ends at 10; Y (100 B) has 40 B left, then alone on S at 10 B/ns: ends at 14.
+TEST(Network, HeldBackFlowLeavesItsShareToTheOthers) {
   EventQueue q;
   Network net(q);
   const int s = net.add_link(10), p = net.add_link(4);
@@ -81,9 +81,52 @@ TEST(Network, RateIsTheSmallestFairShareOnThePath) {
   net.start_flow({s}, 100, 0, [&] { y = q.now(); });
   q.run();
   EXPECT_DOUBLE_EQ(x, 10);
-  EXPECT_DOUBLE_EQ(y, 15);
+  EXPECT_DOUBLE_EQ(y, 14);
   EXPECT_DOUBLE_EQ(net.link_bytes(s), 140);
   EXPECT_DOUBLE_EQ(net.link_bytes(p), 40);
+}
+
+// The classic three-level case: L1 (1 B/ns) carries a and b; L2 (2 B/ns) carries a, c, d.
+// Progressive filling: L1 fills at 1/2 (a = b = 0.5); L2 has 2 - 0.5 = 1.5 left for c and d:
+// 0.75 each (the per-link rule gave them 2/3). c, d (3 B) end at 4. a, b (5 B) stay at 0.5
+// (L1) and end at 10. Then e (1 B on L2 only) starts at 10 alone: 2 B/ns, ends at 10.5.
+TEST(Network, ProgressiveFillingThreeLevels) {
+  EventQueue q;
+  Network net(q);
+  const int l1 = net.add_link(1), l2 = net.add_link(2);
+  double a = -1, b = -1, c = -1, d = -1, e = -1;
+  net.start_flow({l1, l2}, 5, 0, [&] { a = q.now(); });
+  net.start_flow({l1}, 5, 0, [&] { b = q.now(); });
+  net.start_flow({l2}, 3, 0, [&] { c = q.now(); });
+  net.start_flow({l2}, 3, 0, [&] {
+    d = q.now();
+    q.at(10, [&] { net.start_flow({l2}, 1, 0, [&] { e = q.now(); }); });
+  });
+  q.run();
+  EXPECT_DOUBLE_EQ(c, 4);
+  EXPECT_DOUBLE_EQ(d, 4);
+  EXPECT_DOUBLE_EQ(a, 10);
+  EXPECT_DOUBLE_EQ(b, 10);
+  EXPECT_DOUBLE_EQ(e, 10.5);
+}
+
+// A finish deep in a chain hands capacity along it: L1 (2) carries a, b; L2 (3) carries b, c.
+// Filling: L1 at 1 (a = b = 1), L2 gives c 3 - 1 = 2. a (1 B) ends at 1; then b is alone on L1
+// (2) but shares L2 with c: L2 fills at 1.5 (b = c = 1.5). b has 4 B left at t = 1 (5 - 1),
+// c has 8 - 2 = 6 B left: both 1.5 B/ns; b ends at 1 + 4/1.5, c has 6 - 4 = 2 B left, alone
+// at 3 B/ns.
+TEST(Network, FinishCascadesAlongAChain) {
+  EventQueue q;
+  Network net(q);
+  const int l1 = net.add_link(2), l2 = net.add_link(3);
+  double a = -1, b = -1, c = -1;
+  net.start_flow({l1}, 1, 0, [&] { a = q.now(); });
+  net.start_flow({l1, l2}, 5, 0, [&] { b = q.now(); });
+  net.start_flow({l2}, 8, 0, [&] { c = q.now(); });
+  q.run();
+  EXPECT_DOUBLE_EQ(a, 1);
+  EXPECT_NEAR(b, 1 + 4 / 1.5, 1e-9);
+  EXPECT_NEAR(c, 1 + 4 / 1.5 + 2.0 / 3, 1e-9);
 }
 
 TEST(Network, ZeroByteFlowOnlyWaitsItsLatency) {

@@ -1,0 +1,149 @@
+// The max-min solver of Network: progressive filling over the part of the network an instant's
+// starts and finishes can change.
+//
+// Why the restriction is exact. Progressive filling raises every flow's rate together; a link
+// whose capacity runs out freezes the flows crossing it at the current level. So a flow's rate is
+// the level at which its first link filled, and every link a flow f crosses fills at a level
+// >= rate(f). Remove f: every link that filled below rate(f) carries no f and saw the same flows
+// frozen at the same levels below it, so it fills at the same level: every flow slower than f
+// keeps its rate, and every other flow stays at >= rate(f). Adding f is the same argument read
+// backwards, with f's new rate r' >= min over its links of capacity / flows (max-min gives no
+// flow less than that). Applied change by change, the instant's threshold
+//   theta = min(rates of the flows that finished, that bound for each flow that started)
+// splits the flows: those below theta keep their rates; the rest (the "upper" flows) are the
+// max-min solution of the same problem with the lower flows' rates taken off every capacity,
+// which is progressive filling started from zero on the upper flows alone (no link fills below
+// theta for them). That problem splits into connected components (flows linked by the links
+// they share); a component that touches no changed link has the same flows and capacities as
+// before, hence the same solution. So only the component reached from the changed links through
+// upper flows is refilled. Rounding: theta is lowered by a relative 1e-9, which only admits more
+// flows (still exact: the argument holds for any threshold at or below theta).
+#include <algorithm>
+#include <limits>
+
+#include "sim/engine.hpp"
+
+namespace ubep::sim {
+
+namespace {
+
+struct Share {
+  double level;  // residual / unfrozen: where the link fills
+  int link;
+};
+// Min-heap order; ties by link id so that runs are deterministic.
+bool later(const Share& a, const Share& b) {
+  return a.level != b.level ? a.level > b.level : a.link > b.link;
+}
+
+}  // namespace
+
+double Network::threshold() const {
+  double theta = finished_min_rate_;
+  for (int id : fresh_) {
+    const Flow& f = flows_[static_cast<size_t>(id)];
+    for (int h = 0; h < f.hops; ++h) {
+      const Link& l = links_[static_cast<size_t>(f.path[h])];
+      theta = std::min(theta, l.capacity / static_cast<double>(l.flows.size()));
+    }
+  }
+  return theta * (1 - 1e-9);
+}
+
+void Network::collect_component(double theta) {
+  ++epoch_;  // the changed links already carry this epoch (touch)
+  comp_links_ = changed_links_;
+  comp_flows_.clear();
+  for (size_t i = 0; i < comp_links_.size(); ++i) {
+    const Link& l = links_[static_cast<size_t>(comp_links_[i])];
+    for (int id : l.flows) {
+      Flow& f = flows_[static_cast<size_t>(id)];
+      if (f.mark == epoch_ || (!f.fresh && f.rate < theta)) continue;
+      f.mark = epoch_;
+      f.frozen = false;
+      comp_flows_.push_back(id);
+      for (int h = 0; h < f.hops; ++h) {
+        Link& next = links_[static_cast<size_t>(f.path[h])];
+        if (next.mark == epoch_) continue;
+        next.mark = epoch_;
+        comp_links_.push_back(f.path[h]);
+      }
+    }
+  }
+}
+
+void Network::fill_component() {
+  std::vector<Share> heap;
+  heap.reserve(comp_links_.size());
+  for (int id : comp_links_) {
+    Link& l = links_[static_cast<size_t>(id)];
+    l.residual = l.capacity;
+    l.unfrozen = 0;
+    for (int fid : l.flows) {
+      const Flow& f = flows_[static_cast<size_t>(fid)];
+      if (f.mark == epoch_)
+        ++l.unfrozen;
+      else
+        l.residual -= f.rate;  // a lower flow: its rate stands
+    }
+    if (l.unfrozen > 0) heap.push_back(Share{l.residual / l.unfrozen, id});
+  }
+  std::make_heap(heap.begin(), heap.end(), later);
+  // Lazy heap: freezing a flow at level s raises every other link's fill level (residual - s
+  // over unfrozen - 1 is >= residual / unfrozen when s <= residual / unfrozen), so a heap key
+  // is a lower bound of its link's level. A popped key that is stale is re-pushed at the
+  // link's current level; one that is current is the smallest level of all (every other key
+  // is <= its own level and >= this one). This keeps one heap push per link and re-key, not
+  // one per frozen flow and link.
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), later);
+    const Share top = heap.back();
+    heap.pop_back();
+    Link& l = links_[static_cast<size_t>(top.link)];
+    if (l.unfrozen == 0) continue;
+    const double now_level = l.residual / l.unfrozen;
+    if (now_level > top.level) {
+      heap.push_back(Share{now_level, top.link});
+      std::push_heap(heap.begin(), heap.end(), later);
+      continue;
+    }
+    // Rounding can leave a full link a hair below zero; no flow gets a zero rate.
+    const double level = std::max(now_level, l.capacity * 1e-12);
+    for (int fid : l.flows) {
+      Flow& f = flows_[static_cast<size_t>(fid)];
+      if (f.mark != epoch_ || f.frozen) continue;
+      f.frozen = true;
+      for (int h = 0; h < f.hops; ++h) {
+        Link& other = links_[static_cast<size_t>(f.path[h])];
+        other.residual -= level;
+        --other.unfrozen;
+      }
+      set_rate(fid, level);
+    }
+  }
+}
+
+void Network::end_instant() {
+  if (quantum_ <= 0 || q_.now() >= last_resolve_ + quantum_) {
+    resolve();
+    return;
+  }
+  deferred_ = true;
+  q_.at(last_resolve_ + quantum_, [this] { resolve(); });
+}
+
+void Network::resolve() {
+  last_resolve_ = q_.now();
+  deferred_ = false;
+  collect_component(threshold());
+  fill_component();
+  for (int id : fresh_) flows_[static_cast<size_t>(id)].fresh = false;
+  refilled_ += comp_flows_.size();
+  ++resolves_;
+  fresh_.clear();
+  changed_links_.clear();
+  finished_min_rate_ = std::numeric_limits<double>::infinity();
+  dirty_ = false;
+}
+
+}  // namespace ubep::sim
