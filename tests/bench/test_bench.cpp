@@ -52,6 +52,45 @@ TEST(BenchFlags, GoodValuesAreKept) {
   EXPECT_TRUE(parse({"--help"}).help);
 }
 
+TEST(BenchFlags, RepeatIsParsedAndChecked) {
+  EXPECT_EQ(parse({}).opt.repeat, 1);
+  EXPECT_EQ(parse({"--repeat", "5"}).opt.repeat, 5);
+  expect_invalid([] { parse({"--repeat", "0"}); }, {"--repeat", "got 0"});
+}
+
+// --repeat's summary: the median of the runs' medians and their range; x_bound the median of each
+// run's own ratio (not the ratio of the medians); a bound whose winning kernel changed between
+// runs is still one row. Reference: the numbers worked out by hand.
+TEST(BenchRepeat, SummaryIsTheMedianOfTheRunsWithTheirRange) {
+  auto row = [](const char* impl, const char* variant, const char* op, double us, double xb) {
+    tools::BenchRow r;
+    r.impl = impl;
+    r.variant = variant;
+    r.op = op;
+    r.dtype = "bf16";
+    r.median_us = us;
+    r.x_bound = xb;
+    return r;
+  };
+  std::vector<std::vector<tools::BenchRow>> runs = {
+      {row("ubep", "", "dispatch", 120, 1.20), row("bound", "memcpy", "dispatch", 100, 1)},
+      {row("ubep", "", "dispatch", 100, 1.25), row("bound", "nt-store-64B", "dispatch", 80, 1)},
+      {row("ubep", "", "dispatch", 300, 1.10), row("bound", "nt-store-64B", "dispatch", 272, 1)},
+      {row("ubep", "", "dispatch", 110, 1.30), row("bound", "memcpy", "dispatch", 85, 1)}};
+  const auto sum = tools::summarize_runs(runs);
+  ASSERT_EQ(sum.size(), 2u);
+  EXPECT_EQ(sum[0].impl, "ubep");
+  EXPECT_EQ(sum[0].runs, 4);
+  EXPECT_DOUBLE_EQ(sum[0].median_us, 115);  // (110 + 120) / 2
+  EXPECT_DOUBLE_EQ(sum[0].run_min_us, 100);
+  EXPECT_DOUBLE_EQ(sum[0].run_max_us, 300);
+  EXPECT_DOUBLE_EQ(sum[0].x_bound, 1.225);  // (1.20 + 1.25) / 2, not 115 / 92.5
+  EXPECT_DOUBLE_EQ(sum[0].x_bound_min, 1.10);
+  EXPECT_DOUBLE_EQ(sum[0].x_bound_max, 1.30);
+  EXPECT_EQ(sum[1].impl, "bound");
+  EXPECT_DOUBLE_EQ(sum[1].median_us, 92.5);  // (85 + 100) / 2
+}
+
 TEST(BenchBound, SendRowsFollowTheLayout) {
   // 2 tokens, top-2 of 4 experts on 2 ranks (2 per rank). Token 0 -> experts 0, 1 (rank 0
   // twice); token 1 -> experts 1, 3 (ranks 0 and 1).
