@@ -2,8 +2,12 @@
 // split (tools/bench, src/baseline).
 #include <gtest/gtest.h>
 
+#include <array>
+#include <atomic>
 #include <cstring>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "baseline/exchange.hpp"
@@ -89,6 +93,27 @@ TEST(BenchRepeat, SummaryIsTheMedianOfTheRunsWithTheirRange) {
   EXPECT_DOUBLE_EQ(sum[0].x_bound_max, 1.30);
   EXPECT_EQ(sum[1].impl, "bound");
   EXPECT_DOUBLE_EQ(sum[1].median_us, 92.5);  // (85 + 100) / 2
+}
+
+// The bench's start barrier (start_barrier.cpp): nobody leaves barrier k before every rank has
+// arrived at it, over many rounds with the ranks arriving in random order (3 thread ranks on
+// fewer cores, so waiters must also let the others run).
+TEST(BenchStartBarrier, NoRankLeavesBeforeAllArrived) {
+  constexpr int kRanks = 3, kRounds = 3000;
+  std::array<std::atomic<int>, kRanks> arrived{};
+  std::atomic<int> early{0};
+  run_on_threads(kRanks, [&](Group& g) {
+    tools::StartBarrier start(g);
+    std::mt19937 rng(static_cast<unsigned>(g.rank()) + 7);
+    for (int k = 1; k <= kRounds; ++k) {
+      if (rng() % 8 == 0) std::this_thread::yield();
+      arrived[static_cast<size_t>(g.rank())].store(k, std::memory_order_relaxed);
+      start.wait();
+      for (int s = 0; s < kRanks; ++s)
+        if (arrived[static_cast<size_t>(s)].load(std::memory_order_relaxed) < k) ++early;
+    }
+  });
+  EXPECT_EQ(early.load(), 0);
 }
 
 TEST(BenchBound, SendRowsFollowTheLayout) {

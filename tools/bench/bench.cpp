@@ -244,18 +244,20 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     }
   }
 
+  StartBarrier start(g);
   auto run = [&](Measurement& m, int iters) {
     if (m.prepare) m.prepare();
     for (int n = 0; n < iters; ++n, ++m.done) {
       const bool record = m.done >= o.warmup;
-      // Every timed op runs on all ranks at once, alone: a group barrier before it (outside the
-      // timing), as the bound's ops have, and one after it. Without the first, a rank's time
+      // Every timed op runs on all ranks at once, alone: a start barrier before it (outside the
+      // timing; one whose waiters never sleep, start_barrier.cpp), as the bound's ops have, and
+      // a group barrier after it. Without the first, a rank's time
       // includes waiting for a peer still in its previous step (the untimed expert ends at
       // different times on different ranks): the bench's skew, not the op's cost (straggler.cpp
       // measures skew on purpose). Without the second, a rank that is done starts its expert
       // step while a peer is still in the op, which with more ranks than cores takes that peer's
       // CPU time.
-      g.barrier();
+      start.wait();
       const auto t0 = Clock::now();
       DispatchResult r = m.dispatch();
       const double d = us_since(t0);
@@ -270,7 +272,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
       if (record) m.dparts.add(sd, t0);
       const CombineArgs ca =
           fp8 ? expert_fp8(r, m.buf, in, o.hidden) : expert_identity(r, m.buf, row_bytes);
-      g.barrier();
+      start.wait();
       const auto t1 = Clock::now();
       TensorView y = m.combine(ca);
       const double c = us_since(t1);

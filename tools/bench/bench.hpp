@@ -87,6 +87,24 @@ struct BenchRow {
   double run_min_us = 0, run_max_us = 0, x_bound_min = 0, x_bound_max = 0;
 };
 
+// What every timed op starts after (start_barrier.cpp): all ranks leave it together, within
+// about a cache line's transfer, and no waiter sleeps or (with no more ranks than cores) gives
+// up its core. Collective constructor and destructor; across hosts it is the group barrier.
+class StartBarrier {
+ public:
+  explicit StartBarrier(Group& g);
+  ~StartBarrier();
+  StartBarrier(const StartBarrier&) = delete;
+  StartBarrier& operator=(const StartBarrier&) = delete;
+  void wait();
+
+ private:
+  Group& g_;
+  std::unique_ptr<SharedWindow> win_;
+  uint64_t arrived_ = 0;
+  bool yield_ = false;
+};
+
 // Per-call records of one implementation's op, on this rank (breakdown.cpp): the stages and
 // their peer waits from CallStats, and when each call started.
 class OpBreakdown {
