@@ -48,10 +48,6 @@ class DataPath {
   // work (an fp8 row's scales after its payload). A backend may start fetching those lines now
   // so that the put does not wait for them.
   virtual void prepare_put(void* /*dst*/, size_t /*bytes*/) const {}
-  // A hint: this thread will soon test the tag (or read the bytes) at p, written by a peer. A
-  // backend may start fetching the line now, so that several such waits overlap their misses
-  // instead of paying one after another.
-  virtual void prepare_read(const void* /*p*/, size_t /*bytes*/) const {}
 
   // --- completion (data-as-flag) ---
   // Release store of an epoch tag: every put before it, by this thread, is visible to a reader

@@ -34,10 +34,6 @@ namespace ubep::ep {
 
 namespace {
 
-// Up to this many rows, a receive fetches all their tag lines before waiting for the first (a
-// larger call's waits overlap the senders' copies anyway).
-constexpr int64_t kPrefetchTagsUpTo = 64;
-
 // [begin, end) of `member`'s share of `items` split into `members` equal slices.
 inline void slice(int64_t items, int member, int members, int64_t* begin, int64_t* end) {
   *begin = items * member / members;
@@ -230,11 +226,6 @@ Arrivals Ubep::dispatch_recv(DispatchCall& call) {
   // call n+2 only after call n+1's dispatch saw every peer's count record of call n+1 --
   // published after that peer's call-n sends were done. Call n's epoch tag differs from call
   // n+2's, so nothing of it is taken for new data (the argument at the top of this file).
-  // Every expected row's tag line is fetched first, so that the misses on lines the senders
-  // just wrote overlap instead of coming one per wait (a tiny call's 8 rows: 8 tag lines).
-  if (call.shape_mismatch() < 0 && call.num_recv_rows() <= kPrefetchTagsUpTo)
-    call.for_each_expected_row(ctx_.win,
-                               [&](const Tag* tag, int64_t) { ctx_.win.prepare_arrival(tag); });
   if (call.shape_mismatch() < 0)
     call.for_each_expected_row(ctx_.win, [&](const Tag* tag, int64_t row) {
       ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tag); }, true,
@@ -339,28 +330,13 @@ TensorView Ubep::combine_recv(const CombineCall& combine) {
       int64_t begin, end;
       slice(tokens, member, members, &begin, &end);
       // The look-ahead names the next token's rows within this member's slice only.
-      // It also fetches those rows' tag lines, as for the member's first token here, so that
-      // a token's waits overlap their misses.
       auto where = [&](int64_t tok, int j) -> const char* {
         if (tok >= end) return nullptr;
         int expert_rank;
         const int64_t pos = combine_row_pos(call, tok, j, &expert_rank);
-        ctx_.win.prepare_arrival(ctx_.win.at<Tag>(expert_rank, ctx_.win.map().comb_tag) + pos);
         return ctx_.win.at<char>(expert_rank, ctx_.win.map().comb_x) +
                static_cast<size_t>(pos) * ctx_.row_bytes();
       };
-      if (begin < end) {
-        const Routing& routing = call.routing();
-        const int contributions =
-            call.layout() == Layout::kThroughput ? ctx_.ranks() : routing.topk;
-        for (int j = 0; j < contributions; ++j) {
-          const bool sent =
-              call.layout() == Layout::kThroughput
-                  ? routing.sent(begin, j)
-                  : routing.topk_idx[static_cast<size_t>(begin * routing.topk + j)] >= 0;
-          if (sent) where(begin, j);
-        }
-      }
       for (int64_t t = begin; t < end; ++t)
         ctx_.reducer.reduce(
             call, combine.out, t, acc,

@@ -71,8 +71,6 @@ class Window {
   // Marks a written message complete with this call's tag, in the sync mode.
   void complete(Tag* t) const { dp_.publish(t, tag(), sync_ == SyncMode::kStopAndWait); }
   bool arrived(const Tag* t) const { return dp_.arrived(t, tag()); }
-  // A hint: arrived(t) will be tested soon (DataPath::prepare_read).
-  void prepare_arrival(const Tag* t) const { dp_.prepare_read(t, sizeof(Tag)); }
   void put_row(char* dst, const char* src, bool stream) const {
     dp_.put_row(dst, src, row_bytes(), stream);
   }

@@ -110,12 +110,6 @@ void CpuDataPath::prepare_put(void* dst, size_t bytes) const {
   kernels::prefetch_for_write(dst, bytes);
 }
 
-void CpuDataPath::prepare_read(const void* p, size_t bytes) const {
-  const auto first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
-  for (uintptr_t line = first; line < reinterpret_cast<uintptr_t>(p) + bytes; line += 64)
-    __builtin_prefetch(reinterpret_cast<const void*>(line), 0);
-}
-
 void CpuDataPath::publish(protocol::Tag* tag, uint32_t value, bool stop_and_wait) const {
   if (stop_and_wait) {
     held.release();
