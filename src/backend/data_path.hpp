@@ -69,11 +69,6 @@ class DataPath {
   // role function returns (inside run_roles) or when reduce_rows returns (outside).
   virtual void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
                            const float* weights, int n, bool stream) const = 0;
-  // A hint before reduce_rows: the rows (of row_bytes) that this thread's reduce_rows after the
-  // next one will read -- the next token's. A backend may fetch them during the next reduction
-  // (the CPU path prefetches them into L2 one token ahead). Their contents need not have
-  // arrived yet (prefetching a line is not reading it); results never depend on the hint.
-  virtual void prepare_reduce(const void* const* /*rows*/, int /*n*/, size_t /*row_bytes*/) const {}
   virtual void accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden,
                               const float* weight) const = 0;
   virtual void store_row(void* dst, const float* acc, DType dtype, int64_t hidden) const = 0;

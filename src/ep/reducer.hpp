@@ -6,8 +6,6 @@
 #pragma once
 
 #include <algorithm>
-#include <cstddef>
-#include <type_traits>
 #include <vector>
 
 #include "backend/data_path.hpp"
@@ -37,35 +35,10 @@ class TokenReducer {
 
   // Reduces token t of `call` into y(out); acc_row is the caller's scratch; locate(t, j) -> the
   // row of the j-th contribution (throughput: j is the expert rank; latency: j is k), waited for.
-  // where(t, j), if given: the same row's address without waiting (nullptr: none), for the
-  // look-ahead -- the next token's rows are named to the data path (prepare_reduce) so that they
-  // are fetched while this token's arithmetic runs.
-  template <typename Locate, typename Where = std::nullptr_t>
-  void reduce(const DispatchCall& call, char* out, int64_t t, float* acc_row, Locate&& locate,
-              Where&& where = nullptr);
+  template <typename Locate>
+  void reduce(const DispatchCall& call, char* out, int64_t t, float* acc_row, Locate&& locate);
 
  private:
-  // The rows of token t's contributions on this host, in the fixed order, as fn(t, j) gives
-  // them, and (latency) their weights; returns how many.
-  template <typename Fn>
-  int gather_rows(const DispatchCall& call, int64_t t, Fn&& fn, const void** rows,
-                  float* weights) const {
-    const Routing& routing = call.routing();
-    int n = 0;
-    if (call.layout() == Layout::kThroughput) {
-      for (int r = 0; r < ranks_; ++r)
-        if (routing.sent(t, r)) rows[n++] = fn(t, r);
-    } else {
-      for (int j = 0; j < routing.topk; ++j) {
-        const size_t tk = static_cast<size_t>(t * routing.topk + j);
-        if (routing.topk_idx[tk] < 0) continue;
-        weights[n] = routing.topk_weights[tk];
-        rows[n++] = fn(t, j);
-      }
-    }
-    return n;
-  }
-
   bool same_host(int r) const { return grp_.same_host(r, rank_); }
   // A remote host's partial of token t, waited for (nullptr if the token has no expert there).
   const float* remote_partial(int h, int64_t t);
@@ -83,9 +56,9 @@ class TokenReducer {
   std::vector<float> acc_;   // [members, hidden]
 };
 
-template <typename Locate, typename Where>
+template <typename Locate>
 void TokenReducer::reduce(const DispatchCall& call, char* y_out, int64_t t, float* a,
-                          Locate&& locate, Where&& where) {
+                          Locate&& locate) {
   const int64_t H = H_;
   const Routing& routing = call.routing();
   const int K = routing.topk;
@@ -111,15 +84,17 @@ void TokenReducer::reduce(const DispatchCall& call, char* y_out, int64_t t, floa
     // One host: gather the rows (waiting for each), then one fused pass over them.
     const void* rows[kMaxFusedRows];
     float weights[kMaxFusedRows];
-    const int n = gather_rows(call, t, locate, rows, weights);
-    if constexpr (!std::is_same_v<std::decay_t<Where>, std::nullptr_t>) {
-      // The next token's rows, named before this token's pass so it can fetch them meanwhile.
-      const void* next[kMaxFusedRows];
-      float unused[kMaxFusedRows];
-      int m = t + 1 < routing.num_tokens ? gather_rows(call, t + 1, where, next, unused) : 0;
-      for (int i = 0; i < m; ++i)
-        if (!next[i]) m = 0;
-      dp_.prepare_reduce(next, m, row_bytes_);
+    int n = 0;
+    if (layout == Layout::kThroughput) {
+      for (int r = 0; r < ranks_; ++r)
+        if (routing.sent(t, r)) rows[n++] = locate(t, r);
+    } else {
+      for (int j = 0; j < K; ++j) {
+        const size_t tk = static_cast<size_t>(t * K + j);
+        if (routing.topk_idx[tk] < 0) continue;
+        weights[n] = routing.topk_weights[tk];
+        rows[n++] = locate(t, j);
+      }
     }
     // Outputs larger than the streaming threshold skip the cache (like dispatch's rows).
     const bool stream = static_cast<double>(routing.num_tokens) * static_cast<double>(row_bytes_) >=

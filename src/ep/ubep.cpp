@@ -104,8 +104,6 @@ class Ubep final : public TokenExchange {
   // The combine row of `token`'s j-th contribution, waited for (throughput: j is the expert
   // rank; latency: j is k).
   const char* combine_row(const DispatchCall& call, int64_t token, int j, bool caller) const;
-  // Where that row is (its rank, and its index in that rank's combine rows), without waiting.
-  int64_t combine_row_pos(const DispatchCall& call, int64_t token, int j, int* expert_rank) const;
   // The send phase's stage (time, peer wait), which the receive phase's timer would clear: taken
   // before it starts, put back in front of the receive's stages after.
   struct SendStage {
@@ -283,24 +281,22 @@ void Ubep::combine_send(const CombineCall& combine) {
   timer.lap("send");
 }
 
-int64_t Ubep::combine_row_pos(const DispatchCall& call, int64_t token, int j,
-                              int* expert_rank) const {
-  const Routing& routing = call.routing();
-  if (call.layout() == Layout::kThroughput) {
-    *expert_rank = j;
-    return call.row_offset_at(j) + routing.slot_at(token, j);
-  }
-  const size_t tk = static_cast<size_t>(token * routing.topk + j);
-  const int expert = routing.topk_idx[tk];
-  const int local = expert % local_experts_;
-  *expert_rank = expert / local_experts_;
-  return local * call.expert_slots() + call.expert_offset_at(*expert_rank, local) +
-         routing.expert_slot[tk];
-}
-
 const char* Ubep::combine_row(const DispatchCall& call, int64_t token, int j, bool caller) const {
+  const Routing& routing = call.routing();
+  const int local_experts = local_experts_;
   int expert_rank;
-  const int64_t pos = combine_row_pos(call, token, j, &expert_rank);
+  int64_t pos;
+  if (call.layout() == Layout::kThroughput) {
+    expert_rank = j;
+    pos = call.row_offset_at(expert_rank) + routing.slot_at(token, expert_rank);
+  } else {
+    const size_t tk = static_cast<size_t>(token * routing.topk + j);
+    const int expert = routing.topk_idx[tk];
+    const int local = expert % local_experts;
+    expert_rank = expert / local_experts;
+    pos = local * call.expert_slots() + call.expert_offset_at(expert_rank, local) +
+          routing.expert_slot[tk];
+  }
   const Tag* tag = ctx_.win.at<Tag>(expert_rank, ctx_.win.map().comb_tag) + pos;
   ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tag); }, caller,
                        [&] {
@@ -329,18 +325,9 @@ TensorView Ubep::combine_recv(const CombineCall& combine) {
       float* acc = ctx_.reducer.acc(member);
       int64_t begin, end;
       slice(tokens, member, members, &begin, &end);
-      // The look-ahead names the next token's rows within this member's slice only.
-      auto where = [&](int64_t tok, int j) -> const char* {
-        if (tok >= end) return nullptr;
-        int expert_rank;
-        const int64_t pos = combine_row_pos(call, tok, j, &expert_rank);
-        return ctx_.win.at<char>(expert_rank, ctx_.win.map().comb_x) +
-               static_cast<size_t>(pos) * ctx_.row_bytes();
-      };
       for (int64_t t = begin; t < end; ++t)
-        ctx_.reducer.reduce(
-            call, combine.out, t, acc,
-            [&](int64_t tok, int j) { return combine_row(call, tok, j, false); }, where);
+        ctx_.reducer.reduce(call, combine.out, t, acc,
+                            [&](int64_t tok, int j) { return combine_row(call, tok, j, false); });
     });
   }
   timer.lap("receive + reduce");

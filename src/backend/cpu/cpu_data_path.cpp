@@ -54,17 +54,6 @@ struct HeldTags {
 };
 thread_local HeldTags held;
 
-// The reductions' look-ahead (prepare_reduce), per thread like the reductions themselves: the
-// next token's rows, handed to the next reduce_rows to prefetch, and whether the rows of the
-// reduction after that were so prefetched (then it skips its own look-ahead).
-struct ReduceAhead {
-  static constexpr int kMaxRows = 64;
-  const void* rows[kMaxRows];
-  int n = 0;
-  bool prefetched = false;  // the current reduction's rows were prefetched by the last one
-};
-thread_local ReduceAhead reduce_ahead;
-
 // Marks this thread as running a role function for its lifetime; releases on the way out.
 struct RoleScope {
   RoleScope() { ++held.in_role; }
@@ -140,18 +129,9 @@ void CpuDataPath::fence() const {
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
-void CpuDataPath::prepare_reduce(const void* const* rows, int n, size_t /*row_bytes*/) const {
-  ReduceAhead& a = reduce_ahead;
-  a.n = n < ReduceAhead::kMaxRows ? n : 0;  // more rows than that: no hint
-  for (int r = 0; r < a.n; ++r) a.rows[r] = rows[r];
-}
-
 void CpuDataPath::reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
                               const float* weights, int n, bool stream) const {
-  ReduceAhead& a = reduce_ahead;
-  kernels::reduce_rows(out, dtype, hidden, rows, weights, n, stream, a.rows, a.n, a.prefetched);
-  a.prefetched = a.n > 0;
-  a.n = 0;
+  kernels::reduce_rows(out, dtype, hidden, rows, weights, n, stream);
   if (!stream) return;
   held.unfenced = true;  // fenced when the role ends (run_roles' return publishes the output)
   if (held.in_role == 0) held.release();

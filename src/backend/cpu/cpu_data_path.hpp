@@ -26,7 +26,6 @@ class CpuDataPath final : public backend::DataPath {
   void fence() const override;
   void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
                    const float* weights, int n, bool stream) const override;
-  void prepare_reduce(const void* const* rows, int n, size_t row_bytes) const override;
   void accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden,
                       const float* weight) const override;
   void store_row(void* dst, const float* acc, DType dtype, int64_t hidden) const override;

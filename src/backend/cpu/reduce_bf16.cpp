@@ -75,26 +75,16 @@ __attribute__((target("avx512f"))) inline void store_avx512(uint16_t* out, __m51
     _mm512_storeu_si512(out, v);
 }
 
-// Where the look-ahead of a step goes: the next token's rows (nx, nn of them) at this step's
-// offset, when the caller named them; else this token's rows kPrefetchAhead further on (unless
-// the previous token's reduction prefetched them: `own` false).
-struct Lookahead {
-  const uint16_t* const* nx;
-  int nn;
-  bool own;
-};
-
 template <bool Weighted>
 __attribute__((target("avx512f"))) void reduce_avx512(uint16_t* out, int64_t hidden,
                                                       const uint16_t* const* v, const float* w,
-                                                      int n, bool stream, Lookahead look) {
+                                                      int n, bool stream) {
   const __m512i hi = _mm512_set1_epi32(-65536);  // 0xFFFF0000
   int64_t h = 0;
   // 64 elements per step: four independent accumulators keep the add chains overlapped.
   for (; h + 64 <= hidden; h += 64) {
     __m512 e0 = _mm512_setzero_ps(), o0 = e0, e1 = e0, o1 = e0;
-    const bool ahead = look.own && h + kPrefetchAhead < hidden;
-    for (int r = 0; r < look.nn; ++r) prefetch_128(look.nx[r] + h);
+    const bool ahead = h + kPrefetchAhead < hidden;
     for (int r = 0; r < n; ++r) {
       if (ahead) prefetch_128(v[r] + h + kPrefetchAhead);
       const __m512i x0 = _mm512_loadu_si512(v[r] + h);
@@ -193,22 +183,17 @@ int reduce_bf16_level() {
 }
 
 bool reduce_bf16_vector(uint16_t* out, int64_t hidden, const void* const* rows,
-                        const float* weights, int n, int level, bool stream,
-                        const void* const* ahead, int ahead_n, bool prefetched) {
+                        const float* weights, int n, int level, bool stream) {
 #ifdef UBEP_VECTOR_REDUCE
   if (level < 0) level = kLevel;
   level = level < kLevel ? level : kLevel;
   if (level == 0 || n > kMaxVectorRows) return false;
   const uint16_t* v[kMaxVectorRows];
   for (int r = 0; r < n; ++r) v[r] = static_cast<const uint16_t*>(rows[r]);
-  const uint16_t* nx[kMaxVectorRows];
-  const int nn = ahead ? (ahead_n < kMaxVectorRows ? ahead_n : kMaxVectorRows) : 0;
-  for (int r = 0; r < nn; ++r) nx[r] = static_cast<const uint16_t*>(ahead[r]);
   stream = stream && reinterpret_cast<uintptr_t>(out) % 64 == 0;
   if (level == 2) {
-    const Lookahead look{nx, nn, !prefetched};
-    weights ? reduce_avx512<true>(out, hidden, v, weights, n, stream, look)
-            : reduce_avx512<false>(out, hidden, v, nullptr, n, stream, look);
+    weights ? reduce_avx512<true>(out, hidden, v, weights, n, stream)
+            : reduce_avx512<false>(out, hidden, v, nullptr, n, stream);
   } else {
     weights ? reduce_avx2<true>(out, hidden, v, weights, n, stream)
             : reduce_avx2<false>(out, hidden, v, nullptr, n, stream);
@@ -216,7 +201,6 @@ bool reduce_bf16_vector(uint16_t* out, int64_t hidden, const void* const* rows,
   return true;
 #else
   (void)out, (void)hidden, (void)rows, (void)weights, (void)n, (void)level, (void)stream;
-  (void)ahead, (void)ahead_n, (void)prefetched;
   return false;
 #endif
 }

@@ -15,13 +15,7 @@ int reduce_bf16_level();
 // returns true, or returns false (nothing written) when no vector kernel applies: level 0, or
 // more than kMaxVectorRows rows. weights == nullptr: unweighted. stream: write `out` with
 // non-temporal stores where it is 64-byte aligned (the caller fences: store_fence()).
-// ahead/ahead_n: the rows the next reduction will read (DataPath::prepare_reduce): their lines
-// are prefetched into L2 at the same offset as this reduction's, one token ahead; with
-// prefetched, this reduction's own rows were so prefetched by the previous one and it skips
-// its own look-ahead. Hints only: the result does not depend on them.
 bool reduce_bf16_vector(uint16_t* out, int64_t hidden, const void* const* rows,
-                        const float* weights, int n, int level = -1, bool stream = false,
-                        const void* const* ahead = nullptr, int ahead_n = 0,
-                        bool prefetched = false);
+                        const float* weights, int n, int level = -1, bool stream = false);
 
 }  // namespace ubep::kernels

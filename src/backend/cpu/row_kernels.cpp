@@ -175,11 +175,9 @@ void copy_row_to_peer(void* dst, const void* src, size_t bytes) {
 }
 
 void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
-                 const float* weights, int n, bool stream, const void* const* ahead, int ahead_n,
-                 bool prefetched) {
+                 const float* weights, int n, bool stream) {
   if (dtype == DType::kBF16 &&
-      reduce_bf16_vector(static_cast<uint16_t*>(out), hidden, rows, weights, n, -1, stream, ahead,
-                         ahead_n, prefetched))
+      reduce_bf16_vector(static_cast<uint16_t*>(out), hidden, rows, weights, n, -1, stream))
     return;
   reduce_rows_portable(out, dtype, hidden, rows, weights, n);
 }

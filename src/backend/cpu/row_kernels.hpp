@@ -32,10 +32,8 @@ void prefetch_for_write(const void* dst, size_t bytes);
 // the same bits, with a fraction of the memory traffic. weights == nullptr: unweighted. n may be 0.
 // stream: a large output, written with non-temporal stores where the kernel can (bf16); the
 // caller must store_fence() before another thread reads it.
-// ahead, ahead_n, prefetched: prefetch hints (reduce_bf16_vector), for bf16 with AVX-512.
 void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
-                 const float* weights, int n, bool stream = false,
-                 const void* const* ahead = nullptr, int ahead_n = 0, bool prefetched = false);
+                 const float* weights, int n, bool stream = false);
 // The same without the hand-vectorised bf16 kernels (reduce_bf16.hpp): compiler-vectorised,
 // for CPUs without AVX2 and to time against.
 void reduce_rows_portable(void* out, DType dtype, int64_t hidden, const void* const* rows,
