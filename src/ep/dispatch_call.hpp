@@ -190,18 +190,9 @@ void DispatchCall::place_row(const Window& win, int dest, int source, int32_t t,
                              Done&& done) const {
   const WindowLayout& m = win.map();
   const size_t xb = m.codec.payload_bytes, sb = m.codec.scale_bytes;
-  // A row's small records (source, k or expert ids and weights, tag) are plain stores into
-  // lines of the receiver's window that the receiver read last: each would wait for its line
-  // to come back (a read-for-ownership) and hold up the row stores behind it. Fetching those
-  // lines first lets them travel while the row's payload streams (prepare_put, as for the fp8
-  // scales).
   if (layout_ == Layout::kThroughput) {
     const auto pos = row_off + slot;
     const auto p = static_cast<size_t>(pos);
-    win.prepare_record(win.at<int64_t>(dest, m.tp_src) + 2 * pos, 16);
-    win.prepare_record(win.at<int32_t>(dest, m.tp_idx) + pos * K, 4 * static_cast<size_t>(K));
-    win.prepare_record(win.at<float>(dest, m.tp_w) + pos * K, 4 * static_cast<size_t>(K));
-    win.prepare_record(win.at<Tag>(dest, m.tp_tag) + pos, sizeof(Tag));
     win.put_dispatch_row(win.at<char>(dest, m.tp_x) + p * xb,
                          win.at<char>(dest, m.tp_scale) + p * sb, row, stream_rows_);
     const int64_t src[2] = {source, t};
@@ -224,9 +215,6 @@ void DispatchCall::place_row(const Window& win, int dest, int source, int32_t t,
       const int le = e % local_experts;
       const int64_t pos = le * expert_slots() + expert_off[le] + expert_slot[j];
       const auto p = static_cast<size_t>(pos);
-      win.prepare_record(win.at<int64_t>(dest, m.lat_src) + 2 * pos, 16);
-      win.prepare_record(win.at<int8_t>(dest, m.lat_k) + pos, 1);
-      win.prepare_record(win.at<Tag>(dest, m.lat_tag) + pos, sizeof(Tag));
       win.put_dispatch_row(win.at<char>(dest, m.lat_x) + p * xb,
                            win.at<char>(dest, m.lat_scale) + p * sb, row, stream_rows_);
       const int64_t src[2] = {source, t};

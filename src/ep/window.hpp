@@ -75,8 +75,6 @@ class Window {
     dp_.put_row(dst, src, row_bytes(), stream);
   }
   void put(void* dst, const void* src, size_t bytes) const { dp_.put(dst, src, bytes); }
-  // A hint: a small record will be put at dst soon (DataPath::prepare_put).
-  void prepare_record(void* dst, size_t bytes) const { dp_.prepare_put(dst, bytes); }
   // A dispatch row: its payload into x_dst and its scales (if the codec has any) into scale_dst;
   // both are ordered before the row's tag like any put_row.
   void put_dispatch_row(char* x_dst, char* scale_dst, RowRef row, bool stream) const {
