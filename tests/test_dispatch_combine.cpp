@@ -1,7 +1,9 @@
 // Dispatch + combine on thread ranks against the reference, for every implementation.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "harness.hpp"
 #include "ubep/group.hpp"
@@ -150,6 +152,48 @@ TEST(DispatchCombineEdges, BarriersPerCall) {
       (void)r;
     }
   });
+}
+
+// The stage table's peer wait (CallStats::stage_wait_us) shows a peer's delay where it lands: rank
+// 1 starts each op 30 ms late, so rank 0 waits at least most of that inside the op, and a wait is
+// never more than its stage (one member: no workers). Reference: the sleep itself.
+TEST(DispatchCombineEdges, StageWaitsShowALatePeer) {
+  Case c;
+  c.tokens = {8, 8};
+  const Problem p = make_problem(2, c.experts, c.hidden, c.dtype, c.tokens, c.topk, c.routing, 5);
+  constexpr double kLateUs = 30000;
+  for (Algorithm algo : {Algorithm::kBsp, Algorithm::kUbep}) {
+    run_on_threads(2, [&](Group& g) {
+      BufferConfig cfg = config_for(c, algo);
+      cfg.num_workers = 0;
+      Buffer b(g, cfg);
+      DispatchArgs a = p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout);
+      auto check = [&](const char* op) {
+        const CallStats& s = b.last_stats();
+        ASSERT_EQ(s.stage_wait_us.size(), s.stage_us.size()) << op;
+        double wait = 0;
+        for (size_t i = 0; i < s.stage_us.size(); ++i) {
+          EXPECT_GE(s.stage_wait_us[i], 0) << op << " " << s.stage_us[i].first;
+          EXPECT_LE(s.stage_wait_us[i], s.stage_us[i].second + 1)
+              << op << " " << s.stage_us[i].first;
+          wait += s.stage_wait_us[i];
+        }
+        if (g.rank() == 0) EXPECT_GE(wait, 0.5 * kLateUs) << algorithm_name(algo) << " " << op;
+      };
+      auto late = [&] {
+        g.barrier();
+        if (g.rank() == 1)
+          std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(kLateUs)));
+      };
+      late();
+      auto r = b.dispatch(a);
+      check("dispatch");
+      std::vector<char> in(static_cast<size_t>(r.num_recv_rows * c.hidden) * 4, 0);
+      late();
+      b.combine({TensorView(in.data(), c.dtype, {r.num_recv_rows, c.hidden}), r.handle});
+      check("combine");
+    });
+  }
 }
 
 }  // namespace

@@ -125,7 +125,7 @@ void Bsp::send_tokens(DispatchCall& call) {
 }
 
 void Bsp::dispatch_send(DispatchCall& call) {
-  StageTimer timer(ctx_.stats);
+  StageTimer timer(ctx_.stats, &ctx_.waiter.waited_ns());
   timer.lap("layout");  // the engine routed (and validated) the call
   exchange_counts(call);
   timer.lap("count exchange");
@@ -191,7 +191,7 @@ void Bsp::reduce_staged(const CombineCall& combine) {
 }
 
 void Bsp::combine_send(const CombineCall& combine) {
-  StageTimer timer(ctx_.stats);
+  StageTimer timer(ctx_.stats, &ctx_.waiter.waited_ns());
   push_combine_rows(combine);
   barrier(combine.dispatch, 3);
   timer.lap("row send");

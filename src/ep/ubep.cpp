@@ -104,6 +104,21 @@ class Ubep final : public TokenExchange {
   // The combine row of `token`'s j-th contribution, waited for (throughput: j is the expert
   // rank; latency: j is k).
   const char* combine_row(const DispatchCall& call, int64_t token, int j, bool caller) const;
+  // The send phase's stage (time, peer wait), which the receive phase's timer would clear: taken
+  // before it starts, put back in front of the receive's stages after.
+  struct SendStage {
+    double us = 0, wait_us = 0;
+  };
+  SendStage last_send_stage() const {
+    const CallStats& s = ctx_.stats;
+    return {s.stage_us.empty() ? 0.0 : s.stage_us.back().second,
+            s.stage_wait_us.empty() ? 0.0 : s.stage_wait_us.back()};
+  }
+  void keep_send_stage(const SendStage& send) const {
+    CallStats& s = ctx_.stats;
+    s.stage_us.insert(s.stage_us.begin(), {"send", send.us});
+    s.stage_wait_us.insert(s.stage_wait_us.begin(), send.wait_us);
+  }
 
   ExchangeContext ctx_;
   const int local_experts_;  // per rank: read per combine contribution, so computed once
@@ -161,7 +176,7 @@ void Ubep::send_equal_slices(DispatchCall& call, int member, uint64_t generation
 }
 
 void Ubep::dispatch_send(DispatchCall& call) {
-  StageTimer timer(ctx_.stats);
+  StageTimer timer(ctx_.stats, &ctx_.waiter.waited_ns());
   // The offset role (member 0, one writer) signals the other senders that the offsets for a
   // destination are computed (DispatchCall::signal_offsets: release/acquire, rank-local).
   const uint64_t generation = call.next_send_generation();
@@ -194,8 +209,8 @@ void Ubep::dispatch_send(DispatchCall& call) {
 }
 
 Arrivals Ubep::dispatch_recv(DispatchCall& call) {
-  const double send_us = ctx_.stats.stage_us.empty() ? 0.0 : ctx_.stats.stage_us.back().second;
-  StageTimer timer(ctx_.stats);
+  const SendStage send = last_send_stage();
+  StageTimer timer(ctx_.stats, &ctx_.waiter.waited_ns());
   wait_counts(ctx_, call, ctx_.rank(), ctx_.ranks(), true);
   call.receive_counts(ctx_.win);
   timer.lap("counts + prefix sum");
@@ -222,8 +237,8 @@ Arrivals Ubep::dispatch_recv(DispatchCall& call) {
     ctx_.waiter.wait_for([&] { return ctx_.relay->progress(); }, true,
                          [] { return std::string("relay forwarding"); });
   if (call.shape_mismatch() >= 0) return call.arrivals();
-  ctx_.stats.stage_us.insert(ctx_.stats.stage_us.begin(), {"send", send_us});
   timer.lap("receive");
+  keep_send_stage(send);
   return call.arrivals();
 }
 
@@ -248,7 +263,7 @@ std::array<int64_t, 2> Ubep::wait_recv_range(const DispatchCall& call, int sourc
 }
 
 void Ubep::combine_send(const CombineCall& combine) {
-  StageTimer timer(ctx_.stats);
+  StageTimer timer(ctx_.stats, &ctx_.waiter.waited_ns());
   const int members = ctx_.dp.members();
   char* combine_rows = ctx_.win.at<char>(ctx_.rank(), ctx_.win.map().comb_x);
   Tag* tags = ctx_.win.at<Tag>(ctx_.rank(), ctx_.win.map().comb_tag);
@@ -295,8 +310,8 @@ const char* Ubep::combine_row(const DispatchCall& call, int64_t token, int j, bo
 TensorView Ubep::combine_recv(const CombineCall& combine) {
   const DispatchCall& call = combine.dispatch;
   const int64_t tokens = call.routing().num_tokens;
-  const double send_us = ctx_.stats.stage_us.empty() ? 0.0 : ctx_.stats.stage_us.back().second;
-  StageTimer timer(ctx_.stats);
+  const SendStage send = last_send_stage();
+  StageTimer timer(ctx_.stats, &ctx_.waiter.waited_ns());
   if (ctx_.relay) {
     // Across hosts the caller's thread alone drives the transport, so it reduces alone too.
     for (int64_t t = 0; t < tokens; ++t)
@@ -315,8 +330,8 @@ TensorView Ubep::combine_recv(const CombineCall& combine) {
                             [&](int64_t tok, int j) { return combine_row(call, tok, j, false); });
     });
   }
-  ctx_.stats.stage_us.insert(ctx_.stats.stage_us.begin(), {"send", send_us});
   timer.lap("receive + reduce");
+  keep_send_stage(send);
   return ctx_.reducer.y_view(tokens, combine.out);
 }
 

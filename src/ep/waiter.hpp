@@ -7,7 +7,9 @@
 // deadlock-free across hosts (relay.hpp), whoever is waiting for what.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 
 #include "bootstrap/group_hooks.hpp"
 #include "core/wait.hpp"
@@ -28,9 +30,26 @@ class Waiter {
   // For waits off the caller's thread that name what they wait for themselves.
   const WaitPolicy& policy() const { return policy_; }
 
-  // Waits for pred; caller: on the caller's thread (keeps the relay going meanwhile).
+  // Waits for pred; caller: on the caller's thread (keeps the relay going meanwhile). A wait that
+  // does not find pred true at once adds its duration to waited_ns (the stage table's "wait").
   template <typename Pred, typename Describe>
   void wait_for(Pred&& pred, bool caller, Describe&& describe) const {
+    if (pred()) return;  // the common case: no clock read
+    const auto start = std::chrono::steady_clock::now();
+    wait_slow(pred, caller, describe);
+    waited_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - start)
+                             .count(),
+                         std::memory_order_relaxed);
+  }
+  // Nanoseconds this buffer's waits have spent waiting for peers, over its life (every member
+  // thread adds to it: relaxed increments of one counter, read by StageTimer on the caller's
+  // thread after the roles joined).
+  const std::atomic<int64_t>& waited_ns() const { return waited_ns_; }
+
+ private:
+  template <typename Pred, typename Describe>
+  void wait_slow(Pred&& pred, bool caller, Describe&& describe) const {
     auto named = [&] { return detail::concat(describe(), " in call ", watch_.call()); };
     if (caller && relay_) {
       // Deaths on other hosts arrive through the transport too (Group::pump_deaths): looked
@@ -54,8 +73,8 @@ class Waiter {
     }
   }
 
- private:
   WaitPolicy policy_;
+  mutable std::atomic<int64_t> waited_ns_{0};
   Group& group_;
   const FailureWatch& watch_;
   HostRelay* relay_;

@@ -2,8 +2,12 @@
 // split (tools/bench, src/baseline).
 #include <gtest/gtest.h>
 
+#include <array>
+#include <atomic>
 #include <cstring>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "baseline/exchange.hpp"
@@ -50,6 +54,66 @@ TEST(BenchFlags, GoodValuesAreKept) {
   EXPECT_EQ(c.opt.workers, 3);
   EXPECT_EQ(c.ranks, 4);
   EXPECT_TRUE(parse({"--help"}).help);
+}
+
+TEST(BenchFlags, RepeatIsParsedAndChecked) {
+  EXPECT_EQ(parse({}).opt.repeat, 1);
+  EXPECT_EQ(parse({"--repeat", "5"}).opt.repeat, 5);
+  expect_invalid([] { parse({"--repeat", "0"}); }, {"--repeat", "got 0"});
+}
+
+// --repeat's summary: the median of the runs' medians and their range; x_bound the median of each
+// run's own ratio (not the ratio of the medians); a bound whose winning kernel changed between
+// runs is still one row. Reference: the numbers worked out by hand.
+TEST(BenchRepeat, SummaryIsTheMedianOfTheRunsWithTheirRange) {
+  auto row = [](const char* impl, const char* variant, const char* op, double us, double xb) {
+    tools::BenchRow r;
+    r.impl = impl;
+    r.variant = variant;
+    r.op = op;
+    r.dtype = "bf16";
+    r.median_us = us;
+    r.x_bound = xb;
+    return r;
+  };
+  std::vector<std::vector<tools::BenchRow>> runs = {
+      {row("ubep", "", "dispatch", 120, 1.20), row("bound", "memcpy", "dispatch", 100, 1)},
+      {row("ubep", "", "dispatch", 100, 1.25), row("bound", "nt-store-64B", "dispatch", 80, 1)},
+      {row("ubep", "", "dispatch", 300, 1.10), row("bound", "nt-store-64B", "dispatch", 272, 1)},
+      {row("ubep", "", "dispatch", 110, 1.30), row("bound", "memcpy", "dispatch", 85, 1)}};
+  const auto sum = tools::summarize_runs(runs);
+  ASSERT_EQ(sum.size(), 2u);
+  EXPECT_EQ(sum[0].impl, "ubep");
+  EXPECT_EQ(sum[0].runs, 4);
+  EXPECT_DOUBLE_EQ(sum[0].median_us, 115);  // (110 + 120) / 2
+  EXPECT_DOUBLE_EQ(sum[0].run_min_us, 100);
+  EXPECT_DOUBLE_EQ(sum[0].run_max_us, 300);
+  EXPECT_DOUBLE_EQ(sum[0].x_bound, 1.225);  // (1.20 + 1.25) / 2, not 115 / 92.5
+  EXPECT_DOUBLE_EQ(sum[0].x_bound_min, 1.10);
+  EXPECT_DOUBLE_EQ(sum[0].x_bound_max, 1.30);
+  EXPECT_EQ(sum[1].impl, "bound");
+  EXPECT_DOUBLE_EQ(sum[1].median_us, 92.5);  // (85 + 100) / 2
+}
+
+// The bench's start barrier (start_barrier.cpp): nobody leaves barrier k before every rank has
+// arrived at it, over many rounds with the ranks arriving in random order (3 thread ranks on
+// fewer cores, so waiters must also let the others run).
+TEST(BenchStartBarrier, NoRankLeavesBeforeAllArrived) {
+  constexpr int kRanks = 3, kRounds = 3000;
+  std::array<std::atomic<int>, kRanks> arrived{};
+  std::atomic<int> early{0};
+  run_on_threads(kRanks, [&](Group& g) {
+    tools::StartBarrier start(g);
+    std::mt19937 rng(static_cast<unsigned>(g.rank()) + 7);
+    for (int k = 1; k <= kRounds; ++k) {
+      if (rng() % 8 == 0) std::this_thread::yield();
+      arrived[static_cast<size_t>(g.rank())].store(k, std::memory_order_relaxed);
+      start.wait();
+      for (int s = 0; s < kRanks; ++s)
+        if (arrived[static_cast<size_t>(s)].load(std::memory_order_relaxed) < k) ++early;
+    }
+  });
+  EXPECT_EQ(early.load(), 0);
 }
 
 TEST(BenchBound, SendRowsFollowTheLayout) {

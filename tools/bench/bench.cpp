@@ -199,8 +199,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     std::function<void()> prepare;  // before each slice (sync mode of a shared buffer)
     Buffer* buf = nullptr;
     std::vector<double> td, tc;
-    std::map<std::string, double> stage_sum, cstage_sum;  // dispatch's and combine's stages
-    std::vector<std::string> stage_order, cstage_order;
+    OpBreakdown dparts, cparts;  // dispatch's and combine's stages, waits and start times
     double barriers = 0, dbytes = 0, net_bytes = 0, net_rows = 0;
     int done = 0;  // iterations run, warm-up included
   };
@@ -245,19 +244,21 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     }
   }
 
+  StartBarrier start(g);
   auto run = [&](Measurement& m, int iters) {
     if (m.prepare) m.prepare();
     for (int n = 0; n < iters; ++n, ++m.done) {
       const bool record = m.done >= o.warmup;
-      // Every timed op runs on all ranks at once, alone: a group barrier before it (outside the
-      // timing), as the bound's ops have, and one after it. Without the first, a rank's time
+      // Every timed op runs on all ranks at once, alone: a start barrier before it (outside the
+      // timing; one whose waiters never sleep, start_barrier.cpp), as the bound's ops have, and
+      // a group barrier after it. Without the first, a rank's time
       // includes waiting for a peer still in its previous step (the untimed expert ends at
       // different times on different ranks): the bench's skew, not the op's cost (straggler.cpp
       // measures skew on purpose). Without the second, a rank that is done starts its expert
       // step while a peer is still in the op, which with more ranks than cores takes that peer's
       // CPU time.
-      g.barrier();
-      auto t0 = Clock::now();
+      start.wait();
+      const auto t0 = Clock::now();
       DispatchResult r = m.dispatch();
       const double d = us_since(t0);
       g.barrier();
@@ -267,24 +268,16 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
         m.barriers += static_cast<double>(sd->barriers);
         m.net_bytes += static_cast<double>(sd->network_bytes);
         m.net_rows += static_cast<double>(sd->network_rows);
-        for (auto& [name, us] : sd->stage_us) {
-          if (!m.stage_sum.count(name)) m.stage_order.push_back(name);
-          m.stage_sum[name] += us;
-        }
       }
+      if (record) m.dparts.add(sd, t0);
       const CombineArgs ca =
           fp8 ? expert_fp8(r, m.buf, in, o.hidden) : expert_identity(r, m.buf, row_bytes);
-      g.barrier();
-      t0 = Clock::now();
+      start.wait();
+      const auto t1 = Clock::now();
       TensorView y = m.combine(ca);
-      const double c = us_since(t0);
+      const double c = us_since(t1);
       g.barrier();
-      const CallStats* sc = m.stats();
-      if (record && sc)
-        for (auto& [name, us] : sc->stage_us) {
-          if (!m.cstage_sum.count(name)) m.cstage_order.push_back(name);
-          m.cstage_sum[name] += us;
-        }
+      if (record) m.cparts.add(m.stats(), t1);
       if (record) {
         m.td.push_back(d);
         m.tc.push_back(c);
@@ -303,10 +296,10 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     rd.network_bytes = mean_over_ranks(g, m.net_bytes / o.iters);
     rd.network_rows = mean_over_ranks(g, m.net_rows / o.iters);
     rd.expected_network_rows = mean_over_ranks(g, expected_net_rows);
-    for (auto& n : m.stage_order) rd.stages.emplace_back(n, m.stage_sum[n] / o.iters);
+    m.dparts.finish(g, m.td, &rd);
     rows.push_back(rd);
     BenchRow rc = make_row(g, m.impl, m.variant, "combine", m.tc, cbytes);
-    for (auto& n : m.cstage_order) rc.stages.emplace_back(n, m.cstage_sum[n] / o.iters);
+    m.cparts.finish(g, m.tc, &rc);
     rows.push_back(std::move(rc));
   };
 

@@ -2,13 +2,16 @@
 // memory-bandwidth bound and the latency floor, in one run on one group.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "ubep/buffer.hpp"
 #include "ubep/group.hpp"
+#include "ubep/stats.hpp"
 
 namespace ubep::tools {
 
@@ -30,6 +33,7 @@ struct BenchOptions {
   std::string routing = "uniform";                // uniform | hot
   int iters = 50;
   int rounds = 5;  // iterations interleaved with the other implementations' in this many slices
+  int repeat = 1;  // whole runs, the implementations' order rotating; summary over their medians
   int warmup = 5;
   int workers = -1;  // worker threads per rank for ubep and the baseline (-1: cores / ranks - 1)
   std::string topology;  // preset/HxR/file for the scheduler report and the ubep schedule
@@ -63,6 +67,59 @@ struct BenchRow {
   // Median over the bound of the same op (0 when there is none), and over floor + bound: what a
   // call cannot beat (data must be copied, and a peer must see a flag).
   double x_bound = 0, x_floor_bound = 0;
+  // Where the time goes, per rank (index = rank; breakdown.cpp), medians over the calls: each
+  // stage of `stages`, its part spent waiting on a peer (wait_us) and the rest, this rank's own
+  // work (work_us: copying, reducing, bookkeeping; the median of stage - wait); the whole op
+  // (op_us: what the stages leave out is the engine's checks and routing); and how much later
+  // than the earliest rank this rank started the op (late_us). wait_us/work_us are empty where
+  // the implementation does not measure waits.
+  struct RankPhases {
+    std::vector<double> stage_us, wait_us, work_us;
+    double late_us = 0, op_us = 0;
+  };
+  std::vector<RankPhases> per_rank;
+  // One host only: the skew of a call's starts (latest minus earliest rank), median and p99, and
+  // the call timed from the latest start to the latest end (median): the op without that skew.
+  double skew_median_us = 0, skew_p99_us = 0, from_last_start_us = 0;
+  // --repeat (repeat.cpp): the run this row is from (0-based), or, in the summary, the number of
+  // runs, and the range over them of the per-run medians and x_bound.
+  int run = 0, runs = 0;
+  double run_min_us = 0, run_max_us = 0, x_bound_min = 0, x_bound_max = 0;
+};
+
+// What every timed op starts after (start_barrier.cpp): all ranks leave it together, within
+// about a cache line's transfer, and no waiter sleeps or (with no more ranks than cores) gives
+// up its core. Collective constructor and destructor; across hosts it is the group barrier.
+class StartBarrier {
+ public:
+  explicit StartBarrier(Group& g);
+  ~StartBarrier();
+  StartBarrier(const StartBarrier&) = delete;
+  StartBarrier& operator=(const StartBarrier&) = delete;
+  void wait();
+
+ private:
+  Group& g_;
+  std::unique_ptr<SharedWindow> win_;
+  uint64_t arrived_ = 0;
+  bool yield_ = false;
+};
+
+// Per-call records of one implementation's op, on this rank (breakdown.cpp): the stages and
+// their peer waits from CallStats, and when each call started.
+class OpBreakdown {
+ public:
+  // stats: the call's (nullptr for implementations without stages); start: steady clock.
+  void add(const CallStats* stats, std::chrono::steady_clock::time_point start);
+  // Collective: fills row.stages, row.per_rank and the skew fields; durations are this rank's
+  // (the same calls as add's, in order).
+  void finish(Group& g, const std::vector<double>& durations, BenchRow* row) const;
+
+ private:
+  std::vector<std::string> order_;                        // stage names, first seen first
+  std::map<std::string, std::vector<double>> us_, wait_;  // per stage: one value per call
+  bool waits_ = true;
+  std::vector<double> start_us_;
 };
 
 // Flags of ubep-bench, validated: every bad value raises InvalidArgument naming the flag and
@@ -96,7 +153,21 @@ void print_straggler_table(const Group& group, const BenchOptions& opt,
 
 // Rank 0 prints/writes; other ranks do nothing.
 void print_table(const Group& group, const BenchOptions& opt, const std::vector<BenchRow>& rows);
-void write_json(const Group& group, const BenchOptions& opt, const std::vector<BenchRow>& rows);
+// The per-rank breakdown of one row (rank 0 prints; breakdown.cpp).
+void print_breakdown(const BenchRow& row);
+
+// --repeat (repeat.cpp): one row per (dtype, impl, variant, op) over the runs: the median of the
+// runs' medians (median_us), their range, the median and range of the runs' x_bound (each run's
+// ratio to its own bound), and x_floor_bound's median. Bound rows merge whatever kernel won.
+std::vector<BenchRow> summarize_runs(const std::vector<std::vector<BenchRow>>& runs);
+// Rank 0: the summary table and the derived ratios (dispatch + combine over the bound,
+// fp8 / bf16 dispatch, x (floor + bound)), each as the median and range over the runs.
+void print_summary(const Group& group, const BenchOptions& opt,
+                   const std::vector<std::vector<BenchRow>>& runs,
+                   const std::vector<BenchRow>& summary);
+// With run_rows (--repeat): `rows` are the summary, run_rows every run's rows ("run_results").
+void write_json(const Group& group, const BenchOptions& opt, const std::vector<BenchRow>& rows,
+                const std::vector<BenchRow>& run_rows = {});
 
 // Shared by the measurements (bench.cpp, bounds.cpp): per-iteration times of this rank ->
 // a row whose median and p99 are over the slowest rank of each iteration.

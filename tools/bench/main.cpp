@@ -1,6 +1,7 @@
 // ubep-bench: MPI baseline, bsp, ubep, the bandwidth bound and the latency floor side by side.
 //   ubep-bench --ranks 2 --workload decode                 (ranks as threads)
 //   mpirun -np 2 ubep-bench --workload decode              (ranks as processes)
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -38,17 +39,38 @@ int main(int argc, char** argv) {
       return;
     }
     auto policies = tools::policy_report(g, opt);
-    std::vector<tools::BenchRow> rows;
-    for (const std::string& d : opt.dtypes) {  // --dtype bf16,fp8: one full run per entry
-      tools::BenchOptions o = opt;
-      o.fp8_cast = d == "fp8-cast";
-      o.dtype = o.fp8_cast ? DType::kFP8E4M3 : parse_dtype(d);
-      auto part = tools::run_bench(g, o);
-      tools::print_table(g, o, part);
-      rows.insert(rows.end(), part.begin(), part.end());
+    // --repeat N: N whole runs; run n rotates the implementations and the dtypes by n, so none
+    // always runs first (in the rounds of run_bench) or in the same minute as another.
+    std::vector<std::vector<tools::BenchRow>> runs;
+    for (int n = 0; n < opt.repeat; ++n) {
+      auto rotated = [n](std::vector<std::string> v) {
+        if (!v.empty()) std::rotate(v.begin(), v.begin() + n % static_cast<int>(v.size()), v.end());
+        return v;
+      };
+      std::vector<tools::BenchRow> rows;
+      for (const std::string& d : rotated(opt.dtypes)) {  // --dtype bf16,fp8: a run per entry
+        tools::BenchOptions o = opt;
+        o.algos = rotated(opt.algos);
+        o.fp8_cast = d == "fp8-cast";
+        o.dtype = o.fp8_cast ? DType::kFP8E4M3 : parse_dtype(d);
+        auto part = tools::run_bench(g, o);
+        if (opt.repeat > 1 && g.rank() == 0) std::printf("-- run %d of %d --\n", n + 1, opt.repeat);
+        tools::print_table(g, o, part);
+        for (auto& r : part) r.run = n;
+        rows.insert(rows.end(), part.begin(), part.end());
+      }
+      runs.push_back(std::move(rows));
     }
     tools::print_policy_report(g, opt, policies);
-    tools::write_json(g, opt, rows);
+    if (opt.repeat == 1) {
+      tools::write_json(g, opt, runs[0]);
+      return;
+    }
+    const auto summary = tools::summarize_runs(runs);
+    tools::print_summary(g, opt, runs, summary);
+    std::vector<tools::BenchRow> all;
+    for (const auto& run : runs) all.insert(all.end(), run.begin(), run.end());
+    tools::write_json(g, opt, summary, all);
   };
   try {
     GroupOptions go;

@@ -44,6 +44,9 @@ Ranks: threads in this process (--ranks N), or processes when started by mpirun.
   --iters N --warmup N measured and warm-up iterations
   --rounds N           run the implementations and the bound in N interleaved slices of
                        their iterations (default 5), so load bursts hit all of them alike
+  --repeat N           N whole runs, the order of the implementations (and dtypes) rotating;
+                       then a summary: the median of the runs' medians with their range, and
+                       of each run's ratio to its own bound (default 1)
   --seed N             routing and data seed
   --json FILE          write {"config":..., "results":[...]}
   --dump DIR           write one call's inputs and outputs per rank as .npy + meta.json
@@ -165,6 +168,8 @@ BenchCommand parse_bench_args(int argc, const char* const* argv) {
       opt.warmup = static_cast<int>(num(0, 10000000));
     else if (a == "--rounds")
       opt.rounds = static_cast<int>(num(1, 10000));
+    else if (a == "--repeat")
+      opt.repeat = static_cast<int>(num(1, 1000));
     else if (a == "--seed")
       opt.seed = static_cast<uint64_t>(num(0, (1LL << 62)));
     else if (a == "--json")

@@ -141,10 +141,37 @@ void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchR
     for (auto& [n, us] : r.stages) std::printf("  %s %.1f", n.c_str(), us);
     std::printf("\n");
   }
+  for (const auto& r : rows)
+    if ((r.op == "dispatch" || r.op == "combine") && r.impl.rfind("bound", 0) != 0)
+      print_breakdown(r);
   std::fflush(stdout);
 }
 
 namespace {
+// "ranks": [{"rank", "late_us", "op_us", "stages_us", "wait_us", "work_us"}] (medians), the
+// start skew and the op timed from the latest start.
+void write_breakdown(std::ofstream& f, const BenchRow& r) {
+  if (r.per_rank.empty()) return;
+  f << ", \"skew_median_us\": " << r.skew_median_us << ", \"skew_p99_us\": " << r.skew_p99_us
+    << ", \"from_last_start_us\": " << r.from_last_start_us << ", \"ranks\": [";
+  for (size_t k = 0; k < r.per_rank.size(); ++k) {
+    const BenchRow::RankPhases& p = r.per_rank[k];
+    f << (k ? ", " : "") << "{\"rank\": " << k << ", \"late_us\": " << p.late_us
+      << ", \"op_us\": " << p.op_us;
+    auto stages = [&](const char* key, const std::vector<double>& v) {
+      if (v.empty()) return;
+      f << ", \"" << key << "\": {";
+      for (size_t i = 0; i < v.size() && i < r.stages.size(); ++i)
+        f << (i ? ", " : "") << "\"" << r.stages[i].first << "\": " << v[i];
+      f << "}";
+    };
+    stages("stages_us", p.stage_us);
+    stages("wait_us", p.wait_us);
+    stages("work_us", p.work_us);
+    f << "}";
+  }
+  f << "]";
+}
 std::string join_dtypes(const BenchOptions& o) {  // "bf16,fp8": every row carries its own
   std::string s;
   for (const std::string& d : o.dtypes) s += (s.empty() ? "" : ",") + d;
@@ -152,7 +179,49 @@ std::string join_dtypes(const BenchOptions& o) {  // "bf16,fp8": every row carri
 }
 }  // namespace
 
-void write_json(const Group& g, const BenchOptions& o, const std::vector<BenchRow>& rows) {
+namespace {
+// run >= 0: the row's run index (--repeat's run_results).
+void write_row(std::ofstream& f, const BenchOptions& o, const BenchRow& r, int run = -1) {
+  f << "{\"impl\": \"" << r.impl << "\", \"op\": \"" << r.op << "\", \"dtype\": \""
+    << (r.dtype.empty() ? dtype_name(o.dtype) : r.dtype.c_str())
+    << "\", \"median_us\": " << r.median_us << ", \"p99_us\": " << r.p99_us
+    << ", \"gbps\": " << r.gbps << ", \"bytes_per_rank\": " << r.bytes;
+  if (r.variant.rfind("late=", 0) == 0)  // the straggler run
+    f << ", \"late_us\": " << r.variant.substr(5);
+  else if (!r.variant.empty())
+    f << (r.impl.rfind("bound", 0) == 0 ? ", \"kernel\": \"" : ", \"sync\": \"") << r.variant
+      << "\"";
+  if (r.x_bound > 0) f << ", \"x_bound\": " << r.x_bound;
+  if (r.x_floor_bound > 0) f << ", \"x_floor_bound\": " << r.x_floor_bound;
+  if (r.impl == "bsp" || r.impl == "ubep") f << ", \"barriers\": " << r.barriers;
+  if (r.op == "dispatch" && r.expected_network_rows > 0)
+    f << ", \"network_rows\": " << r.network_rows
+      << ", \"expected_network_rows\": " << r.expected_network_rows
+      << ", \"network_bytes\": " << r.network_bytes;
+  if (!r.stages.empty()) {
+    f << ", \"stages_us\": {";
+    for (size_t s = 0; s < r.stages.size(); ++s)
+      f << (s ? ", " : "") << "\"" << r.stages[s].first << "\": " << r.stages[s].second;
+    f << "}";
+  }
+  write_breakdown(f, r);
+  if (r.runs > 0)
+    f << ", \"runs\": " << r.runs << ", \"run_min_us\": " << r.run_min_us
+      << ", \"run_max_us\": " << r.run_max_us << ", \"x_bound_min\": " << r.x_bound_min
+      << ", \"x_bound_max\": " << r.x_bound_max;
+  if (run >= 0) f << ", \"run\": " << run;
+  if (!r.candidates.empty()) {
+    f << ", \"candidates_us\": {";
+    for (size_t s = 0; s < r.candidates.size(); ++s)
+      f << (s ? ", " : "") << "\"" << r.candidates[s].first << "\": " << r.candidates[s].second;
+    f << "}";
+  }
+  f << "}";
+}
+}  // namespace
+
+void write_json(const Group& g, const BenchOptions& o, const std::vector<BenchRow>& rows,
+                const std::vector<BenchRow>& run_rows) {
   if (g.rank() != 0 || o.json.empty()) return;
   std::ofstream f(o.json);
   if (!f) throw SystemError("cannot write " + o.json);
@@ -161,39 +230,21 @@ void write_json(const Group& g, const BenchOptions& o, const std::vector<BenchRo
     << ", \"topk\": " << o.topk << ", \"experts\": " << o.experts << ", \"dtype\": \""
     << join_dtypes(o) << "\", \"layout\": \"" << layout_name(o.layout) << "\", \"routing\": \""
     << o.routing << "\", \"iters\": " << o.iters << ", \"warmup\": " << o.warmup
-    << "},\n \"results\": [";
+    << ", \"repeat\": " << o.repeat << "},\n \"results\": [";
   for (size_t i = 0; i < rows.size(); ++i) {
-    const auto& r = rows[i];
-    f << (i ? ",\n  " : "\n  ") << "{\"impl\": \"" << r.impl << "\", \"op\": \"" << r.op
-      << "\", \"dtype\": \"" << (r.dtype.empty() ? dtype_name(o.dtype) : r.dtype.c_str())
-      << "\", \"median_us\": " << r.median_us << ", \"p99_us\": " << r.p99_us
-      << ", \"gbps\": " << r.gbps << ", \"bytes_per_rank\": " << r.bytes;
-    if (r.variant.rfind("late=", 0) == 0)  // the straggler run
-      f << ", \"late_us\": " << r.variant.substr(5);
-    else if (!r.variant.empty())
-      f << (r.impl == "bound" ? ", \"kernel\": \"" : ", \"sync\": \"") << r.variant << "\"";
-    if (r.x_bound > 0) f << ", \"x_bound\": " << r.x_bound;
-    if (r.x_floor_bound > 0) f << ", \"x_floor_bound\": " << r.x_floor_bound;
-    if (r.impl == "bsp" || r.impl == "ubep") f << ", \"barriers\": " << r.barriers;
-    if (r.op == "dispatch" && r.expected_network_rows > 0)
-      f << ", \"network_rows\": " << r.network_rows
-        << ", \"expected_network_rows\": " << r.expected_network_rows
-        << ", \"network_bytes\": " << r.network_bytes;
-    if (!r.stages.empty()) {
-      f << ", \"stages_us\": {";
-      for (size_t s = 0; s < r.stages.size(); ++s)
-        f << (s ? ", " : "") << "\"" << r.stages[s].first << "\": " << r.stages[s].second;
-      f << "}";
-    }
-    if (!r.candidates.empty()) {
-      f << ", \"candidates_us\": {";
-      for (size_t s = 0; s < r.candidates.size(); ++s)
-        f << (s ? ", " : "") << "\"" << r.candidates[s].first << "\": " << r.candidates[s].second;
-      f << "}";
-    }
-    f << "}";
+    f << (i ? ",\n  " : "\n  ");
+    write_row(f, o, rows[i]);
   }
-  f << "\n]}\n";
+  f << "\n]";
+  if (!run_rows.empty()) {  // --repeat: every run's rows, each with its run index
+    f << ",\n \"run_results\": [";
+    for (size_t i = 0; i < run_rows.size(); ++i) {
+      f << (i ? ",\n  " : "\n  ");
+      write_row(f, o, run_rows[i], run_rows[i].run);
+    }
+    f << "\n]";
+  }
+  f << "}\n";
 }
 
 }  // namespace ubep::tools

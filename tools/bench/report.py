@@ -249,9 +249,11 @@ def main():
     p("""Each table is one run of `ubep-bench`: the MPI baseline (pack -> MPI_Alltoall ->
 MPI_Alltoallv -> unpack; "a2a" on thread ranks: the same bulk exchange through memory), ubep's
 `bsp` and `ubep` algorithms -- every timed op of every implementation starting on all ranks at
-once (a group barrier outside the timing, so no op's time includes a peer that is still in its
-untimed expert step) -- and, measured in the same run on the same ranks:
-* **bound**: every rank at once (a barrier before each op) copies the rows it sends from its
+once (a start barrier outside the timing whose waiters never sleep or yield their core, so no
+op's time includes a peer that is still in its untimed expert step or waking up; each op's
+per-rank breakdown -- own work, wait on a peer, start skew -- follows its table) -- and,
+measured in the same run on the same ranks:
+* **bound**: every rank at once (the same start barrier before each op) copies the rows it sends from its
   tokens into their places in the destinations' shared windows, where the call's layout puts
   them (latency layout: each local expert's region, each source's part of it; dispatch;
   candidates memcpy and 16- and 64-byte non-temporal store loops); then, after a fresh untimed
