@@ -10,6 +10,7 @@
 #include "backend/factory/factory.hpp"
 #include "core/local_array.hpp"
 #include "core/wait.hpp"
+#include "ep/peer_deaths.hpp"
 #include "protocol/config_checks.hpp"
 #include "protocol/protocol.hpp"
 #include "ubep/bf16.hpp"
@@ -86,6 +87,7 @@ struct ExpertLayer::Impl {
   // compute, communication and reduce members.
   std::unique_ptr<backend::DataPath> dp;
   WaitPolicy wait;
+  ep::PeerDeaths deaths;          // every wait on a peer ends at once if its process dies
   protocol::CallSequence epochs;  // the current call's sequence number, half and tag (as Window)
   uint64_t calls = 0;             // calls completed by this rank (for `released`)
 
@@ -125,6 +127,7 @@ struct ExpertLayer::Impl {
         H(cfg.hidden),
         es(dtype_size(cfg.dtype)),
         dp(backend::make_data_path(data_path_config(cfg))),
+        deaths(g),
         epochs(cfg.initial_epoch) {
     fmt.row_bytes = static_cast<size_t>(H) * es;
     window = group.allocate_window(records_offset() + 2 * slots() * fmt.bytes());

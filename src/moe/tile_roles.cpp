@@ -31,11 +31,12 @@ void ExpertLayer::Impl::ship(int m, int first, int n, int owner, MemberStats& ms
     // records. Nothing to wait for in the first two calls.
     const auto t0 = Clock::now();
     if (calls >= 2)
-      wait_until([&] { return has_released(owner, calls - 1); }, wait,
-                 [&] {
-                   return detail::concat(
-                       "rank ", owner, " to release the expert-layer records of call ", calls - 2);
-                 });
+      deaths.wait_for(
+          owner, [&] { return has_released(owner, calls - 1); }, wait,
+          [&] {
+            return detail::concat("rank ", owner, " to release the expert-layer records of call ",
+                                  calls - 2);
+          });
     ms.idle += us_since(t0);
     checked_owner[static_cast<size_t>(owner)] = 1;
   }
@@ -188,11 +189,13 @@ void ExpertLayer::Impl::reduce(int64_t tokens, int K, const int64_t* idx, const 
       Record rec = record(rank, hf, t * cfg.max_topk + k);
       if (!dp->arrived(rec.tag(), tg)) {
         const auto w0 = Clock::now();
-        wait_until([&] { return dp->arrived(rec.tag(), tg); }, wait,
-                   [&] {
-                     return detail::concat("expert-layer row of token ", t, " k ", k, " from rank ",
-                                           e / local_experts, " (epoch tag ", tg, ")");
-                   });
+        const int from = static_cast<int>(e / local_experts);
+        deaths.wait_for(
+            from, [&] { return dp->arrived(rec.tag(), tg); }, wait,
+            [&] {
+              return detail::concat("expert-layer row of token ", t, " k ", k, " from rank ", from,
+                                    " (epoch tag ", tg, ")");
+            });
         ms.idle += us_since(w0);
       }
       // Buffer's latency combine, the same kernel: acc += w * value, fp32, ascending k.

@@ -1,11 +1,14 @@
 // kill -9 of a rank while its peers wait outside any call (issue 29), run by
 // test_mpi_kill_wait.sh under mpirun with recovery on. Usage:
-//   test_mpi_kill_wait <dir> <barrier|allgather|setup> <timeout_ms> [ranks_per_host]
+//   test_mpi_kill_wait <dir> <barrier|allgather|setup|expert_layer> <timeout_ms> [ranks_per_host]
 // Every rank loops on one kind of group wait:
 //   barrier    Group::barrier (one host: the shared-memory flag barrier; across hosts: the MPI
 //              bootstrap's MPI_Ibarrier, with deaths forwarded between hosts);
 //   allgather  Group::allgather, the set-up exchange (MPI_Iallgather);
-//   setup      a Buffer made and dropped (its windows' exchanges of segment names and status).
+//   setup      a Buffer made and dropped (its windows' exchanges of segment names and status);
+//   expert_layer  a dispatch, then the tile-overlap expert layer (src/moe) on its rows: the last
+//              rank dies between its dispatch and its layer run (its rows are out), so the
+//              survivors wait in the layer for its expert outputs (one host only).
 // The last rank SIGKILLs itself after a few ms of that loop, writing the kill's CLOCK_MONOTONIC
 // time first (<dir>/killed_at; the clock is the machine's, shared by virtual hosts). Every
 // survivor writes <dir>/result.<rank>: "<error kind> <ms from the kill to the error> <what()>".
@@ -18,12 +21,17 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "ubep/buffer.hpp"
 #include "ubep/error.hpp"
+#ifdef UBEP_TEST_HAVE_MOE
+#include "ubep/moe.hpp"
+#endif
 #include "ubep/mpi_group.hpp"
 
 namespace {
@@ -41,6 +49,69 @@ const char* error_kind(const std::exception& e) {
   if (dynamic_cast<const PeerFailedError*>(&e)) return "PeerFailedError";
   return "other";
 }
+
+void kill_self(const std::string& dir) {
+  char t[64];
+  std::snprintf(t, sizeof t, "%.3f\n", monotonic_ms());
+  std::ofstream(dir + "/killed_at") << t << std::flush;
+  kill(getpid(), SIGKILL);
+}
+
+#ifdef UBEP_TEST_HAVE_MOE
+// One dispatch and one expert-layer run; the last rank, `kill_after` ms into the loop, dies in
+// between (its rows reached the others; its expert outputs never will).
+class ExpertLayerLoop {
+ public:
+  explicit ExpertLayerLoop(Group& g)
+      : g_(g), buffer_(g, buffer_config(g)), layer_(g, layer_config(g)) {}
+  void once(long i, bool victim, const std::string& dir) {
+    const moe::RouterOutput r = moe::route(moe::RouterMode::kBalanced, 2 * g_.size(), kTopk,
+                                           kTokens, static_cast<uint64_t>(i));
+    std::vector<float> x(static_cast<size_t>(kTokens * kHidden),
+                         1.0f + static_cast<float>(g_.rank()));
+    DispatchArgs a;
+    a.x = TensorView(x.data(), DType::kFP32, {kTokens, kHidden});
+    a.topk_idx =
+        TensorView(const_cast<int64_t*>(r.topk_idx.data()), DType::kInt64, {kTokens, kTopk});
+    a.topk_weights =
+        TensorView(const_cast<float*>(r.topk_weights.data()), DType::kFP32, {kTokens, kTopk});
+    a.layout = Layout::kThroughput;
+    DispatchResult d = buffer_.dispatch(a);
+    if (victim) kill_self(dir);
+    const moe::TileFn copy = [](const moe::TileTask& t) {
+      for (int64_t row = 0; row < t.rows; ++row)
+        std::memcpy(t.out + row * t.out_ld, t.in + row * t.in_ld, kHidden * sizeof(float));
+    };
+    layer_.run(d, a.topk_idx, a.topk_weights, copy, moe::Schedule::kOverlapped);
+  }
+
+ private:
+  static constexpr int64_t kTokens = 4, kHidden = 8;
+  static constexpr int kTopk = 2;
+  static BufferConfig buffer_config(Group& g) {
+    BufferConfig c;
+    c.max_tokens_per_rank = kTokens;
+    c.hidden = kHidden;
+    c.dtype = DType::kFP32;
+    c.num_experts = 2 * g.size();
+    c.max_topk = kTopk;
+    c.placement = Placement::kCompact;  // the layer reads each expert's rows from slot 0
+    return c;
+  }
+  static moe::ExpertLayerConfig layer_config(Group& g) {
+    moe::ExpertLayerConfig c;
+    c.max_tokens_per_rank = kTokens;
+    c.hidden = kHidden;
+    c.dtype = DType::kFP32;
+    c.num_experts = 2 * g.size();
+    c.max_topk = kTopk;
+    return c;
+  }
+  Group& g_;
+  Buffer buffer_;
+  moe::ExpertLayer layer_;
+};
+#endif
 
 void wait_once(Group& g, const std::string& mode, long i) {
   if (mode == "barrier") {
@@ -69,13 +140,15 @@ void wait_once(Group& g, const std::string& mode, long i) {
 int main(int argc, char** argv) {
   if (argc != 4 && argc != 5) {
     std::fprintf(stderr,
-                 "usage: %s <dir> <barrier|allgather|setup> <timeout_ms> [ranks_per_host]\n",
+                 "usage: %s <dir> <barrier|allgather|setup|expert_layer> <timeout_ms> "
+                 "[ranks_per_host]\n",
                  argv[0]);
     return 2;
   }
   const std::string dir = argv[1], mode = argv[2];
-  if (mode != "barrier" && mode != "allgather" && mode != "setup") {
-    std::fprintf(stderr, "unknown mode '%s' (barrier, allgather, setup)\n", mode.c_str());
+  if (mode != "barrier" && mode != "allgather" && mode != "setup" && mode != "expert_layer") {
+    std::fprintf(stderr, "unknown mode '%s' (barrier, allgather, setup, expert_layer)\n",
+                 mode.c_str());
     return 2;
   }
   int provided = 0;
@@ -91,18 +164,24 @@ int main(int argc, char** argv) {
   std::ofstream(dir + "/hosts." + std::to_string(me)) << group->num_hosts() << "\n";
   MPI_Barrier(MPI_COMM_WORLD);  // the group is made: the kill lands in the loop below
 
-  if (me == ranks - 1) {
+  if (me == ranks - 1 && mode != "expert_layer") {
     std::thread([dir] {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      char t[64];
-      std::snprintf(t, sizeof t, "%.3f\n", monotonic_ms());
-      std::ofstream(dir + "/killed_at") << t << std::flush;
-      kill(getpid(), SIGKILL);
+      kill_self(dir);
     }).detach();
   }
   std::string result = "none";
   long i = 0;
   try {
+    if (mode == "expert_layer") {
+#ifndef UBEP_TEST_HAVE_MOE
+      throw std::runtime_error("built without the expert layer (UBEP_WITH_EXTRAS=OFF)");
+#else
+      ExpertLayerLoop loop(*group);
+      const double start = monotonic_ms();
+      for (; i < 100000000; ++i) loop.once(i, me == ranks - 1 && monotonic_ms() - start > 50, dir);
+#endif
+    }
     for (; i < 100000000; ++i) wait_once(*group, mode, i);
   } catch (const std::exception& e) {
     const double at = monotonic_ms();

@@ -4,7 +4,7 @@
 # every survivor must get PeerFailedError naming that rank (and how it ended), not the TimeoutError
 # of the group's timeout (20 s here, so the old behaviour fails the test by its kind). Prints the
 # time from the kill to each survivor's error. Nothing of the job may be left in /dev/shm.
-# Usage: test_mpi_kill_wait.sh <mpiexec> <binary> <barrier|allgather|setup> <launch>
+# Usage: test_mpi_kill_wait.sh <mpiexec> <binary> <barrier|allgather|setup|expert_layer> <launch>
 #   launch: local:NP          NP processes on this host
 #           forced:NP:R       NP processes as forced hosts of R ranks, TCP between them
 #           vhosts:H:R        H virtual hosts of R ranks (scripts/vhosts.sh; 77 = skipped)
@@ -74,6 +74,10 @@ for ((r = 0; r < victim; ++r)); do
   # longer shows the status of a process its launcher has reaped (death_watch.hpp).
   case $what in *"rank $victim died (signal 9)"* | *"rank $victim ended"*) ;;
     *) fail "survivor $r: the death of rank $victim is not named" ;; esac
+  # The layer's own waits (the victim's rows reached every dispatch; its outputs never come).
+  if [ "$mode" = expert_layer ]; then
+    case $what in *expert-layer*) ;; *) fail "survivor $r: not seen in the expert layer's wait" ;; esac
+  fi
 done
 if [ "$kind" != vhosts ]; then  # virtual hosts' /dev/shm went with their namespaces
   for ((r = 0; r < ranks; ++r)); do
