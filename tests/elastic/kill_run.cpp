@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,8 +32,8 @@ double now_us() {
 // What the processes share: the first kill's time and every rank's report.
 struct Shared {
   std::atomic<double> kill_us{0};
-  std::atomic<int> input_iter[64];  // the loop iteration whose inputs rank r dispatches now
-  std::atomic<int> done[64];        // rank r finished its loop
+  std::atomic<int> input_iter[64];         // the loop iteration whose inputs rank r dispatches now
+  std::atomic<int> done[64];               // rank r finished its loop
   std::atomic<int> replacement_calls[64];  // dispatches rank r's replacement completed
   RankReport reports[64];
   RankReport replacement_reports[64];
@@ -212,14 +213,22 @@ void rank_main(const RunOptions& o, bootstrap::ForkMeeting& meeting, Shared& sha
     };
     if (v && v->phase == KillPhase::kBefore) die(SIGKILL);
     if (v && v->phase == KillPhase::kStop) die(SIGSTOP);
-    if (v && v->phase == KillPhase::kDuring)
-      std::thread([sh = &shared] {  // by value: the loop's locals are gone by then
-        std::this_thread::sleep_for(std::chrono::microseconds(30));
-        double expected = 0;
-        sh->kill_us.compare_exchange_strong(expected, now_us());
-        raise(SIGKILL);
-      })
-          .detach();
+    if (v && v->phase == KillPhase::kDuring) {
+      // A kernel timer delivers the SIGKILL 30 us into the dispatch. A thread that slept 30 us
+      // and then raised it could, on a loaded machine, go unscheduled until after the victim's
+      // last call, and the victim would never die.
+      double expected = 0;
+      shared.kill_us.compare_exchange_strong(expected, now_us() + 30);
+      sigevent ev{};
+      ev.sigev_notify = SIGEV_SIGNAL;
+      ev.sigev_signo = SIGKILL;
+      timer_t timer;
+      itimerspec at{};
+      at.it_value.tv_nsec = 30000;
+      if (timer_create(CLOCK_MONOTONIC, &ev, &timer) != 0 ||
+          timer_settime(timer, 0, &at, nullptr) != 0)
+        raise(SIGKILL);  // no timer: die now rather than not at all
+    }
     for (int t = 0; t < T; ++t) {
       in.route(me, t, i, &idx[static_cast<size_t>(t * K)], &w[static_cast<size_t>(t * K)]);
       for (int h = 0; h < H; ++h)
