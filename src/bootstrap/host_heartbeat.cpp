@@ -14,6 +14,7 @@ namespace ubep::bootstrap {
 
 namespace {
 constexpr uint32_t kMagic = 0x55424842;  // "UBHB"
+constexpr uint64_t kGoodbye = ~uint64_t{0};
 struct Beat {
   uint32_t magic;
   int32_t host;
@@ -59,7 +60,12 @@ HostHeartbeat::HostHeartbeat(int self_host, int hosts, const std::string& bind_i
 
 HostHeartbeat::~HostHeartbeat() {
   stop_.store(true, std::memory_order_relaxed);
-  if (thread_.joinable()) thread_.join();  // the thread looks at stop_ at least every period
+  if (thread_.joinable()) {
+    thread_.join();  // the thread looks at stop_ at least every period
+    // A clean end says goodbye, so the peers still running do not take it for a lost host (a
+    // goodbye that is dropped makes it look lost: the same as a crash at that moment).
+    send_beats(kGoodbye);
+  }
   close(fd_);
 }
 
@@ -73,6 +79,7 @@ void HostHeartbeat::start(const std::vector<Peer>& peers, LostFn on_lost) {
     peer_host_.push_back(p.host);
   }
   last_seen_.assign(to_.size(), Clock::now());
+  departed_.assign(to_.size(), false);
   on_lost_ = std::move(on_lost);
   thread_ = std::thread([this] { run(); });  // everything above happens-before the thread
 }
@@ -107,6 +114,7 @@ void HostHeartbeat::drain(Clock::time_point now) {
     int i = index_of_[b.host];
     if (i < 0) continue;
     last_seen_[i] = now;
+    if (b.seq == kGoodbye) departed_[i] = true;
     if (!heard_[b.host].load(std::memory_order_relaxed))
       heard_[b.host].store(true, std::memory_order_release);
   }
@@ -129,7 +137,7 @@ void HostHeartbeat::run() {
     drain(now);  // first: only what a sender failed to send counts as silence
     for (size_t i = 0; i < to_.size(); ++i) {
       int host = peer_host_[i];
-      if (lost_[host].load(std::memory_order_relaxed)) continue;
+      if (departed_[i] || lost_[host].load(std::memory_order_relaxed)) continue;
       auto silent = now - last_seen_[i];
       if (silent <=
           (heard_[host].load(std::memory_order_relaxed) ? opt_.threshold : opt_.startup_grace))

@@ -44,7 +44,9 @@ class HostHeartbeat {
 
   // Binds a UDP socket to bind_ip:port (port 0: the kernel picks; see port()). hosts >= 2.
   HostHeartbeat(int self_host, int hosts, const std::string& bind_ip, uint16_t port, Options opt);
-  ~HostHeartbeat();  // stops the thread (within one period) and closes the socket
+  // Stops the thread (within one period), says goodbye to the peers (a clean end is not a lost
+  // host), closes the socket.
+  ~HostHeartbeat();
   HostHeartbeat(const HostHeartbeat&) = delete;
   HostHeartbeat& operator=(const HostHeartbeat&) = delete;
 
@@ -71,6 +73,7 @@ class HostHeartbeat {
   std::vector<int> index_of_;    // by host: peer index or -1
   // Written and read by the heartbeat thread only (after start(), which runs before it exists).
   std::vector<std::chrono::steady_clock::time_point> last_seen_;
+  std::vector<bool> departed_;  // said goodbye (a clean end): never judged lost
   // Written by the heartbeat thread (release), read by any thread (acquire); by host.
   std::unique_ptr<std::atomic<bool>[]> lost_;
   std::unique_ptr<std::atomic<bool>[]> heard_;
