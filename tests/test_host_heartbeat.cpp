@@ -62,7 +62,7 @@ TEST(HostHeartbeat, LiveHostsAreNeverJudgedLost) {
 TEST(HostHeartbeat, ASilentHostIsNamedByEveryOther) {
   Cluster c(4, generous());
   std::this_thread::sleep_for(200ms);
-  c.hb[2].reset();  // host 2 stops beating (its thread and socket are gone)
+  c.hb[2]->go_silent();  // host 2 stops beating, no goodbye: a crash
   auto deadline = std::chrono::steady_clock::now() + 2s;
   while (c.seen().size() < 3 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(5ms);
@@ -74,6 +74,14 @@ TEST(HostHeartbeat, ASilentHostIsNamedByEveryOther) {
     EXPECT_EQ(host, 2);
     EXPECT_TRUE(c.hb[judge]->lost(2));
   }
+}
+
+TEST(HostHeartbeat, AHostThatSaysGoodbyeIsNotLost) {
+  Cluster c(3, generous());
+  std::this_thread::sleep_for(200ms);
+  c.hb[1].reset();                     // a clean end: goodbye sent
+  std::this_thread::sleep_for(900ms);  // three thresholds
+  EXPECT_TRUE(c.seen().empty());
 }
 
 TEST(HostHeartbeat, AHostNeverHeardIsLostAfterTheGrace) {
@@ -113,8 +121,15 @@ TEST(HostHeartbeat, StressChurnNeverNamesALiveHost) {
     Cluster c(3, opt);
     std::this_thread::sleep_for(30ms);
     int victim = round % 3;
-    c.hb[victim].reset();
-    std::this_thread::sleep_for(std::chrono::milliseconds(round % 2 ? 5 : 400));
+    c.hb[victim]->go_silent();  // a crash; the others keep judging
+    if (round % 2) {
+      std::this_thread::sleep_for(5ms);  // destroyed while judging
+    } else {  // both others must name it (bounded wait: a correctness cap, not a timing target)
+      auto deadline = std::chrono::steady_clock::now() + 2s;
+      while (c.seen().size() < 2 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(5ms);
+      EXPECT_EQ(c.seen().size(), 2u) << "round " << round;
+    }
     for (auto [judge, host] : c.seen()) {
       EXPECT_EQ(host, victim) << "round " << round << ": host " << judge << " judged live " << host
                               << " lost";

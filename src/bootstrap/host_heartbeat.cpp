@@ -58,9 +58,15 @@ HostHeartbeat::HostHeartbeat(int self_host, int hosts, const std::string& bind_i
   index_of_.assign(hosts, -1);
 }
 
+void HostHeartbeat::go_silent() {
+  stop_.store(true, std::memory_order_relaxed);
+  if (thread_.joinable()) thread_.join();
+  silent_ = true;
+}
+
 HostHeartbeat::~HostHeartbeat() {
   stop_.store(true, std::memory_order_relaxed);
-  if (thread_.joinable()) {
+  if (thread_.joinable() && !silent_) {
     thread_.join();  // the thread looks at stop_ at least every period
     // A clean end says goodbye, so the peers still running do not take it for a lost host (a
     // goodbye that is dropped makes it look lost: the same as a crash at that moment).

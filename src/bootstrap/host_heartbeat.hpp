@@ -51,6 +51,8 @@ class HostHeartbeat {
   HostHeartbeat& operator=(const HostHeartbeat&) = delete;
 
   uint16_t port() const { return port_; }
+  // Stops beating without a goodbye, as a crash would (tests; the owner's thread only).
+  void go_silent();
   // Starts the thread. Once only; peers: every other host once.
   void start(const std::vector<Peer>& peers, LostFn on_lost);
   // Acquire load, any thread: true once `host` was judged lost (before on_lost runs).
@@ -78,6 +80,7 @@ class HostHeartbeat {
   std::unique_ptr<std::atomic<bool>[]> lost_;
   std::unique_ptr<std::atomic<bool>[]> heard_;
   std::atomic<bool> stop_{false};
+  bool silent_ = false;  // go_silent() ran: no goodbye (owner's thread only)
   LostFn on_lost_;
   std::thread thread_;
 };
