@@ -142,12 +142,12 @@ void DeathWatch::watch_locked(int rank, pid_t pid) {
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, p.pidfd, &ev);
 }
 
-void DeathWatch::note_remote(int rank, const std::string& how) {
+void DeathWatch::note_remote(int rank, const std::string& how, bool forwarded) {
   {
     std::lock_guard<std::mutex> lock(info_mu_);
     Peer& p = peers_[rank];
     if (p.dead.load(std::memory_order_relaxed)) return;
-    p.how = how + " (on its host; forwarded)";
+    p.how = forwarded ? how + " (on its host; forwarded)" : how;
     p.dead.store(true, std::memory_order_release);
   }
   std::lock_guard<std::mutex> lock(subs_mu_);

@@ -53,7 +53,8 @@ class DeathWatch {
 
   // A rank of another host died, as a notice from its host says (DeathNotices): dead() and the
   // subscribers as for a host-mate, how = what its host saw.
-  void note_remote(int rank, const std::string& how);
+  // forwarded = false: judged here (a lost host, HostHeartbeat), `how` is said as given.
+  void note_remote(int rank, const std::string& how, bool forwarded = true);
   // Local deaths are forwarded once per process: true for the first caller per rank.
   bool claim_forward(int rank);
 

@@ -2,6 +2,7 @@
 // names); ranks map each other's POSIX shared-memory segments and from then on write into them
 // directly.
 #include "bootstrap/shm_group.hpp"
+#include "bootstrap/host_liveness.hpp"
 #include "bootstrap/shm_window.hpp"
 
 #include <fcntl.h>
@@ -54,6 +55,8 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
     deaths_->subscribe([watch = deaths_.get()](int r) { unlink_segments_of(watch->pid_of(r)); });
   if (remote_ && deaths_->active())
     notices_ = std::make_unique<DeathNotices>(*remote_, *deaths_, rank(), host_vec_);
+  // A host with nobody left to send notices: named by its silence (collective when spanning).
+  heartbeat_ = start_host_liveness(*bootstrap_, rank(), host_vec_, *deaths_);
   // From here every wait of the group watches the deaths (the exchange of pids above could not:
   // nobody's pid was known yet, so a death there is named at the timeout).
   death_check_ = std::make_unique<DeathCheck>(*deaths_, notices_.get(), rank());
@@ -79,7 +82,8 @@ ShmGroup::~ShmGroup() {
   // The bootstrap may outlive the group: its waits stop asking this group's watch.
   if (auto* aware = dynamic_cast<DeathAwareBootstrap*>(bootstrap_.get()))
     aware->watch_deaths(nullptr);
-  notices_.reset();  // its receives are withdrawn while the transport still exists
+  heartbeat_.reset();  // its thread notes deaths into deaths_: gone first
+  notices_.reset();    // its receives are withdrawn while the transport still exists
   if (rendezvous_) {
     // A rank that died and was never replaced cannot unlink its segments' names (a replacement
     // unlinks its predecessor's): do it here, when no replacement can come any more. Not on the

@@ -12,6 +12,7 @@
 #include "bootstrap/death_watch.hpp"
 #include "bootstrap/flag_barrier.hpp"
 #include "bootstrap/group_hooks.hpp"
+#include "bootstrap/host_heartbeat.hpp"
 #include "bootstrap/rendezvous.hpp"
 #include "transport/remote.hpp"
 #include "ubep/bootstrap.hpp"
@@ -54,7 +55,8 @@ class ShmGroup : public Group, private GroupHooks {
   // far (their index there).
   std::unique_ptr<Rendezvous> rendezvous_;
   std::atomic<int> windows_{0};
-  std::unique_ptr<DeathNotices> notices_;  // across hosts: deaths forwarded over remote_
+  std::unique_ptr<DeathNotices> notices_;     // across hosts: deaths forwarded over remote_
+  std::unique_ptr<HostHeartbeat> heartbeat_;  // across hosts: a lost host named (host_liveness)
   // What the group's own waits (barriers, set-up exchanges) ask about deaths.
   std::unique_ptr<DeathCheck> death_check_;
 };

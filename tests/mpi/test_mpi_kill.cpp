@@ -13,10 +13,12 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "reference.hpp"
 #include "ubep/error.hpp"
@@ -99,8 +101,18 @@ int main(int argc, char** argv) {
 
   const bool victim = me == ranks - 1;
   if (victim) {
-    std::thread([] {
+    // UBEP_KILL_WHOLE_HOST=1 (issue 32): every rank of the victim's host is killed with it (pids
+    // from <dir>/pid.*, all written before the barrier above): nobody is left to forward.
+    std::vector<pid_t> mates;
+    for (int r = 0; std::getenv("UBEP_KILL_WHOLE_HOST") && r < ranks - 1; ++r)
+      if (group->host_of(r) == group->host_of(me)) {
+        std::ifstream in(dir + "/pid." + std::to_string(r));
+        pid_t pid = 0;
+        if (in >> pid) mates.push_back(pid);
+      }
+    std::thread([mates] {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      for (pid_t pid : mates) kill(pid, SIGKILL);
       kill(getpid(), SIGKILL);
     }).detach();
   }
@@ -123,9 +135,12 @@ int main(int argc, char** argv) {
       } catch (const std::exception& e2) {
         next = error_kind(e2);
       }
-      char line[512];
-      std::snprintf(line, sizeof line, "%s %.1f %s %.1f calls=%ld", error_kind(e), failing_ms,
-                    next.c_str(), ms_since(t1), i);
+      char line[768];
+      std::string what = e.what();
+      for (char& c : what)
+        if (c == '\n') c = ' ';
+      std::snprintf(line, sizeof line, "%s %.1f %s %.1f calls=%ld %.500s", error_kind(e),
+                    failing_ms, next.c_str(), ms_since(t1), i, what.c_str());
       result = line;
       std::fprintf(stderr, "rank %d: call %ld failed after %.1f ms: %s\n", me, i, failing_ms,
                    e.what());

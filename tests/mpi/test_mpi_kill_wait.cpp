@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -164,10 +165,24 @@ int main(int argc, char** argv) {
   std::ofstream(dir + "/hosts." + std::to_string(me)) << group->num_hosts() << "\n";
   MPI_Barrier(MPI_COMM_WORLD);  // the group is made: the kill lands in the loop below
 
-  if (me == ranks - 1 && mode != "expert_layer") {
-    std::thread([dir] {
+  // UBEP_KILL_WAIT_WHOLE_HOST=1 (issue 32): the last rank SIGKILLs every rank of its host (their
+  // pids from <dir>/pid.*), then itself: nobody is left there to forward the deaths.
+  const bool whole_host = std::getenv("UBEP_KILL_WAIT_WHOLE_HOST") != nullptr;
+  if (me == ranks - 1 && mode != "expert_layer") {  // expert_layer: the loop kills
+    std::vector<pid_t> mates;
+    for (int r = 0; whole_host && r < ranks - 1; ++r)
+      if (group->host_of(r) == group->host_of(me)) {
+        std::ifstream in(dir + "/pid." + std::to_string(r));
+        pid_t p = 0;
+        if (in >> p) mates.push_back(p);
+      }
+    std::thread([dir, mates] {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      kill_self(dir);
+      char t[64];
+      std::snprintf(t, sizeof t, "%.3f\n", monotonic_ms());
+      std::ofstream(dir + "/killed_at") << t << std::flush;
+      for (pid_t p : mates) kill(p, SIGKILL);
+      kill(getpid(), SIGKILL);
     }).detach();
   }
   std::string result = "none";

@@ -1,0 +1,90 @@
+// Liveness of other hosts without their help (issue 32; docs/ELASTIC.md, "A lost host"): a host
+// whose processes are all gone, or whose cable is cut, has nobody left to forward its deaths
+// (DeathNotices), so every other host must notice the silence by itself.
+//
+// Mechanism: one UDP socket and one thread per HostHeartbeat. Every `period` the thread sends a
+// 16-byte datagram {magic, host, seq} to every peer host, and it drains whatever datagrams have
+// arrived before it judges anyone: a host is lost once no datagram from it has arrived for
+// `threshold` (before its first datagram: for `startup_grace`). Because the socket is drained
+// first, a late wake-up of *this* thread (a loaded machine) cannot make a live host look silent:
+// the datagrams sent meanwhile wait in the socket buffer. Only a sender that was silent longer
+// than the threshold counts. Detection time is threshold + at most one period + scheduling.
+//
+// Side channel, not the data transport: UDP over the hosts' own network, so it works whatever
+// carries the data (MPI, UCX) and however that transport reacts to the loss.
+#pragma once
+
+#include <netinet/in.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ubep::bootstrap {
+
+class HostHeartbeat {
+ public:
+  struct Options {
+    std::chrono::milliseconds period{10};
+    std::chrono::milliseconds threshold{60};
+    std::chrono::milliseconds startup_grace{3000};
+  };
+  struct Peer {
+    int host = -1;   // 0..hosts-1, not this host
+    std::string ip;  // IPv4, dotted
+    uint16_t port = 0;
+  };
+  // on_lost(host, silent_for) runs on the heartbeat thread, once per lost host.
+  using LostFn = std::function<void(int host, std::chrono::nanoseconds silent_for)>;
+
+  // Binds a UDP socket to bind_ip:port (port 0: the kernel picks; see port()). hosts >= 2.
+  HostHeartbeat(int self_host, int hosts, const std::string& bind_ip, uint16_t port, Options opt);
+  // Stops the thread (within one period), says goodbye to the peers (a clean end is not a lost
+  // host), closes the socket.
+  ~HostHeartbeat();
+  HostHeartbeat(const HostHeartbeat&) = delete;
+  HostHeartbeat& operator=(const HostHeartbeat&) = delete;
+
+  uint16_t port() const { return port_; }
+  // Stops beating without a goodbye, as a crash would (tests; the owner's thread only).
+  void go_silent();
+  // Starts the thread. Once only; peers: every other host once.
+  void start(const std::vector<Peer>& peers, LostFn on_lost);
+  // Acquire load, any thread: true once `host` was judged lost (before on_lost runs).
+  bool lost(int host) const;
+  // Acquire load, any thread: true once a datagram from `host` has arrived (ever).
+  bool heard(int host) const;
+
+ private:
+  void run();
+  void send_beats(uint64_t seq);
+  void drain(std::chrono::steady_clock::time_point now);
+
+  int self_;
+  int hosts_;
+  Options opt_;
+  int fd_ = -1;
+  uint16_t port_ = 0;
+  std::vector<sockaddr_in> to_;  // by peer index
+  std::vector<int> peer_host_;   // by peer index
+  std::vector<int> index_of_;    // by host: peer index or -1
+  // Written and read by the heartbeat thread only (after start(), which runs before it exists).
+  std::vector<std::chrono::steady_clock::time_point> last_seen_;
+  std::vector<bool> departed_;  // said goodbye (a clean end): never judged lost
+  // Written by the heartbeat thread (release), read by any thread (acquire); by host.
+  std::unique_ptr<std::atomic<bool>[]> lost_;
+  std::unique_ptr<std::atomic<bool>[]> heard_;
+  std::atomic<bool> stop_{false};
+  bool silent_ = false;
+  std::atomic<bool> rt_{false};  // the thread runs SCHED_FIFO (written once by it)  // go_silent()
+                                 // ran: no goodbye (owner's thread only)
+  LostFn on_lost_;
+  std::thread thread_;
+};
+
+}  // namespace ubep::bootstrap
