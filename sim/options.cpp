@@ -18,6 +18,7 @@ Commands (each prints a table; --json FILE also writes it as JSON for sim/plot.p
   latency     dispatch latency vs batch size, BSP vs UBEP          (default: EP 64,128,256; BS 8..256)
   sync        sync ablation: stop-and-wait vs fused vs sentinel   (default: EP 64; BS 8..256)
   sched       scheduling ablation: naive / column_major / balanced (64 ranks, 8 hot experts, BS 128)
+  sched-sweep the ablation over hot 0/8/32 x weight 2/4/8 (default EP 64,256; BS 128)
   tpot        decode TPOT P50/P99 of a DeepSeek-V3-like model, BSP vs UBEP (default EP 64, BS 64)
   calibrate   measure this machine (memcpy GB/s, cross-core handoff) -> --out FILE
   predict     predict ubep-bench decode/prefill medians (local preset, 2 ranks); with
