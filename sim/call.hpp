@@ -47,6 +47,9 @@ struct CallConfig {
   int elem_bytes = 2;
   int workers = 0;  // per rank; 0 = the preset's
   bool record_transfers = false;
+  // Give the scheduler every rank's receive totals (its receiver term, issue 30); false: the
+  // sender-only cost model of before.
+  bool plan_receivers = true;
 };
 
 // One planned item as the simulator executed it.

@@ -22,6 +22,7 @@ CallConfig call_config(const Options& o, Algo algo, Op op) {
   c.hidden = o.hidden;
   c.elem_bytes = o.elem_bytes;
   c.workers = o.workers;
+  c.plan_receivers = o.plan_receivers;
   return c;
 }
 

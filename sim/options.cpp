@@ -49,6 +49,8 @@ Call:
   --sync S            fused (default) | stop-and-wait | sentinel (ubep)
   --bsp-policy P      scheduler policy of the BSP baseline (default naive)
   --ubep-policy P     scheduler policy of UBEP (default column_major)
+  --receivers on|off  the scheduler sees every rank's receive totals (default on; off: the
+                      sender-only cost model before issue 30)
 TPOT:
   --steps N           decode steps (default 100)
   --moe-layers N      MoE layers (default 58)       --dense-layers N  dense layers (default 3)
@@ -133,7 +135,10 @@ Options parse_options(int argc, char** argv) {
       o.hot = pos_int(0);
     else if (f == "--hot-weight")
       o.hot_weight = to_double(f, v);
-    else if (f == "--seed")
+    else if (f == "--receivers") {
+      UBEP_CHECK_ARG(v == "on" || v == "off", "flag --receivers must be on or off, got '", v, "'");
+      o.plan_receivers = v == "on";
+    } else if (f == "--seed")
       o.seed = static_cast<uint64_t>(pos_int(0));
     else if (f == "--layout") {
       UBEP_CHECK_ARG(v == "latency" || v == "throughput", "flag --layout: '", v,

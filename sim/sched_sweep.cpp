@@ -65,10 +65,11 @@ int cmd_sched_sweep(const Options& o) {
       const double send_err = (bal.planned_us / bal.sender_us - 1) * 100;
       wins += best;
       within += std::abs(plan_err) <= 20;
-      std::printf("%5d %4d %5.1f | %9.2f %9.2f %9.2f | %9.2f %9.2f %8.1f%% | %10s %7.1f%% %7.1f%%\n",
-                  R, hot, w, run[0].dispatch_us, run[1].dispatch_us, bal.dispatch_us,
-                  bal.planned_us, bal.sender_us, (bal.dispatch_us / run[0].dispatch_us - 1) * 100,
-                  best ? "yes" : "NO", plan_err, send_err);
+      std::printf(
+          "%5d %4d %5.1f | %9.2f %9.2f %9.2f | %9.2f %9.2f %8.1f%% | %10s %7.1f%% %7.1f%%\n", R,
+          hot, w, run[0].dispatch_us, run[1].dispatch_us, bal.dispatch_us, bal.planned_us,
+          bal.sender_us, (bal.dispatch_us / run[0].dispatch_us - 1) * 100, best ? "yes" : "NO",
+          plan_err, send_err);
       std::fflush(stdout);
       j.begin_object().kv("ranks", R).kv("hot", hot).kv("hot_weight", w);
       for (int i = 0; i < 3; ++i) {
@@ -81,9 +82,10 @@ int cmd_sched_sweep(const Options& o) {
     }
   }
   j.end_array().end_object();
-  std::printf("# balanced <= naive and <= column_major at %d of %d points; plan within 20%% of "
-              "the simulated dispatch at %d of %d\n",
-              wins, total, within, total);
+  std::printf(
+      "# balanced <= naive and <= column_major at %d of %d points; plan within 20%% of "
+      "the simulated dispatch at %d of %d\n",
+      wins, total, within, total);
   if (!o.json.empty()) j.write(o.json);
   return 0;
 }

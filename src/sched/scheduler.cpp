@@ -135,6 +135,74 @@ void Scheduler::collect_units(const SendWork& work) {
   }
 }
 
+// Receiver term of the cost model (ubep/scheduler.hpp): which destinations' ports cannot keep
+// up with this source, and how long their traffic holds a worker.
+void Scheduler::collect_receivers(const SendWork& work) {
+  const auto ranks = static_cast<size_t>(topology_.ranks());
+  for (int32_t d : bound_dests_) floor_ns_[static_cast<size_t>(d)] = 0;
+  bound_dests_.clear();
+  any_bound_ = false;
+  floor_ns_.resize(ranks, 0.0);
+  if (work.recv_rows.empty()) return;
+  UBEP_CHECK_ARG(work.recv_rows.size() == ranks, "scheduler: recv_rows has ", work.recv_rows.size(),
+                 " entries, expected one per rank (", ranks, ")");
+  own_bytes_.assign(ranks, 0.0);
+  double total = 0;
+  for (const Unit& u : units_) {
+    own_bytes_[static_cast<size_t>(u.dest_rank)] +=
+        static_cast<double>(u.rows) * static_cast<double>(row_bytes_);
+    total += issue_ns(u, u.rows);
+  }
+  const double send_ns = total / options_.workers;  // this source's own time, perfectly spread
+  group_ns_.resize(ranks, 0.0);
+  for (size_t d = 0; d < ranks; ++d) {
+    const int64_t n = work.recv_rows[d];
+    UBEP_CHECK_ARG(
+        n >= 0 && static_cast<double>(n) * static_cast<double>(row_bytes_) >= own_bytes_[d],
+        "scheduler: recv_rows[", d, "] = ", n, " is below the ",
+        own_bytes_[d] / static_cast<double>(row_bytes_), " rows this source sends there");
+    const int level = topology_.level_between(src_rank_, static_cast<int>(d));
+    if (level == 0 || own_bytes_[d] <= 0) continue;
+    const double bw = topology_.levels()[static_cast<size_t>(level)].bandwidth_gbps;
+    const double floor = static_cast<double>(n) * static_cast<double>(row_bytes_) / bw;
+    if (floor <= kReceiverMargin * send_ns) continue;
+    floor_ns_[d] = floor;
+    group_ns_[d] = std::max(floor, own_bytes_[d] * options_.workers / bw);
+    bound_dests_.push_back(static_cast<int32_t>(d));
+    any_bound_ = true;
+  }
+  holders_.resize(ranks, 0);
+  group_worker_.resize(ranks, -1);
+  holder_seen_.resize(ranks * static_cast<size_t>(options_.workers), 0);
+}
+
+double Scheduler::piece_ns(const Piece& p) const {
+  const Unit& u = units_[static_cast<size_t>(p.unit)];
+  if (!any_bound_ || !bound(u)) return p.issue_ns;
+  const auto d = static_cast<size_t>(u.dest_rank);
+  const double bytes =
+      static_cast<double>(p.row_end - p.row_begin) * static_cast<double>(row_bytes_);
+  return std::max(p.issue_ns, holders_[d] * floor_ns_[d] * bytes / own_bytes_[d]);
+}
+
+void Scheduler::count_holders() {
+  if (!any_bound_) return;
+  const auto W = static_cast<size_t>(options_.workers);
+  for (int32_t d : bound_dests_) holders_[static_cast<size_t>(d)] = 0;
+  for (const Piece& p : pieces_) {
+    const Unit& u = units_[static_cast<size_t>(p.unit)];
+    if (!bound(u)) continue;
+    char& seen = holder_seen_[static_cast<size_t>(u.dest_rank) * W + static_cast<size_t>(p.worker)];
+    if (!seen) ++holders_[static_cast<size_t>(u.dest_rank)];
+    seen = 1;
+  }
+  for (const Piece& p : pieces_) {
+    const Unit& u = units_[static_cast<size_t>(p.unit)];
+    if (bound(u))
+      holder_seen_[static_cast<size_t>(u.dest_rank) * W + static_cast<size_t>(p.worker)] = 0;
+  }
+}
+
 // CANN-EP-like: the unit id space [0, U) (every destination or expert, empty or not, as a
 // static kernel sees it) is cut into W contiguous runs; each unit goes whole to its run's
 // worker. A worker thus serves a few neighbouring ranks: all near or all far, and all of a hot
@@ -176,56 +244,84 @@ void Scheduler::plan_column_major() {
   }
 }
 
-double Scheduler::lpt(double max_slice_ns) {
+double Scheduler::lpt(double max_slice_ns, bool group_receivers) {
   pieces_.clear();
   for (size_t i = 0; i < units_.size(); ++i) {
     const Unit& u = units_[i];
     const double whole = issue_ns(u, u.rows);
+    const bool grouped = group_receivers && bound(u);
     int64_t k = 1;
-    if (whole > max_slice_ns)
+    if (whole > max_slice_ns && !grouped)
       k = std::min<int64_t>(u.rows, static_cast<int64_t>(std::ceil(whole / max_slice_ns)));
     for (int64_t j = 0; j < k; ++j) {
       const int64_t b = u.rows * j / k, e = u.rows * (j + 1) / k;
-      pieces_.push_back({static_cast<int32_t>(i), -1, b, e, issue_ns(u, e - b)});
+      const double t = issue_ns(u, e - b);
+      pieces_.push_back({static_cast<int32_t>(i), -1, b, e, t,
+                         grouped ? group_ns_[static_cast<size_t>(u.dest_rank)] : t});
     }
   }
-  // Largest first; among equals, farther first (a far item placed early tends to be issued
-  // early, where its latency hides), then by position so that plans are deterministic.
+  // Largest first (a receiver-bound group by its whole cost, so its units stay together); among
+  // equals, farther first (a far item placed early tends to be issued early, where its latency
+  // hides), then by position so that plans are deterministic.
   std::sort(pieces_.begin(), pieces_.end(), [&](const Piece& a, const Piece& b) {
-    if (a.issue_ns != b.issue_ns) return a.issue_ns > b.issue_ns;
-    const int32_t la = units_[static_cast<size_t>(a.unit)].level;
-    const int32_t lb = units_[static_cast<size_t>(b.unit)].level;
-    if (la != lb) return la > lb;
+    if (a.key != b.key) return a.key > b.key;
+    const Unit& ua = units_[static_cast<size_t>(a.unit)];
+    const Unit& ub = units_[static_cast<size_t>(b.unit)];
+    if (ua.level != ub.level) return ua.level > ub.level;
     if (a.unit != b.unit) return a.unit < b.unit;
     return a.row_begin < b.row_begin;
   });
   // Least-loaded worker from a min-heap of (load, worker): ties go to the lowest worker id,
-  // so plans are deterministic.
+  // so plans are deterministic. A group's later units join the worker of its first.
+  for (int32_t d : bound_dests_) group_worker_[static_cast<size_t>(d)] = -1;
   heap_.clear();
   for (int32_t w = 0; w < options_.workers; ++w) heap_.push_back({0.0, w});
   const auto greater = [](const std::pair<double, int32_t>& a,
                           const std::pair<double, int32_t>& b) { return a > b; };
   for (Piece& p : pieces_) {
+    const Unit& u = units_[static_cast<size_t>(p.unit)];
+    const bool grouped = group_receivers && bound(u);
+    int32_t& gw = grouped ? group_worker_[static_cast<size_t>(u.dest_rank)] : p.worker;
+    if (grouped && gw >= 0) {
+      p.worker = gw;
+      continue;
+    }
     std::pop_heap(heap_.begin(), heap_.end(), greater);
     p.worker = heap_.back().second;
-    heap_.back().first += p.issue_ns;
+    gw = p.worker;
+    heap_.back().first += p.key;
     std::push_heap(heap_.begin(), heap_.end(), greater);
   }
   return makespan();
 }
 
 double Scheduler::makespan() {
-  // Far first: a worker issues its level-(L-1) items, then level L-2, ... The items of one
-  // level share a latency, so the worker lands its last item at
-  //   max over levels l it uses of (issue time of its items at levels >= l) + latency(l).
+  // The order emit() gives balanced plans: receiver-bound items first (they land when their
+  // worker has spent their worker time, plus their latency), then far first: a worker issues
+  // its level-(L-1) items, then level L-2, ... The items of one level share a latency, so the
+  // worker lands its last item at
+  //   max over levels l it uses of (time spent on items before and at levels >= l) + latency(l).
   const size_t L = static_cast<size_t>(topology_.num_levels());
+  const auto W = static_cast<size_t>(options_.workers);
+  count_holders();
   std::fill(level_load_.begin(), level_load_.end(), 0.0);
-  for (const Piece& p : pieces_)
-    level_load_[static_cast<size_t>(p.worker) * L +
-                static_cast<size_t>(units_[static_cast<size_t>(p.unit)].level)] += p.issue_ns;
+  rx_load_.assign(W, 0.0);
+  rx_latency_.assign(W, 0.0);
+  for (const Piece& p : pieces_) {
+    const Unit& u = units_[static_cast<size_t>(p.unit)];
+    const auto w = static_cast<size_t>(p.worker);
+    if (any_bound_ && bound(u)) {
+      rx_load_[w] += piece_ns(p);
+      rx_latency_[w] =
+          std::max(rx_latency_[w], topology_.levels()[static_cast<size_t>(u.level)].latency_ns);
+    } else {
+      level_load_[w * L + static_cast<size_t>(u.level)] += p.issue_ns;
+    }
+  }
   double span = 0;
-  for (size_t w = 0; w < static_cast<size_t>(options_.workers); ++w) {
-    double issued = 0;
+  for (size_t w = 0; w < W; ++w) {
+    double issued = rx_load_[w];
+    if (issued > 0) span = std::max(span, issued + rx_latency_[w]);
     for (size_t l = L; l-- > 0;) {
       const double x = level_load_[w * L + l];
       if (x <= 0) continue;
@@ -254,6 +350,10 @@ void Scheduler::plan_balanced() {
     }
   };
   for (double t : targets) keep_if_better(lpt(t));
+  // With receiver-bound destinations: the same with each such destination's units kept whole
+  // on one worker (its traffic then holds one worker for floor_d instead of several).
+  if (any_bound_)
+    for (double t : targets) keep_if_better(lpt(t, true));
   plan_column_major();
   keep_if_better(makespan());
   plan_naive();
@@ -261,12 +361,13 @@ void Scheduler::plan_balanced() {
   pieces_.swap(best_pieces_);
 }
 
-void Scheduler::emit(Plan& out, bool far_first) {
+void Scheduler::emit(Plan& out, bool far_first, bool receivers_first) {
   const int W = options_.workers;
   // Group by worker with a counting pass (pieces can number a thousand; W buckets are cheaper
-  // than one big sort), then order each worker's few items: far levels first when asked
-  // (Jackson's rule: issuing the longest latencies first minimises when the last item lands),
-  // then unit and row order.
+  // than one big sort), then order each worker's few items: receiver-bound ones first when
+  // asked (largest floor first: a hot port must drain from the start), then far levels first
+  // when asked (Jackson's rule: issuing the longest latencies first minimises when the last
+  // item lands), then unit and row order.
   std::vector<int32_t>& start = order_;
   start.assign(static_cast<size_t>(W) + 1, 0);
   for (const Piece& p : pieces_) ++start[static_cast<size_t>(p.worker) + 1];
@@ -275,12 +376,16 @@ void Scheduler::emit(Plan& out, bool far_first) {
   for (const Piece& p : pieces_)
     best_pieces_[static_cast<size_t>(start[static_cast<size_t>(p.worker)]++)] = p;
   pieces_.swap(best_pieces_);
+  const bool rx = receivers_first && any_bound_;
   const auto by_position = [&](const Piece& a, const Piece& b) {
-    if (far_first) {
-      const int32_t la = units_[static_cast<size_t>(a.unit)].level;
-      const int32_t lb = units_[static_cast<size_t>(b.unit)].level;
-      if (la != lb) return la > lb;
+    const Unit& ua = units_[static_cast<size_t>(a.unit)];
+    const Unit& ub = units_[static_cast<size_t>(b.unit)];
+    if (rx) {
+      const double fa = floor_ns_[static_cast<size_t>(ua.dest_rank)];
+      const double fb = floor_ns_[static_cast<size_t>(ub.dest_rank)];
+      if (fa != fb) return fa > fb;
     }
+    if (far_first && ua.level != ub.level) return ua.level > ub.level;
     if (a.unit != b.unit) return a.unit < b.unit;
     return a.row_begin < b.row_begin;
   };
@@ -290,6 +395,12 @@ void Scheduler::emit(Plan& out, bool far_first) {
     std::sort(pieces_.begin() + static_cast<std::ptrdiff_t>(b),
               pieces_.begin() + static_cast<std::ptrdiff_t>(e), by_position);
   }
+  fill_plan(out);
+}
+
+void Scheduler::fill_plan(Plan& out) {
+  const int W = options_.workers;
+  count_holders();
   out.policy = options_.policy;
   out.src_rank = src_rank_;
   out.workers = W;
@@ -297,7 +408,8 @@ void Scheduler::emit(Plan& out, bool far_first) {
   out.worker_begin.assign(static_cast<size_t>(W) + 1, 0);
   out.worker_cost_ns.assign(static_cast<size_t>(W), 0.0);
   out.total_issue_ns = 0;
-  std::vector<double>& issued = load_;  // per-worker issue time so far (scratch reuse)
+  out.receiver_floor_ns = 0;
+  std::vector<double>& issued = load_;  // per-worker time spent so far (scratch reuse)
   std::fill(issued.begin(), issued.end(), 0.0);
   for (const Piece& p : pieces_) {
     const Unit& u = units_[static_cast<size_t>(p.unit)];
@@ -309,14 +421,18 @@ void Scheduler::emit(Plan& out, bool far_first) {
     it.row_begin = p.row_begin;
     it.row_end = p.row_end;
     it.bytes = static_cast<double>(p.row_end - p.row_begin) * static_cast<double>(row_bytes_);
-    it.issue_ns = p.issue_ns;
+    it.issue_ns = piece_ns(p);
+    it.receiver_bound = any_bound_ && bound(u);
     it.latency_ns = topology_.levels()[static_cast<size_t>(u.level)].latency_ns;
-    issued[w] += p.issue_ns;
+    issued[w] += it.issue_ns;
     it.finish_ns = issued[w] + it.latency_ns;
+    if (it.receiver_bound)
+      out.receiver_floor_ns = std::max(out.receiver_floor_ns,
+                                       floor_ns_[static_cast<size_t>(u.dest_rank)] + it.latency_ns);
     out.items.push_back(it);
     ++out.worker_begin[w + 1];
     out.worker_cost_ns[w] = std::max(out.worker_cost_ns[w], it.finish_ns);
-    out.total_issue_ns += p.issue_ns;
+    out.total_issue_ns += it.issue_ns;
   }
   double sum = 0;
   for (int w = 0; w < W; ++w) {
@@ -330,6 +446,7 @@ void Scheduler::emit(Plan& out, bool far_first) {
 
 void Scheduler::plan(const SendWork& work, Plan& out) {
   collect_units(work);
+  collect_receivers(work);
   switch (options_.policy) {
     case Policy::kNaive:
       plan_naive();
@@ -341,7 +458,7 @@ void Scheduler::plan(const SendWork& work, Plan& out) {
       plan_balanced();
       break;
   }
-  emit(out, options_.policy != Policy::kNaive);
+  emit(out, options_.policy != Policy::kNaive, options_.policy == Policy::kBalanced);
 }
 
 Plan Scheduler::plan(const SendWork& work) {
