@@ -23,6 +23,13 @@
 //      c_max >= b_max and c_max >= lat_max.
 //      Since the naive and column-major assignments are candidates too, balanced is never
 //      slower than either. tests/sched/test_scheduler.cpp checks all of this on random inputs.
+//  (c) With receive totals (SendWork::recv_rows; scheduler_receivers.cpp), items to a
+//      receiver-bound destination d cost more, never less, so (a) still holds; and every plan
+//      lands no earlier than floor_d + latency(d): the k_d workers holding d's traffic spend
+//      k_d * floor_d * (their share of its bytes) on it, floor_d * k_d in all, so one of them
+//      at least floor_d. Balanced's candidates still include naive and column-major under the
+//      same model. Without a receiver-bound destination, plans are those of (a)-(b) exactly.
+//      tests/sched/test_receivers.cpp checks both on random inputs.
 #include "ubep/scheduler.hpp"
 
 #include <algorithm>
@@ -132,74 +139,6 @@ void Scheduler::collect_units(const SendWork& work) {
     unit.index = static_cast<int32_t>(u);
     unit.rows = n;
     units_.push_back(unit);
-  }
-}
-
-// Receiver term of the cost model (ubep/scheduler.hpp): which destinations' ports cannot keep
-// up with this source, and how long their traffic holds a worker.
-void Scheduler::collect_receivers(const SendWork& work) {
-  const auto ranks = static_cast<size_t>(topology_.ranks());
-  for (int32_t d : bound_dests_) floor_ns_[static_cast<size_t>(d)] = 0;
-  bound_dests_.clear();
-  any_bound_ = false;
-  floor_ns_.resize(ranks, 0.0);
-  if (work.recv_rows.empty()) return;
-  UBEP_CHECK_ARG(work.recv_rows.size() == ranks, "scheduler: recv_rows has ", work.recv_rows.size(),
-                 " entries, expected one per rank (", ranks, ")");
-  own_bytes_.assign(ranks, 0.0);
-  double total = 0;
-  for (const Unit& u : units_) {
-    own_bytes_[static_cast<size_t>(u.dest_rank)] +=
-        static_cast<double>(u.rows) * static_cast<double>(row_bytes_);
-    total += issue_ns(u, u.rows);
-  }
-  const double send_ns = total / options_.workers;  // this source's own time, perfectly spread
-  group_ns_.resize(ranks, 0.0);
-  for (size_t d = 0; d < ranks; ++d) {
-    const int64_t n = work.recv_rows[d];
-    UBEP_CHECK_ARG(
-        n >= 0 && static_cast<double>(n) * static_cast<double>(row_bytes_) >= own_bytes_[d],
-        "scheduler: recv_rows[", d, "] = ", n, " is below the ",
-        own_bytes_[d] / static_cast<double>(row_bytes_), " rows this source sends there");
-    const int level = topology_.level_between(src_rank_, static_cast<int>(d));
-    if (level == 0 || own_bytes_[d] <= 0) continue;
-    const double bw = topology_.levels()[static_cast<size_t>(level)].bandwidth_gbps;
-    const double floor = static_cast<double>(n) * static_cast<double>(row_bytes_) / bw;
-    if (floor <= kReceiverMargin * send_ns) continue;
-    floor_ns_[d] = floor;
-    group_ns_[d] = std::max(floor, own_bytes_[d] * options_.workers / bw);
-    bound_dests_.push_back(static_cast<int32_t>(d));
-    any_bound_ = true;
-  }
-  holders_.resize(ranks, 0);
-  group_worker_.resize(ranks, -1);
-  holder_seen_.resize(ranks * static_cast<size_t>(options_.workers), 0);
-}
-
-double Scheduler::piece_ns(const Piece& p) const {
-  const Unit& u = units_[static_cast<size_t>(p.unit)];
-  if (!any_bound_ || !bound(u)) return p.issue_ns;
-  const auto d = static_cast<size_t>(u.dest_rank);
-  const double bytes =
-      static_cast<double>(p.row_end - p.row_begin) * static_cast<double>(row_bytes_);
-  return std::max(p.issue_ns, holders_[d] * floor_ns_[d] * bytes / own_bytes_[d]);
-}
-
-void Scheduler::count_holders() {
-  if (!any_bound_) return;
-  const auto W = static_cast<size_t>(options_.workers);
-  for (int32_t d : bound_dests_) holders_[static_cast<size_t>(d)] = 0;
-  for (const Piece& p : pieces_) {
-    const Unit& u = units_[static_cast<size_t>(p.unit)];
-    if (!bound(u)) continue;
-    char& seen = holder_seen_[static_cast<size_t>(u.dest_rank) * W + static_cast<size_t>(p.worker)];
-    if (!seen) ++holders_[static_cast<size_t>(u.dest_rank)];
-    seen = 1;
-  }
-  for (const Piece& p : pieces_) {
-    const Unit& u = units_[static_cast<size_t>(p.unit)];
-    if (bound(u))
-      holder_seen_[static_cast<size_t>(u.dest_rank) * W + static_cast<size_t>(p.worker)] = 0;
   }
 }
 
