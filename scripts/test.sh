@@ -42,7 +42,7 @@ if [ "${UBEP_SKIP_FUZZ:-0}" != 1 ]; then
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         -DUBEP_FUZZ=ON -DUBEP_BUILD_TESTS=OFF -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF \
         -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null
-  cmake --build build-fuzz -j"$jobs" --target fuzz_dispatch
+  cmake --build build-fuzz -j"$jobs" --target fuzz_dispatch fuzz_topology
   (cd build-fuzz && ctest --output-on-failure)
 fi
 echo "all tests passed"

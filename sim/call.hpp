@@ -47,6 +47,9 @@ struct CallConfig {
   int elem_bytes = 2;
   int workers = 0;  // per rank; 0 = the preset's
   bool record_transfers = false;
+  // Max-min rates recomputed at most once per this many ns (0: at every start and finish, the
+  // exact model; Network::end_instant).
+  double resolve_ns = 0;
   // Give the scheduler every rank's receive totals (its receiver term, issue 30); false: the
   // sender-only cost model of before.
   bool plan_receivers = true;
@@ -68,6 +71,7 @@ struct CallResult {
   double planned_slowest_ns = 0;  // max over ranks of the scheduler's predicted slowest worker
   double barrier_ns = 0;          // bsp: wall time inside barriers (rank 0's view)
   uint64_t planned_items = 0, simulated_items = 0, events = 0;
+  uint64_t resolves = 0, flows_refilled = 0;  // the max-min solver's work (engine.hpp)
   double wire_bytes = 0;            // bytes of data on the wire (planned items)
   double payload_bytes = 0;         // useful bytes (rows x row payload)
   std::vector<Transfer> transfers;  // when CallConfig::record_transfers

@@ -91,6 +91,7 @@ class CallSim {
     start_.assign(static_cast<size_t>(R_), 0.0);
     if (!start.empty()) start_.assign(start.begin(), start.end());
     machine_ = std::make_unique<Machine>(eff_, net_, W_);
+    net_.set_resolve_quantum(cfg.resolve_ns);
     El_ = tr_.experts / R_;
   }
 
@@ -490,6 +491,8 @@ CallResult CallSim::run() {
   res_.start_ns = *std::min_element(start_.begin(), start_.end());
   res_.makespan_ns = *std::max_element(finish_.begin(), finish_.end()) - res_.start_ns;
   res_.events = q_.executed();
+  res_.resolves = net_.resolves();
+  res_.flows_refilled = net_.flows_refilled();
   res_.payload_bytes = 0;
   for (int r = 0; r < R_; ++r) res_.payload_bytes += recv_rows_[static_cast<size_t>(r)] * payload_;
   if (cfg_.record_transfers) res_.plans = plans_;

@@ -22,7 +22,7 @@ double EventQueue::run() {
     // Rates change only between instants: every start and finish of this instant is in before
     // the network is solved, so one resolve serves them all.
     if (net_ && net_->dirty() && (heap_.empty() || heap_.top().time > now_)) {
-      net_->resolve();
+      net_->end_instant();
       continue;
     }
     if (heap_.empty()) break;

@@ -86,8 +86,14 @@ class Network {
 
   // Recomputes the max-min rates after the starts and finishes of this instant (EventQueue::run
   // calls it before the clock moves on).
-  bool dirty() const { return dirty_; }
+  bool dirty() const { return dirty_ && !deferred_; }
   void resolve();
+  // Called when an instant with changes ends: resolves now, or with a quantum > 0 at most once
+  // per `quantum` ns (the changes in between wait for the next resolve: a started flow sends
+  // nothing and a finished flow's capacity stays unused until then). An approximation whose
+  // error tests/sim/test_maxmin.cpp bounds; 0 (the default) is the exact model.
+  void end_instant();
+  void set_resolve_quantum(double ns) { quantum_ = ns; }
 
  private:
   struct Link {
@@ -98,7 +104,6 @@ class Network {
     double residual = 0;  // capacity left to the unfrozen flows of the component
     int unfrozen = 0;     // unfrozen component flows crossing the link
     uint64_t mark = 0;    // resolve epoch that reached it
-    uint32_t heap_version = 0;
   };
   struct Flow {
     int path[4];
@@ -135,6 +140,8 @@ class Network {
   // The instant's changes: links whose flow set changed, the slowest finished flow's rate, the
   // flows started.
   bool dirty_ = false;
+  bool deferred_ = false;  // a resolve is scheduled at last_resolve_ + quantum_
+  double quantum_ = 0, last_resolve_ = -std::numeric_limits<double>::infinity();
   std::vector<int> changed_links_;
   double finished_min_rate_ = std::numeric_limits<double>::infinity();
   std::vector<int> fresh_;

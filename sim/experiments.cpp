@@ -2,7 +2,9 @@
 // (tpot.cpp: the decode TPOT experiment; calibrate.cpp: calibrate and predict.)
 #include "sim/experiments.hpp"
 
+#include <sys/resource.h>
 #include <algorithm>
+
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -22,6 +24,7 @@ CallConfig call_config(const Options& o, Algo algo, Op op) {
   c.hidden = o.hidden;
   c.elem_bytes = o.elem_bytes;
   c.workers = o.workers;
+  c.resolve_ns = o.resolve_ns;
   c.plan_receivers = o.plan_receivers;
   return c;
 }
@@ -250,10 +253,13 @@ int cmd_bench(const Options& o) {
       .kv("batch", B)
       .key("rows")
       .begin_array();
+  const int total = 4 * o.repeats;
+  int done = 0;
+  const auto bench_start = std::chrono::steady_clock::now();
   for (Algo a : {Algo::kUbep, Algo::kBsp}) {
     for (Op op : {Op::kDispatch, Op::kCombine}) {
       // CPU time of this (single-threaded) process: the machine may be shared, so wall time
-      // would include waiting for a core.
+      // would include waiting for a core. Memory: the process's peak resident set so far.
       std::vector<double> secs, walls;
       CallResult last;
       for (int i = 0; i < o.repeats; ++i) {
@@ -263,23 +269,34 @@ int cmd_bench(const Options& o) {
         secs.push_back(static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC);
         walls.push_back(
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        const double elapsed =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - bench_start).count();
+        if (++done < total && elapsed > 2 && !o.quiet)
+          std::fprintf(stderr, "[%d/%d calls] %.1f s, ETA %.0f s\n", done, total, elapsed,
+                       elapsed / done * (total - done));
       }
       std::sort(secs.begin(), secs.end());
       std::sort(walls.begin(), walls.end());
       const double med = secs[secs.size() / 2];
+      rusage ru{};
+      getrusage(RUSAGE_SELF, &ru);
+      const double peak_gib = static_cast<double>(ru.ru_maxrss) / (1024.0 * 1024.0);  // KiB
       std::printf(
-          "%-5s %-8s %3d ranks x %4d tokens x top-%d: %.3f s CPU median of %d (wall %.3f s); %llu "
-          "items, "
-          "%llu events; simulated %.2f us\n",
+          "%-5s %-8s %3d ranks x %4d tokens x top-%d: %.3f s CPU median of %d (wall %.3f s), "
+          "peak RSS %.2f GiB; %llu items, %llu events, %llu resolves refilling %llu flows; "
+          "simulated %.2f us\n",
           algo_name(a), op_name(op), R, B, o.topk, med, o.repeats, walls[walls.size() / 2],
-          static_cast<unsigned long long>(last.simulated_items),
-          static_cast<unsigned long long>(last.events), last.makespan_ns / 1e3);
+          peak_gib, static_cast<unsigned long long>(last.simulated_items),
+          static_cast<unsigned long long>(last.events),
+          static_cast<unsigned long long>(last.resolves),
+          static_cast<unsigned long long>(last.flows_refilled), last.makespan_ns / 1e3);
       std::fflush(stdout);
       j.begin_object()
           .kv("algo", algo_name(a))
           .kv("op", op_name(op))
           .kv("cpu_median_s", med)
           .kv("wall_median_s", walls[walls.size() / 2])
+          .kv("peak_rss_gib", peak_gib)
           .kv("items", static_cast<double>(last.simulated_items))
           .kv("events", static_cast<double>(last.events))
           .end_object();

@@ -24,9 +24,19 @@ struct Preset {
   std::vector<int> port_of_level;  // level -> port id (level 0 unused)
 };
 
-// `name`: cm384 | nvl72 | h800 | local. `local` reads the calibration file written by
-// `ubep-sim calibrate` (default path: sim-calibration.json in the working directory).
+// `name`: cm384 | ubmesh8k | nvl72 | h800 | local | a path ending in .json (a user's pod,
+// pod_file_preset). `local` reads the calibration file written by `ubep-sim calibrate`
+// (default path: sim-calibration.json in the working directory).
 Preset make_preset(const std::string& name, int ranks, const std::string& calibration_file = "");
+// The cost parameters of cm384 (Ascend 910C dies), the base of the presets below.
+CostParams cm384_costs();
+// An 8,192-NPU SuperPoD of the UB-mesh class (Huawei's Atlas 950 SuperPoD figures; every value
+// with its source in CostParams::sources): 128 cabinets of 64 NPUs. 1..8192 ranks.
+Preset ubmesh8k_preset(int ranks);
+// A user's pod: the topology through the library's reader (sched::from_json), plus the file's
+// "sim" object: "ports" (a port id per level) and "costs" (the base cost preset: cm384 or
+// ubmesh8k). `ranks` <= the file's "ranks"; fewer take the first ranks. docs/sim/TOPOLOGY.md.
+Preset pod_file_preset(const std::string& path, int ranks);
 
 // Links of one simulation run over a Network.
 class Machine {

@@ -30,7 +30,6 @@ namespace {
 struct Share {
   double level;  // residual / unfrozen: where the link fills
   int link;
-  uint32_t version;
 };
 // Min-heap order; ties by link id so that runs are deterministic.
 bool later(const Share& a, const Share& b) {
@@ -87,17 +86,29 @@ void Network::fill_component() {
       else
         l.residual -= f.rate;  // a lower flow: its rate stands
     }
-    if (l.unfrozen > 0) heap.push_back(Share{l.residual / l.unfrozen, id, ++l.heap_version});
+    if (l.unfrozen > 0) heap.push_back(Share{l.residual / l.unfrozen, id});
   }
   std::make_heap(heap.begin(), heap.end(), later);
+  // Lazy heap: freezing a flow at level s raises every other link's fill level (residual - s
+  // over unfrozen - 1 is >= residual / unfrozen when s <= residual / unfrozen), so a heap key
+  // is a lower bound of its link's level. A popped key that is stale is re-pushed at the
+  // link's current level; one that is current is the smallest level of all (every other key
+  // is <= its own level and >= this one). This keeps one heap push per link and re-key, not
+  // one per frozen flow and link.
   while (!heap.empty()) {
     std::pop_heap(heap.begin(), heap.end(), later);
     const Share top = heap.back();
     heap.pop_back();
     Link& l = links_[static_cast<size_t>(top.link)];
-    if (top.version != l.heap_version || l.unfrozen == 0) continue;
+    if (l.unfrozen == 0) continue;
+    const double now_level = l.residual / l.unfrozen;
+    if (now_level > top.level) {
+      heap.push_back(Share{now_level, top.link});
+      std::push_heap(heap.begin(), heap.end(), later);
+      continue;
+    }
     // Rounding can leave a full link a hair below zero; no flow gets a zero rate.
-    const double level = std::max(top.level, l.capacity * 1e-12);
+    const double level = std::max(now_level, l.capacity * 1e-12);
     for (int fid : l.flows) {
       Flow& f = flows_[static_cast<size_t>(fid)];
       if (f.mark != epoch_ || f.frozen) continue;
@@ -105,17 +116,25 @@ void Network::fill_component() {
       for (int h = 0; h < f.hops; ++h) {
         Link& other = links_[static_cast<size_t>(f.path[h])];
         other.residual -= level;
-        if (--other.unfrozen > 0 && f.path[h] != top.link) {
-          heap.push_back(Share{other.residual / other.unfrozen, f.path[h], ++other.heap_version});
-          std::push_heap(heap.begin(), heap.end(), later);
-        }
+        --other.unfrozen;
       }
       set_rate(fid, level);
     }
   }
 }
 
+void Network::end_instant() {
+  if (quantum_ <= 0 || q_.now() >= last_resolve_ + quantum_) {
+    resolve();
+    return;
+  }
+  deferred_ = true;
+  q_.at(last_resolve_ + quantum_, [this] { resolve(); });
+}
+
 void Network::resolve() {
+  last_resolve_ = q_.now();
+  deferred_ = false;
   collect_component(threshold());
   fill_component();
   for (int id : fresh_) flows_[static_cast<size_t>(id)].fresh = false;

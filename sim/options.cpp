@@ -56,6 +56,10 @@ TPOT:
   --moe-layers N      MoE layers (default 58)       --dense-layers N  dense layers (default 3)
 Other:
   --repeats N         bench: timed repetitions (default 3)
+  --resolve-ns N      recompute the max-min link rates at most once per N ns (default 0: at
+                      every flow start and finish, exact; N > 0 trades bounded error for speed
+                      on large pods, docs/sim/MODEL.md)
+  --topology FILE     a user's pod as JSON (docs/sim/TOPOLOGY.md); with --preset custom
   --measured FILE     predict, validate: ubep-bench --json file(s), comma list
   --out FILE          calibrate: output file (default sim-calibration.json)
   --json FILE         write results as JSON
@@ -164,6 +168,10 @@ Options parse_options(int argc, char** argv) {
       o.dense_layers = pos_int(0);
     else if (f == "--repeats")
       o.repeats = pos_int(1);
+    else if (f == "--resolve-ns")
+      o.resolve_ns = pos_int(0);
+    else if (f == "--topology")
+      o.topology = v;
     else if (f == "--json")
       o.json = v;
     else if (f == "--measured")

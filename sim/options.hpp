@@ -33,6 +33,8 @@ struct Options {
   int steps = 100;  // tpot
   int moe_layers = 58, dense_layers = 3;
   int repeats = 3;                           // bench
+  int resolve_ns = 0;                        // Network::end_instant quantum (0 = exact)
+  std::string topology;                      // --preset custom: the user's JSON pod
   std::string json;                          // output file
   std::string measured;                      // predict: ubep-bench JSON to compare with
   std::string out = "sim-calibration.json";  // calibrate

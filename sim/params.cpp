@@ -287,8 +287,13 @@ Preset local_preset(int ranks, const std::string& file) {
 
 }  // namespace
 
+CostParams cm384_costs() { return cm384_cost(); }
+
 Preset make_preset(const std::string& name, int ranks, const std::string& calibration_file) {
   UBEP_CHECK_ARG(ranks >= 1, "ranks must be >= 1, got ", ranks);
+  if (name == "ubmesh8k") return ubmesh8k_preset(ranks);
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0)
+    return pod_file_preset(name, ranks);
   if (name == "cm384") {
     // One-hop and two-hop UB traffic leave a die through the same UB links: one port.
     return Preset{sched::cm384(ranks), cm384_cost(), {0, 1, 1}};
@@ -302,7 +307,8 @@ Preset make_preset(const std::string& name, int ranks, const std::string& calibr
   }
   if (name == "local") return local_preset(ranks, calibration_file);
   throw InvalidArgument(
-      detail::concat("unknown preset '", name, "' (cm384 | nvl72 | h800 | local)"));
+      detail::concat("unknown preset '", name,
+                     "' (cm384 | ubmesh8k | nvl72 | h800 | local | a pod file FILE.json)"));
 }
 
 }  // namespace ubep::sim

@@ -8,12 +8,15 @@
 //       {"name": "self", "latency_ns": 100, "bandwidth_gbps": 20},
 //       {"name": "rack", "latency_ns": 900, "bandwidth_gbps": 100, "group_size": 4},
 //       {"name": "net",  "latency_ns": 5000, "bandwidth_gbps": 25}
-//     ]
+//     ],
+//     "sim": {...}                         optional; ignored here: settings of a tool that reads
+//                                          the same file (ubep-sim's ports and costs,
+//                                          docs/sim/TOPOLOGY.md); must be an object
 //   }
 //
 // The first level is "same rank" and the last joins every rank; each middle level places the
 // ranks with exactly one of "group_size": n (ranks r with equal r / n share a domain) or
-// "domain_of": [id per rank].
+// "domain_of": [id per rank]. A group_size must divide the rank count (no partial group).
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -169,6 +172,9 @@ std::vector<std::vector<int>> read_domains(const Reader& rd,
     std::vector<int> d(static_cast<size_t>(n));
     if (p.kind != JsonValue::Kind::kArray) {
       const int g = rd.integer(p, what + ".group_size", 1);
+      if (n % g != 0)
+        rd.fail(p, what, ".group_size ", g, " does not divide the rank count ", n,
+                " (every group must be full)");
       for (int r = 0; r < n; ++r) d[static_cast<size_t>(r)] = r / g;
     } else {
       for (int r = 0; r < n; ++r)
@@ -187,7 +193,9 @@ Topology from_json_text(const std::string& text, int ranks, const std::string& o
   const JsonValue doc = detail::parse_json(text, origin);
   const Reader rd(origin);
   rd.need(doc, JsonValue::Kind::kObject, "the top-level value");
-  rd.only_keys(doc, {"name", "ranks", "levels"}, "the topology");
+  rd.only_keys(doc, {"name", "ranks", "levels", "sim"}, "the topology");
+  if (const JsonValue* sim = Reader::find(doc, "sim"))
+    rd.need(*sim, JsonValue::Kind::kObject, "\"sim\"");
   std::string name = read_name(rd, doc, origin);
 
   const JsonValue* lv = Reader::find(doc, "levels");
