@@ -20,12 +20,11 @@
 // in this call (SendWork::recv_rows), its port needs floor_d = recv bytes / bandwidth to drain
 // them. A destination whose floor exceeds this source's own send time (total issue / W) by more
 // than kReceiverMargin is receiver-bound: fair sharing at its port drains every source's traffic
-// into d in proportion, so this source's own_d bytes into d take floor_d in all, and an item of
-// x bytes to d holds its worker for max(issue, k_d * floor_d * x / own_d), where k_d is the
-// number of this source's workers holding traffic to d (their items share the source's part of
-// the port when they run together). The balanced policy keeps all of a receiver-bound
-// destination's items on one worker and issues them first, so that the hot port drains from the
-// start; its plan then predicts floor_d + latency for that worker.
+// into d in proportion, so this source's own_d bytes into d get at most own_d / floor_d, and an
+// item of x bytes to d holds its worker for max(issue, floor_d * x / own_d) (the workers holding
+// d's traffic visit it at different times, see the rotated order in scheduler.cpp). No plan lands
+// before floor_d + latency(d): the plan's slowest_ns is at least receiver_floor_ns. Balanced also
+// tries keeping all of a receiver-bound destination's items on one worker, issued first.
 // simulate_sharing() evaluates a plan with a work-conserving link instead of fixed shares.
 #pragma once
 
@@ -84,6 +83,9 @@ struct SendWork {
 // by more than this factor (below it, random routing alone puts half the ports slightly above
 // the mean, and none of them holds back a sender).
 inline constexpr double kReceiverMargin = 1.1;
+// Balanced keeps column-major's plan (every destination spread over every worker) unless an LPT
+// candidate is better by this factor under the model (see plan_balanced in scheduler.cpp).
+inline constexpr double kSpreadPreference = 0.02;
 
 struct PlanItem {
   int32_t dest_rank = 0;
@@ -110,7 +112,7 @@ struct Plan {
   std::vector<PlanItem> items;
   std::vector<int32_t> worker_begin;   // workers + 1 entries
   std::vector<double> worker_cost_ns;  // when the worker's last item lands (max finish_ns)
-  double slowest_ns = 0;               // max over workers
+  double slowest_ns = 0;               // max over workers, and >= receiver_floor_ns
   double mean_ns = 0;                  // mean over workers (idle workers count as 0)
   double imbalance = 1;                // slowest / mean (1 when there is no work)
   double total_issue_ns = 0;           // sum of issue_ns over items
@@ -167,9 +169,8 @@ class Scheduler {
   void collect_receivers(const SendWork& work);
   double issue_ns(const Unit& unit, int64_t rows) const;
   bool bound(const Unit& unit) const { return floor_ns_[static_cast<size_t>(unit.dest_rank)] > 0; }
-  // Worker time of a piece under the cost model (receiver term with k_d from count_holders()).
+  // Worker time of a piece under the cost model (with the receiver term).
   double piece_ns(const Piece& p) const;
-  void count_holders();  // k_d of every receiver-bound destination in the assignment
   void plan_naive();
   void plan_column_major();
   void plan_balanced();
@@ -177,7 +178,9 @@ class Scheduler {
   // assignment in pieces_ and returns its makespan.
   // group_receivers: every receiver-bound destination's units go whole onto one worker.
   double lpt(double max_slice_ns, bool group_receivers = false);
-  double makespan();  // slowest worker of the assignment in pieces_, items far first
+  // Slowest worker of the assignment in pieces_, items far first; receiver-bound ones first
+  // of all when asked (the order emit() gives a grouped candidate).
+  double makespan(bool receivers_first = false);
   void emit(Plan& out, bool far_first, bool receivers_first);
   void fill_plan(Plan& out);  // the Plan of pieces_ in their order, with its costs
 
@@ -194,14 +197,15 @@ class Scheduler {
   std::vector<int32_t> order_;                    // per-worker offsets scratch in emit()
   std::vector<std::pair<double, int32_t>> heap_;  // (load, worker) min-heap of LPT
   // Receivers of the current call, per destination rank: floor_d (0 = not receiver-bound),
-  // this source's bytes to it, and k_d with its scratch.
+  // this source's bytes to it, the LPT group's worker.
   std::vector<double> floor_ns_, own_bytes_;
-  std::vector<int32_t> holders_, group_worker_;
-  std::vector<char> holder_seen_;  // [dest * W + worker], only receiver-bound dests touched
+  std::vector<int32_t> group_worker_;
+  double max_floor_ns_ = 0;  // largest floor_d + latency(d)
   std::vector<int32_t> bound_dests_;
   std::vector<double> group_ns_;  // per dest: max(its issue time, floor_d) on one worker
   std::vector<double> rx_load_, rx_latency_;  // per worker, makespan() scratch
   bool any_bound_ = false;
+  bool receivers_first_ = false;  // balanced chose a grouped candidate: emit them first
 };
 
 // ---- Link sharing: evaluating a plan with a work-conserving link -----------------------------

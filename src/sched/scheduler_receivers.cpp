@@ -13,6 +13,7 @@ void Scheduler::collect_receivers(const SendWork& work) {
   for (int32_t d : bound_dests_) floor_ns_[static_cast<size_t>(d)] = 0;
   bound_dests_.clear();
   any_bound_ = false;
+  max_floor_ns_ = 0;
   floor_ns_.resize(ranks, 0.0);
   if (work.recv_rows.empty()) return;
   UBEP_CHECK_ARG(work.recv_rows.size() == ranks, "scheduler: recv_rows has ", work.recv_rows.size(),
@@ -40,11 +41,11 @@ void Scheduler::collect_receivers(const SendWork& work) {
     floor_ns_[d] = floor;
     group_ns_[d] = std::max(floor, own_bytes_[d] * options_.workers / bw);
     bound_dests_.push_back(static_cast<int32_t>(d));
+    max_floor_ns_ =
+        std::max(max_floor_ns_, floor + topology_.levels()[static_cast<size_t>(level)].latency_ns);
     any_bound_ = true;
   }
-  holders_.resize(ranks, 0);
   group_worker_.resize(ranks, -1);
-  holder_seen_.resize(ranks * static_cast<size_t>(options_.workers), 0);
 }
 
 double Scheduler::piece_ns(const Piece& p) const {
@@ -53,25 +54,7 @@ double Scheduler::piece_ns(const Piece& p) const {
   const auto d = static_cast<size_t>(u.dest_rank);
   const double bytes =
       static_cast<double>(p.row_end - p.row_begin) * static_cast<double>(row_bytes_);
-  return std::max(p.issue_ns, holders_[d] * floor_ns_[d] * bytes / own_bytes_[d]);
-}
-
-void Scheduler::count_holders() {
-  if (!any_bound_) return;
-  const auto W = static_cast<size_t>(options_.workers);
-  for (int32_t d : bound_dests_) holders_[static_cast<size_t>(d)] = 0;
-  for (const Piece& p : pieces_) {
-    const Unit& u = units_[static_cast<size_t>(p.unit)];
-    if (!bound(u)) continue;
-    char& seen = holder_seen_[static_cast<size_t>(u.dest_rank) * W + static_cast<size_t>(p.worker)];
-    if (!seen) ++holders_[static_cast<size_t>(u.dest_rank)];
-    seen = 1;
-  }
-  for (const Piece& p : pieces_) {
-    const Unit& u = units_[static_cast<size_t>(p.unit)];
-    if (bound(u))
-      holder_seen_[static_cast<size_t>(u.dest_rank) * W + static_cast<size_t>(p.worker)] = 0;
-  }
+  return std::max(p.issue_ns, floor_ns_[d] * bytes / own_bytes_[d]);
 }
 
 }  // namespace ubep::sched
