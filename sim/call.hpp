@@ -53,6 +53,9 @@ struct CallConfig {
   double resolve_ns = 0;
   // Print "items simulated of planned, elapsed, ETA" on stderr while a call runs past 2 s.
   bool progress = false;
+  // Give the scheduler every rank's receive totals (its receiver term, issue 30); false: the
+  // sender-only cost model of before.
+  bool plan_receivers = true;
 };
 
 // Progress of one long call on stderr: "items simulated of planned, elapsed, ETA", at most every

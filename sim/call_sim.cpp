@@ -179,6 +179,13 @@ void CallSim::make_plans() {
           sched::rows_per_destination(ids, tr_.topk, R_, tr_.experts);
     }
   }
+  // Rows each rank receives from all sources: the receiver term of the scheduler's cost model
+  // (dispatch: what every source sends it; combine: what it dispatched, coming back).
+  std::vector<int64_t> recv_total(static_cast<size_t>(R_), 0);
+  for (int s = 0; s < R_; ++s)
+    for (int d = 0; d < R_; ++d)
+      recv_total[static_cast<size_t>(cfg_.op == Op::kDispatch ? d : s)] +=
+          per_dest[static_cast<size_t>(s)][static_cast<size_t>(d)];
   sched::Scheduler scheduler(topo, sched::SchedulerOptions{senders_, cfg_.policy});
   plans_.resize(static_cast<size_t>(R_));
   recv_rows_.assign(static_cast<size_t>(R_), 0.0);
@@ -188,6 +195,7 @@ void CallSim::make_plans() {
     sched::SendWork work;
     work.src_rank = src;
     work.row_bytes = row_bytes;
+    if (cfg_.plan_receivers) work.recv_rows = recv_total;
     if (cfg_.op == Op::kDispatch) {
       if (cfg_.latency_layout) {
         work.experts_per_rank = El_;

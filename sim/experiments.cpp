@@ -25,6 +25,7 @@ CallConfig call_config(const Options& o, Algo algo, Op op) {
   c.elem_bytes = o.elem_bytes;
   c.workers = o.workers;
   c.resolve_ns = o.resolve_ns;
+  c.plan_receivers = o.plan_receivers;
   return c;
 }
 

@@ -10,6 +10,7 @@ int cmd_call(const Options& o);
 int cmd_latency(const Options& o);
 int cmd_sync(const Options& o);
 int cmd_sched(const Options& o);
+int cmd_sched_sweep(const Options& o);  // sched_sweep.cpp
 int cmd_tpot(const Options& o);
 int cmd_calibrate(const Options& o);
 int cmd_predict(const Options& o);

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
     if (c == "latency") return cmd_latency(o);
     if (c == "sync") return cmd_sync(o);
     if (c == "sched") return cmd_sched(o);
+    if (c == "sched-sweep") return cmd_sched_sweep(o);
     if (c == "tpot") return cmd_tpot(o);
     if (c == "calibrate") return cmd_calibrate(o);
     if (c == "predict") return cmd_predict(o);

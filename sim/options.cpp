@@ -18,6 +18,7 @@ Commands (each prints a table; --json FILE also writes it as JSON for sim/plot.p
   latency     dispatch latency vs batch size, BSP vs UBEP          (default: EP 64,128,256; BS 8..256)
   sync        sync ablation: stop-and-wait vs fused vs sentinel   (default: EP 64; BS 8..256)
   sched       scheduling ablation: naive / column_major / balanced (64 ranks, 8 hot experts, BS 128)
+  sched-sweep the ablation over hot 0/8/32 x weight 2/4/8 (default EP 64,256; BS 128)
   tpot        decode TPOT P50/P99 of a DeepSeek-V3-like model, BSP vs UBEP (default EP 64, BS 64)
   calibrate   measure this machine (memcpy GB/s, cross-core handoff) -> --out FILE
   predict     predict ubep-bench decode/prefill medians (local preset, 2 ranks); with
@@ -49,6 +50,8 @@ Call:
   --sync S            fused (default) | stop-and-wait | sentinel (ubep)
   --bsp-policy P      scheduler policy of the BSP baseline (default naive)
   --ubep-policy P     scheduler policy of UBEP (default column_major)
+  --receivers on|off  the scheduler sees every rank's receive totals (default on; off: the
+                      sender-only cost model before issue 30)
 TPOT:
   --steps N           decode steps (default 100)
   --moe-layers N      MoE layers (default 58)       --dense-layers N  dense layers (default 3)
@@ -136,7 +139,10 @@ Options parse_options(int argc, char** argv) {
       o.hot = pos_int(0);
     else if (f == "--hot-weight")
       o.hot_weight = to_double(f, v);
-    else if (f == "--seed")
+    else if (f == "--receivers") {
+      UBEP_CHECK_ARG(v == "on" || v == "off", "flag --receivers must be on or off, got '", v, "'");
+      o.plan_receivers = v == "on";
+    } else if (f == "--seed")
       o.seed = static_cast<uint64_t>(pos_int(0));
     else if (f == "--layout") {
       UBEP_CHECK_ARG(v == "latency" || v == "throughput", "flag --layout: '", v,

@@ -29,6 +29,7 @@ struct Options {
   sched::Policy bsp_policy = sched::Policy::kNaive;
   sched::Policy ubep_policy = sched::Policy::kColumnMajor;
   bool latency_layout = true;
+  bool plan_receivers = true;  // --receivers on|off: the scheduler's receiver term
   int steps = 100;  // tpot
   int moe_layers = 58, dense_layers = 3;
   int repeats = 3;                           // bench

@@ -15,6 +15,16 @@
 // done when its last item lands, at max_i finish_i. A single item costs latency + bytes /
 // bandwidth, as the topology's cost model says. Ordering a worker's items far first (largest
 // latency first) minimises max_i finish_i (Jackson's rule), which is why the UBEP policies do.
+// Receivers (issue 30): every remote destination d also has a receiving port of its level's
+// bandwidth, shared by every source that sends to it. Given the rows d receives from all sources
+// in this call (SendWork::recv_rows), its port needs floor_d = recv bytes / bandwidth to drain
+// them. A destination whose floor exceeds this source's own send time (total issue / W) by more
+// than kReceiverMargin is receiver-bound: fair sharing at its port drains every source's traffic
+// into d in proportion, so this source's own_d bytes into d get at most own_d / floor_d, and an
+// item of x bytes to d holds its worker for max(issue, floor_d * x / own_d) (the workers holding
+// d's traffic visit it at different times, see the rotated order in scheduler.cpp). No plan lands
+// before floor_d + latency(d): the plan's slowest_ns is at least receiver_floor_ns. Balanced also
+// tries keeping all of a receiver-bound destination's items on one worker, issued first.
 // simulate_sharing() evaluates a plan with a work-conserving link instead of fixed shares.
 #pragma once
 
@@ -63,7 +73,19 @@ struct SendWork {
   // (e.g. source token order); plan items name slices [row_begin, row_end) of it.
   std::span<const int64_t> rows;
   int64_t row_bytes = 0;  // bytes of one row on the wire (> 0)
+  // Optional: rows each destination rank receives in this call from all sources, this one
+  // included (size = ranks), e.g. from expert-load statistics; it feeds the receiver term of
+  // the cost model. Empty: receivers are not modelled (every port keeps up with its senders).
+  std::span<const int64_t> recv_rows = {};
 };
+
+// A destination is receiver-bound when its port's drain time exceeds the source's own send time
+// by more than this factor (below it, random routing alone puts half the ports slightly above
+// the mean, and none of them holds back a sender).
+inline constexpr double kReceiverMargin = 1.1;
+// Balanced keeps column-major's plan (every destination spread over every worker) unless an LPT
+// candidate is better by this factor under the model (see plan_balanced in scheduler.cpp).
+inline constexpr double kSpreadPreference = 0.02;
 
 struct PlanItem {
   int32_t dest_rank = 0;
@@ -71,8 +93,11 @@ struct PlanItem {
   int32_t level = 0;    // topology level between source and destination
   int64_t row_begin = 0;
   int64_t row_end = 0;
-  double bytes = 0;       // (row_end - row_begin) * row_bytes
-  double issue_ns = 0;    // bytes / (bandwidth(level) / workers): the worker's time to issue it
+  double bytes = 0;  // (row_end - row_begin) * row_bytes
+  // The worker's time on it: bytes / (bandwidth(level) / workers), or longer where the
+  // receiver's port limits it (receiver_bound; see the cost model above).
+  double issue_ns = 0;
+  bool receiver_bound = false;
   double latency_ns = 0;  // latency(level): flight time after the last byte left
   double finish_ns = 0;   // when it lands: issue times of the worker's items so far + latency
   int64_t rows() const { return row_end - row_begin; }
@@ -87,10 +112,11 @@ struct Plan {
   std::vector<PlanItem> items;
   std::vector<int32_t> worker_begin;   // workers + 1 entries
   std::vector<double> worker_cost_ns;  // when the worker's last item lands (max finish_ns)
-  double slowest_ns = 0;               // max over workers
+  double slowest_ns = 0;               // max over workers, and >= receiver_floor_ns
   double mean_ns = 0;                  // mean over workers (idle workers count as 0)
   double imbalance = 1;                // slowest / mean (1 when there is no work)
   double total_issue_ns = 0;           // sum of issue_ns over items
+  double receiver_floor_ns = 0;        // largest floor_d + latency among receiver-bound ones
 
   std::span<const PlanItem> worker_items(int worker) const;
   int64_t total_rows() const;
@@ -135,19 +161,28 @@ class Scheduler {
     int32_t worker;
     int64_t row_begin;
     int64_t row_end;
-    double issue_ns;
+    double issue_ns;  // sender share only (bytes / (bandwidth / W))
+    double key = 0;   // LPT order: its issue time, or its group's cost (receiver-bound)
   };
 
   void collect_units(const SendWork& work);
+  void collect_receivers(const SendWork& work);
   double issue_ns(const Unit& unit, int64_t rows) const;
+  bool bound(const Unit& unit) const { return floor_ns_[static_cast<size_t>(unit.dest_rank)] > 0; }
+  // Worker time of a piece under the cost model (with the receiver term).
+  double piece_ns(const Piece& p) const;
   void plan_naive();
   void plan_column_major();
   void plan_balanced();
   // LPT over the units cut into slices of at most max_slice_ns issue time; leaves the
   // assignment in pieces_ and returns its makespan.
-  double lpt(double max_slice_ns);
-  double makespan();  // slowest worker of the assignment in pieces_, items far first
-  void emit(Plan& out, bool far_first);
+  // group_receivers: every receiver-bound destination's units go whole onto one worker.
+  double lpt(double max_slice_ns, bool group_receivers = false);
+  // Slowest worker of the assignment in pieces_, items far first; receiver-bound ones first
+  // of all when asked (the order emit() gives a grouped candidate).
+  double makespan(bool receivers_first = false);
+  void emit(Plan& out, bool far_first, bool receivers_first);
+  void fill_plan(Plan& out);  // the Plan of pieces_ in their order, with its costs
 
   Topology topology_;
   SchedulerOptions options_;
@@ -161,6 +196,16 @@ class Scheduler {
   std::vector<double> level_load_;                // [worker][level] issue time, for makespan()
   std::vector<int32_t> order_;                    // per-worker offsets scratch in emit()
   std::vector<std::pair<double, int32_t>> heap_;  // (load, worker) min-heap of LPT
+  // Receivers of the current call, per destination rank: floor_d (0 = not receiver-bound),
+  // this source's bytes to it, the LPT group's worker.
+  std::vector<double> floor_ns_, own_bytes_;
+  std::vector<int32_t> group_worker_;
+  double max_floor_ns_ = 0;  // largest floor_d + latency(d)
+  std::vector<int32_t> bound_dests_;
+  std::vector<double> group_ns_;  // per dest: max(its issue time, floor_d) on one worker
+  std::vector<double> rx_load_, rx_latency_;  // per worker, makespan() scratch
+  bool any_bound_ = false;
+  bool receivers_first_ = false;  // balanced chose a grouped candidate: emit them first
 };
 
 // ---- Link sharing: evaluating a plan with a work-conserving link -----------------------------
