@@ -80,9 +80,8 @@ class HostHeartbeat {
   std::unique_ptr<std::atomic<bool>[]> lost_;
   std::unique_ptr<std::atomic<bool>[]> heard_;
   std::atomic<bool> stop_{false};
-  bool silent_ = false;
-  std::atomic<bool> rt_{false};  // the thread runs SCHED_FIFO (written once by it)  // go_silent()
-                                 // ran: no goodbye (owner's thread only)
+  bool silent_ = false;          // go_silent() ran: no goodbye (owner's thread only)
+  std::atomic<bool> rt_{false};  // the thread runs SCHED_FIFO (written once by it)
   LostFn on_lost_;
   std::thread thread_;
 };
