@@ -110,6 +110,7 @@ void Network::start_flow(const std::vector<int>& path, double bytes, double late
   } else {
     id = static_cast<int>(flows_.size());
     flows_.emplace_back();
+    done_.emplace_back();
   }
   Flow& f = flows_[static_cast<size_t>(id)];
   f.hops = static_cast<int>(path.size());
@@ -127,7 +128,7 @@ void Network::start_flow(const std::vector<int>& path, double bytes, double late
   f.latency = latency_ns;
   f.active = true;
   f.fresh = true;
-  f.done = std::move(done);
+  done_[static_cast<size_t>(id)] = std::move(done);
   ++active_;
   fresh_.push_back(id);
   touch(f);
@@ -150,7 +151,7 @@ void Network::finish(int id) {
   }
   finished_min_rate_ = std::min(finished_min_rate_, f.rate);
   touch(f);
-  Action done = std::move(f.done);
+  Action done = std::move(done_[static_cast<size_t>(id)]);
   free_ids_.push_back(id);
   q_.after(f.latency, std::move(done));
 }

@@ -119,7 +119,6 @@ class Network {
     bool active = false;
     bool fresh = false;   // started in this instant, no rate yet
     bool frozen = false;  // scratch of one resolve
-    Action done;
   };
   void settle(Flow& f);  // bring `remaining` up to now at the old rate
   void set_rate(int id, double rate);
@@ -134,6 +133,9 @@ class Network {
   EventQueue& q_;
   std::vector<Link> links_;
   std::vector<Flow> flows_;
+  // Each flow's completion, apart from Flow: the solver walks flows_ for every refilled flow, and
+  // a 32-byte closure there would only dilute the cache lines it reads.
+  std::vector<Action> done_;
   std::vector<int> free_ids_;
   uint64_t started_ = 0, refilled_ = 0, resolves_ = 0;
   int active_ = 0;
@@ -147,6 +149,11 @@ class Network {
   std::vector<int> fresh_;
   uint64_t epoch_ = 0;
   std::vector<int> comp_flows_, comp_links_;  // scratch of resolve
+  struct Share {
+    double level;  // residual / unfrozen: where the link fills
+    int link;
+  };
+  std::vector<Share> heap_, caps_;  // scratch of resolve, kept to avoid one allocation per resolve
 };
 
 }  // namespace ubep::sim

@@ -27,14 +27,15 @@ namespace ubep::sim {
 
 namespace {
 
-struct Share {
-  double level;  // residual / unfrozen: where the link fills
-  int link;
+// Min-heap order; ties by link id so that runs are deterministic. A function object, not a
+// function: the heap algorithms inline it (through a function pointer they did not, and the
+// comparisons were a third of the solver's time).
+struct Later {
+  template <class Share>
+  bool operator()(const Share& a, const Share& b) const {
+    return a.level != b.level ? a.level > b.level : a.link > b.link;
+  }
 };
-// Min-heap order; ties by link id so that runs are deterministic.
-bool later(const Share& a, const Share& b) {
-  return a.level != b.level ? a.level > b.level : a.link > b.link;
-}
 
 }  // namespace
 
@@ -73,8 +74,10 @@ void Network::collect_component(double theta) {
 }
 
 void Network::fill_component() {
-  std::vector<Share> heap;
-  heap.reserve(comp_links_.size());
+  std::vector<Share>& heap = heap_;
+  std::vector<Share>& caps = caps_;
+  heap.clear();
+  caps.clear();
   for (int id : comp_links_) {
     Link& l = links_[static_cast<size_t>(id)];
     l.residual = l.capacity;
@@ -86,25 +89,41 @@ void Network::fill_component() {
       else
         l.residual -= f.rate;  // a lower flow: its rate stands
     }
-    if (l.unfrozen > 0) heap.push_back(Share{l.residual / l.unfrozen, id});
+    if (l.unfrozen == 1)
+      caps.push_back(Share{l.residual, id});
+    else if (l.unfrozen > 1)
+      heap.push_back(Share{l.residual / l.unfrozen, id});
   }
-  std::make_heap(heap.begin(), heap.end(), later);
+  std::make_heap(heap.begin(), heap.end(), Later{});
+  // A link with one component flow (a worker's own copy engine) keeps its level until that flow
+  // freezes, so it needs no heap: a sorted list merged with the heap pops the same keys in the
+  // same order, and the heap stays as small as the number of shared links.
+  std::sort(caps.begin(), caps.end(), [](const Share& a, const Share& b) { return Later{}(b, a); });
+  size_t next_cap = 0;
   // Lazy heap: freezing a flow at level s raises every other link's fill level (residual - s
   // over unfrozen - 1 is >= residual / unfrozen when s <= residual / unfrozen), so a heap key
   // is a lower bound of its link's level. A popped key that is stale is re-pushed at the
   // link's current level; one that is current is the smallest level of all (every other key
   // is <= its own level and >= this one). This keeps one heap push per link and re-key, not
-  // one per frozen flow and link.
-  while (!heap.empty()) {
-    std::pop_heap(heap.begin(), heap.end(), later);
-    const Share top = heap.back();
-    heap.pop_back();
+  // one per frozen flow and link. The loop ends when the last component flow is frozen: the
+  // keys still queued then are links whose flows are all frozen (typically every worker's own
+  // engine link, which a port bound first), and popping them would change nothing.
+  size_t unfrozen_flows = comp_flows_.size();
+  while (unfrozen_flows > 0 && (!heap.empty() || next_cap < caps.size())) {
+    Share top;
+    if (next_cap < caps.size() && (heap.empty() || Later{}(heap.front(), caps[next_cap]))) {
+      top = caps[next_cap++];
+    } else {
+      std::pop_heap(heap.begin(), heap.end(), Later{});
+      top = heap.back();
+      heap.pop_back();
+    }
     Link& l = links_[static_cast<size_t>(top.link)];
     if (l.unfrozen == 0) continue;
     const double now_level = l.residual / l.unfrozen;
     if (now_level > top.level) {
       heap.push_back(Share{now_level, top.link});
-      std::push_heap(heap.begin(), heap.end(), later);
+      std::push_heap(heap.begin(), heap.end(), Later{});
       continue;
     }
     // Rounding can leave a full link a hair below zero; no flow gets a zero rate.
@@ -113,6 +132,7 @@ void Network::fill_component() {
       Flow& f = flows_[static_cast<size_t>(fid)];
       if (f.mark != epoch_ || f.frozen) continue;
       f.frozen = true;
+      --unfrozen_flows;
       for (int h = 0; h < f.hops; ++h) {
         Link& other = links_[static_cast<size_t>(f.path[h])];
         other.residual -= level;
