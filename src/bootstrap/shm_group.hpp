@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -37,6 +38,11 @@ class ShmGroup : public Group, private GroupHooks {
   void peer_replaced(int rank) override;
   void pump_deaths() override {
     if (notices_) notices_->pump();
+  }
+  void forward_deaths_now() override {
+    if (!notices_) return;
+    notices_->pump();
+    notices_->flush(std::chrono::milliseconds(100));
   }
   const char* kind() const override { return "processes"; }
 

@@ -15,6 +15,7 @@
 #include "core/wait.hpp"
 #include "ep/failure_watch.hpp"
 #include "ep/relay.hpp"
+#include "ubep/error.hpp"
 
 namespace ubep::ep {
 
@@ -56,18 +57,27 @@ class Waiter {
       // for at most every 100 µs, not at every poll of the relay (a death is rare, a poll is
       // not), so a forwarded death still ends this wait within about a poll's sleep.
       auto next_pump = std::chrono::steady_clock::now();
-      wait_until(
-          [&] {
-            if (pred()) return true;
-            relay_->progress();
-            const auto now = std::chrono::steady_clock::now();
-            if (now >= next_pump) {
-              bootstrap::hooks_of(group_).pump_deaths();
-              next_pump = now + std::chrono::microseconds(100);
-            }
-            return pred();
-          },
-          policy_, named);
+      try {
+        wait_until(
+            [&] {
+              if (pred()) return true;
+              relay_->progress();
+              const auto now = std::chrono::steady_clock::now();
+              if (now >= next_pump) {
+                bootstrap::hooks_of(group_).pump_deaths();
+                next_pump = now + std::chrono::microseconds(100);
+              }
+              return pred();
+            },
+            policy_, named);
+      } catch (const PeerFailedError&) {
+        // The failure watch may have seen a host-mate's death (its word, written by the death
+        // watch) before this thread's last pump forwarded it; if the caller then stops calling
+        // the transport, the other hosts would learn it only at their timeout. Forward it and
+        // let the notices go out first (bounded), as a group wait does (death_check.hpp).
+        bootstrap::hooks_of(group_).forward_deaths_now();
+        throw;
+      }
     } else {
       wait_until(pred, policy_, named);
     }
