@@ -69,8 +69,10 @@ std::string how_it_ended(int pidfd, pid_t pid) {
 
 }  // namespace
 
-DeathWatch::DeathWatch(const std::vector<pid_t>& pids)
-    : peers_(new Peer[pids.size()]), ranks_(static_cast<int>(pids.size())) {
+DeathWatch::DeathWatch(const std::vector<pid_t>& pids, std::function<void(pid_t)> before_published)
+    : peers_(new Peer[pids.size()]),
+      ranks_(static_cast<int>(pids.size())),
+      before_published_(std::move(before_published)) {
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (epoll_fd_ < 0 || wake_fd_ < 0)
@@ -205,7 +207,8 @@ void DeathWatch::record_death(int rank, int pidfd) {
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, p.pidfd, nullptr);
     close(p.pidfd);
     p.pidfd = -1;
-    // Release: a thread that sees dead() also sees how.
+    if (before_published_) before_published_(p.pid);
+    // Release: a thread that sees dead() also sees how (and what before_published_ did).
     p.dead.store(true, std::memory_order_release);
   }
   log::info("rank ", rank, " ", how(rank));

@@ -30,7 +30,11 @@ class DeathWatch {
  public:
   // pids[r]: the process of rank r to watch, 0 for none (this rank, other hosts). A pid whose
   // pidfd cannot be opened (already gone) counts as dead at once.
-  explicit DeathWatch(const std::vector<pid_t>& pids);
+  // before_published(pid): runs on the watch thread once a watched process has ended, before
+  // dead() turns true (so before anyone can act on the death: a survivor that names it and
+  // exits at once cannot outrun it), e.g. to unlink the segments it left named.
+  explicit DeathWatch(const std::vector<pid_t>& pids,
+                      std::function<void(pid_t)> before_published = {});
   ~DeathWatch();
   DeathWatch(const DeathWatch&) = delete;
   DeathWatch& operator=(const DeathWatch&) = delete;
@@ -78,7 +82,8 @@ class DeathWatch {
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
-  mutable std::mutex info_mu_;  // guards Peer::pid/pidfd/how
+  mutable std::mutex info_mu_;                         // guards Peer::pid/pidfd/how
+  const std::function<void(pid_t)> before_published_;  // set before the thread starts
   // Guards subscribers_; held while they run, so unsubscribe waits for a running one.
   std::mutex subs_mu_;
   std::vector<std::pair<int, std::function<void(int)>>> subscribers_;

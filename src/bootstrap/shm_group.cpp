@@ -20,7 +20,6 @@
 
 namespace ubep::bootstrap {
 
-
 std::vector<int> resolve_hosts(Bootstrap& bootstrap, const GroupOptions& options) {
   UBEP_CHECK_ARG(options.ranks_per_host >= 0, "ranks_per_host must be >= 0, got ",
                  options.ranks_per_host);
@@ -47,12 +46,12 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
   bootstrap_->allgather(&me, pids.data(), sizeof me);
   for (int r = 0; r < size(); ++r)
     if (r == rank() || !same_host(r, rank())) pids[static_cast<size_t>(r)] = 0;
-  deaths_ = std::make_unique<DeathWatch>(pids);
   // A host-mate that dies inside a window's set-up leaves its segment named: its death unlinks
-  // it (on the watch thread; captures only the watch, which outlives its subscribers), unless an
-  // elastic replacement will want the names.
-  if (options.elastic_name.empty())
-    deaths_->subscribe([watch = deaths_.get()](int r) { unlink_segments_of(watch->pid_of(r)); });
+  // it, on the watch thread before the death is published (a survivor that names the death and
+  // exits at once must not leave it behind), unless an elastic replacement will want the names.
+  std::function<void(pid_t)> unlink_left;
+  if (options.elastic_name.empty()) unlink_left = [](pid_t pid) { unlink_segments_of(pid); };
+  deaths_ = std::make_unique<DeathWatch>(pids, std::move(unlink_left));
   if (remote_ && deaths_->active())
     notices_ = std::make_unique<DeathNotices>(*remote_, *deaths_, rank(), host_vec_);
   // A host with nobody left to send notices: named by its silence (collective when spanning).
@@ -134,8 +133,9 @@ std::unique_ptr<SharedWindow> RejoinGroup::allocate_window(size_t bytes) {
 }
 
 void RejoinGroup::allgather(const void*, void*, size_t) {
-  throw InvalidArgument("a rejoined rank makes no collective set-up calls (allgather): its "
-                        "peers are in their calls; create Buffers only");
+  throw InvalidArgument(
+      "a rejoined rank makes no collective set-up calls (allgather): its "
+      "peers are in their calls; create Buffers only");
 }
 
 void RejoinGroup::barrier_impl() {
