@@ -56,6 +56,9 @@ struct CallConfig {
   // Give the scheduler every rank's receive totals (its receiver term, issue 30); false: the
   // sender-only cost model of before.
   bool plan_receivers = true;
+  // The scheduler models the ports as work-conserving, each worker at most its engine's rate
+  // (SchedulerOptions::worker_gbps, issue 30); false: its fixed 1/W shares of before.
+  bool plan_sharing = true;
 };
 
 // Progress of one long call on stderr: "items simulated of planned, elapsed, ETA", at most every

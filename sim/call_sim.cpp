@@ -186,7 +186,16 @@ void CallSim::make_plans() {
     for (int d = 0; d < R_; ++d)
       recv_total[static_cast<size_t>(cfg_.op == Op::kDispatch ? d : s)] +=
           per_dest[static_cast<size_t>(s)][static_cast<size_t>(d)];
-  sched::Scheduler scheduler(topo, sched::SchedulerOptions{senders_, cfg_.policy});
+  // The planner sees the machine's links as they are: work-conserving ports (levels mapped onto
+  // them as here), each worker at most its engine's rate (SchedulerOptions::worker_gbps).
+  sched::SchedulerOptions options{senders_, cfg_.policy};
+  if (cfg_.plan_sharing) {
+    options.worker_gbps = c_.worker_GBps;
+    options.link_of_level = preset_.port_of_level;
+    // What a receiver does with an item once it lands (item_visible: one task per item).
+    if (cfg_.algo == Algo::kUbep) options.consume_row_ns = row_cost(1.0, payload_);
+  }
+  sched::Scheduler scheduler(topo, options);
   plans_.resize(static_cast<size_t>(R_));
   recv_rows_.assign(static_cast<size_t>(R_), 0.0);
   recv_items_.assign(static_cast<size_t>(R_), 0);

@@ -26,6 +26,7 @@ CallConfig call_config(const Options& o, Algo algo, Op op) {
   c.workers = o.workers;
   c.resolve_ns = o.resolve_ns;
   c.plan_receivers = o.plan_receivers;
+  c.plan_sharing = o.plan_sharing;
   return c;
 }
 

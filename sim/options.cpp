@@ -52,6 +52,8 @@ Call:
   --ubep-policy P     scheduler policy of UBEP (default column_major)
   --receivers on|off  the scheduler sees every rank's receive totals (default on; off: the
                       sender-only cost model before issue 30)
+  --sharing on|off    the scheduler models ports as work-conserving, each worker at most its
+                      engine's rate (default on; off: its fixed 1/W link shares)
 TPOT:
   --steps N           decode steps (default 100)
   --moe-layers N      MoE layers (default 58)       --dense-layers N  dense layers (default 3)
@@ -142,6 +144,9 @@ Options parse_options(int argc, char** argv) {
     else if (f == "--receivers") {
       UBEP_CHECK_ARG(v == "on" || v == "off", "flag --receivers must be on or off, got '", v, "'");
       o.plan_receivers = v == "on";
+    } else if (f == "--sharing") {
+      UBEP_CHECK_ARG(v == "on" || v == "off", "flag --sharing must be on or off, got '", v, "'");
+      o.plan_sharing = v == "on";
     } else if (f == "--seed")
       o.seed = static_cast<uint64_t>(pos_int(0));
     else if (f == "--layout") {

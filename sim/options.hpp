@@ -30,7 +30,8 @@ struct Options {
   sched::Policy ubep_policy = sched::Policy::kColumnMajor;
   bool latency_layout = true;
   bool plan_receivers = true;  // --receivers on|off: the scheduler's receiver term
-  int steps = 100;  // tpot
+  bool plan_sharing = true;    // --sharing on|off: the scheduler's work-conserving links
+  int steps = 100;             // tpot
   int moe_layers = 58, dense_layers = 3;
   int repeats = 3;                           // bench
   int resolve_ns = 0;                        // Network::end_instant quantum (0 = exact)

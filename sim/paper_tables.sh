@@ -10,7 +10,8 @@
 # RESOLVE_NS (default 10) is the max-min resolve quantum (docs/sim/MODEL.md: < 1% error, tested).
 #
 # CPU time on the 2-core Zen 4 VM: the cm384 tables take tens of minutes; the ubmesh8k points
-# take the longest (each 8,192-die call is one minute or more of one core; see `ubep-sim bench`).
+# take the longest (each 8,192-die call is ~20 s of one core at BS 8; see `ubep-sim bench`).
+# SKIP="latency sync ..." skips tables by name (e.g. ones already regenerated).
 set -euo pipefail
 build=${1:-build}
 out=${2:-docs/sim}
@@ -22,6 +23,7 @@ mkdir -p "$out"
 run() {  # run NAME ARGS...: one table, its text and JSON, with the command on top
   local name=$1
   shift
+  [[ " ${SKIP:-} " == *" $name "* ]] && { echo "== $name: skipped (SKIP)" >&2; return 0; }
   echo "== $name: ubep-sim $*" >&2
   { echo "# ubep-sim $* --resolve-ns $q --json $out/$name.json"; "$sim" "$@" --resolve-ns "$q" --quiet --json "$out/$name.json"; } >"$out/$name.txt"
   cat "$out/$name.txt"
@@ -37,10 +39,16 @@ if [[ "${QUICK:-0}" == 1 ]]; then
   exit 0
 fi
 run tpot tpot --steps 20 --batch 8
-# Superpod scale: the ubmesh8k preset (8,192 NPUs), experts = dies, top-8, 8 tokens per die.
-for ep in 1024 2048 4096 8192; do
-  run "latency-$ep" latency --preset ubmesh8k --ranks "$ep" --experts "$ep" --batch 8,32
+# Superpod scale: the ubmesh8k preset (8,192 NPUs), experts = dies, top-8, BS 8 and 32 per die,
+# dispatch and combine, bsp and ubep. SUPERPOD_EP (default "1024 2048 4096 8192") trims it.
+for ep in ${SUPERPOD_EP:-1024 2048 4096 8192}; do
+  run "latency-$ep" latency --preset ubmesh8k --ranks "$ep" --experts "$ep" --batch 8,32 --op dispatch
+  run "latency-combine-$ep" latency --preset ubmesh8k --ranks "$ep" --experts "$ep" --batch 8,32 --op combine
 done
-# One step = 116 calls per algorithm, each about a minute of one core at 8,192 dies: hours.
-run tpot-8192 tpot --preset ubmesh8k --ranks 8192 --experts 8192 --steps 1 --batch 8
+# TPOT at 8,192 dies: one step of TPOT_MOE_LAYERS MoE layers (default 4; every 8,192-die call
+# is ~20 s of one core, so the full 58 layers x 2 calls x 2 algorithms would take ~80 minutes).
+# With uniform routing the MoE layers are alike: the full model's step is 3 dense layers plus 58
+# times the mean MoE layer (EXPERIMENTS.md shows the extrapolation next to the measured figures).
+run tpot-8192 tpot --preset ubmesh8k --ranks 8192 --experts 8192 --steps 1 --batch 8 \
+  --moe-layers "${TPOT_MOE_LAYERS:-4}"
 if /usr/bin/python3 -c 'import matplotlib' 2>/dev/null; then /usr/bin/python3 sim/plot.py "$out"; fi

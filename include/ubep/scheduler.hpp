@@ -127,10 +127,29 @@ struct Plan {
 struct SchedulerOptions {
   int workers = 1;
   Policy policy = Policy::kBalanced;
+  // Work-conserving links (issue 30). 0: the fixed 1/W shares of the cost model above. > 0:
+  // the workers issuing on one of the rank's links share it max-min fairly, each at most
+  // worker_gbps (its own engine: an AIV core's share of HBM, a CPU thread's copy rate), and a
+  // receiver-bound item at most this source's share of its receiver's port (own_d / floor_d):
+  // simulate_sharing's fluid model. Every plan's worker_cost_ns, mean_ns and slowest_ns are then
+  // that model's finish times (items keep their fixed-share issue_ns and finish_ns), and
+  // balanced compares its candidates with it: a worker with a few more rows than the others
+  // costs little while the others keep the link busy, which the fixed shares overcharge.
+  double worker_gbps = 0;
+  // Fluid model only: the physical link (port) of each level, levels sharing a port sharing its
+  // bandwidth (the largest of theirs), e.g. CloudMatrix's one- and two-hop UB traffic leaving a
+  // die through the same UB links. Empty: one link per level. Level 0 is always its own link.
+  std::vector<int> link_of_level = {};
+  // Fluid model only: the receiver's work on an item once it landed (reorder copy, reduction,
+  // tag checks), per row, done by one of its workers: an item is complete that long after it
+  // lands, so a plan of big items ends with a longer tail than one of small items.
+  double consume_row_ns = 0;
 };
 
 // Reusable planner for one rank. plan() keeps its scratch and the Plan's storage between calls,
-// so in steady state (same or smaller work) it does not allocate. Not thread-safe: one per rank.
+// so in steady state (same or smaller work) it does not allocate (except with the fluid model,
+// SchedulerOptions::worker_gbps > 0, whose evaluation allocates its items). Not thread-safe: one
+// per rank.
 class Scheduler {
  public:
   Scheduler(Topology topology, SchedulerOptions options);
@@ -181,8 +200,20 @@ class Scheduler {
   // Slowest worker of the assignment in pieces_, items far first; receiver-bound ones first
   // of all when asked (the order emit() gives a grouped candidate).
   double makespan(bool receivers_first = false);
+  // Sorts pieces_ into the order a plan runs them: grouped by worker, then (see emit) receivers
+  // first, far first with rotated destinations.
+  void order_pieces(bool far_first, bool receivers_first);
   void emit(Plan& out, bool far_first, bool receivers_first);
   void fill_plan(Plan& out);  // the Plan of pieces_ in their order, with its costs
+  // Fluid model (SchedulerOptions::worker_gbps > 0; scheduler_fluid.cpp): finish time of every
+  // worker running pieces_ in their order, into fluid_finish_; returns the slowest, at least the
+  // receiver floor.
+  bool fluid() const { return options_.worker_gbps > 0; }
+  void init_fluid_links();  // checks link_of_level, fills fluid_links_
+  double fluid_span();
+  // A candidate's makespan as balanced compares them: makespan() under fixed shares (far
+  // first), or fluid_span() of the candidate in plan order (pieces_ are left in that order).
+  double candidate_span(bool receivers_first, bool far_first = true);
 
   Topology topology_;
   SchedulerOptions options_;
@@ -205,7 +236,12 @@ class Scheduler {
   std::vector<double> group_ns_;  // per dest: max(its issue time, floor_d) on one worker
   std::vector<double> rx_load_, rx_latency_;  // per worker, makespan() scratch
   bool any_bound_ = false;
+  std::vector<Piece> sorted_;  // order_pieces() scratch
+  // Fluid model scratch: links' bandwidths, worker offsets of pieces_, finish times.
+  std::vector<double> fluid_links_, fluid_finish_;
+  std::vector<int32_t> fluid_begin_;
   bool receivers_first_ = false;  // balanced chose a grouped candidate: emit them first
+  bool far_first_ = true;         // emit far first (all but naive's own order)
 };
 
 // ---- Link sharing: evaluating a plan with a work-conserving link -----------------------------

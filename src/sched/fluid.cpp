@@ -26,6 +26,8 @@ void check_fluid_args(std::span<const FluidItem> items, std::span<const int32_t>
                    "fluid item names link ", it.link, " of ", link_gbps.size());
     UBEP_CHECK_ARG(it.latency_ns >= 0 && it.bytes >= 0, "fluid item with latency ", it.latency_ns,
                    " ns and ", it.bytes, " bytes: both must be >= 0");
+    UBEP_CHECK_ARG(it.cap_gbps >= 0, "fluid item cap must be >= 0 GB/s (0 = none), got ",
+                   it.cap_gbps);
   }
 }
 
@@ -36,12 +38,13 @@ struct Stream {
   int32_t link;  // link of the item being issued
   double latency_ns;
   double bytes_left;
+  double cap;  // min(stream cap, the item's cap)
   bool active;
 };
 
 // Starts the stream's next item with bytes at time t; items without bytes complete at once
 // (t + latency, into finish). Marks the stream idle when it has nothing left to issue.
-void start_next(Stream& x, std::span<const FluidItem> items, double t, double& finish) {
+void start_next(Stream& x, std::span<const FluidItem> items, double cap, double t, double& finish) {
   while (x.next < x.end) {
     const FluidItem& it = items[static_cast<size_t>(x.next++)];
     if (it.bytes <= 0) {
@@ -51,29 +54,42 @@ void start_next(Stream& x, std::span<const FluidItem> items, double t, double& f
     x.link = it.link;
     x.latency_ns = it.latency_ns;
     x.bytes_left = it.bytes;
+    x.cap = it.cap_gbps > 0 ? std::min(cap, it.cap_gbps) : cap;
     x.active = true;
     return;
   }
   x.active = false;
 }
 
-// Shares every link equally among the streams issuing on it (each capped at cap) into rate,
-// and returns the time to the next issue end among all streams, that stream in first. busy is
-// scratch, one entry per link.
-double next_issue_end(std::span<const Stream> st, std::span<const double> link_gbps, double cap,
-                      std::span<int> busy, std::span<double> rate, size_t& first) {
-  std::fill(busy.begin(), busy.end(), 0);
-  for (const Stream& x : st)
-    if (x.active) ++busy[static_cast<size_t>(x.link)];
+// Shares every link max-min fairly among the streams issuing on it (water-filling: in ascending
+// order of their caps, each takes min(its cap, what is left / streams left)) into rate, and
+// returns the time to the next issue end among all streams, that stream in first. order is
+// scratch.
+double next_issue_end(std::span<const Stream> st, std::span<const double> link_gbps,
+                      std::span<size_t> order, std::span<double> rate, size_t& first) {
+  size_t n = 0;
+  for (size_t s = 0; s < st.size(); ++s)
+    if (st[s].active) order[n++] = s;
+  std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), [&](size_t a, size_t b) {
+    if (st[a].link != st[b].link) return st[a].link < st[b].link;
+    return st[a].cap < st[b].cap;
+  });
+  for (size_t b = 0, e; b < n; b = e) {
+    const int32_t link = st[order[b]].link;
+    e = b;
+    while (e < n && st[order[e]].link == link) ++e;
+    double left = link_gbps[static_cast<size_t>(link)];
+    for (size_t i = b; i < e; ++i) {
+      rate[order[i]] = std::min(st[order[i]].cap, left / static_cast<double>(e - i));
+      left -= rate[order[i]];
+    }
+  }
   double dt = std::numeric_limits<double>::infinity();
   first = 0;
-  for (size_t s = 0; s < st.size(); ++s) {
-    const Stream& x = st[s];
-    if (!x.active) continue;
-    const auto l = static_cast<size_t>(x.link);
-    rate[s] = std::min(cap, link_gbps[l] / busy[l]);
-    if (x.bytes_left / rate[s] < dt) {
-      dt = x.bytes_left / rate[s];
+  for (size_t i = 0; i < n; ++i) {
+    const size_t s = order[i];
+    if (st[s].bytes_left / rate[s] < dt) {
+      dt = st[s].bytes_left / rate[s];
       first = s;
     }
   }
@@ -88,7 +104,7 @@ void fluid_finish(std::span<const FluidItem> items, std::span<const int32_t> str
   const size_t streams = stream_begin.size() - 1;
   const double cap = cap_gbps > 0 ? cap_gbps : std::numeric_limits<double>::infinity();
   std::vector<Stream> st(streams);
-  std::vector<int> busy(link_gbps.size(), 0);
+  std::vector<size_t> order(streams);
   std::vector<double> rate(streams, 0);
 
   double t = 0;
@@ -98,12 +114,12 @@ void fluid_finish(std::span<const FluidItem> items, std::span<const int32_t> str
     UBEP_CHECK_ARG(st[s].next <= st[s].end && static_cast<size_t>(st[s].end) <= items.size(),
                    "fluid_finish: stream ", s, " has a bad item range");
     out[s] = 0;
-    start_next(st[s], items, 0, out[s]);
+    start_next(st[s], items, cap, 0, out[s]);
   }
   for (;;) {
     if (std::none_of(st.begin(), st.end(), [](const Stream& x) { return x.active; })) break;
     size_t first = 0;
-    const double dt = next_issue_end(st, link_gbps, cap, busy, rate, first);
+    const double dt = next_issue_end(st, link_gbps, order, rate, first);
     t += dt;
     for (size_t s = 0; s < streams; ++s) {
       Stream& x = st[s];
@@ -113,7 +129,7 @@ void fluid_finish(std::span<const FluidItem> items, std::span<const int32_t> str
       // (the common case with equal items) finish in the same event instead of leaving dust.
       if (s == first || x.bytes_left <= 1e-9 * std::max(1.0, rate[s] * dt)) {
         out[s] = std::max(out[s], t + x.latency_ns);
-        start_next(x, items, t, out[s]);
+        start_next(x, items, cap, t, out[s]);
       }
     }
   }

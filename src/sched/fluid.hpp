@@ -3,9 +3,11 @@
 // Streams (workers) issue their items back to back, all starting at t = 0: an item's bytes go
 // out through link `link`, and the item completes `latency_ns` after its last byte left (the
 // worker does not wait for it: stores are posted, so latencies overlap with later issues). At
-// any moment the k streams issuing through link l each get min(cap, capacity[l] / k): with
-// equal demands, max-min fairness is an equal split, and a cap only lowers it. The engine
-// advances from event to event (the next issue end), so it is exact for this model.
+// any moment the streams issuing through link l share its capacity max-min fairly, each at most
+// its cap (the stream cap, or its item's own cap when lower): with equal caps that is an equal
+// split min(cap, capacity[l] / k); a stream held below its share by a lower cap leaves the
+// rest to the others (water-filling). The engine advances from event to event (the next issue
+// end), so it is exact for this model.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +19,7 @@ struct FluidItem {
   int32_t link = 0;
   double latency_ns = 0;
   double bytes = 0;
+  double cap_gbps = 0;  // this item's own rate limit (0 = none), e.g. its receiver's share
 };
 
 // stream_begin has streams + 1 entries: stream s runs items[stream_begin[s] .. stream_begin[s+1]).

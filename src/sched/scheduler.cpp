@@ -96,6 +96,7 @@ Scheduler::Scheduler(Topology topology, SchedulerOptions options)
   heap_.reserve(static_cast<size_t>(options_.workers));
   level_load_.resize(static_cast<size_t>(options_.workers) *
                      static_cast<size_t>(topology_.num_levels()));
+  init_fluid_links();
 }
 
 double Scheduler::item_cost_ns(int src, int dest, int64_t rows, int64_t row_bytes) const {
@@ -298,16 +299,36 @@ void Scheduler::plan_balanced() {
     }
   };
   plan_column_major();
-  keep_if_better(makespan(), 0);
-  for (double t : targets) keep_if_better(lpt(t), kSpreadPreference);
+  keep_if_better(candidate_span(false), 0);
+  for (double t : targets) {
+    lpt(t);
+    keep_if_better(candidate_span(false), kSpreadPreference);
+  }
   if (any_bound_)
-    for (double t : targets) keep_if_better(lpt(t, true), kSpreadPreference, true);
+    for (double t : targets) {
+      lpt(t, true);
+      keep_if_better(candidate_span(true), kSpreadPreference, true);
+    }
   plan_naive();
-  keep_if_better(makespan(), 0);
+  keep_if_better(candidate_span(false), 0);
+  if (fluid()) {  // and as naive runs it (id order), which far first need not beat here
+    const double span = candidate_span(false, false);
+    if (span < best) {
+      best = span;
+      best_pieces_.assign(pieces_.begin(), pieces_.end());
+      receivers_first_ = false;
+      far_first_ = false;
+    }
+  }
   pieces_.swap(best_pieces_);
 }
 
 void Scheduler::emit(Plan& out, bool far_first, bool receivers_first) {
+  order_pieces(far_first, receivers_first);
+  fill_plan(out);
+}
+
+void Scheduler::order_pieces(bool far_first, bool receivers_first) {
   const int W = options_.workers;
   // Group by worker with a counting pass (pieces can number a thousand; W buckets are cheaper
   // than one big sort), then order each worker's few items: receiver-bound ones first when
@@ -318,10 +339,10 @@ void Scheduler::emit(Plan& out, bool far_first, bool receivers_first) {
   start.assign(static_cast<size_t>(W) + 1, 0);
   for (const Piece& p : pieces_) ++start[static_cast<size_t>(p.worker) + 1];
   for (int w = 0; w < W; ++w) start[static_cast<size_t>(w) + 1] += start[static_cast<size_t>(w)];
-  best_pieces_.resize(pieces_.size());
+  sorted_.resize(pieces_.size());
   for (const Piece& p : pieces_)
-    best_pieces_[static_cast<size_t>(start[static_cast<size_t>(p.worker)]++)] = p;
-  pieces_.swap(best_pieces_);
+    sorted_[static_cast<size_t>(start[static_cast<size_t>(p.worker)]++)] = p;
+  pieces_.swap(sorted_);
   const bool rx = receivers_first && any_bound_;
   // Destinations of one level in rotated order, starting after this rank (as the library's
   // for_each_destination) and, for worker w, a further w * R / W on: at any moment a source's
@@ -353,7 +374,6 @@ void Scheduler::emit(Plan& out, bool far_first, bool receivers_first) {
     std::sort(pieces_.begin() + static_cast<std::ptrdiff_t>(b),
               pieces_.begin() + static_cast<std::ptrdiff_t>(e), by_position);
   }
-  fill_plan(out);
 }
 
 void Scheduler::fill_plan(Plan& out) {
@@ -391,11 +411,14 @@ void Scheduler::fill_plan(Plan& out) {
     out.worker_cost_ns[w] = std::max(out.worker_cost_ns[w], it.finish_ns);
     out.total_issue_ns += it.issue_ns;
   }
-  double sum = 0;
-  for (int w = 0; w < W; ++w) {
+  for (int w = 0; w < W; ++w)
     out.worker_begin[static_cast<size_t>(w) + 1] += out.worker_begin[static_cast<size_t>(w)];
-    sum += out.worker_cost_ns[static_cast<size_t>(w)];
+  if (fluid()) {
+    fluid_span();
+    out.worker_cost_ns.assign(fluid_finish_.begin(), fluid_finish_.end());
   }
+  double sum = 0;
+  for (int w = 0; w < W; ++w) sum += out.worker_cost_ns[static_cast<size_t>(w)];
   out.slowest_ns = std::max(out.receiver_floor_ns, *std::max_element(out.worker_cost_ns.begin(),
                                                                      out.worker_cost_ns.end()));
   out.mean_ns = sum / W;
@@ -406,6 +429,7 @@ void Scheduler::plan(const SendWork& work, Plan& out) {
   collect_units(work);
   collect_receivers(work);
   receivers_first_ = false;
+  far_first_ = options_.policy != Policy::kNaive;
   switch (options_.policy) {
     case Policy::kNaive:
       plan_naive();
@@ -417,7 +441,7 @@ void Scheduler::plan(const SendWork& work, Plan& out) {
       plan_balanced();
       break;
   }
-  emit(out, options_.policy != Policy::kNaive, receivers_first_);
+  emit(out, far_first_, receivers_first_);
 }
 
 Plan Scheduler::plan(const SendWork& work) {
