@@ -3,8 +3,7 @@
 // its whole excess at 1/W of the link, while on a real port the other workers finish and the
 // link serves the straggler at up to its own engine's rate. Under those shares column-major's
 // uneven row counts (a unit's rows fall on workers by the rotation, not by load) looked up to
-// 20% worse than an LPT packing that ubep-sim ran 1-6% slower; under this model the two come
-// out equal and balanced keeps column-major's spread (docs/sim/sched-sweep-issue30.txt).
+// 20% worse than LPT packings that ubep-sim ran 1-6% slower (EXPERIMENTS.md section 3).
 #include <algorithm>
 
 #include "fluid.hpp"
