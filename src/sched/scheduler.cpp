@@ -300,14 +300,15 @@ void Scheduler::plan_balanced() {
   };
   plan_column_major();
   keep_if_better(candidate_span(false), 0);
+  const double prefer = fluid() ? kSharedSpreadPreference : kSpreadPreference;
   for (double t : targets) {
     lpt(t);
-    keep_if_better(candidate_span(false), kSpreadPreference);
+    keep_if_better(candidate_span(false), prefer);
   }
   if (any_bound_)
     for (double t : targets) {
       lpt(t, true);
-      keep_if_better(candidate_span(true), kSpreadPreference, true);
+      keep_if_better(candidate_span(true), prefer, true);
     }
   plan_naive();
   keep_if_better(candidate_span(false), 0);
