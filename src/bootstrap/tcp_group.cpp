@@ -66,6 +66,11 @@ std::unique_ptr<Group> make_tcp_group(const TcpLaunch& launch, GroupOptions opti
   // rank of a host at once, the host). Runs on the caller's thread inside a transport call; the
   // watch lives as long as the group, and the transport (destroyed with the group) never calls
   // it from its destructor.
+  for (int p = 0; tcp && p < boot->size(); ++p)
+    if (hosts[static_cast<size_t>(p)] != hosts[static_cast<size_t>(boot->rank())])
+      tcp->set_peer_label(p,
+                          detail::concat(" with host ", hosts[static_cast<size_t>(p)], " (ranks ",
+                                         ranks_of(hosts, hosts[static_cast<size_t>(p)]), ")"));
   if (bootstrap::DeathWatch* watch = bootstrap::hooks_of(*group).death_watch(); tcp && watch)
     tcp->on_peer_lost([watch, hosts](int peer, const std::string& why) {
       const int h = hosts[static_cast<size_t>(peer)];

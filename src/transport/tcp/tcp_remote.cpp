@@ -148,9 +148,13 @@ bool TcpRemote::test(int request, size_t* bytes) {
 }
 
 void TcpRemote::throw_failed(const Request& r) const {
-  throw PeerFailedError(
-      detail::concat("rank ", r.peer, " ", peers_[static_cast<size_t>(r.peer)].failure, " (rank ",
-                     rank_, "'s ", r.recv ? "receive" : "send", ", tag ", r.tag, ")"));
+  // failure is "lost: why" or "left ...": "rank 2 lost with host 1 (ranks 2, 3): why".
+  const Peer& p = peers_[static_cast<size_t>(r.peer)];
+  const bool lost = p.failure.rfind("lost: ", 0) == 0;
+  throw PeerFailedError(detail::concat("rank ", r.peer, lost ? " lost" : "", p.label,
+                                       lost ? ": " : " ", lost ? p.failure.substr(6) : p.failure,
+                                       " (rank ", rank_, "'s ", r.recv ? "receive" : "send",
+                                       ", tag ", r.tag, ")"));
 }
 
 void TcpRemote::cancel(int request) {
@@ -252,7 +256,8 @@ bool TcpRemote::write_some(int p) {
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-      lose(p, detail::concat("unreachable: send failed (", std::strerror(errno), ")"), true);
+      lose(p, detail::concat("lost: its connection failed on send (", std::strerror(errno), ")"),
+           true);
       return false;
     }
     sent += static_cast<size_t>(n);
@@ -301,7 +306,7 @@ bool TcpRemote::read_some(int p) {
           lose(p,
                n == 0 ? std::string("lost: its connection closed without a goodbye (process "
                                     "ended or host lost)")
-                      : detail::concat("lost: receive failed (", std::strerror(errno), ")"),
+                      : detail::concat("lost: its connection failed (", std::strerror(errno), ")"),
                true);
         return false;
       }

@@ -55,7 +55,9 @@ class TcpRemote : public Remote {
   // The peer is no longer reachable (another judge said so: the host heartbeat): its
   // connection is closed and its requests fail with `why`.
   void fail_peer(int peer, const std::string& why);
-  // Empty while the peer is reachable; else why not ("connection closed without a goodbye").
+  // How errors name the peer after "rank P", e.g. " with host 1 (ranks 2, 3)" (default: "").
+  void set_peer_label(int peer, std::string label) { peers_[index(peer)].label = std::move(label); }
+  // Empty while the peer is reachable; else why not ("lost: its connection closed ...").
   const std::string& peer_failure(int peer) const { return peers_[index(peer)].failure; }
   // fn(peer, why) runs on the calling thread, inside a call of this object, once per peer whose
   // connection broke without a goodbye (not for fail_peer, nor for a clean departure).
@@ -90,6 +92,7 @@ class TcpRemote : public Remote {
     int fd = -1;
     bool said_bye = false;
     std::string failure;    // non-empty: lost or left
+    std::string label;      // see set_peer_label
     std::deque<int> sends;  // queued send requests, oldest first; the first may be partly sent
     size_t sent = 0;        // bytes of the first send's frame (header + body) already written
     Header bye_header{kBye, 0, 0};
