@@ -98,6 +98,10 @@ int rank_main(int local_rank) {
   std::printf("RESULT rank %d host %d calls %d ms %.1f %s: %s\n", g->rank(), launch.host, calls, ms,
               verdict.c_str(), what.c_str());
   std::fflush(stdout);
+  // A survivor that leaves at once is, to a host-mate still between calls, a rank that exited
+  // ("rank 0 exited with status 0"), not the lost host: stay until every survivor has failed
+  // its call (they all do within the bound), then go.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
   g.reset();  // the group goes cleanly after the loss (bounded: the transport's linger)
   std::printf("EXIT rank %d clean\n", launch.rank());
   return 0;

@@ -5,7 +5,8 @@
 # other hosts must end its call with a PeerFailedError naming that host (or echoing a survivor
 # that named it; at least one must name it) within BOUND_MS (a
 # correctness cap; the times are printed: median / p90 / max) and then exit cleanly: the
-# survivors' processes outlive the host. No completed call may return a wrong value.
+# survivors' processes outlive the host, and nothing is left in their hosts' /dev/shm. No
+# completed call may return a wrong value.
 # Exit 0 on success, 1 on a failed check, 77 (with the reason) without virtual hosts.
 # Usage: tcp_host_loss.sh BIN HOSTS RANKS TRIALS kill|link [BOUND_MS]
 set -uo pipefail
@@ -58,6 +59,10 @@ for ((k = 1; k <= trials; ++k)); do
     if ! grep -qE " (ok|echo): " <<< "$line" || awk -v b="$bound" -v m="$ms" 'BEGIN {exit !(m < 0 || m > b)}'; then
       echo "trial $k: $line"; fail=1
     fi
+  done
+  for ((h = 1; h <= victim; ++h)); do  # the survivors' hosts: every segment unlinked
+    left=$("$vh" exec "$name" "$h" sh -c 'ls /dev/shm | wc -l')
+    [ "$left" -eq 0 ] || { echo "trial $k: $left names left in vh$h's /dev/shm"; fail=1; }
   done
   named=0
   for ((r = 0; r < victim * ranks; ++r)); do grep -q "^RESULT rank $r .* ok: " "$work/out.$k" && named=1; done
