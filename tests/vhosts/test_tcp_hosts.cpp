@@ -6,6 +6,7 @@
 // baseline is left out: it needs an MPI communicator.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <random>
 #include <thread>
 
@@ -151,6 +152,40 @@ TEST(TcpHosts, BackToBackUbepCalls) {
                   i % 4 == 0);
     if (::testing::Test::HasFailure()) break;
   }
+}
+
+int open_fds() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) n += !e.is_directory();
+  return n;
+}
+
+// Groups made and destroyed again and again in one process (the rendezvous port is free again
+// once a group is set up): one checked call each, and the process's open files stay flat
+// (sockets, listeners, shared-memory segments, the heartbeat's and death watch's descriptors).
+TEST(TcpHosts, GroupsComeAndGoWithoutLeaking) {
+  Group& world = *g_group;
+  const TcpLaunch launch = TcpLaunch::from_env(world.rank() % (world.size() / world.num_hosts()));
+  int before = 0;
+  for (int round = 0; round < 6; ++round) {
+    if (round == 1) before = open_fds();  // after the first: lazily opened things are open
+    GroupOptions opts;
+    opts.timeout = std::chrono::seconds(30);
+    std::unique_ptr<Group> g = make_tcp_group(launch, opts);
+    Case c;
+    c.experts = 2 * g->size();
+    c.hidden = 16;
+    c.capacity = 5;
+    c.topk = 2;
+    Buffer b(*g, config_for(c, Algorithm::kUbep));
+    Problem p = make_problem(g->size(), c.experts, c.hidden, c.dtype,
+                             std::vector<int64_t>(static_cast<size_t>(g->size()), 5), c.topk,
+                             Routing::kUniform, 40 + static_cast<uint64_t>(round));
+    p.ranks_per_host = g->size() / g->num_hosts();
+    run_and_check(*g, c, p, &b, nullptr);
+    g->barrier();  // nobody's group goes while a peer may still read from it
+  }
+  EXPECT_EQ(open_fds(), before);
 }
 
 int rank_main(int local_rank) {
