@@ -236,6 +236,39 @@ TEST(TcpRemote, ACleanEndDeliversThenIsADeparture) {
   EXPECT_EQ(lost, 0);
 }
 
+// A message kept (it came before its receive) and a receive too small for it: named, and the
+// message stays for a receive that fits; an empty message is a message.
+TEST(TcpRemote, TooSmallAReceiveIsNamedAndTheMessageStays) {
+  auto fds = mesh(2);
+  TcpRemote t0(0, fds[0]), t1(1, fds[1]);
+  const uint64_t v = 0x0123456789abcdefull;
+  const int s0 = t1.isend(0, 3, &v, sizeof v);
+  const int s1 = t1.isend(0, 3, nullptr, 0);
+  ASSERT_TRUE(wait_done(t1, s0, nullptr));
+  ASSERT_TRUE(wait_done(t1, s1, nullptr));
+  for (int i = 0; i < 100; ++i) {  // until both are kept as unexpected
+    t0.progress();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  uint32_t small = 0;
+  try {
+    t0.irecv(1, 3, &small, sizeof small);
+    ADD_FAILURE() << "a too-small receive was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("a message of 8 bytes from rank 1"), std::string::npos)
+        << e.what();
+  }
+  uint64_t got = 0;
+  size_t n = 99;
+  const int r0 = t0.irecv(1, 3, &got, sizeof got);
+  ASSERT_TRUE(wait_done(t0, r0, &n));
+  EXPECT_EQ(n, sizeof got);
+  EXPECT_EQ(got, v);
+  const int r1 = t0.irecv(1, 3, &got, sizeof got);
+  ASSERT_TRUE(wait_done(t0, r1, &n));
+  EXPECT_EQ(n, 0u);
+}
+
 TEST(TcpRemote, BadPeerIsNamed) {
   auto fds = mesh(2);
   TcpRemote t0(0, fds[0]);

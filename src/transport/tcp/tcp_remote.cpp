@@ -109,6 +109,13 @@ int TcpRemote::irecv(int peer, int tag, void* data, size_t capacity) {
   UBEP_CHECK_ARG(p.fd >= 0 || !p.failure.empty(), "TcpRemote: no connection to rank ", peer,
                  " (a host-mate?)");
   progress();
+  // A message that arrived before its receive (the oldest of the tag) is taken at once; with
+  // none kept, no older message of the tag can still be on its way ahead of a later one.
+  auto kept = std::find_if(p.unexpected.begin(), p.unexpected.end(),
+                           [tag](const auto& m) { return m.first == tag; });
+  UBEP_CHECK_ARG(kept == p.unexpected.end() || kept->second.size() <= capacity,
+                 "TcpRemote: a message of ", kept->second.size(), " bytes from rank ", peer,
+                 " (tag ", tag, ") for a receive of ", capacity);
   const int s = slot();
   Request& r = requests_[static_cast<size_t>(s)];
   r.recv = true;
@@ -116,16 +123,11 @@ int TcpRemote::irecv(int peer, int tag, void* data, size_t capacity) {
   r.tag = tag;
   r.in = static_cast<char*>(data);
   r.capacity = capacity;
-  // A message that arrived before its receive (the oldest of the tag) is taken at once; with
-  // none kept, no older message of the tag can still be on its way ahead of a later one.
-  for (auto it = p.unexpected.begin(); it != p.unexpected.end(); ++it) {
-    if (it->first != tag) continue;
-    UBEP_CHECK_ARG(it->second.size() <= capacity, "TcpRemote: a message of ", it->second.size(),
-                   " bytes from rank ", peer, " (tag ", tag, ") for a receive of ", capacity);
-    std::memcpy(r.in, it->second.data(), it->second.size());
-    r.bytes = it->second.size();
+  if (kept != p.unexpected.end()) {
+    if (!kept->second.empty()) std::memcpy(r.in, kept->second.data(), kept->second.size());
+    r.bytes = kept->second.size();
     r.done = true;
-    p.unexpected.erase(it);
+    p.unexpected.erase(kept);
     return s;
   }
   p.posted.push_back(s);
@@ -184,7 +186,7 @@ void TcpRemote::cancel(int request) {
         c = orig;
         c.owned = true;
         c.in = new char[orig.bytes];
-        std::memcpy(c.in, orig.out, orig.bytes);
+        if (orig.bytes > 0) std::memcpy(c.in, orig.out, orig.bytes);
         c.out = c.in;
         *it = copy;
       } else {
@@ -356,7 +358,7 @@ void TcpRemote::deliver(int p) {
     for (auto it = peer.posted.begin(); it != peer.posted.end(); ++it) {
       Request& r = requests_[static_cast<size_t>(*it)];
       if (r.tag != in.header.tag || r.capacity < in.kept.size()) continue;
-      std::memcpy(r.in, in.kept.data(), in.kept.size());
+      if (!in.kept.empty()) std::memcpy(r.in, in.kept.data(), in.kept.size());
       r.bytes = in.kept.size();
       r.done = true;
       peer.posted.erase(it);
