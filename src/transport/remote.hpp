@@ -25,7 +25,8 @@ class Remote {
   virtual void cancel(int request) = 0;
   // The caller is about to free the buffer of a request it will never test again (a failed
   // call's): a transport that can withdraw it safely does (TcpRemote: cancel). The default
-  // leaves it be: MPI_Cancel of a receive whose peer died mid-message can block in MPI_Wait.
+  // leaves it be, as before (MpiRemote: MPI_Wait after an MPI_Cancel that cannot succeed, a
+  // receive already matched to a dead peer's message, would block).
   virtual void abandon(int /*request*/) {}
 };
 
