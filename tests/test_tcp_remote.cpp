@@ -16,6 +16,7 @@
 
 #include "transport/tcp/tcp_remote.hpp"
 #include "ubep/error.hpp"
+#include "ubep/tcp_group.hpp"
 
 namespace ubep::transport {
 namespace {
@@ -281,3 +282,59 @@ TEST(TcpRemote, BadPeerIsNamed) {
 
 }  // namespace
 }  // namespace ubep::transport
+
+// The set-up of a TCP group (make_tcp_group): bad launches are named, and a rendezvous nobody
+// serves is a TimeoutError naming rank 0 and the address, within the group's timeout.
+namespace ubep {
+namespace {
+TEST(TcpGroupSetUp, BadLaunchesAreNamed) {
+  TcpLaunch l;
+  l.rendezvous = "10.77.0.1";  // no port
+  l.hosts = 2;
+  l.host = 1;
+  EXPECT_THROW(make_tcp_group(l), InvalidArgument);
+  l.rendezvous = "127.0.0.1:1";
+  l.host = 2;  // out of range
+  try {
+    make_tcp_group(l);
+    ADD_FAILURE() << "host 2 of 2 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("host 2 of 2"), std::string::npos) << e.what();
+  }
+  unsetenv("UBEP_RENDEZVOUS");
+  try {
+    TcpLaunch::from_env(0);
+    ADD_FAILURE() << "no UBEP_RENDEZVOUS accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("UBEP_RENDEZVOUS"), std::string::npos) << e.what();
+  }
+  setenv("UBEP_RENDEZVOUS", "127.0.0.1:5", 1);
+  setenv("UBEP_HOSTS", "two", 1);
+  try {
+    TcpLaunch::from_env(0);
+    ADD_FAILURE() << "UBEP_HOSTS=two accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("UBEP_HOSTS='two'"), std::string::npos) << e.what();
+  }
+  unsetenv("UBEP_RENDEZVOUS");
+  unsetenv("UBEP_HOSTS");
+}
+
+TEST(TcpGroupSetUp, NobodyAtTheRendezvousIsATimeoutNamingIt) {
+  TcpLaunch l;
+  l.rendezvous = "127.0.0.1:1";  // nothing listens on port 1
+  l.hosts = 2;
+  l.host = 1;
+  GroupOptions opts;
+  opts.timeout = std::chrono::milliseconds(300);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    make_tcp_group(l, opts);
+    ADD_FAILURE() << "a group without rank 0";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0 at 127.0.0.1:1"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+}  // namespace
+}  // namespace ubep

@@ -94,8 +94,11 @@ int connect_to(sockaddr_in addr, Clock::time_point until, int peer, const char* 
     const int err = errno;
     close(fd);
     if (Clock::now() > until) {
-      errno = err;
-      sys_fail(detail::concat("cannot connect to rank ", peer, " (", what, ")"));
+      char ip[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &addr.sin_addr, ip, sizeof ip);
+      throw TimeoutError(detail::concat(
+          "timed out connecting to rank ", peer, " at ", ip, ":", ntohs(addr.sin_port), " (", what,
+          "; last error: ", std::strerror(err), "; is its host's launcher running?)"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
