@@ -85,6 +85,7 @@ HostRelay::~HostRelay() {
     if (s.request >= 0) remote_->abandon(s.request);
   for (int r : in_partial_req_)
     if (r >= 0) remote_->abandon(r);
+  for (int r : out_req_) remote_->abandon(r);  // sends still queued read from out_ / partials
 }
 
 void HostRelay::start_dispatch(const ep::DispatchCall& call) {

@@ -51,6 +51,7 @@ class TcpRemote : public Remote {
   // Throws PeerFailedError when the request's peer was lost or left before it completed.
   bool test(int request, size_t* bytes) override;
   void cancel(int request) override;
+  // A send not yet begun is dropped; one half on the wire has the rest of its bytes copied.
   void abandon(int request) override { cancel(request); }
 
   // The peer is no longer reachable (another judge said so: the host heartbeat): its
