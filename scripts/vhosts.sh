@@ -205,7 +205,7 @@ gc() {
 }
 
 cmd=${1:-}
-[ -n "$cmd" ] || { sed -n '2,36p' "$SELF"; exit 2; }
+[ -n "$cmd" ] || { sed -n '2,34p' "$SELF"; exit 2; }
 shift
 case $cmd in
   check) check ;;
