@@ -20,6 +20,11 @@
 #   vhosts.sh run HOSTS RANKS_PER_HOST CMD...
 #       up (a fresh NAME), mpirun -np HOSTS*RANKS_PER_HOST CMD..., down -- removed by a trap even
 #       when CMD fails or the script is interrupted; exit status of mpirun
+#   vhosts.sh launch NAME RANKS_PER_HOST CMD...
+#       one launcher per host, no MPI job spanning hosts (ubep/tcp_group.hpp): CMD runs inside
+#       every host with UBEP_RENDEZVOUS=10.77.0.1:PORT (UBEP_LAUNCH_PORT, default 29500),
+#       UBEP_HOSTS, UBEP_HOST_INDEX (0-based) and UBEP_RANKS_PER_HOST set, and starts that many
+#       ranks itself; prints each host's exit status, exits with the worst
 #   vhosts.sh shell HOSTS CMD...            up, CMD (in the root namespaces, with UBEP_VHOSTS=NAME
 #                                           and UBEP_VHOSTS_SCRIPT set for nested calls), down
 #   vhosts.sh gc                            remove the hosts of runs that were killed (SIGKILL)
@@ -163,6 +168,28 @@ vmpirun() {
     --mca btl tcp,vader,self "$@"
 }
 
+# One launcher per host (ubep/tcp_group.hpp): every host runs CMD, which starts its own ranks.
+launch() {
+  local name=$1 per_host=$2 state hosts i rc worst=0
+  shift 2
+  [[ $per_host =~ ^[0-9]+$ ]] && [ "$per_host" -ge 1 ] || die "bad RANKS_PER_HOST '$per_host'"
+  state=$(state_of "$name")
+  hosts=$(cat "$state/hosts.count")
+  local pids=()
+  for ((i = 1; i <= hosts; ++i)); do
+    UBEP_RENDEZVOUS=$SUBNET.1:${UBEP_LAUNCH_PORT:-29500} UBEP_HOSTS=$hosts \
+      UBEP_HOST_INDEX=$((i - 1)) UBEP_RANKS_PER_HOST=$per_host in_host "$name" "$i" "$@" &
+    pids+=($!)
+  done
+  for ((i = 1; i <= hosts; ++i)); do
+    rc=0
+    wait "${pids[i - 1]}" || rc=$?
+    echo "vhosts: host vh$i's launcher exited $rc" >&2
+    [ "$rc" -gt "$worst" ] && worst=$rc
+  done
+  return "$worst"
+}
+
 # A fresh name per run: the pid of this script (unique while it lives), in a short form.
 fresh_name() { echo "ubv$$"; }
 
@@ -178,7 +205,7 @@ gc() {
 }
 
 cmd=${1:-}
-[ -n "$cmd" ] || { sed -n '2,31p' "$SELF"; exit 2; }
+[ -n "$cmd" ] || { sed -n '2,34p' "$SELF"; exit 2; }
 shift
 case $cmd in
   check) check ;;
@@ -189,6 +216,7 @@ case $cmd in
   down) [ $# -eq 1 ] || die "usage: down NAME"; down "$1" ;;
   exec) [ $# -ge 3 ] || die "usage: exec NAME HOST CMD..."; in_host "$@" ;;
   mpirun) [ $# -ge 2 ] || die "usage: mpirun NAME RANKS_PER_HOST ARGS..."; vmpirun "$@" ;;
+  launch) [ $# -ge 3 ] || die "usage: launch NAME RANKS_PER_HOST CMD..."; launch "$@" ;;
   run | shell)
     if [ "$cmd" = run ]; then
       [ $# -ge 3 ] || die "usage: run HOSTS RANKS_PER_HOST CMD..."
@@ -232,5 +260,5 @@ case $cmd in
         die "tc netem failed on vh$host (is sch_netem in this kernel? tc qdisc add dev lo root netem delay 1ms)"
     fi ;;
   kill-host) [ $# -ge 2 ] || die "usage: kill-host NAME HOST [SIGNAL]"; kill_host_pids "$@" ;;
-  *) die "unknown command '$cmd' (check, up, down, exec, mpirun, run, shell, gc, link, netem, kill-host)" ;;
+  *) die "unknown command '$cmd' (check, up, down, exec, mpirun, launch, run, shell, gc, link, netem, kill-host)" ;;
 esac

@@ -31,14 +31,28 @@ DeathNotices::~DeathNotices() {
   flush(std::chrono::milliseconds(100));
 }
 
+// A transport that outlives a host (TcpRemote) fails the requests to a lost peer: a notice to
+// or from it is moot (its loss reaches the death watch by itself: the transport's on_peer_lost,
+// the heartbeat), so the request is dropped instead of failing the wait that pumps it (or the
+// destructor that flushes it). Once done or dropped, `req` is -1.
+DeathNotices::Outcome DeathNotices::settle(int& req) {
+  Outcome out = kDone;
+  try {
+    if (!remote_.test(req, nullptr)) return kPending;
+  } catch (const PeerFailedError& e) {
+    log::debug("rank ", rank_, ": death notice dropped: ", e.what());
+    remote_.cancel(req);
+    out = kDropped;
+  }
+  req = -1;
+  return out;
+}
+
 void DeathNotices::flush(std::chrono::milliseconds bound) {
   const auto until = std::chrono::steady_clock::now() + bound;
   for (int& s : send_)
     while (s >= 0 && std::chrono::steady_clock::now() < until)
-      if (remote_.test(s, nullptr))
-        s = -1;
-      else
-        std::this_thread::yield();
+      if (settle(s) == kPending) std::this_thread::yield();
 }
 
 void DeathNotices::pump() {
@@ -57,10 +71,10 @@ void DeathNotices::pump() {
     }
   }
   for (int& s : send_)
-    if (s >= 0 && remote_.test(s, nullptr)) s = -1;
-  // Notices from the other hosts.
+    if (s >= 0) settle(s);
+  // Notices from the other hosts (none more from a lost peer: its receive is dropped).
   for (size_t i = 0; i < remotes_.size(); ++i) {
-    if (recv_[i] < 0 || !remote_.test(recv_[i], nullptr)) continue;
+    if (recv_[i] < 0 || settle(recv_[i]) != kDone) continue;
     const Notice n = inbox_[i];
     log::debug("rank ", rank_, ": rank ", n.rank, "'s death heard from rank ", remotes_[i]);
     if (n.rank >= 0 && n.rank < static_cast<int>(host_of_.size()))

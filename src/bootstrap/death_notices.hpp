@@ -32,6 +32,8 @@ class DeathNotices {
   void flush(std::chrono::milliseconds bound);
 
  private:
+  enum Outcome { kPending, kDone, kDropped };
+  Outcome settle(int& req);
   struct Notice {
     int32_t rank = -1;
     char how[60] = {};

@@ -79,6 +79,15 @@ size_t HostRelay::record_bytes() const {
   return protocol::relay_wire::record_bytes(win_.codec().row_bytes(), cfg_.max_topk);
 }
 
+HostRelay::~HostRelay() {
+  if (!remote_) return;
+  for (Relayed& s : relayed_)
+    if (s.request >= 0) remote_->abandon(s.request);
+  for (int r : in_partial_req_)
+    if (r >= 0) remote_->abandon(r);
+  for (int r : out_req_) remote_->abandon(r);  // sends still queued read from out_ / partials
+}
+
 void HostRelay::start_dispatch(const ep::DispatchCall& call) {
   call_ = &call;
   sent_bytes_ = sent_rows_ = 0;

@@ -34,6 +34,12 @@ class HostRelay {
   // The relay writes relayed rows with the same placement (DispatchCall::place_row) as local
   // senders; it serves one call at a time, the one handed to start_dispatch.
   HostRelay(Group& g, const BufferConfig& cfg, ep::Window& win);
+  // Abandons the receives and sends a failed call left pending (Remote::abandon): they must not
+  // outlive their buffers where the transport outlives a lost host (TcpRemote keeps serving the
+  // other peers, and a send queued to a cut peer would be written from freed memory).
+  ~HostRelay();
+  HostRelay(const HostRelay&) = delete;
+  HostRelay& operator=(const HostRelay&) = delete;
 
   int my_host() const { return my_host_; }
   int num_hosts() const { return static_cast<int>(hosts_.size()); }

@@ -23,6 +23,11 @@ class Remote {
   virtual bool test(int request, size_t* bytes) = 0;
   // Withdraws a receive that has not completed (the id is released).
   virtual void cancel(int request) = 0;
+  // The caller is about to free the buffer of a request it will never test again (a failed
+  // call's): a transport that can withdraw it safely does (TcpRemote: cancel). The default
+  // leaves it be, as before (MpiRemote: MPI_Wait after an MPI_Cancel that cannot succeed, a
+  // receive already matched to a dead peer's message, would block).
+  virtual void abandon(int /*request*/) {}
 };
 
 }  // namespace ubep::transport

@@ -1,0 +1,34 @@
+// Ranks as processes on several hosts with one launcher per host and no MPI job spanning hosts
+// (issue 32; docs/ELASTIC.md, "Transport for a lost host"). Every host starts its own ranks (fork,
+// or a per-host mpirun -np R on that host only); they meet through a TCP rendezvous that the
+// first rank of host 0 serves. Ranks of one host share memory as in make_bootstrap_group; ranks
+// of different hosts exchange tokens over TCP sockets of their own. A lost host then fails only
+// the requests to its ranks, with a named error: the processes on the other hosts live on.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "ubep/group.hpp"
+
+namespace ubep {
+
+struct TcpLaunch {
+  std::string rendezvous;  // "IPv4:port" where host 0's local rank 0 listens for the others
+  int hosts = 1;           // how many hosts (launchers)
+  int host = 0;            // this launcher's host, 0..hosts-1
+  int ranks_per_host = 1;  // ranks every launcher starts
+  int local_rank = 0;      // this process among its host's ranks, 0..ranks_per_host-1
+  int rank() const { return host * ranks_per_host + local_rank; }
+
+  // From the environment a launcher sets for its ranks: UBEP_RENDEZVOUS=ip:port, UBEP_HOSTS,
+  // UBEP_HOST_INDEX, UBEP_RANKS_PER_HOST; the local rank from UBEP_LOCAL_RANK when local_rank is
+  // -1. Throws InvalidArgument naming a missing or malformed variable.
+  static TcpLaunch from_env(int local_rank = -1);
+};
+
+// Collective over every rank of every host. Throws InvalidArgument on a bad launch, TimeoutError
+// when a rank does not arrive within options.timeout, SystemError when a socket cannot be made.
+std::unique_ptr<Group> make_tcp_group(const TcpLaunch& launch, GroupOptions options = {});
+
+}  // namespace ubep

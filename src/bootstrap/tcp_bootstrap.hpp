@@ -1,0 +1,57 @@
+// The set-up of a group whose hosts each run their own launcher (ubep/tcp_group.hpp): a Bootstrap
+// over a TCP star through rank 0 (the rendezvous), and the mesh of sockets between ranks of
+// different hosts that TcpRemote then carries the tokens on.
+//
+// Every wait is bounded by the group's timeout and, once the group watches deaths, asks the death
+// check in slices of at most 10 ms, so a rank that never arrives is a TimeoutError naming it and a
+// dead one a PeerFailedError. Used on the caller's thread only.
+#pragma once
+
+#include <netinet/in.h>
+
+#include <chrono>
+#include <vector>
+
+#include "bootstrap/death_check.hpp"
+#include "ubep/bootstrap.hpp"
+#include "ubep/tcp_group.hpp"
+
+namespace ubep::bootstrap {
+
+class TcpBootstrap final : public Bootstrap, public DeathAwareBootstrap {
+ public:
+  // Rank 0 listens on launch.rendezvous and accepts every other rank; the others connect to it
+  // (retrying until it listens, within the timeout).
+  TcpBootstrap(const TcpLaunch& launch, std::chrono::milliseconds timeout);
+  ~TcpBootstrap() override;
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void allgather(const void* in, void* out, size_t bytes) override;
+  void barrier() override;
+  // The launch's hosts: every launcher's ranks are one host, whatever their hostnames say.
+  std::vector<int> host_map() override;
+  void watch_deaths(const DeathCheck* deaths) override { deaths_ = deaths; }
+  const TcpLaunch& launch() const { return launch_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  const DeathCheck* deaths() const { return deaths_; }
+
+ private:
+  TcpLaunch launch_;
+  std::chrono::milliseconds timeout_;
+  int rank_, size_;
+  std::vector<int> fds_;  // rank 0: a socket per rank; others: fds_[0], the one to rank 0
+  const DeathCheck* deaths_ = nullptr;
+};
+
+// Connected stream sockets to every rank of the other hosts (-1 for host-mates and this rank):
+// each rank listens on its host's address, the addresses go round in one allgather, the lower
+// rank of each pair connects. Collective.
+std::vector<int> connect_mesh(TcpBootstrap& boot, const std::vector<int>& host_of);
+
+// Bounded, death-aware socket I/O for the set-up (blocking sockets, poll in slices).
+void send_all(int fd, const void* data, size_t bytes, std::chrono::steady_clock::time_point until,
+              const DeathCheck* deaths, int peer, const char* what);
+void recv_all(int fd, void* data, size_t bytes, std::chrono::steady_clock::time_point until,
+              const DeathCheck* deaths, int peer, const char* what);
+
+}  // namespace ubep::bootstrap

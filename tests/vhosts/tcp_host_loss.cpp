@@ -1,0 +1,116 @@
+// A whole host lost under the TCP transport with one launcher per host (issue 32): every rank
+// loops on ubep calls (each checked against the reference) until a call fails; tcp_host_loss.sh
+// SIGKILLs every process of the last virtual host, or sets its cable down, in the middle. Each
+// rank prints one line:
+//   RESULT rank R host H calls N ms M ok|wrong|timeout: <error>
+// with M the time from the fault (CLOCK_REALTIME nanoseconds in $UBEP_FAULT_FILE, written by the
+// script just before the fault command) to the error. Then the survivor destroys its Buffer and
+// group and exits 0: the process outlives the lost host (an MPI job over the hosts would not).
+// "ok": a PeerFailedError naming the lost host; "echo": one naming a peer that failed the call
+// first (it broke its buffer on naming the host); "wrong": any other error, or a wrong value.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <thread>
+
+#include "harness.hpp"
+#include "host_launcher.hpp"
+#include "ubep/error.hpp"
+#include "ubep/tcp_group.hpp"
+
+namespace ubep::test {
+namespace {
+
+int64_t realtime_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+double ms_since_fault(int64_t at) {
+  const char* path = std::getenv("UBEP_FAULT_FILE");
+  for (int i = 0; path && i < 200; ++i) {
+    std::ifstream f(path);
+    int64_t t0 = 0;
+    if (f >> t0 && t0 > 0) return static_cast<double>(at - t0) / 1e6;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return -1;
+}
+
+int rank_main(int local_rank) {
+  const TcpLaunch launch = TcpLaunch::from_env(local_rank);
+  const int victim = launch.hosts - 1;
+  GroupOptions opts;
+  opts.timeout = std::chrono::seconds(5);
+  std::unique_ptr<Group> g = make_tcp_group(launch, opts);
+  Case c;
+  c.experts = 4 * g->size();
+  c.hidden = 64;
+  c.capacity = 16;
+  c.topk = 4;
+  c.layout = Layout::kLatency;
+  c.dtype = DType::kBF16;
+  std::vector<Problem> problems;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int64_t> tokens(static_cast<size_t>(g->size()), 16);
+    problems.push_back(make_problem(g->size(), c.experts, c.hidden, c.dtype, tokens, c.topk,
+                                    Routing::kUniform, 900 + static_cast<uint64_t>(i)));
+    problems.back().ranks_per_host = launch.ranks_per_host;
+  }
+  const char* ready = std::getenv("UBEP_READY_FILE");
+  std::string verdict = "timeout", what = "no error within 30 s";
+  int64_t failed_at = 0;
+  int calls = 0;
+  {
+    Buffer b(*g, config_for(c, Algorithm::kUbep));
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < until) {
+      try {
+        run_and_check(*g, c, problems[static_cast<size_t>(calls) % problems.size()], &b, nullptr);
+      } catch (const PeerFailedError& e) {
+        failed_at = realtime_ns();
+        what = e.what();
+        const bool names_host =
+            what.find("with host " + std::to_string(victim)) != std::string::npos ||
+            (launch.host == victim && what.find("lost with host") != std::string::npos);
+        // Or the echo of a survivor that named it first and broke its buffer (the script checks
+        // that some survivor of the trial named the host).
+        const bool echo = what.find("its buffer is broken") != std::string::npos;
+        verdict = names_host ? "ok" : echo ? "echo" : "wrong";
+        break;
+      } catch (const std::exception& e) {
+        failed_at = realtime_ns();
+        what = e.what();
+        verdict = "wrong";
+        break;
+      }
+      if (::testing::Test::HasFailure()) {
+        verdict = "wrong";
+        what = "a completed call returned a wrong value";
+        break;
+      }
+      if (++calls == 50 && g->rank() == 0 && ready) std::ofstream(ready) << "ready\n";
+      std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
+    }
+  }
+  const double ms = failed_at ? ms_since_fault(failed_at) : -1;
+  std::printf("RESULT rank %d host %d calls %d ms %.1f %s: %s\n", g->rank(), launch.host, calls, ms,
+              verdict.c_str(), what.c_str());
+  std::fflush(stdout);
+  // A survivor that leaves at once is, to a host-mate still between calls, a rank that exited
+  // ("rank 0 exited with status 0"), not the lost host: stay until every survivor has failed
+  // its call (they all do within the bound), then go.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  g.reset();  // the group goes cleanly after the loss (bounded: the transport's linger)
+  std::printf("EXIT rank %d clean\n", launch.rank());
+  return 0;
+}
+
+}  // namespace
+}  // namespace ubep::test
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  return ubep::test::run_host_ranks(ubep::test::rank_main);
+}

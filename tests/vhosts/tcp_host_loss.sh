@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# A whole host lost under the TCP transport, one launcher per host (issue 32; tcp_host_loss.cpp):
+# per trial HOSTS virtual hosts of RANKS ranks loop on checked ubep calls; once they run, every
+# process of the last host is SIGKILLed (kill) or its cable set down (link). Every rank of the
+# other hosts must end its call with a PeerFailedError naming that host (or echoing a survivor
+# that named it; at least one must name it) within BOUND_MS (a
+# correctness cap; the times are printed: median / p90 / max) and then exit cleanly: the
+# survivors' processes outlive the host, and nothing is left in their hosts' /dev/shm. No
+# completed call may return a wrong value.
+# Exit 0 on success, 1 on a failed check, 77 (with the reason) without virtual hosts.
+# Usage: tcp_host_loss.sh BIN HOSTS RANKS TRIALS kill|link [BOUND_MS]
+set -uo pipefail
+bin=$(readlink -f "$1"); hosts=$2; ranks=$3; trials=$4; mode=$5; bound=${6:-2000}
+vh=$(dirname "$(readlink -f "$0")")/../../scripts/vhosts.sh
+[[ $mode == kill || $mode == link ]] || { echo "mode must be kill or link, not '$mode'"; exit 2; }
+if [ -z "${UBEP_VHOSTS:-}" ]; then
+  "$vh" check || exit 77
+  exec "$vh" shell "$hosts" "$(readlink -f "$0")" "$@"
+fi
+name=$UBEP_VHOSTS
+victim=$((hosts - 1))
+work=$(mktemp -d /tmp/tcp_host_loss.XXXXXX)
+launcher=
+cleanup() {
+  [ -n "$launcher" ] && kill -TERM "$launcher" 2>/dev/null
+  "$vh" link "$name" "$hosts" up 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail=0
+: > "$work/times"; : > "$work/cmd_times"
+for ((k = 1; k <= trials; ++k)); do
+  UBEP_LAUNCH_PORT=$((29500 + k)) UBEP_FAULT_FILE=$work/fault.$k UBEP_READY_FILE=$work/ready.$k \
+    "$vh" launch "$name" "$ranks" "$bin" > "$work/out.$k" 2>&1 &
+  launcher=$!
+  for ((t = 0; t < 2000; ++t)); do [ -e "$work/ready.$k" ] && break; sleep 0.01; done
+  [ -e "$work/ready.$k" ] || { echo "trial $k: the ranks never got going"; cat "$work/out.$k"; fail=1; }
+  sleep 0.2
+  # The fault itself, timed at its system call: the host's processes listed first, then one
+  # kill(2) each (bash's builtin); or one `ip link set down` (a few ms of it inside the time).
+  if [ "$mode" = kill ]; then
+    holder=$(cat "/run/ubep-vhosts/$name/holder.$hosts")
+    victims=$(ip netns pids "$name-vh$hosts" | grep -vx "$holder" | tr '\n' ' ')
+  fi
+  date +%s%N > "$work/fault.$k.tmp" && mv "$work/fault.$k.tmp" "$work/fault.$k"
+  if [ "$mode" = kill ]; then kill -KILL $victims; else ip -n "$name-vh$hosts" link set eth0 down; fi
+  echo "$(( ($(date +%s%N) - $(cat "$work/fault.$k")) / 1000 ))" | awk '{print $1 / 1000}' >> "$work/cmd_times"
+  for ((t = 0; t < 4000; ++t)); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.01; done
+  kill -0 "$launcher" 2>/dev/null && { echo "trial $k: the launchers did not end within 40 s"; fail=1; kill -TERM "$launcher"; }
+  wait "$launcher" 2>/dev/null
+  launcher=
+  [ "$mode" = link ] && "$vh" link "$name" "$hosts" up
+  for ((r = 0; r < victim * ranks; ++r)); do
+    line=$(grep "^RESULT rank $r " "$work/out.$k")
+    if [ -z "$line" ]; then echo "trial $k: survivor rank $r printed no result"; fail=1; continue; fi
+    ms=$(awk '{print $9}' <<< "$line")
+    echo "$ms" >> "$work/times"
+    grep -q "^EXIT rank $r clean" "$work/out.$k" || { echo "trial $k: survivor rank $r did not exit cleanly"; fail=1; }
+    if ! grep -qE " (ok|echo): " <<< "$line" || awk -v b="$bound" -v m="$ms" 'BEGIN {exit !(m < 0 || m > b)}'; then
+      echo "trial $k: $line"; fail=1
+    fi
+  done
+  for ((h = 1; h <= victim; ++h)); do  # the survivors' hosts: every segment unlinked
+    left=$("$vh" exec "$name" "$h" sh -c 'ls /dev/shm | wc -l')
+    [ "$left" -eq 0 ] || { echo "trial $k: $left names left in vh$h's /dev/shm"; fail=1; }
+  done
+  named=0
+  for ((r = 0; r < victim * ranks; ++r)); do grep -q "^RESULT rank $r .* ok: " "$work/out.$k" && named=1; done
+  [ $named -eq 1 ] || { echo "trial $k: no survivor named the lost host itself"; fail=1; }
+  [ $fail -eq 0 ] || { echo "--- trial $k output:"; cat "$work/out.$k"; }
+  [ "${VERBOSE:-0}" = 1 ] && grep '^RESULT' "$work/out.$k"
+done
+stats() {
+  sort -g "$1" | awk '{v[NR] = $1} END {if (!NR) {print "none"; exit}
+    p = int(0.9 * NR + 0.999); printf "n %d  min %.1f  median %.1f  p90 %.1f  max %.1f ms\n", NR, v[1], (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[p], v[NR]}'
+}
+echo "tcp transport, $mode, $hosts hosts x $ranks ranks, $trials trials"
+echo "survivors, fault -> PeerFailedError naming the host: $(stats "$work/times")"
+echo "the fault command itself (start -> returned): $(stats "$work/cmd_times")"
+[ $fail -eq 0 ] && echo "PASS" || echo "FAIL"
+exit $fail
