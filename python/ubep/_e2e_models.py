@@ -125,9 +125,10 @@ class UbepExperts(_LocalExperts):
     come in the same order on every rank, and a layer's combine ends before the next layer's
     dispatch)."""
 
-    def __init__(self, experts, buffer, clock):
+    def __init__(self, experts, buffer, clock, unweighted=False):
         super().__init__(experts, buffer.rank, buffer.num_ranks)
         self.buffer, self.clock = buffer, clock
+        self.unweighted = unweighted  # tests only: a wrong layer the token check must catch
 
     @torch.no_grad()
     def forward(self, hidden_states, top_k_index, top_k_weights):
@@ -140,8 +141,11 @@ class UbepExperts(_LocalExperts):
         for e, n in enumerate(r.recv_count.tolist()):
             if n:
                 out[e, :n] = self.expert(e, r.recv_x[e, :n])
+        weights = top_k_weights.float().contiguous()
+        if self.unweighted:
+            weights = torch.ones_like(weights)
         t0 = time.perf_counter()
-        y = buf.combine(out, r.handle, top_k_weights.float().contiguous(), copy=True)
+        y = buf.combine(out, r.handle, weights, copy=True)
         self.clock.seconds += time.perf_counter() - t0
         return y
 
