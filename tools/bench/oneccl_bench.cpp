@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <oneapi/ccl.hpp>
 #include <random>
@@ -97,10 +98,14 @@ struct Transport {
           .wait();
       return;
     }
-    std::vector<int> s(n), r(n), sd(n), rd(n);
+    std::vector<int> s(n), r(n), sd(n, 0), rd(n, 0);
     for (size_t p = 0; p < n; ++p) {
-      s[p] = static_cast<int>(sc[p]), r[p] = static_cast<int>(rc[p]);
-      sd[p] = p ? sd[p - 1] + s[p - 1] : 0, rd[p] = p ? rd[p - 1] + r[p - 1] : 0;
+      s[p] = static_cast<int>(sc[p]);
+      r[p] = static_cast<int>(rc[p]);
+    }
+    for (size_t p = 1; p < n; ++p) {
+      sd[p] = sd[p - 1] + s[p - 1];
+      rd[p] = rd[p - 1] + r[p - 1];
     }
     MPI_Alltoallv(send, s.data(), sd.data(), MPI_BYTE, recv, r.data(), rd.data(), MPI_BYTE, mpi);
   }
