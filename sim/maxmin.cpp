@@ -51,15 +51,25 @@ double Network::threshold() const {
   return theta * (1 - 1e-9);
 }
 
+// Breadth-first from the changed links through upper flows. Whether a flow is upper depends on
+// the flow alone, so every upper flow on a reached link is in the component: the walk can sum
+// each link's residual capacity and count its component flows on the way, with no second pass.
 void Network::collect_component(double theta) {
   ++epoch_;  // the changed links already carry this epoch (touch)
   comp_links_ = changed_links_;
   comp_flows_.clear();
   for (size_t i = 0; i < comp_links_.size(); ++i) {
-    const Link& l = links_[static_cast<size_t>(comp_links_[i])];
+    Link& l = links_[static_cast<size_t>(comp_links_[i])];
+    l.residual = l.capacity;
+    l.unfrozen = 0;
     for (int id : l.flows) {
       Flow& f = flows_[static_cast<size_t>(id)];
-      if (f.mark == epoch_ || (!f.fresh && f.rate < theta)) continue;
+      if (!f.fresh && f.rate < theta) {
+        l.residual -= f.rate;  // a lower flow: its rate stands
+        continue;
+      }
+      ++l.unfrozen;
+      if (f.mark == epoch_) continue;
       f.mark = epoch_;
       f.frozen = false;
       comp_flows_.push_back(id);
@@ -73,33 +83,37 @@ void Network::collect_component(double theta) {
   }
 }
 
+// Pops the link that fills first: from the heap of shared links or from the single-flow links.
+Network::Share Network::pop_first() {
+  if (!caps_.empty() && (heap_.empty() || Later{}(heap_.front(), caps_.front()))) {
+    std::pop_heap(caps_.begin(), caps_.end(), Later{});
+    const Share top = caps_.back();
+    caps_.pop_back();
+    return top;
+  }
+  std::pop_heap(heap_.begin(), heap_.end(), Later{});
+  const Share top = heap_.back();
+  heap_.pop_back();
+  return top;
+}
+
 void Network::fill_component() {
   std::vector<Share>& heap = heap_;
-  std::vector<Share>& caps = caps_;
   heap.clear();
-  caps.clear();
+  caps_.clear();
   for (int id : comp_links_) {
-    Link& l = links_[static_cast<size_t>(id)];
-    l.residual = l.capacity;
-    l.unfrozen = 0;
-    for (int fid : l.flows) {
-      const Flow& f = flows_[static_cast<size_t>(fid)];
-      if (f.mark == epoch_)
-        ++l.unfrozen;
-      else
-        l.residual -= f.rate;  // a lower flow: its rate stands
-    }
+    const Link& l = links_[static_cast<size_t>(id)];
     if (l.unfrozen == 1)
-      caps.push_back(Share{l.residual, id});
+      caps_.push_back(Share{l.residual, id});
     else if (l.unfrozen > 1)
       heap.push_back(Share{l.residual / l.unfrozen, id});
   }
   std::make_heap(heap.begin(), heap.end(), Later{});
   // A link with one component flow (a worker's own copy engine) keeps its level until that flow
-  // freezes, so it needs no heap: a sorted list merged with the heap pops the same keys in the
-  // same order, and the heap stays as small as the number of shared links.
-  std::sort(caps.begin(), caps.end(), [](const Share& a, const Share& b) { return Later{}(b, a); });
-  size_t next_cap = 0;
+  // freezes, so it needs no re-keying: a second heap, merged with the first, pops the same keys
+  // in the same order, the main heap stays as small as the number of shared links, and the
+  // single-flow links are heapified in linear time (most are never popped: a port binds first).
+  std::make_heap(caps_.begin(), caps_.end(), Later{});
   // Lazy heap: freezing a flow at level s raises every other link's fill level (residual - s
   // over unfrozen - 1 is >= residual / unfrozen when s <= residual / unfrozen), so a heap key
   // is a lower bound of its link's level. A popped key that is stale is re-pushed at the
@@ -109,15 +123,8 @@ void Network::fill_component() {
   // keys still queued then are links whose flows are all frozen (typically every worker's own
   // engine link, which a port bound first), and popping them would change nothing.
   size_t unfrozen_flows = comp_flows_.size();
-  while (unfrozen_flows > 0 && (!heap.empty() || next_cap < caps.size())) {
-    Share top;
-    if (next_cap < caps.size() && (heap.empty() || Later{}(heap.front(), caps[next_cap]))) {
-      top = caps[next_cap++];
-    } else {
-      std::pop_heap(heap.begin(), heap.end(), Later{});
-      top = heap.back();
-      heap.pop_back();
-    }
+  while (unfrozen_flows > 0 && (!heap.empty() || !caps_.empty())) {
+    const Share top = pop_first();
     Link& l = links_[static_cast<size_t>(top.link)];
     if (l.unfrozen == 0) continue;
     const double now_level = l.residual / l.unfrozen;
