@@ -132,6 +132,7 @@ class Network {
   void finish(int id);
   void touch(const Flow& f);  // its links changed in this instant
   double threshold() const;
+  double water_level(const Link& l, int fresh, double bound) const;
   void collect_component(double threshold);
   void fill_component();
   struct Share {

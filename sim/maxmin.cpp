@@ -7,9 +7,18 @@
 // >= rate(f). Remove f: every link that filled below rate(f) carries no f and saw the same flows
 // frozen at the same levels below it, so it fills at the same level: every flow slower than f
 // keeps its rate, and every other flow stays at >= rate(f). Adding f is the same argument read
-// backwards, with f's new rate r' >= min over its links of capacity / flows (max-min gives no
-// flow less than that). Applied change by change, the instant's threshold
-//   theta = min(rates of the flows that finished, that bound for each flow that started)
+// backwards: with the rates after the change, a flow slower than f's new rate r' had that rate
+// before, and a flow at or above r' was at or above it before. That also pins r' down: f is the
+// fastest flow of a full link l* (its bottleneck), so the flows there below r' kept their rates
+// and the others are at r', i.e. r' is l*'s water level W(l*), the x with
+//   sum over the other flows g of l of min(rate(g), x) + x = capacity(l)
+// (old rates); and on every other link of f the same sum at x = r' is <= capacity, so
+// r' <= W(l). Hence r' = min over f's links of W(l). Several starts in one instant: a flow
+// started earlier in it counts as unbounded (x, not min(rate, x)), which only lowers W, and W
+// is only compared with the running threshold, at or below which the earlier changes left
+// every rate as it was or raised it to the threshold or more. Applied change by change, the
+// instant's threshold
+//   theta = min(rates of the flows that finished, W of each link of a flow that started)
 // splits the flows: those below theta keep their rates; the rest (the "upper" flows) are the
 // max-min solution of the same problem with the lower flows' rates taken off every capacity,
 // which is progressive filling started from zero on the upper flows alone (no link fills below
@@ -39,14 +48,43 @@ struct Later {
 
 }  // namespace
 
+// min(bound, W(l)) for a link that carries `fresh` started flows (unbounded) and the rest at
+// their rates (the header's water level).
+double Network::water_level(const Link& l, int fresh, double bound) const {
+  double at_bound = fresh * bound;
+  for (int id : l.flows) {
+    const Flow& f = flows_[static_cast<size_t>(id)];
+    if (!f.fresh) at_bound += std::min(f.rate, bound);
+  }
+  if (at_bound <= l.capacity) return bound;  // W(l) >= bound
+  // W(l) < bound: raise x from capacity / flows, the rates below x standing, the others at x;
+  // x only rises, and stops within one step per distinct rate.
+  const int n = static_cast<int>(l.flows.size());
+  double x = l.capacity / n;
+  for (int step = 0; step <= n; ++step) {
+    double below = 0;
+    int k = 0;
+    for (int id : l.flows) {
+      const Flow& f = flows_[static_cast<size_t>(id)];
+      if (!f.fresh && f.rate < x) {
+        below += f.rate;
+        ++k;
+      }
+    }
+    const double next = (l.capacity - below) / (n - k);
+    if (!(next > x)) break;
+    x = next;
+  }
+  return std::min(x, bound);
+}
+
 double Network::threshold() const {
   double theta = finished_min_rate_;
-  for (int id : fresh_) {
-    const Flow& f = flows_[static_cast<size_t>(id)];
-    for (int h = 0; h < f.hops; ++h) {
-      const Link& l = links_[static_cast<size_t>(f.path[h])];
-      theta = std::min(theta, l.capacity / static_cast<double>(l.flows.size()));
-    }
+  for (int link : changed_links_) {
+    const Link& l = links_[static_cast<size_t>(link)];
+    int fresh = 0;
+    for (int id : l.flows) fresh += flows_[static_cast<size_t>(id)].fresh ? 1 : 0;
+    if (fresh > 0) theta = water_level(l, fresh, theta);
   }
   return theta * (1 - 1e-9);
 }
