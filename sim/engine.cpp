@@ -9,32 +9,48 @@ namespace ubep::sim {
 
 void EventQueue::at(double t, Action action) {
   UBEP_CHECK_ARG(t >= now_, "event scheduled in the past: t=", t, " ns < now=", now_, " ns");
-  heap_.push(Event{t, seq_++, std::move(action)});
+  int slot;
+  if (!free_actions_.empty()) {
+    slot = free_actions_.back();
+    free_actions_.pop_back();
+    actions_[static_cast<size_t>(slot)] = std::move(action);
+  } else {
+    slot = static_cast<int>(actions_.size());
+    actions_.push_back(std::move(action));
+  }
+  heap_.push_back(Event{t, seq_++, 0, -1 - slot});
+  std::push_heap(heap_.begin(), heap_.end(), Later{});
 }
 
-void EventQueue::at_flow_check(double t, Network* net, int flow, uint64_t version) {
+void EventQueue::at_flow_check(double t, int flow, uint64_t version) {
   UBEP_CHECK_ARG(t >= now_, "event scheduled in the past: t=", t, " ns < now=", now_, " ns");
-  heap_.push(Event{t, seq_++, Action{}, net, flow, version});
+  heap_.push_back(Event{t, seq_++, version, flow});
+  std::push_heap(heap_.begin(), heap_.end(), Later{});
 }
 
 double EventQueue::run() {
   for (;;) {
     // Rates change only between instants: every start and finish of this instant is in before
     // the network is solved, so one resolve serves them all.
-    if (net_ && net_->dirty() && (heap_.empty() || heap_.top().time > now_)) {
+    if (net_ && net_->dirty() && (heap_.empty() || heap_.front().time > now_)) {
       net_->end_instant();
       continue;
     }
     if (heap_.empty()) break;
-    // priority_queue::top is const; the element is popped right after, so moving from it is safe.
-    Event e = std::move(const_cast<Event&>(heap_.top()));
-    heap_.pop();
+    std::pop_heap(heap_.begin(), heap_.end(), Later{});
+    const Event e = heap_.back();
+    heap_.pop_back();
     now_ = e.time;
     ++executed_;
-    if (e.net)
-      e.net->check(e.flow, e.version);
-    else
-      e.action();
+    if (e.flow >= 0) {
+      net_->check(e.flow, e.version);
+    } else {
+      // Out of the slab before it runs: the action may schedule events that reuse the slot.
+      const int slot = -1 - e.flow;
+      Action action = std::move(actions_[static_cast<size_t>(slot)]);
+      free_actions_.push_back(slot);
+      action();
+    }
   }
   return now_;
 }
@@ -66,7 +82,7 @@ void Network::set_rate(int id, double rate) {
   const double due = q_.now() + f.remaining / rate;
   if (f.version != 0 && due >= f.due) return;
   f.due = due;
-  q_.at_flow_check(due, this, id, ++f.version);
+  q_.at_flow_check(due, id, ++f.version);
 }
 
 void Network::check(int id, uint64_t version) {
@@ -76,7 +92,7 @@ void Network::check(int id, uint64_t version) {
   // Relative tolerance: floating-point residue of a flow that is, in fact, done.
   if (f.remaining / f.rate > 1e-6) {
     f.due = q_.now() + f.remaining / f.rate;
-    q_.at_flow_check(f.due, this, id, ++f.version);
+    q_.at_flow_check(f.due, id, ++f.version);
     return;
   }
   finish(id);

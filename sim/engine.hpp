@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
-#include <queue>
 #include <vector>
 
 namespace ubep::sim {
@@ -34,26 +33,30 @@ class EventQueue {
   // Runs events until none is left. Returns the time of the last one.
   double run();
   uint64_t executed() const { return executed_; }
-  // A flow's finish check, without allocating a closure (the hot event of large runs).
-  void at_flow_check(double at, Network* net, int flow, uint64_t version);
+  // A flow's finish check on the attached network, without a closure (the hot event of large
+  // runs).
+  void at_flow_check(double at, int flow, uint64_t version);
   // The network whose rates run() brings up to date before the clock advances (one per queue).
   void attach(Network* net) { net_ = net; }
 
  private:
+  // The heap holds 32-byte keys, not closures: sifting moves them, and a 32-byte std::function
+  // in every entry made sifting a fifth of a large run's time. A flow check carries its flow
+  // and version in the key; any other event names its closure's slot in actions_.
   struct Event {
     double time;
     uint64_t seq;
-    Action action;  // empty for a flow check
-    Network* net = nullptr;
-    int flow = 0;
-    uint64_t version = 0;
+    uint64_t version;  // flow check: the flow's version; else unused
+    int flow;          // >= 0: a flow check of net_; < 0: closure slot -1 - flow
   };
   struct Later {
     bool operator()(const Event& a, const Event& b) const {
       return a.time != b.time ? a.time > b.time : a.seq > b.seq;
     }
   };
-  std::priority_queue<Event, std::vector<Event>, Later> heap_;
+  std::vector<Event> heap_;
+  std::vector<Action> actions_;
+  std::vector<int> free_actions_;
   Network* net_ = nullptr;
   double now_ = 0;
   uint64_t seq_ = 0;
@@ -105,20 +108,22 @@ class Network {
     int unfrozen = 0;     // unfrozen component flows crossing the link
     uint64_t mark = 0;    // resolve epoch that reached it
   };
-  struct Flow {
+  // The fields the solver reads for every refilled flow come first, in one cache line
+  // (alignas): a resolve walks thousands of flows in link order, i.e. at random.
+  struct alignas(64) Flow {
     int path[4];
-    int slot[4];  // index of this flow in links_[path[h]].flows
     int hops = 0;
-    double remaining = 0;  // bytes
+    bool active = false;
+    bool fresh = false;    // started in this instant, no rate yet
+    bool frozen = false;   // scratch of one resolve
     double rate = 0;       // bytes / ns (0 until its first resolve)
+    uint64_t mark = 0;     // resolve epoch that put it in the refilled component
+    int slot[4];           // index of this flow in links_[path[h]].flows
+    double remaining = 0;  // bytes
     double since = 0;      // time `remaining` was last brought up to date
     double latency = 0;
     uint64_t version = 0;  // bumps when an earlier finish event replaces the pending one
     double due = 0;        // time of the pending finish event
-    uint64_t mark = 0;     // resolve epoch that put it in the refilled component
-    bool active = false;
-    bool fresh = false;   // started in this instant, no rate yet
-    bool frozen = false;  // scratch of one resolve
   };
   void settle(Flow& f);  // bring `remaining` up to now at the old rate
   void set_rate(int id, double rate);
@@ -127,8 +132,14 @@ class Network {
   void finish(int id);
   void touch(const Flow& f);  // its links changed in this instant
   double threshold() const;
+  double water_level(const Link& l, int fresh, double bound) const;
   void collect_component(double threshold);
   void fill_component();
+  struct Share {
+    double level;  // residual / unfrozen: where the link fills
+    int link;
+  };
+  Share pop_first();
 
   EventQueue& q_;
   std::vector<Link> links_;
@@ -149,10 +160,6 @@ class Network {
   std::vector<int> fresh_;
   uint64_t epoch_ = 0;
   std::vector<int> comp_flows_, comp_links_;  // scratch of resolve
-  struct Share {
-    double level;  // residual / unfrozen: where the link fills
-    int link;
-  };
   std::vector<Share> heap_, caps_;  // scratch of resolve, kept to avoid one allocation per resolve
 };
 

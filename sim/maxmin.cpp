@@ -7,9 +7,18 @@
 // >= rate(f). Remove f: every link that filled below rate(f) carries no f and saw the same flows
 // frozen at the same levels below it, so it fills at the same level: every flow slower than f
 // keeps its rate, and every other flow stays at >= rate(f). Adding f is the same argument read
-// backwards, with f's new rate r' >= min over its links of capacity / flows (max-min gives no
-// flow less than that). Applied change by change, the instant's threshold
-//   theta = min(rates of the flows that finished, that bound for each flow that started)
+// backwards: with the rates after the change, a flow slower than f's new rate r' had that rate
+// before, and a flow at or above r' was at or above it before. That also pins r' down: f is the
+// fastest flow of a full link l* (its bottleneck), so the flows there below r' kept their rates
+// and the others are at r', i.e. r' is l*'s water level W(l*), the x with
+//   sum over the other flows g of l of min(rate(g), x) + x = capacity(l)
+// (old rates); and on every other link of f the same sum at x = r' is <= capacity, so
+// r' <= W(l). Hence r' = min over f's links of W(l). Several starts in one instant: a flow
+// started earlier in it counts as unbounded (x, not min(rate, x)), which only lowers W, and W
+// is only compared with the running threshold, at or below which the earlier changes left
+// every rate as it was or raised it to the threshold or more. Applied change by change, the
+// instant's threshold
+//   theta = min(rates of the flows that finished, W of each link of a flow that started)
 // splits the flows: those below theta keep their rates; the rest (the "upper" flows) are the
 // max-min solution of the same problem with the lower flows' rates taken off every capacity,
 // which is progressive filling started from zero on the upper flows alone (no link fills below
@@ -39,27 +48,66 @@ struct Later {
 
 }  // namespace
 
+// min(bound, W(l)) for a link that carries `fresh` started flows (unbounded) and the rest at
+// their rates (the header's water level).
+double Network::water_level(const Link& l, int fresh, double bound) const {
+  double at_bound = fresh * bound;
+  for (int id : l.flows) {
+    const Flow& f = flows_[static_cast<size_t>(id)];
+    if (!f.fresh) at_bound += std::min(f.rate, bound);
+  }
+  if (at_bound <= l.capacity) return bound;  // W(l) >= bound
+  // W(l) < bound: raise x from capacity / flows, the rates below x standing, the others at x;
+  // x only rises, and stops within one step per distinct rate.
+  const int n = static_cast<int>(l.flows.size());
+  double x = l.capacity / n;
+  for (int step = 0; step <= n; ++step) {
+    double below = 0;
+    int k = 0;
+    for (int id : l.flows) {
+      const Flow& f = flows_[static_cast<size_t>(id)];
+      if (!f.fresh && f.rate < x) {
+        below += f.rate;
+        ++k;
+      }
+    }
+    const double next = (l.capacity - below) / (n - k);
+    if (!(next > x)) break;
+    x = next;
+  }
+  return std::min(x, bound);
+}
+
 double Network::threshold() const {
   double theta = finished_min_rate_;
-  for (int id : fresh_) {
-    const Flow& f = flows_[static_cast<size_t>(id)];
-    for (int h = 0; h < f.hops; ++h) {
-      const Link& l = links_[static_cast<size_t>(f.path[h])];
-      theta = std::min(theta, l.capacity / static_cast<double>(l.flows.size()));
-    }
+  for (int link : changed_links_) {
+    const Link& l = links_[static_cast<size_t>(link)];
+    int fresh = 0;
+    for (int id : l.flows) fresh += flows_[static_cast<size_t>(id)].fresh ? 1 : 0;
+    if (fresh > 0) theta = water_level(l, fresh, theta);
   }
   return theta * (1 - 1e-9);
 }
 
+// Breadth-first from the changed links through upper flows. Whether a flow is upper depends on
+// the flow alone, so every upper flow on a reached link is in the component: the walk can sum
+// each link's residual capacity and count its component flows on the way, with no second pass.
 void Network::collect_component(double theta) {
   ++epoch_;  // the changed links already carry this epoch (touch)
   comp_links_ = changed_links_;
   comp_flows_.clear();
   for (size_t i = 0; i < comp_links_.size(); ++i) {
-    const Link& l = links_[static_cast<size_t>(comp_links_[i])];
+    Link& l = links_[static_cast<size_t>(comp_links_[i])];
+    l.residual = l.capacity;
+    l.unfrozen = 0;
     for (int id : l.flows) {
       Flow& f = flows_[static_cast<size_t>(id)];
-      if (f.mark == epoch_ || (!f.fresh && f.rate < theta)) continue;
+      if (!f.fresh && f.rate < theta) {
+        l.residual -= f.rate;  // a lower flow: its rate stands
+        continue;
+      }
+      ++l.unfrozen;
+      if (f.mark == epoch_) continue;
       f.mark = epoch_;
       f.frozen = false;
       comp_flows_.push_back(id);
@@ -73,33 +121,37 @@ void Network::collect_component(double theta) {
   }
 }
 
+// Pops the link that fills first: from the heap of shared links or from the single-flow links.
+Network::Share Network::pop_first() {
+  if (!caps_.empty() && (heap_.empty() || Later{}(heap_.front(), caps_.front()))) {
+    std::pop_heap(caps_.begin(), caps_.end(), Later{});
+    const Share top = caps_.back();
+    caps_.pop_back();
+    return top;
+  }
+  std::pop_heap(heap_.begin(), heap_.end(), Later{});
+  const Share top = heap_.back();
+  heap_.pop_back();
+  return top;
+}
+
 void Network::fill_component() {
   std::vector<Share>& heap = heap_;
-  std::vector<Share>& caps = caps_;
   heap.clear();
-  caps.clear();
+  caps_.clear();
   for (int id : comp_links_) {
-    Link& l = links_[static_cast<size_t>(id)];
-    l.residual = l.capacity;
-    l.unfrozen = 0;
-    for (int fid : l.flows) {
-      const Flow& f = flows_[static_cast<size_t>(fid)];
-      if (f.mark == epoch_)
-        ++l.unfrozen;
-      else
-        l.residual -= f.rate;  // a lower flow: its rate stands
-    }
+    const Link& l = links_[static_cast<size_t>(id)];
     if (l.unfrozen == 1)
-      caps.push_back(Share{l.residual, id});
+      caps_.push_back(Share{l.residual, id});
     else if (l.unfrozen > 1)
       heap.push_back(Share{l.residual / l.unfrozen, id});
   }
   std::make_heap(heap.begin(), heap.end(), Later{});
   // A link with one component flow (a worker's own copy engine) keeps its level until that flow
-  // freezes, so it needs no heap: a sorted list merged with the heap pops the same keys in the
-  // same order, and the heap stays as small as the number of shared links.
-  std::sort(caps.begin(), caps.end(), [](const Share& a, const Share& b) { return Later{}(b, a); });
-  size_t next_cap = 0;
+  // freezes, so it needs no re-keying: a second heap, merged with the first, pops the same keys
+  // in the same order, the main heap stays as small as the number of shared links, and the
+  // single-flow links are heapified in linear time (most are never popped: a port binds first).
+  std::make_heap(caps_.begin(), caps_.end(), Later{});
   // Lazy heap: freezing a flow at level s raises every other link's fill level (residual - s
   // over unfrozen - 1 is >= residual / unfrozen when s <= residual / unfrozen), so a heap key
   // is a lower bound of its link's level. A popped key that is stale is re-pushed at the
@@ -109,15 +161,8 @@ void Network::fill_component() {
   // keys still queued then are links whose flows are all frozen (typically every worker's own
   // engine link, which a port bound first), and popping them would change nothing.
   size_t unfrozen_flows = comp_flows_.size();
-  while (unfrozen_flows > 0 && (!heap.empty() || next_cap < caps.size())) {
-    Share top;
-    if (next_cap < caps.size() && (heap.empty() || Later{}(heap.front(), caps[next_cap]))) {
-      top = caps[next_cap++];
-    } else {
-      std::pop_heap(heap.begin(), heap.end(), Later{});
-      top = heap.back();
-      heap.pop_back();
-    }
+  while (unfrozen_flows > 0 && (!heap.empty() || !caps_.empty())) {
+    const Share top = pop_first();
     Link& l = links_[static_cast<size_t>(top.link)];
     if (l.unfrozen == 0) continue;
     const double now_level = l.residual / l.unfrozen;
