@@ -41,7 +41,9 @@ inline void check_relay_matches_reference(Group& g, int per_host, bool with_base
       auto a = run_and_check(g, c, p, &bsp, nullptr);
       auto u = run_and_check(g, c, p, &ubep, nullptr, seed == 2);
       EXPECT_EQ(a, u);
-      if (base) EXPECT_EQ(a, run_and_check(g, c, p, nullptr, base.get()));
+      if (base) {
+        EXPECT_EQ(a, run_and_check(g, c, p, nullptr, base.get()));
+      }
       ubep.dispatch(p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout));
       const RankInput& in = p.inputs[static_cast<size_t>(g.rank())];
       const int El = c.experts / g.size();
