@@ -17,9 +17,13 @@ python3 scripts/check_layers.py --self-test
 python3 scripts/check_layers.py --quiet
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 jobs=$(nproc)
+# One line per phase with the seconds since the start, so a slow CI shows where its time went.
+phase() { echo "== test.sh: $1 at ${SECONDS}s"; }
 
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+phase "release build"
 cmake --build build -j"$jobs"
+phase "release ctest"
 (cd build && ctest --output-on-failure -j"$jobs")
 
 # The same suites under sanitizers (UBEP_SKIP_SANITIZERS=1 skips them, UBEP_SKIP_FUZZ=1 the fuzz
@@ -30,12 +34,16 @@ cmake --build build -j"$jobs"
 if [ "${UBEP_SKIP_SANITIZERS:-0}" != 1 ]; then
   cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_SANITIZE=address,undefined \
         -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=ON -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null
+  phase "asan build"
   cmake --build build-asan -j"$jobs"
+  phase "asan ctest"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
      ctest --output-on-failure -j"$jobs" -LE "cuda_sim|vhosts")
   cmake -S . -B build-thread -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_SANITIZE=thread \
         -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null
+  phase "tsan build"
   cmake --build build-thread -j"$jobs"
+  phase "tsan ctest"
   (cd build-thread && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -j"$jobs" -LE cuda_sim)
 fi
 
@@ -44,7 +52,9 @@ if [ "${UBEP_SKIP_FUZZ:-0}" != 1 ]; then
   CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         -DUBEP_FUZZ=ON -DUBEP_BUILD_TESTS=OFF -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF \
         -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null
+  phase "fuzz build and run"
   cmake --build build-fuzz -j"$jobs" --target fuzz_dispatch fuzz_topology
   (cd build-fuzz && ctest --output-on-failure)
 fi
+phase "end"
 echo "all tests passed"
