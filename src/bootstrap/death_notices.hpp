@@ -18,7 +18,7 @@ namespace ubep::bootstrap {
 
 class DeathNotices {
  public:
-  static constexpr int kTag = 7103;  // beside the relay's 7101/7102
+  static constexpr int kTag = 7103;  // beside the relay's (8192 up) and membership records (7104)
   DeathNotices(transport::Remote& remote, DeathWatch& watch, int rank,
                const std::vector<int>& host_of);
   ~DeathNotices();

@@ -53,8 +53,14 @@ FailureFate HostEngine::fate_of(const std::exception& cause) {
   // The call failed because a rank died or left for an agreement: not a fault of this buffer.
   // Abandon the call (peers waiting for this rank's part learn it from the new round) and
   // agree at the next dispatch instead of breaking (docs/ELASTIC.md).
-  if (!multi_host() && (watch_.ended_by_group_change() || lost_a_rank() ||
-                        members_.peer_ahead(machine_.calls()) >= 0)) {
+  // Across hosts (issue 32) only with mask_dead_ranks, and also when the transport named the
+  // lost peer before the watch did (a TcpRemote request to it failed): the death is in the
+  // watch by then (the transport notes it first), so dead_unmasked sees it.
+  const bool elastic = !multi_host() || cfg_.mask_dead_ranks;
+  if (elastic && (watch_.ended_by_group_change() || lost_a_rank() ||
+                  (multi_host() && members_.dead_unmasked() >= 0) ||
+                  members_.peer_ahead(machine_.calls()) >= 0)) {
+    if (relay_) relay_->abandon_call();
     members_.abandon(machine_.calls(), window_.seq(), cfg_.mask_dead_ranks);
     machine_.forget_dispatch();
     return FailureFate::kAbandoned;

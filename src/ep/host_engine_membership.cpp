@@ -8,13 +8,19 @@
 namespace ubep::ep {
 
 void HostEngine::settle_membership(const char* what, bool dispatch) {
-  if (multi_host()) bootstrap::hooks_of(group_).pump_deaths();
+  if (multi_host()) {
+    bootstrap::hooks_of(group_).pump_deaths();
+    members_.pump();  // the records of other hosts' ranks (MemberLink)
+  }
   if (!members_.change_pending()) return;
   const uint64_t next = machine_.calls() + 1;
-  if (multi_host()) {  // no masking across hosts: a death ends the buffer's use, named
+  // Across hosts a lost host is masked only with mask_dead_ranks (Buffer::mask takes ranks of
+  // this host only): otherwise a death ends the buffer's use, named.
+  if (multi_host() && !cfg_.mask_dead_ranks) {
     const int dead = members_.dead_unmasked();
     UBEP_CHECK(dead < 0, PeerFailedError, what, " (call ", next, "): rank ", dead, " ",
-               members_.death_note(dead), "; masking ranks works on one host (docs/ELASTIC.md)");
+               members_.death_note(dead),
+               "; BufferConfig::mask_dead_ranks goes on without its host (docs/ELASTIC.md)");
   }
   if (!dispatch) {  // agreements run at dispatches; this combine fails only if it cannot complete
     const int dead = members_.dead_unmasked();
@@ -25,8 +31,6 @@ void HostEngine::settle_membership(const char* what, bool dispatch) {
                " left to agree on a change of the group; dispatch again");
     return;
   }
-  UBEP_CHECK_ARG(!multi_host(), what, ": masking ranks works on one host, the group spans ",
-                 group_.num_hosts(), " (docs/ELASTIC.md)");
   WaitPolicy policy = waiter_.policy();
   policy.abort = nullptr;  // the agreement watches deaths and rounds itself
   const Membership::Resume resume =
@@ -38,6 +42,7 @@ void HostEngine::settle_membership(const char* what, bool dispatch) {
   // keeps them from being taken for a new call's.
   window_.resume_after(resume.seq + 1);
   call_.set_masked(members_.masked_vector());
+  if (relay_) relay_->abandon_call();  // what the calls of the old view left posted or queued
   machine_.forget_dispatch();
 }
 

@@ -29,7 +29,8 @@ Membership::Membership(Group& group, const Window& win)
       ranks_(group.size()),
       view_(static_cast<size_t>(group.size()), 0u),
       agreed_(view_),
-      masked_(static_cast<size_t>(group.size()), 0) {
+      masked_(static_cast<size_t>(group.size()), 0),
+      link_(group, win, kFieldsBeforeView + group.size()) {
   // Ranks that are replacements already carry their incarnation; a replacement itself agrees
   // with the live ranks at its first dispatch.
   for (int r = 0; r < ranks_; ++r)
@@ -105,7 +106,7 @@ bool Membership::read(int r, Record* out) const {
 
 int Membership::peer_ahead(uint64_t call) const {
   for (int r = 0; r < ranks_; ++r) {
-    if (r == me_ || !win_.peer(r) || dead(r)) continue;
+    if (r == me_ || !linked(r) || dead(r)) continue;
     if (call > 0 && masked(r)) continue;  // takes no part in this call
     if (win_.member_round(r) <= round_) continue;
     if (call == 0) return r;
@@ -127,7 +128,7 @@ bool Membership::change_pending() const {
 uint32_t Membership::max_round_seen() const {
   uint32_t m = round_;
   for (int r = 0; r < ranks_; ++r)
-    if (r != me_ && win_.peer(r) && !dead(r)) m = std::max(m, win_.member_round(r));
+    if (r != me_ && linked(r) && !dead(r)) m = std::max(m, win_.member_round(r));
   return m;
 }
 
@@ -146,19 +147,63 @@ void Membership::publish(uint32_t flags) {
   // rejoins learns the round from them); not the dead.
   win_.publish_member(me_, ++version_, fields_.data(), static_cast<int>(fields_.size()),
                       [&](int r) { return !dead(r); });
+  link_.publish(version_, fields_, [&](int r) { return !dead(r); });
 }
 
 void Membership::absorb_deaths(bool auto_mask, const char* what) {
+  const bool hosts = !group_.single_host();
   for (int r = 0; r < ranks_; ++r) {
     if (r == me_ || !live_in_view(r) || !dead(r)) continue;
     UBEP_CHECK(auto_mask, PeerFailedError, what, ": rank ", r, " ", death_note(r),
-               "; Buffer::mask(", r,
-               ") on every surviving rank goes on without it "
-               "(or BufferConfig::mask_dead_ranks)");
+               hosts ? "; BufferConfig::mask_dead_ranks goes on without its host"
+                     : detail::concat("; Buffer::mask(", r,
+                                      ") on every surviving rank goes on without it "
+                                      "(or BufferConfig::mask_dead_ranks)"));
+    // Across hosts only whole hosts are masked (the relay needs every rank of a live host).
+    // A host whose ranks are not all known dead yet is left for a later poll: its other
+    // connections close (or its heartbeat stops) within the detection time.
+    UBEP_CHECK(!hosts || !group_.same_host(r, me_), PeerFailedError, what, ": rank ", r, " ",
+               death_note(r), "; across hosts only a whole lost host is masked, not a host-mate");
+    if (hosts && !host_dead(group_.host_of(r))) continue;
     view_[static_cast<size_t>(r)] |= 1u;
     log::debug("rank ", me_, ": masks dead rank ", r, " (incarnation ", view_[r] >> 1, ", ",
                death_note(r), ")");
   }
+  if (hosts) check_partition(what);
+}
+
+bool Membership::host_dead(int h) const {
+  for (int r = 0; r < ranks_; ++r)
+    if (group_.host_of(r) == h && live_in_view(r) && !dead(r)) return false;
+  return true;
+}
+
+// No split brain: when hosts cannot see each other, both sides see the other dead. Only the
+// side holding a majority of the hosts live at the last agreement goes on; at a tie, the side
+// with the lowest of them. The other side stops here with a named error (and masks nobody), so
+// at most one side ever completes a call in a new view.
+void Membership::check_partition(const char* what) const {
+  int before = 0, after = 0, lowest = -1;
+  bool lowest_here = false;
+  for (int h = 0; h < group_.num_hosts(); ++h) {
+    bool was = false, is = false;
+    for (int r = 0; r < ranks_; ++r)
+      if (group_.host_of(r) == h) {
+        was = was || !(agreed_[static_cast<size_t>(r)] & 1u);
+        is = is || live_in_view(r);
+      }
+    before += was;
+    after += is;
+    if (was && lowest < 0) {
+      lowest = h;
+      lowest_here = is;
+    }
+  }
+  const bool goes_on = 2 * after > before || (2 * after == before && lowest_here);
+  UBEP_CHECK(goes_on, PeerFailedError, what, ": partitioned: rank ", me_, " sees ", after, " of ",
+             before, " hosts", (2 * after == before ? " (a tie, without host " : ""),
+             (2 * after == before ? std::to_string(lowest) + ")" : std::string()),
+             "; the other side goes on, this side stops (docs/ELASTIC.md, partitions)");
 }
 
 bool Membership::merge(const std::vector<uint32_t>& other) {
@@ -180,7 +225,10 @@ bool Membership::merge(const std::vector<uint32_t>& other) {
 void Membership::abandon(uint64_t calls, uint64_t seq, bool auto_mask) {
   if (auto_mask)
     for (int r = 0; r < ranks_; ++r)
-      if (r != me_ && dead(r)) view_[static_cast<size_t>(r)] |= 1u;
+      if (r != me_ && dead(r) &&
+          (group_.single_host() ||
+           (!group_.same_host(r, me_) && host_dead(group_.host_of(r)))))  // as absorb_deaths
+        view_[static_cast<size_t>(r)] |= 1u;
   calls_ = calls;
   seq_ = seq;
   must_agree_ = true;
@@ -199,7 +247,7 @@ bool Membership::poll_agreement(bool auto_mask, const char* what, Resume* resume
   uint32_t top = round_;
   Record rec;
   for (int r = 0; r < ranks_; ++r) {
-    if (r == me_ || !win_.peer(r) || dead(r) || !read(r, &rec)) continue;
+    if (r == me_ || !linked(r) || dead(r) || !read(r, &rec)) continue;
     top = std::max(top, rec.round);
     // Masked peers' views count only when they bring themselves back.
     const auto ru = static_cast<size_t>(r), mu = static_cast<size_t>(me_);
@@ -224,7 +272,7 @@ bool Membership::poll_agreement(bool auto_mask, const char* what, Resume* resume
     if (r == me_ || !live_in_view(r)) continue;
     // A record not marked agreeing is only the news of a change (a rank that left a call): that
     // rank bumps the round when it enters, so concluding on it would leave it behind.
-    if (!win_.peer(r) || !read(r, &rec) || rec.round != round_ || rec.view != view_ ||
+    if (!linked(r) || !read(r, &rec) || rec.round != round_ || rec.view != view_ ||
         !(rec.flags & MemberRecord::kAgreeing))
       return false;
     resume->calls = std::max(resume->calls, rec.calls);
@@ -241,7 +289,7 @@ std::string Membership::agreement_state(const char* what) const {
     if (r == me_) continue;
     Record peer;
     state += detail::concat("; rank ", r, dead(r) ? " dead" : "");
-    if (win_.peer(r) && read(r, &peer))
+    if (linked(r) && read(r, &peer))
       state += detail::concat(" round ", peer.round,
                               (peer.flags & MemberRecord::kAgreeing) ? " agreeing" : "",
                               (peer.flags & MemberRecord::kAbandoned) ? " abandoned" : "", " view",

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "core/wait.hpp"
+#include "ep/member_link.hpp"
 #include "ep/window.hpp"
 #include "ubep/group.hpp"
 
@@ -47,6 +48,9 @@ class Membership {
   // --- local changes, agreed at the next dispatch ---
   void mask(int r);
   void rejoin();  // this rank comes back as a new incarnation, unmasked
+
+  // Takes the records of ranks on other hosts that arrived (caller's thread, between calls).
+  void pump() { link_.pump(); }
 
   // A rank that is live in the agreed view but dead (-1: none).
   int dead_unmasked() const;
@@ -84,6 +88,12 @@ class Membership {
   // Merges a peer's view into view_; true if view_ changed.
   bool merge(const std::vector<uint32_t>& other);
   bool live_in_view(int r) const { return (view_[static_cast<size_t>(r)] & 1u) == 0; }
+  // Whether r's records reach this rank: a host-mate's window, or the transport (MemberLink).
+  bool linked(int r) const { return win_.peer(r) != nullptr || link_.remote(r); }
+  // Across hosts (issue 32): a dead rank is masked only with its whole host, and only on the
+  // side of a partition that may go on (majority of hosts; a tie: the lowest host).
+  bool host_dead(int h) const;
+  void check_partition(const char* what) const;
   // A replacement of rank r published its part of this buffer's window (rendezvous stamp newer
   // than the incarnation in view_).
   bool replaced(int r) const;
@@ -110,6 +120,7 @@ class Membership {
   uint32_t version_ = 0;          // seqlock versions of this rank's records
   uint64_t calls_ = 0, seq_ = 0;  // of the last published record
   std::vector<uint32_t> fields_;  // staging for publish/read
+  MemberLink link_;               // records to and from ranks of other hosts
 };
 
 }  // namespace ubep::ep

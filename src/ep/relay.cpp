@@ -9,7 +9,6 @@
 namespace ubep {
 
 using protocol::relay_wire::Header;
-using protocol::relay_wire::kCombineTag;
 using protocol::relay_wire::kDispatchTag;
 using protocol::relay_wire::kHeader;
 using protocol::relay_wire::meta_offset;
@@ -88,13 +87,49 @@ HostRelay::~HostRelay() {
   for (int r : out_req_) remote_->abandon(r);  // sends still queued read from out_ / partials
 }
 
+bool HostRelay::host_masked(size_t h) const {
+  for (int r : hosts_[h])
+    if (!call_->masked(r)) return false;
+  return true;
+}
+
+int HostRelay::dispatch_tag() const {
+  // protocol.hpp relay_wire: within MPI's least tag bound (32767), its combine's the next one.
+  return kDispatchTag + 2 * static_cast<int>(seq_ % 8192);
+}
+
+void HostRelay::abandon_call() {
+  for (Relayed& s : relayed_)
+    if (s.request >= 0) {
+      remote_->abandon(s.request);
+      s.request = -1;
+    }
+  for (int& r : in_partial_req_)
+    if (r >= 0) {
+      remote_->abandon(r);
+      r = -1;
+    }
+  for (int r : out_req_) remote_->abandon(r);
+  out_req_.clear();
+  in_combine_ = false;
+}
+
 void HostRelay::start_dispatch(const ep::DispatchCall& call) {
   call_ = &call;
+  seq_ = win_.seq();
   sent_bytes_ = sent_rows_ = 0;
   const int half = win_.half();
+  // Only messages of this call may wait unmatched: a peer cannot be a dispatch ahead of this
+  // rank (its dispatch needs this rank's message), so any other relay tag is an earlier call's.
+  const int tag = dispatch_tag();
+  remote_->drop_unexpected([tag](int, int t) {
+    return t >= kDispatchTag && t < kDispatchTag + 2 * 8192 && t != tag && t != tag + 1;
+  });
   for (Relayed& s : relayed_) {
-    s.counted = s.forwarded = false;
-    s.request = remote_->irecv(s.source, kDispatchTag, s.msg[half].data(), s.msg[half].size());
+    // A masked source sends nothing: its count records stay empty, as receivers expect.
+    const bool gone = call.masked(s.source);
+    s.counted = s.forwarded = s.partial_sent = gone;
+    s.request = gone ? -1 : remote_->irecv(s.source, tag, s.msg[half].data(), s.msg[half].size());
   }
   pack();
 }
@@ -107,6 +142,11 @@ void HostRelay::pack() {
   const size_t nh = hosts_.size();
   for (size_t h = 0; h < nh; ++h) {
     if (static_cast<int>(h) == my_host_) continue;
+    if (host_masked(h)) {  // its experts are dropped from the routing (-1): no token goes there
+      for (int64_t t = 0; t < call_->routing().num_tokens; ++t)
+        host_slot_[static_cast<size_t>(t) * nh + h] = -1;
+      continue;
+    }
     char* out = out_[h].data();
     int32_t n = 0;
     for (int64_t t = 0; t < call_->routing().num_tokens; ++t) {
@@ -126,7 +166,7 @@ void HostRelay::pack() {
     const auto& target = hosts_[h];
     const int relay =
         target[static_cast<size_t>(local_index_[static_cast<size_t>(g_.rank())]) % target.size()];
-    out_req_.push_back(remote_->isend(relay, kDispatchTag, out, bytes));
+    out_req_.push_back(remote_->isend(relay, dispatch_tag(), out, bytes));
     sent_bytes_ += bytes;
     sent_rows_ += static_cast<uint64_t>(n);
   }
@@ -263,15 +303,16 @@ void HostRelay::start_combine(const ep::DispatchCall& call) {
   sent_bytes_ = sent_rows_ = 0;
   in_combine_ = true;
   for (Relayed& s : relayed_) {
-    s.partial_sent = false;
+    s.partial_sent = call.masked(s.source);  // nothing to send back to a masked source
     s.cursor = 0;
   }
   for (size_t h = 0; h < hosts_.size(); ++h) {
-    if (static_cast<int>(h) == my_host_) continue;
+    in_partial_req_[h] = -1;
+    if (static_cast<int>(h) == my_host_ || host_masked(h)) continue;
     const auto& target = hosts_[h];
     const int relay =
         target[static_cast<size_t>(local_index_[static_cast<size_t>(g_.rank())]) % target.size()];
-    in_partial_req_[h] = remote_->irecv(relay, kCombineTag, in_partial_[h].data(),
+    in_partial_req_[h] = remote_->irecv(relay, combine_tag(), in_partial_[h].data(),
                                         in_partial_[h].size() * sizeof(float));
   }
 }
@@ -337,7 +378,7 @@ void HostRelay::advance_partials(Relayed& s) {
     }
   }
   const size_t bytes = static_cast<size_t>(n) * static_cast<size_t>(H) * sizeof(float);
-  out_req_.push_back(remote_->isend(s.source, kCombineTag, s.partial.data(), bytes));
+  out_req_.push_back(remote_->isend(s.source, combine_tag(), s.partial.data(), bytes));
   sent_bytes_ += bytes;
   sent_rows_ += static_cast<uint64_t>(n);
   s.partial_sent = true;

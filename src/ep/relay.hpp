@@ -62,6 +62,11 @@ class HostRelay {
   bool combine_partial_arrived(int h);
   bool combine_done();
 
+  // A call ended without finishing (abandoned when the group changed, docs/ELASTIC.md): its
+  // receives and sends are withdrawn (Remote::abandon), so none of them can take or give a
+  // later call's message.
+  void abandon_call();
+
   uint64_t network_bytes() const { return sent_bytes_; }
   uint64_t network_rows() const { return sent_rows_; }
 
@@ -82,6 +87,14 @@ class HostRelay {
   };
 
   size_t record_bytes() const;
+  // Host h takes no part in the call: every rank of it is masked (across hosts whole hosts are
+  // masked, docs/ELASTIC.md): nothing is sent to it nor awaited from it.
+  bool host_masked(size_t h) const;
+  // The call's transport tags: the dispatch sequence number is in them, so a message of an
+  // earlier call (abandoned when the group changed) can never be taken for this call's; those
+  // left unmatched are dropped at the next dispatch (Remote::drop_unexpected).
+  int dispatch_tag() const;
+  int combine_tag() const { return dispatch_tag() + 1; }
   void pack();  // this rank's rows, from the call's rows()
   void write_counts(Relayed& s);
   bool lower_counts_ready(const Relayed& s, int dest) const;
@@ -114,6 +127,7 @@ class HostRelay {
   std::vector<int64_t> gather_slots_;
   uint64_t sent_bytes_ = 0, sent_rows_ = 0;
   bool in_combine_ = false;
+  uint64_t seq_ = 0;  // the dispatch sequence number of the call (in its tags)
 };
 
 }  // namespace ubep

@@ -113,6 +113,15 @@ class Window {
       dp_.publish(w, 2 * version + 2);  // release: the fields above are visible with it
     }
   }
+  // A record of a rank on another host, as it arrived over the transport (MemberLink), into this
+  // rank's own window: that rank never writes here, so this rank is the slot's only writer and
+  // the seqlock holds for the readers (role threads' FailureWatch).
+  void store_member(int src, uint32_t version, const uint32_t* fields, int n) const {
+    Tag* w = map_.member_record(local(), src).words;
+    dp_.publish(w, 2 * version + 1);
+    for (int i = 0; i < n; ++i) dp_.publish(w + 1 + i, fields[i]);
+    dp_.publish(w, 2 * version + 2);
+  }
   // Source `src`'s record in this window; false if never written or being rewritten.
   bool read_member(int src, uint32_t* fields, int n) const {
     const Tag* w = map_.member_record(local(), src).words;

@@ -314,8 +314,10 @@ struct WindowLayout {
 // One message per (source, destination host) per dispatch: a header, then one packed token per
 // token with an expert on that host. Combine sends back one fp32 partial [tokens, hidden].
 namespace relay_wire {
-inline constexpr int kDispatchTag = 7101;  // transport tags of the two message kinds
-inline constexpr int kCombineTag = 7102;
+// Transport tags of the two message kinds: kDispatchTag + 2 * (dispatch seq mod 8192), + 1 for
+// its combine (HostRelay::dispatch_tag), all below MPI's least tag bound 32767 and above the
+// other users' (death notices 7103, membership records 7104).
+inline constexpr int kDispatchTag = 8192;
 inline constexpr size_t kHeader = 16;  // a Header, padded
 
 // A dispatch message's header: its tokens, the sender's topk and the sender's call shape

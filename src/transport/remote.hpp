@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 
 namespace ubep::transport {
 
@@ -28,6 +29,10 @@ class Remote {
   // leaves it be, as before (MpiRemote: MPI_Wait after an MPI_Cancel that cannot succeed, a
   // receive already matched to a dead peer's message, would block).
   virtual void abandon(int /*request*/) {}
+  // Drops the messages that arrived with no receive posted and that `stale(peer, tag)` names
+  // (a call abandoned when the group changed: its messages must never meet a later call's
+  // receive). The default keeps them (MPI has no way to discard an unmatched message).
+  virtual void drop_unexpected(const std::function<bool(int, int)>& /*stale*/) {}
 };
 
 }  // namespace ubep::transport

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <thread>
 
+#include "../elastic/elastic_case.hpp"
 #include "harness.hpp"
 #include "host_launcher.hpp"
 #include "ubep/error.hpp"
@@ -36,6 +37,62 @@ double ms_since_fault(int64_t at) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return -1;
+}
+
+// UBEP_MASK_HOST=1 (issue 32, item 2): the buffer masks dead ranks (BufferConfig::
+// mask_dead_ranks), so the survivors go on without the lost host. Every call is checked bit for
+// bit against the reference of the ranks it ran with (its experts' rows zero once masked): a call
+// that mixed the lost host's data with a masked view fails the check. The survivor's line:
+//   RESULT rank R host H calls N ms M ok: masked [ranks] after E failed calls (first: <error>)
+// with M the time from the fault to the end of its first masked call, after 20 masked calls
+// ("wrong" if the masked ranks are not exactly the lost host's, or a value is wrong). A rank of
+// the lost host itself (cut link) must stop with the partition error, never mask the others:
+//   RESULT ... minority: <error>
+struct MaskRun {
+  std::string verdict = "timeout", what = "no masked call within 30 s";
+  int64_t done_at = 0;
+};
+
+MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
+                  const std::vector<Problem>& problems, Buffer& b, const char* ready, int& calls) {
+  std::vector<int> lost;
+  for (int l = 0; l < launch.ranks_per_host; ++l)
+    lost.push_back((launch.hosts - 1) * launch.ranks_per_host + l);
+  MaskRun run;
+  std::string first;
+  int failed = 0, masked_calls = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < until && masked_calls < 20) {
+    const Problem& p = problems[static_cast<size_t>(calls) % problems.size()];
+    try {
+      run_and_check(g, c, p, &b, nullptr, false, [&] { return masked_problem(p, b.masked_ranks()); });
+    } catch (const PeerFailedError& e) {
+      const std::string what = e.what();
+      if (what.find("partitioned") != std::string::npos) {
+        run = {"minority", what, realtime_ns()};
+        return run;
+      }
+      if (first.empty()) first = what;
+      if (++failed > 5) return {"wrong", "more than 5 failed calls: " + what, realtime_ns()};
+      continue;
+    } catch (const std::exception& e) {
+      return {"wrong", e.what(), realtime_ns()};
+    }
+    if (::testing::Test::HasFailure()) return {"wrong", "a call returned a wrong value", 0};
+    const std::vector<int> m = b.masked_ranks();
+    if (!m.empty() && m != lost)
+      return {"wrong", "masked ranks are not the lost host's", realtime_ns()};
+    if (!m.empty() && masked_calls++ == 0) run.done_at = realtime_ns();
+    if (++calls == 50 && g.rank() == 0 && ready) std::ofstream(ready) << "ready\n";
+    std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
+  }
+  if (masked_calls < 20) return run;
+  std::string ranks;
+  for (int r : lost) ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
+  run.verdict = "ok";
+  run.what = detail::concat("masked [", ranks, "] after ", failed, " failed calls (first: ",
+                            first.empty() ? "none" : first, ")");
+  return run;
 }
 
 int rank_main(int local_rank) {
@@ -62,7 +119,16 @@ int rank_main(int local_rank) {
   std::string verdict = "timeout", what = "no error within 30 s";
   int64_t failed_at = 0;
   int calls = 0;
-  {
+  const bool mask = std::getenv("UBEP_MASK_HOST") && std::string(std::getenv("UBEP_MASK_HOST")) == "1";
+  if (mask) {
+    BufferConfig cfg = config_for(c, Algorithm::kUbep);
+    cfg.mask_dead_ranks = true;
+    Buffer b(*g, cfg);
+    const MaskRun run = mask_loop(*g, launch, c, problems, b, ready, calls);
+    verdict = run.verdict;
+    what = run.what;
+    failed_at = run.done_at;
+  } else {
     Buffer b(*g, config_for(c, Algorithm::kUbep));
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (std::chrono::steady_clock::now() < until) {

@@ -8,6 +8,9 @@
 # survivors' processes outlive the host, and nothing is left in their hosts' /dev/shm. No
 # completed call may return a wrong value.
 # Exit 0 on success, 1 on a failed check, 77 (with the reason) without virtual hosts.
+# With UBEP_MASK_HOST=1 the survivors mask the host and go on instead (tcp_host_loss.cpp); the
+# time is then to their first masked call, and with link the cut-off host must stop as the
+# minority of a partition (no split brain).
 # Usage: tcp_host_loss.sh BIN HOSTS RANKS TRIALS kill|link [BOUND_MS]
 set -uo pipefail
 bin=$(readlink -f "$1"); hosts=$2; ranks=$3; trials=$4; mode=$5; bound=${6:-2000}
@@ -64,6 +67,14 @@ for ((k = 1; k <= trials; ++k)); do
     left=$("$vh" exec "$name" "$h" sh -c 'ls /dev/shm | wc -l')
     [ "$left" -eq 0 ] || { echo "trial $k: $left names left in vh$h's /dev/shm"; fail=1; }
   done
+  if [ "${UBEP_MASK_HOST:-0}" = 1 ] && [ "$mode" = link ]; then
+    # No split brain: the cut-off host is the minority (or the tie without host 0) and stops
+    # with the partition error; it never completes a call with the others masked.
+    for ((r = victim * ranks; r < hosts * ranks; ++r)); do
+      grep -q "^RESULT rank $r .* minority: .*partitioned" "$work/out.$k" ||
+        { echo "trial $k: rank $r of the cut-off host did not stop as the minority"; fail=1; }
+    done
+  fi
   named=0
   for ((r = 0; r < victim * ranks; ++r)); do grep -q "^RESULT rank $r .* ok: " "$work/out.$k" && named=1; done
   [ $named -eq 1 ] || { echo "trial $k: no survivor named the lost host itself"; fail=1; }
@@ -75,7 +86,11 @@ stats() {
     p = int(0.9 * NR + 0.999); printf "n %d  min %.1f  median %.1f  p90 %.1f  max %.1f ms\n", NR, v[1], (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[p], v[NR]}'
 }
 echo "tcp transport, $mode, $hosts hosts x $ranks ranks, $trials trials"
-echo "survivors, fault -> PeerFailedError naming the host: $(stats "$work/times")"
+if [ "${UBEP_MASK_HOST:-0}" = 1 ]; then
+  echo "survivors, fault -> end of the first call with the host masked: $(stats "$work/times")"
+else
+  echo "survivors, fault -> PeerFailedError naming the host: $(stats "$work/times")"
+fi
 echo "the fault command itself (start -> returned): $(stats "$work/cmd_times")"
 [ $fail -eq 0 ] && echo "PASS" || echo "FAIL"
 exit $fail

@@ -159,6 +159,13 @@ void TcpRemote::throw_failed(const Request& r) const {
                                        ", tag ", r.tag, ")"));
 }
 
+void TcpRemote::drop_unexpected(const std::function<bool(int, int)>& stale) {
+  progress();
+  for (size_t p = 0; p < peers_.size(); ++p)
+    peers_[p].unexpected.remove_if(
+        [&](const auto& m) { return stale(static_cast<int>(p), m.first); });
+}
+
 void TcpRemote::cancel(int request) {
   if (request < 0 || static_cast<size_t>(request) >= requests_.size()) return;
   Request& r = requests_[static_cast<size_t>(request)];

@@ -1,0 +1,80 @@
+#include "ep/member_link.hpp"
+
+#include "bootstrap/group_hooks.hpp"
+#include "ubep/error.hpp"
+
+namespace ubep::ep {
+
+MemberLink::MemberLink(Group& group, const Window& win, int words)
+    : group_(group),
+      win_(win),
+      remote_(group.single_host() ? nullptr : bootstrap::hooks_of(group).remote()),
+      me_(group.rank()),
+      words_(words),
+      inbox_(static_cast<size_t>(group.size())),
+      recv_(static_cast<size_t>(group.size()), -1) {
+  for (int r = 0; r < group.size(); ++r)
+    if (remote(r)) {
+      inbox_[static_cast<size_t>(r)].resize(static_cast<size_t>(1 + words_));
+      post(r);
+    }
+}
+
+MemberLink::~MemberLink() {
+  if (!remote_) return;
+  // The transport outlives this buffer: nothing of ours may stay posted or queued.
+  for (int req : recv_)
+    if (req >= 0) remote_->abandon(req);
+  for (const Out& o : out_) remote_->abandon(o.request);
+}
+
+void MemberLink::post(int r) {
+  auto& in = inbox_[static_cast<size_t>(r)];
+  try {
+    recv_[static_cast<size_t>(r)] = remote_->irecv(r, kTag, in.data(), in.size() * 4);
+  } catch (const PeerFailedError&) {
+    recv_[static_cast<size_t>(r)] = -1;  // gone: its records stop where they are
+  }
+}
+
+void MemberLink::send(int r, uint32_t version, const std::vector<uint32_t>& fields) {
+  Out o;
+  o.msg.reserve(fields.size() + 1);
+  o.msg.push_back(version);
+  o.msg.insert(o.msg.end(), fields.begin(), fields.end());
+  try {
+    o.request = remote_->isend(r, kTag, o.msg.data(), o.msg.size() * 4);
+  } catch (const PeerFailedError&) {
+    return;
+  }
+  out_.push_back(std::move(o));
+}
+
+void MemberLink::pump() {
+  if (!remote_) return;
+  for (int r = 0; r < group_.size(); ++r) {
+    int& req = recv_[static_cast<size_t>(r)];
+    // Every record that arrived, oldest first (the latest one stays in the slot).
+    while (req >= 0) {
+      size_t bytes = 0;
+      try {
+        if (!remote_->test(req, &bytes)) break;
+      } catch (const PeerFailedError&) {
+        req = -1;  // the peer is lost or left: its death reaches Membership through the watch
+        break;
+      }
+      const auto& in = inbox_[static_cast<size_t>(r)];
+      if (bytes == in.size() * 4) win_.store_member(r, in[0], in.data() + 1, words_);
+      post(r);
+    }
+  }
+  while (!out_.empty()) {  // sends complete in order per peer; test the oldest first
+    try {
+      if (!remote_->test(out_.front().request, nullptr)) break;
+    } catch (const PeerFailedError&) {
+    }
+    out_.pop_front();
+  }
+}
+
+}  // namespace ubep::ep
