@@ -241,6 +241,7 @@ void Membership::abandon(uint64_t calls, uint64_t seq, bool auto_mask) {
 // One poll of the agreement: merges the live peers' views; false while the round moves, true
 // (with where to resume) once every live rank agrees on this round and view.
 bool Membership::poll_agreement(bool auto_mask, const char* what, Resume* resume) {
+  link_.pump();  // other hosts' records (and our sends to them) move only when pumped
   take_replacements();
   absorb_deaths(auto_mask, what);
   bool changed = false;
