@@ -10,6 +10,7 @@
 // first (it broke its buffer on naming the host); "wrong": any other error, or a wrong value.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -43,8 +44,11 @@ double ms_since_fault(int64_t at) {
 // mask_dead_ranks), so the survivors go on without the lost host. Every call is checked bit for
 // bit against the reference of the ranks it ran with (its experts' rows zero once masked): a call
 // that mixed the lost host's data with a masked view fails the check. The survivor's line:
-//   RESULT rank R host H calls N ms M ok: masked [ranks] after E failed calls (first: <error>)
+//   RESULT rank R host H calls N ms M ok: masked [ranks] after E failed calls, then C masked
+//   calls right (first failure: <error>), fds A -> B
+// ("wrong" too if the process holds more descriptors at the end (B) than before the fault (A)).
 // with M the time from the fault to the end of its first masked call, after 20 masked calls
+// over at least 1.5 s
 // ("wrong" if the masked ranks are not exactly the lost host's, or a value is wrong). A rank of
 // the lost host itself (cut link) must stop with the partition error, never mask the others:
 //   RESULT ... minority: <error>
@@ -53,6 +57,12 @@ struct MaskRun {
   int64_t done_at = 0;
 };
 
+int open_fds() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) n += !e.is_directory();
+  return n;
+}
+
 MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
                   const std::vector<Problem>& problems, Buffer& b, const char* ready, int& calls) {
   std::vector<int> lost;
@@ -60,9 +70,16 @@ MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
     lost.push_back((launch.hosts - 1) * launch.ranks_per_host + l);
   MaskRun run;
   std::string first;
-  int failed = 0, masked_calls = 0;
+  int failed = 0, masked_calls = 0, fds_before = -1;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (std::chrono::steady_clock::now() < until && masked_calls < 20) {
+  // 20 masked calls and 1.5 s of them: the script brings a cut link back after 1 s, and the
+  // survivors must go on right (the cut-off side stays out: no split brain).
+  std::chrono::steady_clock::time_point masked_since{};
+  const auto enough = [&] {
+    return masked_calls >= 20 &&
+           std::chrono::steady_clock::now() - masked_since > std::chrono::milliseconds(1500);
+  };
+  while (std::chrono::steady_clock::now() < until && !enough()) {
     const Problem& p = problems[static_cast<size_t>(calls) % problems.size()];
     try {
       run_and_check(g, c, p, &b, nullptr, false, [&] { return masked_problem(p, b.masked_ranks()); });
@@ -82,16 +99,23 @@ MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
     const std::vector<int> m = b.masked_ranks();
     if (!m.empty() && m != lost)
       return {"wrong", "masked ranks are not the lost host's", realtime_ns()};
-    if (!m.empty() && masked_calls++ == 0) run.done_at = realtime_ns();
-    if (++calls == 50 && g.rank() == 0 && ready) std::ofstream(ready) << "ready\n";
+    if (!m.empty() && masked_calls++ == 0) {
+      run.done_at = realtime_ns();
+      masked_since = std::chrono::steady_clock::now();
+    }
+    if (++calls == 50) fds_before = open_fds();
+    if (calls == 50 && g.rank() == 0 && ready) std::ofstream(ready) << "ready\n";
     std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
   }
-  if (masked_calls < 20) return run;
+  if (!enough()) return run;
+  const int fds_after = open_fds();
   std::string ranks;
   for (int r : lost) ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
-  run.verdict = "ok";
-  run.what = detail::concat("masked [", ranks, "] after ", failed, " failed calls (first: ",
-                            first.empty() ? "none" : first, ")");
+  run.verdict = fds_after <= fds_before ? "ok" : "wrong";
+  run.what = detail::concat("masked [", ranks, "] after ", failed, " failed calls, then ",
+                            masked_calls, " masked calls right (first failure: ",
+                            first.empty() ? "none" : first, "), fds ", fds_before, " -> ",
+                            fds_after);
   return run;
 }
 

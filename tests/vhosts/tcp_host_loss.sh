@@ -48,6 +48,8 @@ for ((k = 1; k <= trials; ++k)); do
   date +%s%N > "$work/fault.$k.tmp" && mv "$work/fault.$k.tmp" "$work/fault.$k"
   if [ "$mode" = kill ]; then kill -KILL $victims; else ip -n "$name-vh$hosts" link set eth0 down; fi
   echo "$(( ($(date +%s%N) - $(cat "$work/fault.$k")) / 1000 ))" | awk '{print $1 / 1000}' >> "$work/cmd_times"
+  # Masking: the cable comes back after 1 s while the survivors still run (a partition healed).
+  if [ "${UBEP_MASK_HOST:-0}" = 1 ] && [ "$mode" = link ]; then sleep 1; "$vh" link "$name" "$hosts" up; fi
   for ((t = 0; t < 4000; ++t)); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.01; done
   kill -0 "$launcher" 2>/dev/null && { echo "trial $k: the launchers did not end within 40 s"; fail=1; kill -TERM "$launcher"; }
   wait "$launcher" 2>/dev/null
