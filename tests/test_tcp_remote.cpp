@@ -1,7 +1,7 @@
 // TcpRemote (src/transport/tcp; issue 32) over socket pairs in one process, one thread per rank:
 // per-(peer, tag) order and content under random sizes and interleavings (a stress test), cancel
 // in the middle of a message, and what a lost or departed peer does: only its own requests fail,
-// named; the others go on.
+// named; the others go on; dropping the stale messages of an abandoned call.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -303,6 +303,39 @@ TEST(TcpRemote, TooSmallAReceiveIsNamedAndTheMessageStays) {
   const int r1 = t0.irecv(1, 3, &got, sizeof got);
   ASSERT_TRUE(wait_done(t0, r1, &n));
   EXPECT_EQ(n, 0u);
+}
+
+// A call abandoned when the group changed leaves its messages unmatched (issue 32: the relay
+// drops older relay tags at the next dispatch): exactly the messages the predicate names go,
+// the rest (another tag, another peer) stay whole and in order.
+TEST(TcpRemote, DropUnexpectedDropsOnlyTheStaleMessages) {
+  auto fds = mesh(3);
+  TcpRemote t0(0, fds[0]), t1(1, fds[1]), t2(2, fds[2]);
+  std::vector<int> sends;
+  for (uint32_t k = 0; k < 4; ++k) {  // tags 10 (stale) and 11 (current), from ranks 1 and 2
+    static const uint32_t values[4] = {100, 101, 102, 103};
+    sends.push_back(t1.isend(0, 10 + static_cast<int>(k % 2), &values[k], 4));
+    sends.push_back(t2.isend(0, 10 + static_cast<int>(k % 2), &values[k], 4));
+  }
+  for (size_t i = 0; i < sends.size(); ++i)
+    ASSERT_TRUE(wait_done(i % 2 ? t2 : t1, sends[i], nullptr));
+  for (int i = 0; i < 100; ++i) {  // until all 8 are kept as unexpected
+    t0.progress();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  t0.drop_unexpected([](int peer, int tag) { return tag == 10 || (peer == 2 && tag == 11); });
+  uint32_t got = 0;
+  for (uint32_t want : {101u, 103u}) {  // rank 1's tag 11, in order
+    const int r = t0.irecv(1, 11, &got, 4);
+    ASSERT_TRUE(wait_done(t0, r, nullptr));
+    EXPECT_EQ(got, want);
+  }
+  // Nothing else is left: a receive of a dropped tag stays pending.
+  for (auto [peer, tag] : {std::pair{1, 10}, std::pair{2, 10}, std::pair{2, 11}}) {
+    const int r = t0.irecv(peer, tag, &got, 4);
+    for (int i = 0; i < 20; ++i) EXPECT_FALSE(t0.test(r, nullptr)) << peer << " " << tag;
+    t0.cancel(r);
+  }
 }
 
 TEST(TcpRemote, BadPeerIsNamed) {

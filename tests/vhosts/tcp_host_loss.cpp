@@ -47,8 +47,7 @@ double ms_since_fault(int64_t at) {
 //   RESULT rank R host H calls N ms M ok: masked [ranks] after E failed calls, then C masked
 //   calls right (first failure: <error>), fds A -> B
 // ("wrong" too if the process holds more descriptors at the end (B) than before the fault (A)).
-// with M the time from the fault to the end of its first masked call, after 20 masked calls
-// over at least 1.5 s
+// with M the time from the fault to the end of its first masked call, after 600 masked calls
 // ("wrong" if the masked ranks are not exactly the lost host's, or a value is wrong). A rank of
 // the lost host itself (cut link) must stop with the partition error, never mask the others:
 //   RESULT ... minority: <error>
@@ -72,15 +71,17 @@ MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
   std::string first;
   int failed = 0, masked_calls = 0, fds_before = -1;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  // 20 masked calls and 1.5 s of them: the script brings a cut link back after 1 s, and the
-  // survivors must go on right (the cut-off side stays out: no split brain).
-  std::chrono::steady_clock::time_point masked_since{};
-  const auto enough = [&] {
-    return masked_calls >= 20 &&
-           std::chrono::steady_clock::now() - masked_since > std::chrono::milliseconds(1500);
-  };
+  // 600 masked calls (about 2 s here): the script brings a cut link back after 1 s, and the
+  // survivors must go on right (the cut-off side stays out: no split brain). A count, not a
+  // time, so that every survivor makes its last call with the others.
+  const auto enough = [&] { return masked_calls >= 600; };
   while (std::chrono::steady_clock::now() < until && !enough()) {
-    const Problem& p = problems[static_cast<size_t>(calls) % problems.size()];
+    // The inputs must be the same call on every rank, and the survivors' loops go out of step
+    // at the fault (one may complete the call another fails): so one problem until the host is
+    // masked (every rank's view is the same agreed one before each dispatch), then the others in
+    // turn, counted in masked calls (no failure after the masking, so in step).
+    const Problem& p =
+        b.masked_ranks().empty() ? problems[0] : problems[1 + static_cast<size_t>(masked_calls) % 3];
     try {
       run_and_check(g, c, p, &b, nullptr, false, [&] { return masked_problem(p, b.masked_ranks()); });
     } catch (const PeerFailedError& e) {
@@ -99,10 +100,7 @@ MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
     const std::vector<int> m = b.masked_ranks();
     if (!m.empty() && m != lost)
       return {"wrong", "masked ranks are not the lost host's", realtime_ns()};
-    if (!m.empty() && masked_calls++ == 0) {
-      run.done_at = realtime_ns();
-      masked_since = std::chrono::steady_clock::now();
-    }
+    if (!m.empty() && masked_calls++ == 0) run.done_at = realtime_ns();
     if (++calls == 50) fds_before = open_fds();
     if (calls == 50 && g.rank() == 0 && ready) std::ofstream(ready) << "ready\n";
     std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
