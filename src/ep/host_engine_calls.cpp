@@ -56,7 +56,7 @@ FailureFate HostEngine::fate_of(const std::exception& cause) {
   // Across hosts (issue 32) only with mask_dead_ranks, and also when the transport named the
   // lost peer before the watch did (a TcpRemote request to it failed): the death is in the
   // watch by then (the transport notes it first), so dead_unmasked sees it.
-  const bool elastic = !multi_host() || cfg_.mask_dead_ranks;
+  const bool elastic = !multi_host() || (cfg_.mask_dead_ranks && members_.can_mask_hosts());
   if (elastic && (watch_.ended_by_group_change() || lost_a_rank() ||
                   (multi_host() && members_.dead_unmasked() >= 0) ||
                   members_.peer_ahead(machine_.calls()) >= 0)) {

@@ -15,12 +15,14 @@ void HostEngine::settle_membership(const char* what, bool dispatch) {
   if (!members_.change_pending()) return;
   const uint64_t next = machine_.calls() + 1;
   // Across hosts a lost host is masked only with mask_dead_ranks (Buffer::mask takes ranks of
-  // this host only): otherwise a death ends the buffer's use, named.
-  if (multi_host() && !cfg_.mask_dead_ranks) {
+  // this host only) in a TCP group: otherwise a death ends the buffer's use, named.
+  if (multi_host() && !(cfg_.mask_dead_ranks && members_.can_mask_hosts())) {
     const int dead = members_.dead_unmasked();
     UBEP_CHECK(dead < 0, PeerFailedError, what, " (call ", next, "): rank ", dead, " ",
                members_.death_note(dead),
-               "; BufferConfig::mask_dead_ranks goes on without its host (docs/ELASTIC.md)");
+               members_.can_mask_hosts()
+                   ? "; BufferConfig::mask_dead_ranks goes on without its host (docs/ELASTIC.md)"
+                   : "; masking a lost host needs a TCP group (make_tcp_group, docs/ELASTIC.md)");
   }
   if (!dispatch) {  // agreements run at dispatches; this combine fails only if it cannot complete
     const int dead = members_.dead_unmasked();
@@ -31,6 +33,8 @@ void HostEngine::settle_membership(const char* what, bool dispatch) {
                " left to agree on a change of the group; dispatch again");
     return;
   }
+  UBEP_CHECK_ARG(members_.can_mask_hosts(), what, ": masking ranks across ", group_.num_hosts(),
+                 " hosts needs a TCP group (make_tcp_group, docs/ELASTIC.md)");
   WaitPolicy policy = waiter_.policy();
   policy.abort = nullptr;  // the agreement watches deaths and rounds itself
   const Membership::Resume resume =

@@ -13,6 +13,10 @@ MemberLink::MemberLink(Group& group, const Window& win, int words)
       words_(words),
       inbox_(static_cast<size_t>(group.size())),
       recv_(static_cast<size_t>(group.size()), -1) {
+  // Receives stay posted between calls: only over a transport that can withdraw them when this
+  // buffer goes (TcpRemote). Over MPI a receive left posted would take a later buffer's record
+  // into freed memory, so there is no link: masking across hosts needs a TCP group.
+  if (remote_ && !remote_->withdraws()) remote_ = nullptr;
   for (int r = 0; r < group.size(); ++r)
     if (remote(r)) {
       inbox_[static_cast<size_t>(r)].resize(static_cast<size_t>(1 + words_));
@@ -60,7 +64,10 @@ void MemberLink::pump() {
       try {
         if (!remote_->test(req, &bytes)) break;
       } catch (const PeerFailedError&) {
-        req = -1;  // the peer is lost or left: its death reaches Membership through the watch
+        // The peer is lost or left (its death reaches Membership through the watch): a failed
+        // request stays the caller's until withdrawn.
+        remote_->abandon(req);
+        req = -1;
         break;
       }
       const auto& in = inbox_[static_cast<size_t>(r)];
@@ -72,6 +79,7 @@ void MemberLink::pump() {
     try {
       if (!remote_->test(out_.front().request, nullptr)) break;
     } catch (const PeerFailedError&) {
+      remote_->abandon(out_.front().request);
     }
     out_.pop_front();
   }

@@ -51,6 +51,8 @@ class Membership {
 
   // Takes the records of ranks on other hosts that arrived (caller's thread, between calls).
   void pump() { link_.pump(); }
+  // Whether lost hosts can be masked: one host, or the records cross hosts (a TCP group).
+  bool can_mask_hosts() const { return group_.single_host() || link_.active(); }
 
   // A rank that is live in the agreed view but dead (-1: none).
   int dead_unmasked() const;

@@ -29,6 +29,9 @@ class Remote {
   // leaves it be, as before (MpiRemote: MPI_Wait after an MPI_Cancel that cannot succeed, a
   // receive already matched to a dead peer's message, would block).
   virtual void abandon(int /*request*/) {}
+  // Whether abandon() really withdraws a request, so that an object may keep receives posted
+  // across calls and withdraw them when it goes (MemberLink; elastic EP across hosts needs it).
+  virtual bool withdraws() const { return false; }
   // Drops the messages that arrived with no receive posted and that `stale(peer, tag)` names
   // (a call abandoned when the group changed: its messages must never meet a later call's
   // receive). The default keeps them (MPI has no way to discard an unmatched message).

@@ -54,6 +54,7 @@ class TcpRemote : public Remote {
   // A send not yet begun is dropped; one half on the wire has the rest of its bytes copied.
   void abandon(int request) override { cancel(request); }
   void drop_unexpected(const std::function<bool(int, int)>& stale) override;
+  bool withdraws() const override { return true; }
 
   // The peer is no longer reachable (another judge said so: the host heartbeat): its
   // connection is closed and its requests fail with `why`.
