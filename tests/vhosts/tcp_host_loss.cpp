@@ -80,10 +80,12 @@ MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
     // at the fault (one may complete the call another fails): so one problem until the host is
     // masked (every rank's view is the same agreed one before each dispatch), then the others in
     // turn, counted in masked calls (no failure after the masking, so in step).
-    const Problem& p =
-        b.masked_ranks().empty() ? problems[0] : problems[1 + static_cast<size_t>(masked_calls) % 3];
+    const Problem& p = b.masked_ranks().empty()
+                           ? problems[0]
+                           : problems[1 + static_cast<size_t>(masked_calls) % 3];
     try {
-      run_and_check(g, c, p, &b, nullptr, false, [&] { return masked_problem(p, b.masked_ranks()); });
+      run_and_check(g, c, p, &b, nullptr, false,
+                    [&] { return masked_problem(p, b.masked_ranks()); });
     } catch (const PeerFailedError& e) {
       const std::string what = e.what();
       if (what.find("partitioned") != std::string::npos) {
@@ -110,10 +112,10 @@ MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
   std::string ranks;
   for (int r : lost) ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
   run.verdict = fds_after <= fds_before ? "ok" : "wrong";
-  run.what = detail::concat("masked [", ranks, "] after ", failed, " failed calls, then ",
-                            masked_calls, " masked calls right (first failure: ",
-                            first.empty() ? "none" : first, "), fds ", fds_before, " -> ",
-                            fds_after);
+  run.what =
+      detail::concat("masked [", ranks, "] after ", failed, " failed calls, then ", masked_calls,
+                     " masked calls right (first failure: ", first.empty() ? "none" : first,
+                     "), fds ", fds_before, " -> ", fds_after);
   return run;
 }
 
@@ -141,7 +143,8 @@ int rank_main(int local_rank) {
   std::string verdict = "timeout", what = "no error within 30 s";
   int64_t failed_at = 0;
   int calls = 0;
-  const bool mask = std::getenv("UBEP_MASK_HOST") && std::string(std::getenv("UBEP_MASK_HOST")) == "1";
+  const bool mask =
+      std::getenv("UBEP_MASK_HOST") && std::string(std::getenv("UBEP_MASK_HOST")) == "1";
   if (mask) {
     BufferConfig cfg = config_for(c, Algorithm::kUbep);
     cfg.mask_dead_ranks = true;
