@@ -291,12 +291,19 @@ TEST(PlanSharing, BalancedIsNeverWorseThanTheStaticPolicies) {
     const Case c = random_case(g);
     sched::Scheduler s(c.topology, c.options);
     double span[3];
+    bool bound = false;
     int i = 0;
     for (Policy p : {Policy::kNaive, Policy::kColumnMajor, Policy::kBalanced}) {
       s.set_policy(p);
-      span[i++] = s.plan(c.work()).slowest_ns;
+      const Plan plan = s.plan(c.work());
+      span[i++] = plan.slowest_ns;
+      bound = bound || std::any_of(plan.items.begin(), plan.items.end(),
+                                   [](const PlanItem& it) { return it.receiver_bound; });
     }
-    EXPECT_LE(span[2], span[0] * (1 + 1e-9)) << "case " << iter << ": balanced above naive";
+    // With receiver-bound destinations balanced takes naive's plan only if it is also no worse
+    // under the no-credit bound (scheduler.cpp, plan_balanced), so it may stay above naive under
+    // the plan's own (envelope) figures; column-major is its starting point, never beaten.
+    if (!bound) EXPECT_LE(span[2], span[0] * (1 + 1e-9)) << "case " << iter << ": above naive";
     EXPECT_LE(span[2], span[1] * (1 + 1e-9)) << "case " << iter << ": balanced above column-major";
   }
 }
