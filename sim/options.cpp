@@ -42,6 +42,7 @@ Workload:
   --topk K            experts per token (default 8) --experts E     total experts (default 256)
   --hot N             hot experts (default 0 = uniform; sched: 8)
   --hot-weight X      a hot expert is X times as likely as a cold one (default 4)
+  --points LIST       sched-sweep: only these hot:weight points, e.g. 0:1,8:2 (default: all)
   --seed N            routing seed (default 1)
   --layout L          latency (one unit per destination expert, default) | throughput
 Call:
@@ -141,6 +142,8 @@ Options parse_options(int argc, char** argv) {
       o.hot = pos_int(0);
     else if (f == "--hot-weight")
       o.hot_weight = to_double(f, v);
+    else if (f == "--points")
+      o.points = v;
     else if (f == "--receivers") {
       UBEP_CHECK_ARG(v == "on" || v == "off", "flag --receivers must be on or off, got '", v, "'");
       o.plan_receivers = v == "on";

@@ -21,6 +21,7 @@ struct Options {
   int experts = 256;
   int hot = 0;  // hot experts (0 = uniform routing)
   double hot_weight = 4;
+  std::string points;  // sched-sweep: "hot:weight,..." subset of its grid (empty: all)
   uint64_t seed = 1;
   int workers = 0;  // 0 = preset
   Op op = Op::kDispatch;

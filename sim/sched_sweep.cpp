@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "sim/experiments.hpp"
@@ -26,6 +27,24 @@ PolicyRun run_policy(const Preset& p, const Options& o, const Traffic& t, sched:
   return {r.planned_slowest_ns / 1e3, r.slowest_sender_ns / 1e3, r.makespan_ns / 1e3};
 }
 
+// --points "hot:weight,...": the points to run (a long EP256 sweep resumed or split).
+std::vector<std::pair<int, double>> parse_points(const std::string& list) {
+  std::vector<std::pair<int, double>> out;
+  size_t at = 0;
+  while (at <= list.size()) {
+    const size_t end = std::min(list.find(',', at), list.size());
+    const std::string item = list.substr(at, end - at);
+    int hot = -1;
+    double w = 0;
+    char tail = 0;
+    UBEP_CHECK_ARG(std::sscanf(item.c_str(), "%d:%lf%c", &hot, &w, &tail) == 2 && hot >= 0 && w > 0,
+                   "flag --points: '", item, "' is not hot:weight (e.g. 8:2)");
+    out.emplace_back(hot, w);
+    at = end + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 int cmd_sched_sweep(const Options& o) {
@@ -35,6 +54,7 @@ int cmd_sched_sweep(const Options& o) {
   std::vector<std::pair<int, double>> loads = {{0, 1.0}};
   for (int hot : {8, 32})
     for (double w : {2.0, 4.0, 8.0}) loads.emplace_back(hot, w);
+  if (!o.points.empty()) loads = parse_points(o.points);
   const sched::Policy policies[] = {sched::Policy::kNaive, sched::Policy::kColumnMajor,
                                     sched::Policy::kBalanced};
   Json j;

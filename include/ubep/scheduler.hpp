@@ -134,9 +134,10 @@ struct SchedulerOptions {
   Policy policy = Policy::kBalanced;
   // Work-conserving links (issue 30). 0: the fixed 1/W shares of the cost model above. > 0:
   // the workers issuing on one of the rank's links share it max-min fairly, each at most
-  // worker_gbps (its own engine: an AIV core's share of HBM, a CPU thread's copy rate), and a
-  // receiver-bound item at most this source's share of its receiver's port (own_d / floor_d):
-  // simulate_sharing's fluid model. Every plan's worker_cost_ns, mean_ns and slowest_ns are then
+  // worker_gbps (its own engine: an AIV core's share of HBM, a CPU thread's copy rate), and the
+  // items to a receiver-bound destination d together deliver at most own_d * t / floor_d bytes
+  // by time t (this source's share of d's port, lent over time: a worker that reaches d after
+  // the others finds their unused credit; src/sched/fluid.hpp): simulate_sharing's fluid model. Every plan's worker_cost_ns, mean_ns and slowest_ns are then
   // that model's finish times (items keep their fixed-share issue_ns and finish_ns), and
   // balanced compares its candidates with it: a worker with a few more rows than the others
   // costs little while the others keep the link busy, which the fixed shares overcharge.
@@ -215,10 +216,14 @@ class Scheduler {
   // receiver floor.
   bool fluid() const { return options_.worker_gbps > 0; }
   void init_fluid_links();  // checks link_of_level, fills fluid_links_
-  double fluid_span();
+  // credit: receiver-bound destinations lend their port over time (the envelope of
+  // src/sched/fluid.hpp); false: each item at most own_d / floor_d (no credit).
+  double fluid_span(bool credit = true);
   // A candidate's makespan as balanced compares them: makespan() under fixed shares (far
   // first), or fluid_span() of the candidate in plan order (pieces_ are left in that order).
+  // With receiver-bound destinations it also leaves the no-credit span in no_credit_span_.
   double candidate_span(bool receivers_first, bool far_first = true);
+  double no_credit_span_ = 0;
 
   Topology topology_;
   SchedulerOptions options_;
@@ -245,6 +250,7 @@ class Scheduler {
   // Fluid model scratch: links' bandwidths, worker offsets of pieces_, finish times.
   std::vector<double> fluid_links_, fluid_finish_;
   std::vector<int32_t> fluid_begin_;
+  std::vector<int32_t> group_of_;  // per destination rank: its fluid receiver group, -1 none
   bool receivers_first_ = false;  // balanced chose a grouped candidate: emit them first
   bool far_first_ = true;         // emit far first (all but naive's own order)
 };

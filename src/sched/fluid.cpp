@@ -13,7 +13,8 @@ namespace {
 
 // The inputs' shapes and ranges (every stream's item range is checked as it is started).
 void check_fluid_args(std::span<const FluidItem> items, std::span<const int32_t> stream_begin,
-                      std::span<const double> link_gbps, double cap_gbps, std::span<double> out) {
+                      std::span<const double> link_gbps, double cap_gbps, std::span<double> out,
+                      std::span<const FluidGroup> groups) {
   UBEP_CHECK_ARG(!stream_begin.empty(), "fluid_finish: stream_begin must have streams + 1 entries");
   const size_t streams = stream_begin.size() - 1;
   UBEP_CHECK_ARG(out.size() == streams, "fluid_finish: out has ", out.size(), " entries for ",
@@ -28,7 +29,12 @@ void check_fluid_args(std::span<const FluidItem> items, std::span<const int32_t>
                    " ns and ", it.bytes, " bytes: both must be >= 0");
     UBEP_CHECK_ARG(it.cap_gbps >= 0, "fluid item cap must be >= 0 GB/s (0 = none), got ",
                    it.cap_gbps);
+    UBEP_CHECK_ARG(it.group >= -1 && it.group < static_cast<int64_t>(groups.size()),
+                   "fluid item names receiver group ", it.group, " of ", groups.size());
   }
+  for (const FluidGroup& g : groups)
+    UBEP_CHECK_ARG(g.bytes > 0 && g.floor_ns > 0, "fluid receiver group with ", g.bytes,
+                   " bytes over ", g.floor_ns, " ns: both must be > 0");
 }
 
 // One stream's progress through its items.
@@ -38,7 +44,9 @@ struct Stream {
   int32_t link;  // link of the item being issued
   double latency_ns;
   double bytes_left;
-  double cap;  // min(stream cap, the item's cap)
+  double cap;      // min(stream cap, the item's cap)
+  double cap_now;  // cap, or the item's share of its saturated receiver group's slope
+  int32_t group;   // receiver group of the item being issued, -1 = none
   bool active;
 };
 
@@ -55,6 +63,8 @@ void start_next(Stream& x, std::span<const FluidItem> items, double cap, double 
     x.latency_ns = it.latency_ns;
     x.bytes_left = it.bytes;
     x.cap = it.cap_gbps > 0 ? std::min(cap, it.cap_gbps) : cap;
+    x.cap_now = x.cap;
+    x.group = it.group;
     x.active = true;
     return;
   }
@@ -72,7 +82,7 @@ double next_issue_end(std::span<const Stream> st, std::span<const double> link_g
     if (st[s].active) order[n++] = s;
   std::sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n), [&](size_t a, size_t b) {
     if (st[a].link != st[b].link) return st[a].link < st[b].link;
-    return st[a].cap < st[b].cap;
+    return st[a].cap_now < st[b].cap_now;
   });
   for (size_t b = 0, e; b < n; b = e) {
     const int32_t link = st[order[b]].link;
@@ -80,7 +90,7 @@ double next_issue_end(std::span<const Stream> st, std::span<const double> link_g
     while (e < n && st[order[e]].link == link) ++e;
     double left = link_gbps[static_cast<size_t>(link)];
     for (size_t i = b; i < e; ++i) {
-      rate[order[i]] = std::min(st[order[i]].cap, left / static_cast<double>(e - i));
+      rate[order[i]] = std::min(st[order[i]].cap_now, left / static_cast<double>(e - i));
       left -= rate[order[i]];
     }
   }
@@ -96,16 +106,64 @@ double next_issue_end(std::span<const Stream> st, std::span<const double> link_g
   return dt;
 }
 
+// One receiver group's progress: bytes delivered so far, and its streams' rate sum this step.
+struct GroupState {
+  double sent = 0;
+  double rate = 0;
+  int active = 0;
+  bool saturated = false;
+};
+
+// Marks each group saturated when its delivered bytes reached the envelope bytes * t / floor
+// before floor (relative tolerance, as for issue ends), and caps the streams of a saturated group
+// at an equal share of its slope: together they then follow the envelope.
+void apply_groups(std::span<Stream> st, std::span<const FluidGroup> groups,
+                  std::span<GroupState> gs, double t) {
+  for (auto& g : gs) g.active = 0;
+  for (const Stream& x : st)
+    if (x.active && x.group >= 0) ++gs[static_cast<size_t>(x.group)].active;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const FluidGroup& fg = groups[g];
+    const double env = fg.bytes * std::min(1.0, t / fg.floor_ns);
+    gs[g].saturated = gs[g].active > 0 && t < fg.floor_ns && gs[g].sent >= env - 1e-9 * fg.bytes;
+  }
+  for (Stream& x : st) {
+    x.cap_now = x.cap;
+    if (!x.active || x.group < 0) continue;
+    const auto g = static_cast<size_t>(x.group);
+    if (gs[g].saturated)
+      x.cap_now = std::min(x.cap, groups[g].bytes / groups[g].floor_ns / gs[g].active);
+  }
+}
+
+// Time until an unsaturated group, sending faster than its envelope's slope, reaches it.
+double next_saturation(std::span<const Stream> st, std::span<const double> rate,
+                       std::span<const FluidGroup> groups, std::span<GroupState> gs, double t) {
+  for (auto& g : gs) g.rate = 0;
+  for (size_t s = 0; s < st.size(); ++s)
+    if (st[s].active && st[s].group >= 0) gs[static_cast<size_t>(st[s].group)].rate += rate[s];
+  double dt = std::numeric_limits<double>::infinity();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const double slope = groups[g].bytes / groups[g].floor_ns;
+    if (gs[g].saturated || t >= groups[g].floor_ns || gs[g].rate <= slope * (1 + 1e-12)) continue;
+    const double gap = std::max(0.0, slope * t - gs[g].sent);
+    dt = std::min(dt, gap / (gs[g].rate - slope));
+  }
+  return dt;
+}
+
 }  // namespace
 
 void fluid_finish(std::span<const FluidItem> items, std::span<const int32_t> stream_begin,
-                  std::span<const double> link_gbps, double cap_gbps, std::span<double> out) {
-  check_fluid_args(items, stream_begin, link_gbps, cap_gbps, out);
+                  std::span<const double> link_gbps, double cap_gbps, std::span<double> out,
+                  std::span<const FluidGroup> groups) {
+  check_fluid_args(items, stream_begin, link_gbps, cap_gbps, out, groups);
   const size_t streams = stream_begin.size() - 1;
   const double cap = cap_gbps > 0 ? cap_gbps : std::numeric_limits<double>::infinity();
   std::vector<Stream> st(streams);
   std::vector<size_t> order(streams);
   std::vector<double> rate(streams, 0);
+  std::vector<GroupState> gs(groups.size());
 
   double t = 0;
   for (size_t s = 0; s < streams; ++s) {
@@ -118,16 +176,26 @@ void fluid_finish(std::span<const FluidItem> items, std::span<const int32_t> str
   }
   for (;;) {
     if (std::none_of(st.begin(), st.end(), [](const Stream& x) { return x.active; })) break;
+    if (!groups.empty()) apply_groups(st, groups, gs, t);
     size_t first = 0;
-    const double dt = next_issue_end(st, link_gbps, order, rate, first);
+    double dt = next_issue_end(st, link_gbps, order, rate, first);
+    bool issue_end = true;
+    if (!groups.empty()) {
+      const double sat = next_saturation(st, rate, groups, gs, t);
+      if (sat < dt) {
+        dt = sat;
+        issue_end = false;
+      }
+    }
     t += dt;
     for (size_t s = 0; s < streams; ++s) {
       Stream& x = st[s];
       if (!x.active) continue;
       x.bytes_left -= rate[s] * dt;
+      if (x.group >= 0) gs[static_cast<size_t>(x.group)].sent += rate[s] * dt;
       // Issue ends are compared with a relative tolerance so that streams finishing together
       // (the common case with equal items) finish in the same event instead of leaving dust.
-      if (s == first || x.bytes_left <= 1e-9 * std::max(1.0, rate[s] * dt)) {
+      if ((issue_end && s == first) || x.bytes_left <= 1e-9 * std::max(1.0, rate[s] * dt)) {
         out[s] = std::max(out[s], t + x.latency_ns);
         start_next(x, items, cap, t, out[s]);
       }

@@ -37,10 +37,18 @@ void Scheduler::init_fluid_links() {
     if (bw <= 0) bw = 1;
 }
 
-double Scheduler::fluid_span() {
+double Scheduler::fluid_span(bool credit) {
   const auto W = static_cast<size_t>(options_.workers);
   const auto& map = options_.link_of_level;
   std::vector<detail::FluidItem> items(pieces_.size());
+  std::vector<detail::FluidGroup> groups;
+  if (any_bound_ && credit) {
+    group_of_.assign(static_cast<size_t>(topology_.ranks()), -1);
+    for (int32_t d : bound_dests_) {
+      group_of_[static_cast<size_t>(d)] = static_cast<int32_t>(groups.size());
+      groups.push_back({own_bytes_[static_cast<size_t>(d)], floor_ns_[static_cast<size_t>(d)]});
+    }
+  }
   fluid_begin_.assign(W + 1, 0);
   for (size_t i = 0; i < pieces_.size(); ++i) {
     const Piece& p = pieces_[i];
@@ -51,24 +59,31 @@ double Scheduler::fluid_span() {
     it.latency_ns = topology_.levels()[lv].latency_ns +
                     static_cast<double>(p.row_end - p.row_begin) * options_.consume_row_ns;
     it.bytes = static_cast<double>(p.row_end - p.row_begin) * static_cast<double>(row_bytes_);
-    // A receiver-bound destination drains this source's bytes at own_d / floor_d (bytes per
-    // ns): the rate the fixed-share model charges too (piece_ns in scheduler_receivers.cpp).
+    // A receiver-bound destination delivers this source's bytes no faster than the envelope
+    // own_d * t / floor_d, shared by all of this source's workers sending there (fluid.hpp).
+    // Without credit (the bound from below on what the port lends): each item at most own_d /
+    // floor_d, as if this source's items to d crossed its port one after another.
     if (any_bound_ && bound(u)) {
       const auto d = static_cast<size_t>(u.dest_rank);
-      it.cap_gbps = own_bytes_[d] / floor_ns_[d];
+      if (credit)
+        it.group = group_of_[d];
+      else
+        it.cap_gbps = own_bytes_[d] / floor_ns_[d];
     }
     ++fluid_begin_[static_cast<size_t>(p.worker) + 1];
   }
   for (size_t w = 0; w < W; ++w) fluid_begin_[w + 1] += fluid_begin_[w];
   fluid_finish_.assign(W, 0.0);
-  detail::fluid_finish(items, fluid_begin_, fluid_links_, options_.worker_gbps, fluid_finish_);
+  detail::fluid_finish(items, fluid_begin_, fluid_links_, options_.worker_gbps, fluid_finish_,
+                       groups);
   return std::max(max_floor_ns_, *std::max_element(fluid_finish_.begin(), fluid_finish_.end()));
 }
 
 double Scheduler::candidate_span(bool receivers_first, bool far_first) {
   if (!fluid()) return makespan(receivers_first);
   order_pieces(far_first, receivers_first);
-  return fluid_span();
+  no_credit_span_ = any_bound_ ? fluid_span(false) : 0;
+  return fluid_span(true);
 }
 
 }  // namespace ubep::sched
