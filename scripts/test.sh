@@ -31,15 +31,18 @@ phase "release ctest"
 # suites run under mpirun with sanitized binaries (Open MPI's own leaks at exit are suppressed,
 # tests/mpi/lsan_mpi.supp). ThreadSanitizer: the thread-rank suites (MPI off: Open MPI is not
 # built with TSan and would only report itself).
+# Both sanitizer builds use -O1 and line tables only (-g1): what the sanitizers' reports need (file
+# and line in every frame), at a fraction of -O2 -g's compile time on a 2-core CI machine.
+sanitizer_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
 if [ "${UBEP_SKIP_SANITIZERS:-0}" != 1 ]; then
-  cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_SANITIZE=address,undefined \
+  cmake -S . -B build-asan -G Ninja "${sanitizer_flags[@]}" -DUBEP_SANITIZE=address,undefined \
         -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=ON -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null
   phase "asan build"
   cmake --build build-asan -j"$jobs"
   phase "asan ctest"
   (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
      ctest --output-on-failure -j"$jobs" -LE "cuda_sim|vhosts")
-  cmake -S . -B build-thread -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUBEP_SANITIZE=thread \
+  cmake -S . -B build-thread -G Ninja "${sanitizer_flags[@]}" -DUBEP_SANITIZE=thread \
         -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null
   phase "tsan build"
   cmake --build build-thread -j"$jobs"
