@@ -78,10 +78,10 @@ struct AlltoallBaseline::Impl {
   // Its loops' roles and the fixed-order reduction: the CPU backend, through its interface.
   std::unique_ptr<backend::DataPath> dp;
 
-  Impl(Group& g, const BufferConfig& c)
+  Impl(Group& g, const BufferConfig& c, std::unique_ptr<baseline::Exchange> ex = nullptr)
       : group(g),
         cfg(baseline::checked_config(g, c)),
-        exchange(baseline::make_exchange(g)),
+        exchange(ex ? std::move(ex) : baseline::make_exchange(g)),
         rank(g.rank()),
         ranks(g.size()),
         El(c.num_experts / g.size()),

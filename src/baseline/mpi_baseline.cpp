@@ -4,6 +4,14 @@ namespace ubep {
 
 AlltoallBaseline::AlltoallBaseline(Group& g, BufferConfig c)
     : impl_(std::make_unique<Impl>(g, c)) {}
+namespace {
+std::unique_ptr<BulkExchange> non_null(std::unique_ptr<BulkExchange> ex) {
+  UBEP_CHECK_ARG(ex != nullptr, "AlltoallBaseline: the exchange is null");
+  return ex;
+}
+}  // namespace
+AlltoallBaseline::AlltoallBaseline(Group& g, BufferConfig c, std::unique_ptr<BulkExchange> ex)
+    : impl_(std::make_unique<Impl>(g, c, non_null(std::move(ex)))) {}
 AlltoallBaseline::~AlltoallBaseline() = default;
 const CallStats& AlltoallBaseline::last_stats() const { return impl_->stats; }
 const char* AlltoallBaseline::name() const { return impl_->exchange->name(); }

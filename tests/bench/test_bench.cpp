@@ -263,6 +263,65 @@ TEST(BenchBound, BoundAndFloorAreMeasuredOnEveryRank) {
   }
 }
 
+// A bulk exchange plugged under the baseline (as ubep-bench's oneCCL one is): the in-process
+// exchange, named "plugged", that can halve or double the first 16 values of the first row it
+// receives (the low exponent bit of 16 bf16 values: no rounding can hide that).
+class PluggedExchange : public BulkExchange {
+ public:
+  PluggedExchange(Group& g, bool corrupt) : inner_(baseline::make_exchange(g)), corrupt_(corrupt) {}
+  void alltoallv(const void* send, const int64_t* send_bytes, const int64_t* send_offsets,
+                 void* recv, const int64_t* recv_bytes, const int64_t* recv_offsets) override {
+    inner_->alltoallv(send, send_bytes, send_offsets, recv, recv_bytes, recv_offsets);
+    ++calls;
+    if (!corrupt_ || recv_bytes[0] < 512) return;  // rows, not the counts
+    auto* row = static_cast<unsigned char*>(recv) + recv_offsets[0];
+    for (int v = 0; v < 16; ++v) row[2 * v + 1] ^= 1;
+    corrupt_ = false;
+  }
+  const char* name() const override { return "plugged"; }
+  inline static std::atomic<int> calls{0};
+
+ private:
+  std::unique_ptr<BulkExchange> inner_;
+  bool corrupt_;
+};
+
+// ubep-bench --algo oneccl runs whatever exchange the build registered under that name: its rows
+// carry the exchange's name, and a run whose results differ from the other implementations' fails.
+TEST(BenchExchange, PluggedExchangeRunsAndWrongResultsFailTheRun) {
+  for (const bool corrupt : {false, true}) {
+    SCOPED_TRACE(corrupt ? "corrupting exchange" : "faithful exchange");
+    tools::register_exchange("oneccl", [corrupt](Group& g) {
+      return std::make_unique<PluggedExchange>(g, corrupt && g.rank() == 1);
+    });
+    PluggedExchange::calls = 0;
+    std::vector<std::vector<tools::BenchRow>> got(2);
+    std::vector<std::string> errors(2);
+    run_on_threads(2, [&](Group& g) {
+      tools::BenchOptions o = tiny_bench_options();
+      o.quiet = true;
+      o.algos = {"ubep", "oneccl"};
+      try {
+        got[static_cast<size_t>(g.rank())] = tools::run_bench(g, o);
+      } catch (const SystemError& e) {
+        errors[static_cast<size_t>(g.rank())] = e.what();
+      }
+    });
+    EXPECT_GT(PluggedExchange::calls.load(), 0);
+    for (int r = 0; r < 2; ++r) {
+      if (corrupt) {
+        EXPECT_NE(errors[r].find("plugged's combine output differs from ubep's"), std::string::npos)
+            << errors[r];
+        continue;
+      }
+      EXPECT_EQ(errors[r], "");
+      int plugged = 0;
+      for (const auto& row : got[r]) plugged += row.impl == "plugged";
+      EXPECT_EQ(plugged, 2);  // dispatch and combine
+    }
+  }
+}
+
 TEST(Baseline, BadConfigIsInvalidArgumentNotACrash) {
   run_on_threads(1, [&](Group& g) {
     BufferConfig c;

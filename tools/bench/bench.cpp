@@ -149,6 +149,52 @@ BenchRow make_row(Group& g, const std::string& impl, const std::string& variant,
   return r;
 }
 
+namespace {
+uint64_t fnv1a(const void* data, size_t bytes) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+// Every implementation was given the same inputs and, by the library's contract, returns the
+// same bits (the baselines over any exchange included): a row of timings whose y differs from
+// the first implementation's on any rank is not a comparison, so the run fails naming it.
+template <class Measurements>
+void check_same_results(Group& g, const Measurements& ms) {
+  int differs = -1;  // index of the first implementation whose y differs here
+  for (size_t k = 1; k < ms.size() && differs < 0; ++k)
+    if (ms[k]->y_hash != 0 && ms[0]->y_hash != 0 && ms[k]->y_hash != ms[0]->y_hash)
+      differs = static_cast<int>(k);
+  std::vector<int> all(static_cast<size_t>(g.size()));
+  g.allgather(&differs, all.data(), sizeof differs);
+  for (int r = 0; r < g.size(); ++r)
+    UBEP_CHECK(all[static_cast<size_t>(r)] < 0, SystemError, "ubep-bench: on rank ", r, ", ",
+               ms[static_cast<size_t>(all[static_cast<size_t>(r)])]->impl,
+               "'s combine output differs from ", ms[0]->impl,
+               "'s for the same inputs: its timings compare different work");
+}
+}  // namespace
+
+namespace {
+std::map<std::string, ExchangeMaker>& exchanges() {
+  static std::map<std::string, ExchangeMaker> registered;  // filled by main before any run
+  return registered;
+}
+std::unique_ptr<BulkExchange> make_exchange(const std::string& name, Group& g) {
+  const auto it = exchanges().find(name);
+  UBEP_CHECK_ARG(it != exchanges().end(), "--algo ", name, ": this ubep-bench was built without ",
+                 name,
+                 " (oneccl: configure with -DUBEP_ONECCL_ROOT=<prefix of PyPI's "
+                 "oneccl-cpu-devel>, docs/INTEGRATIONS.md)");
+  return it->second(g);
+}
+}  // namespace
+
+void register_exchange(const std::string& name, ExchangeMaker make) {
+  exchanges()[name] = std::move(make);
+}
+
 std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   UBEP_CHECK_ARG(o.iters >= 1, "--iters must be >= 1, got ", o.iters);
   UBEP_CHECK_ARG(o.experts % g.size() == 0, "--experts ", o.experts,
@@ -201,10 +247,11 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     std::vector<double> td, tc;
     OpBreakdown dparts, cparts;  // dispatch's and combine's stages, waits and start times
     double barriers = 0, dbytes = 0, net_bytes = 0, net_rows = 0;
-    int done = 0;  // iterations run, warm-up included
+    int done = 0;         // iterations run, warm-up included
+    uint64_t y_hash = 0;  // of the first call's y (host memory), 0 when not hashed
   };
   std::vector<std::unique_ptr<Measurement>> ms;
-  std::unique_ptr<AlltoallBaseline> base;
+  std::vector<std::unique_ptr<AlltoallBaseline>> bases;
   std::vector<std::unique_ptr<Buffer>> bufs;
   auto add = [&](std::string impl, std::string variant, Buffer* buf, auto&& dispatch,
                  auto&& combine, auto&& stats, std::function<void()> prepare) {
@@ -219,9 +266,10 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     ms.push_back(std::move(m));
   };
   for (const std::string& a : o.algos) {
-    if (a == "mpi") {
-      base = std::make_unique<AlltoallBaseline>(g, cfg);
-      AlltoallBaseline* b = base.get();
+    if (a == "mpi" || a == "oneccl") {
+      bases.push_back(a == "mpi" ? std::make_unique<AlltoallBaseline>(g, cfg)
+                                 : std::make_unique<AlltoallBaseline>(g, cfg, make_exchange(a, g)));
+      AlltoallBaseline* b = bases.back().get();
       add(
           b->name(), "", nullptr, [&in, b] { return b->dispatch(in.args); },
           [b](const CombineArgs& c) { return b->combine(c); },
@@ -240,7 +288,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
             [buf](const CombineArgs& c) { return buf->combine(c); },
             [buf] { return &buf->last_stats(); }, [buf, m] { buf->set_sync_mode(m); });
     } else {
-      throw InvalidArgument("unknown --algo entry '" + a + "' (expected mpi, bsp or ubep)");
+      throw InvalidArgument("unknown --algo entry '" + a + "' (expected mpi, oneccl, bsp or ubep)");
     }
   }
 
@@ -282,6 +330,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
         m.td.push_back(d);
         m.tc.push_back(c);
       }
+      if (m.done == 0 && y.device.type == DeviceType::kCpu) m.y_hash = fnv1a(y.data, y.bytes());
       if (!dumped && m.done == 0) {
         dump_call(g, o, in, r, y, m.impl);
         dumped = true;
@@ -353,6 +402,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     }
   }
   for (auto& m : ms) finish(*m);
+  check_same_results(g, ms);
   for (size_t i = 0; i < bounds.size(); ++i)
     for (BenchRow& b : bounds[i]->rows())
       if (i == 0 ? b.op == "dispatch" || dispatch_row_bytes == row_bytes : b.op == "combine")

@@ -4,11 +4,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "ubep/baseline.hpp"
 #include "ubep/buffer.hpp"
 #include "ubep/group.hpp"
 #include "ubep/stats.hpp"
@@ -141,6 +143,12 @@ struct PolicyRow {
 std::vector<PolicyRow> policy_report(Group& group, const BenchOptions& opt);
 void print_policy_report(const Group& group, const BenchOptions& opt,
                          const std::vector<PolicyRow>& rows);
+
+// Another library's all-to-all-v under the baseline's pack, unpack and reduce, run by --algo NAME
+// beside "mpi" (rows named after the exchange). ubep-bench registers "oneccl" when it is built
+// with oneCCL (tools/bench/oneccl_exchange.hpp); an unregistered one is an InvalidArgument.
+using ExchangeMaker = std::function<std::unique_ptr<BulkExchange>(Group&)>;
+void register_exchange(const std::string& name, ExchangeMaker make);
 
 // Collective over the group; every rank returns the same rows.
 std::vector<BenchRow> run_bench(Group& group, const BenchOptions& opt);

@@ -13,10 +13,16 @@
 #ifdef UBEP_WITH_MPI
 #include "ubep/mpi_group.hpp"
 #endif
+#ifdef UBEP_BENCH_ONECCL
+#include "bench/oneccl_exchange.hpp"
+#endif
 
 int main(int argc, char** argv) {
   using namespace ubep;
   tools::BenchCommand cmd;
+#ifdef UBEP_BENCH_ONECCL
+  tools::register_exchange("oneccl", tools::make_oneccl_exchange);
+#endif
   try {
     cmd = tools::parse_bench_args(argc, argv);
   } catch (const Error& e) {

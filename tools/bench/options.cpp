@@ -25,8 +25,10 @@ Ranks: threads in this process (--ranks N), or processes when started by mpirun.
                        rows tagged with their dtype (fp8 combines in bf16)
   --layout throughput|latency
   --routing uniform|hot  expert choice (hot: half the picks go to 8 hot experts)
-  --algo LIST          comma list of mpi,bsp,ubep (default all; mpi = the MPI_Alltoallv
-                       baseline, an in-process bulk exchange "a2a" on thread ranks)
+  --algo LIST          comma list of mpi,bsp,ubep,oneccl (default mpi,bsp,ubep; mpi = the
+                       MPI_Alltoallv baseline, an in-process bulk exchange "a2a" on thread
+                       ranks; oneccl = the same baseline over oneCCL's alltoallv, in a
+                       ubep-bench built with -DUBEP_ONECCL_ROOT)
   --sync LIST          ubep sync modes: fused,stop-and-wait (default fused)
   --placement P        auto (default: per-source for latency, compact for throughput),
                        compact or per-source (where received rows go; docs/SEMANTICS.md)
@@ -134,8 +136,8 @@ BenchCommand parse_bench_args(int argc, const char* const* argv) {
       opt.algos = split(next());
       UBEP_CHECK_ARG(!opt.algos.empty(), "--algo needs at least one of mpi,bsp,ubep");
       for (const auto& x : opt.algos)
-        UBEP_CHECK_ARG(x == "mpi" || x == "bsp" || x == "ubep", "unknown --algo entry '", x,
-                       "' (expected mpi, bsp or ubep)");
+        UBEP_CHECK_ARG(x == "mpi" || x == "bsp" || x == "ubep" || x == "oneccl",
+                       "unknown --algo entry '", x, "' (expected mpi, bsp, ubep or oneccl)");
     } else if (a == "--placement") {
       opt.placement = parse_placement(next());
     } else if (a == "--straggler-us") {
