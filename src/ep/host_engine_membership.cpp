@@ -10,6 +10,7 @@ namespace ubep::ep {
 void HostEngine::settle_membership(const char* what, bool dispatch) {
   if (multi_host()) {
     bootstrap::hooks_of(group_).pump_deaths();
+    bootstrap::hooks_of(group_).pump_rejoins();  // a replacement host's connections (issue 32)
     members_.pump();  // the records of other hosts' ranks (MemberLink)
   }
   if (!members_.change_pending()) return;

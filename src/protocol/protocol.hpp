@@ -146,7 +146,10 @@ struct CountRecord {
 //   kAgreeing (the record is part of an agreement, not only the news of a change).
 struct MemberRecord {
   Tag* words;
-  static constexpr int kStamp = 0, kRound = 1, kCalls = 2, kSeq = 4, kFlags = 6, kView = 7;
+  // kConfig: a digest of the rank's BufferConfig fields that shape the calls, so a replacement
+  // whose config differs from the live ranks' is refused at its first agreement (issue 32).
+  static constexpr int kStamp = 0, kRound = 1, kCalls = 2, kSeq = 4, kFlags = 6, kConfig = 7,
+                       kView = 8;
   static constexpr uint32_t kAbandoned = 1;  // its last started call was given up
   static constexpr uint32_t kAgreeing = 2;   // published from inside an agreement
   UBEP_HD static constexpr size_t bytes(int ranks) {
