@@ -299,6 +299,9 @@ bool Membership::poll_agreement(bool auto_mask, const char* what, Resume* resume
     // Masked peers' views count only when they bring themselves back.
     const auto ru = static_cast<size_t>(r), mu = static_cast<size_t>(me_);
     if (!live_in_view(r) && (rec.view[ru] >> 1) <= (view_[ru] >> 1)) continue;
+    // Another host's replacement counts once taken (its config agreed): its own view must not
+    // bring it in past that check.
+    if (!live_in_view(r) && link_.remote(r) && !remote_replaced(r)) continue;
     // A live peer masked this very incarnation of this rank: it must rejoin to come back.
     UBEP_CHECK((rec.view[mu] & 1u) == 0 || (rec.view[mu] >> 1) != (view_[mu] >> 1), PeerFailedError,
                what, ": rank ", r, " masked rank ", me_, "; Buffer::rejoin() brings it back");
