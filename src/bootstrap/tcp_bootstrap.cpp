@@ -204,9 +204,9 @@ TcpBootstrap::TcpBootstrap(const TcpLaunch& launch, std::chrono::milliseconds ti
       close(listener);
       throw;
     }
-    // Across hosts the rendezvous stays open: a replacement host asks it for the mesh (issue 32,
-    // RejoinDoor takes it over); otherwise nobody comes any more.
-    if (launch.hosts > 1)
+    // An elastic group across hosts keeps the rendezvous open: a replacement host asks it for
+    // the mesh (issue 32, RejoinDoor takes it over); otherwise nobody comes any more.
+    if (launch.hosts > 1 && launch.elastic)
       listener_ = listener;
     else
       close(listener);

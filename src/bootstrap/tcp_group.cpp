@@ -48,6 +48,7 @@ TcpLaunch TcpLaunch::from_env(int local_rank) {
   l.ranks_per_host = env_int("UBEP_RANKS_PER_HOST", -1);
   l.local_rank = local_rank >= 0 ? local_rank : env_int("UBEP_LOCAL_RANK", -1);
   l.rejoin = env_int("UBEP_REJOIN", 0) == 1;
+  l.elastic = env_int("UBEP_ELASTIC", 0) == 1;
   return l;
 }
 

@@ -175,7 +175,8 @@ std::vector<MeshEntry> fetch_mesh(TcpBootstrap& local, const TcpLaunch& launch,
   std::vector<MeshEntry> mesh(n);
   if (launch.local_rank == 0) {
     const int fd = connect_to(parse_endpoint(launch.rendezvous, "rendezvous"), until, 0,
-                              "the rendezvous (a replacement asking for the mesh)");
+                              "the rendezvous (a replacement asking for the mesh; does the live "
+                              "group keep it open: TcpLaunch::elastic, UBEP_ELASTIC=1?)");
     try {
       const AskMesh ask{kAskMesh, launch.rank(), static_cast<int32_t>(n), launch.host};
       send_all(fd, &ask, sizeof ask, until, nullptr, 0, "the request for the mesh");

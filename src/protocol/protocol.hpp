@@ -317,10 +317,19 @@ struct WindowLayout {
 // One message per (source, destination host) per dispatch: a header, then one packed token per
 // token with an expert on that host. Combine sends back one fp32 partial [tokens, hidden].
 namespace relay_wire {
-// Transport tags of the two message kinds: kDispatchTag + 2 * (dispatch seq mod 8192), + 1 for
-// its combine (HostRelay::dispatch_tag), all below MPI's least tag bound 32767 and above the
-// other users' (death notices 7103, membership records 7104).
+// Transport tags of the two message kinds: kDispatchTag + 2 * (dispatch seq mod kTagSeqs), + 1
+// for its combine, all below MPI's least tag bound 32767 and above the other users' (death
+// notices 7103, membership records 7104). The arithmetic lives here only: HostRelay sends and
+// receives with these, and drops unmatched messages of other calls with is_relay_tag.
 inline constexpr int kDispatchTag = 8192;
+inline constexpr int kTagSeqs = 8192;
+inline constexpr int dispatch_tag(uint64_t seq) {
+  return kDispatchTag + 2 * static_cast<int>(seq % kTagSeqs);
+}
+inline constexpr int combine_tag(uint64_t seq) { return dispatch_tag(seq) + 1; }
+// Whether transport tag t belongs to a relay message (of any call).
+inline constexpr bool is_relay_tag(int t) { return t >= kDispatchTag && t < kDispatchTag + 2 * kTagSeqs; }
+static_assert(kDispatchTag + 2 * kTagSeqs - 1 <= 32767, "relay tags within MPI's least tag bound");
 inline constexpr size_t kHeader = 16;  // a Header, padded
 
 // A dispatch message's header: its tokens, the sender's topk and the sender's call shape

@@ -129,7 +129,8 @@ struct Loop {
 };
 
 int rank_main(int local_rank) {
-  const TcpLaunch launch = TcpLaunch::from_env(local_rank);
+  TcpLaunch launch = TcpLaunch::from_env(local_rank);
+  launch.elastic = true;  // replacement hosts may come (rank 0 keeps the rendezvous open)
   GroupOptions opts;
   opts.timeout = std::chrono::seconds(5);
   std::string verdict;

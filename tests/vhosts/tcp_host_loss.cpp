@@ -228,7 +228,8 @@ MaskRun replacement(Group& g, const Case& c, const std::vector<Problem>& problem
 }
 
 int rank_main(int local_rank) {
-  const TcpLaunch launch = TcpLaunch::from_env(local_rank);
+  TcpLaunch launch = TcpLaunch::from_env(local_rank);
+  launch.elastic = true;  // replacement hosts may come (rank 0 keeps the rendezvous open)
   const int victim = launch.hosts - 1;
   GroupOptions opts;
   opts.timeout = std::chrono::seconds(5);
