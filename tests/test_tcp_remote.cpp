@@ -249,7 +249,7 @@ TEST(TcpRemote, ALostPeerIsReplacedOnANewConnection) {
   int old_in = 0, in = 0;
   const int r_old = t0.irecv(1, 5, &old_in, sizeof old_in);
   EXPECT_THROW(t0.replace_peer(1, -1), InvalidArgument);  // still connected
-  close(fds[1][0]);                                        // the peer crashes
+  close(fds[1][0]);                                       // the peer crashes
   EXPECT_THROW(wait_done(t0, r_old, nullptr), PeerFailedError);
   EXPECT_EQ(t0.epoch(1), 0u);
   int sv[2];

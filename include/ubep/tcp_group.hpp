@@ -31,8 +31,9 @@ struct TcpLaunch {
   int rank() const { return host * ranks_per_host + local_rank; }
 
   // From the environment a launcher sets for its ranks: UBEP_RENDEZVOUS=ip:port, UBEP_HOSTS,
-  // UBEP_HOST_INDEX, UBEP_RANKS_PER_HOST, UBEP_REJOIN, UBEP_ELASTIC; the local rank from UBEP_LOCAL_RANK when
-  // local_rank is -1. Throws InvalidArgument naming a missing or malformed variable.
+  // UBEP_HOST_INDEX, UBEP_RANKS_PER_HOST, UBEP_REJOIN, UBEP_ELASTIC; the local rank from
+  // UBEP_LOCAL_RANK when local_rank is -1. Throws InvalidArgument naming a missing or malformed
+  // variable.
   static TcpLaunch from_env(int local_rank = -1);
 };
 

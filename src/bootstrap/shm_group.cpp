@@ -31,8 +31,7 @@ std::vector<int> resolve_hosts(Bootstrap& bootstrap, const GroupOptions& options
 }
 
 ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
-                   std::vector<int> host_of, std::unique_ptr<transport::Remote> remote,
-                   bool beat)
+                   std::vector<int> host_of, std::unique_ptr<transport::Remote> remote, bool beat)
     : Group(bootstrap->rank(), bootstrap->size(), options),
       bootstrap_(std::move(bootstrap)),
       host_vec_(host_of),

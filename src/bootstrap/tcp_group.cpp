@@ -3,9 +3,9 @@
 // hosts. A rank whose connection closes without a goodbye is a death in the group's DeathWatch at
 // once (a killed host: its kernel closes the sockets), named "lost with host H"; a silent host (a
 // cut cable) is named by the heartbeat (host_liveness), as for MPI groups.
+#include <unistd.h>
 #include <cstdlib>
 #include <cstring>
-#include <unistd.h>
 
 #include "bootstrap/shm_group.hpp"
 #include "bootstrap/tcp_bootstrap.hpp"
@@ -84,8 +84,8 @@ void label_peers(transport::TcpRemote* tcp, bootstrap::DeathWatch* watch, int me
   const auto host_of = [&](int r) { return hosts[static_cast<size_t>(r)]; };
   for (int p = 0; p < static_cast<int>(hosts.size()); ++p)
     if (host_of(p) != host_of(me))
-      tcp->set_peer_label(
-          p, detail::concat(" with host ", host_of(p), " (ranks ", ranks_of(hosts, host_of(p)), ")"));
+      tcp->set_peer_label(p, detail::concat(" with host ", host_of(p), " (ranks ",
+                                            ranks_of(hosts, host_of(p)), ")"));
   if (watch)
     tcp->on_peer_lost([watch, hosts](int peer, const std::string& why) {
       const int h = hosts[static_cast<size_t>(peer)];
@@ -115,8 +115,7 @@ std::unique_ptr<Group> make_replacement(const TcpLaunch& launch, GroupOptions op
   auto remote = std::make_unique<transport::TcpRemote>(launch.rank(), std::move(j.fds));
   transport::TcpRemote* tcp = remote.get();
   // Before the group posts its receives: a rank nobody answered for is lost from the start.
-  for (int q : j.unreachable)
-    tcp->fail_peer(q, "lost: unreachable when this replacement joined");
+  for (int q : j.unreachable) tcp->fail_peer(q, "lost: unreachable when this replacement joined");
   auto group = std::make_unique<TcpGroup>(j.bootstrap, options, hosts, std::move(remote), true);
   bootstrap::DeathWatch* watch = bootstrap::hooks_of(*group).death_watch();
   label_peers(tcp, watch, launch.rank(), hosts);
@@ -126,8 +125,8 @@ std::unique_ptr<Group> make_replacement(const TcpLaunch& launch, GroupOptions op
                          detail::concat("lost with host ", hosts[static_cast<size_t>(q)],
                                         ": unreachable when this replacement joined"),
                          false);
-  group->open_door(std::make_unique<bootstrap::RejoinDoor>(
-      launch.rank(), hosts, std::move(j.mesh), j.listener, -1, taker(tcp, watch)));
+  group->open_door(std::make_unique<bootstrap::RejoinDoor>(launch.rank(), hosts, std::move(j.mesh),
+                                                           j.listener, -1, taker(tcp, watch)));
   return group;
 }
 }  // namespace

@@ -66,8 +66,7 @@ class RejoinBootstrap final : public Bootstrap {
     std::vector<char> mine(R * bytes);
     local_->allgather(in, mine.data(), bytes);
     auto* all = static_cast<char*>(out);
-    for (int r = 0; r < size(); ++r)
-      std::memcpy(all + static_cast<size_t>(r) * bytes, in, bytes);
+    for (int r = 0; r < size(); ++r) std::memcpy(all + static_cast<size_t>(r) * bytes, in, bytes);
     std::memcpy(all + static_cast<size_t>(launch_.host) * R * bytes, mine.data(), R * bytes);
   }
   void barrier() override { local_->barrier(); }
@@ -144,11 +143,12 @@ void RejoinDoor::take_rank(int fd) {
     const auto until = Clock::now() + kHelloBound;
     recv_all(fd, &j, sizeof j, until, nullptr, -1, "a replacement rank's hello");
     const auto n = static_cast<int>(mesh_.size());
-    UBEP_CHECK_ARG(j.magic == kJoin && j.rank >= 0 && j.rank < n &&
-                       host_of_[static_cast<size_t>(j.rank)] != host_of_[static_cast<size_t>(rank_)] &&
-                       j.incarnation > mesh_[static_cast<size_t>(j.rank)].incarnation,
-                   "rejoin: a hello from rank ", j.rank, " incarnation ", j.incarnation,
-                   " (magic ", j.magic, ") does not fit rank ", rank_, "'s group of ", n);
+    UBEP_CHECK_ARG(
+        j.magic == kJoin && j.rank >= 0 && j.rank < n &&
+            host_of_[static_cast<size_t>(j.rank)] != host_of_[static_cast<size_t>(rank_)] &&
+            j.incarnation > mesh_[static_cast<size_t>(j.rank)].incarnation,
+        "rejoin: a hello from rank ", j.rank, " incarnation ", j.incarnation, " (magic ", j.magic,
+        ") does not fit rank ", rank_, "'s group of ", n);
     taken = take_(j.rank, j.incarnation, fd);
     const uint32_t answer = taken ? 1u : 0u;
     send_all(fd, &answer, sizeof answer, until, nullptr, j.rank, "the answer to a replacement");
@@ -222,8 +222,8 @@ int join_rank(const sockaddr_in& at, int q, const Join& hello, Clock::time_point
 }  // namespace
 
 Joined join_live_group(const TcpLaunch& launch, std::chrono::milliseconds timeout) {
-  UBEP_CHECK_ARG(launch.hosts > 1 && launch.host > 0 && launch.host < launch.hosts,
-                 "rejoin: host ", launch.host, " of ", launch.hosts,
+  UBEP_CHECK_ARG(launch.hosts > 1 && launch.host > 0 && launch.host < launch.hosts, "rejoin: host ",
+                 launch.host, " of ", launch.hosts,
                  " cannot be replaced (host 0 serves the rendezvous)");
   const auto until = Clock::now() + timeout;
   const sockaddr_in rdv = parse_endpoint(launch.rendezvous, "rendezvous");
@@ -253,7 +253,8 @@ Joined join_live_group(const TcpLaunch& launch, std::chrono::milliseconds timeou
         j.mesh[static_cast<size_t>(q)].incarnation = inc;  // the whole host comes back at once
         continue;
       }
-      j.fds[static_cast<size_t>(q)] = join_rank(j.mesh[static_cast<size_t>(q)].addr, q, hello, until);
+      j.fds[static_cast<size_t>(q)] =
+          join_rank(j.mesh[static_cast<size_t>(q)].addr, q, hello, until);
       if (j.fds[static_cast<size_t>(q)] < 0) j.unreachable.push_back(q);
     }
   } catch (...) {
@@ -264,8 +265,8 @@ Joined join_live_group(const TcpLaunch& launch, std::chrono::milliseconds timeou
   }
   j.mesh[static_cast<size_t>(me)].addr = addr;
   j.bootstrap = std::make_shared<RejoinBootstrap>(std::move(boot), launch);
-  log::info("rank ", me, ": joined the live group as incarnation ", inc, " (",
-            j.unreachable.size(), " ranks unreachable)");
+  log::info("rank ", me, ": joined the live group as incarnation ", inc, " (", j.unreachable.size(),
+            " ranks unreachable)");
   return j;
 }
 

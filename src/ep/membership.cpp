@@ -71,8 +71,8 @@ bool Membership::remote_replaced(int r) const {
 void Membership::check_config(int r, const Record& rec, const char* what) const {
   if (!bootstrap::hooks_of(group_).rejoining() || rec.config == 0 || rec.config == config_) return;
   throw InvalidArgument(detail::concat(
-      what, ": this replacement's BufferConfig differs from live rank ", r,
-      "'s (config digest ", config_, ", theirs ", rec.config,
+      what, ": this replacement's BufferConfig differs from live rank ", r, "'s (config digest ",
+      config_, ", theirs ", rec.config,
       "): a replacement creates the same Buffers with the same configs as the live ranks "
       "(docs/ELASTIC.md)"));
 }

@@ -114,7 +114,7 @@ class Membership {
   Group& group_;
   const Window& win_;
   int me_, ranks_;
-  uint32_t config_;  // config_digest of this buffer
+  uint32_t config_;                       // config_digest of this buffer
   std::vector<uint32_t> view_;            // proposed: agreed_ plus local changes and merges
   std::vector<uint32_t> agreed_;          // at the last agreement
   std::vector<uint32_t> published_view_;  // in this rank's last record

@@ -227,8 +227,7 @@ struct WindowLayout {
   size_t counts = 0, tp_x = 0, tp_scale = 0, tp_src = 0, tp_idx = 0, tp_w = 0, tp_tag = 0;
   size_t lat_x = 0, lat_scale = 0, lat_src = 0, lat_k = 0, lat_tag = 0, comb_x = 0, comb_tag = 0,
          push = 0;
-  size_t half_bytes = 0, count_flags = 0, stage_flags = 0, fail_words = 0, members = 0,
-         total = 0;
+  size_t half_bytes = 0, count_flags = 0, stage_flags = 0, fail_words = 0, members = 0, total = 0;
   // bsp's flag slots: 0 = dispatch verify, 1 = combine verify, 2.. = its stage barriers.
   static constexpr int kStageSlots = 8;
 
@@ -328,7 +327,9 @@ inline constexpr int dispatch_tag(uint64_t seq) {
 }
 inline constexpr int combine_tag(uint64_t seq) { return dispatch_tag(seq) + 1; }
 // Whether transport tag t belongs to a relay message (of any call).
-inline constexpr bool is_relay_tag(int t) { return t >= kDispatchTag && t < kDispatchTag + 2 * kTagSeqs; }
+inline constexpr bool is_relay_tag(int t) {
+  return t >= kDispatchTag && t < kDispatchTag + 2 * kTagSeqs;
+}
 static_assert(kDispatchTag + 2 * kTagSeqs - 1 <= 32767, "relay tags within MPI's least tag bound");
 inline constexpr size_t kHeader = 16;  // a Header, padded
 

@@ -196,13 +196,13 @@ MaskRun survive_and_rejoin(Group& g, const TcpLaunch& launch, const Case& c,
   std::string ranks;
   for (int r : lost) ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
   run.verdict = fds_after <= fds_before ? "ok" : "wrong";
-  run.what = detail::concat("masked [", ranks, "] after ", failed, " failed calls, ", masked_calls,
-                            " masked calls right, ",
-                            other ? "the replacement refused (another config)"
-                                  : detail::concat("back after ", ms_since("UBEP_REJOIN_FILE", back_at), " ms"),
-                            ", ", full,
-                            " full calls right (first failure: ", first.empty() ? "none" : first,
-                            "), fds ", fds_before, " -> ", fds_after);
+  run.what = detail::concat(
+      "masked [", ranks, "] after ", failed, " failed calls, ", masked_calls,
+      " masked calls right, ",
+      other ? "the replacement refused (another config)"
+            : detail::concat("back after ", ms_since("UBEP_REJOIN_FILE", back_at), " ms"),
+      ", ", full, " full calls right (first failure: ", first.empty() ? "none" : first, "), fds ",
+      fds_before, " -> ", fds_after);
   return run;
 }
 
@@ -252,7 +252,9 @@ int rank_main(int local_rank) {
   std::string verdict = "timeout", what = "no error within 30 s";
   int64_t failed_at = 0;
   int calls = 0;
-  const auto on = [](const char* v) { return std::getenv(v) && std::string(std::getenv(v)) == "1"; };
+  const auto on = [](const char* v) {
+    return std::getenv(v) && std::string(std::getenv(v)) == "1";
+  };
   const bool mask = on("UBEP_MASK_HOST");
   double ms = -1;
   if (launch.rejoin || (mask && on("UBEP_REJOIN_HOST"))) {

@@ -66,13 +66,15 @@ int run_hosts(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
-    std::string* to = a == "--hosts" ? &hosts : a == "--ranks-per-host" ? &per_host
-                                                : a == "--cycles"       ? &cycles
-                                                                        : nullptr;
+    std::string* to = a == "--hosts"            ? &hosts
+                      : a == "--ranks-per-host" ? &per_host
+                      : a == "--cycles"         ? &cycles
+                                                : nullptr;
     if (!to || !v || std::strtol(v, nullptr, 10) < 1) {
       std::fprintf(stderr,
                    "ubep-elastic: with --hosts: --hosts H (>= 2) --ranks-per-host R [--cycles C]; "
-                   "got '%s%s%s'\n", a.c_str(), v ? " " : "", v ? v : "");
+                   "got '%s%s%s'\n",
+                   a.c_str(), v ? " " : "", v ? v : "");
       return 2;
     }
     *to = v;
@@ -85,12 +87,12 @@ int run_hosts(int argc, char** argv) {
   const char* script = UBEP_HOST_CYCLES_SCRIPT;
   const char* bin = UBEP_HOST_CYCLES_BIN;
   if (access(bin, X_OK) != 0) {
-    std::fprintf(stderr, "ubep-elastic: %s is not built (cmake --build build --target host_cycles)\n",
-                 bin);
+    std::fprintf(stderr,
+                 "ubep-elastic: %s is not built (cmake --build build --target host_cycles)\n", bin);
     return 2;
   }
   std::vector<char*> args = {const_cast<char*>(script), const_cast<char*>(bin), hosts.data(),
-                             per_host.data(), cycles.data(), nullptr};
+                             per_host.data(),           cycles.data(),          nullptr};
   execv(script, args.data());
   std::fprintf(stderr, "ubep-elastic: cannot run %s: %s\n", script, std::strerror(errno));
   return 2;

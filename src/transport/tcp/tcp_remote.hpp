@@ -102,12 +102,12 @@ class TcpRemote : public Remote {
   struct Peer {
     int fd = -1;
     bool said_bye = false;
-    std::string failure;    // non-empty: lost or left
+    std::string failure;      // non-empty: lost or left
     std::string old_failure;  // why the previous connection ended (replace_peer)
     uint32_t epoch = 0;       // connections so far, minus one
-    std::string label;      // see set_peer_label
-    std::deque<int> sends;  // queued send requests, oldest first; the first may be partly sent
-    size_t sent = 0;        // bytes of the first send's frame (header + body) already written
+    std::string label;        // see set_peer_label
+    std::deque<int> sends;    // queued send requests, oldest first; the first may be partly sent
+    size_t sent = 0;          // bytes of the first send's frame (header + body) already written
     Header bye_header{kBye, 0, 0};
     bool bye_queued = false;
     size_t bye_sent = 0;
