@@ -9,6 +9,7 @@
 
 #include "ubep/bootstrap.hpp"
 #include "ubep/error.hpp"
+#include "ubep/tcp_group.hpp"
 
 namespace pb = pybind11;
 
@@ -85,6 +86,25 @@ void bind_bootstrap(pb::module_& m) {
       pb::arg("elastic_name"), pb::arg("rank"), pb::arg("timeout") = 60.0,
       "The C++ make_rejoin_group: a new process takes rank `rank` of the live elastic group "
       "`elastic_name` on this host (docs/ELASTIC.md).");
+  m.def(
+      "make_tcp_group",
+      [](const std::string& rendezvous, int hosts, int host, int ranks_per_host, int local_rank,
+         double timeout_s) {
+        const GroupOptions o = group_options(timeout_s, "", "make_tcp_group");
+        TcpLaunch launch;
+        launch.rendezvous = rendezvous;
+        launch.hosts = hosts;
+        launch.host = host;
+        launch.ranks_per_host = ranks_per_host;
+        launch.local_rank = local_rank;
+        // Collective over every rank of every host: sockets only, no Python callback.
+        pb::gil_scoped_release nogil;
+        return make_tcp_group(launch, o);
+      },
+      pb::arg("rendezvous"), pb::arg("hosts"), pb::arg("host"), pb::arg("ranks_per_host"),
+      pb::arg("local_rank"), pb::arg("timeout") = 60.0,
+      "The C++ make_tcp_group (ubep/tcp_group.hpp): one launcher per host, no MPI job spanning "
+      "hosts, so the survivors outlive a lost host (docs/ELASTIC.md).");
 }
 
 }  // namespace ubep::python

@@ -17,8 +17,8 @@ from . import _arrays  # registers the DLPack converters with the extension
 from ._arrays import bf16_bits, bf16_to_float32
 from ._ubep import Error, Group, InvalidArgument, PeerFailedError, TimeoutError  # noqa: A004
 from .buffer import Buffer, DispatchResult, Handle
-from .groups import make_group, make_rejoin_group, run_on_threads
+from .groups import make_group, make_rejoin_group, make_tcp_group, run_on_threads
 
 __all__ = ["Buffer", "DispatchResult", "Error", "Group", "Handle", "InvalidArgument",
            "PeerFailedError", "TimeoutError", "bf16_bits", "bf16_to_float32", "make_group",
-           "make_rejoin_group", "run_on_threads"]
+           "make_rejoin_group", "make_tcp_group", "run_on_threads"]

@@ -6,8 +6,11 @@ the relay over MPI between hosts. A torch.distributed group becomes a one-host g
 *bootstrap* is the framework's collectives (gloo's all_gather_object): they carry the
 shared-memory segment names once, when the group and each Buffer are made; a torch group that
 spans hosts is refused (it has no transport between hosts). The data path is ubep's own: stores
-into the peers' shared memory (and MPI between hosts), no framework call.
+into the peers' shared memory (and MPI between hosts), no framework call. ``make_tcp_group`` is
+the C++ ``make_tcp_group``: one launcher per host, TCP between hosts, no MPI job, so survivors
+outlive a lost host (docs/ELASTIC.md).
 """
+import os
 import socket
 import threading
 
@@ -276,6 +279,50 @@ def make_rejoin_group(elastic_name, rank, *, timeout=60.0):
     if not hasattr(_ubep, "make_rejoin_group"):
         raise _ubep.InvalidArgument("make_rejoin_group: this build has no process-group support")
     return _ubep.make_rejoin_group(str(elastic_name), int(rank), float(timeout))
+
+
+_TCP_ENV = (("rendezvous", "UBEP_RENDEZVOUS"), ("hosts", "UBEP_HOSTS"),
+            ("host", "UBEP_HOST_INDEX"), ("ranks_per_host", "UBEP_RANKS_PER_HOST"),
+            ("local_rank", "UBEP_LOCAL_RANK"))
+
+
+def make_tcp_group(rendezvous=None, *, hosts=None, host=None, ranks_per_host=None,
+                   local_rank=None, timeout=60.0):
+    """A ``ubep.Group`` across hosts with one launcher per host and no MPI job spanning them (the
+    C++ ``make_tcp_group``, docs/ELASTIC.md): ranks of one host share memory, ranks of different
+    hosts talk over TCP sockets of their own, so the processes of the other hosts outlive a
+    lost host. With ``ubep.Buffer(..., mask_dead_ranks=True)`` the survivors mask its ranks and
+    go on; an MPI job (``make_group`` on an mpi4py communicator) cannot, as Open MPI ends the
+    job when a host is lost.
+
+    Collective over every rank of every host. ``rendezvous``: "IPv4:port" where host 0's local
+    rank 0 listens; ``hosts``, ``host`` (this launcher's, 0..hosts-1), ``ranks_per_host``,
+    ``local_rank`` (this process among its host's ranks). Each one left None is read from the
+    environment a launcher sets: UBEP_RENDEZVOUS, UBEP_HOSTS, UBEP_HOST_INDEX,
+    UBEP_RANKS_PER_HOST, UBEP_LOCAL_RANK (scripts/vhosts.sh launch sets all but the last).
+    ``InvalidArgument`` names a missing or malformed one; ``TimeoutError`` when a rank does not
+    arrive within ``timeout`` seconds."""
+    given = dict(rendezvous=rendezvous, hosts=hosts, host=host, ranks_per_host=ranks_per_host,
+                 local_rank=local_rank)
+    args = {}
+    for key, var in _TCP_ENV:
+        value = given[key]
+        if value is None:
+            value = os.environ.get(var)
+            if value is None or value == "":
+                raise _ubep.InvalidArgument(
+                    f"make_tcp_group: {key} not given and {var} is not set")
+        if key == "rendezvous":
+            args[key] = str(value)
+            continue
+        try:
+            args[key] = int(value)
+        except (TypeError, ValueError):
+            raise _ubep.InvalidArgument(
+                f"make_tcp_group: {key} must be an integer, got {value!r}"
+                f"{' (from ' + var + ')' if given[key] is None else ''}") from None
+    return _ubep.make_tcp_group(args["rendezvous"], args["hosts"], args["host"],
+                                args["ranks_per_host"], args["local_rank"], float(timeout))
 
 
 def as_group(group, *, timeout=60.0, ranks_per_host=0, elastic_name=""):
