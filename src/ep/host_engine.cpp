@@ -48,7 +48,7 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
       members_(g, window_, config_digest(cfg_)),
       watch_(window_, members_, g.rank()),
       relay_(make_relay(g, cfg_, window_)),
-      waiter_(g, watch_, relay_.get()),
+      waiter_(g, watch_, relay_.get(), &members_),
       reducer_(g, cfg_, *data_path_, window_, waiter_, relay_.get()) {
   window_.set_sync(cfg_.research.sync);
   // Virtual until touched (MAP_NORESERVE): costs nothing unless compact() is used.
