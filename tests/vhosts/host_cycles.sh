@@ -69,6 +69,12 @@ for ((n = 1; n <= cycles; ++n)); do
   echo "cycle $n: fault -> masked $(awk '{print $6}' <<< "$c" | stats); replacement launch -> served" \
     "$(awk '{print $6}' <<< "$s" | stats); launch -> survivors' first full call $(awk '{print $8}' <<< "$c" | stats)"
 done
+pct() { sort -g | awk '{v[NR] = $1} END {if (!NR) {print "none"; exit}
+  p = int(0.9 * NR + 0.999); printf "min %.1f median %.1f p90 %.1f max %.1f ms (n %d)", v[1],
+  (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[p], v[NR], NR}'; }
+echo "all cycles: fault -> survivors' first masked call: $(grep '^CYCLE ' "$work/out" | awk '{print $6}' | pct)"
+echo "all cycles: replacement launch -> its ranks' first served call: $(grep '^SERVED ' "$work/out" | awk '{print $6}' | pct)"
+echo "all cycles: replacement launch -> survivors' first full call: $(grep '^CYCLE ' "$work/out" | awk '{print $8}' | pct)"
 wrong=$(grep -c "^RESULT .* wrong" "$work/out")
 ok=$(grep -c "^RESULT .* ok" "$work/out")
 [ "$wrong" -eq 0 ] && [ "$ok" -eq $((hosts * ranks)) ] || { echo "results: $ok ok, $wrong wrong"; fail=1; }
