@@ -164,6 +164,10 @@ MaskRun survive_and_rejoin(Group& g, const TcpLaunch& launch, const Case& c,
       run_and_check(g, c, p, &b, nullptr, false,
                     [&] { return masked_problem(p, b.masked_ranks()); });
     } catch (const PeerFailedError& e) {
+      // The cut-off host (link mode) stops as the minority of the partition; a replacement
+      // host takes its place once the link is back.
+      if (std::string(e.what()).find("partitioned") != std::string::npos)
+        return {"minority", e.what(), realtime_ns()};
       if (phase == 2) return {"wrong", std::string("a call failed after the rejoin: ") + e.what()};
       if (first.empty()) first = e.what();
       if (++failed > 5) return {"wrong", "more than 5 failed calls: " + first, realtime_ns()};

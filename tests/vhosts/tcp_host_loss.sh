@@ -11,8 +11,9 @@
 # With UBEP_MASK_HOST=1 the survivors mask the host and go on instead (tcp_host_loss.cpp); the
 # time is then to their first masked call, and with link the cut-off host must stop as the
 # minority of a partition (no split brain).
-# With UBEP_REJOIN_HOST=1 as well (kill only), once the survivors masked the host a replacement
-# host is started in its namespace (UBEP_REJOIN=1); it must serve within BOUND_MS of its launch
+# With UBEP_REJOIN_HOST=1 as well, once the survivors masked the host a replacement host is
+# started in its namespace (UBEP_REJOIN=1; with link: once the link is back and the cut-off
+# ranks have stopped as the minority); it must serve within BOUND_MS of its launch
 # (printed: median / p90 / max), the survivors must take it back and every call of every rank,
 # masked or full, must be right (tcp_host_loss.cpp); nothing may be left in any host's /dev/shm.
 # UBEP_REJOIN_OTHER_CONFIG=1: the replacement's BufferConfig differs, and it must be refused
@@ -33,8 +34,8 @@ launcher=
 replacer=
 rejoin=${UBEP_REJOIN_HOST:-0}
 other=${UBEP_REJOIN_OTHER_CONFIG:-0}
-[ "$rejoin" = 1 ] && { [ "$mode" = kill ] && [ "${UBEP_MASK_HOST:-0}" = 1 ] ||
-  { echo "UBEP_REJOIN_HOST=1 needs UBEP_MASK_HOST=1 and kill"; exit 2; }; }
+[ "$rejoin" = 1 ] && { [ "${UBEP_MASK_HOST:-0}" = 1 ] ||
+  { echo "UBEP_REJOIN_HOST=1 needs UBEP_MASK_HOST=1"; exit 2; }; }
 cleanup() {
   [ -n "$launcher" ] && kill -TERM "$launcher" 2>/dev/null
   [ -n "$replacer" ] && kill -TERM "$replacer" 2>/dev/null
@@ -67,6 +68,14 @@ for ((k = 1; k <= trials; ++k)); do
   if [ "$rejoin" = 1 ]; then
     for ((t = 0; t < 1000; ++t)); do [ -e "$work/masked.$k" ] && break; sleep 0.01; done
     sleep 0.1  # a few masked calls first
+    # link: the cut-off host's ranks stopped as the minority (the link is back by now); the
+    # replacement takes their place once they are gone.
+    if [ "$mode" = link ]; then
+      holder=$(cat "/run/ubep-vhosts/$name/holder.$hosts")
+      for ((t = 0; t < 1000; ++t)); do
+        [ -z "$(ip netns pids "$name-vh$hosts" | grep -vx "$holder")" ] && break; sleep 0.01
+      done
+    fi
     date +%s%N > "$work/rejoin.$k.tmp" && mv "$work/rejoin.$k.tmp" "$work/rejoin.$k"
     UBEP_REJOIN=1 UBEP_LAUNCH_PORT=$((29500 + 10 * k)) UBEP_REJOIN_FILE=$work/rejoin.$k \
       UBEP_REJOIN_OTHER_CONFIG=$other "$vh" launch-host "$name" "$ranks" "$hosts" "$bin" \
