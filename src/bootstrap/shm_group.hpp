@@ -47,6 +47,11 @@ class ShmGroup : public Group, private GroupHooks {
     notices_->flush(std::chrono::milliseconds(100));
   }
   const char* kind() const override { return "processes"; }
+  // A replacement of `rank` (another host's) was taken: the heartbeat stops judging its
+  // predecessor, so no late verdict names the replacement lost (tcp_group.cpp).
+  void forget_heartbeat(int rank) {
+    if (heartbeat_) heartbeat_->forget(rank);
+  }
 
  protected:
   void barrier_impl() override;

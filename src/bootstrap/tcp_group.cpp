@@ -98,12 +98,16 @@ void label_peers(transport::TcpRemote* tcp, bootstrap::DeathWatch* watch, int me
 // A replacement rank's connection is taken only where its predecessor is gone: the transport
 // saw its connection end, or the death watch names it (a cut link: the heartbeat); the old
 // connection is then failed for good. Runs in RejoinDoor::pump (caller's thread, between calls).
-bootstrap::RejoinDoor::TakeFn taker(transport::TcpRemote* tcp, bootstrap::DeathWatch* watch) {
-  return [tcp, watch](int r, uint32_t, int fd) {
+// The heartbeat stops judging the predecessor before the rank is revived: a verdict on it that
+// came after would name the replacement lost.
+bootstrap::RejoinDoor::TakeFn taker(bootstrap::ShmGroup* group, transport::TcpRemote* tcp,
+                                    bootstrap::DeathWatch* watch) {
+  return [group, tcp, watch](int r, uint32_t, int fd) {
     const bool dead = watch && watch->dead(r);
     if (tcp->peer_failure(r).empty() && !dead) return false;
     if (tcp->peer_failure(r).empty()) tcp->fail_peer(r, "lost: " + watch->how(r));
     tcp->replace_peer(r, fd);
+    group->forget_heartbeat(r);
     if (watch) watch->revive_remote(r);
     return true;
   };
@@ -125,8 +129,8 @@ std::unique_ptr<Group> make_replacement(const TcpLaunch& launch, GroupOptions op
                          detail::concat("lost with host ", hosts[static_cast<size_t>(q)],
                                         ": unreachable when this replacement joined"),
                          false);
-  group->open_door(std::make_unique<bootstrap::RejoinDoor>(launch.rank(), hosts, std::move(j.mesh),
-                                                           j.listener, -1, taker(tcp, watch)));
+  group->open_door(std::make_unique<bootstrap::RejoinDoor>(
+      launch.rank(), hosts, std::move(j.mesh), j.listener, -1, taker(group.get(), tcp, watch)));
   return group;
 }
 }  // namespace
@@ -152,7 +156,7 @@ std::unique_ptr<Group> make_tcp_group(const TcpLaunch& launch, GroupOptions opti
   for (size_t r = 0; r < entries.size(); ++r) entries[r].addr = mesh.addrs[r];
   group->open_door(std::make_unique<bootstrap::RejoinDoor>(boot->rank(), hosts, std::move(entries),
                                                            mesh.listener, boot->take_listener(),
-                                                           taker(tcp, watch)));
+                                                           taker(group.get(), tcp, watch)));
   return group;
 }
 
