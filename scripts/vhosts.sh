@@ -25,6 +25,9 @@
 #       every host with UBEP_RENDEZVOUS=10.77.0.1:PORT (UBEP_LAUNCH_PORT, default 29500),
 #       UBEP_HOSTS, UBEP_HOST_INDEX (0-based) and UBEP_RANKS_PER_HOST set, and starts that many
 #       ranks itself; prints each host's exit status, exits with the worst
+#   vhosts.sh launch-host NAME RANKS_PER_HOST HOST CMD...
+#       host HOST's (1-based) launcher alone, with the same environment (a replacement host:
+#       with UBEP_REJOIN=1 set; ubep/tcp_group.hpp TcpLaunch::rejoin)
 #   vhosts.sh shell HOSTS CMD...            up, CMD (in the root namespaces, with UBEP_VHOSTS=NAME
 #                                           and UBEP_VHOSTS_SCRIPT set for nested calls), down
 #   vhosts.sh gc                            remove the hosts of runs that were killed (SIGKILL)
@@ -190,6 +193,17 @@ launch() {
   return "$worst"
 }
 
+# One host's launcher alone (a replacement host, issue 32: run with UBEP_REJOIN=1), with the
+# same environment as `launch` gives it.
+launch_host() {
+  local name=$1 per_host=$2 i=$3 hosts
+  shift 3
+  hosts=$(cat "$(state_of "$name")/hosts.count")
+  [[ $i =~ ^[0-9]+$ ]] && [ "$i" -ge 1 ] && [ "$i" -le "$hosts" ] || die "bad HOST '$i' (1..$hosts)"
+  UBEP_RENDEZVOUS=$SUBNET.1:${UBEP_LAUNCH_PORT:-29500} UBEP_HOSTS=$hosts \
+    UBEP_HOST_INDEX=$((i - 1)) UBEP_RANKS_PER_HOST=$per_host in_host "$name" "$i" "$@"
+}
+
 # A fresh name per run: the pid of this script (unique while it lives), in a short form.
 fresh_name() { echo "ubv$$"; }
 
@@ -217,6 +231,7 @@ case $cmd in
   exec) [ $# -ge 3 ] || die "usage: exec NAME HOST CMD..."; in_host "$@" ;;
   mpirun) [ $# -ge 2 ] || die "usage: mpirun NAME RANKS_PER_HOST ARGS..."; vmpirun "$@" ;;
   launch) [ $# -ge 3 ] || die "usage: launch NAME RANKS_PER_HOST CMD..."; launch "$@" ;;
+  launch-host) [ $# -ge 4 ] || die "usage: launch-host NAME RANKS_PER_HOST HOST CMD..."; launch_host "$@" ;;
   run | shell)
     if [ "$cmd" = run ]; then
       [ $# -ge 3 ] || die "usage: run HOSTS RANKS_PER_HOST CMD..."

@@ -1,7 +1,7 @@
 // TcpRemote (src/transport/tcp; issue 32) over socket pairs in one process, one thread per rank:
 // per-(peer, tag) order and content under random sizes and interleavings (a stress test), cancel
 // in the middle of a message, and what a lost or departed peer does: only its own requests fail,
-// named; the others go on; dropping the stale messages of an abandoned call.
+// named; the others go on; dropping the stale messages of an abandoned call; a lost peer replaced.
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -238,6 +238,46 @@ TEST(TcpRemote, ALostPeerFailsOnlyItsOwnRequests) {
   }
   t0.cancel(r1b);
   EXPECT_EQ(lost.size(), 1u);
+}
+
+// A lost peer's replacement connects (issue 32, rejoin): the peer starts afresh on the new
+// connection; a receive still posted from the old one fails, named, and never takes a message of
+// the new one; a connected peer cannot be replaced.
+TEST(TcpRemote, ALostPeerIsReplacedOnANewConnection) {
+  auto fds = mesh(2);
+  TcpRemote t0(0, fds[0]);
+  int old_in = 0, in = 0;
+  const int r_old = t0.irecv(1, 5, &old_in, sizeof old_in);
+  EXPECT_THROW(t0.replace_peer(1, -1), InvalidArgument);  // still connected
+  close(fds[1][0]);                                       // the peer crashes
+  EXPECT_THROW(wait_done(t0, r_old, nullptr), PeerFailedError);
+  EXPECT_EQ(t0.epoch(1), 0u);
+  int sv[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  t0.replace_peer(1, sv[0]);
+  EXPECT_EQ(t0.epoch(1), 1u);
+  EXPECT_TRUE(t0.peer_failure(1).empty());
+  TcpRemote t1(1, {sv[1], -1});
+  const int v = 7, w = 9;
+  const int s1 = t1.isend(0, 5, &v, sizeof v);
+  EXPECT_TRUE(wait_done(t1, s1, nullptr));
+  try {  // the old receive: failed with the old connection's reason, the message not taken
+    t0.test(r_old, nullptr);
+    ADD_FAILURE() << "a receive of the replaced connection did not fail";
+  } catch (const PeerFailedError& e) {
+    EXPECT_NE(std::string(e.what()).find("without a goodbye"), std::string::npos) << e.what();
+  }
+  t0.cancel(r_old);
+  EXPECT_EQ(old_in, 0);
+  const int r_new = t0.irecv(1, 5, &in, sizeof in);
+  EXPECT_TRUE(wait_done(t0, r_new, nullptr));
+  EXPECT_EQ(in, 7);
+  const int s0 = t0.isend(1, 6, &w, sizeof w);  // and back
+  int got = 0;
+  const int r1 = t1.irecv(0, 6, &got, sizeof got);
+  EXPECT_TRUE(wait_done(t0, s0, nullptr));
+  EXPECT_TRUE(wait_done(t1, r1, nullptr));
+  EXPECT_EQ(got, 9);
 }
 
 // A peer that ends cleanly (its transport destroyed) delivers what it had queued, says goodbye,

@@ -19,11 +19,21 @@ struct TcpLaunch {
   int host = 0;            // this launcher's host, 0..hosts-1
   int ranks_per_host = 1;  // ranks every launcher starts
   int local_rank = 0;      // this process among its host's ranks, 0..ranks_per_host-1
+  // A replacement host (issue 32): this launcher's ranks take the place of host `host`'s lost
+  // ranks in a live group whose survivors masked it (BufferConfig::mask_dead_ranks); they create
+  // the same Buffers and are served again from their first dispatch (docs/ELASTIC.md). Host 0
+  // cannot be replaced. From UBEP_REJOIN=1.
+  bool rejoin = false;
+  // The live side of that: host 0's local rank 0 keeps the rendezvous open for replacement
+  // hosts while the group lives (its address stays taken; a later group needs another port).
+  // From UBEP_ELASTIC=1.
+  bool elastic = false;
   int rank() const { return host * ranks_per_host + local_rank; }
 
   // From the environment a launcher sets for its ranks: UBEP_RENDEZVOUS=ip:port, UBEP_HOSTS,
-  // UBEP_HOST_INDEX, UBEP_RANKS_PER_HOST; the local rank from UBEP_LOCAL_RANK when local_rank is
-  // -1. Throws InvalidArgument naming a missing or malformed variable.
+  // UBEP_HOST_INDEX, UBEP_RANKS_PER_HOST, UBEP_REJOIN, UBEP_ELASTIC; the local rank from
+  // UBEP_LOCAL_RANK when local_rank is -1. Throws InvalidArgument naming a missing or malformed
+  // variable.
   static TcpLaunch from_env(int local_rank = -1);
 };
 

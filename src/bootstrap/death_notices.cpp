@@ -20,8 +20,13 @@ DeathNotices::DeathNotices(transport::Remote& remote, DeathWatch& watch, int ran
   recv_.assign(remotes_.size(), -1);
   // At most one notice per (dead host-mate, remote rank): reserve so pointers stay valid.
   outbox_.reserve(host_of_.size() * remotes_.size());
-  for (size_t i = 0; i < remotes_.size(); ++i)
-    recv_[i] = remote_.irecv(remotes_[i], kTag, &inbox_[i], sizeof(Notice));
+  epoch_.assign(remotes_.size(), 0);
+  for (size_t i = 0; i < remotes_.size(); ++i) post(i);
+}
+
+void DeathNotices::post(size_t i) {
+  epoch_[i] = remote_.epoch(remotes_[i]);
+  recv_[i] = remote_.irecv(remotes_[i], kTag, &inbox_[i], sizeof(Notice));
 }
 
 DeathNotices::~DeathNotices() {
@@ -74,12 +79,14 @@ void DeathNotices::pump() {
     if (s >= 0) settle(s);
   // Notices from the other hosts (none more from a lost peer: its receive is dropped).
   for (size_t i = 0; i < remotes_.size(); ++i) {
+    // A lost peer's replacement connected (a new epoch): its notices are heard again.
+    if (recv_[i] < 0 && remote_.epoch(remotes_[i]) != epoch_[i]) post(i);
     if (recv_[i] < 0 || settle(recv_[i]) != kDone) continue;
     const Notice n = inbox_[i];
     log::debug("rank ", rank_, ": rank ", n.rank, "'s death heard from rank ", remotes_[i]);
     if (n.rank >= 0 && n.rank < static_cast<int>(host_of_.size()))
       watch_.note_remote(n.rank, std::string(n.how, strnlen(n.how, sizeof n.how)));
-    recv_[i] = remote_.irecv(remotes_[i], kTag, &inbox_[i], sizeof(Notice));
+    post(i);
   }
 }
 

@@ -34,6 +34,7 @@ class DeathNotices {
  private:
   enum Outcome { kPending, kDone, kDropped };
   Outcome settle(int& req);
+  void post(size_t i);  // the receive from remotes_[i]
   struct Notice {
     int32_t rank = -1;
     char how[60] = {};
@@ -42,11 +43,12 @@ class DeathNotices {
   DeathWatch& watch_;
   int rank_;
   std::vector<int> host_of_;
-  std::vector<int> remotes_;    // ranks of other hosts
-  std::vector<Notice> inbox_;   // one posted receive per remote rank
-  std::vector<int> recv_;       // its request (-1: none)
-  std::vector<Notice> outbox_;  // notices in flight (stable: reserved)
-  std::vector<int> send_;       // their requests (-1: done)
+  std::vector<int> remotes_;     // ranks of other hosts
+  std::vector<Notice> inbox_;    // one posted receive per remote rank
+  std::vector<int> recv_;        // its request (-1: none)
+  std::vector<uint32_t> epoch_;  // the peer's connection it was posted on (Remote::epoch)
+  std::vector<Notice> outbox_;   // notices in flight (stable: reserved)
+  std::vector<int> send_;        // their requests (-1: done)
 };
 
 }  // namespace ubep::bootstrap

@@ -156,6 +156,20 @@ void DeathWatch::note_remote(int rank, const std::string& how, bool forwarded) {
   for (auto& [id, fn] : subscribers_) fn(rank);
 }
 
+// Concurrency: dead goes false only here, on the caller's thread between calls, for a rank the
+// membership keeps masked until the replacement is agreed; readers on other threads that still
+// saw it dead acted on a death the masking already covers. how is cleared under info_mu_ before
+// the release store, so a reader that sees it alive (acquire) never reads the old death's how.
+// The rank has no pidfd here (another host's), so the watch thread never writes it.
+void DeathWatch::revive_remote(int rank) {
+  std::lock_guard<std::mutex> lock(info_mu_);
+  Peer& p = peers_[rank];
+  UBEP_CHECK_ARG(p.pidfd < 0, "revive_remote: rank ", rank, " is watched on this host");
+  p.how.clear();
+  p.forwarded.store(false, std::memory_order_relaxed);
+  p.dead.store(false, std::memory_order_release);
+}
+
 bool DeathWatch::claim_forward(int rank) {
   return !peers_[rank].forwarded.exchange(true, std::memory_order_acq_rel);
 }

@@ -62,6 +62,9 @@ class DeathWatch {
   // Local deaths are forwarded once per process: true for the first caller per rank.
   bool claim_forward(int rank);
 
+  // A rank of another host is back (a replacement host's process connected, issue 32): alive
+  // again, so its next death counts and is forwarded anew. Caller's thread, between calls.
+  void revive_remote(int rank);
   // A replacement process now holds `rank` (rejoin): watch it instead, alive again.
   void rewatch(int rank, pid_t pid);
 

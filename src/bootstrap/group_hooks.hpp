@@ -31,6 +31,10 @@ class GroupHooks {
   // Groups that span hosts: forward this host's deaths to the other hosts and take theirs
   // (docs/ELASTIC.md). Called by the caller's thread inside its waits.
   virtual void pump_deaths() {}
+  // Groups of one launcher per host (make_tcp_group): takes the connections of a replacement
+  // host's ranks (issue 32). Caller's thread, between calls only (it changes the transport's
+  // peers and revives their deaths).
+  virtual void pump_rejoins() {}
   // The same, then waits (bounded) until the notices sent are delivered: before a caller's wait
   // leaves with a death, as this rank may be the one that forwards it and may not call the
   // transport again.

@@ -157,10 +157,19 @@ void HostHeartbeat::run() {
       if (silent <=
           (heard_[host].load(std::memory_order_relaxed) ? opt_.threshold : opt_.startup_grace))
         continue;
+      // Under verdict_mu_: forget() must not return while a verdict is under way (see there).
+      std::lock_guard<std::mutex> lock(verdict_mu_);
+      if (lost_[host].load(std::memory_order_relaxed)) continue;  // forgotten meanwhile
       lost_[host].store(true, std::memory_order_release);
       if (on_lost_) on_lost_(host, silent);
     }
   }
+}
+
+void HostHeartbeat::forget(int host) {
+  if (host < 0 || host >= hosts_) return;
+  std::lock_guard<std::mutex> lock(verdict_mu_);
+  lost_[host].store(true, std::memory_order_release);
 }
 
 }  // namespace ubep::bootstrap

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,6 +58,11 @@ class HostHeartbeat {
   void start(const std::vector<Peer>& peers, LostFn on_lost);
   // Acquire load, any thread: true once `host` was judged lost (before on_lost runs).
   bool lost(int host) const;
+  // `host` is no longer judged (issue 32: a replacement took its place, and a late verdict on
+  // the old one would name the new one lost). Any thread. Returns once a verdict under way (its
+  // on_lost included) has completed; none comes after: the thread claims a verdict and runs
+  // on_lost under the same mutex, and skips a host forgotten meanwhile.
+  void forget(int host);
   // Acquire load, any thread: true once a datagram from `host` has arrived (ever).
   bool heard(int host) const;
 
@@ -83,6 +89,7 @@ class HostHeartbeat {
   bool silent_ = false;          // go_silent() ran: no goodbye (owner's thread only)
   std::atomic<bool> rt_{false};  // the thread runs SCHED_FIFO (written once by it)
   LostFn on_lost_;
+  std::mutex verdict_mu_;  // a verdict (lost_ set + on_lost) vs forget()
   std::thread thread_;
 };
 

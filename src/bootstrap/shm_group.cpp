@@ -31,7 +31,7 @@ std::vector<int> resolve_hosts(Bootstrap& bootstrap, const GroupOptions& options
 }
 
 ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
-                   std::vector<int> host_of, std::unique_ptr<transport::Remote> remote)
+                   std::vector<int> host_of, std::unique_ptr<transport::Remote> remote, bool beat)
     : Group(bootstrap->rank(), bootstrap->size(), options),
       bootstrap_(std::move(bootstrap)),
       host_vec_(host_of),
@@ -55,7 +55,7 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
   if (remote_ && deaths_->active())
     notices_ = std::make_unique<DeathNotices>(*remote_, *deaths_, rank(), host_vec_);
   // A host with nobody left to send notices: named by its silence (collective when spanning).
-  heartbeat_ = start_host_liveness(*bootstrap_, rank(), host_vec_, *deaths_);
+  if (beat) heartbeat_ = start_host_liveness(*bootstrap_, rank(), host_vec_, *deaths_);
   // From here every wait of the group watches the deaths (the exchange of pids above could not:
   // nobody's pid was known yet, so a death there is named at the timeout).
   death_check_ = std::make_unique<DeathCheck>(*deaths_, notices_.get(), rank());

@@ -24,8 +24,10 @@ class ShmGroup : public Group, private GroupHooks {
  public:
   // host_of: host of every rank (from the bootstrap, or forced by options.ranks_per_host).
   // remote: the transport to other hosts (required when host_of names more than one host).
+  // beat: run the host heartbeat across hosts (a replacement host's group has none: its set-up
+  // collectives reach only its host-mates).
   ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options, std::vector<int> host_of,
-           std::unique_ptr<transport::Remote> remote);
+           std::unique_ptr<transport::Remote> remote, bool beat = true);
   ~ShmGroup() override;
 
   std::unique_ptr<SharedWindow> allocate_window(size_t bytes) override;
@@ -45,6 +47,11 @@ class ShmGroup : public Group, private GroupHooks {
     notices_->flush(std::chrono::milliseconds(100));
   }
   const char* kind() const override { return "processes"; }
+  // A replacement of `rank` (another host's) was taken: the heartbeat stops judging its
+  // predecessor, so no late verdict names the replacement lost (tcp_group.cpp).
+  void forget_heartbeat(int rank) {
+    if (heartbeat_) heartbeat_->forget(rank);
+  }
 
  protected:
   void barrier_impl() override;

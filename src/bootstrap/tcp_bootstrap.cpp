@@ -25,6 +25,7 @@ constexpr uint32_t kHello = 0x55424854u;  // "UBHT"
 [[noreturn]] void sys_fail(const std::string& what) {
   throw SystemError(detail::concat(what, ": ", std::strerror(errno)));
 }
+}  // namespace
 
 sockaddr_in parse_endpoint(const std::string& text, const char* what) {
   const size_t colon = text.rfind(':');
@@ -38,6 +39,7 @@ sockaddr_in parse_endpoint(const std::string& text, const char* what) {
   return a;
 }
 
+namespace {
 int new_socket() {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) sys_fail("socket");
@@ -45,6 +47,8 @@ int new_socket() {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   return fd;
 }
+
+}  // namespace
 
 int listen_on(sockaddr_in addr) {
   const int fd = new_socket();
@@ -62,6 +66,7 @@ int listen_on(sockaddr_in addr) {
   return fd;
 }
 
+namespace {
 // Waits (in slices of <= 10 ms, asking the death check) until fd is ready for `events`.
 void wait_ready(int fd, short events, Clock::time_point until, const DeathCheck* deaths, int peer,
                 const char* what) {
@@ -76,6 +81,8 @@ void wait_ready(int fd, short events, Clock::time_point until, const DeathCheck*
                                         " (is its host's launcher running?)"));
   }
 }
+
+}  // namespace
 
 int accept_one(int listener, Clock::time_point until, const char* what) {
   wait_ready(listener, POLLIN, until, nullptr, -1, what);
@@ -104,10 +111,12 @@ int connect_to(sockaddr_in addr, Clock::time_point until, int peer, const char* 
   }
 }
 
+namespace {
 struct Hello {
   uint32_t magic;
   int32_t rank, size, host;
 };
+}  // namespace
 
 // This host's IPv4 for the mesh: UBEP_TCP_IP, else what the hostname resolves to, else loopback
 // when the rendezvous is on loopback (hosts as launchers on one machine).
@@ -129,7 +138,6 @@ in_addr own_ip(const sockaddr_in& rendezvous) {
   freeaddrinfo(res);
   return ip;
 }
-}  // namespace
 
 void send_all(int fd, const void* data, size_t bytes, Clock::time_point until,
               const DeathCheck* deaths, int peer, const char* what) {
@@ -196,7 +204,12 @@ TcpBootstrap::TcpBootstrap(const TcpLaunch& launch, std::chrono::milliseconds ti
       close(listener);
       throw;
     }
-    close(listener);
+    // An elastic group across hosts keeps the rendezvous open: a replacement host asks it for
+    // the mesh (issue 32, RejoinDoor takes it over); otherwise nobody comes any more.
+    if (launch.hosts > 1 && launch.elastic)
+      listener_ = listener;
+    else
+      close(listener);
   } else {
     fds_.assign(1, connect_to(rdv, until, 0, "the rendezvous"));
     send_all(fds_[0], &mine, sizeof mine, until, nullptr, 0, "the rendezvous hello");
@@ -205,6 +218,7 @@ TcpBootstrap::TcpBootstrap(const TcpLaunch& launch, std::chrono::milliseconds ti
 }
 
 TcpBootstrap::~TcpBootstrap() {
+  if (listener_ >= 0) close(listener_);
   for (int fd : fds_)
     if (fd >= 0) close(fd);
 }
@@ -240,7 +254,7 @@ std::vector<int> TcpBootstrap::host_map() {
   return hosts;
 }
 
-std::vector<int> connect_mesh(TcpBootstrap& boot, const std::vector<int>& host_of) {
+Mesh connect_mesh(TcpBootstrap& boot, const std::vector<int>& host_of) {
   const int me = boot.rank(), n = boot.size();
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -280,8 +294,8 @@ std::vector<int> connect_mesh(TcpBootstrap& boot, const std::vector<int>& host_o
       if (fd >= 0) close(fd);
     throw;
   }
-  close(listener);
-  return fds;
+  // Kept open (RejoinDoor): a replacement host's ranks connect here later (issue 32).
+  return Mesh{std::move(fds), std::move(all), listener};
 }
 
 }  // namespace ubep::bootstrap

@@ -10,6 +10,8 @@
 #include <netinet/in.h>
 
 #include <chrono>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "bootstrap/death_check.hpp"
@@ -34,6 +36,9 @@ class TcpBootstrap final : public Bootstrap, public DeathAwareBootstrap {
   const TcpLaunch& launch() const { return launch_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   const DeathCheck* deaths() const { return deaths_; }
+  // Rank 0 of a group across hosts: the rendezvous' listening socket, kept open for replacement
+  // hosts (issue 32); the caller owns it from here (-1: none).
+  int take_listener() { return std::exchange(listener_, -1); }
 
  private:
   TcpLaunch launch_;
@@ -41,12 +46,27 @@ class TcpBootstrap final : public Bootstrap, public DeathAwareBootstrap {
   int rank_, size_;
   std::vector<int> fds_;  // rank 0: a socket per rank; others: fds_[0], the one to rank 0
   const DeathCheck* deaths_ = nullptr;
+  int listener_ = -1;
 };
 
 // Connected stream sockets to every rank of the other hosts (-1 for host-mates and this rank):
 // each rank listens on its host's address, the addresses go round in one allgather, the lower
-// rank of each pair connects. Collective.
-std::vector<int> connect_mesh(TcpBootstrap& boot, const std::vector<int>& host_of);
+// rank of each pair connects. Collective. The listener stays open (the caller owns it): a
+// replacement host's ranks connect to it later (RejoinDoor, issue 32).
+struct Mesh {
+  std::vector<int> fds;
+  std::vector<sockaddr_in> addrs;  // every rank's listening address
+  int listener = -1;
+};
+Mesh connect_mesh(TcpBootstrap& boot, const std::vector<int>& host_of);
+
+// Socket helpers of the set-up, shared with the rejoin of a replacement host (tcp_rejoin.cpp).
+sockaddr_in parse_endpoint(const std::string& text, const char* what);
+int listen_on(sockaddr_in addr);
+int accept_one(int listener, std::chrono::steady_clock::time_point until, const char* what);
+int connect_to(sockaddr_in addr, std::chrono::steady_clock::time_point until, int peer,
+               const char* what);
+in_addr own_ip(const sockaddr_in& rendezvous);
 
 // Bounded, death-aware socket I/O for the set-up (blocking sockets, poll in slices).
 void send_all(int fd, const void* data, size_t bytes, std::chrono::steady_clock::time_point until,

@@ -3,11 +3,13 @@
 // hosts. A rank whose connection closes without a goodbye is a death in the group's DeathWatch at
 // once (a killed host: its kernel closes the sockets), named "lost with host H"; a silent host (a
 // cut cable) is named by the heartbeat (host_liveness), as for MPI groups.
+#include <unistd.h>
 #include <cstdlib>
 #include <cstring>
 
 #include "bootstrap/shm_group.hpp"
 #include "bootstrap/tcp_bootstrap.hpp"
+#include "bootstrap/tcp_rejoin.hpp"
 #include "transport/tcp/tcp_remote.hpp"
 #include "ubep/error.hpp"
 #include "ubep/tcp_group.hpp"
@@ -45,8 +47,93 @@ TcpLaunch TcpLaunch::from_env(int local_rank) {
   l.host = env_int("UBEP_HOST_INDEX", -1);
   l.ranks_per_host = env_int("UBEP_RANKS_PER_HOST", -1);
   l.local_rank = local_rank >= 0 ? local_rank : env_int("UBEP_LOCAL_RANK", -1);
+  l.rejoin = env_int("UBEP_REJOIN", 0) == 1;
+  l.elastic = env_int("UBEP_ELASTIC", 0) == 1;
   return l;
 }
+
+namespace {
+// The group of one launcher per host: a ShmGroup whose transport takes replacement hosts
+// (issue 32, tcp_rejoin.hpp). Its door is pumped by the caller's thread between calls.
+class TcpGroup final : public bootstrap::ShmGroup {
+ public:
+  TcpGroup(std::shared_ptr<Bootstrap> boot, GroupOptions options, std::vector<int> hosts,
+           std::unique_ptr<transport::TcpRemote> remote, bool rejoining)
+      : ShmGroup(std::move(boot), options, std::move(hosts), std::move(remote), !rejoining),
+        rejoining_(rejoining) {}
+  // The door calls into the transport and the death watch: it goes before them.
+  ~TcpGroup() override { door_.reset(); }
+  void open_door(std::unique_ptr<bootstrap::RejoinDoor> door) { door_ = std::move(door); }
+  uint32_t incarnation_of(int r) const override { return door_ ? door_->incarnation(r) : 0; }
+  bool rejoining() const override { return rejoining_; }
+  void pump_rejoins() override {
+    if (door_) door_->pump();
+  }
+
+ private:
+  bool rejoining_;
+  std::unique_ptr<bootstrap::RejoinDoor> door_;
+};
+
+// Errors name a peer with its host; a connection that breaks without a goodbye is a lost rank
+// (its process ended; with every rank of a host at once, the host). on_peer_lost runs on the
+// caller's thread inside a transport call; the watch lives as long as the group, and the
+// transport (destroyed with the group) never calls it from its destructor.
+void label_peers(transport::TcpRemote* tcp, bootstrap::DeathWatch* watch, int me,
+                 const std::vector<int>& hosts) {
+  const auto host_of = [&](int r) { return hosts[static_cast<size_t>(r)]; };
+  for (int p = 0; p < static_cast<int>(hosts.size()); ++p)
+    if (host_of(p) != host_of(me))
+      tcp->set_peer_label(p, detail::concat(" with host ", host_of(p), " (ranks ",
+                                            ranks_of(hosts, host_of(p)), ")"));
+  if (watch)
+    tcp->on_peer_lost([watch, hosts](int peer, const std::string& why) {
+      const int h = hosts[static_cast<size_t>(peer)];
+      watch->note_remote(
+          peer, detail::concat("lost with host ", h, " (ranks ", ranks_of(hosts, h), "): ", why),
+          false);
+    });
+}
+
+// A replacement rank's connection is taken only where its predecessor is gone: the transport
+// saw its connection end, or the death watch names it (a cut link: the heartbeat); the old
+// connection is then failed for good. Runs in RejoinDoor::pump (caller's thread, between calls).
+// The heartbeat stops judging the predecessor before the rank is revived: a verdict on it that
+// came after would name the replacement lost.
+bootstrap::RejoinDoor::TakeFn taker(bootstrap::ShmGroup* group, transport::TcpRemote* tcp,
+                                    bootstrap::DeathWatch* watch) {
+  return [group, tcp, watch](int r, uint32_t, int fd) {
+    const bool dead = watch && watch->dead(r);
+    if (tcp->peer_failure(r).empty() && !dead) return false;
+    if (tcp->peer_failure(r).empty()) tcp->fail_peer(r, "lost: " + watch->how(r));
+    tcp->replace_peer(r, fd);
+    group->forget_heartbeat(r);
+    if (watch) watch->revive_remote(r);
+    return true;
+  };
+}
+
+std::unique_ptr<Group> make_replacement(const TcpLaunch& launch, GroupOptions options) {
+  bootstrap::Joined j = bootstrap::join_live_group(launch, options.timeout);
+  std::vector<int> hosts = j.bootstrap->host_map();
+  auto remote = std::make_unique<transport::TcpRemote>(launch.rank(), std::move(j.fds));
+  transport::TcpRemote* tcp = remote.get();
+  // Before the group posts its receives: a rank nobody answered for is lost from the start.
+  for (int q : j.unreachable) tcp->fail_peer(q, "lost: unreachable when this replacement joined");
+  auto group = std::make_unique<TcpGroup>(j.bootstrap, options, hosts, std::move(remote), true);
+  bootstrap::DeathWatch* watch = bootstrap::hooks_of(*group).death_watch();
+  label_peers(tcp, watch, launch.rank(), hosts);
+  for (int q : j.unreachable)
+    if (watch)
+      watch->note_remote(q,
+                         detail::concat("lost with host ", hosts[static_cast<size_t>(q)],
+                                        ": unreachable when this replacement joined"),
+                         false);
+  group->open_door(std::make_unique<bootstrap::RejoinDoor>(
+      launch.rank(), hosts, std::move(j.mesh), j.listener, -1, taker(group.get(), tcp, watch)));
+  return group;
+}
+}  // namespace
 
 std::unique_ptr<Group> make_tcp_group(const TcpLaunch& launch, GroupOptions options) {
   UBEP_CHECK_ARG(options.timeout.count() > 0, "make_tcp_group: timeout must be positive, got ",
@@ -54,30 +141,22 @@ std::unique_ptr<Group> make_tcp_group(const TcpLaunch& launch, GroupOptions opti
   UBEP_CHECK_ARG(options.ranks_per_host == 0 || options.ranks_per_host == launch.ranks_per_host,
                  "make_tcp_group: ranks_per_host ", options.ranks_per_host,
                  " contradicts the launch's ", launch.ranks_per_host);
+  if (launch.rejoin) return make_replacement(launch, options);
   auto boot = std::make_shared<bootstrap::TcpBootstrap>(launch, options.timeout);
   std::vector<int> hosts = boot->host_map();
-  std::unique_ptr<transport::TcpRemote> remote;
-  if (launch.hosts > 1)
-    remote =
-        std::make_unique<transport::TcpRemote>(boot->rank(), bootstrap::connect_mesh(*boot, hosts));
+  if (launch.hosts == 1)
+    return std::make_unique<TcpGroup>(boot, options, std::move(hosts), nullptr, false);
+  bootstrap::Mesh mesh = bootstrap::connect_mesh(*boot, hosts);
+  auto remote = std::make_unique<transport::TcpRemote>(boot->rank(), std::move(mesh.fds));
   transport::TcpRemote* tcp = remote.get();
-  auto group = std::make_unique<bootstrap::ShmGroup>(boot, options, hosts, std::move(remote));
-  // A connection that breaks without a goodbye is a lost rank (its process ended; with every
-  // rank of a host at once, the host). Runs on the caller's thread inside a transport call; the
-  // watch lives as long as the group, and the transport (destroyed with the group) never calls
-  // it from its destructor.
-  for (int p = 0; tcp && p < boot->size(); ++p)
-    if (hosts[static_cast<size_t>(p)] != hosts[static_cast<size_t>(boot->rank())])
-      tcp->set_peer_label(p,
-                          detail::concat(" with host ", hosts[static_cast<size_t>(p)], " (ranks ",
-                                         ranks_of(hosts, hosts[static_cast<size_t>(p)]), ")"));
-  if (bootstrap::DeathWatch* watch = bootstrap::hooks_of(*group).death_watch(); tcp && watch)
-    tcp->on_peer_lost([watch, hosts](int peer, const std::string& why) {
-      const int h = hosts[static_cast<size_t>(peer)];
-      watch->note_remote(
-          peer, detail::concat("lost with host ", h, " (ranks ", ranks_of(hosts, h), "): ", why),
-          false);
-    });
+  auto group = std::make_unique<TcpGroup>(boot, options, hosts, std::move(remote), false);
+  bootstrap::DeathWatch* watch = bootstrap::hooks_of(*group).death_watch();
+  label_peers(tcp, watch, boot->rank(), hosts);
+  std::vector<bootstrap::MeshEntry> entries(mesh.addrs.size());
+  for (size_t r = 0; r < entries.size(); ++r) entries[r].addr = mesh.addrs[r];
+  group->open_door(std::make_unique<bootstrap::RejoinDoor>(boot->rank(), hosts, std::move(entries),
+                                                           mesh.listener, boot->take_listener(),
+                                                           taker(group.get(), tcp, watch)));
   return group;
 }
 

@@ -53,12 +53,37 @@ struct Verdict {
   char reason[kReasonBytes] = {};  // the rejection's message, truncated, NUL-terminated
 };
 
+// The fields every rank must share (kFieldNames).
+void shared_fields(const BufferConfig& c, int64_t out[kFields]) {
+  const int64_t fields[kFields] = {c.max_tokens_per_rank,
+                                   c.hidden,
+                                   static_cast<int64_t>(c.dtype),
+                                   c.num_experts,
+                                   c.max_topk,
+                                   c.enable_latency_layout,
+                                   static_cast<int64_t>(c.initial_epoch),
+                                   static_cast<int64_t>(c.research.sync),
+                                   static_cast<int64_t>(c.algorithm),
+                                   static_cast<int64_t>(c.placement),
+                                   static_cast<int64_t>(c.device.type)};
+  std::copy(fields, fields + kFields, out);
+}
+
 }  // namespace
+
+uint32_t config_digest(const BufferConfig& c) {
+  int64_t fields[kFields];
+  shared_fields(c, fields);
+  uint32_t h = 2166136261u;  // FNV-1a over the fields' bytes
+  for (int64_t f : fields)
+    for (int b = 0; b < 8; ++b) h = (h ^ static_cast<uint8_t>(f >> (8 * b))) * 16777619u;
+  return h == 0 ? 1 : h;  // 0: a record without a digest
+}
 
 BufferConfig agree_on_config(Group& g, const BufferConfig& requested) {
   // A replacement joins live ranks that are in their calls, not in a set-up collective: its
-  // config is checked here only; the same Buffers with the same configs are its contract
-  // (make_rejoin_group), and the first agreed dispatch names a different call shape.
+  // config is checked here, then agreed with the live ranks at its first dispatch through the
+  // digest in its membership record (config_digest; a different one is refused, named).
   if (bootstrap::hooks_of(g).rejoining()) return checked(g, requested);
   Verdict mine;
   BufferConfig c;
@@ -70,20 +95,7 @@ BufferConfig agree_on_config(Group& g, const BufferConfig& requested) {
     rejection = std::current_exception();
     std::strncpy(mine.reason, e.what(), kReasonBytes - 1);
   }
-  if (mine.ok) {
-    const int64_t fields[kFields] = {c.max_tokens_per_rank,
-                                     c.hidden,
-                                     static_cast<int64_t>(c.dtype),
-                                     c.num_experts,
-                                     c.max_topk,
-                                     c.enable_latency_layout,
-                                     static_cast<int64_t>(c.initial_epoch),
-                                     static_cast<int64_t>(c.research.sync),
-                                     static_cast<int64_t>(c.algorithm),
-                                     static_cast<int64_t>(c.placement),
-                                     static_cast<int64_t>(c.device.type)};
-    std::copy(fields, fields + kFields, mine.fields);
-  }
+  if (mine.ok) shared_fields(c, mine.fields);
   // Every rank gets here, accepted or not (bounded by the group's timeout on every backend).
   std::vector<Verdict> all(static_cast<size_t>(g.size()));
   g.allgather(&mine, all.data(), sizeof mine);

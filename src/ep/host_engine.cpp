@@ -1,6 +1,7 @@
 // ep::HostEngine: construction, departure, and the views a call returns (host_engine.hpp says
 // where the rest is).
 #include "ep/host_engine.hpp"
+#include "ep/config_agreement.hpp"
 
 #include "bootstrap/death_watch.hpp"
 #include "bootstrap/group_hooks.hpp"
@@ -44,10 +45,10 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
             return window_.peer(r) && !call_.masked(r) ? window_.failure_of(r) : 0u;
           },
           [this](uint32_t word) { window_.publish_failure(rank_, word); }),
-      members_(g, window_),
+      members_(g, window_, config_digest(cfg_)),
       watch_(window_, members_, g.rank()),
       relay_(make_relay(g, cfg_, window_)),
-      waiter_(g, watch_, relay_.get()),
+      waiter_(g, watch_, relay_.get(), &members_),
       reducer_(g, cfg_, *data_path_, window_, waiter_, relay_.get()) {
   window_.set_sync(cfg_.research.sync);
   // Virtual until touched (MAP_NORESERVE): costs nothing unless compact() is used.

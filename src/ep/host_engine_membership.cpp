@@ -10,7 +10,8 @@ namespace ubep::ep {
 void HostEngine::settle_membership(const char* what, bool dispatch) {
   if (multi_host()) {
     bootstrap::hooks_of(group_).pump_deaths();
-    members_.pump();  // the records of other hosts' ranks (MemberLink)
+    bootstrap::hooks_of(group_).pump_rejoins();  // a replacement host's connections (issue 32)
+    members_.pump();                             // the records of other hosts' ranks (MemberLink)
   }
   if (!members_.change_pending()) return;
   const uint64_t next = machine_.calls() + 1;

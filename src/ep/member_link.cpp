@@ -12,7 +12,8 @@ MemberLink::MemberLink(Group& group, const Window& win, int words)
       me_(group.rank()),
       words_(words),
       inbox_(static_cast<size_t>(group.size())),
-      recv_(static_cast<size_t>(group.size()), -1) {
+      recv_(static_cast<size_t>(group.size()), -1),
+      epoch_(static_cast<size_t>(group.size()), 0) {
   // Receives stay posted between calls: only over a transport that can withdraw them when this
   // buffer goes (TcpRemote). Over MPI a receive left posted would take a later buffer's record
   // into freed memory, so there is no link: masking across hosts needs a TCP group.
@@ -34,6 +35,7 @@ MemberLink::~MemberLink() {
 
 void MemberLink::post(int r) {
   auto& in = inbox_[static_cast<size_t>(r)];
+  epoch_[static_cast<size_t>(r)] = remote_->epoch(r);
   try {
     recv_[static_cast<size_t>(r)] = remote_->irecv(r, kTag, in.data(), in.size() * 4);
   } catch (const PeerFailedError&) {
@@ -41,11 +43,9 @@ void MemberLink::post(int r) {
   }
 }
 
-void MemberLink::send(int r, uint32_t version, const std::vector<uint32_t>& fields) {
+void MemberLink::send(int r) {
   Out o;
-  o.msg.reserve(fields.size() + 1);
-  o.msg.push_back(version);
-  o.msg.insert(o.msg.end(), fields.begin(), fields.end());
+  o.msg = last_;
   try {
     o.request = remote_->isend(r, kTag, o.msg.data(), o.msg.size() * 4);
   } catch (const PeerFailedError&) {
@@ -58,6 +58,13 @@ void MemberLink::pump() {
   if (!remote_) return;
   for (int r = 0; r < group_.size(); ++r) {
     int& req = recv_[static_cast<size_t>(r)];
+    // A lost rank's replacement connected (a new epoch, issue 32): its records come again, and
+    // it gets this rank's latest at once (a live rank publishes only on a change, and the
+    // replacement's first agreement needs every live rank's view and config digest).
+    if (req < 0 && remote(r) && remote_->epoch(r) != epoch_[static_cast<size_t>(r)]) {
+      post(r);
+      if (!last_.empty()) send(r);
+    }
     // Every record that arrived, oldest first (the latest one stays in the slot).
     while (req >= 0) {
       size_t bytes = 0;

@@ -38,14 +38,16 @@ class MemberLink {
   // Sends this rank's record to every rank of another host that `to` selects (not the dead).
   template <typename To>
   void publish(uint32_t version, const std::vector<uint32_t>& fields, To&& to) {
+    last_.assign(1, version);
+    last_.insert(last_.end(), fields.begin(), fields.end());
     for (int r = 0; r < group_.size(); ++r)
-      if (remote(r) && to(r)) send(r, version, fields);
+      if (remote(r) && to(r)) send(r);
   }
   // Stores the records that arrived; drops the sends that completed (or whose peer is gone).
   void pump();
 
  private:
-  void send(int r, uint32_t version, const std::vector<uint32_t>& fields);
+  void send(int r);  // last_
   void post(int r);
 
   Group& group_;
@@ -54,11 +56,13 @@ class MemberLink {
   int me_, words_;
   std::vector<std::vector<uint32_t>> inbox_;  // [rank] version, then the record's words
   std::vector<int> recv_;                     // [rank] posted receive, -1: none (gone)
+  std::vector<uint32_t> epoch_;               // [rank] the connection it was posted on
   struct Out {
     int request;
     std::vector<uint32_t> msg;  // must live until the send completes
   };
   std::deque<Out> out_;
+  std::vector<uint32_t> last_;  // this rank's last record: version, then its words
 };
 
 }  // namespace ubep::ep

@@ -22,15 +22,17 @@ std::string view_text(const std::vector<uint32_t>& view) {
 }
 }  // namespace
 
-Membership::Membership(Group& group, const Window& win)
+Membership::Membership(Group& group, const Window& win, uint32_t config)
     : group_(group),
       win_(win),
       me_(group.rank()),
       ranks_(group.size()),
+      config_(config),
       view_(static_cast<size_t>(group.size()), 0u),
       agreed_(view_),
       masked_(static_cast<size_t>(group.size()), 0),
-      link_(group, win, kFieldsBeforeView + group.size()) {
+      link_(group, win, kFieldsBeforeView + group.size()),
+      refused_(static_cast<size_t>(group.size()), 0) {
   // Ranks that are replacements already carry their incarnation; a replacement itself agrees
   // with the live ranks at its first dispatch.
   for (int r = 0; r < ranks_; ++r)
@@ -40,12 +42,50 @@ Membership::Membership(Group& group, const Window& win)
 }
 
 bool Membership::replaced(int r) const {
+  if (link_.remote(r)) return remote_replaced(r);
   const uint32_t stamp = win_.peer_incarnation(r);  // incarnation + 1, 0: none
   return r != me_ && stamp > 1 && stamp - 1 > (view_[static_cast<size_t>(r)] >> 1);
 }
 
+// A replacement host's rank (issue 32) is taken once the group has its new connection (the
+// incarnation it said in its hello) and its first record of this buffer has arrived, naming
+// itself live at that incarnation with this buffer's config digest: until then the live ranks
+// go on masked, so a replacement still creating its buffers never holds up their calls.
+bool Membership::remote_replaced(int r) const {
+  const uint32_t inc = bootstrap::hooks_of(group_).incarnation_of(r);
+  const auto ru = static_cast<size_t>(r);
+  if (inc <= (view_[ru] >> 1) || dead(r)) return false;
+  Record rec;
+  if (!read(r, &rec) || rec.view[ru] != (inc << 1)) return false;
+  if (rec.config != config_) {
+    if (refused_[ru] != inc)
+      log::warn("rank ", me_, ": rank ", r, "'s replacement (incarnation ", inc,
+                ") has a different BufferConfig (config digest ", rec.config, ", ours ", config_,
+                "): not taken");
+    refused_[ru] = inc;
+    return false;
+  }
+  return true;
+}
+
+void Membership::check_config(int r, const Record& rec, const char* what) const {
+  if (!bootstrap::hooks_of(group_).rejoining() || rec.config == 0 || rec.config == config_) return;
+  throw InvalidArgument(detail::concat(
+      what, ": this replacement's BufferConfig differs from live rank ", r, "'s (config digest ",
+      config_, ", theirs ", rec.config,
+      "): a replacement creates the same Buffers with the same configs as the live ranks "
+      "(docs/ELASTIC.md)"));
+}
+
 void Membership::take_replacements() {
   for (int r = 0; r < ranks_; ++r) {
+    if (link_.remote(r)) {
+      if (!remote_replaced(r)) continue;
+      const uint32_t inc = bootstrap::hooks_of(group_).incarnation_of(r);
+      log::info("rank ", me_, ": rank ", r, "'s replacement (incarnation ", inc, ") taken");
+      view_[static_cast<size_t>(r)] = inc << 1;
+      continue;
+    }
     // The mapping follows the rendezvous, not the view: a rank may learn of a replacement by
     // merging a peer's view before it has looked itself, and must map it all the same.
     if (r == me_ || !win_.refresh_peer(r)) continue;
@@ -100,6 +140,7 @@ bool Membership::read(int r, Record* out) const {
   out->calls = word(MemberRecord::kCalls) | uint64_t{word(MemberRecord::kCalls + 1)} << 32;
   out->seq = word(MemberRecord::kSeq) | uint64_t{word(MemberRecord::kSeq + 1)} << 32;
   out->flags = word(MemberRecord::kFlags);
+  out->config = word(MemberRecord::kConfig);
   out->view.assign(f.begin() + kFieldsBeforeView, f.end());
   return true;
 }
@@ -141,6 +182,7 @@ void Membership::publish(uint32_t flags) {
   set(MemberRecord::kSeq, static_cast<uint32_t>(seq_));
   set(MemberRecord::kSeq + 1, static_cast<uint32_t>(seq_ >> 32));
   set(MemberRecord::kFlags, flags);
+  set(MemberRecord::kConfig, config_);
   std::copy(view_.begin(), view_.end(), fields_.begin() + kFieldsBeforeView);
   published_view_ = view_;
   // Every peer on this host that can read it, masked ones included (a masked rank that
@@ -241,6 +283,9 @@ void Membership::abandon(uint64_t calls, uint64_t seq, bool auto_mask) {
 // One poll of the agreement: merges the live peers' views; false while the round moves, true
 // (with where to resume) once every live rank agrees on this round and view.
 bool Membership::poll_agreement(bool auto_mask, const char* what, Resume* resume) {
+  // A replacement host's connections first (its ranks are alive again before anything reads
+  // their records: a merge naming one live must not find it still dead here and mask it).
+  bootstrap::hooks_of(group_).pump_rejoins();
   link_.pump();  // other hosts' records (and our sends to them) move only when pumped
   take_replacements();
   absorb_deaths(auto_mask, what);
@@ -250,9 +295,13 @@ bool Membership::poll_agreement(bool auto_mask, const char* what, Resume* resume
   for (int r = 0; r < ranks_; ++r) {
     if (r == me_ || !linked(r) || dead(r) || !read(r, &rec)) continue;
     top = std::max(top, rec.round);
+    if (live_in_view(r)) check_config(r, rec, what);
     // Masked peers' views count only when they bring themselves back.
     const auto ru = static_cast<size_t>(r), mu = static_cast<size_t>(me_);
     if (!live_in_view(r) && (rec.view[ru] >> 1) <= (view_[ru] >> 1)) continue;
+    // Another host's replacement counts once taken (its config agreed): its own view must not
+    // bring it in past that check.
+    if (!live_in_view(r) && link_.remote(r) && !remote_replaced(r)) continue;
     // A live peer masked this very incarnation of this rank: it must rejoin to come back.
     UBEP_CHECK((rec.view[mu] & 1u) == 0 || (rec.view[mu] >> 1) != (view_[mu] >> 1), PeerFailedError,
                what, ": rank ", r, " masked rank ", me_, "; Buffer::rejoin() brings it back");

@@ -33,7 +33,8 @@ namespace ubep::ep {
 
 class Membership {
  public:
-  Membership(Group& group, const Window& win);
+  // config: config_digest of the buffer's config, published in every record.
+  Membership(Group& group, const Window& win, uint32_t config);
 
   // --- the view agreed at the last dispatch (read by the calls' threads; changed only
   // between calls, by the caller's thread) ---
@@ -77,7 +78,7 @@ class Membership {
 
  private:
   struct Record {
-    uint32_t round = 0, flags = 0;
+    uint32_t round = 0, flags = 0, config = 0;
     uint64_t calls = 0, seq = 0;
     std::vector<uint32_t> view;
   };
@@ -97,8 +98,13 @@ class Membership {
   bool host_dead(int h) const;
   void check_partition(const char* what) const;
   // A replacement of rank r published its part of this buffer's window (rendezvous stamp newer
-  // than the incarnation in view_).
+  // than the incarnation in view_); for a rank of another host (issue 32): its new connection
+  // is taken and its first record of this buffer, with this config digest, has arrived.
   bool replaced(int r) const;
+  bool remote_replaced(int r) const;
+  // A replacement (this process joined live ranks) refuses a config digest that differs from a
+  // live peer's, naming it; the live ranks never take such a replacement (remote_replaced).
+  void check_config(int r, const Record& rec, const char* what) const;
   // Maps a replacement's window and watches its process; its records are then read like any.
   void take_replacements();
   // agree's steps: one poll of the peers' records, and the state a stuck agreement reports.
@@ -108,6 +114,7 @@ class Membership {
   Group& group_;
   const Window& win_;
   int me_, ranks_;
+  uint32_t config_;                       // config_digest of this buffer
   std::vector<uint32_t> view_;            // proposed: agreed_ plus local changes and merges
   std::vector<uint32_t> agreed_;          // at the last agreement
   std::vector<uint32_t> published_view_;  // in this rank's last record
@@ -123,6 +130,8 @@ class Membership {
   uint64_t calls_ = 0, seq_ = 0;  // of the last published record
   std::vector<uint32_t> fields_;  // staging for publish/read
   MemberLink link_;               // records to and from ranks of other hosts
+  // [rank] the incarnation refused for its config (warned once); caller's thread only.
+  mutable std::vector<uint32_t> refused_;
 };
 
 }  // namespace ubep::ep

@@ -9,7 +9,6 @@
 namespace ubep {
 
 using protocol::relay_wire::Header;
-using protocol::relay_wire::kDispatchTag;
 using protocol::relay_wire::kHeader;
 using protocol::relay_wire::meta_offset;
 using protocol::relay_wire::PackedToken;
@@ -93,11 +92,6 @@ bool HostRelay::host_masked(size_t h) const {
   return true;
 }
 
-int HostRelay::dispatch_tag() const {
-  // protocol.hpp relay_wire: within MPI's least tag bound (32767), its combine's the next one.
-  return kDispatchTag + 2 * static_cast<int>(seq_ % 8192);
-}
-
 void HostRelay::abandon_call() {
   for (Relayed& s : relayed_)
     if (s.request >= 0) {
@@ -123,7 +117,7 @@ void HostRelay::start_dispatch(const ep::DispatchCall& call) {
   // rank (its dispatch needs this rank's message), so any other relay tag is an earlier call's.
   const int tag = dispatch_tag();
   remote_->drop_unexpected([tag](int, int t) {
-    return t >= kDispatchTag && t < kDispatchTag + 2 * 8192 && t != tag && t != tag + 1;
+    return protocol::relay_wire::is_relay_tag(t) && t != tag && t != tag + 1;
   });
   for (Relayed& s : relayed_) {
     // A masked source sends nothing: its count records stay empty, as receivers expect.

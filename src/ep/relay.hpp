@@ -92,9 +92,10 @@ class HostRelay {
   bool host_masked(size_t h) const;
   // The call's transport tags: the dispatch sequence number is in them, so a message of an
   // earlier call (abandoned when the group changed) can never be taken for this call's; those
-  // left unmatched are dropped at the next dispatch (Remote::drop_unexpected).
-  int dispatch_tag() const;
-  int combine_tag() const { return dispatch_tag() + 1; }
+  // left unmatched are dropped at the next dispatch (Remote::drop_unexpected). The arithmetic:
+  // protocol.hpp relay_wire.
+  int dispatch_tag() const { return protocol::relay_wire::dispatch_tag(seq_); }
+  int combine_tag() const { return protocol::relay_wire::combine_tag(seq_); }
   void pack();  // this rank's rows, from the call's rows()
   void write_counts(Relayed& s);
   bool lower_counts_ready(const Relayed& s, int dest) const;

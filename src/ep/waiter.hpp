@@ -21,9 +21,12 @@ namespace ubep::ep {
 
 class Waiter {
  public:
-  // relay: nullptr when the group is on one host.
-  Waiter(Group& g, const FailureWatch& watch, HostRelay* relay)
-      : group_(g), watch_(watch), relay_(relay) {
+  // relay: nullptr when the group is on one host. members: whose records from other hosts the
+  // caller's waits take in (Membership::pump), so that the failure watch sees a peer that left
+  // this call to agree (issue 32: a replacement host's record may reach one live rank before a
+  // call and another only inside it).
+  Waiter(Group& g, const FailureWatch& watch, HostRelay* relay, Membership* members)
+      : group_(g), watch_(watch), relay_(relay), members_(members) {
     policy_.timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(g.options().timeout);
     policy_.abort = &watch_;
   }
@@ -65,6 +68,9 @@ class Waiter {
               const auto now = std::chrono::steady_clock::now();
               if (now >= next_pump) {
                 bootstrap::hooks_of(group_).pump_deaths();
+                // Caller's thread, the only one that touches the transport; the records land in
+                // this rank's window through the seqlock the failure watch reads them by.
+                if (members_) members_->pump();
                 next_pump = now + std::chrono::microseconds(100);
               }
               return pred();
@@ -88,6 +94,7 @@ class Waiter {
   Group& group_;
   const FailureWatch& watch_;
   HostRelay* relay_;
+  Membership* members_;
 };
 
 }  // namespace ubep::ep

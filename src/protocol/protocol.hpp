@@ -146,7 +146,10 @@ struct CountRecord {
 //   kAgreeing (the record is part of an agreement, not only the news of a change).
 struct MemberRecord {
   Tag* words;
-  static constexpr int kStamp = 0, kRound = 1, kCalls = 2, kSeq = 4, kFlags = 6, kView = 7;
+  // kConfig: a digest of the rank's BufferConfig fields that shape the calls, so a replacement
+  // whose config differs from the live ranks' is refused at its first agreement (issue 32).
+  static constexpr int kStamp = 0, kRound = 1, kCalls = 2, kSeq = 4, kFlags = 6, kConfig = 7,
+                       kView = 8;
   static constexpr uint32_t kAbandoned = 1;  // its last started call was given up
   static constexpr uint32_t kAgreeing = 2;   // published from inside an agreement
   UBEP_HD static constexpr size_t bytes(int ranks) {
@@ -224,8 +227,7 @@ struct WindowLayout {
   size_t counts = 0, tp_x = 0, tp_scale = 0, tp_src = 0, tp_idx = 0, tp_w = 0, tp_tag = 0;
   size_t lat_x = 0, lat_scale = 0, lat_src = 0, lat_k = 0, lat_tag = 0, comb_x = 0, comb_tag = 0,
          push = 0;
-  size_t half_bytes = 0, count_flags = 0, stage_flags = 0, fail_words = 0, members = 0,
-         total = 0;
+  size_t half_bytes = 0, count_flags = 0, stage_flags = 0, fail_words = 0, members = 0, total = 0;
   // bsp's flag slots: 0 = dispatch verify, 1 = combine verify, 2.. = its stage barriers.
   static constexpr int kStageSlots = 8;
 
@@ -314,10 +316,21 @@ struct WindowLayout {
 // One message per (source, destination host) per dispatch: a header, then one packed token per
 // token with an expert on that host. Combine sends back one fp32 partial [tokens, hidden].
 namespace relay_wire {
-// Transport tags of the two message kinds: kDispatchTag + 2 * (dispatch seq mod 8192), + 1 for
-// its combine (HostRelay::dispatch_tag), all below MPI's least tag bound 32767 and above the
-// other users' (death notices 7103, membership records 7104).
+// Transport tags of the two message kinds: kDispatchTag + 2 * (dispatch seq mod kTagSeqs), + 1
+// for its combine, all below MPI's least tag bound 32767 and above the other users' (death
+// notices 7103, membership records 7104). The arithmetic lives here only: HostRelay sends and
+// receives with these, and drops unmatched messages of other calls with is_relay_tag.
 inline constexpr int kDispatchTag = 8192;
+inline constexpr int kTagSeqs = 8192;
+inline constexpr int dispatch_tag(uint64_t seq) {
+  return kDispatchTag + 2 * static_cast<int>(seq % kTagSeqs);
+}
+inline constexpr int combine_tag(uint64_t seq) { return dispatch_tag(seq) + 1; }
+// Whether transport tag t belongs to a relay message (of any call).
+inline constexpr bool is_relay_tag(int t) {
+  return t >= kDispatchTag && t < kDispatchTag + 2 * kTagSeqs;
+}
+static_assert(kDispatchTag + 2 * kTagSeqs - 1 <= 32767, "relay tags within MPI's least tag bound");
 inline constexpr size_t kHeader = 16;  // a Header, padded
 
 // A dispatch message's header: its tokens, the sender's topk and the sender's call shape

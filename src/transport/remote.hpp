@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 
 namespace ubep::transport {
@@ -36,6 +37,10 @@ class Remote {
   // (a call abandoned when the group changed: its messages must never meet a later call's
   // receive). The default keeps them (MPI has no way to discard an unmatched message).
   virtual void drop_unexpected(const std::function<bool(int, int)>& /*stale*/) {}
+  // The connection generation of `peer`: it changes when a replacement of a lost peer connects
+  // (TcpRemote::replace_peer), so an object whose receive from it failed knows when to post
+  // again. Constant (0) where peers are never replaced.
+  virtual uint32_t epoch(int /*peer*/) const { return 0; }
 };
 
 }  // namespace ubep::transport

@@ -119,8 +119,121 @@ MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
   return run;
 }
 
+// UBEP_REJOIN_HOST=1 (with UBEP_MASK_HOST=1, issue 32 item 2): after the survivors masked the
+// lost host, tcp_host_loss.sh starts a replacement host (UBEP_REJOIN=1) in its namespace. The
+// inputs must be the same call on every rank, and nobody knows at which call the replacement
+// comes back: problem 0 until the host is masked, problem 1 while masked (so the call that takes
+// the replacement in, chosen while masked, has problem 1 on every rank), then problems 1, 2, 3
+// in turn counted from that call (the replacement counts from its first). Every call is checked
+// against the reference of the ranks it ran with: masked, the lost host's experts give zeros;
+// after the rejoin, the full result. A survivor's line:
+//   RESULT ... ok: masked [ranks] after E failed calls, C masked calls right, back after
+//   B ms (the replacement's launch -> end of its first full call), F full calls right, fds A -> B
+// and a replacement's:
+//   RESULT rank R host H calls N ms M ok: rejoined, F calls right
+// with M the time from the replacement's launch ($UBEP_REJOIN_FILE) to the end of its first call.
+constexpr int kFullCalls = 300;
+
+double ms_since(const char* env, int64_t at) {
+  const char* path = std::getenv(env);
+  std::ifstream f(path ? path : "");
+  int64_t t0 = 0;
+  return f >> t0 && t0 > 0 ? static_cast<double>(at - t0) / 1e6 : -1;
+}
+
+MaskRun survive_and_rejoin(Group& g, const TcpLaunch& launch, const Case& c,
+                           const std::vector<Problem>& problems, Buffer& b, const char* ready,
+                           int& calls) {
+  std::vector<int> lost;
+  for (int l = 0; l < launch.ranks_per_host; ++l)
+    lost.push_back((launch.hosts - 1) * launch.ranks_per_host + l);
+  MaskRun run;
+  std::string first;
+  int phase = 0, failed = 0, masked_calls = 0, full = 0, fds_before = -1;
+  int64_t back_at = 0;
+  // A replacement with another config is refused: then 1,500 masked calls (a few seconds) end it.
+  const char* other_env = std::getenv("UBEP_REJOIN_OTHER_CONFIG");
+  const bool other = other_env && std::string(other_env) == "1";
+  const auto done = [&] { return other ? masked_calls >= 1500 : full >= kFullCalls; };
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < until && !done()) {
+    const Problem& p = phase == 0   ? problems[0]
+                       : phase == 1 ? problems[1]
+                                    : problems[1 + static_cast<size_t>(full) % 3];
+    try {
+      run_and_check(g, c, p, &b, nullptr, false,
+                    [&] { return masked_problem(p, b.masked_ranks()); });
+    } catch (const PeerFailedError& e) {
+      // The cut-off host (link mode) stops as the minority of the partition; a replacement
+      // host takes its place once the link is back.
+      if (std::string(e.what()).find("partitioned") != std::string::npos)
+        return {"minority", e.what(), realtime_ns()};
+      if (phase == 2) return {"wrong", std::string("a call failed after the rejoin: ") + e.what()};
+      if (first.empty()) first = e.what();
+      if (++failed > 5) return {"wrong", "more than 5 failed calls: " + first, realtime_ns()};
+      continue;
+    } catch (const std::exception& e) {
+      return {"wrong", e.what(), realtime_ns()};
+    }
+    if (::testing::Test::HasFailure()) return {"wrong", "a call returned a wrong value", 0};
+    const std::vector<int> m = b.masked_ranks();
+    if (!m.empty() && (m != lost || phase == 2))
+      return {"wrong", "masked ranks are not the lost host's", realtime_ns()};
+    if (!m.empty() && phase == 0) {
+      phase = 1;
+      run.done_at = realtime_ns();
+      const char* masked = std::getenv("UBEP_MASKED_FILE");
+      if (g.rank() == 0 && masked) std::ofstream(masked) << "masked\n";
+    }
+    masked_calls += phase == 1 && !m.empty();
+    if (m.empty() && phase == 1) {
+      phase = 2;
+      back_at = realtime_ns();
+    }
+    full += phase == 2;
+    if (++calls == 50) fds_before = open_fds();
+    if (calls == 50 && g.rank() == 0 && ready) std::ofstream(ready) << "ready\n";
+    std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
+  }
+  if (!done()) return {"timeout", detail::concat("phase ", phase, " after 30 s"), 0};
+  const int fds_after = open_fds();
+  std::string ranks;
+  for (int r : lost) ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
+  run.verdict = fds_after <= fds_before ? "ok" : "wrong";
+  run.what = detail::concat(
+      "masked [", ranks, "] after ", failed, " failed calls, ", masked_calls,
+      " masked calls right, ",
+      other ? "the replacement refused (another config)"
+            : detail::concat("back after ", ms_since("UBEP_REJOIN_FILE", back_at), " ms"),
+      ", ", full, " full calls right (first failure: ", first.empty() ? "none" : first, "), fds ",
+      fds_before, " -> ", fds_after);
+  return run;
+}
+
+// The replacement host's rank: joins the live group, creates the same Buffer, serves.
+MaskRun replacement(Group& g, const Case& c, const std::vector<Problem>& problems, Buffer& b) {
+  MaskRun run;
+  for (int j = 0; j < kFullCalls; ++j) {
+    const Problem& p = problems[1 + static_cast<size_t>(j) % 3];
+    try {
+      run_and_check(g, c, p, &b, nullptr, false,
+                    [&] { return masked_problem(p, b.masked_ranks()); });
+    } catch (const std::exception& e) {
+      return {"wrong", detail::concat("call ", j, ": ", e.what()), realtime_ns()};
+    }
+    if (::testing::Test::HasFailure()) return {"wrong", "a call returned a wrong value", 0};
+    if (!b.masked_ranks().empty()) return {"wrong", "a replacement's call ran masked", 0};
+    if (j == 0) run.done_at = realtime_ns();
+    std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
+  }
+  run.verdict = "ok";
+  run.what = detail::concat("rejoined, ", kFullCalls, " calls right");
+  return run;
+}
+
 int rank_main(int local_rank) {
-  const TcpLaunch launch = TcpLaunch::from_env(local_rank);
+  TcpLaunch launch = TcpLaunch::from_env(local_rank);
+  launch.elastic = true;  // replacement hosts may come (rank 0 keeps the rendezvous open)
   const int victim = launch.hosts - 1;
   GroupOptions opts;
   opts.timeout = std::chrono::seconds(5);
@@ -143,9 +256,29 @@ int rank_main(int local_rank) {
   std::string verdict = "timeout", what = "no error within 30 s";
   int64_t failed_at = 0;
   int calls = 0;
-  const bool mask =
-      std::getenv("UBEP_MASK_HOST") && std::string(std::getenv("UBEP_MASK_HOST")) == "1";
-  if (mask) {
+  const auto on = [](const char* v) {
+    return std::getenv(v) && std::string(std::getenv(v)) == "1";
+  };
+  const bool mask = on("UBEP_MASK_HOST");
+  double ms = -1;
+  if (launch.rejoin || (mask && on("UBEP_REJOIN_HOST"))) {
+    BufferConfig cfg = config_for(c, Algorithm::kUbep);
+    cfg.mask_dead_ranks = true;
+    // A replacement with another config (the refusal's test): a different capacity.
+    if (launch.rejoin && on("UBEP_REJOIN_OTHER_CONFIG")) cfg.max_tokens_per_rank *= 2;
+    MaskRun run;
+    try {
+      Buffer b(*g, cfg);
+      run = launch.rejoin ? replacement(*g, c, problems, b)
+                          : survive_and_rejoin(*g, launch, c, problems, b, ready, calls);
+    } catch (const std::exception& e) {
+      run = {"wrong", e.what(), realtime_ns()};
+    }
+    verdict = run.verdict;
+    what = run.what;
+    ms = run.done_at ? ms_since(launch.rejoin ? "UBEP_REJOIN_FILE" : "UBEP_FAULT_FILE", run.done_at)
+                     : -1;
+  } else if (mask) {
     BufferConfig cfg = config_for(c, Algorithm::kUbep);
     cfg.mask_dead_ranks = true;
     Buffer b(*g, cfg);
@@ -185,7 +318,7 @@ int rank_main(int local_rank) {
       std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
     }
   }
-  const double ms = failed_at ? ms_since_fault(failed_at) : -1;
+  if (ms < 0 && failed_at) ms = ms_since_fault(failed_at);
   std::printf("RESULT rank %d host %d calls %d ms %.1f %s: %s\n", g->rank(), launch.host, calls, ms,
               verdict.c_str(), what.c_str());
   std::fflush(stdout);

@@ -11,6 +11,13 @@
 # With UBEP_MASK_HOST=1 the survivors mask the host and go on instead (tcp_host_loss.cpp); the
 # time is then to their first masked call, and with link the cut-off host must stop as the
 # minority of a partition (no split brain).
+# With UBEP_REJOIN_HOST=1 as well, once the survivors masked the host a replacement host is
+# started in its namespace (UBEP_REJOIN=1; with link: once the link is back and the cut-off
+# ranks have stopped as the minority); it must serve within BOUND_MS of its launch
+# (printed: median / p90 / max), the survivors must take it back and every call of every rank,
+# masked or full, must be right (tcp_host_loss.cpp); nothing may be left in any host's /dev/shm.
+# UBEP_REJOIN_OTHER_CONFIG=1: the replacement's BufferConfig differs, and it must be refused
+# with the named error while the survivors go on masked.
 # Usage: tcp_host_loss.sh BIN HOSTS RANKS TRIALS kill|link [BOUND_MS]
 set -uo pipefail
 bin=$(readlink -f "$1"); hosts=$2; ranks=$3; trials=$4; mode=$5; bound=${6:-2000}
@@ -24,16 +31,23 @@ name=$UBEP_VHOSTS
 victim=$((hosts - 1))
 work=$(mktemp -d /tmp/tcp_host_loss.XXXXXX)
 launcher=
+replacer=
+rejoin=${UBEP_REJOIN_HOST:-0}
+other=${UBEP_REJOIN_OTHER_CONFIG:-0}
+[ "$rejoin" = 1 ] && { [ "${UBEP_MASK_HOST:-0}" = 1 ] ||
+  { echo "UBEP_REJOIN_HOST=1 needs UBEP_MASK_HOST=1"; exit 2; }; }
 cleanup() {
   [ -n "$launcher" ] && kill -TERM "$launcher" 2>/dev/null
+  [ -n "$replacer" ] && kill -TERM "$replacer" 2>/dev/null
   "$vh" link "$name" "$hosts" up 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
 fail=0
-: > "$work/times"; : > "$work/cmd_times"
+: > "$work/times"; : > "$work/cmd_times"; : > "$work/rejoin_times"
 for ((k = 1; k <= trials; ++k)); do
-  UBEP_LAUNCH_PORT=$((29500 + k)) UBEP_FAULT_FILE=$work/fault.$k UBEP_READY_FILE=$work/ready.$k \
+  UBEP_LAUNCH_PORT=$((29500 + 10 * k)) UBEP_FAULT_FILE=$work/fault.$k UBEP_READY_FILE=$work/ready.$k \
+    UBEP_MASKED_FILE=$work/masked.$k UBEP_REJOIN_FILE=$work/rejoin.$k UBEP_REJOIN_OTHER_CONFIG=$other \
     "$vh" launch "$name" "$ranks" "$bin" > "$work/out.$k" 2>&1 &
   launcher=$!
   for ((t = 0; t < 2000; ++t)); do [ -e "$work/ready.$k" ] && break; sleep 0.01; done
@@ -50,10 +64,48 @@ for ((k = 1; k <= trials; ++k)); do
   echo "$(( ($(date +%s%N) - $(cat "$work/fault.$k")) / 1000 ))" | awk '{print $1 / 1000}' >> "$work/cmd_times"
   # Masking: the cable comes back after 1 s while the survivors still run (a partition healed).
   if [ "${UBEP_MASK_HOST:-0}" = 1 ] && [ "$mode" = link ]; then sleep 1; "$vh" link "$name" "$hosts" up; fi
+  # A replacement host, once the survivors run masked: its launch time first, then the launcher.
+  if [ "$rejoin" = 1 ]; then
+    for ((t = 0; t < 1000; ++t)); do [ -e "$work/masked.$k" ] && break; sleep 0.01; done
+    sleep 0.1  # a few masked calls first
+    # link: the cut-off host's ranks stopped as the minority (the link is back by now); the
+    # replacement takes their place once they are gone.
+    if [ "$mode" = link ]; then
+      holder=$(cat "/run/ubep-vhosts/$name/holder.$hosts")
+      for ((t = 0; t < 1000; ++t)); do
+        [ -z "$(ip netns pids "$name-vh$hosts" | grep -vx "$holder")" ] && break; sleep 0.01
+      done
+    fi
+    date +%s%N > "$work/rejoin.$k.tmp" && mv "$work/rejoin.$k.tmp" "$work/rejoin.$k"
+    UBEP_REJOIN=1 UBEP_LAUNCH_PORT=$((29500 + 10 * k)) UBEP_REJOIN_FILE=$work/rejoin.$k \
+      UBEP_REJOIN_OTHER_CONFIG=$other "$vh" launch-host "$name" "$ranks" "$hosts" "$bin" \
+      > "$work/rout.$k" 2>&1 &
+    replacer=$!
+  fi
   for ((t = 0; t < 4000; ++t)); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.01; done
   kill -0 "$launcher" 2>/dev/null && { echo "trial $k: the launchers did not end within 40 s"; fail=1; kill -TERM "$launcher"; }
   wait "$launcher" 2>/dev/null
   launcher=
+  if [ -n "$replacer" ]; then
+    for ((t = 0; t < 1000; ++t)); do kill -0 "$replacer" 2>/dev/null || break; sleep 0.01; done
+    kill -0 "$replacer" 2>/dev/null && { echo "trial $k: the replacement did not end"; fail=1; kill -TERM "$replacer"; }
+    wait "$replacer" 2>/dev/null
+    replacer=
+    cat "$work/rout.$k" >> "$work/out.$k"
+    for ((r = victim * ranks; r < hosts * ranks; ++r)); do
+      line=$(grep "^RESULT rank $r " "$work/rout.$k")
+      if [ "$other" = 1 ]; then  # refused, named; the survivors went on masked
+        grep -q "BufferConfig differs from live rank" <<< "$line" ||
+          { echo "trial $k: replacement rank $r was not refused for its config: $line"; fail=1; }
+        continue
+      fi
+      ms=$(awk '{print $9}' <<< "$line")
+      echo "$ms" >> "$work/rejoin_times"
+      grep -qE " ok: rejoined" <<< "$line" && awk -v b="$bound" -v m="$ms" 'BEGIN {exit !(m >= 0 && m <= b)}' ||
+        { echo "trial $k: replacement: ${line:-rank $r printed no result}"; fail=1; }
+      grep -q "^EXIT rank $r clean" "$work/rout.$k" || { echo "trial $k: replacement rank $r did not exit cleanly"; fail=1; }
+    done
+  fi
   [ "$mode" = link ] && "$vh" link "$name" "$hosts" up
   for ((r = 0; r < victim * ranks; ++r)); do
     line=$(grep "^RESULT rank $r " "$work/out.$k")
@@ -61,11 +113,15 @@ for ((k = 1; k <= trials; ++k)); do
     ms=$(awk '{print $9}' <<< "$line")
     echo "$ms" >> "$work/times"
     grep -q "^EXIT rank $r clean" "$work/out.$k" || { echo "trial $k: survivor rank $r did not exit cleanly"; fail=1; }
+    if [ "$rejoin" = 1 ] && [ "$other" = 0 ] && ! grep -q " back after " <<< "$line"; then
+      echo "trial $k: survivor rank $r never took the replacement back: $line"; fail=1
+    fi
     if ! grep -qE " (ok|echo): " <<< "$line" || awk -v b="$bound" -v m="$ms" 'BEGIN {exit !(m < 0 || m > b)}'; then
       echo "trial $k: $line"; fail=1
     fi
   done
-  for ((h = 1; h <= victim; ++h)); do  # the survivors' hosts: every segment unlinked
+  last=$victim; [ "$rejoin" = 1 ] && last=$hosts  # and the replacement's host
+  for ((h = 1; h <= last; ++h)); do  # the survivors' hosts: every segment unlinked
     left=$("$vh" exec "$name" "$h" sh -c 'ls /dev/shm | wc -l')
     [ "$left" -eq 0 ] || { echo "trial $k: $left names left in vh$h's /dev/shm"; fail=1; }
   done
@@ -94,5 +150,7 @@ else
   echo "survivors, fault -> PeerFailedError naming the host: $(stats "$work/times")"
 fi
 echo "the fault command itself (start -> returned): $(stats "$work/cmd_times")"
+[ "$rejoin" = 1 ] && [ "$other" = 0 ] &&
+  echo "replacement ranks, launch -> end of their first served call: $(stats "$work/rejoin_times")"
 [ $fail -eq 0 ] && echo "PASS" || echo "FAIL"
 exit $fail

@@ -22,12 +22,30 @@ static_assert(sizeof(uint32_t) + sizeof(int32_t) + sizeof(uint64_t) == kHeaderBy
 TcpRemote::TcpRemote(int rank, std::vector<int> fds) : rank_(rank), peers_(fds.size()) {
   for (size_t p = 0; p < fds.size(); ++p) {
     peers_[p].fd = fds[p];
-    if (fds[p] < 0) continue;
-    const int flags = fcntl(fds[p], F_GETFL);
-    if (flags < 0 || fcntl(fds[p], F_SETFL, flags | O_NONBLOCK) < 0)
-      throw SystemError(detail::concat("TcpRemote: cannot make the socket to rank ", p,
-                                       " non-blocking: ", std::strerror(errno)));
+    if (fds[p] >= 0) set_non_blocking(fds[p], static_cast<int>(p));
   }
+}
+
+void TcpRemote::set_non_blocking(int fd, int peer) {
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0)
+    throw SystemError(detail::concat("TcpRemote: cannot make the socket to rank ", peer,
+                                     " non-blocking: ", std::strerror(errno)));
+}
+
+void TcpRemote::replace_peer(int peer, int fd) {
+  Peer& p = peers_[index(peer)];
+  UBEP_CHECK_ARG(!p.failure.empty(), "TcpRemote: rank ", peer,
+                 " is still connected; only a lost or departed rank can be replaced");
+  set_non_blocking(fd, peer);
+  // Receives still posted for the old connection stay the caller's (they fail at test, below);
+  // they must not match the new connection's messages.
+  Peer fresh;
+  fresh.fd = fd;
+  fresh.label = std::move(p.label);
+  fresh.old_failure = std::move(p.failure);
+  fresh.epoch = p.epoch + 1;
+  p = std::move(fresh);
 }
 
 TcpRemote::~TcpRemote() {
@@ -97,6 +115,7 @@ int TcpRemote::isend(int peer, int tag, const void* data, size_t bytes) {
   Request& r = requests_[static_cast<size_t>(s)];
   r.peer = peer;
   r.tag = tag;
+  r.epoch = p.epoch;
   r.out = static_cast<const char*>(data);
   r.bytes = bytes;
   if (p.failure.empty()) p.sends.push_back(s);
@@ -121,6 +140,7 @@ int TcpRemote::irecv(int peer, int tag, void* data, size_t capacity) {
   r.recv = true;
   r.peer = peer;
   r.tag = tag;
+  r.epoch = p.epoch;
   r.in = static_cast<char*>(data);
   r.capacity = capacity;
   if (kept != p.unexpected.end()) {
@@ -145,16 +165,18 @@ bool TcpRemote::test(int request, size_t* bytes) {
     release(request);
     return true;
   }
-  if (!peers_[static_cast<size_t>(r.peer)].failure.empty()) throw_failed(r);
+  const Peer& p = peers_[static_cast<size_t>(r.peer)];
+  if (r.epoch != p.epoch) throw_failed(r, p.old_failure);  // of a connection since replaced
+  if (!p.failure.empty()) throw_failed(r, p.failure);
   return false;
 }
 
-void TcpRemote::throw_failed(const Request& r) const {
+void TcpRemote::throw_failed(const Request& r, const std::string& failure) const {
   // failure is "lost: why" or "left ...": "rank 2 lost with host 1 (ranks 2, 3): why".
   const Peer& p = peers_[static_cast<size_t>(r.peer)];
-  const bool lost = p.failure.rfind("lost: ", 0) == 0;
+  const bool lost = failure.rfind("lost: ", 0) == 0;
   throw PeerFailedError(detail::concat("rank ", r.peer, lost ? " lost" : "", p.label,
-                                       lost ? ": " : " ", lost ? p.failure.substr(6) : p.failure,
+                                       lost ? ": " : " ", lost ? failure.substr(6) : failure,
                                        " (rank ", rank_, "'s ", r.recv ? "receive" : "send",
                                        ", tag ", r.tag, ")"));
 }
@@ -171,7 +193,8 @@ void TcpRemote::cancel(int request) {
   Request& r = requests_[static_cast<size_t>(request)];
   if (!r.live) return;
   Peer& p = peers_[static_cast<size_t>(r.peer)];
-  if (r.recv) {
+  if (r.epoch != p.epoch) {  // of a connection since replaced: nothing of it is left to undo
+  } else if (r.recv) {
     p.posted.remove(request);
     if (p.inbound.request == request) {
       // Part of its message is in the caller's memory already: keep the message whole for a

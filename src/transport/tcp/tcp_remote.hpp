@@ -59,6 +59,12 @@ class TcpRemote : public Remote {
   // The peer is no longer reachable (another judge said so: the host heartbeat): its
   // connection is closed and its requests fail with `why`.
   void fail_peer(int peer, const std::string& why);
+  // A replacement process of a lost (or departed) peer connected on `fd` (issue 32, rejoin):
+  // the peer's state starts afresh on the new connection (nothing queued, nothing kept), its
+  // epoch moves on, and every request of the old connection still held fails at its test with
+  // the old connection's failure (none of them may take a message of the new one).
+  void replace_peer(int peer, int fd);
+  uint32_t epoch(int peer) const override { return peers_[index(peer)].epoch; }
   // How errors name the peer after "rank P", e.g. " with host 1 (ranks 2, 3)" (default: "").
   void set_peer_label(int peer, std::string label) { peers_[index(peer)].label = std::move(label); }
   // Empty while the peer is reachable; else why not ("lost: its connection closed ...").
@@ -82,6 +88,7 @@ class TcpRemote : public Remote {
     bool live = false, recv = false, done = false;
     bool owned = false;  // a send's copy of its bytes (cancelled half-way): freed once written
     int peer = -1, tag = 0;
+    uint32_t epoch = 0;         // the peer's connection it belongs to
     const char* out = nullptr;  // send
     char* in = nullptr;         // receive
     size_t capacity = 0, bytes = 0;
@@ -95,10 +102,12 @@ class TcpRemote : public Remote {
   struct Peer {
     int fd = -1;
     bool said_bye = false;
-    std::string failure;    // non-empty: lost or left
-    std::string label;      // see set_peer_label
-    std::deque<int> sends;  // queued send requests, oldest first; the first may be partly sent
-    size_t sent = 0;        // bytes of the first send's frame (header + body) already written
+    std::string failure;      // non-empty: lost or left
+    std::string old_failure;  // why the previous connection ended (replace_peer)
+    uint32_t epoch = 0;       // connections so far, minus one
+    std::string label;        // see set_peer_label
+    std::deque<int> sends;    // queued send requests, oldest first; the first may be partly sent
+    size_t sent = 0;          // bytes of the first send's frame (header + body) already written
     Header bye_header{kBye, 0, 0};
     bool bye_queued = false;
     size_t bye_sent = 0;
@@ -114,7 +123,8 @@ class TcpRemote : public Remote {
   bool read_some(int p);
   void deliver(int p);
   void lose(int p, const std::string& why, bool tell);
-  [[noreturn]] void throw_failed(const Request& r) const;
+  [[noreturn]] void throw_failed(const Request& r, const std::string& failure) const;
+  static void set_non_blocking(int fd, int peer);
 
   int rank_;
   std::vector<Peer> peers_;

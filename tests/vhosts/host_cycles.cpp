@@ -1,0 +1,180 @@
+// Kill-host and rejoin cycles in one live TCP group (issue 32, item 4; host_cycles.sh drives it,
+// `ubep-elastic --hosts H --ranks-per-host R` runs that). The ranks of every host loop on checked
+// ubep calls with mask_dead_ranks; per cycle the driver SIGKILLs every process of the last host,
+// the survivors mask it, the driver starts a replacement host there (UBEP_REJOIN=1), the
+// survivors take it back. The survivors keep one group and one Buffer through every cycle, so
+// their descriptors and memory are measured across cycles, not per launch.
+//
+// The inputs must be the same call on every rank. Per cycle: phase B (full view, problem 0: the
+// survivors' loops may go out of step at the fault, one completing a call another fails) until
+// the host is masked; phase C (masked, problem 1: the call that takes the replacement in is
+// chosen while masked) until it is back; phase A (full, problems 1, 2, 3 in turn, counted from
+// that call; a replacement counts from its first) for kFull calls, then B again. Every call is
+// checked bit for bit against the reference of the ranks it ran with.
+//
+// Files in $UBEP_CYCLE_DIR: ready.N (rank 0 in phase B of cycle N), fault.N and launch.N (the
+// driver's CLOCK_REALTIME ns), masked.N (rank 0's first masked call of cycle N). Lines:
+//   CYCLE n rank r masked_ms X back_ms Y fds F     (a survivor, at the end of cycle n's phase A)
+//   SERVED n rank r ms M                             (a replacement, its first call's end)
+//   RESULT rank r ok|wrong: ...                      then EXIT rank r clean
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "../elastic/elastic_case.hpp"
+#include "harness.hpp"
+#include "host_launcher.hpp"
+#include "ubep/error.hpp"
+#include "ubep/tcp_group.hpp"
+
+namespace ubep::test {
+namespace {
+
+constexpr int kFull = 100;  // full calls per cycle after the rejoin
+
+int64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+std::string dir_file(const std::string& name, int n) {
+  const char* d = std::getenv("UBEP_CYCLE_DIR");
+  return std::string(d ? d : "/tmp") + "/" + name + "." + std::to_string(n);
+}
+
+double ms_after(const std::string& file, int64_t at) {
+  std::ifstream f(file);
+  int64_t t0 = 0;
+  return f >> t0 && t0 > 0 ? static_cast<double>(at - t0) / 1e6 : -1;
+}
+
+int open_fds() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) n += !e.is_directory();
+  return n;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+struct Loop {
+  Group& g;
+  const TcpLaunch& launch;
+  const Case& c;
+  const std::vector<Problem>& problems;
+  Buffer& b;
+  std::vector<int> lost;  // the last host's ranks
+
+  // Runs until `cycles` cycles are done (a replacement: from cycle `first`, in phase A).
+  std::string run(int first, int cycles) {
+    char phase = launch.rejoin ? 'A' : 'B';
+    int cycle = first, k = 0, in_b = 0, failed = 0;
+    int64_t masked_at = 0, back_at = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15 * cycles + 30);
+    while (std::chrono::steady_clock::now() < until) {
+      const Problem& p = phase == 'B'   ? problems[0]
+                         : phase == 'C' ? problems[1]
+                                        : problems[1 + static_cast<size_t>(k) % 3];
+      try {
+        run_and_check(g, c, p, &b, nullptr, false,
+                      [&] { return masked_problem(p, b.masked_ranks()); });
+      } catch (const PeerFailedError& e) {
+        if (phase == 'A' || ++failed > 5 * cycles)
+          return detail::concat("wrong: cycle ", cycle, " phase ", phase, ": ", e.what());
+        continue;
+      }
+      if (::testing::Test::HasFailure())
+        return detail::concat("wrong: cycle ", cycle, ": a call returned a wrong value");
+      const std::vector<int> m = b.masked_ranks();
+      if (!m.empty() && m != lost)
+        return detail::concat("wrong: cycle ", cycle, ": masked ranks are not the lost host's");
+      if (phase == 'A' && !m.empty())
+        return detail::concat("wrong: cycle ", cycle, ": masked again in phase A");
+      if (phase == 'B' && !m.empty()) {
+        phase = 'C';
+        masked_at = now_ns();
+        if (g.rank() == 0) std::ofstream(dir_file("masked", cycle)) << "masked\n";
+      } else if (phase == 'C' && m.empty()) {
+        phase = 'A';
+        back_at = now_ns();
+        k = 0;
+      }
+      if (phase == 'A') {
+        if (launch.rejoin && k == 0 && cycle == first)
+          std::printf("SERVED %d rank %d ms %.1f\n", cycle, g.rank(),
+                      ms_after(dir_file("launch", cycle), now_ns()));
+        if (++k == kFull) {
+          if (!launch.rejoin)
+            std::printf("CYCLE %d rank %d masked_ms %.1f back_ms %.1f fds %d\n", cycle, g.rank(),
+                        ms_after(dir_file("fault", cycle), masked_at),
+                        ms_after(dir_file("launch", cycle), back_at), open_fds());
+          std::fflush(stdout);
+          if (cycle == cycles) return "ok";
+          ++cycle;
+          phase = 'B';
+          in_b = 0;
+        }
+      } else if (phase == 'B' && ++in_b == 20 && g.rank() == 0) {
+        std::ofstream(dir_file("ready", cycle)) << "ready\n";
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
+    }
+    return detail::concat("wrong: timed out in cycle ", cycle, " phase ", phase);
+  }
+};
+
+int rank_main(int local_rank) {
+  TcpLaunch launch = TcpLaunch::from_env(local_rank);
+  launch.elastic = true;  // replacement hosts may come (rank 0 keeps the rendezvous open)
+  GroupOptions opts;
+  opts.timeout = std::chrono::seconds(5);
+  std::string verdict;
+  {
+    std::unique_ptr<Group> g = make_tcp_group(launch, opts);
+    Case c;
+    c.experts = 4 * g->size();
+    c.hidden = 64;
+    c.capacity = 16;
+    c.topk = 4;
+    c.layout = Layout::kLatency;
+    c.dtype = DType::kBF16;
+    std::vector<Problem> problems;
+    for (int i = 0; i < 4; ++i) {
+      std::vector<int64_t> tokens(static_cast<size_t>(g->size()), 16);
+      problems.push_back(make_problem(g->size(), c.experts, c.hidden, c.dtype, tokens, c.topk,
+                                      Routing::kUniform, 900 + static_cast<uint64_t>(i)));
+      problems.back().ranks_per_host = launch.ranks_per_host;
+    }
+    BufferConfig cfg = config_for(c, Algorithm::kUbep);
+    cfg.mask_dead_ranks = true;
+    try {
+      Buffer b(*g, cfg);
+      Loop loop{*g, launch, c, problems, b, {}};
+      for (int l = 0; l < launch.ranks_per_host; ++l)
+        loop.lost.push_back((launch.hosts - 1) * launch.ranks_per_host + l);
+      verdict = loop.run(launch.rejoin ? env_int("UBEP_CYCLE", 1) : 1, env_int("UBEP_CYCLES", 1));
+    } catch (const std::exception& e) {
+      verdict = std::string("wrong: ") + e.what();
+    }
+    std::printf("RESULT rank %d %s\n", launch.rank(), verdict.c_str());
+    std::fflush(stdout);
+    // Every rank ends with the same call; a host-mate leaving at once would look like a death
+    // to one still between calls: wait, then go.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  std::printf("EXIT rank %d clean\n", launch.rank());
+  return 0;
+}
+
+}  // namespace
+}  // namespace ubep::test
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  return ubep::test::run_host_ranks(ubep::test::rank_main);
+}
