@@ -140,8 +140,8 @@ inline constexpr int64_t kDefaultMinPieceBytes = 64 * 1024;
 // The floor never makes a piece larger than 1/kMinPiecesPerWorker of a worker's equal share of
 // the call's rows: a piece lands (and the receiver consumes it) only once its last byte is in, so
 // a worker's last piece is a tail of the call. Without this cap, the 64 KiB floor made ubep-sim's
-// cm384 EP64 combine 23% slower at BS 64 (a worker's ~14 rows in 3 pieces of 5, each landing at
-// its end, instead of 14 single rows); with it, BS <= 64 keep one row per piece there.
+// cm384 EP64 combine 13-14% slower at BS 32-64 (a worker's 7-14 rows in 1-3 whole pieces, each
+// landing at its end, instead of single rows); with it, BS <= 64 keep one row per piece there.
 inline constexpr int64_t kMinPiecesPerWorker = 8;
 
 struct SchedulerOptions {
