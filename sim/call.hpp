@@ -59,6 +59,9 @@ struct CallConfig {
   // The scheduler models the ports as work-conserving, each worker at most its engine's rate
   // (SchedulerOptions::worker_gbps, issue 30); false: its fixed 1/W shares of before.
   bool plan_sharing = true;
+  // The scheduler's smallest piece (SchedulerOptions::min_piece_bytes; 0: one row may be a
+  // piece, the plans before issue 28's third session).
+  int64_t min_piece_bytes = sched::kDefaultMinPieceBytes;
 };
 
 // Progress of one long call on stderr: "items simulated of planned, elapsed, ETA", at most every

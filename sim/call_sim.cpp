@@ -79,9 +79,8 @@ class CallSim {
   // ---- data items ----
   void start_worker(int r, int w, double at, std::function<void()> on_done);
   void issue_next(int r, int w);
-  void item_visible(int dst, double rows);
+  void item_visible(int dst, double rows);  // its rows join dst's receive pool
   // ---- receive pools ----
-  void pool_push(int r, Task t);
   void pool_pump(int r);
   void pool_add_server(int r, int n);
   void open_gate(int r);
@@ -139,7 +138,7 @@ class CallSim {
 
   std::vector<sched::Plan> plans_;    // per source rank
   std::vector<double> recv_rows_;     // per rank: rows it receives
-  std::vector<uint64_t> recv_items_;  // per rank: items it receives
+  std::vector<uint64_t> recv_tasks_;  // per rank: receive-pool tasks (rows it receives)
 
   struct WorkerState {
     int next = 0, end = 0, outstanding = 0;
@@ -189,16 +188,17 @@ void CallSim::make_plans() {
   // The planner sees the machine's links as they are: work-conserving ports (levels mapped onto
   // them as here), each worker at most its engine's rate (SchedulerOptions::worker_gbps).
   sched::SchedulerOptions options{senders_, cfg_.policy};
+  options.min_piece_bytes = cfg_.min_piece_bytes;
   if (cfg_.plan_sharing) {
     options.worker_gbps = c_.worker_GBps;
     options.link_of_level = preset_.port_of_level;
-    // What a receiver does with an item once it lands (item_visible: one task per item).
+    // What a receiver does with an item's rows once it lands (item_visible).
     if (cfg_.algo == Algo::kUbep) options.consume_row_ns = row_cost(1.0, payload_);
   }
   sched::Scheduler scheduler(topo, options);
   plans_.resize(static_cast<size_t>(R_));
   recv_rows_.assign(static_cast<size_t>(R_), 0.0);
-  recv_items_.assign(static_cast<size_t>(R_), 0);
+  recv_tasks_.assign(static_cast<size_t>(R_), 0);
   std::vector<int64_t> rows(static_cast<size_t>(R_));
   for (int src = 0; src < R_; ++src) {
     sched::SendWork work;
@@ -221,7 +221,7 @@ void CallSim::make_plans() {
     const auto& plan = plans_[static_cast<size_t>(src)];
     for (const auto& it : plan.items) {
       recv_rows_[static_cast<size_t>(it.dest_rank)] += static_cast<double>(it.rows());
-      ++recv_items_[static_cast<size_t>(it.dest_rank)];
+      recv_tasks_[static_cast<size_t>(it.dest_rank)] += static_cast<uint64_t>(it.rows());
     }
     res_.planned_items += plan.items.size();
     res_.planned_slowest_ns = std::max(res_.planned_slowest_ns, plan.slowest_ns);
@@ -295,14 +295,15 @@ void CallSim::issue_next(int r, int w) {
   }
 }
 
+// One task per row, not per item: a row's reorder or reduction does not depend on the item's
+// other rows, so the receiver's idle workers share a large item's rows (the same work, in
+// parallel), as they shared the one-row items of plans before the scheduler's piece floor.
 void CallSim::item_visible(int dst, double rows) {
   if (cfg_.algo == Algo::kBsp) return;  // bsp consumes after its barriers
-  pool_push(dst, Task{row_cost(rows, payload_)});
-}
-
-void CallSim::pool_push(int r, Task t) {
-  pools_[static_cast<size_t>(r)].queue.push_back(t);
-  pool_pump(r);
+  auto& p = pools_[static_cast<size_t>(dst)];
+  const Task row{row_cost(1.0, payload_)};
+  for (int64_t i = 0, n = std::llround(rows); i < n; ++i) p.queue.push_back(row);
+  pool_pump(dst);
 }
 
 void CallSim::pool_pump(int r) {
@@ -363,7 +364,7 @@ void CallSim::run_ubep() {
   for (int r = 0; r < R_; ++r) {
     const double s = start_[static_cast<size_t>(r)];
     auto& pool = pools_[static_cast<size_t>(r)];
-    pool.expected = recv_items_[static_cast<size_t>(r)];
+    pool.expected = recv_tasks_[static_cast<size_t>(r)];
     const double gate = dispatch ? std::max(counts_ready[static_cast<size_t>(r)], s) +
                                        std::ceil(static_cast<double>(R_) / W_) * c_.poll_ns +
                                        static_cast<double>(R_) * El_ * c_.prefix_ns_per_entry

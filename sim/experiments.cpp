@@ -27,6 +27,7 @@ CallConfig call_config(const Options& o, Algo algo, Op op) {
   c.resolve_ns = o.resolve_ns;
   c.plan_receivers = o.plan_receivers;
   c.plan_sharing = o.plan_sharing;
+  c.min_piece_bytes = o.min_piece_bytes;
   return c;
 }
 

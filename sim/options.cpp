@@ -55,6 +55,8 @@ Call:
                       sender-only cost model before issue 30)
   --sharing on|off    the scheduler models ports as work-conserving, each worker at most its
                       engine's rate (default on; off: its fixed 1/W link shares)
+  --min-piece-bytes N the scheduler cuts no unit into pieces under N bytes (default 65536;
+                      0: a row may be its own piece, one flow per row)
 TPOT:
   --steps N           decode steps (default 100)
   --moe-layers N      MoE layers (default 58)       --dense-layers N  dense layers (default 3)
@@ -178,6 +180,8 @@ Options parse_options(int argc, char** argv) {
       o.repeats = pos_int(1);
     else if (f == "--resolve-ns")
       o.resolve_ns = pos_int(0);
+    else if (f == "--min-piece-bytes")
+      o.min_piece_bytes = pos_int(0);
 
     else if (f == "--json")
       o.json = v;

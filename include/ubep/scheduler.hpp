@@ -47,8 +47,10 @@ enum class Policy : uint8_t {
   // w, so every worker gets an even mix of near and far destinations and an equal share of
   // rows, hot experts included. The scheduler sees row counts, not token ids: a unit's n rows
   // are taken as spread evenly over the sequence (slice s holds rows [n*s/W, n*(s+1)/W)), and
-  // slice s of unit u goes to worker (s + u) mod W, so that the few rows of small units do not
-  // all land on the same workers. Blind to costs. Far destinations first within a worker.
+  // slice s of unit u goes to worker (s + u) mod W. A unit too small for W slices of the piece
+  // floor (SchedulerOptions::min_piece_bytes) is cut into the k pieces it fills, piece j going
+  // where the last of the W-slices it covers would (scheduler_static.cpp). Blind to costs. Far
+  // destinations first within a worker.
   kColumnMajor,
   // Cost-aware: units are cut into slices so that no slice dominates, then placed longest
   // first on the least-loaded worker (LPT on issue time); the best of several slice
@@ -129,6 +131,19 @@ struct Plan {
   std::string describe() const;
 };
 
+// Smallest piece a policy cuts a unit into (SchedulerOptions::min_piece_bytes): a piece pays a
+// fixed cost however small it is (a copy descriptor or loop set-up, ubep-sim's issue_ns = 50 ns
+// [ASSUME]; a completion the receiver handles; a flow in the simulator), and at a worker's share
+// of a UB port (392 GB/s over 36 sending workers = 10.9 GB/s) 64 KiB take 6 us, so that cost stays
+// under 1% of the piece. One row of DeepSeek-V3's hidden size (7168 bf16 = 14 KiB) would pay 3.5%.
+inline constexpr int64_t kDefaultMinPieceBytes = 64 * 1024;
+// The floor never makes a piece larger than 1/kMinPiecesPerWorker of a worker's equal share of
+// the call's rows: a piece lands (and the receiver consumes it) only once its last byte is in, so
+// a worker's last piece is a tail of the call. Without this cap, the 64 KiB floor made ubep-sim's
+// cm384 EP64 combine 13-14% slower at BS 32-64 (a worker's 7-14 rows in 1-3 whole pieces, each
+// landing at its end, instead of single rows); with it, BS <= 64 keep one row per piece there.
+inline constexpr int64_t kMinPiecesPerWorker = 8;
+
 struct SchedulerOptions {
   int workers = 1;
   Policy policy = Policy::kBalanced;
@@ -150,6 +165,12 @@ struct SchedulerOptions {
   // tag checks), per row, done by one of its workers: an item is complete that long after it
   // lands, so a plan of big items ends with a longer tail than one of small items.
   double consume_row_ns = 0;
+  // Column-major and balanced cut no unit into pieces smaller than this (a unit smaller than it
+  // stays whole; see kDefaultMinPieceBytes), unless a worker's share of the call's rows would
+  // then make fewer than kMinPiecesPerWorker pieces (the floor drops to that share / 8 rows).
+  // At least one row per piece; 0 or one row's bytes: every row may be its own piece (the plans
+  // before issue 28's third session).
+  int64_t min_piece_bytes = kDefaultMinPieceBytes;
 };
 
 // Reusable planner for one rank. plan() keeps its scratch and the Plan's storage between calls,
@@ -193,6 +214,10 @@ class Scheduler {
   void collect_units(const SendWork& work);
   void collect_receivers(const SendWork& work);
   double issue_ns(const Unit& unit, int64_t rows) const;
+  // The call's piece floor in rows (scheduler_static.cpp), into min_piece_rows_.
+  void set_piece_floor();
+  // Most pieces a unit of `rows` rows may be cut into: each at least min_piece_rows_ (>= 1).
+  int64_t max_pieces(int64_t rows) const;
   bool bound(const Unit& unit) const { return floor_ns_[static_cast<size_t>(unit.dest_rank)] > 0; }
   // Worker time of a piece under the cost model (with the receiver term).
   double piece_ns(const Piece& p) const;
@@ -230,6 +255,7 @@ class Scheduler {
   int src_rank_ = 0;
   int64_t row_bytes_ = 0;
   int units_per_rank_ = 0;                        // SendWork::experts_per_rank of the current call
+  int64_t min_piece_rows_ = 1;                    // the current call's piece floor
   std::vector<Unit> units_;                       // non-empty units of the current call
   std::vector<Piece> pieces_;                     // current assignment
   std::vector<Piece> best_pieces_;                // best assignment found by plan_balanced

@@ -92,6 +92,8 @@ std::string Plan::describe() const {
 Scheduler::Scheduler(Topology topology, SchedulerOptions options)
     : topology_(std::move(topology)), options_(options) {
   UBEP_CHECK_ARG(options_.workers >= 1, "scheduler: workers must be >= 1, got ", options_.workers);
+  UBEP_CHECK_ARG(options_.min_piece_bytes >= 0, "scheduler: min_piece_bytes must be >= 0, got ",
+                 options_.min_piece_bytes);
   load_.resize(static_cast<size_t>(options_.workers));
   heap_.reserve(static_cast<size_t>(options_.workers));
   level_load_.resize(static_cast<size_t>(options_.workers) *
@@ -145,47 +147,6 @@ void Scheduler::collect_units(const SendWork& work) {
   }
 }
 
-// CANN-EP-like: the unit id space [0, U) (every destination or expert, empty or not, as a
-// static kernel sees it) is cut into W contiguous runs; each unit goes whole to its run's
-// worker. A worker thus serves a few neighbouring ranks: all near or all far, and all of a hot
-// expert's rows.
-void Scheduler::plan_naive() {
-  const int64_t W = options_.workers;
-  const int64_t U = static_cast<int64_t>(topology_.ranks()) * std::max(units_per_rank_, 1);
-  pieces_.clear();
-  for (size_t i = 0; i < units_.size(); ++i) {
-    const Unit& u = units_[i];
-    pieces_.push_back({static_cast<int32_t>(i), static_cast<int32_t>(u.index * W / U), 0, u.rows,
-                       issue_ns(u, u.rows)});
-  }
-}
-
-// UBEP's (worker x expert) remap, column-major: worker w takes slice w of the token sequence
-// for every destination, instead of every token for a run of destinations. The scheduler sees
-// counts, not token ids, so a unit's n rows stand for rows spread evenly over the sequence:
-// slice s holds rows [n*s/W, n*(s+1)/W). The rotation by the unit id (slice s of unit u ->
-// worker (s + u) mod W) stands in for where a small unit's few rows really fall; without it
-// every 1-row unit would land on the same worker.
-void Scheduler::plan_column_major() {
-  const int64_t W = options_.workers;
-  pieces_.clear();
-  for (size_t i = 0; i < units_.size(); ++i) {
-    const Unit& u = units_[i];
-    auto add = [&](int64_t s, int64_t b, int64_t e) {
-      pieces_.push_back({static_cast<int32_t>(i), static_cast<int32_t>((s + u.index) % W), b, e,
-                         issue_ns(u, e - b)});
-    };
-    if (u.rows >= W) {
-      for (int64_t s = 0; s < W; ++s) add(s, u.rows * s / W, u.rows * (s + 1) / W);
-    } else {
-      // Fewer rows than slices: each non-empty slice holds one row, and row j lies in slice
-      // ceil((j + 1) W / n) - 1 (the s with floor(n s / W) <= j < floor(n (s + 1) / W)).
-      // Visiting only those keeps the cost O(rows) instead of O(W) per unit.
-      for (int64_t j = 0; j < u.rows; ++j) add(((j + 1) * W + u.rows - 1) / u.rows - 1, j, j + 1);
-    }
-  }
-}
-
 double Scheduler::lpt(double max_slice_ns, bool group_receivers) {
   pieces_.clear();
   for (size_t i = 0; i < units_.size(); ++i) {
@@ -194,7 +155,8 @@ double Scheduler::lpt(double max_slice_ns, bool group_receivers) {
     const bool grouped = group_receivers && bound(u);
     int64_t k = 1;
     if (whole > max_slice_ns && !grouped)
-      k = std::min<int64_t>(u.rows, static_cast<int64_t>(std::ceil(whole / max_slice_ns)));
+      k = std::min<int64_t>(max_pieces(u.rows),
+                            static_cast<int64_t>(std::ceil(whole / max_slice_ns)));
     for (int64_t j = 0; j < k; ++j) {
       const int64_t b = u.rows * j / k, e = u.rows * (j + 1) / k;
       const double t = issue_ns(u, e - b);
@@ -439,6 +401,7 @@ void Scheduler::fill_plan(Plan& out) {
 
 void Scheduler::plan(const SendWork& work, Plan& out) {
   collect_units(work);
+  set_piece_floor();
   collect_receivers(work);
   receivers_first_ = false;
   far_first_ = options_.policy != Policy::kNaive;
