@@ -8,15 +8,19 @@ expert parallelism over ubep (docs/INTEGRATIONS.md, "vLLM on CPU").
     VLLM_CPU_OMP_THREADS_BIND="0|1" .venv/bin/python integrations/vllm_cpu_smoke.py ubep  # DP=2+EP
                                                                     # over ubep (vllm_ep plugin)
     ... --weights random   # real random weights (safetensors) instead of vLLM's dummy ones
-    ... --json out.json    # also write {"mode", "weights", "tokens", "logprobs", "leads"}
+    ... --dtype float32    # the model in fp32 (default bfloat16)
+    ... --json out.json    # also write {mode, weights, dtype, tokens, logprobs, leads}
     ... --compare a.json   # exit 1 unless the tokens equal those of the run that wrote a.json
 
 Writes a local Qwen3-MoE config (ubep's _e2e_models.small_config, 2 layers; no hub), serves it
-with random weights (load_format="dummy", seed 0), 4 token-id prompts of 16 tokens, 32 greedy
-tokens each, and prints them (TOKENS lines, in prompt order) for comparison between the modes.
+with random weights (load_format="dummy", seed 0; or --weights random), 4 token-id prompts of
+16 tokens, 32, 32, 32 and 12 greedy tokens, and prints them (TOKENS lines, in prompt order) for
+comparison between the modes.
 
 dp / ubep: vLLM's offline data parallelism (its data_parallel_offline example): one process per
-DP rank, each an LLM with VLLM_DP_RANK/VLLM_DP_SIZE set, serving prompts [2r, 2r+1]; the MoE
+DP rank, each an LLM with VLLM_DP_RANK/VLLM_DP_SIZE set, rank 0 serving prompts 0-2 and rank 1
+prompt 3 (which stops after 12 tokens: rank 1 then runs vLLM's dummy batches, whose MoE layers
+still take part in every dispatch and combine); the MoE
 layers' experts are split over the 2 ranks (enable_expert_parallel). ubep: the ranks load the
 vLLM plugin ubep.vllm_ep (an entry point in a dist-info this script writes to a temporary folder
 on PYTHONPATH, so every vLLM process of the rank loads it).
@@ -28,18 +32,20 @@ import sys
 import tempfile
 
 PROMPTS = [[(7 * i + 3 * j) % 1000 for j in range(16)] for i in range(4)]
+MAX_TOKENS = [32, 32, 32, 12]  # prompt 3 stops early: its DP rank then idles (dummy batches)
+DP_PROMPTS = [[0, 1, 2], [3]]  # prompts per DP rank: uneven on purpose
 DP = 2
-LM_HEAD_SCALE = 30.0
+LM_HEAD_SCALE = 10.0
 
 
-def write_model(path, weights):
+def write_model(path, weights, dtype):
     """dummy: the config alone (vLLM draws its dummy weights, uniform in +-1e-3: a degenerate
     model whose outputs alternate two tokens); random: ubep's e2e model (normal weights,
     experts and routers drawn large enough to route) saved as safetensors, bf16."""
     import torch
     from ubep import _e2e_models as m
     if weights == "random":
-        model = m.build_model("qwen3_moe", layers=2, dtype=torch.bfloat16)
+        model = m.build_model("qwen3_moe", layers=2, dtype=getattr(torch, dtype))
         with torch.no_grad():  # spread the logits: transformers' init leaves them near-uniform
             model.lm_head.weight.mul_(LM_HEAD_SCALE)  # (top-2 gaps of ~1e-3 nats, ties)
         cfg = model.config
@@ -54,17 +60,17 @@ def write_model(path, weights):
         assert json.load(f)["architectures"] == ["Qwen3MoeForCausalLM"]
 
 
-def generate(path, prompts, weights, **kw):
+def generate(path, which, weights, dtype, **kw):
     """Greedy tokens per prompt, and each step's log-probability of its token."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     load = "dummy" if weights == "dummy" else "safetensors"
-    llm = LLM(model=path, load_format=load, skip_tokenizer_init=True, dtype="bfloat16",
+    llm = LLM(model=path, load_format=load, skip_tokenizer_init=True, dtype=dtype,
               max_model_len=256, max_num_batched_tokens=256, enforce_eager=True,
               runner="generate", seed=0, **kw)
-    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, detokenize=False,
-                            logprobs=2)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params)
+    params = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS[i], ignore_eos=True,
+                             detokenize=False, logprobs=2) for i in which]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=PROMPTS[i]) for i in which], params)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     # Per step: the chosen token's log-probability, and its lead over the runner-up (how close
     # a greedy choice was to a tie).
@@ -85,18 +91,17 @@ def write_plugin(folder):
         f.write("[vllm.general_plugins]\nubep = ubep.vllm_ep:register\n")
 
 
-def dp_rank_main(mode, rank, port, path, weights, out):
-    """One DP rank (a child process of run_dp): prompts [2r, 2r+1]."""
+def dp_rank_main(mode, rank, port, path, weights, dtype, out):
+    """One DP rank (a child process of run_dp): prompts DP_PROMPTS[rank]."""
     os.environ.update(VLLM_DP_RANK=str(rank), VLLM_DP_RANK_LOCAL=str(rank),
                       VLLM_DP_SIZE=str(DP), VLLM_DP_MASTER_IP="127.0.0.1",
                       VLLM_DP_MASTER_PORT=str(port))
-    mine = PROMPTS[rank * 2:(rank + 1) * 2]
-    got = generate(path, mine, weights, enable_expert_parallel=True)
+    got = generate(path, DP_PROMPTS[rank], weights, dtype, enable_expert_parallel=True)
     with open(out, "w") as f:
         json.dump(got, f)
 
 
-def run_dp(mode, path, weights):
+def run_dp(mode, path, weights, dtype):
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -108,7 +113,7 @@ def run_dp(mode, path, weights):
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [tmp, env.get("PYTHONPATH")]))
     outs = [os.path.join(tmp, f"rank{r}.json") for r in range(DP)]
     procs = [subprocess.Popen([sys.executable, __file__, "--dp-rank", str(r), mode, str(port),
-                               path, weights, outs[r]], env=env) for r in range(DP)]
+                               path, weights, dtype, outs[r]], env=env) for r in range(DP)]
     codes = [p.wait() for p in procs]
     if any(codes):
         sys.exit(f"{mode}: DP ranks exited with {codes}")
@@ -143,26 +148,28 @@ def compare(mine, other_json):
 def main():
     import argparse
     if sys.argv[1:2] == ["--dp-rank"]:
-        rank, mode, port, path, weights, out = sys.argv[2:8]
-        return dp_rank_main(mode, int(rank), int(port), path, weights, out)
+        rank, mode, port, path, weights, dtype, out = sys.argv[2:9]
+        return dp_rank_main(mode, int(rank), int(port), path, weights, dtype, out)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("mode", choices=["single", "ep", "dp", "ubep"])
     ap.add_argument("--weights", choices=["dummy", "random"], default="dummy")
-    ap.add_argument("--json", help="write {mode, weights, tokens, logprobs, leads} here")
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    ap.add_argument("--json", help="write {mode, weights, dtype, tokens, logprobs, leads} here")
     ap.add_argument("--compare", help="another run's --json: exit 1 unless the tokens match")
     args = ap.parse_args()
     path = tempfile.mkdtemp(prefix="ubep-vllm-")
-    write_model(path, args.weights)
+    write_model(path, args.weights, args.dtype)
     if args.mode in ("dp", "ubep"):
-        tokens, logprobs, leads = run_dp(args.mode, path, args.weights)
+        tokens, logprobs, leads = run_dp(args.mode, path, args.weights, args.dtype)
     else:
         kw = dict(tensor_parallel_size=2, enable_expert_parallel=True,
                   distributed_executor_backend="mp") if args.mode == "ep" else {}
-        tokens, logprobs, leads = generate(path, PROMPTS, args.weights, **kw)
+        tokens, logprobs, leads = generate(path, range(len(PROMPTS)), args.weights, args.dtype,
+                                           **kw)
     for t in tokens:
         print("TOKENS", t, flush=True)
-    result = dict(mode=args.mode, weights=args.weights, tokens=tokens, logprobs=logprobs,
-                  leads=leads)
+    result = dict(mode=args.mode, weights=args.weights, dtype=args.dtype, tokens=tokens,
+                  logprobs=logprobs, leads=leads)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f)
