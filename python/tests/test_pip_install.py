@@ -36,6 +36,12 @@ def test_pip_install_into_venv(tmp_path):
                         "print(d.Buffer.get_low_latency_rdma_size_hint(128, 7168, 2, 256))")
     where, hint = out.split()
     assert where.startswith(str(venv)) and int(hint) > 0
+    # The vLLM plugin entry point (docs/INTEGRATIONS.md, "vLLM on CPU"): declared, and its
+    # target resolves (vLLM itself is not needed to import ubep.vllm_ep).
+    out = run(py, "-c", "from importlib.metadata import entry_points as e; "
+                        "p = [x for x in e(group='vllm.general_plugins') if x.name == 'ubep']; "
+                        "print(p[0].value, callable(p[0].load()))")
+    assert out.split() == ["ubep.vllm_ep:register", "True"], out
     run(py, "-m", "pip", "uninstall", "-y", "ubep")
     p = subprocess.run([py, "-c", "import ubep"], capture_output=True, text=True, env=env,
                        cwd=str(tmp_path))
