@@ -58,6 +58,14 @@ def test_tokens_on_one_rank_are_bit_identical_to_the_single_rank_kernel(reports)
     assert seen >= 12  # the worker pins 3 tokens to each rank's experts per non-empty round
 
 
+def test_a_rank_that_receives_no_rows_still_takes_part(reports):
+    # Round [3, 3]: every token is pinned to rank 0's experts, so rank 1's experts run on no
+    # rows (vLLM's kernel skips them) while its combine still brings its own tokens back.
+    rnd = reports[1]["rounds"][2]
+    assert rnd["rows_received"] == 0 and rnd["tokens"] == 3 and rnd["one_rank_bit_equal"], rnd
+    assert reports[0]["rounds"][2]["rows_received"] == 6, reports[0]["rounds"][2]
+
+
 def test_split_tokens_are_within_one_rounding_of_the_single_rank_kernel(reports):
     # A token split over both ranks is rounded to bf16 once per rank before combine's fp32
     # sum, one rounding more than on one rank: at most ~2 bf16 ulps of the output's magnitude.

@@ -14,8 +14,9 @@ import torch
 import torch.distributed as dist
 
 E, K, H, I = 16, 4, 128, 64   # the CPU kernel wants hidden and intermediate multiples of 32
-# Tokens per rank in each round: uneven, and a round where one rank sends nothing.
-ROUNDS = [[37, 20], [5, 0], [64, 64]]
+# Tokens per rank in each round: uneven; one rank sends nothing; [3, 3]: every token is pinned
+# to rank 0's experts (route), so rank 1 receives no rows and its experts run on none.
+ROUNDS = [[37, 20], [5, 0], [3, 3], [64, 64]]
 
 
 def moe_config(ep_rank, ep_size):
@@ -142,7 +143,7 @@ def main():
         one_rank = (owner == owner[:, :1]).all(dim=1) if counts[rank] else owner[:, 0] == 0
         diff = (got.float() - want.float()).abs()
         report["rounds"].append({
-            "tokens": counts[rank], "shape_ok": list(got.shape) == [counts[rank], H],
+            "tokens": counts[rank], "rows_received": ep_kernel.prepare_finalize.rows, "shape_ok": list(got.shape) == [counts[rank], H],
             "one_rank_tokens": int(one_rank.sum()),
             "one_rank_bit_equal": bool(torch.equal(got[one_rank], want[one_rank])),
             "max_abs_diff": float(diff.max()) if counts[rank] else 0.0,

@@ -105,6 +105,7 @@ def _classes():
             self.buffer = buffer
             self._handle = None
             self.calls = 0  # dispatches so far (the first one is logged: proof it ran)
+            self.rows = 0   # rows the last dispatch brought to this rank
 
         @property
         def activation_format(self):
@@ -160,6 +161,7 @@ def _prepare(pf, a1, topk_weights, topk_ids, num_experts, apply_router_weight_on
                      topk_weights.to(torch.float32).contiguous(), layout="throughput")
     pf._handle = r.handle
     pf.calls += 1
+    pf.rows = int(r.recv_x.shape[0])
     if pf.calls == 1:
         _log().info("ubep: first dispatch on EP rank %d of %d: %d tokens sent, %d rows received",
                     buf.rank, buf.num_ranks, a1.shape[0], r.recv_x.shape[0])
