@@ -51,6 +51,10 @@ double ms_since_fault(int64_t at) {
 // ("wrong" if the masked ranks are not exactly the lost host's, or a value is wrong). A rank of
 // the lost host itself (cut link) must stop with the partition error, never mask the others:
 //   RESULT ... minority: <error>
+// UBEP_KILL_ONE=1 (tcp_host_loss.sh kills only the last rank of the last host): nobody masks;
+// every other rank stops with the named error of a partly lost host (its host-mate: "not a
+// host-mate"), M the time from the kill to it:
+//   RESULT ... partly: <error>
 struct MaskRun {
   std::string verdict = "timeout", what = "no masked call within 30 s";
   int64_t done_at = 0;
@@ -92,6 +96,11 @@ MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
         run = {"minority", what, realtime_ns()};
         return run;
       }
+      // One rank of the host killed alone (UBEP_KILL_ONE=1): its host-mates fail at once, the
+      // other hosts once the grace for the rest of the host has passed; both named.
+      if (what.find("is partly lost") != std::string::npos ||
+          what.find("not a host-mate") != std::string::npos)
+        return {"partly", what, realtime_ns()};
       if (first.empty()) first = what;
       if (++failed > 5) return {"wrong", "more than 5 failed calls: " + what, realtime_ns()};
       continue;
@@ -238,6 +247,9 @@ int rank_main(int local_rank) {
   GroupOptions opts;
   opts.timeout = std::chrono::seconds(5);
   std::unique_ptr<Group> g = make_tcp_group(launch, opts);
+  // Each rank's pid, for a script that kills one rank alone (UBEP_KILL_ONE).
+  if (const char* dir = std::getenv("UBEP_PID_DIR"))
+    std::ofstream(detail::concat(dir, "/pid.", g->rank())) << getpid() << "\n";
   Case c;
   c.experts = 4 * g->size();
   c.hidden = 64;
