@@ -186,8 +186,7 @@ TEST(HostHeartbeat, APredecessorsBeatsDoNotKeepAReplacementAlive) {
       if (v == std::make_pair(0, 1)) return true;
     return false;
   };
-  while (!judged() && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(5ms);
+  while (!judged() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
   EXPECT_TRUE(judged());
   EXPECT_TRUE(c.hb[0]->lost(1));
 }

@@ -34,7 +34,8 @@ class HostHeartbeat {
     std::chrono::milliseconds period{10};
     std::chrono::milliseconds threshold{60};
     std::chrono::milliseconds startup_grace{3000};
-    uint32_t incarnation = 0;  // this rank's, in every beat (a replacement's is its predecessor's + 1)
+    // This rank's, in every beat (a replacement's is its predecessor's + 1).
+    uint32_t incarnation = 0;
   };
   struct Peer {
     int host = -1;   // 0..hosts-1, not this host
@@ -95,7 +96,7 @@ class HostHeartbeat {
   std::vector<int> index_of_;    // by host: peer index or -1
   // Written and read by the heartbeat thread only (after start(), which runs before it exists).
   std::vector<std::chrono::steady_clock::time_point> last_seen_;
-  std::vector<bool> departed_;  // said goodbye (a clean end): never judged lost
+  std::vector<bool> departed_;             // said goodbye (a clean end): never judged lost
   std::vector<uint32_t> min_incarnation_;  // by peer index: older beats are a predecessor's
   // Written by the heartbeat thread (release), read by any thread (acquire); by host.
   std::unique_ptr<std::atomic<bool>[]> lost_;
@@ -104,7 +105,7 @@ class HostHeartbeat {
   bool silent_ = false;          // go_silent() ran: no goodbye (owner's thread only)
   std::atomic<bool> rt_{false};  // the thread runs SCHED_FIFO (written once by it)
   LostFn on_lost_;
-  std::mutex verdict_mu_;        // a verdict (lost_ set + on_lost) vs forget() and rearm()
+  std::mutex verdict_mu_;      // a verdict (lost_ set + on_lost) vs forget() and rearm()
   std::vector<Rearm> rearms_;  // under verdict_mu_: rearm() adds, the heartbeat thread applies
   std::thread thread_;
 };

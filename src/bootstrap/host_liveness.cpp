@@ -86,7 +86,8 @@ std::unique_ptr<HostHeartbeat> bind_own(int rank, int size, const HostHeartbeat:
 
 std::unique_ptr<HostHeartbeat> start_host_liveness(Bootstrap& bootstrap, int rank,
                                                    const std::vector<int>& host_of,
-                                                   DeathWatch& watch, std::vector<BeatAddr>* addrs) {
+                                                   DeathWatch& watch,
+                                                   std::vector<BeatAddr>* addrs) {
   const int size = static_cast<int>(host_of.size());
   bool spans = false;
   for (int h : host_of) spans = spans || h != host_of[0];
@@ -130,8 +131,10 @@ std::unique_ptr<HostHeartbeat> bind_heartbeat(int rank, int size, uint32_t incar
   opt.incarnation = incarnation;
   Endpoint own;
   auto hb = bind_own(rank, size, opt, own);
-  if (!hb) log::warn("host heartbeat off: hostname '", own.host, "' has no IPv4 address");
-  else *me = {own.ip, own.port, 0};
+  if (!hb)
+    log::warn("host heartbeat off: hostname '", own.host, "' has no IPv4 address");
+  else
+    *me = {own.ip, own.port, 0};
   return hb;
 }
 
@@ -147,7 +150,8 @@ void beat_to(HostHeartbeat& hb, int rank, const std::vector<int>& host_of,
     const BeatAddr& a = addrs[static_cast<size_t>(r)];
     if (host_of[static_cast<size_t>(r)] == host_of[static_cast<size_t>(rank)]) continue;
     if (a.ip == 0 || a.port == 0 || (loopback(a.ip) && !own_loopback)) {
-      log::warn("host heartbeat: rank ", r, " gave no reachable address; its host's loss is "
+      log::warn("host heartbeat: rank ", r,
+                " gave no reachable address; its host's loss is "
                 "named only at the timeout");
       continue;
     }

@@ -53,8 +53,10 @@ class ShmGroup : public Group, private GroupHooks {
   // replacement at `at` instead (port 0: it runs none, so it is not judged).
   void rearm_heartbeat(int rank, const BeatAddr& at, uint32_t incarnation) {
     if (!heartbeat_) return;
-    if (at.port == 0) heartbeat_->forget(rank);
-    else heartbeat_->rearm(rank, dotted(at), at.port, incarnation);
+    if (at.port == 0)
+      heartbeat_->forget(rank);
+    else
+      heartbeat_->rearm(rank, dotted(at), at.port, incarnation);
   }
   // Every rank's heartbeat address as the group's set-up exchanged it (empty: none ran).
   const std::vector<BeatAddr>& beat_addrs() const { return beat_addrs_; }

@@ -4,8 +4,9 @@
 // last host or cuts its cable, the survivors mask it (a cut host's ranks stop as the minority of
 // the partition and end; the cable comes back), the driver starts a replacement host there
 // (UBEP_REJOIN=1), the survivors take it back. From cycle 2 on the host lost is the replacement
-// of the cycle before: a cut cable of it is named only by the heartbeat. The survivors keep one group and one Buffer through every cycle, so
-// their descriptors and memory are measured across cycles, not per launch.
+// of the cycle before: a cut cable of it is named only by the heartbeat. The survivors keep one
+// group and one Buffer through every cycle, so their descriptors and memory are measured across
+// cycles, not per launch.
 //
 // The inputs must be the same call on every rank. Per cycle: phase B (full view, problem 0: the
 // survivors' loops may go out of step at the fault, one completing a call another fails) until

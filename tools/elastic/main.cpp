@@ -98,8 +98,13 @@ int run_hosts(int argc, char** argv) {
                  "ubep-elastic: %s is not built (cmake --build build --target host_cycles)\n", bin);
     return 2;
   }
-  std::vector<char*> args = {const_cast<char*>(script), const_cast<char*>(bin), hosts.data(),
-                             per_host.data(), cycles.data(), fault.data(), nullptr};
+  std::vector<char*> args = {const_cast<char*>(script),
+                             const_cast<char*>(bin),
+                             hosts.data(),
+                             per_host.data(),
+                             cycles.data(),
+                             fault.data(),
+                             nullptr};
   execv(script, args.data());
   std::fprintf(stderr, "ubep-elastic: cannot run %s: %s\n", script, std::strerror(errno));
   return 2;
