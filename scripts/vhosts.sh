@@ -272,7 +272,7 @@ case $cmd in
       ip netns exec "$name-vh$host" tc qdisc del dev eth0 root 2>/dev/null || true
     else
       ip netns exec "$name-vh$host" tc qdisc replace dev eth0 root netem "$@" ||
-        die "tc netem failed on vh$host (is sch_netem in this kernel? tc qdisc add dev lo root netem delay 1ms)"
+        die "tc netem failed on vh$host (is sch_netem in this kernel? tc qdisc add dev lo root netem delay 1ms; without it, tests/vhosts/netem_calls.sh splices a user-space relay into a host's cable)"
     fi ;;
   kill-host) [ $# -ge 2 ] || die "usage: kill-host NAME HOST [SIGNAL]"; kill_host_pids "$@" ;;
   *) die "unknown command '$cmd' (check, up, down, exec, mpirun, launch, run, shell, gc, link, netem, kill-host)" ;;

@@ -89,7 +89,7 @@ void bind_bootstrap(pb::module_& m) {
   m.def(
       "make_tcp_group",
       [](const std::string& rendezvous, int hosts, int host, int ranks_per_host, int local_rank,
-         double timeout_s) {
+         double timeout_s, bool elastic, bool rejoin) {
         const GroupOptions o = group_options(timeout_s, "", "make_tcp_group");
         TcpLaunch launch;
         launch.rendezvous = rendezvous;
@@ -97,14 +97,19 @@ void bind_bootstrap(pb::module_& m) {
         launch.host = host;
         launch.ranks_per_host = ranks_per_host;
         launch.local_rank = local_rank;
+        launch.elastic = elastic;
+        launch.rejoin = rejoin;
         // Collective over every rank of every host: sockets only, no Python callback.
         pb::gil_scoped_release nogil;
         return make_tcp_group(launch, o);
       },
       pb::arg("rendezvous"), pb::arg("hosts"), pb::arg("host"), pb::arg("ranks_per_host"),
-      pb::arg("local_rank"), pb::arg("timeout") = 60.0,
+      pb::arg("local_rank"), pb::arg("timeout") = 60.0, pb::arg("elastic") = false,
+      pb::arg("rejoin") = false,
       "The C++ make_tcp_group (ubep/tcp_group.hpp): one launcher per host, no MPI job spanning "
-      "hosts, so the survivors outlive a lost host (docs/ELASTIC.md).");
+      "hosts, so the survivors outlive a lost host (docs/ELASTIC.md). elastic: the live group "
+      "takes replacement hosts (TcpLaunch::elastic); rejoin: this rank belongs to a replacement "
+      "host (TcpLaunch::rejoin; not collective with the live ranks).");
 }
 
 }  // namespace ubep::python

@@ -286,8 +286,22 @@ _TCP_ENV = (("rendezvous", "UBEP_RENDEZVOUS"), ("hosts", "UBEP_HOSTS"),
             ("local_rank", "UBEP_LOCAL_RANK"))
 
 
+def _env_flag(key, value, var):
+    """``value`` as a bool; None: from ``var`` ("1" on, "0" or unset off, as the C++
+    TcpLaunch::from_env reads it). Anything else is named."""
+    if value is not None:
+        if isinstance(value, bool) or value in (0, 1):
+            return bool(value)
+        raise _ubep.InvalidArgument(f"make_tcp_group: {key} must be True or False, got {value!r}")
+    raw = os.environ.get(var, "")
+    if raw in ("", "0", "1"):
+        return raw == "1"
+    raise _ubep.InvalidArgument(
+        f"make_tcp_group: {key} not given and {var}={raw!r} is neither 0 nor 1")
+
+
 def make_tcp_group(rendezvous=None, *, hosts=None, host=None, ranks_per_host=None,
-                   local_rank=None, timeout=60.0):
+                   local_rank=None, timeout=60.0, elastic=None, rejoin=None):
     """A ``ubep.Group`` across hosts with one launcher per host and no MPI job spanning them (the
     C++ ``make_tcp_group``, docs/ELASTIC.md): ranks of one host share memory, ranks of different
     hosts talk over TCP sockets of their own, so the processes of the other hosts outlive a
@@ -301,7 +315,17 @@ def make_tcp_group(rendezvous=None, *, hosts=None, host=None, ranks_per_host=Non
     environment a launcher sets: UBEP_RENDEZVOUS, UBEP_HOSTS, UBEP_HOST_INDEX,
     UBEP_RANKS_PER_HOST, UBEP_LOCAL_RANK (scripts/vhosts.sh launch sets all but the last).
     ``InvalidArgument`` names a missing or malformed one; ``TimeoutError`` when a rank does not
-    arrive within ``timeout`` seconds."""
+    arrive within ``timeout`` seconds.
+
+    A replacement host (docs/ELASTIC.md, "A replacement host"): ``elastic=True`` on every rank
+    of the live group (host 0's local rank 0 then keeps the rendezvous open for replacements;
+    its port stays taken while the group lives). After the survivors masked a lost host, that
+    host's launcher runs again and its new ranks call ``make_tcp_group(rejoin=True)`` with the
+    same launch (the same ``host``): not collective with the live ranks, which take them in at
+    their next dispatch. Each new rank then makes the same Buffers, with the same arguments,
+    and calls dispatch/combine as the live ranks do; the first dispatch agrees with them and
+    serves. Host 0 cannot be replaced. None: from UBEP_ELASTIC / UBEP_REJOIN ("1" on, "0" or
+    unset off), as the C++ ``TcpLaunch::from_env``."""
     given = dict(rendezvous=rendezvous, hosts=hosts, host=host, ranks_per_host=ranks_per_host,
                  local_rank=local_rank)
     args = {}
@@ -321,8 +345,11 @@ def make_tcp_group(rendezvous=None, *, hosts=None, host=None, ranks_per_host=Non
             raise _ubep.InvalidArgument(
                 f"make_tcp_group: {key} must be an integer, got {value!r}"
                 f"{' (from ' + var + ')' if given[key] is None else ''}") from None
+    elastic = _env_flag("elastic", elastic, "UBEP_ELASTIC")
+    rejoin = _env_flag("rejoin", rejoin, "UBEP_REJOIN")
     return _ubep.make_tcp_group(args["rendezvous"], args["hosts"], args["host"],
-                                args["ranks_per_host"], args["local_rank"], float(timeout))
+                                args["ranks_per_host"], args["local_rank"], float(timeout),
+                                elastic, rejoin)
 
 
 def as_group(group, *, timeout=60.0, ranks_per_host=0, elastic_name=""):

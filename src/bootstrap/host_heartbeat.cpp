@@ -16,11 +16,12 @@ namespace ubep::bootstrap {
 
 namespace {
 constexpr uint32_t kMagic = 0x55424842;  // "UBHB"
-constexpr uint64_t kGoodbye = ~uint64_t{0};
+constexpr uint32_t kGoodbye = ~uint32_t{0};
 struct Beat {
   uint32_t magic;
   int32_t host;
-  uint64_t seq;
+  uint32_t incarnation;  // the sender's: a replacement's beats are told from its predecessor's
+  uint32_t seq;          // wraps after 497 days at 10 ms; only kGoodbye means anything
 };
 using Clock = std::chrono::steady_clock;
 
@@ -88,6 +89,7 @@ void HostHeartbeat::start(const std::vector<Peer>& peers, LostFn on_lost) {
   }
   last_seen_.assign(to_.size(), Clock::now());
   departed_.assign(to_.size(), false);
+  min_incarnation_.assign(to_.size(), 0);
   on_lost_ = std::move(on_lost);
   thread_ = std::thread([this] { run(); });  // everything above happens-before the thread
 }
@@ -100,8 +102,8 @@ bool HostHeartbeat::lost(int host) const {
   return host >= 0 && host < hosts_ && lost_[host].load(std::memory_order_acquire);
 }
 
-void HostHeartbeat::send_beats(uint64_t seq) {
-  Beat b{kMagic, self_, seq};
+void HostHeartbeat::send_beats(uint32_t seq) {
+  Beat b{kMagic, self_, opt_.incarnation, seq};
   for (const sockaddr_in& to : to_) {
     // Errors (ENETDOWN, ENETUNREACH, ECONNREFUSED from an earlier ICMP) are the peers' silence
     // by another name: the judgement below decides, not the send.
@@ -120,7 +122,7 @@ void HostHeartbeat::drain(Clock::time_point now) {
     }
     if (got != sizeof b || b.magic != kMagic || b.host < 0 || b.host >= hosts_) continue;
     int i = index_of_[b.host];
-    if (i < 0) continue;
+    if (i < 0 || b.incarnation < min_incarnation_[i]) continue;
     last_seen_[i] = now;
     if (b.seq == kGoodbye) departed_[i] = true;
     if (!heard_[b.host].load(std::memory_order_relaxed))
@@ -136,14 +138,16 @@ void HostHeartbeat::run() {
   sched_param prio{};
   prio.sched_priority = 1;
   rt_ = pthread_setschedparam(pthread_self(), SCHED_FIFO, &prio) == 0;
-  uint64_t seq = 0;
+  uint32_t seq = 0;
   auto next_send = Clock::now();
   while (!stop_.load(std::memory_order_relaxed)) {
     auto now = Clock::now();
+    apply_rearms(now);
     if (now >= next_send) {
       send_beats(seq++);
       next_send += opt_.period;
       if (next_send < now) next_send = now + opt_.period;  // late: no burst of catch-up beats
+      if (seq == kGoodbye) seq = 0;
     }
     pollfd p{fd_, POLLIN, 0};
     auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_send - now).count();
@@ -170,6 +174,42 @@ void HostHeartbeat::forget(int host) {
   if (host < 0 || host >= hosts_) return;
   std::lock_guard<std::mutex> lock(verdict_mu_);
   lost_[host].store(true, std::memory_order_release);
+}
+
+void HostHeartbeat::rearm(int host, const std::string& ip, uint16_t port, uint32_t incarnation) {
+  UBEP_CHECK_ARG(host >= 0 && host < hosts_ && host != self_, "HostHeartbeat: rearm of bad host ",
+                 host);
+  const sockaddr_in to = address_of(ip, port);
+  std::lock_guard<std::mutex> lock(verdict_mu_);
+  // As forget(): from here no verdict names `host` until the thread has applied the rearm.
+  lost_[host].store(true, std::memory_order_release);
+  rearms_.push_back({host, to, incarnation});
+}
+
+// On the heartbeat thread, the only one that touches the per-peer vectors after start(); under
+// verdict_mu_, so a rearm is applied whole between two verdicts. lost_ goes false last: until
+// then no verdict can name the host, and from then it is judged from `now` (start-up grace until
+// the new incarnation's first beat: heard_ false).
+void HostHeartbeat::apply_rearms(Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(verdict_mu_);
+  for (const Rearm& r : rearms_) {
+    int i = index_of_[r.host];
+    if (i < 0) {  // not a peer before (no address then): one from now on
+      i = index_of_[r.host] = static_cast<int>(to_.size());
+      to_.push_back(r.to);
+      peer_host_.push_back(r.host);
+      last_seen_.push_back(now);
+      departed_.push_back(false);
+      min_incarnation_.push_back(0);
+    }
+    to_[i] = r.to;
+    last_seen_[i] = now;
+    departed_[i] = false;
+    min_incarnation_[i] = r.incarnation;
+    heard_[r.host].store(false, std::memory_order_release);
+    lost_[r.host].store(false, std::memory_order_release);
+  }
+  rearms_.clear();
 }
 
 }  // namespace ubep::bootstrap

@@ -34,6 +34,8 @@ class HostHeartbeat {
     std::chrono::milliseconds period{10};
     std::chrono::milliseconds threshold{60};
     std::chrono::milliseconds startup_grace{3000};
+    // This rank's, in every beat (a replacement's is its predecessor's + 1).
+    uint32_t incarnation = 0;
   };
   struct Peer {
     int host = -1;   // 0..hosts-1, not this host
@@ -63,12 +65,25 @@ class HostHeartbeat {
   // on_lost included) has completed; none comes after: the thread claims a verdict and runs
   // on_lost under the same mutex, and skips a host forgotten meanwhile.
   void forget(int host);
+  // `host` is judged again, now at ip:port with `incarnation` (issue 32: a replacement host was
+  // taken; its loss, a cut cable included, is then named as fast as the first one). Any thread.
+  // forget()s the predecessor at once; the heartbeat thread applies the rest at its next turn
+  // (under verdict_mu_): it beats to the new address, and it judges the host afresh, with the
+  // start-up grace until a beat of that incarnation (or a later one) arrives. Beats of older
+  // incarnations (a late goodbye of the predecessor) are ignored from then on.
+  void rearm(int host, const std::string& ip, uint16_t port, uint32_t incarnation);
   // Acquire load, any thread: true once a datagram from `host` has arrived (ever).
   bool heard(int host) const;
 
  private:
+  struct Rearm {
+    int host;
+    sockaddr_in to;
+    uint32_t incarnation;
+  };
   void run();
-  void send_beats(uint64_t seq);
+  void apply_rearms(std::chrono::steady_clock::time_point now);
+  void send_beats(uint32_t seq);
   void drain(std::chrono::steady_clock::time_point now);
 
   int self_;
@@ -81,7 +96,8 @@ class HostHeartbeat {
   std::vector<int> index_of_;    // by host: peer index or -1
   // Written and read by the heartbeat thread only (after start(), which runs before it exists).
   std::vector<std::chrono::steady_clock::time_point> last_seen_;
-  std::vector<bool> departed_;  // said goodbye (a clean end): never judged lost
+  std::vector<bool> departed_;             // said goodbye (a clean end): never judged lost
+  std::vector<uint32_t> min_incarnation_;  // by peer index: older beats are a predecessor's
   // Written by the heartbeat thread (release), read by any thread (acquire); by host.
   std::unique_ptr<std::atomic<bool>[]> lost_;
   std::unique_ptr<std::atomic<bool>[]> heard_;
@@ -89,7 +105,8 @@ class HostHeartbeat {
   bool silent_ = false;          // go_silent() ran: no goodbye (owner's thread only)
   std::atomic<bool> rt_{false};  // the thread runs SCHED_FIFO (written once by it)
   LostFn on_lost_;
-  std::mutex verdict_mu_;  // a verdict (lost_ set + on_lost) vs forget()
+  std::mutex verdict_mu_;      // a verdict (lost_ set + on_lost) vs forget() and rearm()
+  std::vector<Rearm> rearms_;  // under verdict_mu_: rearm() adds, the heartbeat thread applies
   std::thread thread_;
 };
 

@@ -55,7 +55,8 @@ ShmGroup::ShmGroup(std::shared_ptr<Bootstrap> bootstrap, GroupOptions options,
   if (remote_ && deaths_->active())
     notices_ = std::make_unique<DeathNotices>(*remote_, *deaths_, rank(), host_vec_);
   // A host with nobody left to send notices: named by its silence (collective when spanning).
-  if (beat) heartbeat_ = start_host_liveness(*bootstrap_, rank(), host_vec_, *deaths_);
+  if (beat)
+    heartbeat_ = start_host_liveness(*bootstrap_, rank(), host_vec_, *deaths_, &beat_addrs_);
   // From here every wait of the group watches the deaths (the exchange of pids above could not:
   // nobody's pid was known yet, so a death there is named at the timeout).
   death_check_ = std::make_unique<DeathCheck>(*deaths_, notices_.get(), rank());

@@ -14,6 +14,7 @@
 #include "bootstrap/flag_barrier.hpp"
 #include "bootstrap/group_hooks.hpp"
 #include "bootstrap/host_heartbeat.hpp"
+#include "bootstrap/host_liveness.hpp"
 #include "bootstrap/rendezvous.hpp"
 #include "transport/remote.hpp"
 #include "ubep/bootstrap.hpp"
@@ -47,11 +48,21 @@ class ShmGroup : public Group, private GroupHooks {
     notices_->flush(std::chrono::milliseconds(100));
   }
   const char* kind() const override { return "processes"; }
-  // A replacement of `rank` (another host's) was taken: the heartbeat stops judging its
-  // predecessor, so no late verdict names the replacement lost (tcp_group.cpp).
-  void forget_heartbeat(int rank) {
-    if (heartbeat_) heartbeat_->forget(rank);
+  // A replacement of `rank` (another host's) was taken (tcp_group.cpp): the heartbeat stops
+  // judging its predecessor, so no late verdict names the replacement lost, and judges the
+  // replacement at `at` instead (port 0: it runs none, so it is not judged).
+  void rearm_heartbeat(int rank, const BeatAddr& at, uint32_t incarnation) {
+    if (!heartbeat_) return;
+    if (at.port == 0)
+      heartbeat_->forget(rank);
+    else
+      heartbeat_->rearm(rank, dotted(at), at.port, incarnation);
   }
+  // Every rank's heartbeat address as the group's set-up exchanged it (empty: none ran).
+  const std::vector<BeatAddr>& beat_addrs() const { return beat_addrs_; }
+  // A replacement host's group runs no set-up exchange with the other hosts: its heartbeat is
+  // made by its own set-up (tcp_group.cpp) and handed over here, started, after the watch.
+  void adopt_heartbeat(std::unique_ptr<HostHeartbeat> hb) { heartbeat_ = std::move(hb); }
 
  protected:
   void barrier_impl() override;
@@ -70,6 +81,7 @@ class ShmGroup : public Group, private GroupHooks {
   std::atomic<int> windows_{0};
   std::unique_ptr<DeathNotices> notices_;     // across hosts: deaths forwarded over remote_
   std::unique_ptr<HostHeartbeat> heartbeat_;  // across hosts: a lost host named (host_liveness)
+  std::vector<BeatAddr> beat_addrs_;          // by rank, from heartbeat_'s set-up
   // What the group's own waits (barriers, set-up exchanges) ask about deaths.
   std::unique_ptr<DeathCheck> death_check_;
 };

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "bootstrap/host_liveness.hpp"
 #include "bootstrap/shm_group.hpp"
 #include "bootstrap/tcp_bootstrap.hpp"
 #include "bootstrap/tcp_rejoin.hpp"
@@ -98,16 +99,16 @@ void label_peers(transport::TcpRemote* tcp, bootstrap::DeathWatch* watch, int me
 // A replacement rank's connection is taken only where its predecessor is gone: the transport
 // saw its connection end, or the death watch names it (a cut link: the heartbeat); the old
 // connection is then failed for good. Runs in RejoinDoor::pump (caller's thread, between calls).
-// The heartbeat stops judging the predecessor before the rank is revived: a verdict on it that
-// came after would name the replacement lost.
+// The heartbeat stops judging the predecessor before the rank is revived (a verdict on it that
+// came after would name the replacement lost), and judges the replacement from then on.
 bootstrap::RejoinDoor::TakeFn taker(bootstrap::ShmGroup* group, transport::TcpRemote* tcp,
                                     bootstrap::DeathWatch* watch) {
-  return [group, tcp, watch](int r, uint32_t, int fd) {
+  return [group, tcp, watch](int r, uint32_t incarnation, int fd, const bootstrap::BeatAddr& beat) {
     const bool dead = watch && watch->dead(r);
     if (tcp->peer_failure(r).empty() && !dead) return false;
     if (tcp->peer_failure(r).empty()) tcp->fail_peer(r, "lost: " + watch->how(r));
     tcp->replace_peer(r, fd);
-    group->forget_heartbeat(r);
+    group->rearm_heartbeat(r, beat, incarnation);
     if (watch) watch->revive_remote(r);
     return true;
   };
@@ -129,6 +130,13 @@ std::unique_ptr<Group> make_replacement(const TcpLaunch& launch, GroupOptions op
                          detail::concat("lost with host ", hosts[static_cast<size_t>(q)],
                                         ": unreachable when this replacement joined"),
                          false);
+  // Its heartbeat (bound in the join, its address in the hellos) beats to the live ranks'.
+  if (j.heartbeat && watch) {
+    std::vector<bootstrap::BeatAddr> beats(j.mesh.size());
+    for (size_t r = 0; r < beats.size(); ++r) beats[r] = j.mesh[r].beat;
+    bootstrap::beat_to(*j.heartbeat, launch.rank(), hosts, beats, *watch);
+    group->adopt_heartbeat(std::move(j.heartbeat));
+  }
   group->open_door(std::make_unique<bootstrap::RejoinDoor>(
       launch.rank(), hosts, std::move(j.mesh), j.listener, -1, taker(group.get(), tcp, watch)));
   return group;
@@ -153,7 +161,11 @@ std::unique_ptr<Group> make_tcp_group(const TcpLaunch& launch, GroupOptions opti
   bootstrap::DeathWatch* watch = bootstrap::hooks_of(*group).death_watch();
   label_peers(tcp, watch, boot->rank(), hosts);
   std::vector<bootstrap::MeshEntry> entries(mesh.addrs.size());
-  for (size_t r = 0; r < entries.size(); ++r) entries[r].addr = mesh.addrs[r];
+  const std::vector<bootstrap::BeatAddr>& beats = group->beat_addrs();
+  for (size_t r = 0; r < entries.size(); ++r) {
+    entries[r].addr = mesh.addrs[r];
+    if (r < beats.size()) entries[r].beat = beats[r];
+  }
   group->open_door(std::make_unique<bootstrap::RejoinDoor>(boot->rank(), hosts, std::move(entries),
                                                            mesh.listener, boot->take_listener(),
                                                            taker(group.get(), tcp, watch)));

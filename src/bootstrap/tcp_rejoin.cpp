@@ -34,6 +34,7 @@ struct Join {
   int32_t rank;
   uint32_t incarnation, pad;
   sockaddr_in listen;
+  BeatAddr beat;
 };
 
 void non_blocking(int fd) {
@@ -149,7 +150,7 @@ void RejoinDoor::take_rank(int fd) {
             j.incarnation > mesh_[static_cast<size_t>(j.rank)].incarnation,
         "rejoin: a hello from rank ", j.rank, " incarnation ", j.incarnation, " (magic ", j.magic,
         ") does not fit rank ", rank_, "'s group of ", n);
-    taken = take_(j.rank, j.incarnation, fd);
+    taken = take_(j.rank, j.incarnation, fd, j.beat);
     const uint32_t answer = taken ? 1u : 0u;
     send_all(fd, &answer, sizeof answer, until, nullptr, j.rank, "the answer to a replacement");
   } catch (const std::exception& e) {
@@ -160,7 +161,7 @@ void RejoinDoor::take_rank(int fd) {
     close(fd);
     return;
   }
-  mesh_[static_cast<size_t>(j.rank)] = MeshEntry{j.listen, j.incarnation, 0};
+  mesh_[static_cast<size_t>(j.rank)] = MeshEntry{j.listen, j.incarnation, 0, j.beat};
   log::info("rank ", rank_, ": rank ", j.rank, " is back as incarnation ", j.incarnation, " (",
             ip_port(j.listen), ")");
 }
@@ -245,7 +246,9 @@ Joined join_live_group(const TcpLaunch& launch, std::chrono::milliseconds timeou
   j.listener = listen_on(addr);
   socklen_t len = sizeof addr;
   getsockname(j.listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  const Join hello{kJoin, me, inc, 0, addr};
+  BeatAddr beat;
+  j.heartbeat = bind_heartbeat(me, n, inc, &beat);
+  const Join hello{kJoin, me, inc, 0, addr, beat};
   j.fds.assign(static_cast<size_t>(n), -1);
   try {
     for (int q = 0; q < n; ++q) {
@@ -264,6 +267,7 @@ Joined join_live_group(const TcpLaunch& launch, std::chrono::milliseconds timeou
     throw;
   }
   j.mesh[static_cast<size_t>(me)].addr = addr;
+  j.mesh[static_cast<size_t>(me)].beat = beat;
   j.bootstrap = std::make_shared<RejoinBootstrap>(std::move(boot), launch);
   log::info("rank ", me, ": joined the live group as incarnation ", inc, " (", j.unreachable.size(),
             " ranks unreachable)");

@@ -32,7 +32,8 @@ Membership::Membership(Group& group, const Window& win, uint32_t config)
       agreed_(view_),
       masked_(static_cast<size_t>(group.size()), 0),
       link_(group, win, kFieldsBeforeView + group.size()),
-      refused_(static_cast<size_t>(group.size()), 0) {
+      refused_(static_cast<size_t>(group.size()), 0),
+      partly_since_(static_cast<size_t>(group.size())) {
   // Ranks that are replacements already carry their incarnation; a replacement itself agrees
   // with the live ranks at its first dispatch.
   for (int r = 0; r < ranks_; ++r)
@@ -195,6 +196,7 @@ void Membership::publish(uint32_t flags) {
 void Membership::absorb_deaths(bool auto_mask, const char* what) {
   const bool hosts = !group_.single_host();
   for (int r = 0; r < ranks_; ++r) {
+    if (!dead(r)) partly_since_[static_cast<size_t>(r)] = {};
     if (r == me_ || !live_in_view(r) || !dead(r)) continue;
     UBEP_CHECK(auto_mask, PeerFailedError, what, ": rank ", r, " ", death_note(r),
                hosts ? "; BufferConfig::mask_dead_ranks goes on without its host"
@@ -206,7 +208,10 @@ void Membership::absorb_deaths(bool auto_mask, const char* what) {
     // connections close (or its heartbeat stops) within the detection time.
     UBEP_CHECK(!hosts || !group_.same_host(r, me_), PeerFailedError, what, ": rank ", r, " ",
                death_note(r), "; across hosts only a whole lost host is masked, not a host-mate");
-    if (hosts && !host_dead(group_.host_of(r))) continue;
+    if (hosts && !host_dead(group_.host_of(r))) {
+      check_partly_lost(r, what);
+      continue;
+    }
     view_[static_cast<size_t>(r)] |= 1u;
     log::debug("rank ", me_, ": masks dead rank ", r, " (incarnation ", view_[r] >> 1, ", ",
                death_note(r), ")");
@@ -218,6 +223,34 @@ bool Membership::host_dead(int h) const {
   for (int r = 0; r < ranks_; ++r)
     if (group_.host_of(r) == h && live_in_view(r) && !dead(r)) return false;
   return true;
+}
+
+// A single rank lost while its host-mates live (issue 32): they fail at once (the check above,
+// on their side), and every other host learns of the death at once too (its connections close,
+// or its host-mates forward it: DeathNotices). Such a host cannot be masked (the relay needs
+// every rank of a live host), but a whole host lost looks the same until its last rank is
+// known dead, a few ms later (connections closing one after another, or heartbeat verdicts a
+// period apart). So: a named error once kPartlyLostGrace has passed with a host-mate of r still
+// alive; if the rest of the host ends later (its launcher may end it), it is masked as a lost
+// host at the next dispatch.
+void Membership::check_partly_lost(int r, const char* what) {
+  constexpr auto kPartlyLostGrace = std::chrono::milliseconds(100);
+  auto& since = partly_since_[static_cast<size_t>(r)];
+  const auto now = std::chrono::steady_clock::now();
+  if (since == std::chrono::steady_clock::time_point{}) since = now;
+  if (now - since < kPartlyLostGrace) return;
+  const int h = group_.host_of(r);
+  std::string live;
+  for (int q = 0; q < ranks_; ++q)
+    if (group_.host_of(q) == h && live_in_view(q) && !dead(q))
+      live += (live.empty() ? "" : ", ") + std::to_string(q);
+  throw PeerFailedError(detail::concat(
+      what, ": rank ", r, " ", death_note(r), ", but host ", h, " is partly lost: its rank(s) ",
+      live, " still live after ",
+      std::chrono::duration_cast<std::chrono::milliseconds>(now - since).count(),
+      " ms; across hosts only a whole lost host is masked (the relay needs every rank of a live "
+      "host): end that host (its ranks are then masked at the next dispatch, and a replacement "
+      "host may rejoin) or make a new group"));
 }
 
 // No split brain: when hosts cannot see each other, both sides see the other dead. Only the

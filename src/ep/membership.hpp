@@ -20,6 +20,7 @@
 // stop (FailureWatch) instead of waiting for the timeout.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -97,6 +98,11 @@ class Membership {
   // side of a partition that may go on (majority of hosts; a tie: the lowest host).
   bool host_dead(int h) const;
   void check_partition(const char* what) const;
+  // Rank r of another host is dead while a host-mate of it lives: a whole lost host looks so for
+  // a few ms (its ranks' connections close, or their heartbeats stop, one after another), so
+  // this waits kPartlyLostGrace from the first sight, then names it (PeerFailedError) instead
+  // of leaving the agreement to the Buffer's timeout.
+  void check_partly_lost(int r, const char* what);
   // A replacement of rank r published its part of this buffer's window (rendezvous stamp newer
   // than the incarnation in view_); for a rank of another host (issue 32): its new connection
   // is taken and its first record of this buffer, with this config digest, has arrived.
@@ -132,6 +138,9 @@ class Membership {
   MemberLink link_;               // records to and from ranks of other hosts
   // [rank] the incarnation refused for its config (warned once); caller's thread only.
   mutable std::vector<uint32_t> refused_;
+  // [rank] when this rank first saw r dead with a host-mate of r alive (check_partly_lost); the
+  // epoch (zero) while not so. Caller's thread only.
+  std::vector<std::chrono::steady_clock::time_point> partly_since_;
 };
 
 }  // namespace ubep::ep

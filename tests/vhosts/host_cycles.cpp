@@ -1,9 +1,12 @@
-// Kill-host and rejoin cycles in one live TCP group (issue 32, item 4; host_cycles.sh drives it,
-// `ubep-elastic --hosts H --ranks-per-host R` runs that). The ranks of every host loop on checked
-// ubep calls with mask_dead_ranks; per cycle the driver SIGKILLs every process of the last host,
-// the survivors mask it, the driver starts a replacement host there (UBEP_REJOIN=1), the
-// survivors take it back. The survivors keep one group and one Buffer through every cycle, so
-// their descriptors and memory are measured across cycles, not per launch.
+// Kill-host, cut-link and rejoin cycles in one live TCP group (issue 32, item 4; host_cycles.sh
+// drives it, `ubep-elastic --hosts H --ranks-per-host R` runs that). The ranks of every host loop
+// on checked ubep calls with mask_dead_ranks; per cycle the driver SIGKILLs every process of the
+// last host or cuts its cable, the survivors mask it (a cut host's ranks stop as the minority of
+// the partition and end; the cable comes back), the driver starts a replacement host there
+// (UBEP_REJOIN=1), the survivors take it back. From cycle 2 on the host lost is the replacement
+// of the cycle before: a cut cable of it is named only by the heartbeat. The survivors keep one
+// group and one Buffer through every cycle, so their descriptors and memory are measured across
+// cycles, not per launch.
 //
 // The inputs must be the same call on every rank. Per cycle: phase B (full view, problem 0: the
 // survivors' loops may go out of step at the fault, one completing a call another fails) until
@@ -14,11 +17,14 @@
 //
 // Files in $UBEP_CYCLE_DIR: ready.N (rank 0 in phase B of cycle N), fault.N and launch.N (the
 // driver's CLOCK_REALTIME ns), masked.N (rank 0's first masked call of cycle N). Lines:
-//   CYCLE n rank r masked_ms X back_ms Y fds F     (a survivor, at the end of cycle n's phase A)
+//   CYCLE n rank r masked_ms X back_ms Y fds F failed_ms Z
+//       (a survivor, at the end of cycle n's phase A; Z: fault -> its first failed call, -1: none)
+//   PARTITIONED n rank r ms M       (a cut-off rank: fault -> its partition error; then it ends)
 //   SERVED n rank r ms M                             (a replacement, its first call's end)
 //   RESULT rank r ok|wrong: ...                      then EXIT rank r clean
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -74,7 +80,7 @@ struct Loop {
   std::string run(int first, int cycles) {
     char phase = launch.rejoin ? 'A' : 'B';
     int cycle = first, k = 0, in_b = 0, failed = 0;
-    int64_t masked_at = 0, back_at = 0;
+    int64_t masked_at = 0, back_at = 0, failed_at = 0;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15 * cycles + 30);
     while (std::chrono::steady_clock::now() < until) {
       const Problem& p = phase == 'B'   ? problems[0]
@@ -84,8 +90,15 @@ struct Loop {
         run_and_check(g, c, p, &b, nullptr, false,
                       [&] { return masked_problem(p, b.masked_ranks()); });
       } catch (const PeerFailedError& e) {
+        // A cut-off host (link cycles) stops as the minority of the partition, and ends.
+        if (std::strstr(e.what(), "partitioned")) {
+          std::printf("PARTITIONED %d rank %d ms %.1f\n", cycle, g.rank(),
+                      ms_after(dir_file("fault", cycle), now_ns()));
+          return detail::concat("partitioned: cycle ", cycle, ": ", e.what());
+        }
         if (phase == 'A' || ++failed > 5 * cycles)
           return detail::concat("wrong: cycle ", cycle, " phase ", phase, ": ", e.what());
+        if (!failed_at) failed_at = now_ns();
         continue;
       }
       if (::testing::Test::HasFailure())
@@ -110,14 +123,16 @@ struct Loop {
                       ms_after(dir_file("launch", cycle), now_ns()));
         if (++k == kFull) {
           if (!launch.rejoin)
-            std::printf("CYCLE %d rank %d masked_ms %.1f back_ms %.1f fds %d\n", cycle, g.rank(),
-                        ms_after(dir_file("fault", cycle), masked_at),
-                        ms_after(dir_file("launch", cycle), back_at), open_fds());
+            std::printf("CYCLE %d rank %d masked_ms %.1f back_ms %.1f fds %d failed_ms %.1f\n",
+                        cycle, g.rank(), ms_after(dir_file("fault", cycle), masked_at),
+                        ms_after(dir_file("launch", cycle), back_at), open_fds(),
+                        failed_at ? ms_after(dir_file("fault", cycle), failed_at) : -1.0);
           std::fflush(stdout);
           if (cycle == cycles) return "ok";
           ++cycle;
           phase = 'B';
           in_b = 0;
+          failed_at = 0;
         }
       } else if (phase == 'B' && ++in_b == 20 && g.rank() == 0) {
         std::ofstream(dir_file("ready", cycle)) << "ready\n";

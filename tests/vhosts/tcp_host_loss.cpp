@@ -8,6 +8,7 @@
 // group and exits 0: the process outlives the lost host (an MPI job over the hosts would not).
 // "ok": a PeerFailedError naming the lost host; "echo": one naming a peer that failed the call
 // first (it broke its buffer on naming the host); "wrong": any other error, or a wrong value.
+// With UBEP_CALLS=N and no fault (netem_calls.sh): "clean" after N checked calls.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -51,6 +52,10 @@ double ms_since_fault(int64_t at) {
 // ("wrong" if the masked ranks are not exactly the lost host's, or a value is wrong). A rank of
 // the lost host itself (cut link) must stop with the partition error, never mask the others:
 //   RESULT ... minority: <error>
+// UBEP_KILL_ONE=1 (tcp_host_loss.sh kills only the last rank of the last host): nobody masks;
+// every other rank stops with the named error of a partly lost host (its host-mate: "not a
+// host-mate"), M the time from the kill to it:
+//   RESULT ... partly: <error>
 struct MaskRun {
   std::string verdict = "timeout", what = "no masked call within 30 s";
   int64_t done_at = 0;
@@ -92,6 +97,11 @@ MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
         run = {"minority", what, realtime_ns()};
         return run;
       }
+      // One rank of the host killed alone (UBEP_KILL_ONE=1): its host-mates fail at once, the
+      // other hosts once the grace for the rest of the host has passed; both named.
+      if (what.find("is partly lost") != std::string::npos ||
+          what.find("not a host-mate") != std::string::npos)
+        return {"partly", what, realtime_ns()};
       if (first.empty()) first = what;
       if (++failed > 5) return {"wrong", "more than 5 failed calls: " + what, realtime_ns()};
       continue;
@@ -238,6 +248,9 @@ int rank_main(int local_rank) {
   GroupOptions opts;
   opts.timeout = std::chrono::seconds(5);
   std::unique_ptr<Group> g = make_tcp_group(launch, opts);
+  // Each rank's pid, for a script that kills one rank alone (UBEP_KILL_ONE).
+  if (const char* dir = std::getenv("UBEP_PID_DIR"))
+    std::ofstream(detail::concat(dir, "/pid.", g->rank())) << getpid() << "\n";
   Case c;
   c.experts = 4 * g->size();
   c.hidden = 64;
@@ -288,8 +301,19 @@ int rank_main(int local_rank) {
     failed_at = run.done_at;
   } else {
     Buffer b(*g, config_for(c, Algorithm::kUbep));
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    // UBEP_CALLS=N (netem_calls.sh: no fault, a slow and lossy link): N checked calls, then
+    // "clean"; any error (a host declared dead included) ends the loop as below.
+    const int max_calls = std::getenv("UBEP_CALLS") ? std::atoi(std::getenv("UBEP_CALLS")) : 0;
+    const auto start = std::chrono::steady_clock::now();
+    const auto until = start + std::chrono::seconds(max_calls ? 600 : 30);
     while (std::chrono::steady_clock::now() < until) {
+      if (max_calls && calls >= max_calls) {
+        const std::chrono::duration<double, std::milli> took =
+            std::chrono::steady_clock::now() - start;
+        verdict = "clean";
+        what = detail::concat(calls, " calls right, ", took.count() / calls, " ms per call");
+        break;
+      }
       try {
         run_and_check(*g, c, problems[static_cast<size_t>(calls) % problems.size()], &b, nullptr);
       } catch (const PeerFailedError& e) {

@@ -18,6 +18,10 @@
 # masked or full, must be right (tcp_host_loss.cpp); nothing may be left in any host's /dev/shm.
 # UBEP_REJOIN_OTHER_CONFIG=1: the replacement's BufferConfig differs, and it must be refused
 # with the named error while the survivors go on masked.
+# UBEP_KILL_ONE=1 (with UBEP_MASK_HOST=1, kill): only the last rank of the last host is killed;
+# its host-mates must fail at once naming it ("not a host-mate"), and every rank of the other
+# hosts must stop with the named error of a partly lost host ("is partly lost"), never mask
+# (times: the kill -> that error).
 # Usage: tcp_host_loss.sh BIN HOSTS RANKS TRIALS kill|link [BOUND_MS]
 set -uo pipefail
 bin=$(readlink -f "$1"); hosts=$2; ranks=$3; trials=$4; mode=$5; bound=${6:-2000}
@@ -34,6 +38,9 @@ launcher=
 replacer=
 rejoin=${UBEP_REJOIN_HOST:-0}
 other=${UBEP_REJOIN_OTHER_CONFIG:-0}
+one=${UBEP_KILL_ONE:-0}
+[ "$one" = 1 ] && { [ "${UBEP_MASK_HOST:-0}" = 1 ] && [ "$mode" = kill ] && [ "$rejoin" = 0 ] ||
+  { echo "UBEP_KILL_ONE=1 needs UBEP_MASK_HOST=1, kill, and no UBEP_REJOIN_HOST"; exit 2; }; }
 [ "$rejoin" = 1 ] && { [ "${UBEP_MASK_HOST:-0}" = 1 ] ||
   { echo "UBEP_REJOIN_HOST=1 needs UBEP_MASK_HOST=1"; exit 2; }; }
 cleanup() {
@@ -44,9 +51,11 @@ cleanup() {
 }
 trap cleanup EXIT
 fail=0
-: > "$work/times"; : > "$work/cmd_times"; : > "$work/rejoin_times"
+: > "$work/times"; : > "$work/cmd_times"; : > "$work/rejoin_times"; : > "$work/mate_times"
 for ((k = 1; k <= trials; ++k)); do
+  mkdir -p "$work/pids.$k"
   UBEP_LAUNCH_PORT=$((29500 + 10 * k)) UBEP_FAULT_FILE=$work/fault.$k UBEP_READY_FILE=$work/ready.$k \
+    UBEP_PID_DIR=$work/pids.$k \
     UBEP_MASKED_FILE=$work/masked.$k UBEP_REJOIN_FILE=$work/rejoin.$k UBEP_REJOIN_OTHER_CONFIG=$other \
     "$vh" launch "$name" "$ranks" "$bin" > "$work/out.$k" 2>&1 &
   launcher=$!
@@ -58,6 +67,7 @@ for ((k = 1; k <= trials; ++k)); do
   if [ "$mode" = kill ]; then
     holder=$(cat "/run/ubep-vhosts/$name/holder.$hosts")
     victims=$(ip netns pids "$name-vh$hosts" | grep -vx "$holder" | tr '\n' ' ')
+    [ "$one" = 1 ] && victims=$(cat "$work/pids.$k/pid.$((hosts * ranks - 1))")
   fi
   date +%s%N > "$work/fault.$k.tmp" && mv "$work/fault.$k.tmp" "$work/fault.$k"
   if [ "$mode" = kill ]; then kill -KILL $victims; else ip -n "$name-vh$hosts" link set eth0 down; fi
@@ -116,11 +126,21 @@ for ((k = 1; k <= trials; ++k)); do
     if [ "$rejoin" = 1 ] && [ "$other" = 0 ] && ! grep -q " back after " <<< "$line"; then
       echo "trial $k: survivor rank $r never took the replacement back: $line"; fail=1
     fi
-    if ! grep -qE " (ok|echo): " <<< "$line" || awk -v b="$bound" -v m="$ms" 'BEGIN {exit !(m < 0 || m > b)}'; then
+    want=" (ok|echo): "; [ "$one" = 1 ] && want=" partly: .*is partly lost"
+    if ! grep -qE "$want" <<< "$line" || awk -v b="$bound" -v m="$ms" 'BEGIN {exit !(m < 0 || m > b)}'; then
       echo "trial $k: $line"; fail=1
     fi
   done
-  last=$victim; [ "$rejoin" = 1 ] && last=$hosts  # and the replacement's host
+  if [ "$one" = 1 ]; then  # the victim's host-mates: named at once, then a clean exit
+    for ((r = victim * ranks; r < hosts * ranks - 1; ++r)); do
+      line=$(grep "^RESULT rank $r " "$work/out.$k")
+      echo "$(awk '{print $9}' <<< "$line")" >> "$work/mate_times"
+      grep -qE " partly: .*rank $((hosts * ranks - 1)) .*not a host-mate" <<< "$line" ||
+        { echo "trial $k: host-mate: ${line:-rank $r printed no result}"; fail=1; }
+      grep -q "^EXIT rank $r clean" "$work/out.$k" || { echo "trial $k: host-mate rank $r did not exit cleanly"; fail=1; }
+    done
+  fi
+  last=$victim; [ "$rejoin" = 1 ] || [ "$one" = 1 ] && last=$hosts  # and the replacement's (or host-mates') host
   for ((h = 1; h <= last; ++h)); do  # the survivors' hosts: every segment unlinked
     left=$("$vh" exec "$name" "$h" sh -c 'ls /dev/shm | wc -l')
     [ "$left" -eq 0 ] || { echo "trial $k: $left names left in vh$h's /dev/shm"; fail=1; }
@@ -133,7 +153,7 @@ for ((k = 1; k <= trials; ++k)); do
         { echo "trial $k: rank $r of the cut-off host did not stop as the minority"; fail=1; }
     done
   fi
-  named=0
+  named=0; [ "$one" = 1 ] && named=1  # checked above, rank by rank
   for ((r = 0; r < victim * ranks; ++r)); do grep -q "^RESULT rank $r .* ok: " "$work/out.$k" && named=1; done
   [ $named -eq 1 ] || { echo "trial $k: no survivor named the lost host itself"; fail=1; }
   [ $fail -eq 0 ] || { echo "--- trial $k output:"; cat "$work/out.$k"; }
@@ -144,7 +164,10 @@ stats() {
     p = int(0.9 * NR + 0.999); printf "n %d  min %.1f  median %.1f  p90 %.1f  max %.1f ms\n", NR, v[1], (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[p], v[NR]}'
 }
 echo "tcp transport, $mode, $hosts hosts x $ranks ranks, $trials trials"
-if [ "${UBEP_MASK_HOST:-0}" = 1 ]; then
+if [ "$one" = 1 ]; then
+  echo "other hosts' ranks, kill of one rank -> the partly-lost host's named error: $(stats "$work/times")"
+  echo "its host-mates, kill -> their named error: $(stats "$work/mate_times")"
+elif [ "${UBEP_MASK_HOST:-0}" = 1 ]; then
   echo "survivors, fault -> end of the first call with the host masked: $(stats "$work/times")"
 else
   echo "survivors, fault -> PeerFailedError naming the host: $(stats "$work/times")"

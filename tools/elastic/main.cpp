@@ -6,9 +6,11 @@
 // the dead rank's experts dropped (tests/elastic/kill_run.cpp). At the end: the distribution
 // over cycles, wrong values (must be 0), and what is left in /dev/shm, in fds and in RSS.
 //
-// --hosts H --ranks-per-host R [--cycles C]: kill-host and rejoin cycles across virtual hosts
-// (issue 32) instead: runs tests/vhosts/host_cycles.sh with the host_cycles ranks (one live TCP
-// group; per cycle every process of the last host SIGKILLed, masked, a replacement host started).
+// --hosts H --ranks-per-host R [--cycles C] [--fault kill|link|both]: kill-host, cut-link and
+// rejoin cycles across virtual hosts (issue 32) instead: runs tests/vhosts/host_cycles.sh with
+// the host_cycles ranks (one live TCP group; per cycle every process of the last host SIGKILLed,
+// or its cable cut for LINK_DOWN_MS, default 1000; masked; a replacement host started; both:
+// kill and cut in turn).
 #include <dirent.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -53,27 +55,32 @@ void usage() {
       "             [--phase before|during|receive|between|all] [--tokens 32] [--hidden 1024]\n"
       "             [--experts-per-rank 8] [--topk 4] [--timeout-ms 5000] [--pace-us 500]\n"
       "             [--no-replace] [--quiet]\n"
-      "ubep-elastic --hosts H --ranks-per-host R [--cycles 50]\n"
+      "ubep-elastic --hosts H --ranks-per-host R [--cycles 50] [--fault kill|link|both]\n"
       "Each cycle: a decode loop on forked process ranks, one SIGKILLed, a replacement started\n"
       "(make_rejoin_group) once it is dead; every completed call checked.\n"
-      "With --hosts: kill-host and rejoin cycles across H virtual hosts of R ranks (one live TCP\n"
-      "group; tests/vhosts/host_cycles.sh), timings per cycle and the totals.");
+      "With --hosts: kill-host (or cut-link, or both in turn) and rejoin cycles across H virtual\n"
+      "hosts of R ranks (one live TCP group; tests/vhosts/host_cycles.sh), timings per cycle and\n"
+      "the totals.");
 }
 
 // --hosts: the cycles across virtual hosts (host_cycles.sh); returns only on a bad command line.
 int run_hosts(int argc, char** argv) {
-  std::string hosts, per_host, cycles = "50";
+  std::string hosts, per_host, cycles = "50", fault = "kill";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
     std::string* to = a == "--hosts"            ? &hosts
                       : a == "--ranks-per-host" ? &per_host
                       : a == "--cycles"         ? &cycles
+                      : a == "--fault"          ? &fault
                                                 : nullptr;
-    if (!to || !v || std::strtol(v, nullptr, 10) < 1) {
+    const bool ok = to == &fault ? v && (std::strcmp(v, "kill") == 0 ||
+                                         std::strcmp(v, "link") == 0 || std::strcmp(v, "both") == 0)
+                                 : to && v && std::strtol(v, nullptr, 10) >= 1;
+    if (!ok) {
       std::fprintf(stderr,
-                   "ubep-elastic: with --hosts: --hosts H (>= 2) --ranks-per-host R [--cycles C]; "
-                   "got '%s%s%s'\n",
+                   "ubep-elastic: with --hosts: --hosts H (>= 2) --ranks-per-host R [--cycles C] "
+                   "[--fault kill|link|both]; got '%s%s%s'\n",
                    a.c_str(), v ? " " : "", v ? v : "");
       return 2;
     }
@@ -91,8 +98,13 @@ int run_hosts(int argc, char** argv) {
                  "ubep-elastic: %s is not built (cmake --build build --target host_cycles)\n", bin);
     return 2;
   }
-  std::vector<char*> args = {const_cast<char*>(script), const_cast<char*>(bin), hosts.data(),
-                             per_host.data(),           cycles.data(),          nullptr};
+  std::vector<char*> args = {const_cast<char*>(script),
+                             const_cast<char*>(bin),
+                             hosts.data(),
+                             per_host.data(),
+                             cycles.data(),
+                             fault.data(),
+                             nullptr};
   execv(script, args.data());
   std::fprintf(stderr, "ubep-elastic: cannot run %s: %s\n", script, std::strerror(errno));
   return 2;
