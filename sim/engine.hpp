@@ -161,6 +161,8 @@ class Network {
   uint64_t epoch_ = 0;
   std::vector<int> comp_flows_, comp_links_;  // scratch of resolve
   std::vector<Share> heap_, caps_;  // scratch of resolve, kept to avoid one allocation per resolve
+  Share caps_min_{};         // the first of caps_ in heap order
+  bool caps_live_ = false;   // caps_ is a heap of the single-flow links still unfrozen
 };
 
 }  // namespace ubep::sim

@@ -123,7 +123,19 @@ void Network::collect_component(double theta) {
 
 // Pops the link that fills first: from the heap of shared links or from the single-flow links.
 Network::Share Network::pop_first() {
-  if (!caps_.empty() && (heap_.empty() || Later{}(heap_.front(), caps_.front()))) {
+  if (!caps_live_ && !caps_.empty() && (heap_.empty() || !Later{}(caps_min_, heap_.front()))) {
+    // The first time a single-flow link could come first: keep only those whose flow is still
+    // unfrozen. A frozen flow's link pops with nothing to do, and most of them (a worker's own
+    // engine, under a port that bound first) would be popped at the end only to be skipped.
+    caps_.erase(std::remove_if(caps_.begin(), caps_.end(),
+                               [this](const Share& c) {
+                                 return links_[static_cast<size_t>(c.link)].unfrozen == 0;
+                               }),
+                caps_.end());
+    std::make_heap(caps_.begin(), caps_.end(), Later{});
+    caps_live_ = true;
+  }
+  if (caps_live_ && !caps_.empty() && (heap_.empty() || Later{}(heap_.front(), caps_.front()))) {
     std::pop_heap(caps_.begin(), caps_.end(), Later{});
     const Share top = caps_.back();
     caps_.pop_back();
@@ -149,9 +161,14 @@ void Network::fill_component() {
   std::make_heap(heap.begin(), heap.end(), Later{});
   // A link with one component flow (a worker's own copy engine) keeps its level until that flow
   // freezes, so it needs no re-keying: a second heap, merged with the first, pops the same keys
-  // in the same order, the main heap stays as small as the number of shared links, and the
-  // single-flow links are heapified in linear time (most are never popped: a port binds first).
-  std::make_heap(caps_.begin(), caps_.end(), Later{});
+  // in the same order, and the main heap stays as small as the number of shared links. That
+  // heap is built only when the rising level first reaches the smallest of them (pop_first),
+  // from the links whose flow is still unfrozen then: usually a port binds first everywhere
+  // and the single-flow links are never ordered at all.
+  caps_live_ = false;
+  caps_min_ = Share{std::numeric_limits<double>::infinity(), -1};
+  for (const Share& c : caps_)
+    if (Later{}(caps_min_, c)) caps_min_ = c;
   // Lazy heap: freezing a flow at level s raises every other link's fill level (residual - s
   // over unfrozen - 1 is >= residual / unfrozen when s <= residual / unfrozen), so a heap key
   // is a lower bound of its link's level. A popped key that is stale is re-pushed at the
