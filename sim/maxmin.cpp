@@ -95,7 +95,8 @@ double Network::threshold() const {
 // the flow alone, so every upper flow on a reached link is in the component: the walk can sum
 // each link's residual capacity and count its component flows on the way, with no second pass.
 // A link a flow crosses alone is not walked (unless it changed): it is a cap on that flow's
-// rate, queued once per flow in caps_ under the key the link itself had, (capacity, id).
+// rate, under the key the link itself had, (capacity, id). The walk keeps only the least of
+// those keys; pop_first queues the caps of the flows still unfrozen if the level reaches it.
 void Network::collect_component(double theta) {
   ++epoch_;  // the changed links already carry this epoch (touch)
   if (++flow_epoch_ > 0x7ffffffe) {  // 2 * epoch + 1 must fit FlowState::mark
@@ -106,6 +107,7 @@ void Network::collect_component(double theta) {
   comp_links_ = changed_links_;
   comp_flows_.clear();
   caps_.clear();
+  caps_min_ = Share{std::numeric_limits<double>::infinity(), -1};
   for (size_t i = 0; i < comp_links_.size(); ++i) {
     const int link = comp_links_[i];
     const Link& l = links_[static_cast<size_t>(link)];
@@ -123,8 +125,8 @@ void Network::collect_component(double theta) {
       if (st.mark >= in_comp) continue;
       st.mark = in_comp;
       comp_flows_.push_back(id);
-      if (st.cap_link >= 0)
-        caps_.push_back(Share{st.cap, st.cap_link, id});
+      if (st.cap_link >= 0 && Later{}(caps_min_, Share{st.cap, st.cap_link}))
+        caps_min_ = Share{st.cap, st.cap_link, id};
       for (int h = 0; h < 4 && st.shared[h] >= 0; ++h) {
         LinkState& next = lstate_[static_cast<size_t>(st.shared[h])];
         if (next.mark == epoch_) continue;
@@ -140,18 +142,22 @@ void Network::collect_component(double theta) {
 
 // Pops the link that fills first: from the heap of shared links or from the single-flow links.
 Network::Share Network::pop_first() {
-  if (!caps_live_ && !caps_.empty() && (heap_.empty() || !Later{}(caps_min_, heap_.front()))) {
-    // The first time a single-flow link could come first: keep only those whose flow is still
+  if (!caps_live_ && caps_min_.link >= 0 &&
+      (heap_.empty() || !Later{}(caps_min_, heap_.front()))) {
+    // The first time a single-flow link could come first: queue only those whose flow is still
     // unfrozen. A frozen flow's link pops with nothing to do, and most of them (a worker's own
     // engine, under a port that bound first) would be popped at the end only to be skipped.
-    const uint32_t unfrozen_mark = 2 * flow_epoch_;
     caps_.erase(std::remove_if(caps_.begin(), caps_.end(),
                                [&](const Share& c) {
-                                 return c.flow >= 0 ? fstate_[static_cast<size_t>(c.flow)].mark !=
-                                                          unfrozen_mark
-                                                    : lstate_[static_cast<size_t>(c.link)].unfrozen == 0;
+                                 return lstate_[static_cast<size_t>(c.link)].unfrozen == 0;
                                }),
                 caps_.end());
+    const uint32_t unfrozen_mark = 2 * flow_epoch_;
+    for (int id : comp_flows_) {
+      const FlowState& st = fstate_[static_cast<size_t>(id)];
+      if (st.cap_link >= 0 && st.mark == unfrozen_mark)
+        caps_.push_back(Share{st.cap, st.cap_link, id});
+    }
     std::make_heap(caps_.begin(), caps_.end(), Later{});
     caps_live_ = true;
   }
@@ -198,7 +204,6 @@ void Network::fill_component() {
   // from the links whose flow is still unfrozen then: usually a port binds first everywhere
   // and the single-flow links are never ordered at all.
   caps_live_ = false;
-  caps_min_ = Share{std::numeric_limits<double>::infinity(), -1};
   for (const Share& c : caps_)
     if (Later{}(caps_min_, c)) caps_min_ = c;
   // Lazy heap: freezing a flow at level s raises every other link's fill level (residual - s
@@ -211,7 +216,8 @@ void Network::fill_component() {
   // engine link, which a port bound first), and popping them would change nothing.
   const uint32_t unfrozen_mark = 2 * flow_epoch_;
   size_t unfrozen_flows = comp_flows_.size();
-  while (unfrozen_flows > 0 && (!heap.empty() || !caps_.empty())) {
+  while (unfrozen_flows > 0 &&
+         (!heap.empty() || !caps_.empty() || (!caps_live_ && caps_min_.link >= 0))) {
     const Share top = pop_first();
     if (top.flow >= 0) {  // a flow's own link: fills at its capacity unless the flow froze
       if (fstate_[static_cast<size_t>(top.flow)].mark != unfrozen_mark) continue;
