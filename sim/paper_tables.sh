@@ -23,7 +23,7 @@
 #   SUPERPOD_EP (default "1024 2048 4096 8192"), TPOT_MOE_LAYERS (default 4): see below.
 #
 # Time on the 2-core Zen 4 VM (one core, load ~1, after issue 28's fourth solver pass; measured
-# 2026-12-03): --quick about 3 minutes, the full run 12 minutes (each 8,192-die call is 6-10 s of
+# 2026-12-03): --quick about 2 minutes, the full run 12 minutes (each 8,192-die call is 6-10 s of
 # one core at BS 8; the EP256 sweep 2 minutes). Under load, several times that.
 set -euo pipefail
 quick=${QUICK:-0}
