@@ -114,8 +114,8 @@ for ep in ${SUPERPOD_EP:-1024 2048 4096 8192}; do
   run "latency-$ep" latency --preset ubmesh8k --ranks "$ep" --experts "$ep" --batch 8,32 --op dispatch
   run "latency-combine-$ep" latency --preset ubmesh8k --ranks "$ep" --experts "$ep" --batch 8,32 --op combine
 done
-# TPOT at 8,192 dies: one step of TPOT_MOE_LAYERS MoE layers (default 4; the full 58 layers x 2
-# calls x 2 algorithms would take over an hour of one core). With uniform routing the MoE layers
+# TPOT at 8,192 dies: one step of TPOT_MOE_LAYERS MoE layers (default 4, under 2 minutes; the
+# full 58 took 25 minutes of one core on 2026-12-03, docs/sim/tpot-8192-58.txt). With uniform routing the MoE layers
 # are alike: the full model's step is 3 dense layers plus 58 times the mean MoE layer
 # (EXPERIMENTS.md shows the extrapolation next to the measured figures).
 run tpot-8192 tpot --preset ubmesh8k --ranks 8192 --experts 8192 --steps 1 --batch 8 \
