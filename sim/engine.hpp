@@ -76,7 +76,7 @@ class Network {
   int link_count() const { return static_cast<int>(links_.size()); }
   double link_capacity(int link) const { return links_[static_cast<size_t>(link)].capacity; }
   // Bytes that crossed `link` so far (for utilisation and tests).
-  double link_bytes(int link) const { return links_[static_cast<size_t>(link)].bytes; }
+  double link_bytes(int link) const;
 
   // Starts a flow of `bytes` over `path` (link ids, no duplicates, at most 4). `done` runs at
   // drain time + latency_ns. A zero-byte flow just waits latency_ns.
@@ -101,25 +101,36 @@ class Network {
  private:
   struct Link {
     double capacity;
-    double bytes = 0;
+    double bytes = 0;        // of the flows that finished (link_bytes adds the active ones')
     std::vector<int> flows;  // active flow ids (unordered)
-    // Scratch of one resolve:
+  };
+  // What the solver reads and writes per link and per flow, apart from Link and Flow: a resolve
+  // reaches thousands of flows in link order, i.e. at random, and reading them from 128-byte
+  // Flows and 64-byte Links made it a walk through L3 (perf: most of its time on two loads).
+  struct LinkState {
     double residual = 0;  // capacity left to the unfrozen flows of the component
     int unfrozen = 0;     // unfrozen component flows crossing the link
     uint64_t mark = 0;    // resolve epoch that reached it
   };
-  // The fields the solver reads for every refilled flow come first, in one cache line
-  // (alignas): a resolve walks thousands of flows in link order, i.e. at random.
-  struct alignas(64) Flow {
+  // A flow's links split in two: `shared` (crossed by other flows too; -1 ends the list), which
+  // the solver walks, and the links it crosses alone (a worker's own copy engine), which are
+  // only caps on its rate: of those only the one that fills first matters, `cap_link`, least
+  // (capacity, id), the key its link had in the solver's heap.
+  struct FlowState {
+    double key = 0;       // the rate; +inf: started in this instant, no rate yet
+    double cap = 0;       // capacity of cap_link
+    uint32_t mark = 0;    // 2 * epoch: in the resolve's component; 2 * epoch + 1: frozen
+    int cap_link = -1;    // -1: none
+    int shared[4] = {-1, -1, -1, -1};
+  };
+  struct Flow {
     int path[4];
     int hops = 0;
     bool active = false;
-    bool fresh = false;    // started in this instant, no rate yet
-    bool frozen = false;   // scratch of one resolve
     double rate = 0;       // bytes / ns (0 until its first resolve)
-    uint64_t mark = 0;     // resolve epoch that put it in the refilled component
     int slot[4];           // index of this flow in links_[path[h]].flows
     double remaining = 0;  // bytes
+    double moved = 0;      // bytes drained so far (onto its links' bytes when it finishes)
     double since = 0;      // time `remaining` was last brought up to date
     double latency = 0;
     uint64_t version = 0;  // bumps when an earlier finish event replaces the pending one
@@ -131,19 +142,24 @@ class Network {
   void check(int id, uint64_t version);  // a flow's pending finish event fired
   void finish(int id);
   void touch(const Flow& f);  // its links changed in this instant
+  void split_links(int id);   // FlowState's shared / cap_link from the links' flow counts
   double threshold() const;
   double water_level(const Link& l, int fresh, double bound) const;
   void collect_component(double threshold);
   void fill_component();
+  void freeze(int id, double level);
   struct Share {
     double level;  // residual / unfrozen: where the link fills
     int link;
+    int flow = -1;  // a flow's cap_link: the flow (the link is not walked)
   };
   Share pop_first();
 
   EventQueue& q_;
   std::vector<Link> links_;
   std::vector<Flow> flows_;
+  std::vector<LinkState> lstate_;  // [link]
+  std::vector<FlowState> fstate_;  // [flow]
   // Each flow's completion, apart from Flow: the solver walks flows_ for every refilled flow, and
   // a 32-byte closure there would only dilute the cache lines it reads.
   std::vector<Action> done_;
@@ -157,10 +173,12 @@ class Network {
   double quantum_ = 0, last_resolve_ = -std::numeric_limits<double>::infinity();
   std::vector<int> changed_links_;
   double finished_min_rate_ = std::numeric_limits<double>::infinity();
-  std::vector<int> fresh_;
   uint64_t epoch_ = 0;
+  uint32_t flow_epoch_ = 0;  // FlowState::mark's epoch (restarts, with every mark, on overflow)
   std::vector<int> comp_flows_, comp_links_;  // scratch of resolve
   std::vector<Share> heap_, caps_;  // scratch of resolve, kept to avoid one allocation per resolve
+  Share caps_min_{};         // the first of caps_ in heap order
+  bool caps_live_ = false;   // caps_ is a heap of the single-flow links still unfrozen
 };
 
 }  // namespace ubep::sim

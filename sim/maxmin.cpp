@@ -48,13 +48,15 @@ struct Later {
 
 }  // namespace
 
+constexpr double kFresh = std::numeric_limits<double>::infinity();  // key of a started flow
+
 // min(bound, W(l)) for a link that carries `fresh` started flows (unbounded) and the rest at
 // their rates (the header's water level).
 double Network::water_level(const Link& l, int fresh, double bound) const {
   double at_bound = fresh * bound;
   for (int id : l.flows) {
-    const Flow& f = flows_[static_cast<size_t>(id)];
-    if (!f.fresh) at_bound += std::min(f.rate, bound);
+    const double k = fstate_[static_cast<size_t>(id)].key;
+    if (k != kFresh) at_bound += std::min(k, bound);
   }
   if (at_bound <= l.capacity) return bound;  // W(l) >= bound
   // W(l) < bound: raise x from capacity / flows, the rates below x standing, the others at x;
@@ -65,9 +67,9 @@ double Network::water_level(const Link& l, int fresh, double bound) const {
     double below = 0;
     int k = 0;
     for (int id : l.flows) {
-      const Flow& f = flows_[static_cast<size_t>(id)];
-      if (!f.fresh && f.rate < x) {
-        below += f.rate;
+      const double r = fstate_[static_cast<size_t>(id)].key;  // kFresh is never below x
+      if (r < x) {
+        below += r;
         ++k;
       }
     }
@@ -83,7 +85,7 @@ double Network::threshold() const {
   for (int link : changed_links_) {
     const Link& l = links_[static_cast<size_t>(link)];
     int fresh = 0;
-    for (int id : l.flows) fresh += flows_[static_cast<size_t>(id)].fresh ? 1 : 0;
+    for (int id : l.flows) fresh += fstate_[static_cast<size_t>(id)].key == kFresh ? 1 : 0;
     if (fresh > 0) theta = water_level(l, fresh, theta);
   }
   return theta * (1 - 1e-9);
@@ -92,38 +94,74 @@ double Network::threshold() const {
 // Breadth-first from the changed links through upper flows. Whether a flow is upper depends on
 // the flow alone, so every upper flow on a reached link is in the component: the walk can sum
 // each link's residual capacity and count its component flows on the way, with no second pass.
+// A link a flow crosses alone is not walked (unless it changed): it is a cap on that flow's
+// rate, under the key the link itself had, (capacity, id). The walk keeps only the least of
+// those keys; pop_first queues the caps of the flows still unfrozen if the level reaches it.
 void Network::collect_component(double theta) {
   ++epoch_;  // the changed links already carry this epoch (touch)
+  if (++flow_epoch_ > 0x7ffffffe) {  // 2 * epoch + 1 must fit FlowState::mark
+    for (FlowState& st : fstate_) st.mark = 0;
+    flow_epoch_ = 1;
+  }
+  const uint32_t in_comp = 2 * flow_epoch_;
   comp_links_ = changed_links_;
   comp_flows_.clear();
+  caps_.clear();
+  caps_min_ = Share{std::numeric_limits<double>::infinity(), -1};
   for (size_t i = 0; i < comp_links_.size(); ++i) {
-    Link& l = links_[static_cast<size_t>(comp_links_[i])];
-    l.residual = l.capacity;
-    l.unfrozen = 0;
+    const int link = comp_links_[i];
+    const Link& l = links_[static_cast<size_t>(link)];
+    // In locals, written once: through the LinkState, every flow's update waited on the last
+    // one's store (perf: the loop's hottest instructions).
+    double residual = l.capacity;
+    int unfrozen = 0;
     for (int id : l.flows) {
-      Flow& f = flows_[static_cast<size_t>(id)];
-      if (!f.fresh && f.rate < theta) {
-        l.residual -= f.rate;  // a lower flow: its rate stands
+      FlowState& st = fstate_[static_cast<size_t>(id)];
+      if (st.key < theta) {
+        residual -= st.key;  // a lower flow: its rate stands
         continue;
       }
-      ++l.unfrozen;
-      if (f.mark == epoch_) continue;
-      f.mark = epoch_;
-      f.frozen = false;
+      ++unfrozen;
+      if (st.mark >= in_comp) continue;
+      st.mark = in_comp;
       comp_flows_.push_back(id);
-      for (int h = 0; h < f.hops; ++h) {
-        Link& next = links_[static_cast<size_t>(f.path[h])];
+      if (st.cap_link >= 0 && Later{}(caps_min_, Share{st.cap, st.cap_link}))
+        caps_min_ = Share{st.cap, st.cap_link, id};
+      for (int h = 0; h < 4 && st.shared[h] >= 0; ++h) {
+        LinkState& next = lstate_[static_cast<size_t>(st.shared[h])];
         if (next.mark == epoch_) continue;
         next.mark = epoch_;
-        comp_links_.push_back(f.path[h]);
+        comp_links_.push_back(st.shared[h]);
       }
     }
+    LinkState& ls = lstate_[static_cast<size_t>(link)];
+    ls.residual = residual;
+    ls.unfrozen = unfrozen;
   }
 }
 
 // Pops the link that fills first: from the heap of shared links or from the single-flow links.
 Network::Share Network::pop_first() {
-  if (!caps_.empty() && (heap_.empty() || Later{}(heap_.front(), caps_.front()))) {
+  if (!caps_live_ && caps_min_.link >= 0 &&
+      (heap_.empty() || !Later{}(caps_min_, heap_.front()))) {
+    // The first time a single-flow link could come first: queue only those whose flow is still
+    // unfrozen. A frozen flow's link pops with nothing to do, and most of them (a worker's own
+    // engine, under a port that bound first) would be popped at the end only to be skipped.
+    caps_.erase(std::remove_if(caps_.begin(), caps_.end(),
+                               [&](const Share& c) {
+                                 return lstate_[static_cast<size_t>(c.link)].unfrozen == 0;
+                               }),
+                caps_.end());
+    const uint32_t unfrozen_mark = 2 * flow_epoch_;
+    for (int id : comp_flows_) {
+      const FlowState& st = fstate_[static_cast<size_t>(id)];
+      if (st.cap_link >= 0 && st.mark == unfrozen_mark)
+        caps_.push_back(Share{st.cap, st.cap_link, id});
+    }
+    std::make_heap(caps_.begin(), caps_.end(), Later{});
+    caps_live_ = true;
+  }
+  if (caps_live_ && !caps_.empty() && (heap_.empty() || Later{}(heap_.front(), caps_.front()))) {
     std::pop_heap(caps_.begin(), caps_.end(), Later{});
     const Share top = caps_.back();
     caps_.pop_back();
@@ -135,12 +173,24 @@ Network::Share Network::pop_first() {
   return top;
 }
 
+// Freezes flow `id` at `level`: its shared links lose it, and it gets its rate.
+void Network::freeze(int id, double level) {
+  FlowState& st = fstate_[static_cast<size_t>(id)];
+  ++st.mark;  // 2 * epoch + 1
+  for (int h = 0; h < 4 && st.shared[h] >= 0; ++h) {
+    LinkState& other = lstate_[static_cast<size_t>(st.shared[h])];
+    other.residual -= level;
+    --other.unfrozen;
+  }
+  set_rate(id, level);
+}
+
 void Network::fill_component() {
   std::vector<Share>& heap = heap_;
   heap.clear();
-  caps_.clear();
   for (int id : comp_links_) {
-    const Link& l = links_[static_cast<size_t>(id)];
+    const LinkState& l = lstate_[static_cast<size_t>(id)];
+    if (links_[static_cast<size_t>(id)].flows.size() == 1) continue;  // its flow's cap_link
     if (l.unfrozen == 1)
       caps_.push_back(Share{l.residual, id});
     else if (l.unfrozen > 1)
@@ -149,9 +199,13 @@ void Network::fill_component() {
   std::make_heap(heap.begin(), heap.end(), Later{});
   // A link with one component flow (a worker's own copy engine) keeps its level until that flow
   // freezes, so it needs no re-keying: a second heap, merged with the first, pops the same keys
-  // in the same order, the main heap stays as small as the number of shared links, and the
-  // single-flow links are heapified in linear time (most are never popped: a port binds first).
-  std::make_heap(caps_.begin(), caps_.end(), Later{});
+  // in the same order, and the main heap stays as small as the number of shared links. That
+  // heap is built only when the rising level first reaches the smallest of them (pop_first),
+  // from the links whose flow is still unfrozen then: usually a port binds first everywhere
+  // and the single-flow links are never ordered at all.
+  caps_live_ = false;
+  for (const Share& c : caps_)
+    if (Later{}(caps_min_, c)) caps_min_ = c;
   // Lazy heap: freezing a flow at level s raises every other link's fill level (residual - s
   // over unfrozen - 1 is >= residual / unfrozen when s <= residual / unfrozen), so a heap key
   // is a lower bound of its link's level. A popped key that is stale is re-pushed at the
@@ -160,10 +214,19 @@ void Network::fill_component() {
   // one per frozen flow and link. The loop ends when the last component flow is frozen: the
   // keys still queued then are links whose flows are all frozen (typically every worker's own
   // engine link, which a port bound first), and popping them would change nothing.
+  const uint32_t unfrozen_mark = 2 * flow_epoch_;
   size_t unfrozen_flows = comp_flows_.size();
-  while (unfrozen_flows > 0 && (!heap.empty() || !caps_.empty())) {
+  while (unfrozen_flows > 0 &&
+         (!heap.empty() || !caps_.empty() || (!caps_live_ && caps_min_.link >= 0))) {
     const Share top = pop_first();
-    Link& l = links_[static_cast<size_t>(top.link)];
+    if (top.flow >= 0) {  // a flow's own link: fills at its capacity unless the flow froze
+      if (fstate_[static_cast<size_t>(top.flow)].mark != unfrozen_mark) continue;
+      --unfrozen_flows;
+      freeze(top.flow, std::max(top.level, top.level * 1e-12));
+      continue;
+    }
+    const Link& link = links_[static_cast<size_t>(top.link)];
+    LinkState& l = lstate_[static_cast<size_t>(top.link)];
     if (l.unfrozen == 0) continue;
     const double now_level = l.residual / l.unfrozen;
     if (now_level > top.level) {
@@ -172,18 +235,11 @@ void Network::fill_component() {
       continue;
     }
     // Rounding can leave a full link a hair below zero; no flow gets a zero rate.
-    const double level = std::max(now_level, l.capacity * 1e-12);
-    for (int fid : l.flows) {
-      Flow& f = flows_[static_cast<size_t>(fid)];
-      if (f.mark != epoch_ || f.frozen) continue;
-      f.frozen = true;
+    const double level = std::max(now_level, link.capacity * 1e-12);
+    for (int fid : link.flows) {
+      if (fstate_[static_cast<size_t>(fid)].mark != unfrozen_mark) continue;
       --unfrozen_flows;
-      for (int h = 0; h < f.hops; ++h) {
-        Link& other = links_[static_cast<size_t>(f.path[h])];
-        other.residual -= level;
-        --other.unfrozen;
-      }
-      set_rate(fid, level);
+      freeze(fid, level);
     }
   }
 }
@@ -202,10 +258,8 @@ void Network::resolve() {
   deferred_ = false;
   collect_component(threshold());
   fill_component();
-  for (int id : fresh_) flows_[static_cast<size_t>(id)].fresh = false;
   refilled_ += comp_flows_.size();
   ++resolves_;
-  fresh_.clear();
   changed_links_.clear();
   finished_min_rate_ = std::numeric_limits<double>::infinity();
   dirty_ = false;
