@@ -265,11 +265,13 @@ def test_lost_host_is_masked_and_survivors_go_on(tmp_path, where):
         assert not rec["wrong"], (me, rec["wrong"][:3])
         assert rec["masked_calls"] == MASKED_CALLS, (me, rec["masked_calls"], rec["errors"],
                                                       logs())
-        assert 1 <= len(rec["errors"]) <= MAX_FAILED, (me, rec["errors"])
+        # A survivor fails the calls the loss caught in flight: usually 1, none when its call had
+        # every row before the kill and the agreement masked the host before its next dispatch.
+        assert len(rec["errors"]) <= MAX_FAILED, (me, rec["errors"])
         for e in rec["errors"]:
             assert e["type"] == "PeerFailedError", (me, e)
             assert e["t"] >= killed_at, (me, "failed before the kill", e)
-        assert LOSS_SEEN.search(rec["errors"][0]["msg"]), (me, rec["errors"][0])
+        assert all(LOSS_SEEN.search(e["msg"]) for e in rec["errors"][:1]), (me, rec["errors"])
         # Unmasked until the kill, then exactly the lost host masked, for good.
         views = rec["views"]
         first = next(i for i, v in enumerate(views) if v)

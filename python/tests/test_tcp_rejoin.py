@@ -7,7 +7,7 @@ host 1; once the survivors run masked it starts host 1's launcher again, whose n
 ``make_tcp_group(rejoin=True)``, make the same Buffer and call as the others do.
 
 Checked: every call of every rank (masked, and full after the rejoin) equals bit for bit the
-NumPy reference of the ranks it ran with (reference.py); the survivors fail 1 to MAX_FAILED calls
+NumPy reference of the ranks it ran with (reference.py); the survivors fail 0 to MAX_FAILED calls
 at the fault and none after; they run exactly host 1 masked until the rejoin and nobody masked
 after it; every rank makes FULL_CALLS full calls after it (the replacement's ranks never a masked
 one); the survivors' descriptors after the rejoin are no more than before the fault; nothing of
@@ -241,12 +241,14 @@ def _run(where, work, env):
 
 
 def _check_survivor(me, rec, killed_at):
-    assert 1 <= len(rec["errors"]) <= MAX_FAILED, (me, rec["errors"])
+    # A survivor fails the calls the loss caught in flight: usually 1, none when its call had
+    # every row before the kill and the agreement masked the host before its next dispatch.
+    assert len(rec["errors"]) <= MAX_FAILED, (me, rec["errors"])
     for e in rec["errors"]:
         assert e["type"] == "PeerFailedError", (me, e)
         assert e["t"] >= killed_at, (me, "failed before the kill", e)
         assert not e["after_rejoin"], (me, "failed after the rejoin", e)
-    assert base.LOSS_SEEN.search(rec["errors"][0]["msg"]), (me, rec["errors"][0])
+    assert all(base.LOSS_SEEN.search(e["msg"]) for e in rec["errors"][:1]), (me, rec["errors"])
     # Full until the kill, then exactly the lost host masked, then full for good.
     views = rec["views"]
     first = next(i for i, v in enumerate(views) if v)

@@ -5,48 +5,73 @@ converted with ``torch.utils.dlpack.from_dlpack`` (torch inputs) or taken by ``n
 through the same view object's buffer protocol (NumPy inputs), matching the input. Results of a
 GPU buffer are kDLCUDA views (CUDA tensors); of a cpu or cuda-sim buffer, host memory.
 """
+import importlib
+import sys
+
 import numpy as np
 
 from . import _ubep
 
-try:  # torch is optional: NumPy-only use works without it
-    import torch
-    import torch.utils.dlpack
-except ImportError:  # pragma: no cover - exercised only on machines without torch
-    torch = None
-
 TORCH, NUMPY, DLPACK = 0, 1, 2  # python/src/arrays.hpp Kind
 
-_TorchTensor = torch.Tensor if torch is not None else None
+# torch is optional and adopted lazily: ``import ubep`` does not import it (about 1 s, most of a
+# cold start: what a replacement host's ranks pay before they serve, docs/ELASTIC.md). No torch
+# object (tensor, dtype, device) can exist before torch is imported, so every function that may
+# meet one first calls torch_module(), which adopts torch once sys.modules has it. Adoption runs
+# under the GIL and publishes ``torch`` last, after the extension holds its converters, so a
+# thread that sees ``torch`` set also finds the converters registered.
+torch = None
+_TorchTensor = None
+_ubep._set_converters(None, np.asarray)
 
-# NumPy results through the buffer protocol of the DLPack view object: numpy.from_dlpack (1.24)
-# makes read-only arrays and has no bfloat16, and the combine buffer must be writable.
-if torch is not None:
+
+def _device_ones(n, k, like):
+    """Dispatch weights when none are given, on the GPU of ``like`` (topk_idx)."""
+    t = torch_module()
+    device = like.device if isinstance(like, t.Tensor) else t.device(
+        "cuda", like.__dlpack_device__()[1])
+    return t.ones((n, k), dtype=t.float32, device=device)
+
+
+def _adopt_torch():
+    """Registers torch's converters with the extension once torch is imported; the module or
+    None."""
+    global torch, _TorchTensor
+    t = sys.modules.get("torch")
+    if t is None or getattr(t, "Tensor", None) is None:  # absent, or still importing
+        return None
+    dlpack = importlib.import_module("torch.utils.dlpack")
     # The C function behind torch.utils.dlpack.from_dlpack, for capsules (what the extension
-    # hands over): skips the Python wrapper's protocol checks on every result.
-    _from_capsule = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
-    _ubep._set_converters(_from_capsule, np.asarray)
+    # hands over): skips the Python wrapper's protocol checks on every result. NumPy results go
+    # through the buffer protocol of the DLPack view object: numpy.from_dlpack (1.24) makes
+    # read-only arrays and has no bfloat16, and the combine buffer must be writable.
+    _ubep._set_converters(getattr(t._C, "_from_dlpack", dlpack.from_dlpack), np.asarray)
     # Exact torch.Tensor inputs go through torch.to_dlpack (C) instead of the Python body of
     # Tensor.__dlpack__: the same DLPack export, a microsecond less per argument.
-    _ubep._set_torch_fast_path(torch.Tensor, torch.utils.dlpack.to_dlpack)
-
-    def _device_ones(n, k, like):
-        """Dispatch weights when none are given, on the GPU of ``like`` (topk_idx)."""
-        device = like.device if isinstance(like, torch.Tensor) else torch.device(
-            "cuda", like.__dlpack_device__()[1])
-        return torch.ones((n, k), dtype=torch.float32, device=device)
-
+    _ubep._set_torch_fast_path(t.Tensor, dlpack.to_dlpack)
     _ubep._set_device_ones(_device_ones)
-else:  # pragma: no cover
-    _ubep._set_converters(None, np.asarray)
+    _TorchTensor = t.Tensor
+    torch = t
+    return t
+
+
+def torch_module():
+    """The torch module if anything imported it (adopted on first sight), else None."""
+    return torch if torch is not None else _adopt_torch()
 
 
 def kind_of(x):
     """The framework results are returned in: the one of ``x``."""
     t = type(x)
-    if t is _TorchTensor or (_TorchTensor is not None and isinstance(x, _TorchTensor)):
+    if t is np.ndarray:
+        return NUMPY
+    if t is _TorchTensor:
         return TORCH
-    if t is np.ndarray or isinstance(x, np.ndarray):
+    if _TorchTensor is None:
+        torch_module()
+    if _TorchTensor is not None and isinstance(x, _TorchTensor):
+        return TORCH
+    if isinstance(x, np.ndarray):
         return NUMPY
     return DLPACK
 
@@ -55,7 +80,7 @@ def owned(a):
     """An owned copy of a result view (``copy=True``)."""
     if a is None:
         return None
-    if _TorchTensor is not None and isinstance(a, _TorchTensor):
+    if kind_of(a) == TORCH:
         return a.clone()
     if isinstance(a, np.ndarray):
         return a.copy()
@@ -64,7 +89,7 @@ def owned(a):
 
 def copy_into(out, y):
     """out[...] = y for torch or NumPy ``out``; returns out."""
-    if _TorchTensor is not None and isinstance(out, _TorchTensor):
+    if kind_of(out) == TORCH:
         out.copy_(y if kind_of(y) == TORCH else torch.utils.dlpack.from_dlpack(y))
     else:
         np.copyto(out, np.asarray(y))
@@ -74,7 +99,7 @@ def copy_into(out, y):
 def accumulate(total, counts):
     """total += counts in total's dtype and on its device (DeepEP's
     cumulative_local_expert_recv_stats is int32)."""
-    if _TorchTensor is not None and isinstance(total, _TorchTensor):
+    if kind_of(total) == TORCH:
         c = counts if kind_of(counts) == TORCH else torch.from_dlpack(counts)
         total.add_(c.to(device=total.device, dtype=total.dtype))
     else:
@@ -86,7 +111,7 @@ def dtype_name(dtype):
     if isinstance(dtype, str):
         return {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32",
                 "fp8": "fp8", "fp8_e4m3": "fp8", "float8_e4m3fn": "fp8"}.get(dtype, dtype)
-    if torch is not None and isinstance(dtype, torch.dtype):
+    if torch_module() is not None and isinstance(dtype, torch.dtype):
         names = {torch.bfloat16: "bf16", torch.float32: "fp32"}
         if hasattr(torch, "float8_e4m3fn"):
             names[torch.float8_e4m3fn] = "fp8"
@@ -120,7 +145,7 @@ def device_name(device):
     "cuda" without an index is torch's current CUDA device where torch has one, else cuda:0."""
     if device is None:
         return "cpu"
-    if torch is not None and isinstance(device, torch.device):
+    if torch_module() is not None and isinstance(device, torch.device):
         if device.type == "cpu":
             return "cpu"
         if device.type != "cuda":
@@ -143,6 +168,7 @@ def dispatch_layout_torch(idx, num_experts, num_ranks):
         raise _ubep.InvalidArgument(
             f"get_dispatch_layout: num_experts {num_experts} is not a multiple of the "
             f"{num_ranks} ranks")
+    torch_module()
     idx = idx.to(torch.int64)
     bad = (idx < -1) | (idx >= num_experts)
     if bool(bad.any()):

@@ -16,7 +16,8 @@ from . import _arrays, _ubep
 from . import _deep_ep_window as _win
 from ._arrays import kind_of
 from ._deep_ep_sizing import max_tokens_for, topk_capacity, window_bytes
-from ._fp8 import FLOAT8
+
+FLOAT8 = getattr(torch, "float8_e4m3fn", None)  # None on torch < 2.1: codes stay uint8
 
 
 class NormalHandle(tuple):

@@ -7,15 +7,19 @@ export), so codes cross as uint8 and come back as ``torch.float8_e4m3fn`` where 
 from . import _arrays, _ubep
 from ._arrays import NUMPY, TORCH, kind_of
 
-torch = _arrays.torch
-# None on torch < 2.1 (and without torch): codes stay uint8 there.
-FLOAT8 = getattr(torch, "float8_e4m3fn", None) if torch is not None else None
+
+
+def _float8():
+    """torch.float8_e4m3fn; None on torch < 2.1 and where torch is not loaded: codes stay uint8."""
+    t = _arrays.torch_module()
+    return getattr(t, "float8_e4m3fn", None) if t is not None else None
 
 
 def is_fp8_codes(a):
     """True for arrays that hold e4m3 codes: float8_e4m3fn tensors, uint8 tensors/arrays."""
-    if torch is not None and isinstance(a, torch.Tensor):
-        return a.dtype == torch.uint8 or (FLOAT8 is not None and a.dtype == FLOAT8)
+    if kind_of(a) == TORCH:
+        f8 = _float8()
+        return a.dtype == _arrays.torch.uint8 or (f8 is not None and a.dtype == f8)
     return getattr(a, "dtype", None) is not None and str(a.dtype) == "uint8"
 
 
@@ -25,15 +29,17 @@ def codes_in(codes, what):
         raise _ubep.InvalidArgument(
             f"{what}: fp8 codes must be torch.float8_e4m3fn or uint8, got "
             f"{getattr(codes, 'dtype', type(codes).__name__)}")
-    if FLOAT8 is not None and isinstance(codes, torch.Tensor) and codes.dtype == FLOAT8:
-        return codes.view(torch.uint8)
+    f8 = _float8()
+    if f8 is not None and kind_of(codes) == TORCH and codes.dtype == f8:
+        return codes.view(_arrays.torch.uint8)
     return codes
 
 
 def codes_out(codes):
     """Received codes (uint8 views) in the caller's framework: float8_e4m3fn when torch has it."""
-    if FLOAT8 is not None and kind_of(codes) == TORCH:
-        return codes.view(FLOAT8)
+    f8 = _float8()
+    if f8 is not None and kind_of(codes) == TORCH:
+        return codes.view(f8)
     return codes
 
 
@@ -56,8 +62,9 @@ def pack_ue8m0(scales, what="use_ue8m0"):
             f"{what}: packing UE8M0 scales needs hidden to be a multiple of 512 "
             f"({blocks} scale blocks per row is not a multiple of 4)")
     if kind_of(scales) == TORCH:
-        exp = (scales.contiguous().view(torch.int32) >> 23) & 0xFF
-        return exp.to(torch.uint8).view(torch.int32)
+        t = _arrays.torch
+        exp = (scales.contiguous().view(t.int32) >> 23) & 0xFF
+        return exp.to(t.uint8).view(t.int32)
     import numpy as np
     exp = (np.ascontiguousarray(scales).view(np.int32) >> 23) & 0xFF
     return exp.astype(np.uint8).view(np.int32)
