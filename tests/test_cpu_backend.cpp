@@ -103,6 +103,16 @@ TEST(RowKernels, VectorReductionIsBitIdenticalToTheFormula) {
           std::vector<uint16_t> dispatched(static_cast<size_t>(hidden));
           kernels::reduce_rows(dispatched.data(), DType::kBF16, hidden, ptrs.data(), wp, n);
           ASSERT_EQ(canonical(dispatched), canonical(want));
+          // With the next token's rows as a prefetch hint (more rows than this one, and rows
+          // that are this token's own): the same bits.
+          std::vector<const void*> next(ptrs.rbegin(), ptrs.rend());
+          next.push_back(want.data());
+          std::vector<uint16_t> hinted(static_cast<size_t>(hidden) + 1, 0xABCD);
+          ASSERT_TRUE(kernels::reduce_bf16_vector(hinted.data(), hidden, ptrs.data(), wp, n, level,
+                                                  false, {next.data(), n + 1}));
+          EXPECT_EQ(hinted.back(), 0xABCD) << "wrote past the row";
+          hinted.pop_back();
+          ASSERT_EQ(canonical(hinted), canonical(want)) << "with next rows";
         }
   if (checked_levels == 0) GTEST_SKIP() << "no AVX2 on this CPU: the portable kernel only";
 }

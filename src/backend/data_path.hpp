@@ -67,8 +67,11 @@ class DataPath {
   // out = round(((0 + w0*r0) + w1*r1) + ...) in fp32; weights == nullptr: unweighted; n >= 0.
   // stream: the output is large, skip caching it; it is visible to other threads once the
   // role function returns (inside run_roles) or when reduce_rows returns (outside).
+  // next_rows[0..next_n): the rows this thread reduces next, a hint with no effect on results
+  // (nullptr, 0: none); a backend may start fetching them as this reduction ends.
   virtual void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
-                           const float* weights, int n, bool stream) const = 0;
+                           const float* weights, int n, bool stream, const void* const* next_rows,
+                           int next_n) const = 0;
   virtual void accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden,
                               const float* weight) const = 0;
   virtual void store_row(void* dst, const float* acc, DType dtype, int64_t hidden) const = 0;

@@ -191,7 +191,7 @@ struct AlltoallBaseline::Impl {
       }
       const bool weighted = !cs.empty() && cs.front().weight;
       dp->reduce_rows(out, cdtype, H, sc.rows.data(), weighted ? sc.weights.data() : nullptr,
-                      static_cast<int>(cs.size()), /*stream=*/false);
+                      static_cast<int>(cs.size()), /*stream=*/false, nullptr, 0);
       return;
     }
     bool first = true;

@@ -169,13 +169,15 @@ void Bsp::push_combine_rows(const CombineCall& combine) {
 void Bsp::reduce_staged(const CombineCall& combine) {
   const DispatchCall& call = combine.dispatch;
   const char* push = ctx_.win.at<char>(ctx_.rank(), ctx_.win.map().push);
+  // Every staged row is here (the barriers before this stage), so locating one never waits.
+  auto row = [&](int64_t tok, int j) {
+    const int64_t slot = call.layout() == Layout::kThroughput ? j * ctx_.max_tokens() + tok
+                                                              : tok * ctx_.cfg.max_topk + j;
+    return push + static_cast<size_t>(slot) * ctx_.row_bytes();
+  };
   auto reduce = [&](int64_t begin, int64_t end, float* acc) {
     for (int64_t t = begin; t < end; ++t)
-      ctx_.reducer.reduce(call, combine.out, t, acc, [&](int64_t tok, int j) {
-        const int64_t slot = call.layout() == Layout::kThroughput ? j * ctx_.max_tokens() + tok
-                                                                  : tok * ctx_.cfg.max_topk + j;
-        return push + static_cast<size_t>(slot) * ctx_.row_bytes();
-      });
+      ctx_.reducer.reduce(call, combine.out, t, t + 1 < end ? t + 1 : -1, acc, row, row);
   };
   const int64_t tokens = call.routing().num_tokens;
   if (ctx_.relay) {  // across hosts the caller's thread drives the transport, so it reduces alone

@@ -35,8 +35,11 @@ class TokenReducer {
 
   // Reduces token t of `call` into y(out); acc_row is the caller's scratch; locate(t, j) -> the
   // row of the j-th contribution (throughput: j is the expert rank; latency: j is k), waited for.
-  template <typename Locate>
-  void reduce(const DispatchCall& call, char* out, int64_t t, float* acc_row, Locate&& locate);
+  // where(t, j): the same row's address without waiting; next: the token this thread reduces
+  // after t (-1: none), whose rows the data path starts fetching as t's reduction ends.
+  template <typename Locate, typename Where>
+  void reduce(const DispatchCall& call, char* out, int64_t t, int64_t next, float* acc_row,
+              Locate&& locate, Where&& where);
 
  private:
   bool same_host(int r) const { return grp_.same_host(r, rank_); }
@@ -56,9 +59,9 @@ class TokenReducer {
   std::vector<float> acc_;   // [members, hidden]
 };
 
-template <typename Locate>
-void TokenReducer::reduce(const DispatchCall& call, char* y_out, int64_t t, float* a,
-                          Locate&& locate) {
+template <typename Locate, typename Where>
+void TokenReducer::reduce(const DispatchCall& call, char* y_out, int64_t t, int64_t next, float* a,
+                          Locate&& locate, Where&& where) {
   const int64_t H = H_;
   const Routing& routing = call.routing();
   const int K = routing.topk;
@@ -83,24 +86,31 @@ void TokenReducer::reduce(const DispatchCall& call, char* y_out, int64_t t, floa
   if (!relay_ && ranks_ <= kMaxFusedRows) {
     // One host: gather the rows (waiting for each), then one fused pass over them.
     const void* rows[kMaxFusedRows];
+    const void* next_rows[kMaxFusedRows];
     float weights[kMaxFusedRows];
-    int n = 0;
-    if (layout == Layout::kThroughput) {
-      for (int r = 0; r < ranks_; ++r)
-        if (routing.sent(t, r)) rows[n++] = locate(t, r);
-    } else {
-      for (int j = 0; j < K; ++j) {
-        const size_t tk = static_cast<size_t>(t * K + j);
-        if (routing.topk_idx[tk] < 0) continue;
-        weights[n] = routing.topk_weights[tk];
-        rows[n++] = locate(t, j);
+    auto gather = [&](int64_t tok, auto&& row_of, const void** out_rows) {
+      int n = 0;
+      if (layout == Layout::kThroughput) {
+        for (int r = 0; r < ranks_; ++r)
+          if (routing.sent(tok, r)) out_rows[n++] = row_of(tok, r);
+      } else {
+        for (int j = 0; j < K; ++j) {
+          const size_t tk = static_cast<size_t>(tok * K + j);
+          if (routing.topk_idx[tk] < 0) continue;
+          weights[n] = routing.topk_weights[tk];
+          out_rows[n++] = row_of(tok, j);
+        }
       }
-    }
+      return n;
+    };
+    // The next token first: its gather overwrites `weights`, which t's gather then sets.
+    const int next_n = next >= 0 ? gather(next, where, next_rows) : 0;
+    const int n = gather(t, locate, rows);
     // Outputs larger than the streaming threshold skip the cache (like dispatch's rows).
     const bool stream = static_cast<double>(routing.num_tokens) * static_cast<double>(row_bytes_) >=
                         DispatchCall::kStreamBytes;
     dp_.reduce_rows(out, cdtype_, H, rows, layout == Layout::kLatency ? weights : nullptr, n,
-                    stream);
+                    stream, next_rows, next_n);
     return;
   }
   if (!relay_) {

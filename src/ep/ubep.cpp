@@ -101,9 +101,11 @@ class Ubep final : public TokenExchange {
   void send_planned(DispatchCall& call, int member, uint64_t generation);
   void send_equal_slices(DispatchCall& call, int member, uint64_t generation);
   void wait_offsets(const DispatchCall& call, int dest, uint64_t generation) const;
-  // The combine row of `token`'s j-th contribution, waited for (throughput: j is the expert
-  // rank; latency: j is k).
-  const char* combine_row(const DispatchCall& call, int64_t token, int j, bool caller) const;
+  // The combine row of `token`'s j-th contribution (throughput: j is the expert rank; latency:
+  // j is k), waited for unless !wait: then it is only an address for a prefetch hint, whose
+  // bytes nobody reads before a waiting call returns the same row.
+  const char* combine_row(const DispatchCall& call, int64_t token, int j, bool caller,
+                          bool wait) const;
   // The send phase's stage (time, peer wait), which the receive phase's timer would clear: taken
   // before it starts, put back in front of the receive's stages after.
   struct SendStage {
@@ -281,7 +283,8 @@ void Ubep::combine_send(const CombineCall& combine) {
   timer.lap("send");
 }
 
-const char* Ubep::combine_row(const DispatchCall& call, int64_t token, int j, bool caller) const {
+const char* Ubep::combine_row(const DispatchCall& call, int64_t token, int j, bool caller,
+                              bool wait) const {
   const Routing& routing = call.routing();
   const int local_experts = local_experts_;
   int expert_rank;
@@ -298,11 +301,12 @@ const char* Ubep::combine_row(const DispatchCall& call, int64_t token, int j, bo
           routing.expert_slot[tk];
   }
   const Tag* tag = ctx_.win.at<Tag>(expert_rank, ctx_.win.map().comb_tag) + pos;
-  ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tag); }, caller,
-                       [&] {
-                         return detail::concat("combine row of token ", token, " at rank ",
-                                               expert_rank, " (epoch tag ", ctx_.win.tag(), ")");
-                       });
+  if (wait)
+    ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tag); }, caller,
+                         [&] {
+                           return detail::concat("combine row of token ", token, " at rank ",
+                                                 expert_rank, " (epoch tag ", ctx_.win.tag(), ")");
+                         });
   return ctx_.win.at<char>(expert_rank, ctx_.win.map().comb_x) +
          static_cast<size_t>(pos) * ctx_.row_bytes();
 }
@@ -315,8 +319,10 @@ TensorView Ubep::combine_recv(const CombineCall& combine) {
   if (ctx_.relay) {
     // Across hosts the caller's thread alone drives the transport, so it reduces alone too.
     for (int64_t t = 0; t < tokens; ++t)
-      ctx_.reducer.reduce(call, combine.out, t, ctx_.reducer.acc(0),
-                          [&](int64_t tok, int j) { return combine_row(call, tok, j, true); });
+      ctx_.reducer.reduce(
+          call, combine.out, t, t + 1 < tokens ? t + 1 : -1, ctx_.reducer.acc(0),
+          [&](int64_t tok, int j) { return combine_row(call, tok, j, true, true); },
+          [&](int64_t tok, int j) { return combine_row(call, tok, j, true, false); });
     ctx_.waiter.wait_for([&] { return ctx_.relay->combine_done(); }, true,
                          [] { return std::string("relay partials"); });
   } else {
@@ -326,8 +332,10 @@ TensorView Ubep::combine_recv(const CombineCall& combine) {
       int64_t begin, end;
       slice(tokens, member, members, &begin, &end);
       for (int64_t t = begin; t < end; ++t)
-        ctx_.reducer.reduce(call, combine.out, t, acc,
-                            [&](int64_t tok, int j) { return combine_row(call, tok, j, false); });
+        ctx_.reducer.reduce(
+            call, combine.out, t, t + 1 < end ? t + 1 : -1, acc,
+            [&](int64_t tok, int j) { return combine_row(call, tok, j, false, true); },
+            [&](int64_t tok, int j) { return combine_row(call, tok, j, false, false); });
     });
   }
   timer.lap("receive + reduce");

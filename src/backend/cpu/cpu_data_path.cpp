@@ -130,8 +130,9 @@ void CpuDataPath::fence() const {
 }
 
 void CpuDataPath::reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
-                              const float* weights, int n, bool stream) const {
-  kernels::reduce_rows(out, dtype, hidden, rows, weights, n, stream);
+                              const float* weights, int n, bool stream,
+                              const void* const* next_rows, int next_n) const {
+  kernels::reduce_rows(out, dtype, hidden, rows, weights, n, stream, next_rows, next_n);
   if (!stream) return;
   held.unfenced = true;  // fenced when the role ends (run_roles' return publishes the output)
   if (held.in_role == 0) held.release();

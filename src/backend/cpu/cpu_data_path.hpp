@@ -25,7 +25,8 @@ class CpuDataPath final : public backend::DataPath {
   uint32_t load(const protocol::Tag* tag) const override;
   void fence() const override;
   void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
-                   const float* weights, int n, bool stream) const override;
+                   const float* weights, int n, bool stream, const void* const* next_rows,
+                   int next_n) const override;
   void accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden,
                       const float* weight) const override;
   void store_row(void* dst, const float* acc, DType dtype, int64_t hidden) const override;

@@ -36,19 +36,37 @@ void reduce_tail(uint16_t* out, int64_t from, int64_t hidden, const uint16_t* co
 }
 
 #ifdef UBEP_VECTOR_REDUCE
-// Software prefetch into L2, this many elements (2 KiB) ahead in every row. A combine reads 8
-// rows per token from memory (the experts wrote them moments ago, more than a core's cache
-// holds) and spends about as long on the arithmetic as on the loads; the hint starts each
-// line's fetch early enough that a step's loads find it in L2, and the L1 streamer takes it
-// from there. Into L2 (prefetcht1), not L1: on the Zen 4 VM (2 process ranks, decode, variants
-// timed side by side in ubep-bench's bound harness, docs/PERFORMANCE.md) T0 prefetches 1 KiB
-// ahead made the reduction 20-25% slower than none -- they take L1 miss buffers the demand
-// loads need -- and T1 2 KiB ahead 4-6% faster than none. (On the earlier Sapphire Rapids VM,
-// T0 1 KiB ahead had cut decode combine from 1.55-1.63 to 0.92-1.23 ms; T1 was not tried there.)
-constexpr int64_t kPrefetchAhead = 1024;
+// Software prefetch into L2, `ahead` elements ahead in every row, continued into the rows of the
+// next call (`next`: the caller's next token) during the last `ahead` elements of this one. A
+// combine reads 8 rows per token from memory (the experts wrote them moments ago, more than a
+// core's cache holds) and spends about as long on the arithmetic as on the loads; the hint
+// starts each line's fetch early enough that a step's loads find it in L2. Measured on the Zen 4
+// VM (AVX2; one core, 128 tokens x 8 weighted rows of 7168 from 28 MiB of rows, the median of
+// 80 calls; docs/PERFORMANCE.md): prefetching 2 KiB ahead only within the token, 850-890 us;
+// continuing into the next token's rows, 1 KiB ahead: 690-700, 512 B ahead: 645-680; a plain
+// OR over the same rows (the bound's loop): 625-680. Prefetching the next token's first lines
+// all at once before its reduction did not help (870-890 us): the lines must be asked for as
+// the current stream ends. Into L2 (prefetcht1), not L1: T0 prefetches took L1 miss buffers the
+// demand loads need (20-25% slower than none, decode, 2 process ranks). The distance shrinks
+// with the number of rows so that about 4 KiB are in flight in all: 512 B per row at 8 rows.
+inline int64_t prefetch_distance(int n) {
+  const int64_t per_row = n > 0 ? 2048 / n : 1024;  // elements (2 bytes)
+  return per_row < 256 ? 256 : per_row > 1024 ? 1024 : per_row / 64 * 64;
+}
 inline void prefetch_128(const uint16_t* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
   _mm_prefetch(reinterpret_cast<const char*>(p + 32), _MM_HINT_T1);
+}
+// The prefetches of the step at element h (128 bytes of every row, `ahead` elements on).
+inline void prefetch_step(const uint16_t* const* v, int n, const NextRows& next, int64_t h,
+                          int64_t ahead, int64_t hidden) {
+  const int64_t at = h + ahead;
+  if (at < hidden) {
+    for (int r = 0; r < n; ++r) prefetch_128(v[r] + at);
+  } else if (at - hidden < hidden) {
+    for (int r = 0; r < next.n; ++r)
+      prefetch_128(static_cast<const uint16_t*>(next.rows[r]) + (at - hidden));
+  }
 }
 // float_to_bf16 on 16 lanes, result in the high half of each lane: NaN -> bits | 0x400000
 // (quiet), else bits + 0x7fff + ((bits >> 16) & 1).
@@ -78,15 +96,15 @@ __attribute__((target("avx512f"))) inline void store_avx512(uint16_t* out, __m51
 template <bool Weighted>
 __attribute__((target("avx512f"))) void reduce_avx512(uint16_t* out, int64_t hidden,
                                                       const uint16_t* const* v, const float* w,
-                                                      int n, bool stream) {
+                                                      int n, bool stream, const NextRows& next) {
   const __m512i hi = _mm512_set1_epi32(-65536);  // 0xFFFF0000
+  const int64_t ahead = prefetch_distance(n);
   int64_t h = 0;
   // 64 elements per step: four independent accumulators keep the add chains overlapped.
   for (; h + 64 <= hidden; h += 64) {
     __m512 e0 = _mm512_setzero_ps(), o0 = e0, e1 = e0, o1 = e0;
-    const bool ahead = h + kPrefetchAhead < hidden;
+    prefetch_step(v, n, next, h, ahead, hidden);
     for (int r = 0; r < n; ++r) {
-      if (ahead) prefetch_128(v[r] + h + kPrefetchAhead);
       const __m512i x0 = _mm512_loadu_si512(v[r] + h);
       const __m512i x1 = _mm512_loadu_si512(v[r] + h + 32);
       __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(x0, 16));
@@ -129,42 +147,70 @@ __attribute__((target("avx512f"))) void reduce_avx512(uint16_t* out, int64_t hid
 
 __attribute__((target("avx2"))) inline __m256i round_hi_avx2(__m256 a) {
   const __m256i bits = _mm256_castps_si256(a);
-  // Signed compare is exact here: both sides are below 2^31 after masking the sign.
-  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff)),
-                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(a, a, _CMP_UNORD_Q));  // one FP compare
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
   return _mm256_blendv_epi8(rounded, _mm256_or_si256(bits, _mm256_set1_epi32(0x400000)), nan);
 }
 
+__attribute__((target("avx2"))) inline __m256i pack_avx2(__m256 even, __m256 odd) {
+  return _mm256_or_si256(_mm256_srli_epi32(round_hi_avx2(even), 16),
+                         _mm256_and_si256(round_hi_avx2(odd), _mm256_set1_epi32(-65536)));
+}
+
+__attribute__((target("avx2"))) inline void store_avx2(uint16_t* out, __m256i v, bool stream) {
+  if (stream)
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(out), v);
+  else
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), v);
+}
+
+// acc_even/acc_odd += w * (the 16 bf16 at p, widened): one row's share of a 16-element group.
+template <bool Weighted>
+__attribute__((target("avx2"))) inline void add_16(__m256& even, __m256& odd, const uint16_t* p,
+                                                   __m256 wr) {
+  const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+  __m256 b = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(-65536)));
+  if constexpr (Weighted) {
+    a = _mm256_mul_ps(wr, a);
+    b = _mm256_mul_ps(wr, b);
+  }
+  even = _mm256_add_ps(even, a);
+  odd = _mm256_add_ps(odd, b);
+}
+
+// 64 elements per step with eight accumulators: each accumulator's adds form a chain of n
+// dependent 3-cycle adds, so one 16-element group per step (two chains, the kernel before)
+// left the adders waiting on latency: 4.8 us per in-cache token of 8 rows against 3.5 now.
 template <bool Weighted>
 __attribute__((target("avx2"))) void reduce_avx2(uint16_t* out, int64_t hidden,
                                                  const uint16_t* const* v, const float* w, int n,
-                                                 bool stream) {
-  const __m256i hi = _mm256_set1_epi32(-65536);
+                                                 bool stream, const NextRows& next) {
+  const int64_t ahead = prefetch_distance(n);
+  const __m256 one = _mm256_set1_ps(1.0f);
   int64_t h = 0;
+  for (; h + 64 <= hidden; h += 64) {
+    __m256 e0 = _mm256_setzero_ps(), o0 = e0, e1 = e0, o1 = e0, e2 = e0, o2 = e0, e3 = e0, o3 = e0;
+    prefetch_step(v, n, next, h, ahead, hidden);
+    for (int r = 0; r < n; ++r) {
+      const __m256 wr = Weighted ? _mm256_set1_ps(w[r]) : one;
+      const uint16_t* p = v[r] + h;
+      add_16<Weighted>(e0, o0, p, wr);
+      add_16<Weighted>(e1, o1, p + 16, wr);
+      add_16<Weighted>(e2, o2, p + 32, wr);
+      add_16<Weighted>(e3, o3, p + 48, wr);
+    }
+    store_avx2(out + h, pack_avx2(e0, o0), stream);
+    store_avx2(out + h + 16, pack_avx2(e1, o1), stream);
+    store_avx2(out + h + 32, pack_avx2(e2, o2), stream);
+    store_avx2(out + h + 48, pack_avx2(e3, o3), stream);
+  }
   for (; h + 16 <= hidden; h += 16) {
     __m256 e = _mm256_setzero_ps(), o = e;
-    const bool ahead = h % 64 == 0 && h + kPrefetchAhead < hidden;
-    for (int r = 0; r < n; ++r) {
-      if (ahead) prefetch_128(v[r] + h + kPrefetchAhead);
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v[r] + h));
-      __m256 a = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
-      __m256 b = _mm256_castsi256_ps(_mm256_and_si256(x, hi));
-      if constexpr (Weighted) {
-        const __m256 wr = _mm256_set1_ps(w[r]);
-        a = _mm256_mul_ps(wr, a);
-        b = _mm256_mul_ps(wr, b);
-      }
-      e = _mm256_add_ps(e, a);
-      o = _mm256_add_ps(o, b);
-    }
-    const __m256i packed = _mm256_or_si256(_mm256_srli_epi32(round_hi_avx2(e), 16),
-                                           _mm256_and_si256(round_hi_avx2(o), hi));
-    if (stream)
-      _mm256_stream_si256(reinterpret_cast<__m256i*>(out + h), packed);
-    else
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + h), packed);
+    for (int r = 0; r < n; ++r)
+      add_16<Weighted>(e, o, v[r] + h, Weighted ? _mm256_set1_ps(w[r]) : one);
+    store_avx2(out + h, pack_avx2(e, o), stream);
   }
   reduce_tail(out, h, hidden, v, Weighted ? w : nullptr, n);
 }
@@ -183,7 +229,7 @@ int reduce_bf16_level() {
 }
 
 bool reduce_bf16_vector(uint16_t* out, int64_t hidden, const void* const* rows,
-                        const float* weights, int n, int level, bool stream) {
+                        const float* weights, int n, int level, bool stream, NextRows next) {
 #ifdef UBEP_VECTOR_REDUCE
   if (level < 0) level = kLevel;
   level = level < kLevel ? level : kLevel;
@@ -192,15 +238,16 @@ bool reduce_bf16_vector(uint16_t* out, int64_t hidden, const void* const* rows,
   for (int r = 0; r < n; ++r) v[r] = static_cast<const uint16_t*>(rows[r]);
   stream = stream && reinterpret_cast<uintptr_t>(out) % 64 == 0;
   if (level == 2) {
-    weights ? reduce_avx512<true>(out, hidden, v, weights, n, stream)
-            : reduce_avx512<false>(out, hidden, v, nullptr, n, stream);
+    weights ? reduce_avx512<true>(out, hidden, v, weights, n, stream, next)
+            : reduce_avx512<false>(out, hidden, v, nullptr, n, stream, next);
   } else {
-    weights ? reduce_avx2<true>(out, hidden, v, weights, n, stream)
-            : reduce_avx2<false>(out, hidden, v, nullptr, n, stream);
+    weights ? reduce_avx2<true>(out, hidden, v, weights, n, stream, next)
+            : reduce_avx2<false>(out, hidden, v, nullptr, n, stream, next);
   }
   return true;
 #else
   (void)out, (void)hidden, (void)rows, (void)weights, (void)n, (void)level, (void)stream;
+  (void)next;
   return false;
 #endif
 }

@@ -31,9 +31,11 @@ void prefetch_for_write(const void* dst, size_t bytes);
 // accumulator held per chunk): the same operations in the same order as the kernels above, so
 // the same bits, with a fraction of the memory traffic. weights == nullptr: unweighted. n may be 0.
 // stream: a large output, written with non-temporal stores where the kernel can (bf16); the
-// caller must store_fence() before another thread reads it.
+// caller must store_fence() before another thread reads it. next_rows, next_n: the rows the
+// caller reduces next, a hint (their first lines are fetched as this reduction ends).
 void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
-                 const float* weights, int n, bool stream = false);
+                 const float* weights, int n, bool stream = false,
+                 const void* const* next_rows = nullptr, int next_n = 0);
 // The same without the hand-vectorised bf16 kernels (reduce_bf16.hpp): compiler-vectorised,
 // for CPUs without AVX2 and to time against.
 void reduce_rows_portable(void* out, DType dtype, int64_t hidden, const void* const* rows,
