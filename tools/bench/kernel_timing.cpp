@@ -1,10 +1,12 @@
 // ubep-kernel-timing: the per-row kernels in isolation (in cache, one thread), to explain where
-// small calls spend their time. Usage: ubep-kernel-timing [hidden=7168] [iters=20000]
+// small calls spend their time, and a decode combine's reduction out of cache. Usage:
+// ubep-kernel-timing [hidden=7168] [iters=20000]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "backend/cpu/reduce_bf16.hpp"
@@ -32,6 +34,83 @@ double time_us(int iters, F&& f) {
   const auto t0 = Clock::now();
   for (int i = 0; i < iters; ++i) f();
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
+}
+
+#if defined(__x86_64__)
+// A plain OR of n rows into one (the bench's or-reduce bound, without its prefetch): the bytes a
+// reduction must read, with next to no arithmetic.
+__attribute__((target("avx2"))) void or_rows(uint16_t* out, int64_t hidden,
+                                             const uint16_t* const* v, int n) {
+  for (int64_t h = 0; h + 64 <= hidden; h += 64)
+    for (int q = 0; q < 64; q += 16) {
+      __m256i a = _mm256_setzero_si256();
+      for (int r = 0; r < n; ++r)
+        a = _mm256_or_si256(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v[r] + h + q)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + h + q), a);
+    }
+}
+#endif
+
+// A decode combine's reduction out of cache: 128 tokens x 8 weighted rows placed at random in a
+// window of 2 x 128 x 8 rows, 8 such windows used in turn (117 MB: more than the L3), one thread.
+// Times the library's reduction with and without the next token's rows as a prefetch hint, and
+// a plain OR over the same rows, interleaved; prints the median over the calls.
+void combine_out_of_cache(int64_t hidden, int calls) {
+  constexpr int kTokens = 128, kTopk = 8, kWindows = 8;
+  const size_t slots = 2 * kTokens * kTopk, row = static_cast<size_t>(hidden);
+  std::vector<uint16_t> pool(kWindows * slots * row);
+  std::mt19937 rng(1);
+  for (auto& v : pool) v = float_to_bf16(static_cast<float>(rng() % 2001) / 997.0f - 1.0f);
+  std::vector<int> slot(slots);
+  for (size_t i = 0; i < slots; ++i) slot[i] = static_cast<int>(i);
+  std::shuffle(slot.begin(), slot.end(), rng);
+  std::vector<float> w(kTokens * kTopk);
+  for (auto& x : w) x = static_cast<float>(rng() % 1000) / 1000.0f;
+  std::vector<uint16_t> out(kTokens * row), ref(kTokens * row);
+  auto rows_of = [&](int win, int t, const void** p) {
+    for (int k = 0; k < kTopk; ++k)
+      p[k] = &pool[(static_cast<size_t>(win) * slots + static_cast<size_t>(slot[t * kTopk + k])) *
+                   row];
+  };
+  auto call = [&](int win, int variant) {
+    const void* p[kTopk];
+    const void* next[kTopk];
+    for (int t = 0; t < kTokens; ++t) {
+      rows_of(win, t, p);
+      uint16_t* o = &out[static_cast<size_t>(t) * row];
+#if defined(__x86_64__)
+      if (variant == 0 && kernels::reduce_bf16_level() >= 1) {
+        or_rows(o, hidden, reinterpret_cast<const uint16_t* const*>(p), kTopk);
+        continue;
+      }
+#endif
+      const bool hint = variant == 2 && t + 1 < kTokens;
+      if (hint) rows_of(win, t + 1, next);
+      kernels::reduce_rows(o, DType::kBF16, hidden, p, &w[static_cast<size_t>(t) * kTopk], kTopk,
+                           false, hint ? next : nullptr, hint ? kTopk : 0);
+    }
+  };
+  call(0, 1);
+  ref = out;
+  call(1 % kWindows, 2);
+  call(0, 2);
+  if (out != ref) std::printf("combine out of cache: the hinted reduction DIFFERS (a bug)\n");
+  std::vector<double> t[3];
+  int win = 0;
+  for (int c = 0; c < calls; ++c)
+    for (int v = 0; v < 3; ++v) {
+      const auto t0 = Clock::now();
+      call(win = (win + 1) % kWindows, v);
+      t[v].push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    }
+  const char* names[3] = {"or of the same rows (no arithmetic)", "reduce_rows, no next-rows hint",
+                          "reduce_rows, next token's rows hinted"};
+  std::printf("combine out of cache: %d tokens x %d weighted rows, %d calls each, median us\n",
+              kTokens, kTopk, calls);
+  for (int v = 0; v < 3; ++v) {
+    std::sort(t[v].begin(), t[v].end());
+    std::printf("%-44s %10.1f\n", names[v], t[v][t[v].size() / 2]);
+  }
 }
 
 int main(int argc, char** argv) {
@@ -88,6 +167,7 @@ int main(int argc, char** argv) {
                   kernels::copy_row_to_peer(d + i * row, &rows[static_cast<size_t>(i * hidden)],
                                             row);
               }));
+  combine_out_of_cache(hidden, std::max(10, iters / 500));
 #if defined(__x86_64__)
   if (__builtin_cpu_supports("avx512f")) {
     // A decode dispatch's worth of rows (1024, out of cache: two 14.7 MB halves alternately).

@@ -40,15 +40,17 @@ void reduce_tail(uint16_t* out, int64_t from, int64_t hidden, const uint16_t* co
 // next call (`next`: the caller's next token) during the last `ahead` elements of this one. A
 // combine reads 8 rows per token from memory (the experts wrote them moments ago, more than a
 // core's cache holds) and spends about as long on the arithmetic as on the loads; the hint
-// starts each line's fetch early enough that a step's loads find it in L2. Measured on the Zen 4
-// VM (AVX2; one core, 128 tokens x 8 weighted rows of 7168 from 28 MiB of rows, the median of
-// 80 calls; docs/PERFORMANCE.md): prefetching 2 KiB ahead only within the token, 850-890 us;
-// continuing into the next token's rows, 1 KiB ahead: 690-700, 512 B ahead: 645-680; a plain
-// OR over the same rows (the bound's loop): 625-680. Prefetching the next token's first lines
-// all at once before its reduction did not help (870-890 us): the lines must be asked for as
-// the current stream ends. Into L2 (prefetcht1), not L1: T0 prefetches took L1 miss buffers the
-// demand loads need (20-25% slower than none, decode, 2 process ranks). The distance shrinks
-// with the number of rows so that about 4 KiB are in flight in all: 512 B per row at 8 rows.
+// starts each line's fetch early enough that a step's loads find it in L2. Without the
+// continuation every token began on 8 cold rows. Measured on the Zen 4 VM with AVX2, one core,
+// 128 tokens x 8 weighted rows of 7168 out of cache, the same runs alternated (ubep-kernel-timing
+// and a copy of the old kernel; docs/PERFORMANCE.md): the kernel before this (2 KiB ahead, within
+// the token) 1010-1075 us; 512 B ahead, within the token 950-1000; the same continued into the
+// next token 840-850; a plain OR over the same rows 805-845. The next token's prefetches must be
+// issued as the current stream ends, interleaved with the loads: all at a step's start they gave
+// 910-950, and all before the token's reduction no gain at all. Into L2 (prefetcht1), not L1: T0
+// prefetches took L1 miss buffers the demand loads need (20-25% slower than none, decode, 2
+// process ranks). The distance shrinks with the number of rows so that about 4 KiB are in flight
+// in all: 512 B per row at 8 rows (256 B-1.5 KiB measured alike at 8 rows).
 inline int64_t prefetch_distance(int n) {
   const int64_t per_row = n > 0 ? 2048 / n : 1024;  // elements (2 bytes)
   return per_row < 256 ? 256 : per_row > 1024 ? 1024 : per_row / 64 * 64;
@@ -57,16 +59,19 @@ inline void prefetch_128(const uint16_t* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
   _mm_prefetch(reinterpret_cast<const char*>(p + 32), _MM_HINT_T1);
 }
-// The prefetches of the step at element h (128 bytes of every row, `ahead` elements on).
-inline void prefetch_step(const uint16_t* const* v, int n, const NextRows& next, int64_t h,
-                          int64_t ahead, int64_t hidden) {
+// Where a step's prefetches go: row r's line pair at rows[r] + offset for r < n (128 bytes
+// `ahead` elements on: this token's rows, or the next token's once this one's end is near).
+struct PrefetchStep {
+  const uint16_t* const* rows;
+  int64_t offset;
+  int n;
+};
+inline PrefetchStep prefetch_step(const uint16_t* const* v, int n, const uint16_t* const* next,
+                                  int next_n, int64_t h, int64_t ahead, int64_t hidden) {
   const int64_t at = h + ahead;
-  if (at < hidden) {
-    for (int r = 0; r < n; ++r) prefetch_128(v[r] + at);
-  } else if (at - hidden < hidden) {
-    for (int r = 0; r < next.n; ++r)
-      prefetch_128(static_cast<const uint16_t*>(next.rows[r]) + (at - hidden));
-  }
+  if (at < hidden) return {v, at, n};
+  if (at - hidden < hidden) return {next, at - hidden, next_n};
+  return {v, 0, 0};
 }
 // float_to_bf16 on 16 lanes, result in the high half of each lane: NaN -> bits | 0x400000
 // (quiet), else bits + 0x7fff + ((bits >> 16) & 1).
@@ -96,15 +101,18 @@ __attribute__((target("avx512f"))) inline void store_avx512(uint16_t* out, __m51
 template <bool Weighted>
 __attribute__((target("avx512f"))) void reduce_avx512(uint16_t* out, int64_t hidden,
                                                       const uint16_t* const* v, const float* w,
-                                                      int n, bool stream, const NextRows& next) {
+                                                      int n, bool stream,
+                                                      const uint16_t* const* next, int next_n) {
   const __m512i hi = _mm512_set1_epi32(-65536);  // 0xFFFF0000
   const int64_t ahead = prefetch_distance(n);
   int64_t h = 0;
   // 64 elements per step: four independent accumulators keep the add chains overlapped.
   for (; h + 64 <= hidden; h += 64) {
     __m512 e0 = _mm512_setzero_ps(), o0 = e0, e1 = e0, o1 = e0;
-    prefetch_step(v, n, next, h, ahead, hidden);
+    const PrefetchStep pf = prefetch_step(v, n, next, next_n, h, ahead, hidden);
+    for (int r = n; r < pf.n; ++r) prefetch_128(pf.rows[r] + pf.offset);
     for (int r = 0; r < n; ++r) {
+      if (r < pf.n) prefetch_128(pf.rows[r] + pf.offset);  // interleaved with the loads
       const __m512i x0 = _mm512_loadu_si512(v[r] + h);
       const __m512i x1 = _mm512_loadu_si512(v[r] + h + 32);
       __m512 a0 = _mm512_castsi512_ps(_mm512_slli_epi32(x0, 16));
@@ -186,14 +194,19 @@ __attribute__((target("avx2"))) inline void add_16(__m256& even, __m256& odd, co
 template <bool Weighted>
 __attribute__((target("avx2"))) void reduce_avx2(uint16_t* out, int64_t hidden,
                                                  const uint16_t* const* v, const float* w, int n,
-                                                 bool stream, const NextRows& next) {
+                                                 bool stream, const uint16_t* const* next,
+                                                 int next_n) {
   const int64_t ahead = prefetch_distance(n);
   const __m256 one = _mm256_set1_ps(1.0f);
   int64_t h = 0;
   for (; h + 64 <= hidden; h += 64) {
     __m256 e0 = _mm256_setzero_ps(), o0 = e0, e1 = e0, o1 = e0, e2 = e0, o2 = e0, e3 = e0, o3 = e0;
-    prefetch_step(v, n, next, h, ahead, hidden);
+    const PrefetchStep pf = prefetch_step(v, n, next, next_n, h, ahead, hidden);
+    for (int r = n; r < pf.n; ++r) prefetch_128(pf.rows[r] + pf.offset);
     for (int r = 0; r < n; ++r) {
+      // Interleaved with the loads: issued all at the step's start, the same prefetches left
+      // the reduction 10-15% slower (912-954 against 796-802 us in the out-of-cache test).
+      if (r < pf.n) prefetch_128(pf.rows[r] + pf.offset);
       const __m256 wr = Weighted ? _mm256_set1_ps(w[r]) : one;
       const uint16_t* p = v[r] + h;
       add_16<Weighted>(e0, o0, p, wr);
@@ -236,13 +249,16 @@ bool reduce_bf16_vector(uint16_t* out, int64_t hidden, const void* const* rows,
   if (level == 0 || n > kMaxVectorRows) return false;
   const uint16_t* v[kMaxVectorRows];
   for (int r = 0; r < n; ++r) v[r] = static_cast<const uint16_t*>(rows[r]);
+  const uint16_t* nv[kMaxVectorRows];
+  const int next_n = next.n < kMaxVectorRows ? next.n : kMaxVectorRows;
+  for (int r = 0; r < next_n; ++r) nv[r] = static_cast<const uint16_t*>(next.rows[r]);
   stream = stream && reinterpret_cast<uintptr_t>(out) % 64 == 0;
   if (level == 2) {
-    weights ? reduce_avx512<true>(out, hidden, v, weights, n, stream, next)
-            : reduce_avx512<false>(out, hidden, v, nullptr, n, stream, next);
+    weights ? reduce_avx512<true>(out, hidden, v, weights, n, stream, nv, next_n)
+            : reduce_avx512<false>(out, hidden, v, nullptr, n, stream, nv, next_n);
   } else {
-    weights ? reduce_avx2<true>(out, hidden, v, weights, n, stream, next)
-            : reduce_avx2<false>(out, hidden, v, nullptr, n, stream, next);
+    weights ? reduce_avx2<true>(out, hidden, v, weights, n, stream, nv, next_n)
+            : reduce_avx2<false>(out, hidden, v, nullptr, n, stream, nv, next_n);
   }
   return true;
 #else
