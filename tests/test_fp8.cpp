@@ -183,23 +183,35 @@ TEST(Fp8Codec, Bf16InputMatchesAndRoundTripsWithinHalfAStep) {
     }
 }
 
-// The AVX-512F block kernels against the portable ones and the reference, bit for bit: every
-// bf16 pattern (in order, and shuffled so that each block mixes magnitudes, NaN and Inf), random
-// fp32 blocks with both scale kinds, and every code decoded under scales from tiny to huge.
+// Every vector level this CPU has (AVX2, AVX-512F) against the portable kernels and the
+// reference, bit for bit: every bf16 pattern (in order, and shuffled so that each block mixes
+// magnitudes, NaN and Inf), random fp32 blocks with both scale kinds, and every code decoded
+// under scales from tiny to huge.
 class Fp8VectorKernels : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fp8_blocks::have_vector()) GTEST_SKIP() << "this CPU has no AVX-512F";
+    if (fp8_blocks::best_level() == fp8_blocks::kPortable)
+      GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512F";
+  }
+  static std::vector<int> levels() {
+    std::vector<int> l;
+    for (int level = fp8_blocks::kAvx2; level <= fp8_blocks::best_level(); ++level)
+      l.push_back(level);
+    return l;
   }
   static void expect_same_quantization(const void* src, bool bf16, int64_t rows, int64_t hidden,
                                        bool pow2) {
     const int64_t blocks = fp8_scales_per_row(hidden);
-    std::vector<uint8_t> cv(static_cast<size_t>(rows * hidden)), cs(cv.size());
-    std::vector<float> sv(static_cast<size_t>(rows * blocks)), ss(sv.size());
-    fp8_blocks::quantize_rows(src, bf16, rows, hidden, pow2, cv.data(), sv.data(), true);
-    fp8_blocks::quantize_rows(src, bf16, rows, hidden, pow2, cs.data(), ss.data(), false);
-    ASSERT_EQ(cv, cs);
-    for (size_t i = 0; i < sv.size(); ++i) ASSERT_EQ(bits(sv[i]), bits(ss[i])) << "scale " << i;
+    for (int level : levels()) {
+      SCOPED_TRACE(level);
+      std::vector<uint8_t> cv(static_cast<size_t>(rows * hidden)), cs(cv.size());
+      std::vector<float> sv(static_cast<size_t>(rows * blocks)), ss(sv.size());
+      fp8_blocks::quantize_rows(src, bf16, rows, hidden, pow2, cv.data(), sv.data(), level);
+      fp8_blocks::quantize_rows(src, bf16, rows, hidden, pow2, cs.data(), ss.data(),
+                                fp8_blocks::kPortable);
+      ASSERT_EQ(cv, cs);
+      for (size_t i = 0; i < sv.size(); ++i) ASSERT_EQ(bits(sv[i]), bits(ss[i])) << "scale " << i;
+    }
   }
 };
 
@@ -214,12 +226,15 @@ TEST_F(Fp8VectorKernels, QuantizeEveryBf16PatternLikeThePortableKernelAndTheRefe
       std::vector<float> x(p->size());
       for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_float((*p)[i]);
       const RefFp8 want = ref_fp8_quantize(x, 512, 128, pow2);
-      std::vector<uint8_t> codes(x.size());
-      std::vector<float> scales(want.scales.size());
-      fp8_blocks::quantize_rows(p->data(), true, 512, 128, pow2, codes.data(), scales.data(), true);
-      ASSERT_EQ(codes, want.codes);
-      for (size_t i = 0; i < scales.size(); ++i)
-        ASSERT_EQ(bits(scales[i]), bits(want.scales[i])) << "scale " << i;
+      for (int level : levels()) {
+        std::vector<uint8_t> codes(x.size());
+        std::vector<float> scales(want.scales.size());
+        fp8_blocks::quantize_rows(p->data(), true, 512, 128, pow2, codes.data(), scales.data(),
+                                  level);
+        ASSERT_EQ(codes, want.codes) << "level " << level;
+        for (size_t i = 0; i < scales.size(); ++i)
+          ASSERT_EQ(bits(scales[i]), bits(want.scales[i])) << "scale " << i;
+      }
     }
 }
 
@@ -242,16 +257,19 @@ TEST_F(Fp8VectorKernels, DequantizeEveryCodeLikeThePortableKernelAndTheReference
   for (float scale : {1.0f, std::ldexp(1.0f, -7), 1e-4f / 448.0f, 3.7f, 1e30f, 2.3e-38f}) {
     SCOPED_TRACE(scale);
     const float scales[2] = {scale, scale};
-    std::vector<float> vec(codes.size()), port(codes.size());
-    fp8_blocks::dequantize_rows(codes.data(), scales, 1, 256, vec.data(), true);
-    fp8_blocks::dequantize_rows(codes.data(), scales, 1, 256, port.data(), false);
-    for (size_t c = 0; c < codes.size(); ++c) {
-      ASSERT_EQ(bits(vec[c]), bits(port[c])) << "code " << c;
-      const double want = ref_e4m3_value(static_cast<int>(c));
-      if (std::isnan(want)) {
-        EXPECT_TRUE(std::isnan(vec[c])) << "code " << c;
-      } else {
-        EXPECT_EQ(vec[c], static_cast<float>(want) * scale) << "code " << c;
+    for (int level : levels()) {
+      SCOPED_TRACE(level);
+      std::vector<float> vec(codes.size()), port(codes.size());
+      fp8_blocks::dequantize_rows(codes.data(), scales, 1, 256, vec.data(), level);
+      fp8_blocks::dequantize_rows(codes.data(), scales, 1, 256, port.data(), fp8_blocks::kPortable);
+      for (size_t c = 0; c < codes.size(); ++c) {
+        ASSERT_EQ(bits(vec[c]), bits(port[c])) << "code " << c;
+        const double want = ref_e4m3_value(static_cast<int>(c));
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(vec[c])) << "code " << c;
+        } else {
+          EXPECT_EQ(vec[c], static_cast<float>(want) * scale) << "code " << c;
+        }
       }
     }
   }

@@ -1,8 +1,9 @@
 // The fp8 e4m3 row codec (ubep/fp8.hpp): per 128-channel block, amax over the finite values,
 // the scale, then every value times the inverse scale rounded to e4m3. The portable kernels are
-// plain loops over the scalar functions of fp8.hpp; full blocks go through the AVX-512F kernels
-// (fp8_avx512.cpp) where the CPU has them, which compute the same bits. FMA contraction is off
-// project-wide, so every product is rounded once, as the scalar functions round it.
+// plain loops over the scalar functions of fp8.hpp; full blocks go through the AVX-512F or AVX2
+// kernels (fp8_avx512.cpp, fp8_avx2.cpp) where the CPU has them, which compute the same bits. FMA
+// contraction is off project-wide, so every product is rounded once, as the scalar functions round
+// it.
 #include <cmath>
 
 #include "core/fp8_blocks.hpp"
@@ -45,27 +46,31 @@ float quantize_any(const void* src, bool bf16, int64_t n, bool pow2, uint8_t* co
 
 }  // namespace
 
-bool have_vector() {
+int best_level() {
 #if defined(__x86_64__)
-  static const bool yes = __builtin_cpu_supports("avx512f");
-  return yes;
+  static const int level = __builtin_cpu_supports("avx512f") ? kAvx512
+                           : __builtin_cpu_supports("avx2")  ? kAvx2
+                                                             : kPortable;
+  return level;
 #else
-  return false;
+  return kPortable;
 #endif
 }
 
-float quantize_block(const void* src, bool bf16, bool pow2, uint8_t* codes, bool vector) {
-  return vector ? quantize_block_avx512(src, bf16, pow2, codes)
-                : quantize_any(src, bf16, kFp8BlockSize, pow2, codes);
+float quantize_block(const void* src, bool bf16, bool pow2, uint8_t* codes, int level) {
+  if (level == kAvx512) return quantize_block_avx512(src, bf16, pow2, codes);
+  if (level == kAvx2) return quantize_block_avx2(src, bf16, pow2, codes);
+  return quantize_any(src, bf16, kFp8BlockSize, pow2, codes);
 }
 
-void dequantize_block(const uint8_t* codes, float scale, float* out, bool vector) {
-  if (vector) return dequantize_block_avx512(codes, scale, out);
+void dequantize_block(const uint8_t* codes, float scale, float* out, int level) {
+  if (level == kAvx512) return dequantize_block_avx512(codes, scale, out);
+  if (level == kAvx2) return dequantize_block_avx2(codes, scale, out);
   for (int64_t i = 0; i < kFp8BlockSize; ++i) out[i] = e4m3_to_float(codes[i]) * scale;
 }
 
 void quantize_rows(const void* src, bool bf16, int64_t rows, int64_t hidden, bool pow2,
-                   uint8_t* codes, float* scales, bool vector) {
+                   uint8_t* codes, float* scales, int level) {
   const int64_t blocks = fp8_scales_per_row(hidden);
   const size_t elem = bf16 ? 2 : 4;
   for (int64_t r = 0; r < rows; ++r)
@@ -74,13 +79,13 @@ void quantize_rows(const void* src, bool bf16, int64_t rows, int64_t hidden, boo
       const int64_t n = b + 1 < blocks ? kFp8BlockSize : hidden - b * kFp8BlockSize;
       const void* from = static_cast<const char*>(src) + static_cast<size_t>(at) * elem;
       scales[r * blocks + b] = n == kFp8BlockSize
-                                   ? quantize_block(from, bf16, pow2, codes + at, vector)
+                                   ? quantize_block(from, bf16, pow2, codes + at, level)
                                    : quantize_any(from, bf16, n, pow2, codes + at);
     }
 }
 
 void dequantize_rows(const uint8_t* codes, const float* scales, int64_t rows, int64_t hidden,
-                     float* out, bool vector) {
+                     float* out, int level) {
   const int64_t blocks = fp8_scales_per_row(hidden);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
@@ -88,7 +93,7 @@ void dequantize_rows(const uint8_t* codes, const float* scales, int64_t rows, in
       const int64_t n = b + 1 < blocks ? kFp8BlockSize : hidden - b * kFp8BlockSize;
       const float scale = scales[r * blocks + b];
       if (n == kFp8BlockSize) {
-        dequantize_block(codes + at, scale, out + at, vector);
+        dequantize_block(codes + at, scale, out + at, level);
       } else {
         for (int64_t i = 0; i < n; ++i) out[at + i] = e4m3_to_float(codes[at + i]) * scale;
       }
@@ -102,6 +107,12 @@ float quantize_block_avx512(const void*, bool, bool, uint8_t*) {
 void dequantize_block_avx512(const uint8_t*, float, float*) {
   throw Error("fp8: the AVX-512F kernel is not built on this architecture");
 }
+float quantize_block_avx2(const void*, bool, bool, uint8_t*) {
+  throw Error("fp8: the AVX2 kernel is not built on this architecture");
+}
+void dequantize_block_avx2(const uint8_t*, float, float*) {
+  throw Error("fp8: the AVX2 kernel is not built on this architecture");
+}
 #endif
 
 }  // namespace fp8_blocks
@@ -114,12 +125,12 @@ void fp8_quantize_rows(const void* src, DType src_dtype, int64_t rows, int64_t h
   UBEP_CHECK_ARG(rows >= 0 && hidden >= 1, "fp8_quantize_rows: bad shape [", rows, ", ", hidden,
                  "]");
   fp8_blocks::quantize_rows(src, src_dtype == DType::kBF16, rows, hidden, pow2, codes, scales,
-                            fp8_blocks::have_vector());
+                            fp8_blocks::best_level());
 }
 
 void fp8_dequantize_rows(const uint8_t* codes, const float* scales, int64_t rows, int64_t hidden,
                          float* out) {
-  fp8_blocks::dequantize_rows(codes, scales, rows, hidden, out, fp8_blocks::have_vector());
+  fp8_blocks::dequantize_rows(codes, scales, rows, hidden, out, fp8_blocks::best_level());
 }
 
 }  // namespace ubep

@@ -11,7 +11,9 @@
 
 #include "backend/cpu/reduce_bf16.hpp"
 #include "backend/cpu/row_kernels.hpp"
+#include "core/fp8_blocks.hpp"
 #include "ubep/bf16.hpp"
+#include "ubep/fp8.hpp"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -113,6 +115,30 @@ void combine_out_of_cache(int64_t hidden, int calls) {
   }
 }
 
+// The fp8 codec's kernels on a decode call's worth of rows (128 x hidden, bf16 in, fp32 out).
+void fp8_levels(int64_t hidden, int iters) {
+  const int64_t rows = 128;
+  std::vector<uint16_t> x(static_cast<size_t>(rows * hidden));
+  std::mt19937 rng(3);
+  for (auto& v : x) v = float_to_bf16(static_cast<float>(rng() % 2001) / 100.0f - 10.0f);
+  std::vector<uint8_t> codes(x.size());
+  std::vector<float> scales(static_cast<size_t>(rows * fp8_scales_per_row(hidden))), y(x.size());
+  const char* names[3] = {"portable", "AVX2", "AVX-512F"};
+  for (int level = 0; level <= fp8_blocks::best_level(); ++level) {
+    char name[64];
+    std::snprintf(name, sizeof name, "fp8 quantize 128 bf16 rows: %s", names[level]);
+    std::printf("%-44s %10.2f\n", name, time_us(iters, [&] {
+                  fp8_blocks::quantize_rows(x.data(), true, rows, hidden, false, codes.data(),
+                                            scales.data(), level);
+                }));
+    std::snprintf(name, sizeof name, "fp8 dequantize 128 rows: %s", names[level]);
+    std::printf("%-44s %10.2f\n", name, time_us(iters, [&] {
+                  fp8_blocks::dequantize_rows(codes.data(), scales.data(), rows, hidden, y.data(),
+                                              level);
+                }));
+  }
+}
+
 int main(int argc, char** argv) {
   const int64_t hidden = argc > 1 ? std::atoll(argv[1]) : 7168;
   const int iters = argc > 2 ? std::atoi(argv[2]) : 20000;
@@ -167,6 +193,7 @@ int main(int argc, char** argv) {
                   kernels::copy_row_to_peer(d + i * row, &rows[static_cast<size_t>(i * hidden)],
                                             row);
               }));
+  fp8_levels(hidden, std::max(20, iters / 200));
   combine_out_of_cache(hidden, std::max(10, iters / 500));
 #if defined(__x86_64__)
   if (__builtin_cpu_supports("avx512f")) {
