@@ -9,13 +9,16 @@ expert parallelism over ubep (docs/INTEGRATIONS.md, "vLLM on CPU").
                                                                     # over ubep (vllm_ep plugin)
     ... --weights random   # real random weights (safetensors) instead of vLLM's dummy ones
     ... --dtype float32    # the model in fp32 (default bfloat16)
-    ... --json out.json    # also write {mode, weights, dtype, tokens, logprobs, leads}
+    ... --json out.json    # also write {mode, weights, dtype, tokens, logprobs, leads, timing,
+                           # tpot_p50_ms, tpot_p99_ms, ttft_p50_ms, decode_tokens_per_s}
     ... --compare a.json   # exit 1 unless the tokens equal those of the run that wrote a.json
 
 Writes a local Qwen3-MoE config (ubep's _e2e_models.small_config, 2 layers; no hub), serves it
 with random weights (load_format="dummy", seed 0; or --weights random), 4 token-id prompts of
 16 tokens, 32, 32, 32 and 12 greedy tokens, and prints them (TOKENS lines, in prompt order) for
-comparison between the modes.
+comparison between the modes, and a TIMING line: decode TPOT P50/P99 over the gaps between a
+request's consecutive tokens as they reach the front end (the engine stepped as LLM.generate
+does), time to first token, decode output tokens per second.
 
 dp / ubep: vLLM's offline data parallelism (its data_parallel_offline example): one process per
 DP rank, each an LLM with VLLM_DP_RANK/VLLM_DP_SIZE set, rank 0 serving prompts 0-2 and rank 1
@@ -70,7 +73,8 @@ def generate(path, which, weights, dtype, **kw):
               runner="generate", seed=0, **kw)
     params = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS[i], ignore_eos=True,
                              detokenize=False, logprobs=2) for i in which]
-    outs = llm.generate([TokensPrompt(prompt_token_ids=PROMPTS[i]) for i in which], params)
+    outs, timing = run_timed(llm, [TokensPrompt(prompt_token_ids=PROMPTS[i]) for i in which],
+                             params)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     # Per step: the chosen token's log-probability, and its lead over the runner-up (how close
     # a greedy choice was to a tie).
@@ -78,7 +82,43 @@ def generate(path, which, weights, dtype, **kw):
     logprobs = [[s[t].logprob for t, s in p] for p in steps]
     leads = [[s[t].logprob - max(v.logprob for u, v in s.items() if u != t) for t, s in p]
              for p in steps]
-    return tokens, logprobs, leads
+    return tokens, logprobs, leads, timing
+
+
+def run_timed(llm, prompts, params):
+    """What LLM.generate does (add the requests, step the engine until every one finished),
+    with the time each new token reached this process: per request, the seconds from the first
+    step to each token. The first is the time to first token; the gaps after it are the
+    request's time per output token (TPOT) samples. Outputs in request order, as generate's."""
+    import time
+    engine = llm.llm_engine
+    for i, (prompt, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(str(i), prompt, sp)
+    done, seen = {}, {str(i): [] for i in range(len(prompts))}
+    t0 = time.perf_counter()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            now = time.perf_counter() - t0
+            have = seen[out.request_id]
+            have += [now] * (len(out.outputs[0].token_ids) - len(have))
+            if out.finished:
+                done[out.request_id] = out
+    return [done[str(i)] for i in range(len(prompts))], [seen[str(i)] for i in
+                                                          range(len(prompts))]
+
+
+def tpot_summary(timing, ranks):
+    """TPOT P50/P99 (ms) over every request's gaps between consecutive tokens, time to first
+    token P50 (ms), and decode output tokens per second: the tokens after each request's first,
+    over the longest of the ranks' decode spans (``ranks``: the requests of each rank; a rank's
+    span runs from its first first-token to its last token on its own clock)."""
+    import numpy as np
+    gaps = [1e3 * (b - a) for t in timing for a, b in zip(t, t[1:])]
+    span = max(max(timing[i][-1] for i in r) - min(timing[i][0] for i in r) for r in ranks)
+    return dict(tpot_p50_ms=float(np.percentile(gaps, 50)),
+                tpot_p99_ms=float(np.percentile(gaps, 99)), tpot_samples=len(gaps),
+                ttft_p50_ms=float(np.median([1e3 * t[0] for t in timing])),
+                decode_tokens_per_s=len(gaps) / span)
 
 
 def write_plugin(folder):
@@ -117,7 +157,7 @@ def run_dp(mode, path, weights, dtype):
     codes = [p.wait() for p in procs]
     if any(codes):
         sys.exit(f"{mode}: DP ranks exited with {codes}")
-    merged = ([], [], [])
+    merged = ([], [], [], [])
     for o in outs:
         with open(o) as f:
             for all_, mine in zip(merged, json.load(f)):
@@ -154,22 +194,28 @@ def main():
     ap.add_argument("mode", choices=["single", "ep", "dp", "ubep"])
     ap.add_argument("--weights", choices=["dummy", "random"], default="dummy")
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
-    ap.add_argument("--json", help="write {mode, weights, dtype, tokens, logprobs, leads} here")
+    ap.add_argument("--json", help="write the tokens, logprobs, leads and timings here")
     ap.add_argument("--compare", help="another run's --json: exit 1 unless the tokens match")
     args = ap.parse_args()
     path = tempfile.mkdtemp(prefix="ubep-vllm-")
     write_model(path, args.weights, args.dtype)
     if args.mode in ("dp", "ubep"):
-        tokens, logprobs, leads = run_dp(args.mode, path, args.weights, args.dtype)
+        tokens, logprobs, leads, timing = run_dp(args.mode, path, args.weights, args.dtype)
     else:
         kw = dict(tensor_parallel_size=2, enable_expert_parallel=True,
                   distributed_executor_backend="mp") if args.mode == "ep" else {}
-        tokens, logprobs, leads = generate(path, range(len(PROMPTS)), args.weights, args.dtype,
-                                           **kw)
+        tokens, logprobs, leads, timing = generate(path, range(len(PROMPTS)), args.weights,
+                                                   args.dtype, **kw)
     for t in tokens:
         print("TOKENS", t, flush=True)
+    stats = tpot_summary(timing, DP_PROMPTS if args.mode in ("dp", "ubep") else
+                         [range(len(PROMPTS))])
+    print(f"TIMING {args.mode}: TPOT P50 {stats['tpot_p50_ms']:.2f} ms, P99 "
+          f"{stats['tpot_p99_ms']:.2f} ms ({stats['tpot_samples']} gaps), TTFT P50 "
+          f"{stats['ttft_p50_ms']:.1f} ms, {stats['decode_tokens_per_s']:.1f} decode tokens/s "
+          "(every rank's)", flush=True)
     result = dict(mode=args.mode, weights=args.weights, dtype=args.dtype, tokens=tokens,
-                  logprobs=logprobs, leads=leads)
+                  logprobs=logprobs, leads=leads, timing=timing, **stats)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f)

@@ -6,6 +6,7 @@ packages=(build-essential cmake ninja-build pkg-config libgtest-dev libgmock-dev
           clang libclang-rt-14-dev  # the libFuzzer target (docs/FUZZING.md)
           python3-matplotlib  # matplotlib: the plots of bench_report.sh and sim/plot.py
           pybind11-dev python3-pybind11 python3-dev python3-torch python3-pytest python3-mpi4py
+          python3-venv  # scripts/venv.sh: PyPI packages go into venvs, never the system Python
           libsimgrid-dev)  # SimGrid: the oracle of ubep-sim's network model (tests/sim)
 missing=()
 for p in "${packages[@]}"; do

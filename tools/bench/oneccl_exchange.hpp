@@ -1,7 +1,8 @@
 // oneCCL's all-to-all-v as the bulk exchange of ubep's baseline (ubep::BulkExchange): `ubep-bench
 // --algo oneccl` runs the same pack, unpack and reduce as the MPI baseline over ccl::alltoallv,
-// so the row beside "mpi" isolates the transport (docs/INTEGRATIONS.md, "oneCCL"). Compiled into
-// ubep-bench only when CMake is given oneCCL (-DUBEP_ONECCL_ROOT, PyPI oneccl-cpu-devel).
+// so the row beside "mpi" isolates the transport (docs/INTEGRATIONS.md, "oneCCL"); so does
+// python -m ubep.bench --algo oneccl (python/src/baseline.cpp). Compiled into both only when
+// CMake is given oneCCL (-DUBEP_ONECCL_ROOT, PyPI oneccl-cpu-devel; cmake/oneccl.cmake).
 #pragma once
 
 #include <memory>
