@@ -170,7 +170,8 @@ void recv_all(int fd, void* data, size_t bytes, Clock::time_point until, const D
   }
 }
 
-TcpBootstrap::TcpBootstrap(const TcpLaunch& launch, std::chrono::milliseconds timeout)
+TcpBootstrap::TcpBootstrap(const TcpLaunch& launch, std::chrono::milliseconds timeout,
+                           bool keep_listener)
     : launch_(launch),
       timeout_(timeout),
       rank_(launch.rank()),
@@ -206,7 +207,7 @@ TcpBootstrap::TcpBootstrap(const TcpLaunch& launch, std::chrono::milliseconds ti
     }
     // An elastic group across hosts keeps the rendezvous open: a replacement host asks it for
     // the mesh (issue 32, RejoinDoor takes it over); otherwise nobody comes any more.
-    if (launch.hosts > 1 && launch.elastic)
+    if (keep_listener)
       listener_ = listener;
     else
       close(listener);
