@@ -70,8 +70,33 @@ class TcpGroup final : public bootstrap::ShmGroup {
   void pump_rejoins() override {
     if (door_) door_->pump();
   }
+  // Group barriers and allgathers go through the set-up's star (rank 0's sockets to every rank),
+  // which a replacement host is not part of: after a replacement they are refused, named, on
+  // the live ranks, and a replacement's barrier is refused; its allgather reaches its host-mates
+  // only (RejoinBootstrap: what creating the same Buffers needs). docs/ELASTIC.md.
+  void allgather(const void* in, void* out, size_t bytes) override {
+    refuse_after_replacement("allgather");
+    ShmGroup::allgather(in, out, bytes);
+  }
+
+ protected:
+  void barrier_impl() override {
+    UBEP_CHECK_ARG(
+        !rejoining_,
+        "a replacement host's group makes no group barrier: the live ranks "
+        "are in their calls and the set-up's star does not reach them (docs/ELASTIC.md)");
+    refuse_after_replacement("barrier");
+    ShmGroup::barrier_impl();
+  }
 
  private:
+  void refuse_after_replacement(const char* what) const {
+    UBEP_CHECK_ARG(rejoining_ || !door_ || door_->replacements() == 0, "group ", what,
+                   " after a replacement host joined: not supported (the set-up's star through "
+                   "rank 0 does not reach the replacement); create Buffers before a loss, or a "
+                   "new group (docs/ELASTIC.md)");
+  }
+
   bool rejoining_;
   std::unique_ptr<bootstrap::RejoinDoor> door_;
 };

@@ -208,6 +208,7 @@ void RejoinDoor::take_rank(int fd) {
     return;
   }
   mesh_[static_cast<size_t>(j.rank)] = MeshEntry{j.listen, j.incarnation, 0, j.beat};
+  ++replacements_;
   log::info("rank ", rank_, ": rank ", j.rank, " is back as incarnation ", j.incarnation, " (",
             ip_port(j.listen), ")");
 }

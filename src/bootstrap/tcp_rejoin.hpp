@@ -78,6 +78,8 @@ class RejoinDoor {
   // Takes every connection waiting on the listeners, without blocking when none is.
   void pump();
   uint32_t incarnation(int r) const { return mesh_[static_cast<size_t>(r)].incarnation; }
+  // How many replacement ranks this rank took.
+  int replacements() const { return replacements_; }
 
  private:
   void serve_mesh(int fd);
@@ -88,6 +90,7 @@ class RejoinDoor {
   std::vector<MeshEntry> mesh_;
   int mesh_listener_, door_listener_;
   TakeFn take_;
+  int replacements_ = 0;
 };
 
 // The replacement side of steps 1-2 (make_tcp_group with TcpLaunch::rejoin).

@@ -162,7 +162,7 @@ MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
 //   RESULT ... ok: masked [ranks] after E failed calls, C masked calls right, back after
 //   B ms (the replacement's launch -> end of its first full call), F full calls right, fds A -> B
 // and a replacement's:
-//   RESULT rank R host H calls N ms M ok: rejoined, F calls right
+//   RESULT rank R host H calls N ms M ok: rejoined, F calls right, its barrier refused
 // with M the time from the replacement's launch ($UBEP_REJOIN_FILE) to the end of its first call.
 constexpr int kFullCalls = 300;
 
@@ -171,6 +171,18 @@ double ms_since(const char* env, int64_t at) {
   std::ifstream f(path ? path : "");
   int64_t t0 = 0;
   return f >> t0 && t0 > 0 ? static_cast<double>(at - t0) / 1e6 : -1;
+}
+
+// What g.barrier() says after a replacement joined ("no error" if it passed).
+std::string refusal(Group& g) {
+  try {
+    g.barrier();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("not InvalidArgument: ") + e.what();
+  }
+  return "no error";
 }
 
 MaskRun survive_and_rejoin(Group& g, const TcpLaunch& launch, const Case& c,
@@ -226,6 +238,13 @@ MaskRun survive_and_rejoin(Group& g, const TcpLaunch& launch, const Case& c,
     std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
   }
   if (!done()) return {"timeout", detail::concat("phase ", phase, " after 30 s"), 0};
+  // A group barrier after a replacement joined is refused, named (the set-up's star does not
+  // reach it; docs/ELASTIC.md), never a hang or a partial barrier.
+  if (!other) {
+    const std::string refused = refusal(g);
+    if (refused.find("after a replacement host joined") == std::string::npos)
+      return {"wrong", "a group barrier after the rejoin: " + refused, realtime_ns()};
+  }
   const int fds_after = open_fds();
   std::string ranks;
   for (int r : lost) ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
@@ -256,8 +275,11 @@ MaskRun replacement(Group& g, const Case& c, const std::vector<Problem>& problem
     if (j == 0) run.done_at = realtime_ns();
     std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
   }
+  const std::string refused = refusal(g);  // its group barrier too (see survive_and_rejoin)
+  if (refused.find("makes no group barrier") == std::string::npos)
+    return {"wrong", "a replacement's group barrier: " + refused, realtime_ns()};
   run.verdict = "ok";
-  run.what = detail::concat("rejoined, ", kFullCalls, " calls right");
+  run.what = detail::concat("rejoined, ", kFullCalls, " calls right, its barrier refused");
   return run;
 }
 
