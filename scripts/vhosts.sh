@@ -23,8 +23,9 @@
 #   vhosts.sh launch NAME RANKS_PER_HOST CMD...
 #       one launcher per host, no MPI job spanning hosts (ubep/tcp_group.hpp): CMD runs inside
 #       every host with UBEP_RENDEZVOUS=10.77.0.1:PORT (UBEP_LAUNCH_PORT, default 29500),
-#       UBEP_HOSTS, UBEP_HOST_INDEX (0-based) and UBEP_RANKS_PER_HOST set, and starts that many
-#       ranks itself; prints each host's exit status, exits with the worst
+#       UBEP_HOSTS, UBEP_HOST_IPS (10.77.0.1,...), UBEP_HOST_INDEX (0-based) and
+#       UBEP_RANKS_PER_HOST set, and starts that many ranks itself; prints each host's exit
+#       status, exits with the worst
 #   vhosts.sh launch-host NAME RANKS_PER_HOST HOST CMD...
 #       host HOST's (1-based) launcher alone, with the same environment (a replacement host:
 #       with UBEP_REJOIN=1 set; ubep/tcp_group.hpp TcpLaunch::rejoin)
@@ -171,6 +172,13 @@ vmpirun() {
     --mca btl tcp,vader,self "$@"
 }
 
+# Every host's address, host order (UBEP_HOST_IPS: a replacement of host 0 asks the others' doors).
+host_ips() {
+  local i out=
+  for ((i = 1; i <= $1; ++i)); do out+=${out:+,}$SUBNET.$i; done
+  echo "$out"
+}
+
 # One launcher per host (ubep/tcp_group.hpp): every host runs CMD, which starts its own ranks.
 launch() {
   local name=$1 per_host=$2 state hosts i rc worst=0
@@ -181,6 +189,7 @@ launch() {
   local pids=()
   for ((i = 1; i <= hosts; ++i)); do
     UBEP_RENDEZVOUS=$SUBNET.1:${UBEP_LAUNCH_PORT:-29500} UBEP_HOSTS=$hosts \
+      UBEP_HOST_IPS=$(host_ips "$hosts") \
       UBEP_HOST_INDEX=$((i - 1)) UBEP_RANKS_PER_HOST=$per_host in_host "$name" "$i" "$@" &
     pids+=($!)
   done
@@ -201,6 +210,7 @@ launch_host() {
   hosts=$(cat "$(state_of "$name")/hosts.count")
   [[ $i =~ ^[0-9]+$ ]] && [ "$i" -ge 1 ] && [ "$i" -le "$hosts" ] || die "bad HOST '$i' (1..$hosts)"
   UBEP_RENDEZVOUS=$SUBNET.1:${UBEP_LAUNCH_PORT:-29500} UBEP_HOSTS=$hosts \
+    UBEP_HOST_IPS=$(host_ips "$hosts") \
     UBEP_HOST_INDEX=$((i - 1)) UBEP_RANKS_PER_HOST=$per_host in_host "$name" "$i" "$@"
 }
 
@@ -219,7 +229,7 @@ gc() {
 }
 
 cmd=${1:-}
-[ -n "$cmd" ] || { sed -n '2,34p' "$SELF"; exit 2; }
+[ -n "$cmd" ] || { sed -n '2,35p' "$SELF"; exit 2; }
 shift
 case $cmd in
   check) check ;;

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ubep/group.hpp"
 
@@ -22,18 +23,25 @@ struct TcpLaunch {
   // A replacement host (issue 32): this launcher's ranks take the place of host `host`'s lost
   // ranks in a live group whose survivors masked it (BufferConfig::mask_dead_ranks); they create
   // the same Buffers and are served again from their first dispatch (docs/ELASTIC.md). Host 0
-  // cannot be replaced. From UBEP_REJOIN=1.
+  // too, once the other hosts went on without it (3 hosts or more: the partition rule). From
+  // UBEP_REJOIN=1.
   bool rejoin = false;
-  // The live side of that: host 0's local rank 0 keeps the rendezvous open for replacement
-  // hosts while the group lives (its address stays taken; a later group needs another port).
-  // From UBEP_ELASTIC=1.
+  // The live side of that: every host's local rank 0 keeps a door open for replacement hosts
+  // while the group lives, at its host's address and port (the rendezvous' port + host index);
+  // host 0's is the rendezvous itself. Those ports stay taken: a later group needs another
+  // rendezvous port. From UBEP_ELASTIC=1.
   bool elastic = false;
+  // Each host's IPv4, in host order (optional). A replacement asks the lowest live host's door
+  // for the group; without these it knows only host 0's (the rendezvous), or every host's when
+  // the rendezvous is on loopback, so a replacement of host 0 on real hosts needs them. When
+  // empty, a replacement reads them from UBEP_HOST_IPS="ip0,ip1,...".
+  std::vector<std::string> host_ips;
   int rank() const { return host * ranks_per_host + local_rank; }
 
   // From the environment a launcher sets for its ranks: UBEP_RENDEZVOUS=ip:port, UBEP_HOSTS,
-  // UBEP_HOST_INDEX, UBEP_RANKS_PER_HOST, UBEP_REJOIN, UBEP_ELASTIC; the local rank from
-  // UBEP_LOCAL_RANK when local_rank is -1. Throws InvalidArgument naming a missing or malformed
-  // variable.
+  // UBEP_HOST_INDEX, UBEP_RANKS_PER_HOST, UBEP_REJOIN, UBEP_ELASTIC; the local rank
+  // from UBEP_LOCAL_RANK when local_rank is -1. Throws InvalidArgument naming a missing or
+  // malformed variable.
   static TcpLaunch from_env(int local_rank = -1);
 };
 

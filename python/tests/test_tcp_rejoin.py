@@ -307,9 +307,10 @@ def test_make_tcp_group_rejoin_flags_are_named(monkeypatch):
     with pytest.raises(ubep.InvalidArgument, match="elastic must be True or False, got 'on'"):
         ubep.make_tcp_group("127.0.0.1:1", hosts=2, host=1, ranks_per_host=1, local_rank=0,
                             elastic="on", rejoin=False)
-    # UBEP_REJOIN=1 reaches the C++ launch: host 0 cannot be replaced, named before any socket.
+    # UBEP_REJOIN=1 reaches the C++ launch: host 0 of 2 cannot be replaced (the partition rule
+    # stops host 1 too when host 0 is lost), named before any socket.
     monkeypatch.setenv("UBEP_REJOIN", "1")
-    with pytest.raises(ubep.InvalidArgument, match="host 0 serves the rendezvous"):
+    with pytest.raises(ubep.InvalidArgument, match="host 0 of 2 cannot be replaced"):
         ubep.make_tcp_group("127.0.0.1:1", hosts=2, host=0, ranks_per_host=1, local_rank=0,
                             timeout=1)
 

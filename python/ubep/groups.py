@@ -318,13 +318,15 @@ def make_tcp_group(rendezvous=None, *, hosts=None, host=None, ranks_per_host=Non
     arrive within ``timeout`` seconds.
 
     A replacement host (docs/ELASTIC.md, "A replacement host"): ``elastic=True`` on every rank
-    of the live group (host 0's local rank 0 then keeps the rendezvous open for replacements;
-    its port stays taken while the group lives). After the survivors masked a lost host, that
+    of the live group (every host's local rank 0 then keeps a door open for replacements: host
+    0's at the rendezvous, host h's at its address and the rendezvous' port + h; those ports stay
+    taken while the group lives). After the survivors masked a lost host, that
     host's launcher runs again and its new ranks call ``make_tcp_group(rejoin=True)`` with the
     same launch (the same ``host``): not collective with the live ranks, which take them in at
     their next dispatch. Each new rank then makes the same Buffers, with the same arguments,
     and calls dispatch/combine as the live ranks do; the first dispatch agrees with them and
-    serves. Host 0 cannot be replaced. None: from UBEP_ELASTIC / UBEP_REJOIN ("1" on, "0" or
+    serves. Host 0 too, once the others went on without it (3 hosts or more; its replacement
+    finds the next live host's door from UBEP_HOST_IPS, or on loopback). None: from UBEP_ELASTIC / UBEP_REJOIN ("1" on, "0" or
     unset off), as the C++ ``TcpLaunch::from_env``."""
     given = dict(rendezvous=rendezvous, hosts=hosts, host=host, ranks_per_host=ranks_per_host,
                  local_rank=local_rank)

@@ -1,12 +1,14 @@
 #include "bootstrap/tcp_bootstrap.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -93,12 +95,42 @@ int accept_one(int listener, Clock::time_point until, const char* what) {
   return fd;
 }
 
+namespace {
+// One connect bounded by `until` (0, or the errno): non-blocking, so a peer that never answers
+// (a cut cable: its SYNs dropped; a full backlog) costs at most the bound, not the kernel's SYN
+// retries (minutes). The socket is blocking again afterwards, as the set-up expects.
+int connect_until(int fd, const sockaddr_in& addr, Clock::time_point until) {
+  const int flags = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  int err = connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0 ? 0 : errno;
+  while (err == EINPROGRESS || err == EINTR) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()).count();
+    if (left <= 0) {
+      err = ETIMEDOUT;
+      break;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    const int n = poll(&p, 1, static_cast<int>(std::min<long long>(left, 10)));
+    if (n < 0 && errno != EINTR) {
+      err = errno;
+      break;
+    }
+    if (n <= 0) continue;  // err stays EINPROGRESS: wait on
+    socklen_t len = sizeof err;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  }
+  fcntl(fd, F_SETFL, flags);
+  return err;
+}
+}  // namespace
+
 // Connects, retrying while nobody listens yet (its launcher may start later), within `until`.
 int connect_to(sockaddr_in addr, Clock::time_point until, int peer, const char* what) {
   for (;;) {
     const int fd = new_socket();
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
-    const int err = errno;
+    const int err = connect_until(fd, addr, until);
+    if (err == 0) return fd;
     close(fd);
     if (Clock::now() > until) {
       char ip[INET_ADDRSTRLEN];
@@ -170,7 +202,8 @@ void recv_all(int fd, void* data, size_t bytes, Clock::time_point until, const D
   }
 }
 
-TcpBootstrap::TcpBootstrap(const TcpLaunch& launch, std::chrono::milliseconds timeout)
+TcpBootstrap::TcpBootstrap(const TcpLaunch& launch, std::chrono::milliseconds timeout,
+                           bool keep_listener)
     : launch_(launch),
       timeout_(timeout),
       rank_(launch.rank()),
@@ -206,7 +239,7 @@ TcpBootstrap::TcpBootstrap(const TcpLaunch& launch, std::chrono::milliseconds ti
     }
     // An elastic group across hosts keeps the rendezvous open: a replacement host asks it for
     // the mesh (issue 32, RejoinDoor takes it over); otherwise nobody comes any more.
-    if (launch.hosts > 1 && launch.elastic)
+    if (keep_listener)
       listener_ = listener;
     else
       close(listener);

@@ -23,8 +23,10 @@ namespace ubep::bootstrap {
 class TcpBootstrap final : public Bootstrap, public DeathAwareBootstrap {
  public:
   // Rank 0 listens on launch.rendezvous and accepts every other rank; the others connect to it
-  // (retrying until it listens, within the timeout).
-  TcpBootstrap(const TcpLaunch& launch, std::chrono::milliseconds timeout);
+  // (retrying until it listens, within the timeout). keep_listener: rank 0 keeps the listening
+  // socket for take_listener (a host's door for replacement hosts, issue 32); else it is closed.
+  TcpBootstrap(const TcpLaunch& launch, std::chrono::milliseconds timeout,
+               bool keep_listener = false);
   ~TcpBootstrap() override;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -36,7 +38,7 @@ class TcpBootstrap final : public Bootstrap, public DeathAwareBootstrap {
   const TcpLaunch& launch() const { return launch_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   const DeathCheck* deaths() const { return deaths_; }
-  // Rank 0 of a group across hosts: the rendezvous' listening socket, kept open for replacement
+  // Rank 0 with keep_listener: the rendezvous' listening socket, kept open for replacement
   // hosts (issue 32); the caller owns it from here (-1: none).
   int take_listener() { return std::exchange(listener_, -1); }
 

@@ -50,7 +50,7 @@ TcpLaunch TcpLaunch::from_env(int local_rank) {
   l.local_rank = local_rank >= 0 ? local_rank : env_int("UBEP_LOCAL_RANK", -1);
   l.rejoin = env_int("UBEP_REJOIN", 0) == 1;
   l.elastic = env_int("UBEP_ELASTIC", 0) == 1;
-  return l;
+  return l;  // host_ips: the replacement reads UBEP_HOST_IPS itself when they are not given
 }
 
 namespace {
@@ -70,8 +70,33 @@ class TcpGroup final : public bootstrap::ShmGroup {
   void pump_rejoins() override {
     if (door_) door_->pump();
   }
+  // Group barriers and allgathers go through the set-up's star (rank 0's sockets to every rank),
+  // which a replacement host is not part of: after a replacement they are refused, named, on
+  // the live ranks, and a replacement's barrier is refused; its allgather reaches its host-mates
+  // only (RejoinBootstrap: what creating the same Buffers needs). docs/ELASTIC.md.
+  void allgather(const void* in, void* out, size_t bytes) override {
+    refuse_after_replacement("allgather");
+    ShmGroup::allgather(in, out, bytes);
+  }
+
+ protected:
+  void barrier_impl() override {
+    UBEP_CHECK_ARG(
+        !rejoining_,
+        "a replacement host's group makes no group barrier: the live ranks "
+        "are in their calls and the set-up's star does not reach them (docs/ELASTIC.md)");
+    refuse_after_replacement("barrier");
+    ShmGroup::barrier_impl();
+  }
 
  private:
+  void refuse_after_replacement(const char* what) const {
+    UBEP_CHECK_ARG(rejoining_ || !door_ || door_->replacements() == 0, "group ", what,
+                   " after a replacement host joined: not supported (the set-up's star through "
+                   "rank 0 does not reach the replacement); create Buffers before a loss, or a "
+                   "new group (docs/ELASTIC.md)");
+  }
+
   bool rejoining_;
   std::unique_ptr<bootstrap::RejoinDoor> door_;
 };
@@ -138,7 +163,7 @@ std::unique_ptr<Group> make_replacement(const TcpLaunch& launch, GroupOptions op
     group->adopt_heartbeat(std::move(j.heartbeat));
   }
   group->open_door(std::make_unique<bootstrap::RejoinDoor>(
-      launch.rank(), hosts, std::move(j.mesh), j.listener, -1, taker(group.get(), tcp, watch)));
+      launch.rank(), hosts, std::move(j.mesh), j.listener, j.door, taker(group.get(), tcp, watch)));
   return group;
 }
 }  // namespace
@@ -150,7 +175,8 @@ std::unique_ptr<Group> make_tcp_group(const TcpLaunch& launch, GroupOptions opti
                  "make_tcp_group: ranks_per_host ", options.ranks_per_host,
                  " contradicts the launch's ", launch.ranks_per_host);
   if (launch.rejoin) return make_replacement(launch, options);
-  auto boot = std::make_shared<bootstrap::TcpBootstrap>(launch, options.timeout);
+  const bool doors = launch.hosts > 1 && launch.elastic;
+  auto boot = std::make_shared<bootstrap::TcpBootstrap>(launch, options.timeout, doors);
   std::vector<int> hosts = boot->host_map();
   if (launch.hosts == 1)
     return std::make_unique<TcpGroup>(boot, options, std::move(hosts), nullptr, false);
@@ -166,8 +192,12 @@ std::unique_ptr<Group> make_tcp_group(const TcpLaunch& launch, GroupOptions opti
     entries[r].addr = mesh.addrs[r];
     if (r < beats.size()) entries[r].beat = beats[r];
   }
+  // Every host's local rank 0 keeps a door for replacement hosts (host 0's: the rendezvous'
+  // listener), so any host can be replaced while a live one answers (tcp_rejoin.hpp).
+  int door = boot->take_listener();
+  if (doors && launch.host > 0 && launch.local_rank == 0) door = bootstrap::listen_door(launch);
   group->open_door(std::make_unique<bootstrap::RejoinDoor>(boot->rank(), hosts, std::move(entries),
-                                                           mesh.listener, boot->take_listener(),
+                                                           mesh.listener, door,
                                                            taker(group.get(), tcp, watch)));
   return group;
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -18,7 +19,7 @@ namespace ubep::bootstrap {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-constexpr uint32_t kAskMesh = 0x5542524Du;  // "UBRM": a replacement asks rank 0 for the mesh
+constexpr uint32_t kAskMesh = 0x5542524Du;  // "UBRM": a replacement asks a door for the mesh
 constexpr uint32_t kJoin = 0x5542524Au;     // "UBRJ": a replacement rank joins a live rank
 // A live rank waits this long for a connection's hello inside its call loop (it is sent right
 // after connecting); a replacement waits this long for a connection to a rank of a lost host.
@@ -89,43 +90,88 @@ std::string ip_port(const sockaddr_in& a) {
 }
 }  // namespace
 
+// ---- the doors --------------------------------------------------------------------------------
+
+namespace {
+// The hosts' IPv4s (TcpLaunch::host_ips, else UBEP_HOST_IPS), or none.
+std::vector<in_addr> host_ips(const TcpLaunch& launch) {
+  std::vector<std::string> text = launch.host_ips;
+  const char* env = std::getenv("UBEP_HOST_IPS");
+  if (text.empty() && env && *env) {
+    std::string all = env;
+    for (size_t at = 0; at <= all.size();) {
+      const size_t comma = std::min(all.find(',', at), all.size());
+      text.push_back(all.substr(at, comma - at));
+      at = comma + 1;
+    }
+  }
+  std::vector<in_addr> ips(text.size());
+  UBEP_CHECK_ARG(text.empty() || static_cast<int>(text.size()) == launch.hosts, "host IPs (",
+                 env && launch.host_ips.empty() ? "UBEP_HOST_IPS" : "TcpLaunch::host_ips",
+                 "): ", text.size(), " given for ", launch.hosts, " hosts");
+  for (size_t h = 0; h < text.size(); ++h)
+    UBEP_CHECK_ARG(inet_pton(AF_INET, text[h].c_str(), &ips[h]) == 1, "host IPs: host ", h, "'s '",
+                   text[h], "' is not an IPv4");
+  return ips;
+}
+}  // namespace
+
+std::optional<sockaddr_in> door_of(const TcpLaunch& launch, int host) {
+  sockaddr_in at = parse_endpoint(launch.rendezvous, "rendezvous");
+  at.sin_port = htons(static_cast<uint16_t>(ntohs(at.sin_port) + host));
+  const std::vector<in_addr> ips = host_ips(launch);
+  if (!ips.empty())
+    at.sin_addr = ips[static_cast<size_t>(host)];
+  else if (host != 0 && (ntohl(at.sin_addr.s_addr) >> 24) != 127)
+    return std::nullopt;  // another host's address: unknown without the list
+  return at;
+}
+
+int listen_door(const TcpLaunch& launch) {
+  sockaddr_in at = parse_endpoint(launch.rendezvous, "rendezvous");
+  at.sin_port = htons(static_cast<uint16_t>(ntohs(at.sin_port) + launch.host));
+  at.sin_addr = own_ip(at);
+  return listen_on(at);
+}
+
 // ---- the live side ----------------------------------------------------------------------------
 
 RejoinDoor::RejoinDoor(int rank, std::vector<int> host_of, std::vector<MeshEntry> mesh,
-                       int mesh_listener, int rendezvous_listener, TakeFn take)
+                       int mesh_listener, int door_listener, TakeFn take)
     : rank_(rank),
       host_of_(std::move(host_of)),
       mesh_(std::move(mesh)),
       mesh_listener_(mesh_listener),
-      rendezvous_listener_(rendezvous_listener),
+      door_listener_(door_listener),
       take_(std::move(take)) {
   if (mesh_listener_ >= 0) non_blocking(mesh_listener_);
-  if (rendezvous_listener_ >= 0) non_blocking(rendezvous_listener_);
+  if (door_listener_ >= 0) non_blocking(door_listener_);
 }
 
 RejoinDoor::~RejoinDoor() {
   if (mesh_listener_ >= 0) close(mesh_listener_);
-  if (rendezvous_listener_ >= 0) close(rendezvous_listener_);
+  if (door_listener_ >= 0) close(door_listener_);
 }
 
 void RejoinDoor::pump() {
-  for (int fd; (fd = try_accept(rendezvous_listener_)) >= 0;) serve_mesh(fd);
+  for (int fd; (fd = try_accept(door_listener_)) >= 0;) serve_mesh(fd);
   for (int fd; (fd = try_accept(mesh_listener_)) >= 0;) take_rank(fd);
 }
 
-// Rank 0: a replacement host's local rank 0 asks for the mesh. Errors end only that
-// connection (the replacement's set-up then fails or times out, named, on its side).
+// A host's local rank 0: a replacement host's local rank 0 asks for the mesh. Errors end only
+// that connection (the replacement then asks the next door, or fails named on its side).
 void RejoinDoor::serve_mesh(int fd) {
   try {
     const auto until = Clock::now() + kHelloBound;
     AskMesh ask{};
     recv_all(fd, &ask, sizeof ask, until, nullptr, -1, "a replacement's request for the mesh");
     const int n = static_cast<int>(mesh_.size());
-    UBEP_CHECK_ARG(ask.magic == kAskMesh && ask.size == n && ask.rank > 0 && ask.rank < n &&
-                       host_of_[static_cast<size_t>(ask.rank)] != host_of_[0],
-                   "rejoin: a request for the mesh from rank ", ask.rank, " of ", ask.size,
-                   " (magic ", ask.magic, ") does not fit this group of ", n,
-                   " (host 0 cannot be replaced)");
+    UBEP_CHECK_ARG(
+        ask.magic == kAskMesh && ask.size == n && ask.rank >= 0 && ask.rank < n &&
+            host_of_[static_cast<size_t>(ask.rank)] != host_of_[static_cast<size_t>(rank_)],
+        "rejoin: a request for the mesh from rank ", ask.rank, " of ", ask.size, " (magic ",
+        ask.magic, ") does not fit rank ", rank_, "'s group of ", n,
+        " (a live host is not replaced)");
     send_all(fd, mesh_.data(), mesh_.size() * sizeof(MeshEntry), until, nullptr, ask.rank,
              "the mesh for a replacement");
     log::info("rank ", rank_, ": sent the mesh to a replacement of rank ", ask.rank);
@@ -162,6 +208,7 @@ void RejoinDoor::take_rank(int fd) {
     return;
   }
   mesh_[static_cast<size_t>(j.rank)] = MeshEntry{j.listen, j.incarnation, 0, j.beat};
+  ++replacements_;
   log::info("rank ", rank_, ": rank ", j.rank, " is back as incarnation ", j.incarnation, " (",
             ip_port(j.listen), ")");
 }
@@ -169,25 +216,52 @@ void RejoinDoor::take_rank(int fd) {
 // ---- the replacement side ---------------------------------------------------------------------
 
 namespace {
-// Local rank 0 asks the rendezvous for the mesh; its host-mates get it over their star.
+// Asks the door at `at` for the mesh; false when nobody answers there (a lost host's door).
+bool ask_door(const sockaddr_in& at, int host, const TcpLaunch& launch, Clock::time_point until,
+              std::vector<MeshEntry>& mesh) {
+  int fd = -1;
+  try {
+    fd = connect_to(at, std::min(until, Clock::now() + kConnectBound), host, "a host's door");
+  } catch (const TimeoutError&) {
+    return false;
+  }
+  try {
+    const AskMesh ask{kAskMesh, launch.rank(), static_cast<int32_t>(mesh.size()), launch.host};
+    send_all(fd, &ask, sizeof ask, until, nullptr, -1, "the request for the mesh");
+    recv_all(fd, mesh.data(), mesh.size() * sizeof(MeshEntry), until, nullptr, -1,
+             "the mesh from a live host's door (is this host's index right?)");
+  } catch (const PeerFailedError& e) {  // it closed the connection: refused, or lost meanwhile
+    log::warn("rank ", launch.rank(), ": host ", host, "'s door gave no mesh: ", e.what());
+    close(fd);
+    return false;
+  } catch (...) {
+    close(fd);
+    throw;
+  }
+  close(fd);
+  return true;
+}
+
+// Local rank 0 asks the other hosts' doors in host order (the lowest live one answers); its
+// host-mates get the mesh over their star.
 std::vector<MeshEntry> fetch_mesh(TcpBootstrap& local, const TcpLaunch& launch,
                                   Clock::time_point until) {
   const auto n = static_cast<size_t>(launch.hosts * launch.ranks_per_host);
   std::vector<MeshEntry> mesh(n);
   if (launch.local_rank == 0) {
-    const int fd = connect_to(parse_endpoint(launch.rendezvous, "rendezvous"), until, 0,
-                              "the rendezvous (a replacement asking for the mesh; does the live "
-                              "group keep it open: TcpLaunch::elastic, UBEP_ELASTIC=1?)");
-    try {
-      const AskMesh ask{kAskMesh, launch.rank(), static_cast<int32_t>(n), launch.host};
-      send_all(fd, &ask, sizeof ask, until, nullptr, 0, "the request for the mesh");
-      recv_all(fd, mesh.data(), n * sizeof(MeshEntry), until, nullptr, 0,
-               "the mesh from rank 0 (is this host's index right? host 0 cannot be replaced)");
-    } catch (...) {
-      close(fd);
-      throw;
+    std::string asked;
+    bool got = false;
+    for (int h = 0; h < launch.hosts && !got; ++h) {
+      const std::optional<sockaddr_in> at = h == launch.host ? std::nullopt : door_of(launch, h);
+      if (!at) continue;
+      asked += (asked.empty() ? "" : ", ") + ip_port(*at);
+      got = ask_door(*at, h, launch, until, mesh);
     }
-    close(fd);
+    UBEP_CHECK(got, PeerFailedError, "rejoin: rank ", launch.rank(),
+               " found no live host's door to ask for the group (asked ",
+               asked.empty() ? "none" : asked,
+               "; does the live group keep them open: TcpLaunch::elastic, UBEP_ELASTIC=1? a "
+               "replacement of host 0 knows the other hosts' doors from UBEP_HOST_IPS)");
   }
   std::vector<MeshEntry> all(n * static_cast<size_t>(launch.ranks_per_host));
   local.allgather(mesh.data(), all.data(), n * sizeof(MeshEntry));
@@ -223,19 +297,22 @@ int join_rank(const sockaddr_in& at, int q, const Join& hello, Clock::time_point
 }  // namespace
 
 Joined join_live_group(const TcpLaunch& launch, std::chrono::milliseconds timeout) {
-  UBEP_CHECK_ARG(launch.hosts > 1 && launch.host > 0 && launch.host < launch.hosts, "rejoin: host ",
-                 launch.host, " of ", launch.hosts,
-                 " cannot be replaced (host 0 serves the rendezvous)");
+  UBEP_CHECK_ARG(launch.hosts > 1 && launch.host >= 0 && launch.host < launch.hosts,
+                 "rejoin: host ", launch.host, " of ", launch.hosts, " is not a host to replace");
+  UBEP_CHECK_ARG(launch.host != 0 || launch.hosts > 2, "rejoin: host 0 of 2 cannot be replaced: ",
+                 "losing it leaves host 1 at a tie without host 0, and that side stops (the "
+                 "partition rule), so no live rank is left to join (3 hosts or more: it can)");
   const auto until = Clock::now() + timeout;
   const sockaddr_in rdv = parse_endpoint(launch.rendezvous, "rendezvous");
-  // The host's own star: its local rank 0 listens on the host's address, at the rendezvous'
-  // port + 1 + host (distinct when hosts share an address, as launchers on one machine do).
+  // The host's own star: its local rank 0 listens at the host's door (its address, the
+  // rendezvous' port + host: distinct when hosts share an address, as launchers on one machine
+  // do), free since the host was lost; it stays the host's door after the join.
   sockaddr_in star{};
   star.sin_family = AF_INET;
   star.sin_addr = own_ip(rdv);
-  star.sin_port = htons(static_cast<uint16_t>(ntohs(rdv.sin_port) + 1 + launch.host));
+  star.sin_port = htons(static_cast<uint16_t>(ntohs(rdv.sin_port) + launch.host));
   TcpLaunch local{ip_port(star), 1, 0, launch.ranks_per_host, launch.local_rank};
-  auto boot = std::make_unique<TcpBootstrap>(local, timeout);
+  auto boot = std::make_unique<TcpBootstrap>(local, timeout, true);
   Joined j;
   j.mesh = fetch_mesh(*boot, launch, until);
   const int me = launch.rank(), n = launch.hosts * launch.ranks_per_host;
@@ -251,11 +328,16 @@ Joined join_live_group(const TcpLaunch& launch, std::chrono::milliseconds timeou
   const Join hello{kJoin, me, inc, 0, addr, beat};
   j.fds.assign(static_cast<size_t>(n), -1);
   try {
+    // The host-mates' new addresses: the whole host comes back at once, at one incarnation; the
+    // host's door serves them to later replacements of other hosts.
+    const MeshEntry mine{addr, inc, 0, beat};
+    std::vector<MeshEntry> mates(static_cast<size_t>(launch.ranks_per_host));
+    boot->allgather(&mine, mates.data(), sizeof mine);
+    for (int l = 0; l < launch.ranks_per_host; ++l)
+      j.mesh[static_cast<size_t>(launch.host * launch.ranks_per_host + l)] =
+          mates[static_cast<size_t>(l)];
     for (int q = 0; q < n; ++q) {
-      if (q / launch.ranks_per_host == launch.host) {
-        j.mesh[static_cast<size_t>(q)].incarnation = inc;  // the whole host comes back at once
-        continue;
-      }
+      if (q / launch.ranks_per_host == launch.host) continue;
       j.fds[static_cast<size_t>(q)] =
           join_rank(j.mesh[static_cast<size_t>(q)].addr, q, hello, until);
       if (j.fds[static_cast<size_t>(q)] < 0) j.unreachable.push_back(q);
@@ -266,8 +348,7 @@ Joined join_live_group(const TcpLaunch& launch, std::chrono::milliseconds timeou
     close(j.listener);
     throw;
   }
-  j.mesh[static_cast<size_t>(me)].addr = addr;
-  j.mesh[static_cast<size_t>(me)].beat = beat;
+  j.door = boot->take_listener();  // local rank 0's star: the host's door from now on
   j.bootstrap = std::make_shared<RejoinBootstrap>(std::move(boot), launch);
   log::info("rank ", me, ": joined the live group as incarnation ", inc, " (", j.unreachable.size(),
             " ranks unreachable)");

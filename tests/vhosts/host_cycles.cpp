@@ -1,12 +1,13 @@
 // Kill-host, cut-link and rejoin cycles in one live TCP group (issue 32, item 4; host_cycles.sh
 // drives it, `ubep-elastic --hosts H --ranks-per-host R` runs that). The ranks of every host loop
 // on checked ubep calls with mask_dead_ranks; per cycle the driver SIGKILLs every process of the
-// last host or cuts its cable, the survivors mask it (a cut host's ranks stop as the minority of
+// cycle's victim host (victim.N: the last host by default, any host with --victim any, host 0
+// included) or cuts its cable, the survivors mask it (a cut host's ranks stop as the minority of
 // the partition and end; the cable comes back), the driver starts a replacement host there
-// (UBEP_REJOIN=1), the survivors take it back. From cycle 2 on the host lost is the replacement
-// of the cycle before: a cut cable of it is named only by the heartbeat. The survivors keep one
-// group and one Buffer through every cycle, so their descriptors and memory are measured across
-// cycles, not per launch.
+// (UBEP_REJOIN=1), the survivors take it back. A host lost may be the replacement of an earlier
+// cycle: a cut cable of it is named only by the heartbeat. Every process keeps one group and one
+// Buffer through every cycle it lives, so descriptors and memory are measured across cycles, not
+// per launch; a replacement is a survivor in the cycles after its own.
 //
 // The inputs must be the same call on every rank. Per cycle: phase B (full view, problem 0: the
 // survivors' loops may go out of step at the fault, one completing a call another fails) until
@@ -15,14 +16,17 @@
 // that call; a replacement counts from its first) for kFull calls, then B again. Every call is
 // checked bit for bit against the reference of the ranks it ran with.
 //
-// Files in $UBEP_CYCLE_DIR: ready.N (rank 0 in phase B of cycle N), fault.N and launch.N (the
-// driver's CLOCK_REALTIME ns), masked.N (rank 0's first masked call of cycle N). Lines:
-//   CYCLE n rank r masked_ms X back_ms Y fds F failed_ms Z
+// Files in $UBEP_CYCLE_DIR: victim.N (the driver's, for every cycle before the launch: the host
+// lost in cycle N), ready.N (the marker rank in phase B of cycle N: the first rank of the lowest
+// host that is not the victim), fault.N and launch.N (the driver's CLOCK_REALTIME ns), masked.N
+// (the marker rank's first masked call of cycle N). Lines:
+//   CYCLE n rank r masked_ms X back_ms Y fds F failed_ms Z pid P
 //       (a survivor, at the end of cycle n's phase A; Z: fault -> its first failed call, -1: none)
 //   PARTITIONED n rank r ms M       (a cut-off rank: fault -> its partition error; then it ends)
 //   SERVED n rank r ms M                             (a replacement, its first call's end)
 //   RESULT rank r ok|wrong: ...                      then EXIT rank r clean
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -68,18 +72,35 @@ int env_int(const char* name, int fallback) {
   return v && *v ? std::atoi(v) : fallback;
 }
 
+// The host lost in cycle n (victim.n, written by the driver before the launch; the last host
+// when there is none).
+int victim_of(int n, const TcpLaunch& launch) {
+  std::ifstream f(dir_file("victim", n));
+  int v = -1;
+  return f >> v && v >= 0 && v < launch.hosts ? v : launch.hosts - 1;
+}
+
 struct Loop {
   Group& g;
   const TcpLaunch& launch;
   const Case& c;
   const std::vector<Problem>& problems;
   Buffer& b;
-  std::vector<int> lost;  // the last host's ranks
+  std::vector<int> lost;  // the ranks of this cycle's victim host
+  bool marker = false;    // this rank writes this cycle's ready / masked files
+
+  void start_cycle(int n) {
+    const int v = victim_of(n, launch);
+    lost.clear();
+    for (int l = 0; l < launch.ranks_per_host; ++l) lost.push_back(v * launch.ranks_per_host + l);
+    marker = launch.local_rank == 0 && launch.host == (v == 0 ? 1 : 0);
+  }
 
   // Runs until `cycles` cycles are done (a replacement: from cycle `first`, in phase A).
   std::string run(int first, int cycles) {
     char phase = launch.rejoin ? 'A' : 'B';
     int cycle = first, k = 0, in_b = 0, failed = 0;
+    start_cycle(cycle);
     int64_t masked_at = 0, back_at = 0, failed_at = 0;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15 * cycles + 30);
     while (std::chrono::steady_clock::now() < until) {
@@ -111,7 +132,7 @@ struct Loop {
       if (phase == 'B' && !m.empty()) {
         phase = 'C';
         masked_at = now_ns();
-        if (g.rank() == 0) std::ofstream(dir_file("masked", cycle)) << "masked\n";
+        if (marker) std::ofstream(dir_file("masked", cycle)) << "masked\n";
       } else if (phase == 'C' && m.empty()) {
         phase = 'A';
         back_at = now_ns();
@@ -122,19 +143,21 @@ struct Loop {
           std::printf("SERVED %d rank %d ms %.1f\n", cycle, g.rank(),
                       ms_after(dir_file("launch", cycle), now_ns()));
         if (++k == kFull) {
-          if (!launch.rejoin)
-            std::printf("CYCLE %d rank %d masked_ms %.1f back_ms %.1f fds %d failed_ms %.1f\n",
-                        cycle, g.rank(), ms_after(dir_file("fault", cycle), masked_at),
-                        ms_after(dir_file("launch", cycle), back_at), open_fds(),
-                        failed_at ? ms_after(dir_file("fault", cycle), failed_at) : -1.0);
+          if (!launch.rejoin || cycle != first)  // a survivor of this cycle
+            std::printf(
+                "CYCLE %d rank %d masked_ms %.1f back_ms %.1f fds %d failed_ms %.1f pid %d\n",
+                cycle, g.rank(), ms_after(dir_file("fault", cycle), masked_at),
+                ms_after(dir_file("launch", cycle), back_at), open_fds(),
+                failed_at ? ms_after(dir_file("fault", cycle), failed_at) : -1.0,
+                static_cast<int>(getpid()));
           std::fflush(stdout);
           if (cycle == cycles) return "ok";
-          ++cycle;
+          start_cycle(++cycle);
           phase = 'B';
           in_b = 0;
           failed_at = 0;
         }
-      } else if (phase == 'B' && ++in_b == 20 && g.rank() == 0) {
+      } else if (phase == 'B' && ++in_b == 20 && marker) {
         std::ofstream(dir_file("ready", cycle)) << "ready\n";
       }
       std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
@@ -145,7 +168,7 @@ struct Loop {
 
 int rank_main(int local_rank) {
   TcpLaunch launch = TcpLaunch::from_env(local_rank);
-  launch.elastic = true;  // replacement hosts may come (rank 0 keeps the rendezvous open)
+  launch.elastic = true;  // replacement hosts may come (every host keeps its door open)
   GroupOptions opts;
   opts.timeout = std::chrono::seconds(5);
   std::string verdict;
@@ -170,8 +193,6 @@ int rank_main(int local_rank) {
     try {
       Buffer b(*g, cfg);
       Loop loop{*g, launch, c, problems, b, {}};
-      for (int l = 0; l < launch.ranks_per_host; ++l)
-        loop.lost.push_back((launch.hosts - 1) * launch.ranks_per_host + l);
       verdict = loop.run(launch.rejoin ? env_int("UBEP_CYCLE", 1) : 1, env_int("UBEP_CYCLES", 1));
     } catch (const std::exception& e) {
       verdict = std::string("wrong: ") + e.what();

@@ -56,6 +56,30 @@ double ms_since_fault(int64_t at) {
 // every other rank stops with the named error of a partly lost host (its host-mate: "not a
 // host-mate"), M the time from the kill to it:
 //   RESULT ... partly: <error>
+// The host the script makes fail: UBEP_VICTIM_HOST (0-based), else the last one. Host 0 too
+// (issue 32: with 3 hosts or more the others go on without it, and a replacement rejoins).
+int victim_host(const TcpLaunch& launch) {
+  const char* v = std::getenv("UBEP_VICTIM_HOST");
+  return v && *v ? std::atoi(v) : launch.hosts - 1;
+}
+
+std::vector<int> ranks_of_host(const TcpLaunch& launch, int host) {
+  std::vector<int> out;
+  for (int l = 0; l < launch.ranks_per_host; ++l) out.push_back(host * launch.ranks_per_host + l);
+  return out;
+}
+
+std::string ranks_text(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : " ") + std::to_string(r);
+  return "[" + s + "]";
+}
+
+// The survivor that writes the script's marker files: the first rank of the lowest other host.
+bool marks(const TcpLaunch& launch) {
+  return launch.local_rank == 0 && launch.host == (victim_host(launch) == 0 ? 1 : 0);
+}
+
 struct MaskRun {
   std::string verdict = "timeout", what = "no masked call within 30 s";
   int64_t done_at = 0;
@@ -69,9 +93,7 @@ int open_fds() {
 
 MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
                   const std::vector<Problem>& problems, Buffer& b, const char* ready, int& calls) {
-  std::vector<int> lost;
-  for (int l = 0; l < launch.ranks_per_host; ++l)
-    lost.push_back((launch.hosts - 1) * launch.ranks_per_host + l);
+  const std::vector<int> lost = ranks_of_host(launch, victim_host(launch));
   MaskRun run;
   std::string first;
   int failed = 0, masked_calls = 0, fds_before = -1;
@@ -111,10 +133,10 @@ MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
     if (::testing::Test::HasFailure()) return {"wrong", "a call returned a wrong value", 0};
     const std::vector<int> m = b.masked_ranks();
     if (!m.empty() && m != lost)
-      return {"wrong", "masked ranks are not the lost host's", realtime_ns()};
+      return {"wrong", "masked ranks are not the lost host's: " + ranks_text(m), realtime_ns()};
     if (!m.empty() && masked_calls++ == 0) run.done_at = realtime_ns();
     if (++calls == 50) fds_before = open_fds();
-    if (calls == 50 && g.rank() == 0 && ready) std::ofstream(ready) << "ready\n";
+    if (calls == 50 && marks(launch) && ready) std::ofstream(ready) << "ready\n";
     std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
   }
   if (!enough()) return run;
@@ -140,7 +162,7 @@ MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
 //   RESULT ... ok: masked [ranks] after E failed calls, C masked calls right, back after
 //   B ms (the replacement's launch -> end of its first full call), F full calls right, fds A -> B
 // and a replacement's:
-//   RESULT rank R host H calls N ms M ok: rejoined, F calls right
+//   RESULT rank R host H calls N ms M ok: rejoined, F calls right, its barrier refused
 // with M the time from the replacement's launch ($UBEP_REJOIN_FILE) to the end of its first call.
 constexpr int kFullCalls = 300;
 
@@ -151,12 +173,22 @@ double ms_since(const char* env, int64_t at) {
   return f >> t0 && t0 > 0 ? static_cast<double>(at - t0) / 1e6 : -1;
 }
 
+// What g.barrier() says after a replacement joined ("no error" if it passed).
+std::string refusal(Group& g) {
+  try {
+    g.barrier();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("not InvalidArgument: ") + e.what();
+  }
+  return "no error";
+}
+
 MaskRun survive_and_rejoin(Group& g, const TcpLaunch& launch, const Case& c,
                            const std::vector<Problem>& problems, Buffer& b, const char* ready,
                            int& calls) {
-  std::vector<int> lost;
-  for (int l = 0; l < launch.ranks_per_host; ++l)
-    lost.push_back((launch.hosts - 1) * launch.ranks_per_host + l);
+  const std::vector<int> lost = ranks_of_host(launch, victim_host(launch));
   MaskRun run;
   std::string first;
   int phase = 0, failed = 0, masked_calls = 0, full = 0, fds_before = -1;
@@ -188,12 +220,12 @@ MaskRun survive_and_rejoin(Group& g, const TcpLaunch& launch, const Case& c,
     if (::testing::Test::HasFailure()) return {"wrong", "a call returned a wrong value", 0};
     const std::vector<int> m = b.masked_ranks();
     if (!m.empty() && (m != lost || phase == 2))
-      return {"wrong", "masked ranks are not the lost host's", realtime_ns()};
+      return {"wrong", "masked ranks are not the lost host's: " + ranks_text(m), realtime_ns()};
     if (!m.empty() && phase == 0) {
       phase = 1;
       run.done_at = realtime_ns();
       const char* masked = std::getenv("UBEP_MASKED_FILE");
-      if (g.rank() == 0 && masked) std::ofstream(masked) << "masked\n";
+      if (marks(launch) && masked) std::ofstream(masked) << "masked\n";
     }
     masked_calls += phase == 1 && !m.empty();
     if (m.empty() && phase == 1) {
@@ -202,10 +234,17 @@ MaskRun survive_and_rejoin(Group& g, const TcpLaunch& launch, const Case& c,
     }
     full += phase == 2;
     if (++calls == 50) fds_before = open_fds();
-    if (calls == 50 && g.rank() == 0 && ready) std::ofstream(ready) << "ready\n";
+    if (calls == 50 && marks(launch) && ready) std::ofstream(ready) << "ready\n";
     std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
   }
   if (!done()) return {"timeout", detail::concat("phase ", phase, " after 30 s"), 0};
+  // A group barrier after a replacement joined is refused, named (the set-up's star does not
+  // reach it; docs/ELASTIC.md), never a hang or a partial barrier.
+  if (!other) {
+    const std::string refused = refusal(g);
+    if (refused.find("after a replacement host joined") == std::string::npos)
+      return {"wrong", "a group barrier after the rejoin: " + refused, realtime_ns()};
+  }
   const int fds_after = open_fds();
   std::string ranks;
   for (int r : lost) ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
@@ -236,15 +275,18 @@ MaskRun replacement(Group& g, const Case& c, const std::vector<Problem>& problem
     if (j == 0) run.done_at = realtime_ns();
     std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
   }
+  const std::string refused = refusal(g);  // its group barrier too (see survive_and_rejoin)
+  if (refused.find("makes no group barrier") == std::string::npos)
+    return {"wrong", "a replacement's group barrier: " + refused, realtime_ns()};
   run.verdict = "ok";
-  run.what = detail::concat("rejoined, ", kFullCalls, " calls right");
+  run.what = detail::concat("rejoined, ", kFullCalls, " calls right, its barrier refused");
   return run;
 }
 
 int rank_main(int local_rank) {
   TcpLaunch launch = TcpLaunch::from_env(local_rank);
-  launch.elastic = true;  // replacement hosts may come (rank 0 keeps the rendezvous open)
-  const int victim = launch.hosts - 1;
+  launch.elastic = true;  // replacement hosts may come (every host keeps its door open)
+  const int victim = victim_host(launch);
   GroupOptions opts;
   opts.timeout = std::chrono::seconds(5);
   std::unique_ptr<Group> g = make_tcp_group(launch, opts);
@@ -338,7 +380,7 @@ int rank_main(int local_rank) {
         what = "a completed call returned a wrong value";
         break;
       }
-      if (++calls == 50 && g->rank() == 0 && ready) std::ofstream(ready) << "ready\n";
+      if (++calls == 50 && marks(launch) && ready) std::ofstream(ready) << "ready\n";
       std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
     }
   }

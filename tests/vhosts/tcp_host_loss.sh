@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # A whole host lost under the TCP transport, one launcher per host (issue 32; tcp_host_loss.cpp):
 # per trial HOSTS virtual hosts of RANKS ranks loop on checked ubep calls; once they run, every
-# process of the last host is SIGKILLed (kill) or its cable set down (link). Every rank of the
+# process of the victim host (UBEP_VICTIM_HOST, 0-based; default the last) is SIGKILLed (kill) or
+# its cable set down (link). Host 0 too: it serves the rendezvous, and with UBEP_MASK_HOST the
+# other hosts (3 or more) go on without it and, with UBEP_REJOIN_HOST, a replacement host 0
+# rejoins through the next live host's door (issue 32). Every rank of the
 # other hosts must end its call with a PeerFailedError naming that host (or echoing a survivor
 # that named it; at least one must name it) within BOUND_MS (a
 # correctness cap; the times are printed: median / p90 / max) and then exit cleanly: the
@@ -18,7 +21,7 @@
 # masked or full, must be right (tcp_host_loss.cpp); nothing may be left in any host's /dev/shm.
 # UBEP_REJOIN_OTHER_CONFIG=1: the replacement's BufferConfig differs, and it must be refused
 # with the named error while the survivors go on masked.
-# UBEP_KILL_ONE=1 (with UBEP_MASK_HOST=1, kill): only the last rank of the last host is killed;
+# UBEP_KILL_ONE=1 (with UBEP_MASK_HOST=1, kill): only the last rank of the victim host is killed;
 # its host-mates must fail at once naming it ("not a host-mate"), and every rank of the other
 # hosts must stop with the named error of a partly lost host ("is partly lost"), never mask
 # (times: the kill -> that error).
@@ -32,7 +35,14 @@ if [ -z "${UBEP_VHOSTS:-}" ]; then
   exec "$vh" shell "$hosts" "$(readlink -f "$0")" "$@"
 fi
 name=$UBEP_VHOSTS
-victim=$((hosts - 1))
+victim=${UBEP_VICTIM_HOST:-$((hosts - 1))}
+[[ $victim =~ ^[0-9]+$ ]] && [ "$victim" -lt "$hosts" ] ||
+  { echo "UBEP_VICTIM_HOST '$victim' is not a host of 0..$((hosts - 1))"; exit 2; }
+[ "$victim" = 0 ] && [ "$hosts" -lt 3 ] && [ "${UBEP_MASK_HOST:-0}" = 1 ] &&
+  { echo "host 0 as the victim with UBEP_MASK_HOST needs 3 hosts or more (the partition rule: with 2, host 1 stops too)"; exit 2; }
+export UBEP_VICTIM_HOST=$victim
+vn=$((victim + 1))  # its namespace, vh1..vhN
+survivors=(); for ((r = 0; r < hosts * ranks; ++r)); do [ $((r / ranks)) -ne "$victim" ] && survivors+=("$r"); done
 work=$(mktemp -d /tmp/tcp_host_loss.XXXXXX)
 launcher=
 replacer=
@@ -46,7 +56,7 @@ one=${UBEP_KILL_ONE:-0}
 cleanup() {
   [ -n "$launcher" ] && kill -TERM "$launcher" 2>/dev/null
   [ -n "$replacer" ] && kill -TERM "$replacer" 2>/dev/null
-  "$vh" link "$name" "$hosts" up 2>/dev/null
+  "$vh" link "$name" "$vn" up 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -65,15 +75,15 @@ for ((k = 1; k <= trials; ++k)); do
   # The fault itself, timed at its system call: the host's processes listed first, then one
   # kill(2) each (bash's builtin); or one `ip link set down` (a few ms of it inside the time).
   if [ "$mode" = kill ]; then
-    holder=$(cat "/run/ubep-vhosts/$name/holder.$hosts")
-    victims=$(ip netns pids "$name-vh$hosts" | grep -vx "$holder" | tr '\n' ' ')
-    [ "$one" = 1 ] && victims=$(cat "$work/pids.$k/pid.$((hosts * ranks - 1))")
+    holder=$(cat "/run/ubep-vhosts/$name/holder.$vn")
+    victims=$(ip netns pids "$name-vh$vn" | grep -vx "$holder" | tr '\n' ' ')
+    [ "$one" = 1 ] && victims=$(cat "$work/pids.$k/pid.$(((victim + 1) * ranks - 1))")
   fi
   date +%s%N > "$work/fault.$k.tmp" && mv "$work/fault.$k.tmp" "$work/fault.$k"
-  if [ "$mode" = kill ]; then kill -KILL $victims; else ip -n "$name-vh$hosts" link set eth0 down; fi
+  if [ "$mode" = kill ]; then kill -KILL $victims; else ip -n "$name-vh$vn" link set eth0 down; fi
   echo "$(( ($(date +%s%N) - $(cat "$work/fault.$k")) / 1000 ))" | awk '{print $1 / 1000}' >> "$work/cmd_times"
   # Masking: the cable comes back after 1 s while the survivors still run (a partition healed).
-  if [ "${UBEP_MASK_HOST:-0}" = 1 ] && [ "$mode" = link ]; then sleep 1; "$vh" link "$name" "$hosts" up; fi
+  if [ "${UBEP_MASK_HOST:-0}" = 1 ] && [ "$mode" = link ]; then sleep 1; "$vh" link "$name" "$vn" up; fi
   # A replacement host, once the survivors run masked: its launch time first, then the launcher.
   if [ "$rejoin" = 1 ]; then
     for ((t = 0; t < 1000; ++t)); do [ -e "$work/masked.$k" ] && break; sleep 0.01; done
@@ -81,14 +91,14 @@ for ((k = 1; k <= trials; ++k)); do
     # link: the cut-off host's ranks stopped as the minority (the link is back by now); the
     # replacement takes their place once they are gone.
     if [ "$mode" = link ]; then
-      holder=$(cat "/run/ubep-vhosts/$name/holder.$hosts")
+      holder=$(cat "/run/ubep-vhosts/$name/holder.$vn")
       for ((t = 0; t < 1000; ++t)); do
-        [ -z "$(ip netns pids "$name-vh$hosts" | grep -vx "$holder")" ] && break; sleep 0.01
+        [ -z "$(ip netns pids "$name-vh$vn" | grep -vx "$holder")" ] && break; sleep 0.01
       done
     fi
     date +%s%N > "$work/rejoin.$k.tmp" && mv "$work/rejoin.$k.tmp" "$work/rejoin.$k"
     UBEP_REJOIN=1 UBEP_LAUNCH_PORT=$((29500 + 10 * k)) UBEP_REJOIN_FILE=$work/rejoin.$k \
-      UBEP_REJOIN_OTHER_CONFIG=$other "$vh" launch-host "$name" "$ranks" "$hosts" "$bin" \
+      UBEP_REJOIN_OTHER_CONFIG=$other "$vh" launch-host "$name" "$ranks" "$vn" "$bin" \
       > "$work/rout.$k" 2>&1 &
     replacer=$!
   fi
@@ -102,7 +112,7 @@ for ((k = 1; k <= trials; ++k)); do
     wait "$replacer" 2>/dev/null
     replacer=
     cat "$work/rout.$k" >> "$work/out.$k"
-    for ((r = victim * ranks; r < hosts * ranks; ++r)); do
+    for ((r = victim * ranks; r < (victim + 1) * ranks; ++r)); do
       line=$(grep "^RESULT rank $r " "$work/rout.$k")
       if [ "$other" = 1 ]; then  # refused, named; the survivors went on masked
         grep -q "BufferConfig differs from live rank" <<< "$line" ||
@@ -116,8 +126,8 @@ for ((k = 1; k <= trials; ++k)); do
       grep -q "^EXIT rank $r clean" "$work/rout.$k" || { echo "trial $k: replacement rank $r did not exit cleanly"; fail=1; }
     done
   fi
-  [ "$mode" = link ] && "$vh" link "$name" "$hosts" up
-  for ((r = 0; r < victim * ranks; ++r)); do
+  [ "$mode" = link ] && "$vh" link "$name" "$vn" up
+  for r in "${survivors[@]}"; do
     line=$(grep "^RESULT rank $r " "$work/out.$k")
     if [ -z "$line" ]; then echo "trial $k: survivor rank $r printed no result"; fail=1; continue; fi
     ms=$(awk '{print $9}' <<< "$line")
@@ -132,29 +142,30 @@ for ((k = 1; k <= trials; ++k)); do
     fi
   done
   if [ "$one" = 1 ]; then  # the victim's host-mates: named at once, then a clean exit
-    for ((r = victim * ranks; r < hosts * ranks - 1; ++r)); do
+    for ((r = victim * ranks; r < (victim + 1) * ranks - 1; ++r)); do
       line=$(grep "^RESULT rank $r " "$work/out.$k")
       echo "$(awk '{print $9}' <<< "$line")" >> "$work/mate_times"
-      grep -qE " partly: .*rank $((hosts * ranks - 1)) .*not a host-mate" <<< "$line" ||
+      grep -qE " partly: .*rank $(((victim + 1) * ranks - 1)) .*not a host-mate" <<< "$line" ||
         { echo "trial $k: host-mate: ${line:-rank $r printed no result}"; fail=1; }
       grep -q "^EXIT rank $r clean" "$work/out.$k" || { echo "trial $k: host-mate rank $r did not exit cleanly"; fail=1; }
     done
   fi
-  last=$victim; [ "$rejoin" = 1 ] || [ "$one" = 1 ] && last=$hosts  # and the replacement's (or host-mates') host
-  for ((h = 1; h <= last; ++h)); do  # the survivors' hosts: every segment unlinked
+  for ((h = 1; h <= hosts; ++h)); do  # the survivors' hosts: every segment unlinked
+    # and the replacement's (or the host-mates') host
+    [ "$h" = "$vn" ] && [ "$rejoin" = 0 ] && [ "$one" = 0 ] && continue
     left=$("$vh" exec "$name" "$h" sh -c 'ls /dev/shm | wc -l')
     [ "$left" -eq 0 ] || { echo "trial $k: $left names left in vh$h's /dev/shm"; fail=1; }
   done
   if [ "${UBEP_MASK_HOST:-0}" = 1 ] && [ "$mode" = link ]; then
     # No split brain: the cut-off host is the minority (or the tie without host 0) and stops
     # with the partition error; it never completes a call with the others masked.
-    for ((r = victim * ranks; r < hosts * ranks; ++r)); do
+    for ((r = victim * ranks; r < (victim + 1) * ranks; ++r)); do
       grep -q "^RESULT rank $r .* minority: .*partitioned" "$work/out.$k" ||
         { echo "trial $k: rank $r of the cut-off host did not stop as the minority"; fail=1; }
     done
   fi
   named=0; [ "$one" = 1 ] && named=1  # checked above, rank by rank
-  for ((r = 0; r < victim * ranks; ++r)); do grep -q "^RESULT rank $r .* ok: " "$work/out.$k" && named=1; done
+  for r in "${survivors[@]}"; do grep -q "^RESULT rank $r .* ok: " "$work/out.$k" && named=1; done
   [ $named -eq 1 ] || { echo "trial $k: no survivor named the lost host itself"; fail=1; }
   [ $fail -eq 0 ] || { echo "--- trial $k output:"; cat "$work/out.$k"; }
   [ "${VERBOSE:-0}" = 1 ] && grep '^RESULT' "$work/out.$k"
@@ -163,7 +174,7 @@ stats() {
   sort -g "$1" | awk '{v[NR] = $1} END {if (!NR) {print "none"; exit}
     p = int(0.9 * NR + 0.999); printf "n %d  min %.1f  median %.1f  p90 %.1f  max %.1f ms\n", NR, v[1], (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2), v[p], v[NR]}'
 }
-echo "tcp transport, $mode, $hosts hosts x $ranks ranks, $trials trials"
+echo "tcp transport, $mode, $hosts hosts x $ranks ranks, victim host $victim, $trials trials"
 if [ "$one" = 1 ]; then
   echo "other hosts' ranks, kill of one rank -> the partly-lost host's named error: $(stats "$work/times")"
   echo "its host-mates, kill -> their named error: $(stats "$work/mate_times")"

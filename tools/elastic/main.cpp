@@ -6,11 +6,12 @@
 // the dead rank's experts dropped (tests/elastic/kill_run.cpp). At the end: the distribution
 // over cycles, wrong values (must be 0), and what is left in /dev/shm, in fds and in RSS.
 //
-// --hosts H --ranks-per-host R [--cycles C] [--fault kill|link|both]: kill-host, cut-link and
-// rejoin cycles across virtual hosts (issue 32) instead: runs tests/vhosts/host_cycles.sh with
-// the host_cycles ranks (one live TCP group; per cycle every process of the last host SIGKILLed,
-// or its cable cut for LINK_DOWN_MS, default 1000; masked; a replacement host started; both:
-// kill and cut in turn).
+// --hosts H --ranks-per-host R [--cycles C] [--fault kill|link|both] [--victim last|any|N]:
+// kill-host, cut-link and rejoin cycles across virtual hosts (issue 32) instead: runs
+// tests/vhosts/host_cycles.sh with the host_cycles ranks (one live TCP group; per cycle every
+// process of the victim host SIGKILLed, or its cable cut for LINK_DOWN_MS, default 1000; masked;
+// a replacement host started; both: kill and cut in turn). The victim: the last host (default),
+// host N every cycle, or any host per cycle (random, seed printed; host 0 from 3 hosts on).
 #include <dirent.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -56,16 +57,17 @@ void usage() {
       "             [--experts-per-rank 8] [--topk 4] [--timeout-ms 5000] [--pace-us 500]\n"
       "             [--no-replace] [--quiet]\n"
       "ubep-elastic --hosts H --ranks-per-host R [--cycles 50] [--fault kill|link|both]\n"
+      "             [--victim last|any|N]\n"
       "Each cycle: a decode loop on forked process ranks, one SIGKILLed, a replacement started\n"
       "(make_rejoin_group) once it is dead; every completed call checked.\n"
       "With --hosts: kill-host (or cut-link, or both in turn) and rejoin cycles across H virtual\n"
       "hosts of R ranks (one live TCP group; tests/vhosts/host_cycles.sh), timings per cycle and\n"
-      "the totals.");
+      "the totals; --victim: the host lost, the last (default), N, or any per cycle (host 0 too).");
 }
 
 // --hosts: the cycles across virtual hosts (host_cycles.sh); returns only on a bad command line.
 int run_hosts(int argc, char** argv) {
-  std::string hosts, per_host, cycles = "50", fault = "kill";
+  std::string hosts, per_host, cycles = "50", fault = "kill", victim = "last";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -73,14 +75,19 @@ int run_hosts(int argc, char** argv) {
                       : a == "--ranks-per-host" ? &per_host
                       : a == "--cycles"         ? &cycles
                       : a == "--fault"          ? &fault
+                      : a == "--victim"         ? &victim
                                                 : nullptr;
+    char* end = nullptr;
+    const bool number = v && *v && std::strtol(v, &end, 10) >= 0 && *end == 0;
     const bool ok = to == &fault ? v && (std::strcmp(v, "kill") == 0 ||
                                          std::strcmp(v, "link") == 0 || std::strcmp(v, "both") == 0)
-                                 : to && v && std::strtol(v, nullptr, 10) >= 1;
+                    : to == &victim
+                        ? v && (number || std::strcmp(v, "last") == 0 || std::strcmp(v, "any") == 0)
+                        : to && number && std::strtol(v, nullptr, 10) >= 1;
     if (!ok) {
       std::fprintf(stderr,
                    "ubep-elastic: with --hosts: --hosts H (>= 2) --ranks-per-host R [--cycles C] "
-                   "[--fault kill|link|both]; got '%s%s%s'\n",
+                   "[--fault kill|link|both] [--victim last|any|N]; got '%s%s%s'\n",
                    a.c_str(), v ? " " : "", v ? v : "");
       return 2;
     }
@@ -89,6 +96,18 @@ int run_hosts(int argc, char** argv) {
   }
   if (hosts.empty() || per_host.empty() || std::atoi(hosts.c_str()) < 2) {
     std::fprintf(stderr, "ubep-elastic: --hosts H (>= 2) and --ranks-per-host R are needed\n");
+    return 2;
+  }
+  const bool host_index = victim != "last" && victim != "any";
+  if (host_index && std::atoi(victim.c_str()) >= std::atoi(hosts.c_str())) {
+    std::fprintf(stderr, "ubep-elastic: --victim %s is not a host of 0..%d\n", victim.c_str(),
+                 std::atoi(hosts.c_str()) - 1);
+    return 2;
+  }
+  if (host_index && std::atoi(victim.c_str()) == 0 && std::atoi(hosts.c_str()) < 3) {
+    std::fprintf(stderr,
+                 "ubep-elastic: --victim 0 needs --hosts 3 or more: losing host 0 of 2 stops "
+                 "host 1 too (the partition rule, docs/ELASTIC.md)\n");
     return 2;
   }
   const char* script = UBEP_HOST_CYCLES_SCRIPT;
@@ -104,6 +123,7 @@ int run_hosts(int argc, char** argv) {
                              per_host.data(),
                              cycles.data(),
                              fault.data(),
+                             victim.data(),
                              nullptr};
   execv(script, args.data());
   std::fprintf(stderr, "ubep-elastic: cannot run %s: %s\n", script, std::strerror(errno));
