@@ -1,6 +1,7 @@
 #include "sim/engine.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "ubep/error.hpp"
@@ -209,6 +210,10 @@ void Network::finish(int id) {
     if (on_link.size() == 1) split_links(on_link.front());  // now its alone
   }
   finished_min_rate_ = std::min(finished_min_rate_, f.rate);
+  uint64_t bits;
+  const double now = q_.now();
+  std::memcpy(&bits, &now, sizeof bits);
+  trace_ = (trace_ ^ bits ^ (static_cast<uint64_t>(f.path[0]) << 52)) * 0x100000001b3ull;
   touch(f);
   Action done = std::move(done_[static_cast<size_t>(id)]);
   free_ids_.push_back(id);

@@ -86,6 +86,10 @@ class Network {
   // Flows whose rate was recomputed, over all resolves (the cost of the incremental solver).
   uint64_t flows_refilled() const { return refilled_; }
   uint64_t resolves() const { return resolves_; }
+  // A hash of every flow's finish, in order (its time's bits and first link): two runs with the
+  // same trace finished the same flows at the same times, to the bit. How a solver change that
+  // claims to be exact is checked (ubep-sim bench prints it).
+  uint64_t trace() const { return trace_; }
 
   // Recomputes the max-min rates after the starts and finishes of this instant (EventQueue::run
   // calls it before the clock moves on).
@@ -164,7 +168,7 @@ class Network {
   // a 32-byte closure there would only dilute the cache lines it reads.
   std::vector<Action> done_;
   std::vector<int> free_ids_;
-  uint64_t started_ = 0, refilled_ = 0, resolves_ = 0;
+  uint64_t started_ = 0, refilled_ = 0, resolves_ = 0, trace_ = 0xcbf29ce484222325ull;
   int active_ = 0;
   // The instant's changes: links whose flow set changed, the slowest finished flow's rate, the
   // flows started.
