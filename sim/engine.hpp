@@ -157,7 +157,9 @@ class Network {
     int link;
     int flow = -1;  // a flow's cap_link: the flow (the link is not walked)
   };
-  Share pop_first();
+  bool cap_first();
+  static Share pop(std::vector<Share>& heap);
+  void sift_front();
 
   EventQueue& q_;
   std::vector<Link> links_;
