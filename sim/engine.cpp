@@ -19,14 +19,79 @@ void EventQueue::at(double t, Action action) {
     slot = static_cast<int>(actions_.size());
     actions_.push_back(std::move(action));
   }
-  heap_.push_back(Event{t, seq_++, 0, -1 - slot});
-  std::push_heap(heap_.begin(), heap_.end(), Later{});
+  push(Event{t, seq_++, 0, -1 - slot});
 }
 
 void EventQueue::at_flow_check(double t, int flow, uint64_t version) {
   UBEP_CHECK_ARG(t >= now_, "event scheduled in the past: t=", t, " ns < now=", now_, " ns");
-  heap_.push_back(Event{t, seq_++, version, flow});
-  std::push_heap(heap_.begin(), heap_.end(), Later{});
+  const Event e{t, seq_++, version, flow};
+  if (static_cast<size_t>(flow) >= pos_.size()) pos_.resize(static_cast<size_t>(flow) + 1, -1);
+  const int at = pos_[static_cast<size_t>(flow)];
+  if (at < 0) {
+    push(e);
+    return;
+  }
+  // The flow's pending check is superseded (it sped up): its key moves, no second entry. The
+  // old entry would only have popped to be skipped, as half of a large run's events did.
+  if (Later{}(heap_[static_cast<size_t>(at)], e))
+    sift_up(static_cast<size_t>(at), e);
+  else
+    sift_down(static_cast<size_t>(at), e);
+}
+
+void EventQueue::place(size_t i, const Event& e) {
+  heap_[i] = e;
+  if (e.flow >= 0) pos_[static_cast<size_t>(e.flow)] = static_cast<int>(i);
+}
+
+void EventQueue::sift_up(size_t i, const Event& e) {
+  while (i > 0) {
+    const size_t parent = (i - 1) / 2;
+    if (!Later{}(heap_[parent], e)) break;
+    place(i, heap_[parent]);
+    i = parent;
+  }
+  place(i, e);
+}
+
+void EventQueue::sift_down(size_t i, const Event& e) {
+  const size_t n = heap_.size();
+  for (;;) {
+    size_t child = 2 * i + 1;
+    if (child >= n) break;
+    if (child + 1 < n && Later{}(heap_[child], heap_[child + 1])) ++child;
+    if (!Later{}(e, heap_[child])) break;
+    place(i, heap_[child]);
+    i = child;
+  }
+  place(i, e);
+}
+
+void EventQueue::push(const Event& e) {
+  heap_.emplace_back();
+  sift_up(heap_.size() - 1, e);
+}
+
+// Takes the first event out: the hole at the top goes down to a leaf along the earlier children,
+// and the last entry fills it from there (fewer comparisons than sifting the last entry down
+// from the top: it usually belongs near the bottom).
+EventQueue::Event EventQueue::pop() {
+  const Event top = heap_.front();
+  if (top.flow >= 0) pos_[static_cast<size_t>(top.flow)] = -1;
+  const Event last = heap_.back();
+  heap_.pop_back();
+  const size_t n = heap_.size();
+  if (n == 0) return top;
+  size_t hole = 0;
+  for (;;) {
+    size_t child = 2 * hole + 1;
+    if (child >= n) break;
+    if (child + 1 < n && Later{}(heap_[child], heap_[child + 1])) ++child;
+    place(hole, heap_[child]);
+    hole = child;
+  }
+  sift_up(hole, last);
+  return top;
 }
 
 double EventQueue::run() {
@@ -38,9 +103,7 @@ double EventQueue::run() {
       continue;
     }
     if (heap_.empty()) break;
-    std::pop_heap(heap_.begin(), heap_.end(), Later{});
-    const Event e = heap_.back();
-    heap_.pop_back();
+    const Event e = pop();
     now_ = e.time;
     ++executed_;
     if (e.flow >= 0) {

@@ -54,7 +54,15 @@ class EventQueue {
       return a.time != b.time ? a.time > b.time : a.seq > b.seq;
     }
   };
+  void push(const Event& e);
+  Event pop();
+  void place(size_t i, const Event& e);  // heap_[i] = e, and the flow's position
+  void sift_up(size_t i, const Event& e);
+  void sift_down(size_t i, const Event& e);
+  // A binary min-heap that knows where each flow's check is (pos_[flow], -1: none): a flow has
+  // at most one pending check, moved in place when it is rescheduled earlier.
   std::vector<Event> heap_;
+  std::vector<int> pos_;
   std::vector<Action> actions_;
   std::vector<int> free_actions_;
   Network* net_ = nullptr;
