@@ -149,7 +149,13 @@ class Network {
     double due = 0;        // time of the pending finish event
   };
   void settle(Flow& f);  // bring `remaining` up to now at the old rate
-  void set_rate(int id, double rate);
+  void set_rate(int id, double rate);  // a changed rate onto the Flow and its finish check
+  void apply_rates();
+  struct RateChange {
+    int id;
+    double rate;
+  };
+  std::vector<RateChange> rate_changes_;  // of this resolve, in the solver's order
   friend class EventQueue;
   void check(int id, uint64_t version);  // a flow's pending finish event fired
   void finish(int id);
