@@ -481,6 +481,7 @@ CallResult CallSim::run() {
   res_.events = q_.executed();
   res_.resolves = net_.resolves();
   res_.flows_refilled = net_.flows_refilled();
+  res_.trace = net_.trace();
   res_.payload_bytes = 0;
   for (int r = 0; r < R_; ++r) res_.payload_bytes += recv_rows_[static_cast<size_t>(r)] * payload_;
   if (cfg_.record_transfers) res_.plans = plans_;

@@ -1,6 +1,7 @@
 #include "sim/engine.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "ubep/error.hpp"
@@ -18,14 +19,94 @@ void EventQueue::at(double t, Action action) {
     slot = static_cast<int>(actions_.size());
     actions_.push_back(std::move(action));
   }
-  heap_.push_back(Event{t, seq_++, 0, -1 - slot});
-  std::push_heap(heap_.begin(), heap_.end(), Later{});
+  push(Event{t, seq_++, 0, -1 - slot});
 }
 
 void EventQueue::at_flow_check(double t, int flow, uint64_t version) {
   UBEP_CHECK_ARG(t >= now_, "event scheduled in the past: t=", t, " ns < now=", now_, " ns");
-  heap_.push_back(Event{t, seq_++, version, flow});
-  std::push_heap(heap_.begin(), heap_.end(), Later{});
+  const Event e{t, seq_++, version, flow};
+  if (static_cast<size_t>(flow) >= pos_.size()) pos_.resize(static_cast<size_t>(flow) + 1, -1);
+  const int at = pos_[static_cast<size_t>(flow)];
+  if (at < 0) {
+    push(e);
+    return;
+  }
+  // The flow's pending check is superseded (it sped up): its key moves, no second entry. The
+  // old entry would only have popped to be skipped, as half of a large run's events did.
+  if (Later{}(heap_[static_cast<size_t>(at)], e))
+    sift_up(static_cast<size_t>(at), e);
+  else
+    sift_down(static_cast<size_t>(at), e);
+}
+
+void EventQueue::place(size_t i, const Event& e) {
+  heap_[i] = e;
+  if (e.flow >= 0) pos_[static_cast<size_t>(e.flow)] = static_cast<int>(i);
+}
+
+void EventQueue::sift_up(size_t i, const Event& e) {
+  while (i > 0) {
+    const size_t parent = (i - 1) / 2;
+    if (!Later{}(heap_[parent], e)) break;
+    place(i, heap_[parent]);
+    i = parent;
+  }
+  place(i, e);
+}
+
+void EventQueue::sift_down(size_t i, const Event& e) {
+  const size_t n = heap_.size();
+  for (;;) {
+    size_t child = 2 * i + 1;
+    if (child >= n) break;
+    if (child + 1 < n && Later{}(heap_[child], heap_[child + 1])) ++child;
+    if (!Later{}(e, heap_[child])) break;
+    place(i, heap_[child]);
+    i = child;
+  }
+  place(i, e);
+}
+
+void EventQueue::push(const Event& e) {
+  heap_.emplace_back();
+  sift_up(heap_.size() - 1, e);
+}
+
+// Takes the first event out: the hole at the top goes down to a leaf along the earlier children,
+// and the last entry fills it from there (fewer comparisons than sifting the last entry down
+// from the top: it usually belongs near the bottom).
+EventQueue::Event EventQueue::pop() {
+  const Event top = heap_.front();
+  if (top.flow >= 0) pos_[static_cast<size_t>(top.flow)] = -1;
+  const Event last = heap_.back();
+  heap_.pop_back();
+  const size_t n = heap_.size();
+  if (n == 0) return top;
+  size_t hole = 0;
+  for (;;) {
+    size_t child = 2 * hole + 1;
+    if (child >= n) break;
+    if (child + 1 < n && Later{}(heap_[child], heap_[child + 1])) ++child;
+    place(hole, heap_[child]);
+    hole = child;
+  }
+  sift_up(hole, last);
+  return top;
+}
+
+// The resolve's rate changes, in the order the solver made them (so the same events get the
+// same sequence numbers). Applied after the filling, not during it, so that each flow's record
+// can be fetched ahead: a changed flow is a random one of thousands, and the wait for its record
+// was two thirds of set_rate's time (perf, 256 x 128).
+void Network::apply_rates() {
+  const size_t n = rate_changes_.size();
+  constexpr size_t kAhead = 8;
+  for (size_t i = 0; i < n; ++i) {
+    if (i + kAhead < n)
+      __builtin_prefetch(&flows_[static_cast<size_t>(rate_changes_[i + kAhead].id)]);
+    set_rate(rate_changes_[i].id, rate_changes_[i].rate);
+  }
+  rate_changes_.clear();
 }
 
 double EventQueue::run() {
@@ -37,9 +118,7 @@ double EventQueue::run() {
       continue;
     }
     if (heap_.empty()) break;
-    std::pop_heap(heap_.begin(), heap_.end(), Later{});
-    const Event e = heap_.back();
-    heap_.pop_back();
+    const Event e = pop();
     now_ = e.time;
     ++executed_;
     if (e.flow >= 0) {
@@ -85,12 +164,6 @@ void Network::settle(Flow& f) {
 // early) event, which re-checks and re-arms itself when it fires; only a flow that speeds up
 // needs a new event. Under churn this avoids one heap push per flow per change.
 void Network::set_rate(int id, double rate) {
-  // The key is the rate (or +inf, no rate yet): most refilled flows keep their rate exactly
-  // (two thirds at cm384 256 x 128), and this way they never read their Flow (perf, 768 x 128:
-  // that one load was 6% of the run).
-  FlowState& st = fstate_[static_cast<size_t>(id)];
-  if (rate == st.key) return;
-  st.key = rate;
   Flow& f = flows_[static_cast<size_t>(id)];
   settle(f);
   f.rate = rate;
@@ -209,6 +282,10 @@ void Network::finish(int id) {
     if (on_link.size() == 1) split_links(on_link.front());  // now its alone
   }
   finished_min_rate_ = std::min(finished_min_rate_, f.rate);
+  uint64_t bits;
+  const double now = q_.now();
+  std::memcpy(&bits, &now, sizeof bits);
+  trace_ = (trace_ ^ bits ^ (static_cast<uint64_t>(f.path[0]) << 52)) * 0x100000001b3ull;
   touch(f);
   Action done = std::move(done_[static_cast<size_t>(id)]);
   free_ids_.push_back(id);

@@ -54,7 +54,15 @@ class EventQueue {
       return a.time != b.time ? a.time > b.time : a.seq > b.seq;
     }
   };
+  void push(const Event& e);
+  Event pop();
+  void place(size_t i, const Event& e);  // heap_[i] = e, and the flow's position
+  void sift_up(size_t i, const Event& e);
+  void sift_down(size_t i, const Event& e);
+  // A binary min-heap that knows where each flow's check is (pos_[flow], -1: none): a flow has
+  // at most one pending check, moved in place when it is rescheduled earlier.
   std::vector<Event> heap_;
+  std::vector<int> pos_;
   std::vector<Action> actions_;
   std::vector<int> free_actions_;
   Network* net_ = nullptr;
@@ -86,6 +94,10 @@ class Network {
   // Flows whose rate was recomputed, over all resolves (the cost of the incremental solver).
   uint64_t flows_refilled() const { return refilled_; }
   uint64_t resolves() const { return resolves_; }
+  // A hash of every flow's finish, in order (its time's bits and first link): two runs with the
+  // same trace finished the same flows at the same times, to the bit. How a solver change that
+  // claims to be exact is checked (ubep-sim bench prints it).
+  uint64_t trace() const { return trace_; }
 
   // Recomputes the max-min rates after the starts and finishes of this instant (EventQueue::run
   // calls it before the clock moves on).
@@ -137,7 +149,13 @@ class Network {
     double due = 0;        // time of the pending finish event
   };
   void settle(Flow& f);  // bring `remaining` up to now at the old rate
-  void set_rate(int id, double rate);
+  void set_rate(int id, double rate);  // a changed rate onto the Flow and its finish check
+  void apply_rates();
+  struct RateChange {
+    int id;
+    double rate;
+  };
+  std::vector<RateChange> rate_changes_;  // of this resolve, in the solver's order
   friend class EventQueue;
   void check(int id, uint64_t version);  // a flow's pending finish event fired
   void finish(int id);
@@ -153,7 +171,9 @@ class Network {
     int link;
     int flow = -1;  // a flow's cap_link: the flow (the link is not walked)
   };
-  Share pop_first();
+  bool cap_first();
+  static Share pop(std::vector<Share>& heap);
+  void sift_front();
 
   EventQueue& q_;
   std::vector<Link> links_;
@@ -164,7 +184,7 @@ class Network {
   // a 32-byte closure there would only dilute the cache lines it reads.
   std::vector<Action> done_;
   std::vector<int> free_ids_;
-  uint64_t started_ = 0, refilled_ = 0, resolves_ = 0;
+  uint64_t started_ = 0, refilled_ = 0, resolves_ = 0, trace_ = 0xcbf29ce484222325ull;
   int active_ = 0;
   // The instant's changes: links whose flow set changed, the slowest finished flow's rate, the
   // flows started.

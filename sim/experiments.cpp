@@ -287,12 +287,13 @@ int cmd_bench(const Options& o) {
       std::printf(
           "%-5s %-8s %3d ranks x %4d tokens x top-%d: %.3f s CPU median of %d (wall %.3f s), "
           "peak RSS %.2f GiB; %llu items, %llu events, %llu resolves refilling %llu flows; "
-          "simulated %.2f us\n",
+          "simulated %.2f us; trace %016llx\n",
           algo_name(a), op_name(op), R, B, o.topk, med, o.repeats, walls[walls.size() / 2],
           peak_gib, static_cast<unsigned long long>(last.simulated_items),
           static_cast<unsigned long long>(last.events),
           static_cast<unsigned long long>(last.resolves),
-          static_cast<unsigned long long>(last.flows_refilled), last.makespan_ns / 1e3);
+          static_cast<unsigned long long>(last.flows_refilled), last.makespan_ns / 1e3,
+          static_cast<unsigned long long>(last.trace));
       std::fflush(stdout);
       j.begin_object()
           .kv("algo", algo_name(a))

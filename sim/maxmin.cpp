@@ -96,7 +96,7 @@ double Network::threshold() const {
 // each link's residual capacity and count its component flows on the way, with no second pass.
 // A link a flow crosses alone is not walked (unless it changed): it is a cap on that flow's
 // rate, under the key the link itself had, (capacity, id). The walk keeps only the least of
-// those keys; pop_first queues the caps of the flows still unfrozen if the level reaches it.
+// those keys; cap_first queues the caps of the flows still unfrozen if the level reaches it.
 void Network::collect_component(double theta) {
   ++epoch_;  // the changed links already carry this epoch (touch)
   if (++flow_epoch_ > 0x7ffffffe) {  // 2 * epoch + 1 must fit FlowState::mark
@@ -140,8 +140,9 @@ void Network::collect_component(double theta) {
   }
 }
 
-// Pops the link that fills first: from the heap of shared links or from the single-flow links.
-Network::Share Network::pop_first() {
+// Whether the link that fills first is a single-flow link (then it is caps_.front()) rather than
+// heap_.front().
+bool Network::cap_first() {
   if (!caps_live_ && caps_min_.link >= 0 &&
       (heap_.empty() || !Later{}(caps_min_, heap_.front()))) {
     // The first time a single-flow link could come first: queue only those whose flow is still
@@ -161,16 +162,32 @@ Network::Share Network::pop_first() {
     std::make_heap(caps_.begin(), caps_.end(), Later{});
     caps_live_ = true;
   }
-  if (caps_live_ && !caps_.empty() && (heap_.empty() || Later{}(heap_.front(), caps_.front()))) {
-    std::pop_heap(caps_.begin(), caps_.end(), Later{});
-    const Share top = caps_.back();
-    caps_.pop_back();
-    return top;
-  }
-  std::pop_heap(heap_.begin(), heap_.end(), Later{});
-  const Share top = heap_.back();
-  heap_.pop_back();
+  return caps_live_ && !caps_.empty() && (heap_.empty() || Later{}(heap_.front(), caps_.front()));
+}
+
+Network::Share Network::pop(std::vector<Share>& heap) {
+  std::pop_heap(heap.begin(), heap.end(), Later{});
+  const Share top = heap.back();
+  heap.pop_back();
   return top;
+}
+
+// heap_.front()'s level rose: moves it down to its place (one sift, where popping and pushing it
+// again took two; the heap holds the same keys either way, so the same link comes first).
+void Network::sift_front() {
+  std::vector<Share>& heap = heap_;
+  const size_t n = heap.size();
+  const Share moving = heap.front();
+  size_t at = 0;
+  for (;;) {
+    size_t child = 2 * at + 1;
+    if (child >= n) break;
+    if (child + 1 < n && Later{}(heap[child], heap[child + 1])) ++child;
+    if (!Later{}(moving, heap[child])) break;
+    heap[at] = heap[child];
+    at = child;
+  }
+  heap[at] = moving;
 }
 
 // Freezes flow `id` at `level`: its shared links lose it, and it gets its rate.
@@ -182,7 +199,11 @@ void Network::freeze(int id, double level) {
     other.residual -= level;
     --other.unfrozen;
   }
-  set_rate(id, level);
+  // The key is the rate (or +inf, no rate yet): most refilled flows keep their rate exactly
+  // (two thirds at cm384 256 x 128), and this way they never read their Flow.
+  if (level == st.key) return;
+  st.key = level;
+  rate_changes_.push_back(RateChange{id, level});
 }
 
 void Network::fill_component() {
@@ -200,7 +221,7 @@ void Network::fill_component() {
   // A link with one component flow (a worker's own copy engine) keeps its level until that flow
   // freezes, so it needs no re-keying: a second heap, merged with the first, pops the same keys
   // in the same order, and the main heap stays as small as the number of shared links. That
-  // heap is built only when the rising level first reaches the smallest of them (pop_first),
+  // heap is built only when the rising level first reaches the smallest of them (cap_first),
   // from the links whose flow is still unfrozen then: usually a port binds first everywhere
   // and the single-flow links are never ordered at all.
   caps_live_ = false;
@@ -208,7 +229,7 @@ void Network::fill_component() {
     if (Later{}(caps_min_, c)) caps_min_ = c;
   // Lazy heap: freezing a flow at level s raises every other link's fill level (residual - s
   // over unfrozen - 1 is >= residual / unfrozen when s <= residual / unfrozen), so a heap key
-  // is a lower bound of its link's level. A popped key that is stale is re-pushed at the
+  // is a lower bound of its link's level. A first key that is stale is re-keyed in place to the
   // link's current level; one that is current is the smallest level of all (every other key
   // is <= its own level and >= this one). This keeps one heap push per link and re-key, not
   // one per frozen flow and link. The loop ends when the last component flow is frozen: the
@@ -218,22 +239,38 @@ void Network::fill_component() {
   size_t unfrozen_flows = comp_flows_.size();
   while (unfrozen_flows > 0 &&
          (!heap.empty() || !caps_.empty() || (!caps_live_ && caps_min_.link >= 0))) {
-    const Share top = pop_first();
-    if (top.flow >= 0) {  // a flow's own link: fills at its capacity unless the flow froze
-      if (fstate_[static_cast<size_t>(top.flow)].mark != unfrozen_mark) continue;
-      --unfrozen_flows;
-      freeze(top.flow, std::max(top.level, top.level * 1e-12));
-      continue;
+    Share top;
+    const bool from_caps = cap_first();
+    if (from_caps) {
+      top = pop(caps_);
+      if (top.flow >= 0) {  // a flow's own link: fills at its capacity unless the flow froze
+        if (fstate_[static_cast<size_t>(top.flow)].mark != unfrozen_mark) continue;
+        --unfrozen_flows;
+        freeze(top.flow, std::max(top.level, top.level * 1e-12));
+        continue;
+      }
+    } else {
+      if (heap.empty()) break;  // not reached: every unfrozen flow has a link still queued
+      top = heap.front();
     }
     const Link& link = links_[static_cast<size_t>(top.link)];
     LinkState& l = lstate_[static_cast<size_t>(top.link)];
-    if (l.unfrozen == 0) continue;
-    const double now_level = l.residual / l.unfrozen;
-    if (now_level > top.level) {
-      heap.push_back(Share{now_level, top.link});
-      std::push_heap(heap.begin(), heap.end(), Later{});
+    if (l.unfrozen == 0) {
+      if (!from_caps) pop(heap);
       continue;
     }
+    const double now_level = l.residual / l.unfrozen;
+    if (now_level > top.level) {  // stale: re-keyed
+      if (from_caps) {
+        heap.push_back(Share{now_level, top.link});
+        std::push_heap(heap.begin(), heap.end(), Later{});
+      } else {  // in place
+        heap.front().level = now_level;
+        sift_front();
+      }
+      continue;
+    }
+    if (!from_caps) pop(heap);
     // Rounding can leave a full link a hair below zero; no flow gets a zero rate.
     const double level = std::max(now_level, link.capacity * 1e-12);
     for (int fid : link.flows) {
@@ -258,6 +295,7 @@ void Network::resolve() {
   deferred_ = false;
   collect_component(threshold());
   fill_component();
+  apply_rates();
   refilled_ += comp_flows_.size();
   ++resolves_;
   changed_links_.clear();
