@@ -311,7 +311,12 @@ Joined join_live_group(const TcpLaunch& launch, std::chrono::milliseconds timeou
   star.sin_family = AF_INET;
   star.sin_addr = own_ip(rdv);
   star.sin_port = htons(static_cast<uint16_t>(ntohs(rdv.sin_port) + launch.host));
-  TcpLaunch local{ip_port(star), 1, 0, launch.ranks_per_host, launch.local_rank, {}};
+  TcpLaunch local{.rendezvous = ip_port(star),
+                  .hosts = 1,
+                  .host = 0,
+                  .ranks_per_host = launch.ranks_per_host,
+                  .local_rank = launch.local_rank,
+                  .host_ips = {}};
   auto boot = std::make_unique<TcpBootstrap>(local, timeout, true);
   Joined j;
   j.mesh = fetch_mesh(*boot, launch, until);
