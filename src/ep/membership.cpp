@@ -15,8 +15,11 @@ constexpr int kFieldsBeforeView = MemberRecord::kView - 1;  // the words after t
 std::string view_text(const std::vector<uint32_t>& view) {
   std::string out = " [";
   for (size_t r = 0; r < view.size(); ++r) {
-    out += (r ? " " : "") + std::to_string(r) + ((view[r] & 1u) ? "m" : "");
-    if (view[r] >> 1) out += "'" + std::to_string(view[r] >> 1);
+    // Appended piece by piece: `"literal" + std::string` trips GCC 12's -Wrestrict (bug 105329).
+    if (r) out += ' ';
+    out += std::to_string(r);
+    if (view[r] & 1u) out += 'm';
+    if (view[r] >> 1) (out += '\'') += std::to_string(view[r] >> 1);
   }
   return out + "]";
 }

@@ -263,7 +263,8 @@ int main(int argc, char** argv) {
         m = std::max(m, rep.first_masked_us / 1000);
         masked_ms.push_back(rep.first_masked_us / 1000);
       }
-      failed += (failed.empty() ? "" : " ") + std::to_string(rep.failed);
+      if (!failed.empty()) failed += ' ';  // piecewise: GCC 12 -Wrestrict false positive
+      failed += std::to_string(rep.failed);
       full_min = std::min(full_min, rep.full_calls_after_kill);
       if (replace && rep.final_masked != 0) ++not_rejoined;
       if (rep.other_errors) std::printf("#   cycle %d, rank %d: %s\n", c, r, rep.last_error);
