@@ -27,6 +27,14 @@ using ubep::sim::reference::RefFlow;
 
 namespace {
 
+// "h3": built by appending (`"h" + std::to_string(3)` trips GCC 12's -Wrestrict, bug 105329).
+template <typename Int>
+std::string numbered(char prefix, Int i) {
+  std::string s(1, prefix);
+  s += std::to_string(i);
+  return s;
+}
+
 struct FlowSet {
   std::vector<double> capacity;  // bytes per ns
   std::vector<RefFlow> flows;
@@ -119,12 +127,10 @@ void simgrid_child(const FlowSet& s, int out_fd) {
   simgrid::s4u::Engine e(&argc, argv.data());
   auto* zone = simgrid::s4u::create_full_zone("pod");
   std::vector<simgrid::s4u::Host*> hosts;
-  for (int h = 0; h < s.hosts; ++h)
-    hosts.push_back(zone->create_host("h" + std::to_string(h), 1e9));
+  for (int h = 0; h < s.hosts; ++h) hosts.push_back(zone->create_host(numbered('h', h), 1e9));
   std::vector<simgrid::s4u::Link*> links;
   for (size_t l = 0; l < s.capacity.size(); ++l)
-    links.push_back(
-        zone->create_link("l" + std::to_string(l), s.capacity[l])->set_latency(0)->seal());
+    links.push_back(zone->create_link(numbered('l', l), s.capacity[l])->set_latency(0)->seal());
   std::vector<std::vector<bool>> routed(static_cast<size_t>(s.hosts),
                                         std::vector<bool>(static_cast<size_t>(s.hosts), false));
   for (size_t i = 0; i < s.flows.size(); ++i) {
@@ -141,7 +147,7 @@ void simgrid_child(const FlowSet& s, int out_fd) {
   for (size_t i = 0; i < s.flows.size(); ++i) {
     auto* from = hosts[static_cast<size_t>(s.ends[i].first)];
     auto* to = hosts[static_cast<size_t>(s.ends[i].second)];
-    simgrid::s4u::Actor::create("f" + std::to_string(i), from, [&, i, from, to] {
+    simgrid::s4u::Actor::create(numbered('f', i), from, [&, i, from, to] {
       simgrid::s4u::this_actor::sleep_until(s.flows[i].start);
       simgrid::s4u::Comm::sendto(from, to, static_cast<uint64_t>(s.flows[i].bytes));
       finish[i] = simgrid::s4u::Engine::get_clock();

@@ -71,7 +71,10 @@ std::vector<int> ranks_of_host(const TcpLaunch& launch, int host) {
 
 std::string ranks_text(const std::vector<int>& ranks) {
   std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : " ") + std::to_string(r);
+  for (int r : ranks) {  // appended piecewise: GCC 12 -Wrestrict false positive (bug 105329)
+    if (!s.empty()) s += ' ';
+    s += std::to_string(r);
+  }
   return "[" + s + "]";
 }
 
@@ -142,7 +145,10 @@ MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
   if (!enough()) return run;
   const int fds_after = open_fds();
   std::string ranks;
-  for (int r : lost) ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
+  for (int r : lost) {
+    if (!ranks.empty()) ranks += ' ';
+    ranks += std::to_string(r);
+  }
   run.verdict = fds_after <= fds_before ? "ok" : "wrong";
   run.what =
       detail::concat("masked [", ranks, "] after ", failed, " failed calls, then ", masked_calls,
@@ -247,7 +253,10 @@ MaskRun survive_and_rejoin(Group& g, const TcpLaunch& launch, const Case& c,
   }
   const int fds_after = open_fds();
   std::string ranks;
-  for (int r : lost) ranks += (ranks.empty() ? "" : " ") + std::to_string(r);
+  for (int r : lost) {
+    if (!ranks.empty()) ranks += ' ';
+    ranks += std::to_string(r);
+  }
   run.verdict = fds_after <= fds_before ? "ok" : "wrong";
   run.what = detail::concat(
       "masked [", ranks, "] after ", failed, " failed calls, ", masked_calls,
