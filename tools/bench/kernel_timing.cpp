@@ -11,6 +11,7 @@
 
 #include "backend/cpu/reduce_bf16.hpp"
 #include "backend/cpu/row_kernels.hpp"
+#include "bench/or_reduce.hpp"
 #include "core/fp8_blocks.hpp"
 #include "ubep/bf16.hpp"
 #include "ubep/fp8.hpp"
@@ -38,20 +39,6 @@ double time_us(int iters, F&& f) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
 }
 
-#if defined(__x86_64__)
-// A plain OR of n rows into one (the bench's or-reduce bound, without its prefetch): the bytes a
-// reduction must read, with next to no arithmetic.
-__attribute__((target("avx2"))) void or_rows(uint16_t* out, int64_t hidden,
-                                             const uint16_t* const* v, int n) {
-  for (int64_t h = 0; h + 64 <= hidden; h += 64)
-    for (int q = 0; q < 64; q += 16) {
-      __m256i a = _mm256_setzero_si256();
-      for (int r = 0; r < n; ++r)
-        a = _mm256_or_si256(a, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v[r] + h + q)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + h + q), a);
-    }
-}
-#endif
 
 // A decode combine's reduction out of cache: 128 tokens x 8 weighted rows placed at random in a
 // window of 2 x 128 x 8 rows, 8 such windows used in turn (117 MB: more than the L3), one thread.
@@ -80,12 +67,11 @@ void combine_out_of_cache(int64_t hidden, int calls) {
     for (int t = 0; t < kTokens; ++t) {
       rows_of(win, t, p);
       uint16_t* o = &out[static_cast<size_t>(t) * row];
-#if defined(__x86_64__)
-      if (variant == 0 && kernels::reduce_bf16_level() >= 1) {
-        or_rows(o, hidden, reinterpret_cast<const uint16_t* const*>(p), kTopk);
+      if (variant == 0) {  // the bench's or-reduce bound (tools/bench/or_reduce.hpp), plain
+        tools::or_reduce(reinterpret_cast<char*>(o), reinterpret_cast<const char* const*>(p),
+                         kTopk, row * sizeof(uint16_t), tools::OrReduce{}, nullptr, 0);
         continue;
       }
-#endif
       const bool hint = variant == 2 && t + 1 < kTokens;
       if (hint) rows_of(win, t + 1, next);
       kernels::reduce_rows(o, DType::kBF16, hidden, p, &w[static_cast<size_t>(t) * kTopk], kTopk,
