@@ -3,8 +3,13 @@
 // rank that never answers costs the bound, not the kernel's SYN retries.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <thread>
 
 #include <chrono>
 #include <string>
@@ -88,6 +93,135 @@ TEST(TcpGroupSetUp, AConnectToASilentPeerEndsAtItsBound) {
   EXPECT_LT(took, std::chrono::milliseconds(900));  // the kernel's first SYN retry is at 1 s
   for (int fd : fill) close(fd);
   close(listener);
+}
+
+// ---- a host replaced on loopback, then the group's barrier and allgather (issue 32) -------------
+
+// A barrier, allgathers of 8 and 40,000 bytes (3 chunks) checked byte for byte against a formula
+// of (rank, round, byte), a barrier. Empty when right, else what was wrong.
+std::string collectives_right(Group& g, int round) {
+  g.barrier();
+  for (size_t n : {size_t{8}, size_t{40000}}) {
+    const auto byte = [&](int r, size_t i) {
+      return static_cast<char>(
+          (r * 59 + round * 13 + static_cast<int>(n % 7) + static_cast<int>(i % 241)) & 0xff);
+    };
+    std::vector<char> in(n), out(n * static_cast<size_t>(g.size()));
+    for (size_t i = 0; i < n; ++i) in[i] = byte(g.rank(), i);
+    g.allgather(in.data(), out.data(), n);
+    for (int r = 0; r < g.size(); ++r)
+      for (size_t i = 0; i < n; ++i)
+        if (out[static_cast<size_t>(r) * n + i] != byte(r, i))
+          return detail::concat("allgather of ", n, ": rank ", r, "'s byte ", i, " is wrong");
+  }
+  g.barrier();
+  return "";
+}
+
+// One rank's process (3 hosts x 2 on 127.0.0.1): its exit status, 0 when every check held.
+// Host 2's ranks wait to be killed; the survivors then call barrier() until it passes (each
+// failure must name host 2's ranks), the replacement host joins, and all 6 check collectives.
+int rank_process(int port, int host, int local, bool rejoin, int ready, int go) {
+  const int me = host * 2 + local;
+  try {
+    TcpLaunch l;
+    l.rendezvous = detail::concat("127.0.0.1:", port);
+    l.hosts = 3;
+    l.host = host;
+    l.ranks_per_host = 2;
+    l.local_rank = local;
+    l.elastic = true;
+    l.rejoin = rejoin;
+    GroupOptions opts;
+    opts.timeout = std::chrono::seconds(5);
+    std::unique_ptr<Group> g = make_tcp_group(l, opts);
+    std::string wrong = rejoin ? "" : collectives_right(*g, 0);
+    if (!rejoin) {
+      char c = 'r';
+      if (!wrong.empty() || write(ready, &c, 1) != 1)
+        return std::fprintf(stderr, "rank %d: %s\n", me, wrong.c_str()), 3;
+      if (host == 2) pause();  // SIGKILLed here
+      if (read(go, &c, 1) != 1) return 4;
+      std::string first;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+      for (bool done = false; !done;) {
+        try {
+          g->barrier();
+          done = true;
+        } catch (const PeerFailedError& e) {
+          if (first.empty()) first = e.what();
+          if (std::chrono::steady_clock::now() > until) return 5;
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+      }
+      if (first.find("rank 4") == std::string::npos && first.find("rank 5") == std::string::npos)
+        return std::fprintf(stderr, "rank %d: the first failure names no rank of host 2: %s\n", me,
+                            first.c_str()),
+               6;
+    } else {
+      g->barrier();  // the survivors' barrier that passes
+    }
+    wrong = collectives_right(*g, 1);
+    if (!wrong.empty()) return std::fprintf(stderr, "rank %d: %s\n", me, wrong.c_str()), 7;
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", me, e.what());
+    return 2;
+  }
+}
+
+pid_t fork_rank(int port, int host, int local, bool rejoin, int ready, int go) {
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int rc = rank_process(port, host, local, rejoin, ready, go);
+    std::fflush(nullptr);
+    _exit(rc);
+  }
+  return pid;
+}
+
+int free_port() {
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  bind(fd, reinterpret_cast<sockaddr*>(&at), sizeof at);
+  socklen_t len = sizeof at;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&at), &len);
+  close(fd);
+  return ntohs(at.sin_port);
+}
+
+// The loopback twin of vhosts_tcp_host_rejoin's collectives (no namespaces needed): 3 launchers'
+// worth of ranks on 127.0.0.1, host 2 SIGKILLed, the survivors' barriers fail named until a
+// replacement host 2 joins, then barrier and allgather of all 6 ranks are right.
+TEST(TcpGroupRejoin, GroupCollectivesAfterAHostIsReplaced) {
+  const int port = free_port();
+  int ready[2], go[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(go), 0);
+  std::vector<pid_t> ranks;
+  for (int r = 0; r < 6; ++r)
+    ranks.push_back(fork_rank(port, r / 2, r % 2, false, ready[1], go[0]));
+  char c;
+  for (int r = 0; r < 6; ++r)
+    ASSERT_EQ(read(ready[0], &c, 1), 1) << "a rank ended before its first collectives";
+  for (int r = 4; r < 6; ++r) kill(ranks[static_cast<size_t>(r)], SIGKILL);
+  for (int r = 0; r < 4; ++r) ASSERT_EQ(write(go[1], "g", 1), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // their barriers fail meanwhile
+  for (int r = 4; r < 6; ++r) ranks.push_back(fork_rank(port, 2, r % 2, true, ready[1], go[0]));
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    int status = 0;
+    waitpid(ranks[i], &status, 0);
+    if (i == 4 || i == 5) {
+      EXPECT_TRUE(WIFSIGNALED(status)) << "host 2's rank " << i << " was not killed";
+      continue;
+    }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << (i < 6 ? "rank " : "replacement rank ") << (i < 6 ? i : i - 2) << ": status " << status;
+  }
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
 }
 
 }  // namespace
