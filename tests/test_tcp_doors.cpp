@@ -58,6 +58,26 @@ TEST(TcpGroupSetUp, AReplacementNamesTheDoorsItAsked) {
         << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  // Door ports passed in the launch (not the rendezvous' port + host): asked there; a list of
+  // the wrong length, or a host 0 entry that is not the rendezvous', is named.
+  l.door_ports = {0, 39511, 39611};
+  try {
+    make_tcp_group(l, opts);
+    ADD_FAILURE() << "joined without a live host";
+  } catch (const PeerFailedError& e) {
+    EXPECT_NE(std::string(e.what()).find("asked 127.0.0.1:39511, 127.0.0.1:39611"),
+              std::string::npos)
+        << e.what();
+  }
+  l.door_ports = {39411, 39511};
+  EXPECT_THROW(make_tcp_group(l, opts), InvalidArgument);
+  l.door_ports = {1234, 39511, 39611};
+  try {
+    make_tcp_group(l, opts);
+    ADD_FAILURE() << "host 0's door port other than the rendezvous' accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("host 0's door port 1234"), std::string::npos) << e.what();
+  }
 }
 
 // A peer that never answers a connect: a listener whose accept queue is full drops new SYNs
@@ -121,11 +141,13 @@ std::string collectives_right(Group& g, int round) {
 // One rank's process (3 hosts x 2 on 127.0.0.1): its exit status, 0 when every check held.
 // Host 2's ranks wait to be killed; the survivors then call barrier() until it passes (each
 // failure must name host 2's ranks), the replacement host joins, and all 6 check collectives.
-int rank_process(int port, int host, int local, bool rejoin, int ready, int go) {
+int rank_process(const std::vector<int>& ports, int host, int local, bool rejoin, int ready,
+                 int go) {
   const int me = host * 2 + local;
   try {
     TcpLaunch l;
-    l.rendezvous = detail::concat("127.0.0.1:", port);
+    l.rendezvous = detail::concat("127.0.0.1:", ports[0]);
+    l.door_ports = ports;  // probed: no door meets another socket's port
     l.hosts = 3;
     l.host = host;
     l.ranks_per_host = 2;
@@ -170,47 +192,53 @@ int rank_process(int port, int host, int local, bool rejoin, int ready, int go) 
   }
 }
 
-pid_t fork_rank(int port, int host, int local, bool rejoin, int ready, int go) {
+pid_t fork_rank(const std::vector<int>& ports, int host, int local, bool rejoin, int ready,
+                int go) {
   std::fflush(nullptr);
   const pid_t pid = fork();
   if (pid == 0) {
-    const int rc = rank_process(port, host, local, rejoin, ready, go);
+    const int rc = rank_process(ports, host, local, rejoin, ready, go);
     std::fflush(nullptr);
     _exit(rc);
   }
   return pid;
 }
 
-int free_port() {
-  sockaddr_in at{};
-  at.sin_family = AF_INET;
-  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  bind(fd, reinterpret_cast<sockaddr*>(&at), sizeof at);
-  socklen_t len = sizeof at;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&at), &len);
-  close(fd);
-  return ntohs(at.sin_port);
+// n distinct free ports on 127.0.0.1 (all held while probing, so none comes twice).
+std::vector<int> free_ports(int n) {
+  std::vector<int> fds, ports;
+  for (int i = 0; i < n; ++i) {
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    fds.push_back(socket(AF_INET, SOCK_STREAM, 0));
+    bind(fds.back(), reinterpret_cast<sockaddr*>(&at), sizeof at);
+    socklen_t len = sizeof at;
+    getsockname(fds.back(), reinterpret_cast<sockaddr*>(&at), &len);
+    ports.push_back(ntohs(at.sin_port));
+  }
+  for (int fd : fds) close(fd);
+  return ports;
 }
 
 // The loopback twin of vhosts_tcp_host_rejoin's collectives (no namespaces needed): 3 launchers'
 // worth of ranks on 127.0.0.1, host 2 SIGKILLed, the survivors' barriers fail named until a
 // replacement host 2 joins, then barrier and allgather of all 6 ranks are right.
 TEST(TcpGroupRejoin, GroupCollectivesAfterAHostIsReplaced) {
-  const int port = free_port();
+  const std::vector<int> ports = free_ports(3);  // the rendezvous, then hosts 1 and 2's doors
   int ready[2], go[2];
   ASSERT_EQ(pipe(ready), 0);
   ASSERT_EQ(pipe(go), 0);
   std::vector<pid_t> ranks;
   for (int r = 0; r < 6; ++r)
-    ranks.push_back(fork_rank(port, r / 2, r % 2, false, ready[1], go[0]));
+    ranks.push_back(fork_rank(ports, r / 2, r % 2, false, ready[1], go[0]));
   char c;
   for (int r = 0; r < 6; ++r)
     ASSERT_EQ(read(ready[0], &c, 1), 1) << "a rank ended before its first collectives";
   for (int r = 4; r < 6; ++r) kill(ranks[static_cast<size_t>(r)], SIGKILL);
   for (int r = 0; r < 4; ++r) ASSERT_EQ(write(go[1], "g", 1), 1);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // their barriers fail meanwhile
-  for (int r = 4; r < 6; ++r) ranks.push_back(fork_rank(port, 2, r % 2, true, ready[1], go[0]));
+  for (int r = 4; r < 6; ++r) ranks.push_back(fork_rank(ports, 2, r % 2, true, ready[1], go[0]));
   for (size_t i = 0; i < ranks.size(); ++i) {
     int status = 0;
     waitpid(ranks[i], &status, 0);
