@@ -66,6 +66,8 @@ class MeshCollective::Call {
   const View& view() const { return view_; }
   std::string name() const { return detail::concat(what_, " #", index_); }
   std::string missing() const;
+  // The ranks whose death would keep this call from completing.
+  std::vector<int> awaited() const;
 
  private:
   struct Channel {  // one message from `peer` on `tag`, chunk by chunk
@@ -264,6 +266,21 @@ std::string MeshCollective::Call::missing() const {
   return s;
 }
 
+// Round 1's missing senders; while round 2 is missing, the forwarder and this host's other
+// ranks (the forwarder needs their round 1), except one that exited cleanly: it completed the
+// call, so every rank had entered it and the forwarder gets every message it needs.
+std::vector<int> MeshCollective::Call::awaited() const {
+  std::vector<int> ranks;
+  for (const Channel& ch : round1_)
+    if (ch.active && !ch.done) ranks.push_back(ch.peer);
+  if (round2_.done) return ranks;
+  ranks.push_back(round2_.peer);
+  for (int m : c_.hosts_[static_cast<size_t>(c_.host_of_[static_cast<size_t>(c_.rank_)])])
+    if (m != c_.rank_ && !(c_.hooks_.deaths && c_.hooks_.deaths->ended_cleanly(m)))
+      ranks.push_back(m);
+  return ranks;
+}
+
 // ---- the collective ---------------------------------------------------------------------------
 
 MeshCollective::MeshCollective(int rank, std::vector<int> host_of, transport::Remote& remote,
@@ -333,7 +350,8 @@ bool MeshCollective::wait(Call& call, Clock::time_point deadline) {
     if (call.step()) return true;
     const bool sleeping = Clock::now() - start > std::chrono::milliseconds(2);
     if (sleeping || (n & 31u) == 0) {
-      if (hooks_.deaths) hooks_.deaths->check(-1, [&] { return call.name(); });
+      if (hooks_.deaths)
+        for (int r : call.awaited()) hooks_.deaths->check(r, [&] { return call.name(); });
       if (hooks_.pump) {
         hooks_.pump();
         if (!(view() == call.view())) return false;

@@ -31,7 +31,8 @@
 // then taken inside the call by those others, their restarted call is the new view's first.
 //
 // Bounded: a lost rank fails the call at once with the transport's PeerFailedError naming it and
-// its host; a dead one the death watch names (a host-mate; a host the heartbeat judged lost);
+// its host; a dead one the death watch names (a host-mate; a host the heartbeat judged lost), of
+// the ranks the call still needs (a host-mate that exited cleanly after the call is not one);
 // anything else is a TimeoutError at the group's timeout naming the ranks not heard from.
 //
 // Threads: none of its own. Used on the caller's thread only, between calls (Group::barrier and
