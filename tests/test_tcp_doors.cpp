@@ -3,8 +3,13 @@
 // rank that never answers costs the bound, not the kernel's SYN retries.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <thread>
 
 #include <chrono>
 #include <string>
@@ -53,6 +58,26 @@ TEST(TcpGroupSetUp, AReplacementNamesTheDoorsItAsked) {
         << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(3));
+  // Door ports passed in the launch (not the rendezvous' port + host): asked there; a list of
+  // the wrong length, or a host 0 entry that is not the rendezvous', is named.
+  l.door_ports = {0, 39511, 39611};
+  try {
+    make_tcp_group(l, opts);
+    ADD_FAILURE() << "joined without a live host";
+  } catch (const PeerFailedError& e) {
+    EXPECT_NE(std::string(e.what()).find("asked 127.0.0.1:39511, 127.0.0.1:39611"),
+              std::string::npos)
+        << e.what();
+  }
+  l.door_ports = {39411, 39511};
+  EXPECT_THROW(make_tcp_group(l, opts), InvalidArgument);
+  l.door_ports = {1234, 39511, 39611};
+  try {
+    make_tcp_group(l, opts);
+    ADD_FAILURE() << "host 0's door port other than the rendezvous' accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("host 0's door port 1234"), std::string::npos) << e.what();
+  }
 }
 
 // A peer that never answers a connect: a listener whose accept queue is full drops new SYNs
@@ -88,6 +113,143 @@ TEST(TcpGroupSetUp, AConnectToASilentPeerEndsAtItsBound) {
   EXPECT_LT(took, std::chrono::milliseconds(900));  // the kernel's first SYN retry is at 1 s
   for (int fd : fill) close(fd);
   close(listener);
+}
+
+// ---- a host replaced on loopback, then the group's barrier and allgather (issue 32) -------------
+
+// A barrier, allgathers of 8 and 40,000 bytes (3 chunks) checked byte for byte against a formula
+// of (rank, round, byte), a barrier. Empty when right, else what was wrong.
+std::string collectives_right(Group& g, int round) {
+  g.barrier();
+  for (size_t n : {size_t{8}, size_t{40000}}) {
+    const auto byte = [&](int r, size_t i) {
+      return static_cast<char>(
+          (r * 59 + round * 13 + static_cast<int>(n % 7) + static_cast<int>(i % 241)) & 0xff);
+    };
+    std::vector<char> in(n), out(n * static_cast<size_t>(g.size()));
+    for (size_t i = 0; i < n; ++i) in[i] = byte(g.rank(), i);
+    g.allgather(in.data(), out.data(), n);
+    for (int r = 0; r < g.size(); ++r)
+      for (size_t i = 0; i < n; ++i)
+        if (out[static_cast<size_t>(r) * n + i] != byte(r, i))
+          return detail::concat("allgather of ", n, ": rank ", r, "'s byte ", i, " is wrong");
+  }
+  g.barrier();
+  return "";
+}
+
+// One rank's process (3 hosts x 2 on 127.0.0.1): its exit status, 0 when every check held.
+// Host 2's ranks wait to be killed; the survivors then call barrier() until it passes (each
+// failure must name host 2's ranks), the replacement host joins, and all 6 check collectives.
+int rank_process(const std::vector<int>& ports, int host, int local, bool rejoin, int ready,
+                 int go) {
+  const int me = host * 2 + local;
+  try {
+    TcpLaunch l;
+    l.rendezvous = detail::concat("127.0.0.1:", ports[0]);
+    l.door_ports = ports;  // probed: no door meets another socket's port
+    l.hosts = 3;
+    l.host = host;
+    l.ranks_per_host = 2;
+    l.local_rank = local;
+    l.elastic = true;
+    l.rejoin = rejoin;
+    GroupOptions opts;
+    opts.timeout = std::chrono::seconds(5);
+    std::unique_ptr<Group> g = make_tcp_group(l, opts);
+    std::string wrong = rejoin ? "" : collectives_right(*g, 0);
+    if (!rejoin) {
+      char c = 'r';
+      if (!wrong.empty() || write(ready, &c, 1) != 1)
+        return std::fprintf(stderr, "rank %d: %s\n", me, wrong.c_str()), 3;
+      if (host == 2) pause();  // SIGKILLed here
+      if (read(go, &c, 1) != 1) return 4;
+      std::string first;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+      for (bool done = false; !done;) {
+        try {
+          g->barrier();
+          done = true;
+        } catch (const PeerFailedError& e) {
+          if (first.empty()) first = e.what();
+          if (std::chrono::steady_clock::now() > until) return 5;
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+      }
+      if (first.find("rank 4") == std::string::npos && first.find("rank 5") == std::string::npos)
+        return std::fprintf(stderr, "rank %d: the first failure names no rank of host 2: %s\n", me,
+                            first.c_str()),
+               6;
+    } else {
+      g->barrier();  // the survivors' barrier that passes
+    }
+    wrong = collectives_right(*g, 1);
+    if (!wrong.empty()) return std::fprintf(stderr, "rank %d: %s\n", me, wrong.c_str()), 7;
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "rank %d: %s\n", me, e.what());
+    return 2;
+  }
+}
+
+pid_t fork_rank(const std::vector<int>& ports, int host, int local, bool rejoin, int ready,
+                int go) {
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int rc = rank_process(ports, host, local, rejoin, ready, go);
+    std::fflush(nullptr);
+    _exit(rc);
+  }
+  return pid;
+}
+
+// n distinct free ports on 127.0.0.1 (all held while probing, so none comes twice).
+std::vector<int> free_ports(int n) {
+  std::vector<int> fds, ports;
+  for (int i = 0; i < n; ++i) {
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    fds.push_back(socket(AF_INET, SOCK_STREAM, 0));
+    bind(fds.back(), reinterpret_cast<sockaddr*>(&at), sizeof at);
+    socklen_t len = sizeof at;
+    getsockname(fds.back(), reinterpret_cast<sockaddr*>(&at), &len);
+    ports.push_back(ntohs(at.sin_port));
+  }
+  for (int fd : fds) close(fd);
+  return ports;
+}
+
+// The loopback twin of vhosts_tcp_host_rejoin's collectives (no namespaces needed): 3 launchers'
+// worth of ranks on 127.0.0.1, host 2 SIGKILLed, the survivors' barriers fail named until a
+// replacement host 2 joins, then barrier and allgather of all 6 ranks are right.
+TEST(TcpGroupRejoin, GroupCollectivesAfterAHostIsReplaced) {
+  const std::vector<int> ports = free_ports(3);  // the rendezvous, then hosts 1 and 2's doors
+  int ready[2], go[2];
+  ASSERT_EQ(pipe(ready), 0);
+  ASSERT_EQ(pipe(go), 0);
+  std::vector<pid_t> ranks;
+  for (int r = 0; r < 6; ++r)
+    ranks.push_back(fork_rank(ports, r / 2, r % 2, false, ready[1], go[0]));
+  char c;
+  for (int r = 0; r < 6; ++r)
+    ASSERT_EQ(read(ready[0], &c, 1), 1) << "a rank ended before its first collectives";
+  for (int r = 4; r < 6; ++r) kill(ranks[static_cast<size_t>(r)], SIGKILL);
+  for (int r = 0; r < 4; ++r) ASSERT_EQ(write(go[1], "g", 1), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // their barriers fail meanwhile
+  for (int r = 4; r < 6; ++r) ranks.push_back(fork_rank(ports, 2, r % 2, true, ready[1], go[0]));
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    int status = 0;
+    waitpid(ranks[i], &status, 0);
+    if (i == 4 || i == 5) {
+      EXPECT_TRUE(WIFSIGNALED(status)) << "host 2's rank " << i << " was not killed";
+      continue;
+    }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << (i < 6 ? "rank " : "replacement rank ") << (i < 6 ? i : i - 2) << ": status " << status;
+  }
+  for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
 }
 
 }  // namespace

@@ -27,7 +27,8 @@ struct TcpLaunch {
   // UBEP_REJOIN=1.
   bool rejoin = false;
   // The live side of that: every host's local rank 0 keeps a door open for replacement hosts
-  // while the group lives, at its host's address and port (the rendezvous' port + host index);
+  // while the group lives, at its host's address and door port (door_ports, else the
+  // rendezvous' port + host index);
   // host 0's is the rendezvous itself. Those ports stay taken: a later group needs another
   // rendezvous port. From UBEP_ELASTIC=1.
   bool elastic = false;
@@ -36,6 +37,12 @@ struct TcpLaunch {
   // the rendezvous is on loopback, so a replacement of host 0 on real hosts needs them. When
   // empty, a replacement reads them from UBEP_HOST_IPS="ip0,ip1,...".
   std::vector<std::string> host_ips;
+  // Each host's door port, in host order (optional; host 0's entry is 0 or the rendezvous'
+  // port, its door being the rendezvous): else the rendezvous' port + host index. Launchers on
+  // one machine whose rendezvous port came from a free-port probe pass probed ports here, so a
+  // door never meets another socket's port. Every launcher, replacements included, passes the
+  // same; when empty, read from UBEP_DOOR_PORTS="p0,p1,...".
+  std::vector<int> door_ports;
   int rank() const { return host * ranks_per_host + local_rank; }
 
   // From the environment a launcher sets for its ranks: UBEP_RENDEZVOUS=ip:port, UBEP_HOSTS,

@@ -48,6 +48,11 @@ class DeathCheck {
       }
   }
   int ranks() const { return watch_.ranks(); }
+  // Whether rank r's process ended with exit status 0: it finished what it called (a rank that
+  // leaves right after a group call must not fail a peer still finishing that call).
+  bool ended_cleanly(int r) const {
+    return watch_.dead(r) && watch_.how(r) == "exited with status 0";
+  }
 
  private:
   const DeathWatch& watch_;

@@ -39,6 +39,9 @@ class GroupHooks {
   // leaves with a death, as this rank may be the one that forwards it and may not call the
   // transport again.
   virtual void forward_deaths_now() {}
+  // Before a Buffer's set-up: throws InvalidArgument, named, where this group cannot make a new
+  // Buffer now (a TCP group's live ranks after a replacement host joined, issue 32).
+  virtual void check_new_buffer() {}
 };
 
 }  // namespace ubep::bootstrap

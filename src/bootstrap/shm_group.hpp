@@ -67,6 +67,8 @@ class ShmGroup : public Group, private GroupHooks {
  protected:
   void barrier_impl() override;
   Bootstrap& bootstrap() { return *bootstrap_; }
+  // What the group's own waits ask about deaths (TcpGroup's collectives over the mesh).
+  const DeathCheck* death_check() const { return death_check_.get(); }
 
  private:
   std::shared_ptr<Bootstrap> bootstrap_;

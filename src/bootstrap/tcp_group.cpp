@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "bootstrap/host_liveness.hpp"
+#include "bootstrap/mesh_collective.hpp"
 #include "bootstrap/shm_group.hpp"
 #include "bootstrap/tcp_bootstrap.hpp"
 #include "bootstrap/tcp_rejoin.hpp"
@@ -62,7 +63,8 @@ class TcpGroup final : public bootstrap::ShmGroup {
            std::unique_ptr<transport::TcpRemote> remote, bool rejoining)
       : ShmGroup(std::move(boot), options, std::move(hosts), std::move(remote), !rejoining),
         rejoining_(rejoining) {}
-  // The door calls into the transport and the death watch: it goes before them.
+  // The door calls into the transport and the death watch: it goes before them (the mesh
+  // collective, a member, goes before the transport, the base's).
   ~TcpGroup() override { door_.reset(); }
   void open_door(std::unique_ptr<bootstrap::RejoinDoor> door) { door_ = std::move(door); }
   uint32_t incarnation_of(int r) const override { return door_ ? door_->incarnation(r) : 0; }
@@ -70,35 +72,50 @@ class TcpGroup final : public bootstrap::ShmGroup {
   void pump_rejoins() override {
     if (door_) door_->pump();
   }
-  // Group barriers and allgathers go through the set-up's star (rank 0's sockets to every rank),
-  // which a replacement host is not part of: after a replacement they are refused, named, on
-  // the live ranks, and a replacement's barrier is refused; its allgather reaches its host-mates
-  // only (RejoinBootstrap: what creating the same Buffers needs). docs/ELASTIC.md.
+  // Group barriers and allgathers after the set-up go over the mesh (TcpRemote between hosts),
+  // which reaches a replacement host as it reaches any live one (mesh_collective.hpp); the
+  // set-up's own exchanges (pids, heartbeat, windows) still go through its star.
   void allgather(const void* in, void* out, size_t bytes) override {
-    refuse_after_replacement("allgather");
-    ShmGroup::allgather(in, out, bytes);
+    if (bootstrap::MeshCollective* m = mesh())
+      m->allgather(in, out, bytes);
+    else
+      ShmGroup::allgather(in, out, bytes);
+  }
+  // A new Buffer's windows are set up through the star via rank 0, which a replacement is not
+  // part of, and a replacement's Buffers make no collective set-up: after a replacement the live
+  // ranks refuse a new one, named, before its config agreement would wait for the replacement.
+  void check_new_buffer() override {
+    UBEP_CHECK_ARG(rejoining_ || !door_ || door_->replacements() == 0,
+                   "a new Buffer after a replacement host joined: not supported (its windows are "
+                   "set up through the set-up's star via rank 0, which does not reach the "
+                   "replacement); create Buffers before a loss, or make a new group "
+                   "(docs/ELASTIC.md)");
   }
 
  protected:
   void barrier_impl() override {
-    UBEP_CHECK_ARG(
-        !rejoining_,
-        "a replacement host's group makes no group barrier: the live ranks "
-        "are in their calls and the set-up's star does not reach them (docs/ELASTIC.md)");
-    refuse_after_replacement("barrier");
-    ShmGroup::barrier_impl();
+    if (bootstrap::MeshCollective* m = mesh())
+      m->barrier();
+    else
+      ShmGroup::barrier_impl();
   }
 
  private:
-  void refuse_after_replacement(const char* what) const {
-    UBEP_CHECK_ARG(rejoining_ || !door_ || door_->replacements() == 0, "group ", what,
-                   " after a replacement host joined: not supported (the set-up's star through "
-                   "rank 0 does not reach the replacement); create Buffers before a loss, or a "
-                   "new group (docs/ELASTIC.md)");
+  bootstrap::MeshCollective* mesh() {
+    if (!mesh_ && remote()) {
+      std::vector<int> hosts(static_cast<size_t>(size()));
+      for (int r = 0; r < size(); ++r) hosts[static_cast<size_t>(r)] = host_of(r);
+      bootstrap::MeshHooks hooks{[this](int r) { return incarnation_of(r); },
+                                 [this] { pump_rejoins(); }, death_check()};
+      mesh_ = std::make_unique<bootstrap::MeshCollective>(rank(), std::move(hosts), *remote(),
+                                                          std::move(hooks), options().timeout);
+    }
+    return mesh_.get();
   }
 
   bool rejoining_;
   std::unique_ptr<bootstrap::RejoinDoor> door_;
+  std::unique_ptr<bootstrap::MeshCollective> mesh_;  // made at the first group call
 };
 
 // Errors name a peer with its host; a connection that breaks without a goodbye is a lost rank

@@ -114,11 +114,35 @@ std::vector<in_addr> host_ips(const TcpLaunch& launch) {
                    text[h], "' is not an IPv4");
   return ips;
 }
+
+// Host h's door port: TcpLaunch::door_ports (else UBEP_DOOR_PORTS="p0,p1,...") when given, else
+// the rendezvous' port + h. Host 0's door is the rendezvous: its entry is 0 or that port.
+uint16_t door_port(const TcpLaunch& launch, int host, uint16_t rendezvous_port) {
+  std::vector<int> ports = launch.door_ports;
+  const char* env = std::getenv("UBEP_DOOR_PORTS");
+  const char* from = ports.empty() && env && *env ? "UBEP_DOOR_PORTS" : "TcpLaunch::door_ports";
+  if (ports.empty() && env && *env)
+    for (const char* p = env; *p;) {
+      char* end = nullptr;
+      ports.push_back(static_cast<int>(std::strtol(p, &end, 10)));
+      UBEP_CHECK_ARG(end != p && (*end == ',' || *end == 0), from, "='", env,
+                     "' is not a list of ports");
+      p = *end ? end + 1 : end;
+    }
+  if (ports.empty()) return static_cast<uint16_t>(rendezvous_port + host);
+  UBEP_CHECK_ARG(static_cast<int>(ports.size()) == launch.hosts, from, ": ", ports.size(),
+                 " door ports for ", launch.hosts, " hosts");
+  const int p = ports[static_cast<size_t>(host)];
+  UBEP_CHECK_ARG(host > 0 ? p > 0 && p < 65536 : p == 0 || p == rendezvous_port, from, ": host ",
+                 host, "'s door port ", p,
+                 host > 0 ? " is not a port" : " is not the rendezvous' (host 0's door is it)");
+  return static_cast<uint16_t>(host > 0 ? p : rendezvous_port);
+}
 }  // namespace
 
 std::optional<sockaddr_in> door_of(const TcpLaunch& launch, int host) {
   sockaddr_in at = parse_endpoint(launch.rendezvous, "rendezvous");
-  at.sin_port = htons(static_cast<uint16_t>(ntohs(at.sin_port) + host));
+  at.sin_port = htons(door_port(launch, host, ntohs(at.sin_port)));
   const std::vector<in_addr> ips = host_ips(launch);
   if (!ips.empty())
     at.sin_addr = ips[static_cast<size_t>(host)];
@@ -129,7 +153,7 @@ std::optional<sockaddr_in> door_of(const TcpLaunch& launch, int host) {
 
 int listen_door(const TcpLaunch& launch) {
   sockaddr_in at = parse_endpoint(launch.rendezvous, "rendezvous");
-  at.sin_port = htons(static_cast<uint16_t>(ntohs(at.sin_port) + launch.host));
+  at.sin_port = htons(door_port(launch, launch.host, ntohs(at.sin_port)));
   at.sin_addr = own_ip(at);
   return listen_on(at);
 }
@@ -304,19 +328,20 @@ Joined join_live_group(const TcpLaunch& launch, std::chrono::milliseconds timeou
                  "partition rule), so no live rank is left to join (3 hosts or more: it can)");
   const auto until = Clock::now() + timeout;
   const sockaddr_in rdv = parse_endpoint(launch.rendezvous, "rendezvous");
-  // The host's own star: its local rank 0 listens at the host's door (its address, the
-  // rendezvous' port + host: distinct when hosts share an address, as launchers on one machine
-  // do), free since the host was lost; it stays the host's door after the join.
+  // The host's own star: its local rank 0 listens at the host's door (its address, its door
+  // port: distinct when hosts share an address, as launchers on one machine do), free since the
+  // host was lost; it stays the host's door after the join.
   sockaddr_in star{};
   star.sin_family = AF_INET;
   star.sin_addr = own_ip(rdv);
-  star.sin_port = htons(static_cast<uint16_t>(ntohs(rdv.sin_port) + launch.host));
+  star.sin_port = htons(door_port(launch, launch.host, ntohs(rdv.sin_port)));
   TcpLaunch local{.rendezvous = ip_port(star),
                   .hosts = 1,
                   .host = 0,
                   .ranks_per_host = launch.ranks_per_host,
                   .local_rank = launch.local_rank,
-                  .host_ips = {}};
+                  .host_ips = {},
+                  .door_ports = {}};
   auto boot = std::make_unique<TcpBootstrap>(local, timeout, true);
   Joined j;
   j.mesh = fetch_mesh(*boot, launch, until);

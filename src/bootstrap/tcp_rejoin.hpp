@@ -4,7 +4,7 @@
 //
 //  1. The replacement host's local rank 0 asks a live host's door for the mesh: every rank's
 //     listening address and incarnation. Every host's local rank 0 keeps a door (door_of): host
-//     0's is the rendezvous itself, host h's is its address at the rendezvous' port + h; the
+//     0's is the rendezvous itself, host h's is its address at its door port (door_of); the
 //     replacement asks the other hosts' doors in host order, so the lowest live host answers,
 //     and host 0 can be replaced like any other. Its host-mates get the mesh from it over their
 //     own star (RejoinBootstrap, below), whose listener (its own host's door address) is its
@@ -50,10 +50,11 @@ struct MeshEntry {
 };
 
 // Host h's door (issue 32): where its local rank 0 answers a replacement's request for the mesh,
-// at the rendezvous' port + h, on launch.host_ips[h] (or UBEP_HOST_IPS when that is empty), else
+// at its door port (TcpLaunch::door_ports, UBEP_DOOR_PORTS, else the rendezvous' port + h), on
+// launch.host_ips[h] (or UBEP_HOST_IPS when that is empty), else
 // on the rendezvous' address for host 0, or for every host when the rendezvous is on loopback
 // (launchers on one machine). nullopt when the address is unknown. Throws InvalidArgument
-// naming a malformed UBEP_HOST_IPS.
+// naming a malformed UBEP_HOST_IPS or door port list.
 std::optional<sockaddr_in> door_of(const TcpLaunch& launch, int host);
 // This host's door, listening on its own address (own_ip) at door_of's port: the local rank 0 of
 // a host > 0 of a live elastic group (host 0's door is the rendezvous' listener).

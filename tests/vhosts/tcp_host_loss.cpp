@@ -168,7 +168,8 @@ MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
 //   RESULT ... ok: masked [ranks] after E failed calls, C masked calls right, back after
 //   B ms (the replacement's launch -> end of its first full call), F full calls right, fds A -> B
 // and a replacement's:
-//   RESULT rank R host H calls N ms M ok: rejoined, F calls right, its barrier refused
+//   RESULT rank R host H calls N ms M ok: rejoined, F calls right, then group barriers and
+//   allgathers right (every rank, after the rejoin: collectives_after_rejoin)
 // with M the time from the replacement's launch ($UBEP_REJOIN_FILE) to the end of its first call.
 constexpr int kFullCalls = 300;
 
@@ -179,16 +180,31 @@ double ms_since(const char* env, int64_t at) {
   return f >> t0 && t0 > 0 ? static_cast<double>(at - t0) / 1e6 : -1;
 }
 
-// What g.barrier() says after a replacement joined ("no error" if it passed).
-std::string refusal(Group& g) {
+// After a replacement host joined, the group's collectives go on over every rank (issue 32):
+// a barrier, then allgathers of 3 sizes (one past a 16 KiB chunk) whose every byte is checked
+// against a formula of (rank, call, byte), then a barrier. Empty when right, else what was wrong.
+std::string collectives_after_rejoin(Group& g) {
   try {
     g.barrier();
-  } catch (const InvalidArgument& e) {
-    return e.what();
+    const size_t sizes[3] = {8, 1000, 40000};
+    for (int call = 0; call < 3; ++call) {
+      const size_t n = sizes[call];
+      const auto byte = [&](int r, size_t i) {
+        return static_cast<char>((r * 131 + call * 17 + static_cast<int>(i % 253)) & 0xff);
+      };
+      std::vector<char> in(n), out(n * static_cast<size_t>(g.size()));
+      for (size_t i = 0; i < n; ++i) in[i] = byte(g.rank(), i);
+      g.allgather(in.data(), out.data(), n);
+      for (int r = 0; r < g.size(); ++r)
+        for (size_t i = 0; i < n; ++i)
+          if (out[static_cast<size_t>(r) * n + i] != byte(r, i))
+            return detail::concat("allgather ", call, ": rank ", r, "'s byte ", i, " is wrong");
+    }
+    g.barrier();
   } catch (const std::exception& e) {
-    return std::string("not InvalidArgument: ") + e.what();
+    return e.what();
   }
-  return "no error";
+  return "";
 }
 
 MaskRun survive_and_rejoin(Group& g, const TcpLaunch& launch, const Case& c,
@@ -244,12 +260,21 @@ MaskRun survive_and_rejoin(Group& g, const TcpLaunch& launch, const Case& c,
     std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
   }
   if (!done()) return {"timeout", detail::concat("phase ", phase, " after 30 s"), 0};
-  // A group barrier after a replacement joined is refused, named (the set-up's star does not
-  // reach it; docs/ELASTIC.md), never a hang or a partial barrier.
+  // The group's barrier and allgather reach the replacement (over the mesh; docs/ELASTIC.md).
   if (!other) {
-    const std::string refused = refusal(g);
-    if (refused.find("after a replacement host joined") == std::string::npos)
-      return {"wrong", "a group barrier after the rejoin: " + refused, realtime_ns()};
+    const std::string wrong = collectives_after_rejoin(g);
+    if (!wrong.empty())
+      return {"wrong", "group collectives after the rejoin: " + wrong, realtime_ns()};
+    // A new Buffer still needs a new group (its windows go through the set-up's star): refused,
+    // named, before its config agreement would wait for the replacement.
+    std::string refused = "no error";
+    try {
+      Buffer again(g, config_for(c, Algorithm::kUbep));
+    } catch (const InvalidArgument& e) {
+      refused = e.what();
+    }
+    if (refused.find("a new Buffer after a replacement host joined") == std::string::npos)
+      return {"wrong", "a new Buffer after the rejoin: " + refused, realtime_ns()};
   }
   const int fds_after = open_fds();
   std::string ranks;
@@ -284,11 +309,12 @@ MaskRun replacement(Group& g, const Case& c, const std::vector<Problem>& problem
     if (j == 0) run.done_at = realtime_ns();
     std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
   }
-  const std::string refused = refusal(g);  // its group barrier too (see survive_and_rejoin)
-  if (refused.find("makes no group barrier") == std::string::npos)
-    return {"wrong", "a replacement's group barrier: " + refused, realtime_ns()};
+  const std::string wrong = collectives_after_rejoin(g);  // with the live ranks
+  if (!wrong.empty())
+    return {"wrong", "group collectives after the rejoin: " + wrong, realtime_ns()};
   run.verdict = "ok";
-  run.what = detail::concat("rejoined, ", kFullCalls, " calls right, its barrier refused");
+  run.what = detail::concat("rejoined, ", kFullCalls,
+                            " calls right, then group barriers and allgathers right");
   return run;
 }
 
