@@ -59,10 +59,6 @@ double Scheduler::piece_ns(const Piece& p) const {
   return std::max(p.issue_ns, floor_ns_[d] * bytes / own_bytes_[d]);
 }
 
-}  // namespace ubep::sched
-
-namespace ubep::sched {
-
 // A port shares its bandwidth max-min fairly per flow (per concurrent transfer), not per source
 // in proportion to its bytes, as the envelope assumes. A source whose units to d are each sent by
 // their own worker keeps as many flows into d as it has units there (column-major cuts them
@@ -74,7 +70,8 @@ namespace ubep::sched {
 // envelope put that plan 6% ahead; its last bytes reached the hot ports after the others had
 // drained. At EP256 (one expert per rank) grouping serialises nothing and won 6.7%. So a plan
 // with f_d flows (distinct workers) to d and u_d units there gets min(1, f_d / u_d) of the
-// envelope's slope.
+// envelope's slope. count_flows needs pieces_ grouped by worker (candidate_span and emit order
+// them so before the fluid model runs).
 void Scheduler::count_flows(std::vector<int32_t>& out) const {
   const auto ranks = static_cast<size_t>(topology_.ranks());
   out.assign(ranks, 0);
