@@ -20,7 +20,8 @@
 #   VALIDATE_MEASURE=1: §5-6 re-measures this machine (sim/validate.sh: calibrate + ubep-bench,
 #           needs ubep-bench built and a quiet machine); by default `ubep-sim validate` re-scores
 #           the committed measurements in docs/sim/validate/ with the current model.
-#   SUPERPOD_EP (default "1024 2048 4096 8192"), TPOT_MOE_LAYERS (default 4): see below.
+#   SUPERPOD_EP (default "1024 2048 4096 8192"), SUPERPOD_BIG_BS (default none),
+#   TPOT_MOE_LAYERS (default 4): see below.
 #
 # Time on the 2-core Zen 4 VM (one core, load ~1, after issue 28's fourth solver pass; measured
 # 2026-12-03): --quick about 2 minutes, the full run 12 minutes (each 8,192-die call is 6-10 s of
@@ -113,6 +114,15 @@ speed speed-8192 --preset ubmesh8k --ranks 8192 --batch 8 --experts 8192
 for ep in ${SUPERPOD_EP:-1024 2048 4096 8192}; do
   run "latency-$ep" latency --preset ubmesh8k --ranks "$ep" --experts "$ep" --batch 8,32 --op dispatch
   run "latency-combine-$ep" latency --preset ubmesh8k --ranks "$ep" --experts "$ep" --batch 8,32 --op combine
+done
+# BS 64-256 (SUPERPOD_BIG_BS, default empty: at 8,192 dies each point is many CPU minutes), one
+# table per (EP, BS, op) as docs/sim/latency-EP-bBS-OP.txt, e.g. SUPERPOD_BIG_BS="64 128 256".
+for ep in ${SUPERPOD_EP:-1024 2048 4096 8192}; do
+  for bs in ${SUPERPOD_BIG_BS:-}; do
+    for op in dispatch combine; do
+      run "latency-$ep-b$bs-$op" latency --preset ubmesh8k --ranks "$ep" --experts "$ep" --batch "$bs" --op "$op"
+    done
+  done
 done
 # TPOT at 8,192 dies: one step of TPOT_MOE_LAYERS MoE layers (default 4, under 2 minutes; the
 # full 58 took 25 minutes of one core on 2026-12-03, docs/sim/tpot-8192-58.txt). With uniform routing the MoE layers

@@ -91,8 +91,9 @@ inline constexpr double kSpreadPreference = 0.02;
 // The same under the work-conserving model (SchedulerOptions::worker_gbps > 0). Measured in
 // ubep-sim's hot-expert sweep: LPT plans this model put 2-3% ahead of column-major ran 0.1% behind
 // to 0.1% ahead (EP64 hot 0: 2.8% predicted, 0.06% simulated; EP256 8 hot at weight 2: > 2%
-// predicted, 0.1% behind), so a smaller predicted gain is within its error between candidates.
-inline constexpr double kSharedSpreadPreference = 0.05;
+// predicted, 0.1% behind), and at EP64 32 hot at weight 2 one put 5.1% ahead ran 0.02% behind
+// (issue 30, session f), so a smaller predicted gain is within its error between candidates.
+inline constexpr double kSharedSpreadPreference = 0.06;
 
 struct PlanItem {
   int32_t dest_rank = 0;
@@ -152,10 +153,13 @@ struct SchedulerOptions {
   // worker_gbps (its own engine: an AIV core's share of HBM, a CPU thread's copy rate), and the
   // items to a receiver-bound destination d together deliver at most own_d * t / floor_d bytes
   // by time t (this source's share of d's port, lent over time: a worker that reaches d after
-  // the others finds their unused credit; src/sched/fluid.hpp): simulate_sharing's fluid model. Every plan's worker_cost_ns, mean_ns and slowest_ns are then
-  // that model's finish times (items keep their fixed-share issue_ns and finish_ns), and
-  // balanced compares its candidates with it: a worker with a few more rows than the others
-  // costs little while the others keep the link busy, which the fixed shares overcharge.
+  // the others finds their unused credit; src/sched/fluid.hpp), scaled down where the plan
+  // sends d's units over fewer concurrent flows than it has units there (ports share per flow;
+  // scheduler_receivers.cpp): simulate_sharing's fluid model. Every plan's worker_cost_ns,
+  // mean_ns and slowest_ns are then that model's finish times (items keep their fixed-share
+  // issue_ns and finish_ns), and balanced compares its candidates with it: a worker with a few
+  // more rows than the others costs little while the others keep the link busy, which the
+  // fixed shares overcharge.
   double worker_gbps = 0;
   // Fluid model only: the physical link (port) of each level, levels sharing a port sharing its
   // bandwidth (the largest of theirs), e.g. CloudMatrix's one- and two-hop UB traffic leaving a
@@ -243,7 +247,13 @@ class Scheduler {
   void init_fluid_links();  // checks link_of_level, fills fluid_links_
   // credit: receiver-bound destinations lend their port over time (the envelope of
   // src/sched/fluid.hpp); false: each item at most own_d / floor_d (no credit).
+  // A receiver-bound destination's share is scaled by flow_share_ (set_flow_share).
   double fluid_span(bool credit = true);
+  // Ports share per flow (scheduler_receivers.cpp): with pieces_ grouped by worker, the number
+  // of distinct workers sending to each receiver-bound destination, into out (per rank).
+  void count_flows(std::vector<int32_t>& out) const;
+  // flow_share_[d] = min(1, flows of pieces_ to d / this source's units to d).
+  void set_flow_share();
   // A candidate's makespan as balanced compares them: makespan() under fixed shares (far
   // first), or fluid_span() of the candidate in plan order (pieces_ are left in that order).
   // With receiver-bound destinations it also leaves the no-credit span in no_credit_span_.
@@ -267,6 +277,10 @@ class Scheduler {
   // this source's bytes to it, the LPT group's worker.
   std::vector<double> floor_ns_, own_bytes_;
   std::vector<int32_t> group_worker_;
+  // Per dest: this source's non-empty units to it, the current plan's flows to it, and the
+  // plan's share of the proportional envelope (set_flow_share).
+  std::vector<int32_t> units_to_, flows_;
+  std::vector<double> flow_share_;
   double max_floor_ns_ = 0;  // largest floor_d + latency(d)
   std::vector<int32_t> bound_dests_;
   std::vector<double> group_ns_;  // per dest: max(its issue time, floor_d) on one worker

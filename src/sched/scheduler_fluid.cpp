@@ -42,11 +42,13 @@ double Scheduler::fluid_span(bool credit) {
   const auto& map = options_.link_of_level;
   std::vector<detail::FluidItem> items(pieces_.size());
   std::vector<detail::FluidGroup> groups;
+  if (any_bound_) set_flow_share();
   if (any_bound_ && credit) {
     group_of_.assign(static_cast<size_t>(topology_.ranks()), -1);
     for (int32_t d : bound_dests_) {
       group_of_[static_cast<size_t>(d)] = static_cast<int32_t>(groups.size());
-      groups.push_back({own_bytes_[static_cast<size_t>(d)], floor_ns_[static_cast<size_t>(d)]});
+      groups.push_back({own_bytes_[static_cast<size_t>(d)], floor_ns_[static_cast<size_t>(d)] /
+                                                                  flow_share_[static_cast<size_t>(d)]});
     }
   }
   fluid_begin_.assign(W + 1, 0);
@@ -68,7 +70,7 @@ double Scheduler::fluid_span(bool credit) {
       if (credit)
         it.group = group_of_[d];
       else
-        it.cap_gbps = own_bytes_[d] / floor_ns_[d];
+        it.cap_gbps = own_bytes_[d] * flow_share_[d] / floor_ns_[d];
     }
     ++fluid_begin_[static_cast<size_t>(p.worker) + 1];
   }

@@ -113,13 +113,44 @@ std::vector<double> engine_finish(const Case& c, const Plan& plan) {
 }
 
 
+// Per destination rank: the distinct workers a plan sends to it over (its concurrent flows).
+std::vector<int> flows_of(const Plan& plan, int ranks) {
+  std::vector<int> n(static_cast<size_t>(ranks), 0);
+  for (int w = 0; w < plan.workers; ++w) {
+    std::vector<bool> seen(static_cast<size_t>(ranks), false);
+    for (const PlanItem& it : plan.worker_items(w)) {
+      const auto d = static_cast<size_t>(it.dest_rank);
+      if (!seen[d]) ++n[d];
+      seen[d] = true;
+    }
+  }
+  return n;
+}
+
+// The share of each destination's envelope a plan gets (ports share per flow,
+// src/sched/scheduler_receivers.cpp): its flows to d over the source's non-empty units there,
+// at most 1.
+std::vector<double> flow_share(const Case& c, const Plan& plan) {
+  const int R = c.topology.ranks();
+  const std::vector<int> flows = flows_of(plan, R);
+  const size_t per = static_cast<size_t>(std::max(c.per_rank, 1));
+  std::vector<int> units(static_cast<size_t>(R), 0);
+  for (size_t u = 0; u < c.rows.size(); ++u) units[u / per] += c.rows[u] > 0;
+  std::vector<double> share(static_cast<size_t>(R), 1.0);
+  for (size_t d = 0; d < share.size(); ++d)
+    if (flows[d] > 0 && flows[d] < units[d]) share[d] = static_cast<double>(flows[d]) / units[d];
+  return share;
+}
+
 // Independent reference for receiver-bound plans: time steps of dt, rates by progressive filling
 // over three kinds of constraint: each worker's engine (worker_gbps), the source's ports, and
 // each receiver-bound destination's envelope (this source may have delivered at most
-// own_d * min(1, t / floor_d) bytes into d by time t; floor_d recomputed from recv and the
-// level's bandwidth). An item's bytes finish inside a step at their exact rate; its worker then
-// idles to the step's end, so the reference lags the exact answer by at most dt per item.
-std::vector<double> stepped_finish(const Case& c, const Plan& plan, double dt) {
+// own_d * min(1, share_d * t / floor_d) bytes into d by time t; floor_d recomputed from recv
+// and the level's bandwidth, share_d from flow_share). An item's bytes finish inside a step at
+// their exact rate; its worker then idles to the step's end, so the reference lags the exact
+// answer by at most dt per item.
+std::vector<double> stepped_finish(const Case& c, const Plan& plan, double dt,
+                                   const std::vector<double>& share) {
   const Topology& t = c.topology;
   const auto W = static_cast<size_t>(plan.workers);
   const auto R = static_cast<size_t>(t.ranks());
@@ -135,7 +166,7 @@ std::vector<double> stepped_finish(const Case& c, const Plan& plan, double dt) {
     own[d] += it.bytes;
     if (it.receiver_bound)
       floor[d] = static_cast<double>(c.recv[d]) * static_cast<double>(c.row_bytes) /
-                 t.level(it.level).bandwidth_gbps;
+                 (t.level(it.level).bandwidth_gbps * share[d]);
   }
   std::vector<size_t> next(W);
   std::vector<double> left(W, 0.0), finish(W, 0.0), rate(W);
@@ -216,19 +247,26 @@ std::vector<double> stepped_finish(const Case& c, const Plan& plan, double dt) {
 
 TEST(PlanSharing, PredictedFinishMatchesTheMaxMinEngine) {
   std::mt19937_64 g(30);
-  int bound_cases = 0;
+  int bound_cases = 0, fewer_flows = 0;
   for (int iter = 0; iter < 60; ++iter) {
     const Case c = random_case(g);
     sched::Scheduler s(c.topology, c.options);
     for (Policy p : {Policy::kNaive, Policy::kColumnMajor, Policy::kBalanced}) {
       s.set_policy(p);
       const Plan plan = s.plan(c.work());
+      const std::vector<double> share = flow_share(c, plan);
       const bool bound = std::any_of(plan.items.begin(), plan.items.end(),
                                      [](const PlanItem& it) { return it.receiver_bound; });
       bound_cases += bound;
+      for (const PlanItem& it : plan.items)
+        if (it.receiver_bound && share[static_cast<size_t>(it.dest_rank)] < 1) {
+          ++fewer_flows;
+          break;
+        }
       // Receiver-bound plans: the stepped reference, within its step error (one dt per item).
       const double dt = plan.slowest_ns / 5000;
-      const std::vector<double> ref = bound ? stepped_finish(c, plan, dt) : engine_finish(c, plan);
+      const std::vector<double> ref =
+          bound ? stepped_finish(c, plan, dt, share) : engine_finish(c, plan);
       double slowest = plan.receiver_floor_ns;
       for (int w = 0; w < plan.workers; ++w) {
         const double got = plan.worker_cost_ns[static_cast<size_t>(w)];
@@ -247,6 +285,7 @@ TEST(PlanSharing, PredictedFinishMatchesTheMaxMinEngine) {
     }
   }
   EXPECT_GT(bound_cases, 0);  // the receiver caps were exercised
+  EXPECT_GT(fewer_flows, 0);  // and plans with fewer flows than units to a bound destination
 }
 
 // The receiver envelope by hand (src/sched/fluid.hpp): one 10 B/ns link; a receiver group of
