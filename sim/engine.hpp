@@ -106,7 +106,9 @@ class Network {
   // Called when an instant with changes ends: resolves now, or with a quantum > 0 at most once
   // per `quantum` ns (the changes in between wait for the next resolve: a started flow sends
   // nothing and a finished flow's capacity stays unused until then). An approximation whose
-  // error tests/sim/test_maxmin.cpp bounds; 0 (the default) is the exact model.
+  // error tests/sim/test_maxmin.cpp bounds; 0 (the default) is the exact model. The deferred
+  // resolve back-dates its rates (a started flow's to its start, the others' to the mean time
+  // of the changes it answers: Network::backdate), which removes most of the delay's bias.
   void end_instant();
   void set_resolve_quantum(double ns) { quantum_ = ns; }
 
@@ -149,7 +151,8 @@ class Network {
     double due = 0;        // time of the pending finish event
   };
   void settle(Flow& f);  // bring `remaining` up to now at the old rate
-  void set_rate(int id, double rate);  // a changed rate onto the Flow and its finish check
+  void set_rate(int id, double rate, double from);  // a changed rate onto the Flow, its check
+  void backdate(Flow& f, double old_rate, double from);
   void apply_rates();
   struct RateChange {
     int id;
@@ -191,6 +194,10 @@ class Network {
   bool dirty_ = false;
   bool deferred_ = false;  // a resolve is scheduled at last_resolve_ + quantum_
   double quantum_ = 0, last_resolve_ = -std::numeric_limits<double>::infinity();
+  // The instants with changes since the last resolve (count, sum of times, the last one): the
+  // deferred resolve's rates apply from their mean.
+  int change_instants_ = 0;
+  double change_time_sum_ = 0, last_change_ = -1;
   std::vector<int> changed_links_;
   double finished_min_rate_ = std::numeric_limits<double>::infinity();
   uint64_t epoch_ = 0;

@@ -299,6 +299,9 @@ void Network::resolve() {
   refilled_ += comp_flows_.size();
   ++resolves_;
   changed_links_.clear();
+  change_instants_ = 0;
+  change_time_sum_ = 0;
+  last_change_ = -1;
   finished_min_rate_ = std::numeric_limits<double>::infinity();
   dirty_ = false;
 }

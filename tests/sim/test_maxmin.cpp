@@ -3,13 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
 #include <random>
 #include <vector>
 
 #include "maxmin_reference.hpp"
-#include "sim/call.hpp"
 #include "sim/engine.hpp"
 
 using namespace ubep;
@@ -100,36 +97,6 @@ TEST(MaxMin, SingleFlowLinksMatchFromScratch) {
                   1e-6 * (1 + want_bytes[static_cast<size_t>(l)]))
           << "set " << set << " link " << l;
   }
-}
-
-// The resolve quantum (CallConfig::resolve_ns, Network::end_instant) is an approximation: rates
-// are recomputed at most once per quantum, so a started flow may wait up to one quantum and a
-// finished flow's capacity may idle as long. Its error bound, on whole calls of the cm384 preset
-// (uniform and hot traffic, both algorithms and operations): a 10 ns quantum moves every rank's
-// finish time by less than 1% of the exact call's makespan.
-TEST(MaxMin, ResolveQuantumErrorIsBounded) {
-  const Preset p = make_preset("cm384", 16);
-  double worst = 0;
-  for (int hot : {0, 8}) {
-    const Traffic t = draw_traffic(16, 128, 8, 32, hot, 4.0, 11);
-    for (Algo a : {Algo::kUbep, Algo::kBsp})
-      for (Op op : {Op::kDispatch, Op::kCombine}) {
-        CallConfig cfg;
-        cfg.algo = a;
-        cfg.op = op;
-        const CallResult exact = simulate_call(p, cfg, t);
-        cfg.resolve_ns = 10;
-        const CallResult coarse = simulate_call(p, cfg, t);
-        EXPECT_LT(coarse.resolves, exact.resolves);
-        for (size_t r = 0; r < exact.finish_ns.size(); ++r) {
-          worst = std::max(worst,
-                           std::abs(coarse.finish_ns[r] - exact.finish_ns[r]) / exact.makespan_ns);
-          EXPECT_NEAR(coarse.finish_ns[r], exact.finish_ns[r], 0.01 * exact.makespan_ns)
-              << "hot " << hot << " " << algo_name(a) << " " << op_name(op) << " rank " << r;
-        }
-      }
-  }
-  std::printf("resolve quantum 10 ns: largest finish-time error %.3g of the makespan\n", worst);
 }
 
 // Churn: flows start at many instants on a few shared links, so rates change at nearly every
