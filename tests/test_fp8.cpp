@@ -251,6 +251,25 @@ TEST_F(Fp8VectorKernels, QuantizeRandomFp32RowsLikeThePortableKernel) {
     }
 }
 
+// quantize_rows takes full blocks several at a time (amax and scale of each first): row widths
+// whose full blocks do not fill the last group, blocks with zeros or one NaN/Inf lane among
+// normal values, and bf16 sources, bit for bit against the portable kernel.
+TEST_F(Fp8VectorKernels, QuantizeRowsOfUnevenBlockCountsAndMixedLanes) {
+  for (int64_t hidden : {int64_t{128}, int64_t{128 * 3}, int64_t{128 * 11 + 5}, int64_t{128 * 17}})
+    for (bool pow2 : {false, true}) {
+      SCOPED_TRACE(hidden);
+      std::vector<float> x = random_rows(5, hidden, 29 + static_cast<uint64_t>(hidden), 2.0f);
+      x[1] = 0.0f;  // one zero lane in an otherwise normal block
+      x[static_cast<size_t>(hidden) + 40] = std::numeric_limits<float>::infinity();
+      x[static_cast<size_t>(2 * hidden) + 7] = std::numeric_limits<float>::quiet_NaN();
+      for (int64_t i = 0; i < 128; ++i) x[static_cast<size_t>(3 * hidden + i)] = 0.0f;
+      expect_same_quantization(x.data(), false, 5, hidden, pow2);
+      std::vector<uint16_t> xb(x.size());
+      for (size_t i = 0; i < x.size(); ++i) xb[i] = float_to_bf16(x[i]);
+      expect_same_quantization(xb.data(), true, 5, hidden, pow2);
+    }
+}
+
 TEST_F(Fp8VectorKernels, DequantizeEveryCodeLikeThePortableKernelAndTheReference) {
   std::vector<uint8_t> codes(2 * 128);
   std::iota(codes.begin(), codes.end(), uint8_t{0});

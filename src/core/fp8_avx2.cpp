@@ -9,6 +9,9 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include <climits>
+#include <cstring>
+
 #include "ubep/fp8.hpp"
 
 namespace ubep::fp8_blocks {
@@ -54,39 +57,101 @@ __attribute__((target("avx2"))) inline __m256i encode(__m256 v) {
   return _mm256_blendv_epi8(_mm256_or_si256(code, sign), _mm256_set1_epi32(kFp8NaN), nan);
 }
 
-// The low byte of each of 8 lanes, in order, to 8 bytes at dst.
-__attribute__((target("avx2"))) inline void store_codes(uint8_t* dst, __m256i code) {
-  const __m256i pick =
-      _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
-                       -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m256i bytes = _mm256_shuffle_epi8(code, pick);  // 4 codes at the start of each half
-  const __m128i both =
-      _mm_unpacklo_epi32(_mm256_castsi256_si128(bytes), _mm256_extracti128_si256(bytes, 1));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), both);
+// float_to_e4m3's normal branch only, for lanes with 2^-6 <= |v| < 448, where its other
+// branches do not apply (codes 0x08..0x7e, and the sign). Lanes outside that range get their bits
+// set in `outside`: lo <= mag < hi as one unsigned compare, (mag - lo) < (hi - lo), done signed
+// on both sides xor 2^31.
+__attribute__((target("avx2"))) inline __m256i encode_normal(__m256 v, __m256i& outside) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i mag = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+  const __m256i shifted = _mm256_xor_si256(_mm256_sub_epi32(mag, _mm256_set1_epi32(0x3c800000)),
+                                           _mm256_set1_epi32(INT32_MIN));
+  const __m256i inside = _mm256_cmpgt_epi32(
+      _mm256_set1_epi32(static_cast<int32_t>((0x43e00000u - 0x3c800000u) ^ 0x80000000u)), shifted);
+  outside = _mm256_or_si256(outside, _mm256_xor_si256(inside, _mm256_set1_epi32(-1)));
+  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(mag, 20), _mm256_set1_epi32(1));
+  const __m256i normal = _mm256_sub_epi32(
+      _mm256_srli_epi32(_mm256_add_epi32(mag, _mm256_add_epi32(_mm256_set1_epi32(0x7ffff), odd)),
+                        20),
+      _mm256_set1_epi32(120 << 3));
+  return _mm256_or_si256(normal, sign);
+}
+
+// Four vectors of codes (each 0..0xff in the low byte of its lanes) to 32 bytes in order: the
+// saturating packs are exact on 0..0xff, and leave the 4-byte chunks interleaved by 128-bit lane,
+// which one cross-lane permute puts back.
+constexpr int kGroup = 4;
+static_assert(kSteps % kGroup == 0);
+__attribute__((target("avx2"))) inline void store_group(uint8_t* dst, const __m256i* c) {
+  const __m256i bytes =
+      _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+  _mm256_storeu_si256(
+      reinterpret_cast<__m256i*>(dst),
+      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
 }
 
 }  // namespace
 
+__attribute__((target("avx2"))) float block_amax_avx2(const void* src, bool bf16) {
+  // amax over the finite magnitudes, from 0 (the scalar loop's start). Magnitudes compare as
+  // integers in float order, and max is exact, so the order does not matter; NaN and Inf fail
+  // the finite test and count as 0. bf16 is scanned as 16-bit patterns, 16 per vector: the
+  // widening to fp32 is exact and keeps the order.
+  float amax;
+  if (bf16) {
+    __m256i m = _mm256_setzero_si256();
+    for (int s = 0; s < kSteps / 2; ++s) {
+      const __m256i h = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                             static_cast<const uint16_t*>(src) + s * 2 * kLanes)),
+                                         _mm256_set1_epi16(0x7fff));
+      m = _mm256_max_epu16(m,
+                           _mm256_and_si256(h, _mm256_cmpgt_epi16(_mm256_set1_epi16(0x7f80), h)));
+    }
+    __m128i h = _mm_max_epu16(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    h = _mm_max_epu16(h, _mm_srli_si128(h, 8));
+    h = _mm_max_epu16(h, _mm_srli_si128(h, 4));
+    h = _mm_max_epu16(h, _mm_srli_si128(h, 2));
+    const uint32_t top = static_cast<uint32_t>(_mm_extract_epi16(h, 0)) << 16;
+    std::memcpy(&amax, &top, sizeof amax);
+  } else {
+    __m256i m = _mm256_setzero_si256();
+    for (int s = 0; s < kSteps; ++s) {
+      const __m256i a = _mm256_and_si256(_mm256_castps_si256(load_values(src, false, s)),
+                                         _mm256_set1_epi32(0x7fffffff));
+      m = _mm256_max_epi32(m, _mm256_and_si256(a, below(a, 0x7f800000)));
+    }
+    __m128i h = _mm_max_epi32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    h = _mm_max_epi32(h, _mm_srli_si128(h, 8));
+    h = _mm_max_epi32(h, _mm_srli_si128(h, 4));
+    amax = _mm_cvtss_f32(_mm_castsi128_ps(h));
+  }
+  return amax;
+}
+
+__attribute__((target("avx2"))) void encode_block_avx2(const void* src, bool bf16, float inv_scale,
+                                                       uint8_t* codes) {
+  const __m256 inv = _mm256_set1_ps(inv_scale);
+  for (int g = 0; g < kSteps; g += kGroup) {
+    __m256 v[kGroup];
+    __m256i c[kGroup];
+    __m256i outside = _mm256_setzero_si256();
+    for (int s = 0; s < kGroup; ++s) {
+      v[s] = _mm256_mul_ps(load_values(src, bf16, g + s), inv);
+      c[s] = encode_normal(v[s], outside);
+    }
+    // A lane outside the normal range (zero, subnormal, saturating, NaN): the whole group again
+    // with every branch of float_to_e4m3. Rare in activations, so the branch predicts well.
+    if (!_mm256_testz_si256(outside, outside))
+      for (int s = 0; s < kGroup; ++s) c[s] = encode(v[s]);
+    store_group(codes + g * kLanes, c);
+  }
+}
+
 __attribute__((target("avx2"))) float quantize_block_avx2(const void* src, bool bf16, bool pow2,
                                                           uint8_t* codes) {
-  __m256 v[kSteps];
-  // amax over the finite magnitudes, from 0 (the scalar loop's start): max is exact, so the
-  // order of the lanes does not matter; NaN and Inf fail `<= FLT_MAX` and count as 0.
-  __m256 amax = _mm256_setzero_ps();
-  const __m256 finite_max = _mm256_set1_ps(3.402823466e38f);
-  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  for (int s = 0; s < kSteps; ++s) {
-    v[s] = load_values(src, bf16, s);
-    const __m256 a = _mm256_and_ps(v[s], abs_mask);
-    amax = _mm256_max_ps(amax, _mm256_and_ps(a, _mm256_cmp_ps(a, finite_max, _CMP_LE_OQ)));
-  }
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-  const float scale = fp8_block_scale(_mm_cvtss_f32(m), pow2);
-  const __m256 inv = _mm256_set1_ps(1.0f / scale);
-  for (int s = 0; s < kSteps; ++s)
-    store_codes(codes + s * kLanes, encode(_mm256_mul_ps(v[s], inv)));
+  const float scale = fp8_block_scale(block_amax_avx2(src, bf16), pow2);
+  encode_block_avx2(src, bf16, 1.0f / scale, codes);
   return scale;
 }
 

@@ -30,5 +30,9 @@ float quantize_block_avx512(const void* src, bool bf16, bool pow2, uint8_t* code
 void dequantize_block_avx512(const uint8_t* codes, float scale, float* out);
 float quantize_block_avx2(const void* src, bool bf16, bool pow2, uint8_t* codes);
 void dequantize_block_avx2(const uint8_t* codes, float scale, float* out);
+// quantize_block_avx2's two halves: the block's amax over finite values, and its codes under
+// 1 / scale (quantize_rows runs them over several blocks at a time).
+float block_amax_avx2(const void* src, bool bf16);
+void encode_block_avx2(const void* src, bool bf16, float inv_scale, uint8_t* codes);
 
 }  // namespace ubep::fp8_blocks
