@@ -12,6 +12,8 @@ expert parallelism over ubep (docs/INTEGRATIONS.md, "vLLM on CPU").
     ... --json out.json    # also write {mode, weights, dtype, tokens, logprobs, leads, timing,
                            # tpot_p50_ms, tpot_p99_ms, ttft_p50_ms, decode_tokens_per_s}
     ... --compare a.json   # exit 1 unless the tokens equal those of the run that wrote a.json
+    ... --ubep-timing      # ubep mode: also time each dispatch and combine inside vLLM
+                           # (UBEP_VLLM_TIMING=1) and print ubep's share of the decode steps
 
 Writes a local Qwen3-MoE config (ubep's _e2e_models.small_config, 2 layers; no hub), serves it
 with random weights (load_format="dummy", seed 0; or --weights random), 4 token-id prompts of
@@ -73,8 +75,12 @@ def generate(path, which, weights, dtype, **kw):
               runner="generate", seed=0, **kw)
     params = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS[i], ignore_eos=True,
                              detokenize=False, logprobs=2) for i in which]
-    outs, timing = run_timed(llm, [TokensPrompt(prompt_token_ids=PROMPTS[i]) for i in which],
-                             params)
+    outs, timing, t0 = run_timed(llm, [TokensPrompt(prompt_token_ids=PROMPTS[i]) for i in which],
+                                 params)
+    # ubep.vllm_ep's records from the worker(s), on the same clock as t0 (perf_counter is
+    # CLOCK_MONOTONIC: one clock for every process of the host).
+    ubep = (dict(t0=t0, workers=llm.collective_rpc("ubep_timing"))
+            if os.environ.get("UBEP_VLLM_TIMING") == "1" else None)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     # Per step: the chosen token's log-probability, and its lead over the runner-up (how close
     # a greedy choice was to a tie).
@@ -82,7 +88,7 @@ def generate(path, which, weights, dtype, **kw):
     logprobs = [[s[t].logprob for t, s in p] for p in steps]
     leads = [[s[t].logprob - max(v.logprob for u, v in s.items() if u != t) for t, s in p]
              for p in steps]
-    return tokens, logprobs, leads, timing
+    return tokens, logprobs, leads, timing, ubep
 
 
 def run_timed(llm, prompts, params):
@@ -103,8 +109,8 @@ def run_timed(llm, prompts, params):
             have += [now] * (len(out.outputs[0].token_ids) - len(have))
             if out.finished:
                 done[out.request_id] = out
-    return [done[str(i)] for i in range(len(prompts))], [seen[str(i)] for i in
-                                                          range(len(prompts))]
+    return ([done[str(i)] for i in range(len(prompts))],
+            [seen[str(i)] for i in range(len(prompts))], t0)
 
 
 def tpot_summary(timing, ranks):
@@ -119,6 +125,39 @@ def tpot_summary(timing, ranks):
                 tpot_p99_ms=float(np.percentile(gaps, 99)), tpot_samples=len(gaps),
                 ttft_p50_ms=float(np.median([1e3 * t[0] for t in timing])),
                 decode_tokens_per_s=len(gaps) / span)
+
+
+def ubep_share(timing, ubep, ranks):
+    """ubep's share of each DP rank's decode: the seconds its worker spent in dispatch and
+    combine between consecutive token arrivals (the decode steps, as the front end sees them),
+    over those steps' seconds. ``ubep``: per rank, generate's {t0, workers: [timing_records]}."""
+    import numpy as np
+    out = []
+    for r, reqs in enumerate(ranks):
+        base = ubep[r]["t0"]
+        calls = [c for w in ubep[r]["workers"] for c in (w["calls"] or [])]
+        marks = sorted({base + t for i in reqs for t in timing[i]})
+        first = base + min(timing[i][0] for i in reqs)
+        marks = [m for m in marks if m >= first]
+
+        def inside(a, b, kind=None):
+            return sum(max(0.0, min(e, b) - max(s, a)) for k, s, e, _, _ in calls
+                       if kind in (None, k))
+        steps = list(zip(marks, marks[1:]))
+        comm = [inside(a, b) for a, b in steps]
+        span = marks[-1] - marks[0]
+        per_call = {k: [1e6 * (e - s) for kk, s, e, _, _ in calls
+                        if kk == k and marks[0] <= s < marks[-1]] for k in ("dispatch", "combine")}
+        out.append(dict(
+            rank=r, decode_steps=len(steps), share=sum(comm) / span if span else 0.0,
+            dispatch_share=inside(marks[0], marks[-1], "dispatch") / span if span else 0.0,
+            step_share_p50=float(np.median([c / (b - a) for c, (a, b) in zip(comm, steps)])),
+            ubep_ms_per_step_p50=1e3 * float(np.median(comm)),
+            step_ms_p50=1e3 * float(np.median([b - a for a, b in steps])),
+            dispatch_us_p50=float(np.median(per_call["dispatch"])),
+            combine_us_p50=float(np.median(per_call["combine"])),
+            calls_in_decode=sum(len(v) for v in per_call.values())))
+    return out
 
 
 def write_plugin(folder):
@@ -157,11 +196,13 @@ def run_dp(mode, path, weights, dtype):
     codes = [p.wait() for p in procs]
     if any(codes):
         sys.exit(f"{mode}: DP ranks exited with {codes}")
-    merged = ([], [], [], [])
+    merged = ([], [], [], [], [])
     for o in outs:
         with open(o) as f:
-            for all_, mine in zip(merged, json.load(f)):
-                all_ += mine
+            got = json.load(f)
+        for all_, mine in zip(merged, got[:4]):
+            all_ += mine
+        merged[4].append(got[4])  # per rank: ubep timing records or None
     return merged
 
 
@@ -196,16 +237,22 @@ def main():
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--json", help="write the tokens, logprobs, leads and timings here")
     ap.add_argument("--compare", help="another run's --json: exit 1 unless the tokens match")
+    ap.add_argument("--ubep-timing", action="store_true",
+                    help="ubep mode: time dispatch/combine inside vLLM, print their share")
     args = ap.parse_args()
+    if args.ubep_timing:
+        if args.mode != "ubep":
+            ap.error("--ubep-timing needs mode ubep")
+        os.environ["UBEP_VLLM_TIMING"] = "1"  # inherited by the DP ranks and vLLM's processes
     path = tempfile.mkdtemp(prefix="ubep-vllm-")
     write_model(path, args.weights, args.dtype)
     if args.mode in ("dp", "ubep"):
-        tokens, logprobs, leads, timing = run_dp(args.mode, path, args.weights, args.dtype)
+        tokens, logprobs, leads, timing, ubep = run_dp(args.mode, path, args.weights, args.dtype)
     else:
         kw = dict(tensor_parallel_size=2, enable_expert_parallel=True,
                   distributed_executor_backend="mp") if args.mode == "ep" else {}
-        tokens, logprobs, leads, timing = generate(path, range(len(PROMPTS)), args.weights,
-                                                   args.dtype, **kw)
+        tokens, logprobs, leads, timing, _ = generate(path, range(len(PROMPTS)), args.weights,
+                                                      args.dtype, **kw)
     for t in tokens:
         print("TOKENS", t, flush=True)
     stats = tpot_summary(timing, DP_PROMPTS if args.mode in ("dp", "ubep") else
@@ -216,6 +263,15 @@ def main():
           "(every rank's)", flush=True)
     result = dict(mode=args.mode, weights=args.weights, dtype=args.dtype, tokens=tokens,
                   logprobs=logprobs, leads=leads, timing=timing, **stats)
+    if args.ubep_timing:
+        result["ubep_share"] = ubep_share(timing, ubep, DP_PROMPTS)
+        for r in result["ubep_share"]:
+            print(f"UBEP_SHARE DP rank {r['rank']}: dispatch+combine {r['share']:.1%} of its "
+                  f"decode time (dispatch {r['dispatch_share']:.1%}; per step P50 "
+                  f"{r['step_share_p50']:.1%}, {r['ubep_ms_per_step_p50']:.2f} of "
+                  f"{r['step_ms_p50']:.2f} ms; {r['decode_steps']} steps, "
+                  f"{r['calls_in_decode']} calls; dispatch P50 {r['dispatch_us_p50']:.0f} us, "
+                  f"combine P50 {r['combine_us_p50']:.0f} us)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f)

@@ -40,7 +40,7 @@ def reports(tmp_path_factory):
                                str(tmp / f"rank{r}.json")], env=dict(env, RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(RANKS)]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
+    logs = [p.communicate(timeout=600)[0] for p in procs]  # minutes on a loaded core
     for r, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{log[-4000:]}"
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(RANKS)]
@@ -91,6 +91,20 @@ def test_bad_input_is_refused_naming_the_value(reports):
         too_many, wrong_experts = rep["errors"]
         assert too_many and "257 tokens" in too_many and "holds 256" in too_many, too_many
         assert wrong_experts and "18 experts" in wrong_experts, wrong_experts
+
+
+def test_timing_records_each_call_and_changes_nothing(reports):
+    # UBEP_VLLM_TIMING / enable_timing: the same round again with timing on gives the same
+    # output bit for bit and records one dispatch and one combine, with their sizes.
+    for rank, rep in enumerate(reports):
+        t = rep["timing"]
+        assert t["off_records"] is None, t   # off unless asked
+        assert t["bit_equal"] and t["ep_rank"] == rank, t
+        tokens = rep["rounds"][0]["tokens"]
+        assert [c[0] for c in t["calls"]] == ["dispatch", "combine"], t
+        assert all(c[1] > 0 for c in t["calls"]), t
+        assert t["calls"][0][2:] == [tokens, t["rows"]], t     # tokens sent, rows received
+        assert t["calls"][1][2:] == [tokens, t["rows"]], t     # tokens back, rows combined
 
 
 def test_module_imports_without_vllm_and_names_what_is_missing():
