@@ -17,7 +17,7 @@ expert parallelism over ubep (docs/INTEGRATIONS.md, "vLLM on CPU").
 
 Writes a local Qwen3-MoE config (ubep's _e2e_models.small_config, 2 layers; no hub), serves it
 with random weights (load_format="dummy", seed 0; or --weights random), 4 token-id prompts of
-16 tokens, 32, 32, 32 and 12 greedy tokens, and prints them (TOKENS lines, in prompt order) for
+16 tokens, 32, 32, 32 and 12 greedy tokens (after a warm-up: the same requests with other token ids), and prints them (TOKENS lines, in prompt order) for
 comparison between the modes, and a TIMING line: decode TPOT P50/P99 over the gaps between a
 request's consecutive tokens as they reach the front end (the engine stepped as LLM.generate
 does), time to first token, decode output tokens per second.
@@ -65,8 +65,9 @@ def write_model(path, weights, dtype):
         assert json.load(f)["architectures"] == ["Qwen3MoeForCausalLM"]
 
 
-def generate(path, which, weights, dtype, **kw):
-    """Greedy tokens per prompt, and each step's log-probability of its token."""
+def generate(path, which, weights, dtype, ready=None, **kw):
+    """Greedy tokens per prompt, and each step's log-probability of its token. ``ready``: called
+    once the engine is built, before the first request (the DP ranks' start barrier)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     load = "dummy" if weights == "dummy" else "safetensors"
@@ -75,6 +76,18 @@ def generate(path, which, weights, dtype, **kw):
               runner="generate", seed=0, **kw)
     params = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS[i], ignore_eos=True,
                              detokenize=False, logprobs=2) for i in which]
+    # Warm-up: the same requests with other token ids, before the timed ones. An engine's
+    # first steps at each batch shape cost seconds (seen: TTFT 2.2-3.5 s; a rank's first decode
+    # gap 0.8-1 s while it waits for the other rank's first step), once per engine: not what
+    # TPOT or TTFT are meant to show. Printed (WARMUP) so that the cost stays visible.
+    _, warm, _ = run_timed(llm, [TokensPrompt(prompt_token_ids=[(t + 501) % 1000 for t in
+                                                                PROMPTS[i]]) for i in which],
+                           params, prefix="warmup-")
+    print(f"WARMUP TTFT P50 {1e3 * sorted(t[0] for t in warm)[len(warm) // 2]:.1f} ms, first "
+          f"decode gap {1e3 * max(t[1] - t[0] for t in warm):.1f} ms (prompts {list(which)})",
+          flush=True)
+    if ready is not None:
+        ready()
     outs, timing, t0 = run_timed(llm, [TokensPrompt(prompt_token_ids=PROMPTS[i]) for i in which],
                                  params)
     # ubep.vllm_ep's records from the worker(s), on the same clock as t0 (perf_counter is
@@ -91,26 +104,27 @@ def generate(path, which, weights, dtype, **kw):
     return tokens, logprobs, leads, timing, ubep
 
 
-def run_timed(llm, prompts, params):
+def run_timed(llm, prompts, params, prefix=""):
     """What LLM.generate does (add the requests, step the engine until every one finished),
     with the time each new token reached this process: per request, the seconds from the first
-    step to each token. The first is the time to first token; the gaps after it are the
+    step (perf_counter ``t0``, returned as well) to each token. The first is the time to first token; the gaps after it are the
     request's time per output token (TPOT) samples. Outputs in request order, as generate's."""
     import time
     engine = llm.llm_engine
     for i, (prompt, sp) in enumerate(zip(prompts, params)):
-        engine.add_request(str(i), prompt, sp)
-    done, seen = {}, {str(i): [] for i in range(len(prompts))}
+        engine.add_request(prefix + str(i), prompt, sp)
+    done, seen = {}, {prefix + str(i): [] for i in range(len(prompts))}
     t0 = time.perf_counter()
     while engine.has_unfinished_requests():
-        for out in engine.step():
-            now = time.perf_counter() - t0
+        outs = engine.step()
+        now = time.perf_counter() - t0  # one time per step: its tokens arrived together
+        for out in outs:
             have = seen[out.request_id]
             have += [now] * (len(out.outputs[0].token_ids) - len(have))
             if out.finished:
                 done[out.request_id] = out
-    return ([done[str(i)] for i in range(len(prompts))],
-            [seen[str(i)] for i in range(len(prompts))], t0)
+    return ([done[prefix + str(i)] for i in range(len(prompts))],
+            [seen[prefix + str(i)] for i in range(len(prompts))], t0)
 
 
 def tpot_summary(timing, ranks):
@@ -175,9 +189,24 @@ def dp_rank_main(mode, rank, port, path, weights, dtype, out):
     os.environ.update(VLLM_DP_RANK=str(rank), VLLM_DP_RANK_LOCAL=str(rank),
                       VLLM_DP_SIZE=str(DP), VLLM_DP_MASTER_IP="127.0.0.1",
                       VLLM_DP_MASTER_PORT=str(port))
-    got = generate(path, DP_PROMPTS[rank], weights, dtype, enable_expert_parallel=True)
+    got = generate(path, DP_PROMPTS[rank], weights, dtype, enable_expert_parallel=True,
+                   ready=lambda: start_barrier(os.path.dirname(out), rank))
     with open(out, "w") as f:
         json.dump(got, f)
+
+
+def start_barrier(folder, rank, timeout=600.0):
+    """Waits until every DP rank has built its engine, so that the ranks' first requests start
+    together: otherwise the first decode step of the rank that is ready first waits, inside
+    the MoE layers' collectives, for the other rank's engine start-up (seen: 0.77 s), and that
+    wait lands in its TPOT and ubep share."""
+    import time
+    open(os.path.join(folder, f"ready{rank}"), "w").close()
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(os.path.join(folder, f"ready{r}")) for r in range(DP)):
+        if time.monotonic() > deadline:
+            sys.exit(f"DP rank {rank}: the other ranks were not ready within {timeout:.0f} s")
+        time.sleep(0.005)
 
 
 def run_dp(mode, path, weights, dtype):
