@@ -12,6 +12,7 @@ expert parallelism over ubep (docs/INTEGRATIONS.md, "vLLM on CPU").
     ... --json out.json    # also write {mode, weights, dtype, tokens, logprobs, leads, timing,
                            # tpot_p50_ms, tpot_p99_ms, ttft_p50_ms, decode_tokens_per_s}
     ... --compare a.json   # exit 1 unless the tokens equal those of the run that wrote a.json
+    ... --rank-cpus "0|1"  # dp / ubep: all of DP rank r's processes on the r-th CPU list
     ... --ubep-timing      # ubep mode: also time each dispatch and combine inside vLLM
                            # (UBEP_VLLM_TIMING=1) and print ubep's share of the decode steps
 
@@ -186,6 +187,9 @@ def write_plugin(folder):
 
 def dp_rank_main(mode, rank, port, path, weights, dtype, out):
     """One DP rank (a child process of run_dp): prompts DP_PROMPTS[rank]."""
+    cpus = os.environ.get("UBEP_SMOKE_RANK_CPUS")
+    if cpus:  # this rank and every process vLLM starts for it (they inherit it) on its CPUs
+        os.sched_setaffinity(0, {int(c) for c in cpus.split("|")[rank].split(",")})
     os.environ.update(VLLM_DP_RANK=str(rank), VLLM_DP_RANK_LOCAL=str(rank),
                       VLLM_DP_SIZE=str(DP), VLLM_DP_MASTER_IP="127.0.0.1",
                       VLLM_DP_MASTER_PORT=str(port))
@@ -266,9 +270,15 @@ def main():
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--json", help="write the tokens, logprobs, leads and timings here")
     ap.add_argument("--compare", help="another run's --json: exit 1 unless the tokens match")
+    ap.add_argument("--rank-cpus", help='dp/ubep: CPUs of each DP rank\'s processes, e.g. '
+                    '"0|1" (front end, engine core and worker of rank r on the r-th list)')
     ap.add_argument("--ubep-timing", action="store_true",
                     help="ubep mode: time dispatch/combine inside vLLM, print their share")
     args = ap.parse_args()
+    if args.rank_cpus:
+        if args.mode not in ("dp", "ubep") or len(args.rank_cpus.split("|")) != DP:
+            ap.error(f"--rank-cpus needs mode dp or ubep and {DP} lists separated by '|'")
+        os.environ["UBEP_SMOKE_RANK_CPUS"] = args.rank_cpus
     if args.ubep_timing:
         if args.mode != "ubep":
             ap.error("--ubep-timing needs mode ubep")
