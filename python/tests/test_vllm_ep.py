@@ -107,6 +107,31 @@ def test_timing_records_each_call_and_changes_nothing(reports):
         assert t["calls"][1][2:] == [tokens, t["rows"]], t     # tokens back, rows combined
 
 
+def test_smoke_share_counts_only_the_decode_steps():
+    # integrations/vllm_cpu_smoke.py's ubep_share against a hand-computed answer: calls are
+    # clipped to the steps between a rank's token arrivals (t0 + timing), prefill calls and
+    # calls after the last token do not count, and each rank is judged on its own clock.
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "vllm_cpu_smoke", os.path.join(HERE, "..", "..", "integrations", "vllm_cpu_smoke.py"))
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    timing = [[1.0, 1.1, 1.2, 1.3]] * 3 + [[1.0, 1.1, 1.2]]
+    calls0 = [("dispatch", 100.5, 100.51, 4, 4),            # prefill: before the first token
+              ("dispatch", 101.12, 101.13, 3, 4), ("combine", 101.13, 101.14, 3, 4),
+              ("dispatch", 101.22, 101.23, 3, 4), ("combine", 101.29, 101.32, 3, 4)]  # clipped
+    calls1 = [("dispatch", 201.05, 201.15, 1, 1), ("combine", 201.15, 201.17, 1, 1),
+              ("dispatch", 201.25, 201.3, 1, 1)]                # after rank 1's last token
+    ubep = [dict(t0=100.0, workers=[dict(pid=1, ep_rank=0, calls=calls0)]),
+            dict(t0=200.0, workers=[dict(pid=2, ep_rank=1, calls=calls1)])]
+    r0, r1 = smoke.ubep_share(timing, ubep, [[0, 1, 2], [3]])
+    assert r0["decode_steps"] == 3 and r1["decode_steps"] == 2
+    assert abs(r0["share"] - 0.04 / 0.3) < 1e-9, r0       # 10 + 10 + 10 + 10 (of 30) ms
+    assert abs(r0["dispatch_share"] - 0.02 / 0.3) < 1e-9, r0
+    assert abs(r1["share"] - 0.12 / 0.2) < 1e-9, r1       # 100 + 20 ms of 200
+    assert r0["calls_in_decode"] == 4 and r1["calls_in_decode"] == 2
+
+
 def test_module_imports_without_vllm_and_names_what_is_missing():
     import ubep.vllm_ep as v
     try:
