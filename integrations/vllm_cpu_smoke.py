@@ -12,10 +12,13 @@ expert parallelism over ubep (docs/INTEGRATIONS.md, "vLLM on CPU").
     ... --json out.json    # also write {mode, weights, dtype, tokens, logprobs, leads, timing,
                            # tpot_p50_ms, tpot_p99_ms, ttft_p50_ms, decode_tokens_per_s}
     ... --compare a.json   # exit 1 unless the tokens equal those of the run that wrote a.json
+    ... --rank-cpus "0|1"  # dp / ubep: all of DP rank r's processes on the r-th CPU list
+    ... --ubep-timing      # ubep mode: also time each dispatch and combine inside vLLM
+                           # (UBEP_VLLM_TIMING=1) and print ubep's share of the decode steps
 
 Writes a local Qwen3-MoE config (ubep's _e2e_models.small_config, 2 layers; no hub), serves it
 with random weights (load_format="dummy", seed 0; or --weights random), 4 token-id prompts of
-16 tokens, 32, 32, 32 and 12 greedy tokens, and prints them (TOKENS lines, in prompt order) for
+16 tokens, 32, 32, 32 and 12 greedy tokens (after a warm-up: the same requests with other token ids), and prints them (TOKENS lines, in prompt order) for
 comparison between the modes, and a TIMING line: decode TPOT P50/P99 over the gaps between a
 request's consecutive tokens as they reach the front end (the engine stepped as LLM.generate
 does), time to first token, decode output tokens per second.
@@ -63,8 +66,9 @@ def write_model(path, weights, dtype):
         assert json.load(f)["architectures"] == ["Qwen3MoeForCausalLM"]
 
 
-def generate(path, which, weights, dtype, **kw):
-    """Greedy tokens per prompt, and each step's log-probability of its token."""
+def generate(path, which, weights, dtype, ready=None, **kw):
+    """Greedy tokens per prompt, and each step's log-probability of its token. ``ready``: called
+    once the engine is built, before the first request (the DP ranks' start barrier)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     load = "dummy" if weights == "dummy" else "safetensors"
@@ -73,8 +77,24 @@ def generate(path, which, weights, dtype, **kw):
               runner="generate", seed=0, **kw)
     params = [SamplingParams(temperature=0, max_tokens=MAX_TOKENS[i], ignore_eos=True,
                              detokenize=False, logprobs=2) for i in which]
-    outs, timing = run_timed(llm, [TokensPrompt(prompt_token_ids=PROMPTS[i]) for i in which],
-                             params)
+    # Warm-up: the same requests with other token ids, before the timed ones. An engine's
+    # first steps at each batch shape cost seconds (seen: TTFT 2.2-3.5 s; a rank's first decode
+    # gap 0.8-1 s while it waits for the other rank's first step), once per engine: not what
+    # TPOT or TTFT are meant to show. Printed (WARMUP) so that the cost stays visible.
+    _, warm, _ = run_timed(llm, [TokensPrompt(prompt_token_ids=[(t + 501) % 1000 for t in
+                                                                PROMPTS[i]]) for i in which],
+                           params, prefix="warmup-")
+    print(f"WARMUP TTFT P50 {1e3 * sorted(t[0] for t in warm)[len(warm) // 2]:.1f} ms, first "
+          f"decode gap {1e3 * max(t[1] - t[0] for t in warm):.1f} ms (prompts {list(which)})",
+          flush=True)
+    if ready is not None:
+        ready()
+    outs, timing, t0 = run_timed(llm, [TokensPrompt(prompt_token_ids=PROMPTS[i]) for i in which],
+                                 params)
+    # ubep.vllm_ep's records from the worker(s), on the same clock as t0 (perf_counter is
+    # CLOCK_MONOTONIC: one clock for every process of the host).
+    ubep = (dict(t0=t0, workers=llm.collective_rpc("ubep_timing"))
+            if os.environ.get("UBEP_VLLM_TIMING") == "1" else None)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     # Per step: the chosen token's log-probability, and its lead over the runner-up (how close
     # a greedy choice was to a tie).
@@ -82,29 +102,30 @@ def generate(path, which, weights, dtype, **kw):
     logprobs = [[s[t].logprob for t, s in p] for p in steps]
     leads = [[s[t].logprob - max(v.logprob for u, v in s.items() if u != t) for t, s in p]
              for p in steps]
-    return tokens, logprobs, leads, timing
+    return tokens, logprobs, leads, timing, ubep
 
 
-def run_timed(llm, prompts, params):
+def run_timed(llm, prompts, params, prefix=""):
     """What LLM.generate does (add the requests, step the engine until every one finished),
     with the time each new token reached this process: per request, the seconds from the first
-    step to each token. The first is the time to first token; the gaps after it are the
+    step (perf_counter ``t0``, returned as well) to each token. The first is the time to first token; the gaps after it are the
     request's time per output token (TPOT) samples. Outputs in request order, as generate's."""
     import time
     engine = llm.llm_engine
     for i, (prompt, sp) in enumerate(zip(prompts, params)):
-        engine.add_request(str(i), prompt, sp)
-    done, seen = {}, {str(i): [] for i in range(len(prompts))}
+        engine.add_request(prefix + str(i), prompt, sp)
+    done, seen = {}, {prefix + str(i): [] for i in range(len(prompts))}
     t0 = time.perf_counter()
     while engine.has_unfinished_requests():
-        for out in engine.step():
-            now = time.perf_counter() - t0
+        outs = engine.step()
+        now = time.perf_counter() - t0  # one time per step: its tokens arrived together
+        for out in outs:
             have = seen[out.request_id]
             have += [now] * (len(out.outputs[0].token_ids) - len(have))
             if out.finished:
                 done[out.request_id] = out
-    return [done[str(i)] for i in range(len(prompts))], [seen[str(i)] for i in
-                                                          range(len(prompts))]
+    return ([done[prefix + str(i)] for i in range(len(prompts))],
+            [seen[prefix + str(i)] for i in range(len(prompts))], t0)
 
 
 def tpot_summary(timing, ranks):
@@ -121,6 +142,39 @@ def tpot_summary(timing, ranks):
                 decode_tokens_per_s=len(gaps) / span)
 
 
+def ubep_share(timing, ubep, ranks):
+    """ubep's share of each DP rank's decode: the seconds its worker spent in dispatch and
+    combine between consecutive token arrivals (the decode steps, as the front end sees them),
+    over those steps' seconds. ``ubep``: per rank, generate's {t0, workers: [timing_records]}."""
+    import numpy as np
+    out = []
+    for r, reqs in enumerate(ranks):
+        base = ubep[r]["t0"]
+        calls = [c for w in ubep[r]["workers"] for c in (w["calls"] or [])]
+        marks = sorted({base + t for i in reqs for t in timing[i]})
+        first = base + min(timing[i][0] for i in reqs)
+        marks = [m for m in marks if m >= first]
+
+        def inside(a, b, kind=None):
+            return sum(max(0.0, min(e, b) - max(s, a)) for k, s, e, _, _ in calls
+                       if kind in (None, k))
+        steps = list(zip(marks, marks[1:]))
+        comm = [inside(a, b) for a, b in steps]
+        span = marks[-1] - marks[0]
+        per_call = {k: [1e6 * (e - s) for kk, s, e, _, _ in calls
+                        if kk == k and marks[0] <= s < marks[-1]] for k in ("dispatch", "combine")}
+        out.append(dict(
+            rank=r, decode_steps=len(steps), share=sum(comm) / span if span else 0.0,
+            dispatch_share=inside(marks[0], marks[-1], "dispatch") / span if span else 0.0,
+            step_share_p50=float(np.median([c / (b - a) for c, (a, b) in zip(comm, steps)])),
+            ubep_ms_per_step_p50=1e3 * float(np.median(comm)),
+            step_ms_p50=1e3 * float(np.median([b - a for a, b in steps])),
+            dispatch_us_p50=float(np.median(per_call["dispatch"])),
+            combine_us_p50=float(np.median(per_call["combine"])),
+            calls_in_decode=sum(len(v) for v in per_call.values())))
+    return out
+
+
 def write_plugin(folder):
     """A dist-info that declares ubep.vllm_ep:register as vLLM general plugin "ubep"."""
     info = os.path.join(folder, "ubep_vllm_plugin-0.dist-info")
@@ -133,12 +187,30 @@ def write_plugin(folder):
 
 def dp_rank_main(mode, rank, port, path, weights, dtype, out):
     """One DP rank (a child process of run_dp): prompts DP_PROMPTS[rank]."""
+    cpus = os.environ.get("UBEP_SMOKE_RANK_CPUS")
+    if cpus:  # this rank and every process vLLM starts for it (they inherit it) on its CPUs
+        os.sched_setaffinity(0, {int(c) for c in cpus.split("|")[rank].split(",")})
     os.environ.update(VLLM_DP_RANK=str(rank), VLLM_DP_RANK_LOCAL=str(rank),
                       VLLM_DP_SIZE=str(DP), VLLM_DP_MASTER_IP="127.0.0.1",
                       VLLM_DP_MASTER_PORT=str(port))
-    got = generate(path, DP_PROMPTS[rank], weights, dtype, enable_expert_parallel=True)
+    got = generate(path, DP_PROMPTS[rank], weights, dtype, enable_expert_parallel=True,
+                   ready=lambda: start_barrier(os.path.dirname(out), rank))
     with open(out, "w") as f:
         json.dump(got, f)
+
+
+def start_barrier(folder, rank, timeout=600.0):
+    """Waits until every DP rank has built its engine, so that the ranks' first requests start
+    together: otherwise the first decode step of the rank that is ready first waits, inside
+    the MoE layers' collectives, for the other rank's engine start-up (seen: 0.77 s), and that
+    wait lands in its TPOT and ubep share."""
+    import time
+    open(os.path.join(folder, f"ready{rank}"), "w").close()
+    deadline = time.monotonic() + timeout
+    while not all(os.path.exists(os.path.join(folder, f"ready{r}")) for r in range(DP)):
+        if time.monotonic() > deadline:
+            sys.exit(f"DP rank {rank}: the other ranks were not ready within {timeout:.0f} s")
+        time.sleep(0.005)
 
 
 def run_dp(mode, path, weights, dtype):
@@ -157,11 +229,13 @@ def run_dp(mode, path, weights, dtype):
     codes = [p.wait() for p in procs]
     if any(codes):
         sys.exit(f"{mode}: DP ranks exited with {codes}")
-    merged = ([], [], [], [])
+    merged = ([], [], [], [], [])
     for o in outs:
         with open(o) as f:
-            for all_, mine in zip(merged, json.load(f)):
-                all_ += mine
+            got = json.load(f)
+        for all_, mine in zip(merged, got[:4]):
+            all_ += mine
+        merged[4].append(got[4])  # per rank: ubep timing records or None
     return merged
 
 
@@ -196,16 +270,28 @@ def main():
     ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     ap.add_argument("--json", help="write the tokens, logprobs, leads and timings here")
     ap.add_argument("--compare", help="another run's --json: exit 1 unless the tokens match")
+    ap.add_argument("--rank-cpus", help='dp/ubep: CPUs of each DP rank\'s processes, e.g. '
+                    '"0|1" (front end, engine core and worker of rank r on the r-th list)')
+    ap.add_argument("--ubep-timing", action="store_true",
+                    help="ubep mode: time dispatch/combine inside vLLM, print their share")
     args = ap.parse_args()
+    if args.rank_cpus:
+        if args.mode not in ("dp", "ubep") or len(args.rank_cpus.split("|")) != DP:
+            ap.error(f"--rank-cpus needs mode dp or ubep and {DP} lists separated by '|'")
+        os.environ["UBEP_SMOKE_RANK_CPUS"] = args.rank_cpus
+    if args.ubep_timing:
+        if args.mode != "ubep":
+            ap.error("--ubep-timing needs mode ubep")
+        os.environ["UBEP_VLLM_TIMING"] = "1"  # inherited by the DP ranks and vLLM's processes
     path = tempfile.mkdtemp(prefix="ubep-vllm-")
     write_model(path, args.weights, args.dtype)
     if args.mode in ("dp", "ubep"):
-        tokens, logprobs, leads, timing = run_dp(args.mode, path, args.weights, args.dtype)
+        tokens, logprobs, leads, timing, ubep = run_dp(args.mode, path, args.weights, args.dtype)
     else:
         kw = dict(tensor_parallel_size=2, enable_expert_parallel=True,
                   distributed_executor_backend="mp") if args.mode == "ep" else {}
-        tokens, logprobs, leads, timing = generate(path, range(len(PROMPTS)), args.weights,
-                                                   args.dtype, **kw)
+        tokens, logprobs, leads, timing, _ = generate(path, range(len(PROMPTS)), args.weights,
+                                                      args.dtype, **kw)
     for t in tokens:
         print("TOKENS", t, flush=True)
     stats = tpot_summary(timing, DP_PROMPTS if args.mode in ("dp", "ubep") else
@@ -216,6 +302,15 @@ def main():
           "(every rank's)", flush=True)
     result = dict(mode=args.mode, weights=args.weights, dtype=args.dtype, tokens=tokens,
                   logprobs=logprobs, leads=leads, timing=timing, **stats)
+    if args.ubep_timing:
+        result["ubep_share"] = ubep_share(timing, ubep, DP_PROMPTS)
+        for r in result["ubep_share"]:
+            print(f"UBEP_SHARE DP rank {r['rank']}: dispatch+combine {r['share']:.1%} of its "
+                  f"decode time (dispatch {r['dispatch_share']:.1%}; per step P50 "
+                  f"{r['step_share_p50']:.1%}, {r['ubep_ms_per_step_p50']:.2f} of "
+                  f"{r['step_ms_p50']:.2f} ms; {r['decode_steps']} steps, "
+                  f"{r['calls_in_decode']} calls; dispatch P50 {r['dispatch_us_p50']:.0f} us, "
+                  f"combine P50 {r['combine_us_p50']:.0f} us)", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f)

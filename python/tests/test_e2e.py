@@ -1,6 +1,7 @@
 """transformers MoE models decoding expert-parallel over ubep (python -m ubep.e2e under torchrun):
 greedy tokens over 32 decode steps equal the unmodified single-process model's, on 2 and 4
-ranks, for Qwen3-MoE, Mixtral and DeepSeek-V3, with ubep, bsp and gloo's all_to_all_single.
+ranks, for Qwen3-MoE, Mixtral and DeepSeek-V3, with ubep, bsp and gloo's all_to_all_single
+(and transformers' own EP on 2 ranks).
 
 Runs in the project's PyPI venv (scripts/venv.sh: torch 2.13, transformers 5.19), whatever
 interpreter runs pytest; skipped, naming why, where that venv is absent. ~2-4 min on the 2-core
@@ -52,10 +53,14 @@ def _by_impl(rows):
 
 
 def test_two_ranks_tokens_equal_the_single_process_model(tmp_path):
-    impls = ["ubep", "bsp", "torch", "ubep-unweighted"]
+    impls = ["ubep", "bsp", "torch", "hf", "ubep-unweighted"]
     rc, rows = run_e2e(tmp_path, 2, ["qwen3_moe", "mixtral"], impls)
     got = _by_impl(rows)
     for arch in ("qwen3_moe", "mixtral"):
+        # transformers' own EP (TP attention + EP experts, every rank feeding all ranks'
+        # prompts, as its TP needs) gives the single-process tokens too.
+        hf = got[(arch, "hf")]
+        assert "error" not in hf and hf["tokens_equal"], hf
         for impl in ("ubep", "bsp", "torch"):
             r = got[(arch, impl)]
             assert "error" not in r, r

@@ -40,7 +40,7 @@ def reports(tmp_path_factory):
                                str(tmp / f"rank{r}.json")], env=dict(env, RANK=str(r)),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r in range(RANKS)]
-    logs = [p.communicate(timeout=300)[0] for p in procs]
+    logs = [p.communicate(timeout=600)[0] for p in procs]  # minutes on a loaded core
     for r, (p, log) in enumerate(zip(procs, logs)):
         assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{log[-4000:]}"
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(RANKS)]
@@ -91,6 +91,45 @@ def test_bad_input_is_refused_naming_the_value(reports):
         too_many, wrong_experts = rep["errors"]
         assert too_many and "257 tokens" in too_many and "holds 256" in too_many, too_many
         assert wrong_experts and "18 experts" in wrong_experts, wrong_experts
+
+
+def test_timing_records_each_call_and_changes_nothing(reports):
+    # UBEP_VLLM_TIMING / enable_timing: the same round again with timing on gives the same
+    # output bit for bit and records one dispatch and one combine, with their sizes.
+    for rank, rep in enumerate(reports):
+        t = rep["timing"]
+        assert t["off_records"] is None, t   # off unless asked
+        assert t["bit_equal"] and t["ep_rank"] == rank, t
+        tokens = rep["rounds"][0]["tokens"]
+        assert [c[0] for c in t["calls"]] == ["dispatch", "combine"], t
+        assert all(c[1] > 0 for c in t["calls"]), t
+        assert t["calls"][0][2:] == [tokens, t["rows"]], t     # tokens sent, rows received
+        assert t["calls"][1][2:] == [tokens, t["rows"]], t     # tokens back, rows combined
+
+
+def test_smoke_share_counts_only_the_decode_steps():
+    # integrations/vllm_cpu_smoke.py's ubep_share against a hand-computed answer: calls are
+    # clipped to the steps between a rank's token arrivals (t0 + timing), prefill calls and
+    # calls after the last token do not count, and each rank is judged on its own clock.
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "vllm_cpu_smoke", os.path.join(HERE, "..", "..", "integrations", "vllm_cpu_smoke.py"))
+    smoke = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(smoke)
+    timing = [[1.0, 1.1, 1.2, 1.3]] * 3 + [[1.0, 1.1, 1.2]]
+    calls0 = [("dispatch", 100.5, 100.51, 4, 4),            # prefill: before the first token
+              ("dispatch", 101.12, 101.13, 3, 4), ("combine", 101.13, 101.14, 3, 4),
+              ("dispatch", 101.22, 101.23, 3, 4), ("combine", 101.29, 101.32, 3, 4)]  # clipped
+    calls1 = [("dispatch", 201.05, 201.15, 1, 1), ("combine", 201.15, 201.17, 1, 1),
+              ("dispatch", 201.25, 201.3, 1, 1)]                # after rank 1's last token
+    ubep = [dict(t0=100.0, workers=[dict(pid=1, ep_rank=0, calls=calls0)]),
+            dict(t0=200.0, workers=[dict(pid=2, ep_rank=1, calls=calls1)])]
+    r0, r1 = smoke.ubep_share(timing, ubep, [[0, 1, 2], [3]])
+    assert r0["decode_steps"] == 3 and r1["decode_steps"] == 2
+    assert abs(r0["share"] - 0.04 / 0.3) < 1e-9, r0       # 10 + 10 + 10 + 10 (of 30) ms
+    assert abs(r0["dispatch_share"] - 0.02 / 0.3) < 1e-9, r0
+    assert abs(r1["share"] - 0.12 / 0.2) < 1e-9, r1       # 100 + 20 ms of 200
+    assert r0["calls_in_decode"] == 4 and r1["calls_in_decode"] == 2
 
 
 def test_module_imports_without_vllm_and_names_what_is_missing():

@@ -113,6 +113,20 @@ def bad_inputs(kernel, rank, world):
     return errors
 
 
+def timed_again(kernel, layer, x, routes, untimed):
+    """The first round again with ubep.vllm_ep's timing on: the output must not change, and
+    exactly one dispatch and one combine are recorded."""
+    import ubep.vllm_ep as v
+    off = v.timing_records()["calls"]
+    v.enable_timing(True)
+    again = run(kernel, layer, x, *routes)
+    rec = v.timing_records()
+    v.enable_timing(False)
+    return {"off_records": off, "bit_equal": bool(torch.equal(again, untimed)),
+            "ep_rank": rec["ep_rank"], "rows": kernel.prepare_finalize.rows,
+            "calls": [[kind, t1 - t0, tokens, rows] for kind, t0, t1, tokens, rows in rec["calls"]]}
+
+
 def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
@@ -129,6 +143,7 @@ def main():
     ep_experts, ep_layer, _ = make_experts(moe_config(rank, world), w13[local], w2[local])
     ep_kernel = mk.FusedMoEKernel(ubep_prepare_finalize(rank, world), ep_experts)
     report = {"experts_class": cls, "rounds": [], "errors": bad_inputs(ep_kernel, rank, world)}
+    first = None
     for counts in ROUNDS:
         xs = [torch.randn(n, H, generator=gen).to(torch.bfloat16) for n in counts]
         routes = [route(n, gen) for n in counts]
@@ -138,6 +153,7 @@ def main():
         lo = sum(counts[:rank])
         mine = slice(lo, lo + counts[rank])
         got = run(ep_kernel, ep_layer, xs[rank], *routes[rank])
+        first = first or (xs[rank], routes[rank], got)
         want, exact_dense = ref[mine], dense(xs[rank], *routes[rank], w13, w2)
         owner = (routes[rank][0] // (E // world)).long()
         one_rank = (owner == owner[:, :1]).all(dim=1) if counts[rank] else owner[:, 0] == 0
@@ -152,6 +168,7 @@ def main():
             if counts[rank] else 0.0,
             "ubep_vs_dense_fp32": float((got.float() - exact_dense).abs().max())
             if counts[rank] else 0.0})
+    report["timing"] = timed_again(ep_kernel, ep_layer, *first)
     with open(sys.argv[1], "w") as f:
         json.dump(report, f)
     dist.barrier()

@@ -11,8 +11,10 @@ decodes the same prompts again, timing each decode step:
 
 * ``ubep`` / ``bsp``: ubep.Buffer dispatch -> local experts -> combine (the two algorithms);
 * ``torch``: torch.distributed ``all_to_all_single`` over gloo;
-* ``hf``: transformers' own expert parallelism (``DistributedConfig(ep_size=...)``), when it
-  runs here; otherwise the reason is printed.
+* ``hf``: transformers' own expert parallelism (``DistributedConfig(tp_size=R, ep_size=R)``:
+  transformers 5.19 refuses ``ep_size != tp_size``, so attention is tensor-parallel and every
+  rank feeds all ranks' prompts, keeping its own rows), when it runs here; otherwise the reason
+  is printed.
 
 Prints, per architecture and implementation: whether the tokens equal the reference on every
 rank (or the first decode step whose token differs), decode TPOT P50/P99 (a step's time is its slowest rank's), prefill time, and the share of
@@ -159,9 +161,18 @@ def run_arch(arch, args, rank, ranks, buffers):
             reasons = _gather(f"{type(e).__name__}: {e}".splitlines()[0][:300])
             rows.append(dict(arch=arch, impl=impl, error=reasons[0]))
             continue
+        run_ids, mine = ids, slice(None)
+        if impl == "hf":
+            # transformers' EP comes with tensor-parallel attention (tp_size = ep_size): the
+            # ranks of a TP group must see one batch. So every rank feeds all ranks' prompts
+            # (the same sequences in all as the other rows: R x batch) and keeps its own rows.
+            run_ids = torch.cat([prompts(r, args, base.config.vocab_size)
+                                 for r in range(ranks)])
+            mine = slice(rank * args.batch, (rank + 1) * args.batch)
         steps, comm, prefill, first_diff = [], [], [], args.steps
         for _ in range(args.repeats):
-            toks, pf, st, cs = greedy(model, ids, args.steps, clock)
+            toks, pf, st, cs = greedy(model, run_ids, args.steps, clock)
+            toks = toks[mine]
             diff = (toks != ref).any(dim=0).nonzero().flatten().tolist()
             first_diff = min([first_diff] + diff[:1])
             steps += st
@@ -220,10 +231,7 @@ def worker(args):
             with open(args.json, "w") as f:
                 json.dump(dict(config=vars(args), ranks=ranks, load=os.getloadavg(),
                                results=rows), f, indent=1)
-    # transformers' own EP shards attention too (tp_size = ranks): its all-reduces round
-    # differently, so its tokens are reported, not required to match.
-    ok = all(r.get("tokens_equal") is not False for r in rows
-             if r["impl"] not in ("hf", BROKEN))
+    ok = all(r.get("tokens_equal") is not False for r in rows if r["impl"] != BROKEN)
     buffers.clear()
     dist.destroy_process_group()
     return ok

@@ -28,13 +28,43 @@ another rank, with weight 0); the -1 entries become local expert 0 with weight 0
 ``0 * expert_0(x)`` = +-0 to the row's sum, an exact no-op for finite expert outputs. Experts are
 placed as both vLLM ("linear" placement) and ubep do it: rank r owns ``[r*E/R, (r+1)*E/R)``.
 
+Timing (opt-in): with ``UBEP_VLLM_TIMING=1`` in the environment of vLLM's processes (or
+``enable_timing()``), every dispatch and combine records its start and end on
+``time.perf_counter`` (CLOCK_MONOTONIC, one clock for all processes of the host), and vLLM's
+workers answer ``collective_rpc("ubep_timing")`` with them (``timing_records``), so a front end
+can set them against its own step and token times (integrations/vllm_cpu_smoke.py
+``--ubep-timing``). Off, it costs one attribute test per call; on, two clock reads and a tuple.
+
 This module imports without vLLM; using it without vLLM raises ``ImportError`` naming what is
 missing.
 """
 import functools
+import os
+import time
 
 _NEEDS = ("ubep.vllm_ep needs vLLM's CPU build (vllm-cpu 0.32, in the project's venv: "
           "scripts/venv.sh)")
+
+
+# (kind, start, end, tokens in, rows out) per dispatch / combine of this process, or None when
+# timing is off. Appended by the thread that runs the MoE layers; timing_records copies it,
+# perhaps from another thread (collective_rpc's): list.append and list(...) each hold the GIL
+# throughout, so a reader sees a prefix of whole records, never a torn one; no lock needed.
+_calls = [] if os.environ.get("UBEP_VLLM_TIMING") == "1" else None
+_ep_rank = None
+
+
+def enable_timing(on=True):
+    """Starts (clearing what was recorded) or stops recording each dispatch and combine."""
+    global _calls
+    _calls = [] if on else None
+
+
+def timing_records():
+    """This process's records: {pid, ep_rank, calls: [(kind, start s, end s, tokens, rows)]},
+    ``calls`` None when timing is off."""
+    return dict(pid=os.getpid(), ep_rank=_ep_rank,
+                calls=None if _calls is None else list(_calls))
 
 
 def _vllm():
@@ -157,8 +187,12 @@ def _prepare(pf, a1, topk_weights, topk_ids, num_experts, apply_router_weight_on
         raise ValueError(f"UbepPrepareAndFinalize: {a1.shape[0]} tokens in one call, the "
                          f"ubep.Buffer holds {buf.max_tokens_per_rank} per rank (it is sized by "
                          "the scheduler's max_num_batched_tokens when the layer is built)")
-    r = buf.dispatch(a1.contiguous(), topk_ids.to(torch.int64).contiguous(),
-                     topk_weights.to(torch.float32).contiguous(), layout="throughput")
+    x, ids, w = (a1.contiguous(), topk_ids.to(torch.int64).contiguous(),
+                 topk_weights.to(torch.float32).contiguous())
+    t0 = time.perf_counter() if _calls is not None else 0.0
+    r = buf.dispatch(x, ids, w, layout="throughput")
+    if _calls is not None:
+        _record("dispatch", t0, a1.shape[0], r.recv_x.shape[0], buf.rank)
     pf._handle = r.handle
     pf.calls += 1
     pf.rows = int(r.recv_x.shape[0])
@@ -187,10 +221,19 @@ def _finalize(pf, twr, output, fused_expert_output, topk_weights, topk_ids,
             output=None, fused_expert_output=fused_expert_output, topk_weights=topk_weights,
             topk_ids=topk_ids, apply_router_weight_on_input=apply_router_weight_on_input)
     rows = fused_expert_output.contiguous()
+    t0 = time.perf_counter() if _calls is not None else 0.0
     if output.is_contiguous() and output.dtype == rows.dtype:
         pf.buffer.combine(rows, handle, out=output)
     else:
         output.copy_(pf.buffer.combine(rows, handle))
+    if _calls is not None:
+        _record("combine", t0, output.shape[0], rows.shape[0], pf.buffer.rank)
+
+
+def _record(kind, t0, tokens, rows, rank):
+    global _ep_rank
+    _calls.append((kind, t0, time.perf_counter(), int(tokens), int(rows)))
+    _ep_rank = rank
 
 
 def __getattr__(name):
@@ -258,6 +301,11 @@ def _wrap_cpu_communicator(cls):
     cls.__init__ = __init__
 
 
+def _worker_timing(self):
+    """vLLM worker method ``ubep_timing`` (collective_rpc("ubep_timing")): timing_records()."""
+    return timing_records()
+
+
 def install():
     """Routes vLLM's CPU expert parallelism (data_parallel_size > 1 with
     enable_expert_parallel) through ubep, in this process: the EP group's communicator gets a
@@ -268,6 +316,8 @@ def install():
     _classes()
     from vllm.distributed.device_communicators import cpu_communicator
     _wrap_cpu_communicator(cpu_communicator.CpuCommunicator)
+    from vllm.v1.worker import worker_base
+    worker_base.WorkerBase.ubep_timing = _worker_timing
     for name in _PF_USERS:
         mod = importlib.import_module(name)
         mod.maybe_make_prepare_finalize = _wrap_make_prepare_finalize(
