@@ -84,8 +84,12 @@ bool marks(const TcpLaunch& launch) {
   return launch.local_rank == 0 && launch.host == (victim_host(launch) == 0 ? 1 : 0);
 }
 
+// The masking loops' cap: a correctness bound, not a timing target. Generous, so that a core
+// starved by other work (the ranks pinned to one nice-19 core) slows the run but does not fail it.
+constexpr auto kCap = std::chrono::seconds(60);
+
 struct MaskRun {
-  std::string verdict = "timeout", what = "no masked call within 30 s";
+  std::string verdict = "timeout", what = "no masked call within the cap (60 s)";
   int64_t done_at = 0;
 };
 
@@ -101,7 +105,7 @@ MaskRun mask_loop(Group& g, const TcpLaunch& launch, const Case& c,
   MaskRun run;
   std::string first;
   int failed = 0, masked_calls = 0, fds_before = -1;
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const auto until = std::chrono::steady_clock::now() + kCap;
   // 600 masked calls (about 2 s here): the script brings a cut link back after 1 s, and the
   // survivors must go on right (the cut-off side stays out: no split brain). A count, not a
   // time, so that every survivor makes its last call with the others.
@@ -214,7 +218,7 @@ MaskRun survive_and_rejoin(Group& g, const TcpLaunch& launch, const Case& c,
   const char* other_env = std::getenv("UBEP_REJOIN_OTHER_CONFIG");
   const bool other = other_env && std::string(other_env) == "1";
   const auto done = [&] { return other ? masked_calls >= 1500 : full >= kFullCalls; };
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  const auto until = std::chrono::steady_clock::now() + kCap;
   while (std::chrono::steady_clock::now() < until && !done()) {
     const Problem& p = phase == 0   ? problems[0]
                        : phase == 1 ? problems[1]
@@ -254,7 +258,7 @@ MaskRun survive_and_rejoin(Group& g, const TcpLaunch& launch, const Case& c,
     if (calls == 50 && marks(launch) && ready) std::ofstream(ready) << "ready\n";
     std::this_thread::sleep_for(std::chrono::microseconds(500));  // "compute"
   }
-  if (!done()) return {"timeout", detail::concat("phase ", phase, " after 30 s"), 0};
+  if (!done()) return {"timeout", detail::concat("phase ", phase, " after 60 s"), 0};
   // The group's barrier and allgather reach the replacement (over the mesh; docs/ELASTIC.md).
   if (!other) {
     const std::string wrong = collectives_after_rejoin(g);
