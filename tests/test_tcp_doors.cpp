@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bootstrap/tcp_bootstrap.hpp"
+#include "group_checks.hpp"
 #include "ubep/error.hpp"
 #include "ubep/tcp_group.hpp"
 
@@ -117,27 +118,6 @@ TEST(TcpGroupSetUp, AConnectToASilentPeerEndsAtItsBound) {
 
 // ---- a host replaced on loopback, then the group's barrier and allgather (issue 32) -------------
 
-// A barrier, allgathers of 8 and 40,000 bytes (3 chunks) checked byte for byte against a formula
-// of (rank, round, byte), a barrier. Empty when right, else what was wrong.
-std::string collectives_right(Group& g, int round) {
-  g.barrier();
-  for (size_t n : {size_t{8}, size_t{40000}}) {
-    const auto byte = [&](int r, size_t i) {
-      return static_cast<char>(
-          (r * 59 + round * 13 + static_cast<int>(n % 7) + static_cast<int>(i % 241)) & 0xff);
-    };
-    std::vector<char> in(n), out(n * static_cast<size_t>(g.size()));
-    for (size_t i = 0; i < n; ++i) in[i] = byte(g.rank(), i);
-    g.allgather(in.data(), out.data(), n);
-    for (int r = 0; r < g.size(); ++r)
-      for (size_t i = 0; i < n; ++i)
-        if (out[static_cast<size_t>(r) * n + i] != byte(r, i))
-          return detail::concat("allgather of ", n, ": rank ", r, "'s byte ", i, " is wrong");
-  }
-  g.barrier();
-  return "";
-}
-
 // One rank's process (3 hosts x 2 on 127.0.0.1): its exit status, 0 when every check held.
 // Host 2's ranks wait to be killed; the survivors then call barrier() until it passes (each
 // failure must name host 2's ranks), the replacement host joins, and all 6 check collectives.
@@ -157,7 +137,7 @@ int rank_process(const std::vector<int>& ports, int host, int local, bool rejoin
     GroupOptions opts;
     opts.timeout = std::chrono::seconds(5);
     std::unique_ptr<Group> g = make_tcp_group(l, opts);
-    std::string wrong = rejoin ? "" : collectives_right(*g, 0);
+    std::string wrong = rejoin ? "" : test::allgathers_right(*g, {8, 40000}, 0);
     if (!rejoin) {
       char c = 'r';
       if (!wrong.empty() || write(ready, &c, 1) != 1)
@@ -183,7 +163,7 @@ int rank_process(const std::vector<int>& ports, int host, int local, bool rejoin
     } else {
       g->barrier();  // the survivors' barrier that passes
     }
-    wrong = collectives_right(*g, 1);
+    wrong = test::allgathers_right(*g, {8, 40000}, 1);  // 40,000: 3 chunks
     if (!wrong.empty()) return std::fprintf(stderr, "rank %d: %s\n", me, wrong.c_str()), 7;
     return 0;
   } catch (const std::exception& e) {

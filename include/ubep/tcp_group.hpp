@@ -23,8 +23,9 @@ struct TcpLaunch {
   // A replacement host (issue 32): this launcher's ranks take the place of host `host`'s lost
   // ranks in a live group whose survivors masked it (BufferConfig::mask_dead_ranks); they create
   // the same Buffers and are served again from their first dispatch (docs/ELASTIC.md). Host 0
-  // too, once the other hosts went on without it (3 hosts or more: the partition rule). From
-  // UBEP_REJOIN=1.
+  // too, once the other hosts went on without it (3 hosts or more: the partition rule). Its
+  // Buffers made before its first group barrier or allgather mirror the live ranks' (no
+  // collective); Buffers made after it are made by every rank together. From UBEP_REJOIN=1.
   bool rejoin = false;
   // The live side of that: every host's local rank 0 keeps a door open for replacement hosts
   // while the group lives, at its host's address and door port (door_ports, else the

@@ -25,6 +25,7 @@ its first).
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -171,6 +172,18 @@ def launcher_main(work, role):
 
 # --- the test ----------------------------------------------------------------------------------
 
+def _free_ports(n):
+    """n distinct free ports on 127.0.0.1 (all held while probing, so none comes twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def _launcher_cmd(work, role):
     return [sys.executable, os.path.abspath(__file__), "launcher", work] + (
         [role] if role else [])
@@ -179,8 +192,11 @@ def _launcher_cmd(work, role):
 def _start(where, work, env):
     """The first launch, and a function that starts the replacement host's launcher."""
     if where == "loopback":
-        env = dict(env, UBEP_RENDEZVOUS=f"127.0.0.1:{base.free_port()}", UBEP_HOSTS=str(HOSTS),
-                   UBEP_RANKS_PER_HOST=str(RPH))
+        # Every host's door at a probed free port (UBEP_DOOR_PORTS; host 0's is the rendezvous),
+        # not the rendezvous' port + h, which another socket of this machine may hold.
+        ports = _free_ports(HOSTS)
+        env = dict(env, UBEP_RENDEZVOUS=f"127.0.0.1:{ports[0]}", UBEP_HOSTS=str(HOSTS),
+                   UBEP_RANKS_PER_HOST=str(RPH), UBEP_DOOR_PORTS=",".join(map(str, ports)))
         procs = [subprocess.Popen(_launcher_cmd(work, "live"),
                                   env=dict(env, UBEP_HOST_INDEX=str(h))) for h in range(HOSTS)]
         return procs, lambda: subprocess.Popen(_launcher_cmd(work, "replacement"),

@@ -39,9 +39,11 @@ class GroupHooks {
   // leaves with a death, as this rank may be the one that forwards it and may not call the
   // transport again.
   virtual void forward_deaths_now() {}
-  // Before a Buffer's set-up: throws InvalidArgument, named, where this group cannot make a new
-  // Buffer now (a TCP group's live ranks after a replacement host joined, issue 32).
-  virtual void check_new_buffer() {}
+  // Whether a new Buffer on this rank mirrors one the live ranks made before this process
+  // joined (a replacement: no collective set-up, agreed with them at its first dispatch) rather
+  // than being made collectively by every rank. A TCP group's replacement host mirrors until its
+  // first group barrier or allgather, then makes new Buffers with the others (issue 32).
+  virtual bool mirrors_buffers() const { return rejoining(); }
 };
 
 }  // namespace ubep::bootstrap

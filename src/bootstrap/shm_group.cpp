@@ -98,8 +98,9 @@ ShmGroup::~ShmGroup() {
 }
 
 std::unique_ptr<SharedWindow> ShmGroup::allocate_window(size_t bytes) {
-  return std::make_unique<ShmWindow>(bytes, rank(), size(), host_vec_, *bootstrap_,
-                                     rendezvous_.get(), windows_++, 0);
+  Bootstrap& boot = control_ ? window_bootstrap() : *bootstrap_;  // the constructor's: its own
+  return std::make_unique<ShmWindow>(bytes, rank(), size(), host_vec_, boot, rendezvous_.get(),
+                                     windows_++, 0);
 }
 
 void ShmGroup::peer_replaced(int rank) {

@@ -67,6 +67,11 @@ class ShmGroup : public Group, private GroupHooks {
  protected:
   void barrier_impl() override;
   Bootstrap& bootstrap() { return *bootstrap_; }
+  // What a window's set-up exchanges its segment names over (collective over the group's ranks,
+  // or those the group's Buffers are made with). The set-up's bootstrap, unless a subclass has
+  // a collective that outlives it (TcpGroup: the mesh, which reaches a replacement host). Not
+  // called by the constructor's own window.
+  virtual Bootstrap& window_bootstrap() { return *bootstrap_; }
   // What the group's own waits ask about deaths (TcpGroup's collectives over the mesh).
   const DeathCheck* death_check() const { return death_check_.get(); }
 

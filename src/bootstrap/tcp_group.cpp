@@ -74,40 +74,70 @@ class TcpGroup final : public bootstrap::ShmGroup {
   }
   // Group barriers and allgathers after the set-up go over the mesh (TcpRemote between hosts),
   // which reaches a replacement host as it reaches any live one (mesh_collective.hpp); the
-  // set-up's own exchanges (pids, heartbeat, windows) still go through its star.
+  // set-up's own exchanges (pids, heartbeat) still go through its star. A replacement's first
+  // one that completes makes it a member like any other (mirrors_buffers).
   void allgather(const void* in, void* out, size_t bytes) override {
-    if (bootstrap::MeshCollective* m = mesh())
+    if (bootstrap::MeshCollective* m = mesh()) {
       m->allgather(in, out, bytes);
-    else
+      caught_up_ = true;
+    } else {
       ShmGroup::allgather(in, out, bytes);
+    }
   }
-  // A new Buffer's windows are set up through the star via rank 0, which a replacement is not
-  // part of, and a replacement's Buffers make no collective set-up: after a replacement the live
-  // ranks refuse a new one, named, before its config agreement would wait for the replacement.
-  void check_new_buffer() override {
-    UBEP_CHECK_ARG(rejoining_ || !door_ || door_->replacements() == 0,
-                   "a new Buffer after a replacement host joined: not supported (its windows are "
-                   "set up through the set-up's star via rank 0, which does not reach the "
-                   "replacement); create Buffers before a loss, or make a new group "
-                   "(docs/ELASTIC.md)");
-  }
+  // A replacement first makes its predecessor's Buffers, without a collective (the live ranks
+  // are in their calls); once it took part in a group collective it is in step with the live
+  // ranks, and new Buffers are made by every rank together, their windows over the mesh.
+  bool mirrors_buffers() const override { return rejoining_ && !caught_up_; }
 
  protected:
   void barrier_impl() override {
-    if (bootstrap::MeshCollective* m = mesh())
+    if (bootstrap::MeshCollective* m = mesh()) {
       m->barrier();
-    else
+      caught_up_ = true;
+    } else {
       ShmGroup::barrier_impl();
+    }
+  }
+  // A window's segment names are exchanged over the mesh, so a Buffer can be made after a
+  // replacement host joined (issue 32); a replacement's mirrored Buffers only among its
+  // host-mates (its set-up's bootstrap), as their segments are all it maps.
+  Bootstrap& window_bootstrap() override {
+    bootstrap::MeshCollective* m = mirrors_buffers() ? nullptr : mesh();
+    if (!m) return ShmGroup::window_bootstrap();
+    if (!mesh_boot_) mesh_boot_ = std::make_unique<MeshBootstrap>(*m, rank(), size(), hosts());
+    return *mesh_boot_;
   }
 
  private:
+  // The mesh collective as a Bootstrap, for ShmWindow's set-up.
+  class MeshBootstrap final : public Bootstrap {
+   public:
+    MeshBootstrap(bootstrap::MeshCollective& m, int rank, int size, std::vector<int> hosts)
+        : m_(m), rank_(rank), size_(size), hosts_(std::move(hosts)) {}
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+    void allgather(const void* in, void* out, size_t bytes) override {
+      m_.allgather(in, out, bytes);
+    }
+    void barrier() override { m_.barrier(); }
+    std::vector<int> host_map() override { return hosts_; }
+
+   private:
+    bootstrap::MeshCollective& m_;
+    int rank_, size_;
+    std::vector<int> hosts_;
+  };
+
+  std::vector<int> hosts() const {
+    std::vector<int> h(static_cast<size_t>(size()));
+    for (int r = 0; r < size(); ++r) h[static_cast<size_t>(r)] = host_of(r);
+    return h;
+  }
   bootstrap::MeshCollective* mesh() {
     if (!mesh_ && remote()) {
-      std::vector<int> hosts(static_cast<size_t>(size()));
-      for (int r = 0; r < size(); ++r) hosts[static_cast<size_t>(r)] = host_of(r);
       bootstrap::MeshHooks hooks{[this](int r) { return incarnation_of(r); },
                                  [this] { pump_rejoins(); }, death_check()};
-      mesh_ = std::make_unique<bootstrap::MeshCollective>(rank(), std::move(hosts), *remote(),
+      mesh_ = std::make_unique<bootstrap::MeshCollective>(rank(), hosts(), *remote(),
                                                           std::move(hooks), options().timeout);
     }
     return mesh_.get();
@@ -116,6 +146,8 @@ class TcpGroup final : public bootstrap::ShmGroup {
   bool rejoining_;
   std::unique_ptr<bootstrap::RejoinDoor> door_;
   std::unique_ptr<bootstrap::MeshCollective> mesh_;  // made at the first group call
+  std::unique_ptr<MeshBootstrap> mesh_boot_;         // over mesh_, for windows
+  bool caught_up_ = false;  // a replacement's group collective completed (caller's thread only)
 };
 
 // Errors name a peer with its host; a connection that breaks without a goodbye is a lost rank

@@ -84,8 +84,7 @@ BufferConfig agree_on_config(Group& g, const BufferConfig& requested) {
   // A replacement joins live ranks that are in their calls, not in a set-up collective: its
   // config is checked here, then agreed with the live ranks at its first dispatch through the
   // digest in its membership record (config_digest; a different one is refused, named).
-  bootstrap::hooks_of(g).check_new_buffer();
-  if (bootstrap::hooks_of(g).rejoining()) return checked(g, requested);
+  if (bootstrap::hooks_of(g).mirrors_buffers()) return checked(g, requested);
   Verdict mine;
   BufferConfig c;
   std::exception_ptr rejection;

@@ -42,7 +42,7 @@ Membership::Membership(Group& group, const Window& win, uint32_t config)
   for (int r = 0; r < ranks_; ++r)
     view_[static_cast<size_t>(r)] = bootstrap::hooks_of(group).incarnation_of(r) << 1;
   agreed_ = view_;
-  must_agree_ = bootstrap::hooks_of(group).rejoining();
+  must_agree_ = bootstrap::hooks_of(group).mirrors_buffers();
 }
 
 bool Membership::replaced(int r) const {
