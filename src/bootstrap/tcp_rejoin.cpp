@@ -6,10 +6,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "bootstrap/tcp_bootstrap.hpp"
 #include "core/log.hpp"
@@ -25,6 +27,11 @@ constexpr uint32_t kJoin = 0x5542524Au;     // "UBRJ": a replacement rank joins 
 // after connecting); a replacement waits this long for a connection to a rank of a lost host.
 constexpr auto kHelloBound = std::chrono::milliseconds(200);
 constexpr auto kConnectBound = std::chrono::milliseconds(300);
+// A replacement asks the doors again for this long when none answered: a host whose cable just
+// came back may drop its first frames for up to a second (the kernel applies a carrier change
+// to the bridge port late, and a lost ARP request is retried only after 1 s), longer than one
+// connect bound. Bounded, so a replacement without any live group still fails by name.
+constexpr auto kDoorWindow = std::chrono::seconds(3);
 
 struct AskMesh {
   uint32_t magic;
@@ -275,11 +282,16 @@ std::vector<MeshEntry> fetch_mesh(TcpBootstrap& local, const TcpLaunch& launch,
   if (launch.local_rank == 0) {
     std::string asked;
     bool got = false;
-    for (int h = 0; h < launch.hosts && !got; ++h) {
-      const std::optional<sockaddr_in> at = h == launch.host ? std::nullopt : door_of(launch, h);
-      if (!at) continue;
-      asked += (asked.empty() ? "" : ", ") + ip_port(*at);
-      got = ask_door(*at, h, launch, until, mesh);
+    const Clock::time_point give_up = std::min(until, Clock::now() + kDoorWindow);
+    for (int pass = 0; !got && (pass == 0 || Clock::now() < give_up); ++pass) {
+      asked.clear();
+      for (int h = 0; h < launch.hosts && !got; ++h) {
+        const std::optional<sockaddr_in> at = h == launch.host ? std::nullopt : door_of(launch, h);
+        if (!at) continue;
+        asked += (asked.empty() ? "" : ", ") + ip_port(*at);
+        got = ask_door(*at, h, launch, until, mesh);
+      }
+      if (!got) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     UBEP_CHECK(got, PeerFailedError, "rejoin: rank ", launch.rank(),
                " found no live host's door to ask for the group (asked ",
