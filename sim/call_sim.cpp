@@ -19,30 +19,17 @@
 // port); a worker pushes `window` items at a time (1 = the scheduler's model).
 #include <algorithm>
 #include <cmath>
-#include <deque>
 #include <functional>
 #include <memory>
 
 #include "sim/barrier.hpp"
 #include "sim/call.hpp"
+#include "sim/receive_pool.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::sim {
 
 namespace {
-
-struct Task {  // a reorder / reduce task: rows that became visible at a receiver
-  double cost_ns;
-};
-
-// Per-receiver pool of workers that reorder (dispatch) or reduce (combine) arriving items.
-struct ReceivePool {
-  std::deque<Task> queue;
-  int idle = 0;            // servers available and idle
-  bool gate_open = false;  // prefix sum done (dispatch) / always (combine)
-  uint64_t expected = 0, done = 0;
-  double last_done = 0;
-};
 
 class CallSim {
  public:
@@ -81,7 +68,6 @@ class CallSim {
   void issue_next(int r, int w);
   void item_visible(int dst, double rows);  // its rows join dst's receive pool
   // ---- receive pools ----
-  void pool_pump(int r);
   void pool_add_server(int r, int n);
   void open_gate(int r);
   // Receive-side work for `rows` landed rows: dispatch reorder copy (or only a tag check when
@@ -300,46 +286,30 @@ void CallSim::issue_next(int r, int w) {
 // parallel), as they shared the one-row items of plans before the scheduler's piece floor.
 void CallSim::item_visible(int dst, double rows) {
   if (cfg_.algo == Algo::kBsp) return;  // bsp consumes after its barriers
-  auto& p = pools_[static_cast<size_t>(dst)];
-  const Task row{row_cost(1.0, payload_)};
-  for (int64_t i = 0, n = std::llround(rows); i < n; ++i) p.queue.push_back(row);
-  pool_pump(dst);
-}
-
-void CallSim::pool_pump(int r) {
-  auto& p = pools_[static_cast<size_t>(r)];
-  while (p.gate_open && p.idle > 0 && !p.queue.empty()) {
-    const Task t = p.queue.front();
-    p.queue.pop_front();
-    --p.idle;
-    q_.after(t.cost_ns, [this, r] {
-      auto& pp = pools_[static_cast<size_t>(r)];
-      ++pp.idle;
-      ++pp.done;
-      pp.last_done = q_.now();
-      pool_pump(r);
-      check_rank_done(r);
-    });
-  }
+  pools_[static_cast<size_t>(dst)].arrive(q_.now(), static_cast<uint64_t>(std::llround(rows)));
+  check_rank_done(dst);
 }
 
 void CallSim::pool_add_server(int r, int n) {
-  pools_[static_cast<size_t>(r)].idle += n;
-  pool_pump(r);
+  pools_[static_cast<size_t>(r)].add_servers(q_.now(), n);
 }
 
 void CallSim::open_gate(int r) {
-  pools_[static_cast<size_t>(r)].gate_open = true;
-  pool_pump(r);
+  pools_[static_cast<size_t>(r)].open_gate(q_.now());
   check_rank_done(r);
 }
 
+// The rank is done when its senders are, its gate is open and its pool has every row: at the
+// last of those events, or when the pool's last row completes, if later (the pool computes its
+// completions ahead: receive_pool.hpp).
 void CallSim::check_rank_done(int r) {
   if (rank_done_[static_cast<size_t>(r)]) return;
   const auto& p = pools_[static_cast<size_t>(r)];
-  if (senders_left_[static_cast<size_t>(r)] > 0 || !p.gate_open || p.done < p.expected) return;
+  if (senders_left_[static_cast<size_t>(r)] > 0 || !p.gate_open() ||
+      p.started() < recv_tasks_[static_cast<size_t>(r)])
+    return;
   rank_done_[static_cast<size_t>(r)] = true;
-  finish_[static_cast<size_t>(r)] = q_.now();
+  finish_[static_cast<size_t>(r)] = std::max(q_.now(), p.last_done());
 }
 
 void CallSim::run_ubep() {
@@ -363,14 +333,17 @@ void CallSim::run_ubep() {
   }
   for (int r = 0; r < R_; ++r) {
     const double s = start_[static_cast<size_t>(r)];
-    auto& pool = pools_[static_cast<size_t>(r)];
-    pool.expected = recv_tasks_[static_cast<size_t>(r)];
     const double gate = dispatch ? std::max(counts_ready[static_cast<size_t>(r)], s) +
                                        std::ceil(static_cast<double>(R_) / W_) * c_.poll_ns +
                                        static_cast<double>(R_) * El_ * c_.prefix_ns_per_entry
                                  : s;
     q_.at(gate, [this, r] { open_gate(r); });
-    if (split_) q_.at(s, [this, r] { pool_add_server(r, c_.ubep_reorder_workers); });
+    // Split roles: the reorder workers are all the pool's servers (sealed: none joins later).
+    if (split_)
+      q_.at(s, [this, r] {
+        pool_add_server(r, c_.ubep_reorder_workers);
+        pools_[static_cast<size_t>(r)].seal(q_.now());
+      });
     const double t0 = s + layout_ns();
     for (int w = 0; w < senders_; ++w) {
       const double begin = t0 + (dispatch ? per_sender * c_.issue_ns : 0.0);
@@ -378,6 +351,7 @@ void CallSim::run_ubep() {
         // Shared roles: a worker that has sent everything turns to receiving.
         if (!split_) pool_add_server(r, 1);
         if (--senders_left_[static_cast<size_t>(r)] == 0) {
+          if (!split_) pools_[static_cast<size_t>(r)].seal(q_.now());  // every sender joined
           send_done_[static_cast<size_t>(r)] = q_.now();
           check_rank_done(r);
         }
@@ -464,7 +438,7 @@ CallResult CallSim::run() {
   workers_.assign(static_cast<size_t>(R_ * senders_), WorkerState{});
   senders_left_.assign(static_cast<size_t>(R_), senders_);
   send_done_.assign(static_cast<size_t>(R_), 0.0);
-  pools_.assign(static_cast<size_t>(R_), ReceivePool{});
+  pools_.assign(static_cast<size_t>(R_), ReceivePool(row_cost(1.0, payload_)));
   finish_.assign(static_cast<size_t>(R_), 0.0);
   rank_done_.assign(static_cast<size_t>(R_), false);
   if (cfg_.algo == Algo::kBsp)
