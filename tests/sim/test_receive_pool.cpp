@@ -1,4 +1,4 @@
-// ReceivePool (sim/receive_pool.hpp) against the event-per-task pool it replaced: random
+// SimReceivePool: ReceivePool (sim/receive_pool.hpp) against the event-per-task pool it replaced: random
 // arrivals, joins, gates and seals, every completion time compared to the bit.
 #include <gtest/gtest.h>
 
@@ -30,7 +30,7 @@ struct Scenario {
 
 struct Outcome {
   double last_done = -std::numeric_limits<double>::infinity();
-  double finish = -1;  // when the rank would be done: sealed, gate open, every row done
+  double finish = -1;        // when the rank would be done: sealed, gate open, every row done
   std::vector<double> done;  // every completion, sorted (reference only)
 };
 
@@ -137,7 +137,7 @@ Scenario random_scenario(std::mt19937_64& rng, bool split) {
 
 }  // namespace
 
-TEST(ReceivePool, MatchesAnEventPerTaskToTheBit) {
+TEST(SimReceivePool, MatchesAnEventPerTaskToTheBit) {
   std::mt19937_64 rng(28);
   int compared = 0;
   for (int i = 0; i < 2000; ++i) {
@@ -157,7 +157,7 @@ TEST(ReceivePool, MatchesAnEventPerTaskToTheBit) {
 // Every completion, not only the last: with one task per arrival, first come first served and one
 // cost, tasks complete in arrival order, so last_done after each arrival is that task's
 // completion, and the whole list is compared.
-TEST(ReceivePool, EachCompletionMatchesOnceSealed) {
+TEST(SimReceivePool, EachCompletionMatchesOnceSealed) {
   std::mt19937_64 rng(7);
   for (int i = 0; i < 200; ++i) {
     Scenario s;
@@ -187,7 +187,7 @@ TEST(ReceivePool, EachCompletionMatchesOnceSealed) {
   }
 }
 
-TEST(ReceivePool, RejectsAServerAfterTheSeal) {
+TEST(SimReceivePool, RejectsAServerAfterTheSeal) {
   ReceivePool pool(1);
   pool.add_servers(0, 2);
   pool.seal(0);
