@@ -1,5 +1,6 @@
-// SimReceivePool: ReceivePool (sim/receive_pool.hpp) against the event-per-task pool it replaced: random
-// arrivals, joins, gates and seals, every completion time compared to the bit.
+// ReceivePool (sim/receive_pool.hpp) against the event-per-task pool it replaced: random
+// arrivals, joins, gates and seals, every completion time compared to the bit. (Suite
+// SimReceivePool: the sim tests' ctest selection matches "Sim".)
 #include <gtest/gtest.h>
 
 #include <algorithm>
