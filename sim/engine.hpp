@@ -129,6 +129,7 @@ class Network {
   struct LinkState {
     double residual = 0;  // capacity left to the unfrozen flows of the component
     int unfrozen = 0;     // unfrozen component flows crossing the link
+    int fresh = 0;        // flows started on it since the last resolve (no rate yet)
     uint64_t mark = 0;    // resolve epoch that reached it
   };
   // A flow's links split in two: `shared` (crossed by other flows too; -1 ends the list), which
