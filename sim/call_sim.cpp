@@ -19,30 +19,17 @@
 // port); a worker pushes `window` items at a time (1 = the scheduler's model).
 #include <algorithm>
 #include <cmath>
-#include <deque>
 #include <functional>
 #include <memory>
 
 #include "sim/barrier.hpp"
 #include "sim/call.hpp"
+#include "sim/receive_pool.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::sim {
 
 namespace {
-
-struct Task {  // a reorder / reduce task: rows that became visible at a receiver
-  double cost_ns;
-};
-
-// Per-receiver pool of workers that reorder (dispatch) or reduce (combine) arriving items.
-struct ReceivePool {
-  std::deque<Task> queue;
-  int idle = 0;            // servers available and idle
-  bool gate_open = false;  // prefix sum done (dispatch) / always (combine)
-  uint64_t expected = 0, done = 0;
-  double last_done = 0;
-};
 
 class CallSim {
  public:
@@ -79,9 +66,10 @@ class CallSim {
   // ---- data items ----
   void start_worker(int r, int w, double at, std::function<void()> on_done);
   void issue_next(int r, int w);
-  void item_visible(int dst, double rows);  // its rows join dst's receive pool
+  void start_item(int slot, int idx);    // worker slot r * senders_ + w, item idx of r's plan
+  void item_sent(int slot, int idx);     // its last byte left: it lands, the worker moves on
+  void item_visible(int dst, int rows);  // its rows join dst's receive pool
   // ---- receive pools ----
-  void pool_pump(int r);
   void pool_add_server(int r, int n);
   void open_gate(int r);
   // Receive-side work for `rows` landed rows: dispatch reorder copy (or only a tag check when
@@ -136,9 +124,10 @@ class CallSim {
   std::vector<double> start_;
   double payload_ = 0, wire_ = 0;
 
-  std::vector<sched::Plan> plans_;    // per source rank
-  std::vector<double> recv_rows_;     // per rank: rows it receives
-  std::vector<uint64_t> recv_tasks_;  // per rank: receive-pool tasks (rows it receives)
+  std::vector<sched::Plan> plans_;           // per source rank
+  std::vector<double> recv_rows_;            // per rank: rows it receives
+  std::vector<uint64_t> recv_tasks_;         // per rank: receive-pool tasks (rows it receives)
+  std::vector<std::vector<double>> issued_;  // [rank][item]: issue time (record_transfers only)
 
   struct WorkerState {
     int next = 0, end = 0, outstanding = 0;
@@ -224,6 +213,7 @@ void CallSim::make_plans() {
       recv_tasks_[static_cast<size_t>(it.dest_rank)] += static_cast<uint64_t>(it.rows());
     }
     res_.planned_items += plan.items.size();
+    if (cfg_.record_transfers) issued_.emplace_back(plan.items.size(), 0.0);
     res_.planned_slowest_ns = std::max(res_.planned_slowest_ns, plan.slowest_ns);
   }
 }
@@ -256,90 +246,89 @@ void CallSim::issue_next(int r, int w) {
   while (ws.outstanding < std::max(1, c_.window) && ws.next < ws.end) {
     const int idx = ws.next++;
     ++ws.outstanding;
-    const double issue = q_.now() + c_.issue_ns;
-    q_.at(issue, [this, r, w, idx, issue] {
-      const auto& it = plans_[static_cast<size_t>(r)].items[static_cast<size_t>(idx)];
-      if ((++res_.simulated_items & 0x3fff) == 0 && cfg_.progress)
-        progress_.report(res_.simulated_items, res_.planned_items);
-      // In-place combine: the rows stay where the expert wrote them; the worker only tags them.
-      const double bytes = in_place() ? 0.0 : static_cast<double>(it.bytes);
-      const double hold = in_place() ? static_cast<double>(it.rows()) * c_.tag_ns : 0.0;
-      res_.wire_bytes += bytes;
-      net_.start_flow(machine_->path(r, w, it.dest_rank), bytes, hold, [this, r, w, idx, issue] {
-        const auto& item = plans_[static_cast<size_t>(r)].items[static_cast<size_t>(idx)];
-        const int dst = item.dest_rank;
-        const double lat = machine_->latency_ns(r, dst);
-        const double rows = static_cast<double>(item.rows());
-        auto& ws2 = workers_[static_cast<size_t>(r * senders_ + w)];
-        double visible_at = q_.now() + lat, resume_at = q_.now();
-        if (cfg_.algo == Algo::kUbep && cfg_.sync == Sync::kStopAndWait) {
-          resume_at = q_.now() + 2 * lat + c_.fence_ns +
-                      c_.issue_ns;  // data lands, ack returns, flag posted
-          visible_at = resume_at + lat;
-        }
-        ws2.last_land = std::max(ws2.last_land, visible_at);
-        q_.at(visible_at, [this, r, w, idx, dst, rows, issue] {
-          if (cfg_.record_transfers) {
-            const auto& i3 = plans_[static_cast<size_t>(r)].items[static_cast<size_t>(idx)];
-            res_.transfers.push_back(
-                Transfer{r, w, dst, i3.expert, i3.row_begin, i3.row_end, issue, q_.now()});
-          }
-          item_visible(dst, rows);
-        });
-        q_.at(resume_at, [this, r, w] {
-          --workers_[static_cast<size_t>(r * senders_ + w)].outstanding;
-          issue_next(r, w);
-        });
-      });
-    });
+    const int slot = r * senders_ + w;
+    q_.at(q_.now() + c_.issue_ns, [this, slot, idx] { start_item(slot, idx); });
   }
+}
+
+// An item's closures hold `this` and two ints: 16 bytes, which std::function stores in place
+// (with the issue time or more ints in them, each was a heap allocation, three per item).
+// The issue time is kept aside only when transfers are recorded.
+void CallSim::start_item(int slot, int idx) {
+  const int r = slot / senders_, w = slot % senders_;
+  const auto& it = plans_[static_cast<size_t>(r)].items[static_cast<size_t>(idx)];
+  if ((++res_.simulated_items & 0x3fff) == 0 && cfg_.progress)
+    progress_.report(res_.simulated_items, res_.planned_items);
+  if (cfg_.record_transfers) issued_[static_cast<size_t>(r)][static_cast<size_t>(idx)] = q_.now();
+  // In-place combine: the rows stay where the expert wrote them; the worker only tags them.
+  const double bytes = in_place() ? 0.0 : static_cast<double>(it.bytes);
+  const double hold = in_place() ? static_cast<double>(it.rows()) * c_.tag_ns : 0.0;
+  res_.wire_bytes += bytes;
+  net_.start_flow(machine_->path(r, w, it.dest_rank), bytes, hold,
+                  [this, slot, idx] { item_sent(slot, idx); });
+}
+
+void CallSim::item_sent(int slot, int idx) {
+  const int r = slot / senders_;
+  const auto& item = plans_[static_cast<size_t>(r)].items[static_cast<size_t>(idx)];
+  const int dst = item.dest_rank;
+  const double lat = machine_->latency_ns(r, dst);
+  auto& ws = workers_[static_cast<size_t>(slot)];
+  double visible_at = q_.now() + lat, resume_at = q_.now();
+  if (cfg_.algo == Algo::kUbep && cfg_.sync == Sync::kStopAndWait) {
+    resume_at =
+        q_.now() + 2 * lat + c_.fence_ns + c_.issue_ns;  // data lands, ack returns, flag posted
+    visible_at = resume_at + lat;
+  }
+  ws.last_land = std::max(ws.last_land, visible_at);
+  if (cfg_.record_transfers) {
+    q_.at(visible_at, [this, slot, idx] {
+      const int r3 = slot / senders_;
+      const auto& i3 = plans_[static_cast<size_t>(r3)].items[static_cast<size_t>(idx)];
+      res_.transfers.push_back(
+          Transfer{r3, slot % senders_, i3.dest_rank, i3.expert, i3.row_begin, i3.row_end,
+                   issued_[static_cast<size_t>(r3)][static_cast<size_t>(idx)], q_.now()});
+      item_visible(i3.dest_rank, static_cast<int>(i3.rows()));
+    });
+  } else {
+    const int rows = static_cast<int>(item.rows());
+    q_.at(visible_at, [this, dst, rows] { item_visible(dst, rows); });
+  }
+  q_.at(resume_at, [this, slot] {
+    --workers_[static_cast<size_t>(slot)].outstanding;
+    issue_next(slot / senders_, slot % senders_);
+  });
 }
 
 // One task per row, not per item: a row's reorder or reduction does not depend on the item's
 // other rows, so the receiver's idle workers share a large item's rows (the same work, in
 // parallel), as they shared the one-row items of plans before the scheduler's piece floor.
-void CallSim::item_visible(int dst, double rows) {
+void CallSim::item_visible(int dst, int rows) {
   if (cfg_.algo == Algo::kBsp) return;  // bsp consumes after its barriers
-  auto& p = pools_[static_cast<size_t>(dst)];
-  const Task row{row_cost(1.0, payload_)};
-  for (int64_t i = 0, n = std::llround(rows); i < n; ++i) p.queue.push_back(row);
-  pool_pump(dst);
-}
-
-void CallSim::pool_pump(int r) {
-  auto& p = pools_[static_cast<size_t>(r)];
-  while (p.gate_open && p.idle > 0 && !p.queue.empty()) {
-    const Task t = p.queue.front();
-    p.queue.pop_front();
-    --p.idle;
-    q_.after(t.cost_ns, [this, r] {
-      auto& pp = pools_[static_cast<size_t>(r)];
-      ++pp.idle;
-      ++pp.done;
-      pp.last_done = q_.now();
-      pool_pump(r);
-      check_rank_done(r);
-    });
-  }
+  pools_[static_cast<size_t>(dst)].arrive(q_.now(), static_cast<uint64_t>(rows));
+  check_rank_done(dst);
 }
 
 void CallSim::pool_add_server(int r, int n) {
-  pools_[static_cast<size_t>(r)].idle += n;
-  pool_pump(r);
+  pools_[static_cast<size_t>(r)].add_servers(q_.now(), n);
 }
 
 void CallSim::open_gate(int r) {
-  pools_[static_cast<size_t>(r)].gate_open = true;
-  pool_pump(r);
+  pools_[static_cast<size_t>(r)].open_gate(q_.now());
   check_rank_done(r);
 }
 
+// The rank is done when its senders are, its gate is open and its pool has every row: at the
+// last of those events, or when the pool's last row completes, if later (the pool computes its
+// completions ahead: receive_pool.hpp).
 void CallSim::check_rank_done(int r) {
   if (rank_done_[static_cast<size_t>(r)]) return;
   const auto& p = pools_[static_cast<size_t>(r)];
-  if (senders_left_[static_cast<size_t>(r)] > 0 || !p.gate_open || p.done < p.expected) return;
+  if (senders_left_[static_cast<size_t>(r)] > 0 || !p.gate_open() ||
+      p.started() < recv_tasks_[static_cast<size_t>(r)])
+    return;
   rank_done_[static_cast<size_t>(r)] = true;
-  finish_[static_cast<size_t>(r)] = q_.now();
+  finish_[static_cast<size_t>(r)] = std::max(q_.now(), p.last_done());
 }
 
 void CallSim::run_ubep() {
@@ -363,14 +352,17 @@ void CallSim::run_ubep() {
   }
   for (int r = 0; r < R_; ++r) {
     const double s = start_[static_cast<size_t>(r)];
-    auto& pool = pools_[static_cast<size_t>(r)];
-    pool.expected = recv_tasks_[static_cast<size_t>(r)];
     const double gate = dispatch ? std::max(counts_ready[static_cast<size_t>(r)], s) +
                                        std::ceil(static_cast<double>(R_) / W_) * c_.poll_ns +
                                        static_cast<double>(R_) * El_ * c_.prefix_ns_per_entry
                                  : s;
     q_.at(gate, [this, r] { open_gate(r); });
-    if (split_) q_.at(s, [this, r] { pool_add_server(r, c_.ubep_reorder_workers); });
+    // Split roles: the reorder workers are all the pool's servers (sealed: none joins later).
+    if (split_)
+      q_.at(s, [this, r] {
+        pool_add_server(r, c_.ubep_reorder_workers);
+        pools_[static_cast<size_t>(r)].seal(q_.now());
+      });
     const double t0 = s + layout_ns();
     for (int w = 0; w < senders_; ++w) {
       const double begin = t0 + (dispatch ? per_sender * c_.issue_ns : 0.0);
@@ -378,6 +370,7 @@ void CallSim::run_ubep() {
         // Shared roles: a worker that has sent everything turns to receiving.
         if (!split_) pool_add_server(r, 1);
         if (--senders_left_[static_cast<size_t>(r)] == 0) {
+          if (!split_) pools_[static_cast<size_t>(r)].seal(q_.now());  // every sender joined
           send_done_[static_cast<size_t>(r)] = q_.now();
           check_rank_done(r);
         }
@@ -464,7 +457,7 @@ CallResult CallSim::run() {
   workers_.assign(static_cast<size_t>(R_ * senders_), WorkerState{});
   senders_left_.assign(static_cast<size_t>(R_), senders_);
   send_done_.assign(static_cast<size_t>(R_), 0.0);
-  pools_.assign(static_cast<size_t>(R_), ReceivePool{});
+  pools_.assign(static_cast<size_t>(R_), ReceivePool(row_cost(1.0, payload_)));
   finish_.assign(static_cast<size_t>(R_), 0.0);
   rank_done_.assign(static_cast<size_t>(R_), false);
   if (cfg_.algo == Algo::kBsp)

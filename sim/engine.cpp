@@ -19,10 +19,18 @@ void EventQueue::at(double t, Action action) {
     slot = static_cast<int>(actions_.size());
     actions_.push_back(std::move(action));
   }
-  push(Event{t, seq_++, 0, -1 - slot});
+  const Event e{t, seq_++, 0, -1 - slot};
+  // An event for now (a zero delay: a flow's completion without latency, a worker resuming at
+  // once) is the last of this instant so far: every event already queued for now has an
+  // earlier sequence number, so a FIFO beside the heap keeps the order without sifting it.
+  if (t == now_) {
+    ready_.push_back(e);
+    return;
+  }
+  push(e);
 }
 
-void EventQueue::at_flow_check(double t, int flow, uint64_t version) {
+void EventQueue::at_flow_check(double t, int flow, uint32_t version) {
   UBEP_CHECK_ARG(t >= now_, "event scheduled in the past: t=", t, " ns < now=", now_, " ns");
   const Event e{t, seq_++, version, flow};
   if (static_cast<size_t>(flow) >= pos_.size()) pos_.resize(static_cast<size_t>(flow) + 1, -1);
@@ -112,16 +120,34 @@ void Network::apply_rates() {
   rate_changes_.clear();
 }
 
+// The next event: the heap's first or the FIFO's first, whichever is earlier in (time,
+// sequence) order (a flow check for now goes to the heap and may come before the FIFO's events).
+bool EventQueue::next(Event& e) {
+  if (ready_head_ < ready_.size() &&
+      (heap_.empty() || Later{}(heap_.front(), ready_[ready_head_]))) {
+    e = ready_[ready_head_++];
+    if (ready_head_ == ready_.size()) {
+      ready_.clear();
+      ready_head_ = 0;
+    }
+    return true;
+  }
+  if (heap_.empty()) return false;
+  e = pop();
+  return true;
+}
+
 double EventQueue::run() {
   for (;;) {
     // Rates change only between instants: every start and finish of this instant is in before
     // the network is solved, so one resolve serves them all.
-    if (net_ && net_->dirty() && (heap_.empty() || heap_.front().time > now_)) {
+    if (net_ && net_->dirty() && ready_head_ == ready_.size() &&
+        (heap_.empty() || heap_.front().time > now_)) {
       net_->end_instant();
       continue;
     }
-    if (heap_.empty()) break;
-    const Event e = pop();
+    Event e;
+    if (!next(e)) break;
     now_ = e.time;
     ++executed_;
     if (e.flow >= 0) {
@@ -195,7 +221,7 @@ void Network::backdate(Flow& f, double old_rate, double from) {
   f.moved += delta;
 }
 
-void Network::check(int id, uint64_t version) {
+void Network::check(int id, uint32_t version) {
   Flow& f = flows_[static_cast<size_t>(id)];
   if (!f.active || f.version != version) return;  // superseded by an earlier event
   settle(f);
@@ -251,6 +277,7 @@ void Network::start_flow(const std::vector<int>& path, double bytes, double late
     auto& on_link = links_[static_cast<size_t>(f.path[h])].flows;
     f.slot[h] = static_cast<int>(on_link.size());
     on_link.push_back(id);
+    ++lstate_[static_cast<size_t>(f.path[h])].fresh;  // maxmin.cpp's threshold
     if (on_link.size() == 2) split_links(on_link.front());  // no longer its alone
   }
   split_links(id);

@@ -35,18 +35,18 @@ class EventQueue {
   uint64_t executed() const { return executed_; }
   // A flow's finish check on the attached network, without a closure (the hot event of large
   // runs).
-  void at_flow_check(double at, int flow, uint64_t version);
+  void at_flow_check(double at, int flow, uint32_t version);
   // The network whose rates run() brings up to date before the clock advances (one per queue).
   void attach(Network* net) { net_ = net; }
 
  private:
-  // The heap holds 32-byte keys, not closures: sifting moves them, and a 32-byte std::function
+  // The heap holds 24-byte keys, not closures: sifting moves them, and a 32-byte std::function
   // in every entry made sifting a fifth of a large run's time. A flow check carries its flow
   // and version in the key; any other event names its closure's slot in actions_.
   struct Event {
     double time;
     uint64_t seq;
-    uint64_t version;  // flow check: the flow's version; else unused
+    uint32_t version;  // flow check: the flow's version; else unused
     int flow;          // >= 0: a flow check of net_; < 0: closure slot -1 - flow
   };
   struct Later {
@@ -56,6 +56,8 @@ class EventQueue {
   };
   void push(const Event& e);
   Event pop();
+  // Takes the next event out (false: none left).
+  bool next(Event& e);
   void place(size_t i, const Event& e);  // heap_[i] = e, and the flow's position
   void sift_up(size_t i, const Event& e);
   void sift_down(size_t i, const Event& e);
@@ -63,6 +65,9 @@ class EventQueue {
   // at most one pending check, moved in place when it is rescheduled earlier.
   std::vector<Event> heap_;
   std::vector<int> pos_;
+  // Closures for now_ (zero delay), in sequence order: ready_[ready_head_..] are pending.
+  std::vector<Event> ready_;
+  size_t ready_head_ = 0;
   std::vector<Action> actions_;
   std::vector<int> free_actions_;
   Network* net_ = nullptr;
@@ -124,6 +129,7 @@ class Network {
   struct LinkState {
     double residual = 0;  // capacity left to the unfrozen flows of the component
     int unfrozen = 0;     // unfrozen component flows crossing the link
+    int fresh = 0;        // flows started on it since the last resolve (no rate yet)
     uint64_t mark = 0;    // resolve epoch that reached it
   };
   // A flow's links split in two: `shared` (crossed by other flows too; -1 ends the list), which
@@ -147,7 +153,7 @@ class Network {
     double moved = 0;      // bytes drained so far (onto its links' bytes when it finishes)
     double since = 0;      // time `remaining` was last brought up to date
     double latency = 0;
-    uint64_t version = 0;  // bumps when an earlier finish event replaces the pending one
+    uint32_t version = 0;  // bumps when an earlier finish event replaces the pending one
     double due = 0;        // time of the pending finish event
   };
   void settle(Flow& f);  // bring `remaining` up to now at the old rate
@@ -160,7 +166,7 @@ class Network {
   };
   std::vector<RateChange> rate_changes_;  // of this resolve, in the solver's order
   friend class EventQueue;
-  void check(int id, uint64_t version);  // a flow's pending finish event fired
+  void check(int id, uint32_t version);  // a flow's pending finish event fired
   void finish(int id);
   void touch(const Flow& f);  // its links changed in this instant
   void split_links(int id);   // FlowState's shared / cap_link from the links' flow counts

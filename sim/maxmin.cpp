@@ -82,11 +82,12 @@ double Network::water_level(const Link& l, int fresh, double bound) const {
 
 double Network::threshold() const {
   double theta = finished_min_rate_;
+  // A link's started flows are counted as they start (every one gets its rate in this resolve
+  // and cannot finish before it), not by a pass over every changed link's flows (with the
+  // resolve quantum, hundreds of links per resolve: 9% of a 768-die call, perf).
   for (int link : changed_links_) {
-    const Link& l = links_[static_cast<size_t>(link)];
-    int fresh = 0;
-    for (int id : l.flows) fresh += fstate_[static_cast<size_t>(id)].key == kFresh ? 1 : 0;
-    if (fresh > 0) theta = water_level(l, fresh, theta);
+    const int fresh = lstate_[static_cast<size_t>(link)].fresh;
+    if (fresh > 0) theta = water_level(links_[static_cast<size_t>(link)], fresh, theta);
   }
   return theta * (1 - 1e-9);
 }
@@ -298,6 +299,7 @@ void Network::resolve() {
   apply_rates();
   refilled_ += comp_flows_.size();
   ++resolves_;
+  for (int link : changed_links_) lstate_[static_cast<size_t>(link)].fresh = 0;
   changed_links_.clear();
   change_instants_ = 0;
   change_time_sum_ = 0;

@@ -1,6 +1,8 @@
 // The event engine of ubep-sim: ordering of events and bandwidth sharing on hand-computed cases.
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <random>
 #include <vector>
 
 #include "sim/engine.hpp"
@@ -22,6 +24,37 @@ TEST(EventQueue, RunsInTimeOrderAndFifoOnTies) {
   EXPECT_EQ(q.run(), 30);
   EXPECT_EQ(order, (std::vector<int>{1, 11, 15, 2, 22, 3}));
   EXPECT_EQ(q.executed(), 6u);
+}
+
+// Zero-delay events (a FIFO beside the heap) keep the (time, scheduling order) order: random
+// events that schedule children at delays 0, 1 or 2, the order each was scheduled recorded.
+TEST(EventQueue, ZeroDelayEventsKeepTheOrder) {
+  EventQueue q;
+  std::mt19937_64 rng(5);
+  struct Ran {
+    double time;
+    int seq;
+  };
+  std::vector<Ran> ran;
+  int scheduled = 0, zero = 0;
+  std::function<void(double, int)> schedule = [&](double delay, int depth) {
+    const int seq = scheduled++;
+    zero += delay == 0 ? 1 : 0;
+    q.after(delay, [&, seq, depth] {
+      ran.push_back({q.now(), seq});
+      if (depth < 6)
+        for (int k = static_cast<int>(rng() % 3); k > 0; --k)
+          schedule(static_cast<double>(rng() % 3), depth + 1);
+    });
+  };
+  for (int i = 0; i < 40; ++i) schedule(static_cast<double>(rng() % 4), 0);
+  q.run();
+  ASSERT_EQ(static_cast<int>(ran.size()), scheduled);
+  EXPECT_GT(zero, 50);
+  for (size_t i = 1; i < ran.size(); ++i) {
+    ASSERT_LE(ran[i - 1].time, ran[i].time) << i;
+    if (ran[i - 1].time == ran[i].time) ASSERT_LT(ran[i - 1].seq, ran[i].seq) << i;
+  }
 }
 
 TEST(EventQueue, RejectsThePast) {
