@@ -17,7 +17,8 @@ constexpr detail::EnumName<Algo> kAlgos[] = {{Algo::kBsp, "bsp"}, {Algo::kUbep, 
 constexpr detail::EnumName<Op> kOps[] = {{Op::kDispatch, "dispatch"}, {Op::kCombine, "combine"}};
 constexpr detail::EnumName<Sync> kSyncs[] = {{Sync::kFused, "fused"},
                                              {Sync::kStopAndWait, "stop-and-wait", "stop_and_wait"},
-                                             {Sync::kSentinel, "sentinel"}};
+                                             {Sync::kSentinel, "sentinel"},
+                                             {Sync::kSentinelDeferred, "sentinel-deferred"}};
 }  // namespace
 
 const char* algo_name(Algo a) { return detail::enum_name(kAlgos, a); }

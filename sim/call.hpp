@@ -19,6 +19,10 @@ enum class Sync : uint8_t {
   kFused,        // token-flag fusion: flag inside the data (480 of every 512 bytes are payload)
   kStopAndWait,  // data, wait for its acknowledgment (fence), then a separate flag write
   kSentinel,     // receiver polls a sentinel value inside the data; must reset the buffer after
+  // As kSentinel, but the reset is not charged to the call: it runs after the call returns (during
+  // the expert compute, before the next call's senders reuse the slots). A lower bound for the
+  // call; the reset's HBM traffic still exists, outside it (EXPERIMENTS.md §2).
+  kSentinelDeferred,
 };
 const char* algo_name(Algo a);
 const char* op_name(Op o);

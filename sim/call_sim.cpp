@@ -83,6 +83,7 @@ class CallSim {
       ns = rows * (c_.local_row_ns + bytes_per_row / reduce_GBps());
     if (cfg_.algo == Algo::kUbep && cfg_.sync == Sync::kSentinel)
       ns += rows * bytes_per_row / c_.local_copy_GBps;  // reset the sentinels for the next call
+    // (kSentinelDeferred resets after the call returns: not on this call's receive path)
     return ns;
   }
   double reduce_GBps() const { return c_.reduce_GBps > 0 ? c_.reduce_GBps : c_.local_copy_GBps; }

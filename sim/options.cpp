@@ -48,7 +48,7 @@ Workload:
 Call:
   --op O              dispatch (default) | combine
   --algo A            bsp | ubep (call only; experiments run both)
-  --sync S            fused (default) | stop-and-wait | sentinel (ubep)
+  --sync S            fused (default) | stop-and-wait | sentinel | sentinel-deferred (ubep)
   --bsp-policy P      scheduler policy of the BSP baseline (default naive)
   --ubep-policy P     scheduler policy of UBEP (default column_major)
   --receivers on|off  the scheduler sees every rank's receive totals (default on; off: the

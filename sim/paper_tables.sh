@@ -95,6 +95,8 @@ validation() {  # §5-6: re-score the committed measurements, or re-measure (VAL
 run latency latency --op dispatch
 run latency-combine latency --op combine
 run sync sync
+# §2's deferred sentinel reset (the reset after the call, not charged to it): ubep column only
+run sync-sentinel-deferred latency --ranks 64 --op dispatch --sync sentinel-deferred
 run sched sched
 run sched-sweep-64 sched-sweep --ranks 64
 validation

@@ -35,6 +35,9 @@ int cmd_tpot(const Options& o) {
   const auto& c = p.cost;
   const int El = o.experts / R;
   UBEP_CHECK_ARG(o.experts % R == 0, "experts (", o.experts, ") must divide over ", R, " ranks");
+  // A deferred reset runs inside the expert compute, which this model does not charge for it.
+  UBEP_CHECK_ARG(o.sync != Sync::kSentinelDeferred,
+                 "tpot: --sync sentinel-deferred would leave the reset uncharged; use sentinel");
   std::printf(
       "# preset %s, EP%d, batch %d per rank, %d dense + %d MoE layers, %d steps, jitter %.0f%%\n",
       o.preset.c_str(), R, B, o.dense_layers, o.moe_layers, o.steps, c.compute_jitter * 100);

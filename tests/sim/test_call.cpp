@@ -125,6 +125,35 @@ TEST(SimCall, BarriersAndLateRanks) {
   EXPECT_GE(lu.finish_ns[5], *std::min_element(lu.finish_ns.begin(), lu.finish_ns.end()));
 }
 
+// The sentinel modes put no framing on the wire (payload only, unlike fused's 480/512); the
+// in-call reset is one more pass over every received row at local_copy_GBps, the deferred mode
+// leaves it out. EP8 BS 256 is receive-bound (each rank receives ~2,048 rows over few workers),
+// so the reset must show as most of its own size: rows received x bytes / (receivers x rate).
+TEST(SimCall, SentinelResetInCallOrDeferred) {
+  const Preset p = make_preset("cm384", 8);
+  const Traffic t = draw_traffic(8, 64, 8, 256, 0, 1.0, 3);
+  CallConfig cfg;
+  cfg.policy = sched::Policy::kColumnMajor;
+  cfg.latency_layout = true;
+  cfg.sync = Sync::kFused;
+  const CallResult fused = simulate_call(p, cfg, t);
+  cfg.sync = Sync::kSentinel;
+  const CallResult in_call = simulate_call(p, cfg, t);
+  cfg.sync = Sync::kSentinelDeferred;
+  const CallResult deferred = simulate_call(p, cfg, t);
+  EXPECT_NEAR(deferred.wire_bytes, deferred.payload_bytes, 1e-9 * deferred.payload_bytes);
+  EXPECT_DOUBLE_EQ(in_call.wire_bytes, deferred.wire_bytes);
+  EXPECT_GT(fused.wire_bytes, deferred.wire_bytes);
+  // The reset of the busiest receiver, if all W workers of a rank shared it perfectly.
+  double most_rows = 0;
+  for (double r : deferred.recv_rows) most_rows = std::max(most_rows, r);
+  const double payload = row_payload_bytes(Op::kDispatch, 7168, 2, 8);
+  const double reset_floor = most_rows * payload / p.cost.local_copy_GBps / p.cost.workers_per_rank;
+  ASSERT_GT(reset_floor, 1000);  // > 1 us: the shape is big enough to show it
+  EXPECT_GE(in_call.makespan_ns - deferred.makespan_ns, 0.9 * reset_floor);
+  EXPECT_LE(deferred.makespan_ns, fused.makespan_ns);  // fewer bytes, same receive work
+}
+
 TEST(SimCall, RejectsBadInput) {
   const Preset p = make_preset("cm384", 8);
   const Traffic t = draw_traffic(16, 64, 4, 8, 0, 1.0, 1);
@@ -136,7 +165,7 @@ TEST(SimCall, RejectsBadInput) {
 // One name table per enum (core/enum_names.hpp): names round-trip, the alias parses but is never
 // printed, and the error lists the accepted names.
 TEST(SimCall, NamesRoundTrip) {
-  for (Sync s : {Sync::kFused, Sync::kStopAndWait, Sync::kSentinel})
+  for (Sync s : {Sync::kFused, Sync::kStopAndWait, Sync::kSentinel, Sync::kSentinelDeferred})
     EXPECT_EQ(parse_sync(sync_name(s)), s);
   for (Algo a : {Algo::kBsp, Algo::kUbep}) EXPECT_EQ(parse_algo(algo_name(a)), a);
   EXPECT_EQ(parse_sync("stop_and_wait"), Sync::kStopAndWait);
