@@ -53,7 +53,9 @@ TEST(EventQueue, ZeroDelayEventsKeepTheOrder) {
   EXPECT_GT(zero, 50);
   for (size_t i = 1; i < ran.size(); ++i) {
     ASSERT_LE(ran[i - 1].time, ran[i].time) << i;
-    if (ran[i - 1].time == ran[i].time) ASSERT_LT(ran[i - 1].seq, ran[i].seq) << i;
+    if (ran[i - 1].time == ran[i].time) {
+      ASSERT_LT(ran[i - 1].seq, ran[i].seq) << i;
+    }
   }
 }
 
