@@ -93,7 +93,7 @@ struct CallResult {
   double barrier_ns = 0;          // bsp: wall time inside barriers (rank 0's view)
   uint64_t planned_items = 0, simulated_items = 0, events = 0;
   uint64_t resolves = 0, flows_refilled = 0;  // the max-min solver's work (engine.hpp)
-  uint64_t trace = 0;  // Network::trace: equal runs have equal traces
+  uint64_t trace = 0;                         // Network::trace: equal runs have equal traces
   double wire_bytes = 0;                      // bytes of data on the wire (planned items)
   double payload_bytes = 0;                   // useful bytes (rows x row payload)
   std::vector<Transfer> transfers;            // when CallConfig::record_transfers

@@ -277,7 +277,7 @@ void Network::start_flow(const std::vector<int>& path, double bytes, double late
     auto& on_link = links_[static_cast<size_t>(f.path[h])].flows;
     f.slot[h] = static_cast<int>(on_link.size());
     on_link.push_back(id);
-    ++lstate_[static_cast<size_t>(f.path[h])].fresh;  // maxmin.cpp's threshold
+    ++lstate_[static_cast<size_t>(f.path[h])].fresh;        // maxmin.cpp's threshold
     if (on_link.size() == 2) split_links(on_link.front());  // no longer its alone
   }
   split_links(id);

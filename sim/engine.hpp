@@ -137,10 +137,10 @@ class Network {
   // only caps on its rate: of those only the one that fills first matters, `cap_link`, least
   // (capacity, id), the key its link had in the solver's heap.
   struct FlowState {
-    double key = 0;       // the rate; +inf: started in this instant, no rate yet
-    double cap = 0;       // capacity of cap_link
-    uint32_t mark = 0;    // 2 * epoch: in the resolve's component; 2 * epoch + 1: frozen
-    int cap_link = -1;    // -1: none
+    double key = 0;     // the rate; +inf: started in this instant, no rate yet
+    double cap = 0;     // capacity of cap_link
+    uint32_t mark = 0;  // 2 * epoch: in the resolve's component; 2 * epoch + 1: frozen
+    int cap_link = -1;  // -1: none
     int shared[4] = {-1, -1, -1, -1};
   };
   struct Flow {
@@ -156,7 +156,7 @@ class Network {
     uint32_t version = 0;  // bumps when an earlier finish event replaces the pending one
     double due = 0;        // time of the pending finish event
   };
-  void settle(Flow& f);  // bring `remaining` up to now at the old rate
+  void settle(Flow& f);                             // bring `remaining` up to now at the old rate
   void set_rate(int id, double rate, double from);  // a changed rate onto the Flow, its check
   void backdate(Flow& f, double old_rate, double from);
   void apply_rates();
@@ -210,8 +210,8 @@ class Network {
   uint32_t flow_epoch_ = 0;  // FlowState::mark's epoch (restarts, with every mark, on overflow)
   std::vector<int> comp_flows_, comp_links_;  // scratch of resolve
   std::vector<Share> heap_, caps_;  // scratch of resolve, kept to avoid one allocation per resolve
-  Share caps_min_{};         // the first of caps_ in heap order
-  bool caps_live_ = false;   // caps_ is a heap of the single-flow links still unfrozen
+  Share caps_min_{};                // the first of caps_ in heap order
+  bool caps_live_ = false;          // caps_ is a heap of the single-flow links still unfrozen
 };
 
 }  // namespace ubep::sim

@@ -99,7 +99,7 @@ double Network::threshold() const {
 // rate, under the key the link itself had, (capacity, id). The walk keeps only the least of
 // those keys; cap_first queues the caps of the flows still unfrozen if the level reaches it.
 void Network::collect_component(double theta) {
-  ++epoch_;  // the changed links already carry this epoch (touch)
+  ++epoch_;                          // the changed links already carry this epoch (touch)
   if (++flow_epoch_ > 0x7ffffffe) {  // 2 * epoch + 1 must fit FlowState::mark
     for (FlowState& st : fstate_) st.mark = 0;
     flow_epoch_ = 1;
@@ -144,8 +144,7 @@ void Network::collect_component(double theta) {
 // Whether the link that fills first is a single-flow link (then it is caps_.front()) rather than
 // heap_.front().
 bool Network::cap_first() {
-  if (!caps_live_ && caps_min_.link >= 0 &&
-      (heap_.empty() || !Later{}(caps_min_, heap_.front()))) {
+  if (!caps_live_ && caps_min_.link >= 0 && (heap_.empty() || !Later{}(caps_min_, heap_.front()))) {
     // The first time a single-flow link could come first: queue only those whose flow is still
     // unfrozen. A frozen flow's link pops with nothing to do, and most of them (a worker's own
     // engine, under a port that bound first) would be popped at the end only to be skipped.

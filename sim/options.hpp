@@ -33,7 +33,7 @@ struct Options {
   bool plan_receivers = true;  // --receivers on|off: the scheduler's receiver term
   bool plan_sharing = true;    // --sharing on|off: the scheduler's work-conserving links
   int64_t min_piece_bytes = sched::kDefaultMinPieceBytes;  // --min-piece-bytes
-  int steps = 100;             // tpot
+  int steps = 100;                                         // tpot
   int moe_layers = 58, dense_layers = 3;
   int repeats = 3;                           // bench
   int resolve_ns = 0;                        // Network::end_instant quantum (0 = exact)

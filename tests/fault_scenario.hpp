@@ -248,8 +248,9 @@ inline void run_mismatch_scenario(Group& g, Algorithm algo, int latency_rank, bo
   EXPECT_EQ(seen.kind, "InvalidArgument") << seen.what;
   EXPECT_TRUE(contains(seen.what, "a different call (layout or placement)")) << seen.what;
   if (me == latency_rank) {
-    EXPECT_TRUE(contains(seen.what, "dispatch: rank ") && !contains(seen.what, "dispatch: rank " +
-                std::to_string(me) + " made")) << seen.what;
+    EXPECT_TRUE(contains(seen.what, "dispatch: rank ") &&
+                !contains(seen.what, "dispatch: rank " + std::to_string(me) + " made"))
+        << seen.what;
   } else {
     EXPECT_TRUE(contains(seen.what, "dispatch: rank " + std::to_string(latency_rank) + " made"))
         << seen.what;

@@ -74,9 +74,10 @@ ExpectedDispatch expected_dispatch(const Problem& p, int me);
 using ExpertFn = float (*)(float v, int64_t which);
 
 // Expected combine output of rank `me` (as floats rounded to the dtype), when every expert rank
-// feeds combine with `expert` (expert_fn unless given) applied to its received rows. The order of the fp32 sum is
-// DESIGN §2's, per host: each host's contributions from 0 in ascending rank (or k), then the
-// host partials in ascending host order, the first taken as is (on one host: the plain order).
+// feeds combine with `expert` (expert_fn unless given) applied to its received rows. The order of
+// the fp32 sum is DESIGN §2's, per host: each host's contributions from 0 in ascending rank (or k),
+// then the host partials in ascending host order, the first taken as is (on one host: the plain
+// order).
 std::vector<float> expected_combine(const Problem& p, int me, Layout layout,
                                     ExpertFn expert = expert_fn);
 

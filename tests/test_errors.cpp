@@ -186,9 +186,12 @@ TEST(BadCall, SecondCombineAcrossHostsIsRejected) {
           DispatchResult r =
               b.dispatch(p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, c.layout));
           b.combine({r.recv_x, r.handle});
-          expect_invalid([&] { b.combine({r.recv_x, r.handle}); },
-                         "already combined; a repeated combine of one dispatch needs the group "
-                         "on one host, this one spans 2");
+          expect_invalid(
+              [&] {
+                b.combine({r.recv_x, r.handle});
+              },
+              "already combined; a repeated combine of one dispatch needs the group "
+              "on one host, this one spans 2");
         },
         opts);
   }

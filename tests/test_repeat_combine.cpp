@@ -55,8 +55,8 @@ void expect_bits(const TensorView& y, const std::vector<float>& want, DType dt, 
   for (int64_t i = 0; i < tokens * H; ++i) {
     const float got = load_value(y.data, i, dt), w = want[static_cast<size_t>(i)];
     if (std::memcmp(&got, &w, 4) != 0) {
-      ADD_FAILURE() << what << ": token " << i / H << " h " << i % H << ": got " << got
-                    << " want " << w;
+      ADD_FAILURE() << what << ": token " << i / H << " h " << i % H << ": got " << got << " want "
+                    << w;
       return;
     }
   }
@@ -136,8 +136,8 @@ void run_repeats(const Mode& m) {
           }
         }
         // Ordinary calls afterwards.
-        const Problem p = make_problem(R, c.experts, c.hidden, c.dtype, {6, 6, 6}, c.topk,
-                                       Routing::kUniform, 77);
+        const Problem p =
+            make_problem(R, c.experts, c.hidden, c.dtype, {6, 6, 6}, c.topk, Routing::kUniform, 77);
         run_and_check(g, c, p, &b, nullptr);
         run_and_check(g, c, p, &b, nullptr, true);
       });
@@ -181,8 +181,8 @@ TEST(RepeatedCombine, PeerStillInTheFirstCombine) {
         return b.combine(a);
       };
       if (me == 1) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      expect_bits(combine(first), expected_combine(p, me, c.layout), c.dtype, in.tokens,
-                  c.hidden, "first");
+      expect_bits(combine(first), expected_combine(p, me, c.layout), c.dtype, in.tokens, c.hidden,
+                  "first");
       expect_bits(combine(second), expected_combine(p, me, c.layout, other_expert), c.dtype,
                   in.tokens, c.hidden, "second");
     });

@@ -291,8 +291,8 @@ class Scheduler {
   std::vector<double> fluid_links_, fluid_finish_;
   std::vector<int32_t> fluid_begin_;
   std::vector<int32_t> group_of_;  // per destination rank: its fluid receiver group, -1 none
-  bool receivers_first_ = false;  // balanced chose a grouped candidate: emit them first
-  bool far_first_ = true;         // emit far first (all but naive's own order)
+  bool receivers_first_ = false;   // balanced chose a grouped candidate: emit them first
+  bool far_first_ = true;          // emit far first (all but naive's own order)
 };
 
 // ---- Link sharing: evaluating a plan with a work-conserving link -----------------------------

@@ -143,8 +143,7 @@ Borrowed borrow_impl(pb::handle obj, const char* what, DType expect, bool writab
   } else {
     throw InvalidArgument(detail::concat(what, ": __dlpack__ did not return a DLPack capsule"));
   }
-  const std::optional<Device> on =
-      device_of(t->device.device_type, t->device.device_id, device);
+  const std::optional<Device> on = device_of(t->device.device_type, t->device.device_id, device);
   UBEP_CHECK_ARG(on.has_value(), what, ": the array is on device ",
                  dl::device_name(t->device.device_type), ":", t->device.device_id,
                  " (DLPack), the buffer on ", device.describe(),
@@ -247,7 +246,8 @@ Borrowed borrow_writable(pb::handle obj, const char* what, DType expect, const D
 }
 
 pb::object device_ones(int64_t n, int64_t k, pb::handle like) {
-  UBEP_CHECK_ARG(g_device_ones != nullptr, "dispatch: topk_weights=None on a GPU buffer needs "
+  UBEP_CHECK_ARG(g_device_ones != nullptr,
+                 "dispatch: topk_weights=None on a GPU buffer needs "
                  "torch (the ones are made on the GPU); pass topk_weights");
   try {
     return (*g_device_ones)(n, k, like);
@@ -295,10 +295,9 @@ pb::object to_array(const TensorView& v, pb::handle owner, Kind kind) {
     if (!t) throw pb::error_already_set();
     return pb::reinterpret_steal<pb::object>(t);
   }
-  pb::object out =
-      v.device.type == DeviceType::kCuda
-          ? pb::cast(DeviceArrayOut{{v, pb::reinterpret_borrow<pb::object>(owner)}})
-          : pb::cast(ArrayOut{v, pb::reinterpret_borrow<pb::object>(owner)});
+  pb::object out = v.device.type == DeviceType::kCuda
+                       ? pb::cast(DeviceArrayOut{{v, pb::reinterpret_borrow<pb::object>(owner)}})
+                       : pb::cast(ArrayOut{v, pb::reinterpret_borrow<pb::object>(owner)});
   if (kind == Kind::kNumpy && g_numpy_from_dlpack) return (*g_numpy_from_dlpack)(out);
   return out;
 }
@@ -312,7 +311,9 @@ void def_view_methods(C& c) {
        "__dlpack__",
        // stream: results are complete when the call returns (the CUDA backend synchronises
        // before returning), so there is nothing to order on the consumer's stream.
-       [](const T& a, pb::object /*stream*/, pb::kwargs) { return export_capsule(a.view, a.owner); },
+       [](const T& a, pb::object /*stream*/, pb::kwargs) {
+         return export_capsule(a.view, a.owner);
+       },
        pb::arg("stream") = pb::none())
       .def("__dlpack_device__",
            [](const T& a) {
@@ -346,11 +347,11 @@ void bind_arrays(pb::module_& m) {
       strides.insert(strides.begin(), stride);
       stride *= a.view.dim(i);
     }
-    const char* format = a.view.dtype == DType::kBF16    ? "H"
-                         : a.view.dtype == DType::kFP32  ? "f"
-                         : a.view.dtype == DType::kInt32 ? "i"
+    const char* format = a.view.dtype == DType::kBF16      ? "H"
+                         : a.view.dtype == DType::kFP32    ? "f"
+                         : a.view.dtype == DType::kInt32   ? "i"
                          : a.view.dtype == DType::kFP8E4M3 ? "B"  // e4m3 codes as bytes
-                                                         : "q";
+                                                           : "q";
     return pb::buffer_info(a.view.data, item, format, a.view.ndim, shape, strides, false);
   });
   def_view_methods(host);
@@ -360,13 +361,11 @@ void bind_arrays(pb::module_& m) {
                                  "A view of ubep GPU memory (a cuda buffer's result) behind the "
                                  "DLPack protocol (kDLCUDA): torch.from_dlpack, cupy.from_dlpack.");
   def_view_methods(gpu);
-  gpu.def(
-      "__array__",
-      [](const DeviceArrayOut& a, pb::args, pb::kwargs) -> pb::object {
-        throw InvalidArgument(detail::concat(
-            "a view of GPU memory (", a.view.describe(),
-            ") has no NumPy form: take it with torch.from_dlpack (then .cpu()) or cupy"));
-      });
+  gpu.def("__array__", [](const DeviceArrayOut& a, pb::args, pb::kwargs) -> pb::object {
+    throw InvalidArgument(detail::concat(
+        "a view of GPU memory (", a.view.describe(),
+        ") has no NumPy form: take it with torch.from_dlpack (then .cpu()) or cupy"));
+  });
   m.def("_set_converters", &set_converters, pb::arg("torch_from_dlpack"),
         pb::arg("numpy_from_dlpack"));
   m.def(

@@ -70,7 +70,7 @@ pb::tuple PyBuffer::dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
     const size_t n = static_cast<size_t>(std::max<int64_t>(bi.view.numel(), 0));
     if (b.ones_.size() < n) b.ones_.assign(n, 1.0f);
     a.topk_weights = TensorView(b.ones_.data(), DType::kFP32, {bi.view.dim(0), bi.view.dim(1)});
-    a.topk_weights.device = dev;  // host memory: cpu or the simulation device
+    a.topk_weights.device = dev;                      // host memory: cpu or the simulation device
     if (bi.view.ndim != 2) a.topk_weights = bi.view;  // let validation name the bad topk_idx
   } else {
     bw = borrow(topk_weights, "dispatch: topk_weights", DType::kFP32, dev);
@@ -284,8 +284,8 @@ void PyBuffer::deep_ep_layout(uint64_t handle, pb::handle count, pb::handle src_
   });
 }
 
-pb::tuple PyBuffer::deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
-                                     int kind, pb::handle count, pb::handle src_info,
+pb::tuple PyBuffer::deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle topk_idx, int kind,
+                                     pb::handle count, pb::handle src_info,
                                      pb::handle layout_range) {
   PyBuffer& b = self.cast<PyBuffer&>();
   Buffer& buf = *b.buf_;
@@ -362,7 +362,9 @@ pb::list PyBuffer::time_calls(pb::handle x, pb::handle topk_idx, pb::handle topk
   return time_pairs(
       buf.group(), iters, warmup, barrier, [&] { return buf.dispatch(a); },
       [&](const DispatchResult& r) { identity_expert(buf, r); },
-      [&](const DispatchResult& r) { buf.combine({buf.combine_buffer(), r.handle}); });
+      [&](const DispatchResult& r) {
+        buf.combine({buf.combine_buffer(), r.handle});
+      });
 }
 
 void bind_buffer(pb::module_& m) {
@@ -370,8 +372,8 @@ void bind_buffer(pb::module_& m) {
       .def(pb::init([](pb::object group, int64_t max_tokens_per_rank, int64_t hidden,
                        const std::string& dtype, int num_experts, int max_topk,
                        const std::string& algorithm, int num_workers, bool enable_latency_layout,
-                       const std::string& sync, const std::string& placement,
-                       bool fp8_pow2_scales, const std::string& device, bool mask_dead_ranks) {
+                       const std::string& sync, const std::string& placement, bool fp8_pow2_scales,
+                       const std::string& device, bool mask_dead_ranks) {
              BufferConfig c;
              c.max_tokens_per_rank = max_tokens_per_rank;
              c.hidden = hidden;
@@ -398,9 +400,8 @@ void bind_buffer(pb::module_& m) {
            pb::arg("x_scales") = pb::none(), pb::arg("x_dtype") = "")
       .def("dispatch_recv", &PyBuffer::dispatch_recv)
       .def("wait_recv_range", &PyBuffer::wait_recv_range)
-      .def("combine", &PyBuffer::combine, pb::arg("x"), pb::arg("handle"),
-           pb::arg("topk_weights"), pb::arg("kind"), pb::arg("send_only"),
-           pb::arg("out") = pb::none())
+      .def("combine", &PyBuffer::combine, pb::arg("x"), pb::arg("handle"), pb::arg("topk_weights"),
+           pb::arg("kind"), pb::arg("send_only"), pb::arg("out") = pb::none())
       .def("combine_recv", &PyBuffer::combine_recv)
       .def("view", &PyBuffer::view)
       .def("last_stats", &PyBuffer::last_stats)

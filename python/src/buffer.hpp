@@ -53,8 +53,7 @@ class PyBuffer {
   // weights to come at combine (ones meanwhile), then deep_ep_layout of it into count,
   // src_info and layout_range. Returns (recv_x, handle); recv_count is in `count`.
   static pb::tuple deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle topk_idx, int kind,
-                                    pb::handle count, pb::handle src_info,
-                                    pb::handle layout_range);
+                                    pb::handle count, pb::handle src_info, pb::handle layout_range);
   // combine(x, handle, topk_weights, out=out) returning nothing (y is `out`, the cpu device):
   // no result array to convert. x None: the zero-copy combine buffer of the last dispatch.
   void combine_into(pb::handle x, uint64_t handle, pb::handle topk_weights, pb::handle out);

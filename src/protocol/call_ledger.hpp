@@ -54,8 +54,7 @@ class CallLedger {
   void join(const char* what) {
     for (int r = 0; r < ranks_; ++r) {
       const uint32_t word = r != rank_ ? read_(r) : 0u;
-      UBEP_CHECK(!is_dead(word), PeerFailedError, what, " (call ", calls_, "): rank ", r,
-                 " died");
+      UBEP_CHECK(!is_dead(word), PeerFailedError, what, " (call ", calls_, "): rank ", r, " died");
       if (!is_broken(word)) continue;
       const uint64_t at = marked_call(word, calls_);
       if (at > calls_) continue;  // it broke in a later call: it had sent its part of this one

@@ -47,8 +47,8 @@ double Scheduler::fluid_span(bool credit) {
     group_of_.assign(static_cast<size_t>(topology_.ranks()), -1);
     for (int32_t d : bound_dests_) {
       group_of_[static_cast<size_t>(d)] = static_cast<int32_t>(groups.size());
-      groups.push_back({own_bytes_[static_cast<size_t>(d)], floor_ns_[static_cast<size_t>(d)] /
-                                                                  flow_share_[static_cast<size_t>(d)]});
+      groups.push_back({own_bytes_[static_cast<size_t>(d)],
+                        floor_ns_[static_cast<size_t>(d)] / flow_share_[static_cast<size_t>(d)]});
     }
   }
   fluid_begin_.assign(W + 1, 0);

@@ -27,8 +27,8 @@ TEST(Pieces, HandCountedItems) {
   Scheduler per_row(topo, opt);
   struct Want {
     int64_t rows_per_expert;
-    size_t items;       // with the floor
-    int64_t min_rows;   // smallest item
+    size_t items;      // with the floor
+    int64_t min_rows;  // smallest item
   };
   // 4 rows per expert (EP64 BS128 top-8 on average): 1,024 rows, cap 1024 / 384 = 2 rows, so
   // two pieces per expert: 512 items instead of 1,024. 16 rows: cap 10, floor 5, 16 / 5 = 3
@@ -55,7 +55,9 @@ std::vector<std::tuple<int64_t, int64_t, int64_t, int>> per_row_reference(
     const int64_t n = rows[u];
     for (int64_t s = 0; s < W; ++s) {
       const int64_t b = n * s / W, e = n * (s + 1) / W;
-      if (b < e) out.emplace_back(static_cast<int64_t>(u), b, e, static_cast<int>((s + static_cast<int64_t>(u)) % W));
+      if (b < e)
+        out.emplace_back(static_cast<int64_t>(u), b, e,
+                         static_cast<int>((s + static_cast<int64_t>(u)) % W));
     }
   }
   std::sort(out.begin(), out.end());
@@ -68,9 +70,9 @@ TEST(Pieces, NoPieceBelowTheFloorAndNoFloorIsTheOldPlan) {
     return lo + static_cast<int64_t>(g() % static_cast<uint64_t>(hi - lo + 1));
   };
   for (int iter = 0; iter < 300; ++iter) {
-    const Topology topo = pick(0, 1) ? cm384(static_cast<int>(pick(2, 96)))
-                                     : hosts_by_ranks(static_cast<int>(pick(1, 4)),
-                                                      static_cast<int>(pick(1, 8)));
+    const Topology topo =
+        pick(0, 1) ? cm384(static_cast<int>(pick(2, 96)))
+                   : hosts_by_ranks(static_cast<int>(pick(1, 4)), static_cast<int>(pick(1, 8)));
     const int per_rank = static_cast<int>(pick(0, 4));
     const size_t units =
         static_cast<size_t>(topo.ranks()) * static_cast<size_t>(std::max(per_rank, 1));
@@ -83,9 +85,9 @@ TEST(Pieces, NoPieceBelowTheFloorAndNoFloorIsTheOldPlan) {
     SchedulerOptions opt{static_cast<int>(pick(1, 64)), Policy::kNaive};
     opt.min_piece_bytes = pick(0, 3) == 0 ? 0 : pick(1, 200000);
     const int64_t row_bytes = pick(0, 1) ? 14336 : pick(1, 5000);
-    const int64_t floor_rows = std::max<int64_t>(
-        1, std::min((opt.min_piece_bytes + row_bytes - 1) / row_bytes,
-                    total / (opt.workers * kMinPiecesPerWorker)));
+    const int64_t floor_rows =
+        std::max<int64_t>(1, std::min((opt.min_piece_bytes + row_bytes - 1) / row_bytes,
+                                      total / (opt.workers * kMinPiecesPerWorker)));
     const auto src = static_cast<int>(pick(0, topo.ranks() - 1));
     Scheduler sched(topo, opt);
     SCOPED_TRACE("case " + std::to_string(iter) + ": " + topo.describe() + ", " +

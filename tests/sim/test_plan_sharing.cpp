@@ -112,7 +112,6 @@ std::vector<double> engine_finish(const Case& c, const Plan& plan) {
   return finish;
 }
 
-
 // Per destination rank: the distinct workers a plan sends to it over (its concurrent flows).
 std::vector<int> flows_of(const Plan& plan, int ranks) {
   std::vector<int> n(static_cast<size_t>(ranks), 0);
@@ -235,8 +234,9 @@ std::vector<double> stepped_finish(const Case& c, const Plan& plan, double dt,
       left[w] -= moved;
       if (left[w] <= 1e-9 * it->bytes) {
         const double end = now + (rate[w] > 0 ? moved / rate[w] : 0);
-        finish[w] = std::max(finish[w], end + it->latency_ns +
-                                            static_cast<double>(it->rows()) * c.options.consume_row_ns);
+        finish[w] =
+            std::max(finish[w], end + it->latency_ns +
+                                    static_cast<double>(it->rows()) * c.options.consume_row_ns);
         ++next[w];
         if (const PlanItem* n = item_of(w)) left[w] = n->bytes;
       }
@@ -299,8 +299,9 @@ TEST(PlanSharing, ReceiverEnvelopeByHand) {
   using sched::detail::FluidGroup;
   using sched::detail::FluidItem;
   const std::vector<FluidItem> items = {
-      {0, 0, 5000, 0, -1}, {0, 0, 500, 0, 0},  // worker A
-      {0, 0, 500, 0, 0},                         // worker B
+      {0, 0, 5000, 0, -1},
+      {0, 0, 500, 0, 0},  // worker A
+      {0, 0, 500, 0, 0},  // worker B
   };
   const std::vector<int32_t> begin = {0, 2, 3};
   const std::vector<double> links = {10};

@@ -52,8 +52,8 @@ struct Error {
 Error compare(const CallResult& exact, const CallResult& coarse) {
   Error e;
   for (size_t r = 0; r < exact.finish_ns.size(); ++r)
-    e.worst = std::max(e.worst,
-                       std::abs(coarse.finish_ns[r] - exact.finish_ns[r]) / exact.makespan_ns);
+    e.worst =
+        std::max(e.worst, std::abs(coarse.finish_ns[r] - exact.finish_ns[r]) / exact.makespan_ns);
   e.makespan = (coarse.makespan_ns - exact.makespan_ns) / exact.makespan_ns;
   return e;
 }
@@ -80,15 +80,16 @@ TEST(MaxMin, ResolveQuantumErrorIsBounded) {
             const Error e = compare(exact, coarse);
             worst[i] = std::max(worst[i], e.worst);
             if (std::abs(e.makespan) > std::abs(span[i])) span[i] = e.makespan;
-            EXPECT_LT(e.worst, quanta[i] <= 50 ? 0.01 : 0.02) << ranks << "x" << tokens << " hot " << hot << " "
-                                     << algo_name(a) << " " << op_name(op) << " quantum "
-                                     << quanta[i];
+            EXPECT_LT(e.worst, quanta[i] <= 50 ? 0.01 : 0.02)
+                << ranks << "x" << tokens << " hot " << hot << " " << algo_name(a) << " "
+                << op_name(op) << " quantum " << quanta[i];
           }
         }
     }
     for (size_t i = 0; i < quanta.size(); ++i)
-      std::printf("%d x %d, resolve quantum %d ns: largest finish-time error %.3g of the "
-                  "makespan, largest makespan error %+.3g\n",
-                  ranks, tokens, quanta[i], worst[i], span[i]);
+      std::printf(
+          "%d x %d, resolve quantum %d ns: largest finish-time error %.3g of the "
+          "makespan, largest makespan error %+.3g\n",
+          ranks, tokens, quanta[i], worst[i], span[i]);
   }
 }

@@ -39,7 +39,6 @@ double time_us(int iters, F&& f) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count() / iters;
 }
 
-
 // A decode combine's reduction out of cache: 128 tokens x 8 weighted rows placed at random in a
 // window of 2 x 128 x 8 rows, 8 such windows used in turn (117 MB: more than the L3), one thread.
 // Times the library's reduction with and without the next token's rows as a prefetch hint, and
@@ -68,8 +67,8 @@ void combine_out_of_cache(int64_t hidden, int calls) {
       rows_of(win, t, p);
       uint16_t* o = &out[static_cast<size_t>(t) * row];
       if (variant == 0) {  // the bench's or-reduce bound (tools/bench/or_reduce.hpp), plain
-        tools::or_reduce(reinterpret_cast<char*>(o), reinterpret_cast<const char* const*>(p),
-                         kTopk, row * sizeof(uint16_t), tools::OrReduce{}, nullptr, 0);
+        tools::or_reduce(reinterpret_cast<char*>(o), reinterpret_cast<const char* const*>(p), kTopk,
+                         row * sizeof(uint16_t), tools::OrReduce{}, nullptr, 0);
         continue;
       }
       const bool hint = variant == 2 && t + 1 < kTokens;
