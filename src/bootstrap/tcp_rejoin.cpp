@@ -31,7 +31,7 @@ constexpr auto kConnectBound = std::chrono::milliseconds(300);
 // came back may drop its first frames for up to a second (the kernel applies a carrier change
 // to the bridge port late, and a lost ARP request is retried only after 1 s), longer than one
 // connect bound. Bounded, so a replacement without any live group still fails by name.
-constexpr auto kDoorWindow = std::chrono::seconds(3);
+constexpr auto kDoorWindow = std::chrono::seconds(2);
 
 struct AskMesh {
   uint32_t magic;
