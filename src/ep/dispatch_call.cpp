@@ -19,17 +19,9 @@ DispatchCall::DispatchCall(int r, const BufferConfig& cfg, int R)
       offsets_ready_(static_cast<size_t>(R)),
       masked_(static_cast<size_t>(R), 0) {}
 
-void DispatchCall::build_routing(const DispatchArgs& a, const BufferConfig& cfg, size_t row_bytes) {
+void DispatchCall::build_routing(const DispatchArgs& a, const BufferConfig& cfg) {
   routing_.build(a, cfg, masked_.data());  // validates: throws before anything is sent
   weights_replaced_ = false;
-  double rows = 0;
-  for (int d = 0; d < ranks; ++d) rows += routing_.dest_rows[static_cast<size_t>(d)];
-  if (a.layout == Layout::kLatency) {
-    rows = 0;
-    for (int64_t i = 0; i < routing_.num_tokens * routing_.topk; ++i)
-      rows += routing_.topk_idx[static_cast<size_t>(i)] >= 0;
-  }
-  stream_rows_ = rows * static_cast<double>(row_bytes) >= kStreamBytes;
   layout_ = a.layout;
   placement_ = cfg.placement == Placement::kAuto ? placement_for(layout_) : cfg.placement;
   topk_mismatch_.store(-1, std::memory_order_relaxed);

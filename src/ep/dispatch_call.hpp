@@ -42,12 +42,12 @@ class DispatchCall {
   DispatchCall(int rank, const BufferConfig& cfg, int ranks);
 
   // --- the input, set by the engine for each dispatch ---
-  // Validates the arguments and builds the routing (throws before anything is written), decides
-  // the per-call store policy, then takes this rank's dispatch rows by token from rows_of()
+  // Validates the arguments and builds the routing (throws before anything is written), then
+  // takes this rank's dispatch rows by token from rows_of()
   // (the caller's x and x_scales, or their fp8 cast: made only once the arguments are valid).
   template <typename RowsOf>
-  void route(const DispatchArgs& a, const BufferConfig& cfg, size_t row_bytes, RowsOf&& rows_of) {
-    build_routing(a, cfg, row_bytes);
+  void route(const DispatchArgs& a, const BufferConfig& cfg, RowsOf&& rows_of) {
+    build_routing(a, cfg);
     rows_ = rows_of();
   }
   // A combine with its own topk_weights (latency layout) weighs with them; one without uses the
@@ -71,12 +71,16 @@ class DispatchCall {
   void set_masked(const std::vector<uint8_t>& m) { masked_ = m; }
   // Rows of one local expert's region in the latency layout: a slot per (source, token).
   int64_t expert_slots() const { return static_cast<int64_t>(ranks) * max_tokens; }
-  // Rows into a peer's dispatch output: non-temporal stores when the call moves more than
-  // kStreamBytes (they skip the read-for-ownership of lines the writer never reads, like
-  // DeepEP's no-allocate stores), plain stores for small calls whose rows the receiver reads
-  // while they are still in cache.
-  static constexpr double kStreamBytes = 4.0 * (1 << 20);
-  bool stream_rows() const { return stream_rows_; }
+  // Rows into a peer's dispatch output go with non-temporal stores at every size: they skip the
+  // read-for-ownership of lines the writer never reads (like DeepEP's no-allocate stores).
+  // Plain stores below 4 MiB, meant to leave small calls' rows in cache for their receiver,
+  // lost on the project's AMD EPYC VM (2026-12-03, 2 MPI ranks, old and new binary alternated,
+  // docs/PERFORMANCE.md): tiny dispatch 11.4-13.9 us against 9.0-25.0 us (medians of 6 runs 12.9
+  // against 23.4), 16 tokens (1.8 MB a rank) 306 against 425 us (medians of 4), while the
+  // expert's first read of the rows after the call moved by less: 16.9 against 19.2 us (tiny),
+  // 420 against 401 us (16 tokens). Combine outputs keep a threshold
+  // (reducer.hpp: there the caller reads y right away, and streaming it did not pay).
+  static constexpr double kStreamBytes = 4.0 * (1 << 20);  // combine outputs only
 
   // --- sender side: where this rank's rows start at each destination (from the count records
   // of the lower-ranked sources). Kept for combine, which reads the rows back there.
@@ -151,7 +155,7 @@ class DispatchCall {
                  int64_t* push_slot) const;
 
  private:
-  void build_routing(const DispatchArgs& a, const BufferConfig& cfg, size_t row_bytes);
+  void build_routing(const DispatchArgs& a, const BufferConfig& cfg);
 
   Routing routing_;
   RowArrays rows_;
@@ -159,7 +163,6 @@ class DispatchCall {
   bool weights_replaced_ = false;
   Layout layout_ = Layout::kThroughput;
   Placement placement_ = Placement::kCompact;
-  bool stream_rows_ = false;
   std::vector<int64_t> row_offset_at_;     // [R] throughput
   std::vector<int64_t> expert_offset_at_;  // [R, El] latency
   LocalArray recv_count_;                  // [El] int64
@@ -199,7 +202,7 @@ void DispatchCall::place_row(const Window& win, int dest, int source, int32_t t,
     const auto pos = row_off + slot;
     const auto p = static_cast<size_t>(pos);
     win.put_dispatch_row(win.at<char>(dest, m.tp_x) + p * xb,
-                         win.at<char>(dest, m.tp_scale) + p * sb, row, stream_rows_);
+                         win.at<char>(dest, m.tp_scale) + p * sb, row, /*stream=*/true);
     const int64_t src[2] = {source, t};
     win.put(win.at<int64_t>(dest, m.tp_src) + 2 * pos, src, sizeof src);
     int32_t oidx[64];
@@ -221,7 +224,7 @@ void DispatchCall::place_row(const Window& win, int dest, int source, int32_t t,
       const int64_t pos = le * expert_slots() + expert_off[le] + expert_slot[j];
       const auto p = static_cast<size_t>(pos);
       win.put_dispatch_row(win.at<char>(dest, m.lat_x) + p * xb,
-                           win.at<char>(dest, m.lat_scale) + p * sb, row, stream_rows_);
+                           win.at<char>(dest, m.lat_scale) + p * sb, row, /*stream=*/true);
       const int64_t src[2] = {source, t};
       win.put(win.at<int64_t>(dest, m.lat_src) + 2 * pos, src, sizeof src);
       const auto k = static_cast<int8_t>(j);

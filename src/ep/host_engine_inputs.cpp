@@ -12,7 +12,7 @@ void HostEngine::begin_dispatch(const DispatchArgs& a) {
                  "dispatch: latency layout requested but the buffer was created with "
                  "enable_latency_layout=false");
   // Validates: throws before anything is sent; the rows are taken (cast) once a is valid.
-  call_.route(a, cfg_, codec().row_bytes(), [&] { return dispatch_rows(a); });
+  call_.route(a, cfg_, [&] { return dispatch_rows(a); });
   dispatch_seq_ = window_.begin_call();
   machine_.dispatched();
   compacted_rows_ = -1;

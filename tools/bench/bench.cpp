@@ -244,8 +244,8 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     std::function<const CallStats*()> stats;
     std::function<void()> prepare;  // before each slice (sync mode of a shared buffer)
     Buffer* buf = nullptr;
-    std::vector<double> td, tc;
-    OpBreakdown dparts, cparts;  // dispatch's and combine's stages, waits and start times
+    std::vector<double> td, tc, te;  // dispatch, combine, the expert step between them
+    OpBreakdown dparts, cparts;      // dispatch's and combine's stages, waits and start times
     double barriers = 0, dbytes = 0, net_bytes = 0, net_rows = 0;
     int done = 0;         // iterations run, warm-up included
     uint64_t y_hash = 0;  // of the first call's y (host memory), 0 when not hashed
@@ -318,8 +318,10 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
         m.net_rows += static_cast<double>(sd->network_rows);
       }
       if (record) m.dparts.add(sd, t0);
+      const auto te = Clock::now();
       const CombineArgs ca =
           fp8 ? expert_fp8(r, m.buf, in, o.hidden) : expert_identity(r, m.buf, row_bytes);
+      if (record) m.te.push_back(us_since(te));
       start.wait();
       const auto t1 = Clock::now();
       TensorView y = m.combine(ca);
@@ -345,6 +347,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     rd.network_bytes = mean_over_ranks(g, m.net_bytes / o.iters);
     rd.network_rows = mean_over_ranks(g, m.net_rows / o.iters);
     rd.expected_network_rows = mean_over_ranks(g, expected_net_rows);
+    rd.expert_read_us = mean_over_ranks(g, percentile(m.te, 0.5));
     m.dparts.finish(g, m.td, &rd);
     rows.push_back(rd);
     BenchRow rc = make_row(g, m.impl, m.variant, "combine", m.tc, cbytes);

@@ -66,6 +66,10 @@ struct BenchRow {
   std::vector<std::pair<std::string, double>> candidates;  // bound: median µs of each kernel
   double network_bytes = 0, network_rows = 0;              // per rank per call, across hosts
   double expected_network_rows = 0;  // deduplicated volume computed from routing
+  // Dispatch: the bench's expert step right after the op (outside its timing), median µs, mean
+  // over ranks. Where a call leaves its rows decides what the expert's first read costs (from
+  // the sender's cache or from memory), so a store policy is judged by both numbers.
+  double expert_read_us = 0;
   // Median over the bound of the same op (0 when there is none), and over floor + bound: what a
   // call cannot beat (data must be copied, and a peer must see a flag).
   double x_bound = 0, x_floor_bound = 0;

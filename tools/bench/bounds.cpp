@@ -289,14 +289,12 @@ void BoundHarness::run(int iters, bool record) {
   const size_t L = b.layouts.size(), D = b.dk.size(), C = b.ck.size();
   // Every timed op starts from the memory state a call leaves its successor: the window half
   // flips at every op, as the epoch parity does, and each combine follows its own fresh
-  // dispatch (untimed, with the stores a call of this size uses: non-temporal from 4 MiB,
+  // dispatch (untimed, with the stores a call uses: non-temporal at every size,
   // dispatch_call.hpp) and expert copy. Combines run back to back over the same rows instead
   // find them in L3 from the previous candidate's copy: on the Zen 4 VM (2 ranks, decode) the
   // library's own reduction ran 25-40% faster there than inside a real combine -- a "bound"
   // no call can reach, because no call reads its rows twice.
-  const Kernel& staging = static_cast<double>(b.sends.size() * b.row_bytes) >= 4.0 * (1 << 20)
-                              ? b.dk.back()
-                              : b.dk.front();
+  const Kernel& staging = b.dk.back();
   for (int i = 0; i < iters; ++i, ++b.iterations) {
     // Rotate the order of the candidates, so none always runs first (or last) in an iteration.
     const auto rot = static_cast<size_t>(b.iterations);

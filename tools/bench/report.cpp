@@ -139,6 +139,8 @@ void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchR
     std::printf("%s %s stages (mean us):",
                 (r.impl + (r.variant.empty() ? "" : "(" + r.variant + ")")).c_str(), r.op.c_str());
     for (auto& [n, us] : r.stages) std::printf("  %s %.1f", n.c_str(), us);
+    if (r.op == "dispatch" && r.expert_read_us > 0)
+      std::printf("  | then the expert's read (median, outside the op) %.1f", r.expert_read_us);
     std::printf("\n");
   }
   for (const auto& r : rows)
@@ -198,6 +200,7 @@ void write_row(std::ofstream& f, const BenchOptions& o, const BenchRow& r, int r
     f << ", \"network_rows\": " << r.network_rows
       << ", \"expected_network_rows\": " << r.expected_network_rows
       << ", \"network_bytes\": " << r.network_bytes;
+  if (r.expert_read_us > 0) f << ", \"expert_read_us\": " << r.expert_read_us;
   if (!r.stages.empty()) {
     f << ", \"stages_us\": {";
     for (size_t s = 0; s < r.stages.size(); ++s)
