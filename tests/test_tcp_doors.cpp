@@ -1,6 +1,7 @@
 // The set-up of a replacement host in a TCP group (issue 32; src/bootstrap/tcp_rejoin.*): it asks
 // the other hosts' doors for the group, and every connect of the set-up is bounded, so a door or
 // rank that never answers costs the bound, not the kernel's SYN retries.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -116,6 +117,67 @@ TEST(TcpGroupSetUp, AConnectToASilentPeerEndsAtItsBound) {
   EXPECT_LT(took, std::chrono::milliseconds(900));  // the kernel's first SYN retry is at 1 s
   for (int fd : fill) close(fd);
   close(listener);
+}
+
+// A replacement connects to every rank of the other hosts (issue 32): all at once, so silent
+// peers (a cut host's ranks) cost one connect bound together, not one each. Here 2 silent peers
+// (full backlogs), 1 refusing (a port bound but not listening) and 1 live listener: the live one
+// is connected (blocking, a byte goes through), the others are -1, and the whole call ends at
+// its one bound, well before the 3 bounds the connects one after another took.
+TEST(TcpGroupSetUp, ConnectAllCostsOneBoundForEverySilentPeer) {
+  const auto bound_listener = [](int backlog, bool listening) {
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&at), sizeof at), 0);
+    if (listening) {
+      EXPECT_EQ(listen(fd, backlog), 0);
+    }
+    socklen_t len = sizeof at;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&at), &len);
+    return std::make_pair(fd, at);
+  };
+  std::vector<int> fill, own;
+  std::vector<sockaddr_in> addrs;
+  for (int s = 0; s < 2; ++s) {  // silent: the accept queue filled, later SYNs dropped
+    auto [fd, at] = bound_listener(0, true);
+    own.push_back(fd);
+    addrs.push_back(at);
+    for (int i = 0; i < 4; ++i) {
+      const int c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      connect(c, reinterpret_cast<sockaddr*>(&at), sizeof at);
+      fill.push_back(c);
+    }
+  }
+  auto [refuser, refused_at] = bound_listener(0, false);
+  auto [live, live_at] = bound_listener(8, true);
+  own.push_back(refuser);
+  own.push_back(live);
+  addrs.push_back(refused_at);
+  addrs.push_back(live_at);
+  const auto bound = std::chrono::milliseconds(300);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int> fds = bootstrap::connect_all(addrs, t0 + bound);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  ASSERT_EQ(fds.size(), 4u);
+  EXPECT_EQ(fds[0], -1);
+  EXPECT_EQ(fds[1], -1);
+  EXPECT_EQ(fds[2], -1);
+  ASSERT_GE(fds[3], 0);
+  EXPECT_EQ(fcntl(fds[3], F_GETFL) & O_NONBLOCK, 0);
+  const int peer = accept(live, nullptr, nullptr);
+  ASSERT_GE(peer, 0);
+  char b = 42, got = 0;
+  EXPECT_EQ(send(fds[3], &b, 1, 0), 1);
+  EXPECT_EQ(recv(peer, &got, 1, 0), 1);
+  EXPECT_EQ(got, 42);
+  EXPECT_GE(took, bound - std::chrono::milliseconds(10));
+  EXPECT_LT(took, 3 * bound - std::chrono::milliseconds(50));  // one after another: >= 3 bounds
+  close(peer);
+  close(fds[3]);
+  for (int fd : fill) close(fd);
+  for (int fd : own) close(fd);
 }
 
 // ---- a host replaced on loopback, then the group's barrier and allgather (issue 32) -------------

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -124,6 +125,105 @@ int connect_until(int fd, const sockaddr_in& addr, Clock::time_point until) {
   return err;
 }
 }  // namespace
+
+namespace {
+// connect_all's state for one address: its socket while a connect is under way, when to try again
+// after a refusal, and whether it is connected (then fd is blocking again, as the set-up expects).
+struct Pending {
+  int fd = -1;
+  Clock::time_point retry_at{};
+  bool connected = false;
+};
+
+void start_connect(Pending& p, const sockaddr_in& addr, Clock::time_point now) {
+  p.fd = new_socket();
+  fcntl(p.fd, F_SETFL, fcntl(p.fd, F_GETFL) | O_NONBLOCK);
+  const int err =
+      connect(p.fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0 ? 0 : errno;
+  if (err == 0) {
+    fcntl(p.fd, F_SETFL, fcntl(p.fd, F_GETFL) & ~O_NONBLOCK);
+    p.connected = true;
+  } else if (err != EINPROGRESS && err != EINTR) {  // refused, unreachable: again in 10 ms
+    close(p.fd);
+    p.fd = -1;
+    p.retry_at = now + std::chrono::milliseconds(10);
+  }
+}
+
+// A connect under way reported (POLLOUT/POLLERR): connected, or closed to be tried again.
+void finish_connect(Pending& p, Clock::time_point now) {
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(p.fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  if (err == 0) {
+    fcntl(p.fd, F_SETFL, fcntl(p.fd, F_GETFL) & ~O_NONBLOCK);
+    p.connected = true;
+    return;
+  }
+  close(p.fd);
+  p.fd = -1;
+  p.retry_at = now + std::chrono::milliseconds(10);
+}
+}  // namespace
+
+std::vector<int> connect_all(const std::vector<sockaddr_in>& addrs, Clock::time_point until,
+                             const std::function<bool(size_t, int)>& on_connect) {
+  std::vector<Pending> ps(addrs.size());
+  std::vector<bool> done(addrs.size(), false);
+  std::vector<pollfd> polled;
+  std::vector<size_t> of;
+  // At once on connecting (a peer may bound its wait for what follows): on_connect's false
+  // closes it for good (-1, not tried again).
+  const auto greet = [&](size_t i) {
+    done[i] = true;
+    if (on_connect && !on_connect(i, ps[i].fd)) {
+      close(ps[i].fd);
+      ps[i] = Pending{};
+    }
+  };
+  try {
+    for (;;) {
+      const auto now = Clock::now();
+      polled.clear();
+      of.clear();
+      bool open = false;
+      for (size_t i = 0; i < ps.size(); ++i) {
+        if (done[i]) continue;
+        open = true;
+        if (ps[i].fd < 0 && now >= ps[i].retry_at) start_connect(ps[i], addrs[i], now);
+        if (ps[i].connected) {
+          greet(i);
+        } else if (ps[i].fd >= 0) {
+          polled.push_back({ps[i].fd, POLLOUT, 0});
+          of.push_back(i);
+        }
+      }
+      if (!open || now > until) break;
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - now).count();
+      // In slices of <= 10 ms: a refused address is tried again after 10 ms.
+      const int n =
+          poll(polled.data(), polled.size(), static_cast<int>(std::clamp<long long>(left, 0, 10)));
+      if (n < 0 && errno != EINTR) sys_fail("poll (connect_all)");
+      for (size_t k = 0; n > 0 && k < polled.size(); ++k) {
+        if (!polled[k].revents) continue;
+        finish_connect(ps[of[k]], Clock::now());
+        if (ps[of[k]].connected) greet(of[k]);
+      }
+    }
+  } catch (...) {
+    for (const Pending& p : ps)
+      if (p.fd >= 0) close(p.fd);
+    throw;
+  }
+  std::vector<int> fds(ps.size(), -1);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    if (ps[i].connected)
+      fds[i] = ps[i].fd;
+    else if (ps[i].fd >= 0)
+      close(ps[i].fd);  // still under way at the bound: a silent peer
+  }
+  return fds;
+}
 
 // Connects, retrying while nobody listens yet (its launcher may start later), within `until`.
 int connect_to(sockaddr_in addr, Clock::time_point until, int peer, const char* what) {

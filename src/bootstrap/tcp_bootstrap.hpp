@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,6 +70,15 @@ int accept_one(int listener, std::chrono::steady_clock::time_point until, const 
 int connect_to(sockaddr_in addr, std::chrono::steady_clock::time_point until, int peer,
                const char* what);
 in_addr own_ip(const sockaddr_in& rendezvous);
+// Connects to every address at once (non-blocking connects polled together), each tried again
+// every 10 ms while refused, all within `until`: a silent peer (a cut cable drops the SYNs)
+// costs the bound once for all of them, not once each. fds[i]: the connected, blocking socket
+// (TCP_NODELAY), or -1 when addrs[i] did not connect in time. Never throws for a peer.
+// on_connect(i, fd), if given, runs as soon as addrs[i] connects (what the peer waits for, e.g. a
+// hello, goes out then, not after the slowest connect); false: fd is closed and fds[i] is -1.
+std::vector<int> connect_all(const std::vector<sockaddr_in>& addrs,
+                             std::chrono::steady_clock::time_point until,
+                             const std::function<bool(size_t, int)>& on_connect = {});
 
 // Bounded, death-aware socket I/O for the set-up (blocking sockets, poll in slices).
 void send_all(int fd, const void* data, size_t bytes, std::chrono::steady_clock::time_point until,

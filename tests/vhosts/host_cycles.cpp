@@ -21,7 +21,9 @@
 // host that is not the victim), fault.N and launch.N (the driver's CLOCK_REALTIME ns), masked.N
 // (the marker rank's first masked call of cycle N). Lines:
 //   CYCLE n rank r masked_ms X back_ms Y fds F failed_ms Z pid P
-//       (a survivor, at the end of cycle n's phase A; Z: fault -> its first failed call, -1: none)
+//       (a survivor, at the end of cycle n's phase A; Z: fault -> its first failed call before
+//       it ran masked, -1: none; a call failed later, while the replacement is taken in, is a
+//       rejoin's, not the fault's detection)
 //   PARTITIONED n rank r ms M       (a cut-off rank: fault -> its partition error; then it ends)
 //   SERVED n rank r ms M                             (a replacement, its first call's end)
 //   RESULT rank r ok|wrong: ...                      then EXIT rank r clean
@@ -34,6 +36,7 @@
 #include <thread>
 
 #include "../elastic/elastic_case.hpp"
+#include "group_checks.hpp"
 #include "harness.hpp"
 #include "host_launcher.hpp"
 #include "ubep/error.hpp"
@@ -119,7 +122,7 @@ struct Loop {
         }
         if (phase == 'A' || ++failed > 5 * cycles)
           return detail::concat("wrong: cycle ", cycle, " phase ", phase, ": ", e.what());
-        if (!failed_at) failed_at = now_ns();
+        if (!failed_at && phase == 'B') failed_at = now_ns();
         continue;
       }
       if (::testing::Test::HasFailure())
@@ -174,20 +177,7 @@ int rank_main(int local_rank) {
   std::string verdict;
   {
     std::unique_ptr<Group> g = make_tcp_group(launch, opts);
-    Case c;
-    c.experts = 4 * g->size();
-    c.hidden = 64;
-    c.capacity = 16;
-    c.topk = 4;
-    c.layout = Layout::kLatency;
-    c.dtype = DType::kBF16;
-    std::vector<Problem> problems;
-    for (int i = 0; i < 4; ++i) {
-      std::vector<int64_t> tokens(static_cast<size_t>(g->size()), 16);
-      problems.push_back(make_problem(g->size(), c.experts, c.hidden, c.dtype, tokens, c.topk,
-                                      Routing::kUniform, 900 + static_cast<uint64_t>(i)));
-      problems.back().ranks_per_host = launch.ranks_per_host;
-    }
+    const auto [c, problems] = masked_host_problems(*g, launch.ranks_per_host, 900);
     BufferConfig cfg = config_for(c, Algorithm::kUbep);
     cfg.mask_dead_ranks = true;
     try {

@@ -134,7 +134,7 @@ for f in kill link; do
   ns=" $(for ((n = 1; n <= cycles; ++n)); do [ "$(fault_of "$n")" = $f ] && echo -n "$n "; done)"
   [ "$ns" = " " ] && continue
   of() { awk -v ns="$ns" -v col="$1" 'index(ns, " " $2 " ") && $col >= 0 {print $col}'; }
-  echo "$f cycles: fault -> survivors' first failed call: $(grep '^CYCLE ' "$work/out" | of 12 | pct)"
+  echo "$f cycles: fault -> survivors' first failed call (before they ran masked): $(grep '^CYCLE ' "$work/out" | of 12 | pct)"
   echo "$f cycles: fault -> survivors' first masked call: $(grep '^CYCLE ' "$work/out" | of 6 | pct)"
   echo "$f cycles: replacement launch -> its ranks' first served call: $(grep '^SERVED ' "$work/out" | of 6 | pct)"
   [ $f = link ] && echo "link cycles: cut -> the cut-off ranks' partition error: $(grep '^PARTITIONED ' "$work/out" | of 6 | pct)"

@@ -177,20 +177,7 @@ int rank_main(int local_rank) {
   std::string verdict;
   {
     std::unique_ptr<Group> g = make_tcp_group(launch, opts);
-    Case c;
-    c.experts = 4 * g->size();
-    c.hidden = 64;
-    c.capacity = 16;
-    c.topk = 4;
-    c.layout = Layout::kLatency;
-    c.dtype = DType::kBF16;
-    std::vector<Problem> problems;
-    for (int i = 0; i < 4; ++i) {
-      std::vector<int64_t> tokens(static_cast<size_t>(g->size()), 16);
-      problems.push_back(make_problem(g->size(), c.experts, c.hidden, c.dtype, tokens, c.topk,
-                                      Routing::kUniform, 700 + static_cast<uint64_t>(i)));
-      problems.back().ranks_per_host = launch.ranks_per_host;
-    }
+    const auto [c, problems] = masked_host_problems(*g, launch.ranks_per_host, 700);
     BufferConfig cfg = config_for(c, Algorithm::kUbep);
     cfg.mask_dead_ranks = true;
     Run run{*g, launch, c, problems, launch.hosts - 1, launch.hosts - 2};

@@ -323,20 +323,7 @@ int rank_main(int local_rank) {
   // Each rank's pid, for a script that kills one rank alone (UBEP_KILL_ONE).
   if (const char* dir = std::getenv("UBEP_PID_DIR"))
     std::ofstream(detail::concat(dir, "/pid.", g->rank())) << getpid() << "\n";
-  Case c;
-  c.experts = 4 * g->size();
-  c.hidden = 64;
-  c.capacity = 16;
-  c.topk = 4;
-  c.layout = Layout::kLatency;
-  c.dtype = DType::kBF16;
-  std::vector<Problem> problems;
-  for (int i = 0; i < 4; ++i) {
-    std::vector<int64_t> tokens(static_cast<size_t>(g->size()), 16);
-    problems.push_back(make_problem(g->size(), c.experts, c.hidden, c.dtype, tokens, c.topk,
-                                    Routing::kUniform, 900 + static_cast<uint64_t>(i)));
-    problems.back().ranks_per_host = launch.ranks_per_host;
-  }
+  const auto [c, problems] = masked_host_problems(*g, launch.ranks_per_host, 900);
   const char* ready = std::getenv("UBEP_READY_FILE");
   std::string verdict = "timeout", what = "no error within 30 s";
   int64_t failed_at = 0;
