@@ -26,14 +26,20 @@ class FailureWatch final : public WaitAbort {
   bool ended_by_group_change() const { return group_change_.load(std::memory_order_relaxed); }
   uint64_t call() const { return call_; }
   void check() const override {
+    // Deaths first, over every rank: when a host is lost, a host-mate that saw it first breaks
+    // its buffer, and naming that echo ("rank 0 failed call N") instead of a death this rank
+    // already knows hid the lost host from a quarter of the survivors (32i: 78 of 320 errors).
     for (int r = 0; r < w_.map().ranks; ++r) {
       if (r == me_ || members_.masked(r)) continue;
-      const uint32_t v = w_.failure_of(r);  // ranks of other hosts: only a forwarded death
-      if (is_dead(v)) {
+      if (is_dead(w_.failure_of(r))) {  // ranks of other hosts: only a forwarded death
         group_change_.store(true, std::memory_order_relaxed);
         throw PeerFailedError(detail::concat("rank ", r, " ", members_.death_note(r),
                                              " during call ", call_, " (seen by rank ", me_, ")"));
       }
+    }
+    for (int r = 0; r < w_.map().ranks; ++r) {
+      if (r == me_ || members_.masked(r)) continue;
+      const uint32_t v = w_.failure_of(r);
       if (!w_.peer(r) || !failure_ends_call(v, call_)) continue;
       if (is_broken(v))
         throw PeerFailedError(detail::concat("rank ", r, " failed call ", marked_call(v, call_),

@@ -2,6 +2,7 @@
 // whether `calibrate` timed the shape; the local preset's core sharing; the calibration file.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -16,8 +17,10 @@ using namespace ubep::sim;
 
 namespace {
 
+// The process id in the name: ctest runs this binary's tests as parallel processes (and other
+// checkouts run them at the same time), which wrote and read each other's files in /tmp.
 std::string write_file(const std::string& name, const std::string& text) {
-  const std::string path = testing::TempDir() + name;
+  const std::string path = testing::TempDir() + std::to_string(getpid()) + "-" + name;
   std::ofstream(path) << text;
   return path;
 }
