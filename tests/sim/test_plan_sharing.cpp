@@ -128,9 +128,10 @@ std::vector<int> flows_of(const Plan& plan, int ranks) {
 
 // The share of each destination's envelope a plan gets (ports share per flow,
 // src/sched/scheduler_receivers.cpp): its flows to d over the source's non-empty units there,
-// at most 1.
+// at most 1; 1 for a static policy (every source runs it: the peers' flows shrink alike).
 std::vector<double> flow_share(const Case& c, const Plan& plan) {
   const int R = c.topology.ranks();
+  if (plan.policy != Policy::kBalanced) return std::vector<double>(static_cast<size_t>(R), 1.0);
   const std::vector<int> flows = flows_of(plan, R);
   const size_t per = static_cast<size_t>(std::max(c.per_rank, 1));
   std::vector<int> units(static_cast<size_t>(R), 0);
