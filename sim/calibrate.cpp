@@ -135,7 +135,8 @@ int cmd_calibrate(const Options& o) {
         .kv((k + "_ubep_combine_us").c_str(), t.ubep_combine_us);
   }
   progress(o, 1, 1, "reuse capacity");
-  const double reuse = reuse_capacity_bytes();
+  std::vector<std::pair<double, double>> curve;
+  const double reuse = reuse_capacity_bytes(&curve);
   j.kv("l2_bytes", l2_bytes()).kv("reuse_capacity_bytes", reuse);
   // More ranks than cores: the scheduler's makespan for cores + 1 equal threads released
   // together, spinning as long as a decode call takes (calibrate_calls.hpp): whole threads in
@@ -166,6 +167,9 @@ int cmd_calibrate(const Options& o) {
   }
   std::printf("L2 %.1f MiB (sysfs); write-then-read reuse capacity %.1f MiB per core\n",
               l2_bytes() / (1 << 20), reuse / (1 << 20));
+  std::printf("re-read GB/s per core by MiB per core:");
+  for (const auto& [b, r] : curve) std::printf(" %g:%.1f", b / (1 << 20), r);
+  std::printf("\n");
   for (const auto& [r, x] : oversub)
     std::printf("%d threads on %d cores: makespan %.2f x one thread (%.0f us of work)\n", r, cores,
                 x, work_us);

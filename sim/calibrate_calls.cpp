@@ -15,6 +15,7 @@
 
 #include "backend/cpu/row_kernels.hpp"
 #include "bench/workload.hpp"
+#include "sim/rates.hpp"
 #include "ubep/bf16.hpp"
 #include "ubep/buffer.hpp"
 #include "ubep/group.hpp"
@@ -48,11 +49,25 @@ double call_us(Group& g, const std::vector<double>& mine) {
   return median(slow);
 }
 
+// Pins the calling thread to one core (best effort).
+void pin(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu % static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort
+}
+
 }  // namespace
 
 CallTimes time_library_calls(const CallShape& s) {
   CallTimes out;
   run_on_threads(2, [&](Group& g) {
+    // Rank r on core r, as mpirun binds ubep-bench's two process ranks (its default for 2
+    // processes: one core each; `mpirun --report-bindings`). Unpinned, the two ranks may share
+    // a core while the other runs other people's (niced) jobs, and the calls then take up to
+    // twice the bench's time: 2026-12-03, decode ubep dispatch 2869-3825 us in calibrate against
+    // 1718-1944 in ubep-bench in the same minutes (EXPERIMENTS.md section 6.5).
+    pin(g.rank());
     // Inputs like ubep-bench's: bf16 values in [-1, 1) (constant bytes would be subnormal and
     // slow the reduction), distinct uniform experts per token.
     std::mt19937 rng(977u + static_cast<unsigned>(g.rank()));
@@ -138,13 +153,6 @@ CallTimes time_library_calls(const CallShape& s) {
 
 namespace {
 
-void pin(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu % static_cast<int>(std::max(1u, std::thread::hardware_concurrency())), &set);
-  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);  // best effort
-}
-
 // Per-core GB/s of re-reading `bytes` just written, every core at once: each pass copies a
 // source into the buffer (plain stores, as the expert writes the combine rows), then times the
 // library's reduction over it in groups of 8 rows into one output row (the combine's reads).
@@ -194,26 +202,16 @@ double reread_GBps(size_t bytes, int passes) {
 
 }  // namespace
 
-double reuse_capacity_bytes() {
-  // Sizes per core from 1 to 64 MiB; the in-cache rate is the best of the small sizes (the
+double reuse_capacity_bytes(std::vector<std::pair<double, double>>* curve) {
+  // Sizes per core from 1 to 64 MiB; the in-cache rate is read from the small sizes (the
   // shared cache's, once a size passes the private L2), the memory rate the largest size's.
   std::vector<std::pair<double, double>> pts;
   for (double mib : {1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 12.0, 16.0, 64.0}) {
     const size_t b = static_cast<size_t>(mib * (1 << 20));
     pts.emplace_back(static_cast<double>(b), reread_GBps(b, mib <= 8 ? 9 : 5));
   }
-  // Resident: within 10% of the in-cache rate. The model has two regimes only (rows from cache
-  // at the small call's rates, or from memory), so a size counts as resident only when nearly
-  // all of its rows hit; a partly resident size (the curve falls over 6-16 MiB here) would get
-  // the full in-cache rate.
-  double best = 0;
-  for (const auto& [b, r] : pts) best = std::max(best, r);
-  double cap = 0;
-  for (const auto& [b, r] : pts) {
-    if (r < 0.9 * best) break;  // the first size that misses ends the resident range
-    cap = b;
-  }
-  return cap;
+  if (curve) *curve = pts;
+  return resident_capacity(pts);
 }
 
 double oversubscribed_makespan_ratio(int threads, double work_us) {

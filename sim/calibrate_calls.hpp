@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 namespace ubep::sim {
 
@@ -35,7 +37,8 @@ CallTimes time_library_calls(const CallShape& shape);
 // reads them, half from the peer's buffer): the largest per-core size whose re-read runs within
 // 10% of the in-cache rate. Measured, not read from sysfs: on a VM the L3 may be shared with
 // other guests' cores, and on a victim L3 its usable part is not its size.
-double reuse_capacity_bytes();
+// curve (optional): the measured (bytes per core, GB/s per core) points.
+double reuse_capacity_bytes(std::vector<std::pair<double, double>>* curve = nullptr);
 
 // Makespan of `threads` equal CPU-bound threads on this machine's cores, released together, as
 // a multiple of one thread's time alone (`work_us` of spinning each): cores / threads share the

@@ -27,6 +27,20 @@ bool cache_resident(double reuse_bytes, double cache_call_bytes, double call_byt
   return reuse_bytes > 0 && cache_call_bytes > 0 && call_bytes <= reuse_bytes;
 }
 
+double resident_capacity(const std::vector<std::pair<double, double>>& curve) {
+  if (curve.empty()) return 0;
+  std::vector<double> small;
+  for (size_t i = 0; i < curve.size() && i < 3; ++i) small.push_back(curve[i].second);
+  std::sort(small.begin(), small.end());
+  const double in_cache = small[small.size() / 2];
+  double cap = 0;
+  for (const auto& [bytes, rate] : curve) {
+    if (rate < 0.9 * in_cache) break;  // the first size that misses ends the resident range
+    cap = bytes;
+  }
+  return cap;
+}
+
 double oversubscribed_ratio(const std::vector<std::pair<int, double>>& measured, int ranks,
                             int cores) {
   if (cores <= 0 || ranks <= cores) return 1.0;

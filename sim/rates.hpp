@@ -39,6 +39,17 @@ double source_read_bytes(double distinct_source_bytes, double copied_bytes, doub
 // rows from cache (needs the capacity and the small call's rates: both > 0).
 bool cache_resident(double reuse_bytes, double cache_call_bytes, double call_bytes);
 
+// The reuse capacity from a measured re-read curve ((bytes per core, GB/s per core), ascending
+// sizes): the largest size before the first one that runs more than 10% below the in-cache
+// rate, 0 when even the smallest misses. The model has two regimes only (rows from cache at the
+// small call's rates, or from memory), so a size counts as resident only when nearly all of its
+// rows hit; a partly resident size would get the full in-cache rate. The in-cache rate is the
+// median of the three smallest sizes (1-2 MiB: past a 512 KiB-1 MiB L2, well inside a shared
+// L3), not the best point of the curve: on a shallow curve (2026-12-03, Zen 3 guest: 14-17 GB/s
+// from 1 to 8 MiB, 10-12 beyond) one high point under load (17.4 at 6 MiB) put every size
+// below it "out of cache" and the capacity at 0 in 4 of 5 rounds.
+double resident_capacity(const std::vector<std::pair<double, double>>& curve);
+
 // More ranks than cores: how many times its time alone on a core a rank's call takes. Whole
 // rounds, ceil(ranks / cores), when the measured makespan of cores + 1 equal threads (in
 // `measured`, (threads, ratio) pairs) is nearer to whole rounds than to fair sharing (a rank's

@@ -155,7 +155,8 @@ struct SchedulerOptions {
   // by time t (this source's share of d's port, lent over time: a worker that reaches d after
   // the others finds their unused credit; src/sched/fluid.hpp), scaled down where the plan
   // sends d's units over fewer concurrent flows than it has units there (ports share per flow;
-  // scheduler_receivers.cpp): simulate_sharing's fluid model. Every plan's worker_cost_ns,
+  // not for naive, whose peers all serialise alike; scheduler_receivers.cpp):
+  // simulate_sharing's fluid model. Every plan's worker_cost_ns,
   // mean_ns and slowest_ns are then that model's finish times (items keep their fixed-share
   // issue_ns and finish_ns), and balanced compares its candidates with it: a worker with a few
   // more rows than the others costs little while the others keep the link busy, which the

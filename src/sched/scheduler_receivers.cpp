@@ -72,6 +72,14 @@ double Scheduler::piece_ns(const Piece& p) const {
 // with f_d flows (distinct workers) to d and u_d units there gets min(1, f_d / u_d) of the
 // envelope's slope. count_flows needs pieces_ grouped by worker (candidate_span and emit order
 // them so before the fluid model runs).
+// That ratio compares this source with peers that keep a flow per unit, which is what
+// column-major and balanced (which mostly keeps column-major) leave them. Naive is one policy
+// every rank runs on statistically the same work, and it serialises a rank's units on one or two
+// workers at every source alike, so the peers' flows into d shrink with this source's and its
+// share is the proportional one: the ratio is 1. Before, naive plans were put at 3.2-3.8x their
+// simulated EP64 hot-point dispatch (EXPERIMENTS.md section 3). Column-major keeps the ratio, so
+// balanced compares its candidates and column-major's plan under the same assumption (balanced
+// never above column-major, test_plan_sharing).
 void Scheduler::count_flows(std::vector<int32_t>& out) const {
   const auto ranks = static_cast<size_t>(topology_.ranks());
   out.assign(ranks, 0);
@@ -86,6 +94,7 @@ void Scheduler::count_flows(std::vector<int32_t>& out) const {
 
 void Scheduler::set_flow_share() {
   flow_share_.assign(static_cast<size_t>(topology_.ranks()), 1.0);
+  if (options_.policy == Policy::kNaive) return;  // every peer serialises alike
   count_flows(flows_);
   for (int32_t d : bound_dests_) {
     const auto i = static_cast<size_t>(d);

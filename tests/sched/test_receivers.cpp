@@ -146,6 +146,31 @@ TEST(Receivers, FloorMatchesTotalsAndBalancedStaysBest) {
   EXPECT_GT(bound_cases, 40) << "too few receiver-bound cases to test the receiver term";
 }
 
+// Ports share per flow (scheduler_receivers.cpp), by hand under the fluid model: rank 0, one
+// worker at 10 GB/s, four experts of rank 2 with 10 rows of 100 B each (4000 B); rank 2 receives
+// 200 rows in all, so its port drains in 2000 ns (receiver-bound: this source alone needs 400).
+// The worker sends the four units one after another, one flow where it has four units.
+//  * naive: every source runs it and serialises alike, so the peers' flows into rank 2 shrink
+//    with this one's and it keeps its proportional share, 4000 B over 2000 ns: the last byte
+//    leaves at 2000 ns and lands at 3000 (the floor plus latency);
+//  * column-major and balanced: the peers are taken to keep a flow per unit, so one flow of
+//    four gets a quarter of that share: 8000 ns, landing at 9000.
+TEST(Receivers, NaivePlansKeepTheProportionalShareAtAHotPort) {
+  std::vector<int64_t> rows(12, 0);
+  for (int e = 8; e < 12; ++e) rows[static_cast<size_t>(e)] = 10;
+  const std::vector<int64_t> recv = {0, 0, 200};
+  SchedulerOptions o{1, Policy::kNaive};
+  o.worker_gbps = 10;
+  Scheduler sched(three_ranks(), o);
+  for (Policy p : {Policy::kNaive, Policy::kColumnMajor, Policy::kBalanced}) {
+    sched.set_policy(p);
+    const Plan plan = sched.plan(SendWork{0, 4, rows, 100, recv});
+    ASSERT_EQ(plan.items.size(), 4u) << plan.describe();
+    EXPECT_DOUBLE_EQ(plan.receiver_floor_ns, 3000) << policy_name(p);
+    EXPECT_NEAR(plan.slowest_ns, p == Policy::kNaive ? 3000 : 9000, 1e-6) << policy_name(p);
+  }
+}
+
 TEST(Receivers, BadTotalsNameTheValue) {
   Scheduler sched(three_ranks(), {2, Policy::kBalanced});
   const std::vector<int64_t> rows = {0, 10, 10};
