@@ -55,6 +55,7 @@ class CallSim {
     if (!start.empty()) start_.assign(start.begin(), start.end());
     machine_ = std::make_unique<Machine>(eff_, net_, W_);
     net_.set_resolve_quantum(cfg.resolve_ns);
+    net_.reserve_homes(R_ * senders_);  // a flow's home: its worker's slot (start_item)
     El_ = tr_.experts / R_;
   }
 
@@ -266,7 +267,7 @@ void CallSim::start_item(int slot, int idx) {
   const double hold = in_place() ? static_cast<double>(it.rows()) * c_.tag_ns : 0.0;
   res_.wire_bytes += bytes;
   net_.start_flow(machine_->path(r, w, it.dest_rank), bytes, hold,
-                  [this, slot, idx] { item_sent(slot, idx); });
+                  [this, slot, idx] { item_sent(slot, idx); }, slot);
 }
 
 void CallSim::item_sent(int slot, int idx) {

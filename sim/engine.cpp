@@ -249,8 +249,16 @@ void Network::touch(const Flow& f) {
   }
 }
 
+void Network::reserve_homes(int n) {
+  UBEP_CHECK_ARG(n >= 0 && flows_.empty(), "reserve_homes(", n, ") after flows started");
+  homes_ = n;
+  flows_.resize(static_cast<size_t>(n));
+  done_.resize(static_cast<size_t>(n));
+  fstate_.resize(static_cast<size_t>(n));
+}
+
 void Network::start_flow(const std::vector<int>& path, double bytes, double latency_ns,
-                         Action done) {
+                         Action done, int home) {
   UBEP_CHECK_ARG(path.size() <= 4, "flow path longer than 4 links: ", path.size());
   UBEP_CHECK_ARG(bytes >= 0 && latency_ns >= 0, "negative flow bytes ", bytes, " or latency ",
                  latency_ns);
@@ -261,7 +269,9 @@ void Network::start_flow(const std::vector<int>& path, double bytes, double late
     return;
   }
   int id;
-  if (!free_ids_.empty()) {
+  if (home >= 0 && home < homes_ && !flows_[static_cast<size_t>(home)].active) {
+    id = home;
+  } else if (!free_ids_.empty()) {
     id = free_ids_.back();
     free_ids_.pop_back();
   } else {
@@ -342,7 +352,7 @@ void Network::finish(int id) {
   trace_ = (trace_ ^ bits ^ (static_cast<uint64_t>(f.path[0]) << 52)) * 0x100000001b3ull;
   touch(f);
   Action done = std::move(done_[static_cast<size_t>(id)]);
-  free_ids_.push_back(id);
+  if (id >= homes_) free_ids_.push_back(id);
   q_.after(f.latency, std::move(done));
 }
 

@@ -93,7 +93,12 @@ class Network {
 
   // Starts a flow of `bytes` over `path` (link ids, no duplicates, at most 4). `done` runs at
   // drain time + latency_ns. A zero-byte flow just waits latency_ns.
-  void start_flow(const std::vector<int>& path, double bytes, double latency_ns, Action done);
+  // `home` (optional): the id the flow takes if it is free, below the count given to
+  // reserve_homes (e.g. the sending worker's slot: its flows follow each other). See homes_.
+  void start_flow(const std::vector<int>& path, double bytes, double latency_ns, Action done,
+                  int home = -1);
+  // Ids [0, n) are taken only as homes; call before the first flow starts.
+  void reserve_homes(int n);
   uint64_t flows_started() const { return started_; }
   int active_flows() const { return active_; }
   // Flows whose rate was recomputed, over all resolves (the cost of the incremental solver).
@@ -192,7 +197,12 @@ class Network {
   // Each flow's completion, apart from Flow: the solver walks flows_ for every refilled flow, and
   // a 32-byte closure there would only dilute the cache lines it reads.
   std::vector<Action> done_;
-  std::vector<int> free_ids_;
+  std::vector<int> free_ids_;  // ids >= homes_ only
+  // Flow ids are labels (nothing is ordered by them), but they place the solver's per-flow
+  // state: with a home per sending worker, the flows a sender's port carries sit in
+  // neighbouring FlowStates instead of wherever a freed id was (the walk and the filling were
+  // mostly waiting on those random reads, perf).
+  int homes_ = 0;
   uint64_t started_ = 0, refilled_ = 0, resolves_ = 0, trace_ = 0xcbf29ce484222325ull;
   int active_ = 0;
   // The instant's changes: links whose flow set changed, the slowest finished flow's rate, the
