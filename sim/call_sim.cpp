@@ -249,7 +249,7 @@ void CallSim::issue_next(int r, int w) {
     const int idx = ws.next++;
     ++ws.outstanding;
     const int slot = r * senders_ + w;
-    q_.at(q_.now() + c_.issue_ns, [this, slot, idx] { start_item(slot, idx); });
+    q_.after(c_.issue_ns, [this, slot, idx] { start_item(slot, idx); });  // a lane (engine.hpp)
   }
 }
 
@@ -294,7 +294,11 @@ void CallSim::item_sent(int slot, int idx) {
     });
   } else {
     const int rows = static_cast<int>(item.rows());
-    q_.at(visible_at, [this, dst, rows] { item_visible(dst, rows); });
+    // after(lat) is at(now + lat) = at(visible_at), in a lane when not stop-and-wait.
+    if (visible_at == q_.now() + lat)
+      q_.after(lat, [this, dst, rows] { item_visible(dst, rows); });
+    else
+      q_.at(visible_at, [this, dst, rows] { item_visible(dst, rows); });
   }
   q_.at(resume_at, [this, slot] {
     --workers_[static_cast<size_t>(slot)].outstanding;
