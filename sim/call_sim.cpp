@@ -55,6 +55,7 @@ class CallSim {
     if (!start.empty()) start_.assign(start.begin(), start.end());
     machine_ = std::make_unique<Machine>(eff_, net_, W_);
     net_.set_resolve_quantum(cfg.resolve_ns);
+    net_.reserve_homes(R_ * senders_);  // a flow's home: its worker's slot (start_item)
     El_ = tr_.experts / R_;
   }
 
@@ -248,7 +249,7 @@ void CallSim::issue_next(int r, int w) {
     const int idx = ws.next++;
     ++ws.outstanding;
     const int slot = r * senders_ + w;
-    q_.at(q_.now() + c_.issue_ns, [this, slot, idx] { start_item(slot, idx); });
+    q_.after(c_.issue_ns, [this, slot, idx] { start_item(slot, idx); });  // a lane (engine.hpp)
   }
 }
 
@@ -266,7 +267,7 @@ void CallSim::start_item(int slot, int idx) {
   const double hold = in_place() ? static_cast<double>(it.rows()) * c_.tag_ns : 0.0;
   res_.wire_bytes += bytes;
   net_.start_flow(machine_->path(r, w, it.dest_rank), bytes, hold,
-                  [this, slot, idx] { item_sent(slot, idx); });
+                  [this, slot, idx] { item_sent(slot, idx); }, slot);
 }
 
 void CallSim::item_sent(int slot, int idx) {
@@ -293,7 +294,11 @@ void CallSim::item_sent(int slot, int idx) {
     });
   } else {
     const int rows = static_cast<int>(item.rows());
-    q_.at(visible_at, [this, dst, rows] { item_visible(dst, rows); });
+    // after(lat) is at(now + lat) = at(visible_at), in a lane when not stop-and-wait.
+    if (visible_at == q_.now() + lat)
+      q_.after(lat, [this, dst, rows] { item_visible(dst, rows); });
+    else
+      q_.at(visible_at, [this, dst, rows] { item_visible(dst, rows); });
   }
   q_.at(resume_at, [this, slot] {
     --workers_[static_cast<size_t>(slot)].outstanding;

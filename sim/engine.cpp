@@ -8,18 +8,20 @@
 
 namespace ubep::sim {
 
-void EventQueue::at(double t, Action action) {
-  UBEP_CHECK_ARG(t >= now_, "event scheduled in the past: t=", t, " ns < now=", now_, " ns");
-  int slot;
+int EventQueue::slot_for(Action action) {
   if (!free_actions_.empty()) {
-    slot = free_actions_.back();
+    const int slot = free_actions_.back();
     free_actions_.pop_back();
     actions_[static_cast<size_t>(slot)] = std::move(action);
-  } else {
-    slot = static_cast<int>(actions_.size());
-    actions_.push_back(std::move(action));
+    return slot;
   }
-  const Event e{t, seq_++, 0, -1 - slot};
+  actions_.push_back(std::move(action));
+  return static_cast<int>(actions_.size()) - 1;
+}
+
+void EventQueue::at(double t, Action action) {
+  UBEP_CHECK_ARG(t >= now_, "event scheduled in the past: t=", t, " ns < now=", now_, " ns");
+  const Event e{t, seq_++, 0, -1 - slot_for(std::move(action))};
   // An event for now (a zero delay: a flow's completion without latency, a worker resuming at
   // once) is the last of this instant so far: every event already queued for now has an
   // earlier sequence number, so a FIFO beside the heap keeps the order without sifting it.
@@ -28,6 +30,32 @@ void EventQueue::at(double t, Action action) {
     return;
   }
   push(e);
+}
+
+void EventQueue::after(double delay, Action action) {
+  if (delay > 0) {
+    Lane* lane = nullptr;
+    for (int i = 0; i < lanes_used_ && !lane; ++i)
+      if (lanes_[i].delay == delay) lane = &lanes_[i];
+    if (!lane && lanes_used_ < kLanes) {
+      lane = &lanes_[lanes_used_++];
+      lane->delay = delay;
+    }
+    for (int i = 0; i < lanes_used_ && !lane; ++i)
+      if (lanes_[i].head == lanes_[i].events.size()) {  // empty: takes this delay now
+        lane = &lanes_[i];
+        lane->delay = delay;
+      }
+    if (lane) {
+      if (lane->head == lane->events.size()) {
+        lane->events.clear();
+        lane->head = 0;
+      }
+      lane->events.push_back(Event{now_ + delay, seq_++, 0, -1 - slot_for(std::move(action))});
+      return;
+    }
+  }
+  at(now_ + delay, std::move(action));
 }
 
 void EventQueue::at_flow_check(double t, int flow, uint32_t version) {
@@ -120,29 +148,54 @@ void Network::apply_rates() {
   rate_changes_.clear();
 }
 
-// The next event: the heap's first or the FIFO's first, whichever is earlier in (time,
-// sequence) order (a flow check for now goes to the heap and may come before the FIFO's events).
+// The next event: the first in (time, sequence) order of the heap's, the ready FIFO's and the
+// lanes' fronts (a flow check for now goes to the heap and may come before the FIFO's events).
 bool EventQueue::next(Event& e) {
-  if (ready_head_ < ready_.size() &&
-      (heap_.empty() || Later{}(heap_.front(), ready_[ready_head_]))) {
+  const Event* best = heap_.empty() ? nullptr : &heap_.front();
+  int from = -1;  // -1: the heap, kLanes: ready_, else the lane
+  if (ready_head_ < ready_.size() && (!best || Later{}(*best, ready_[ready_head_]))) {
+    best = &ready_[ready_head_];
+    from = kLanes;
+  }
+  for (int i = 0; i < lanes_used_; ++i) {
+    const Lane& lane = lanes_[i];
+    if (lane.head < lane.events.size() && (!best || Later{}(*best, lane.events[lane.head]))) {
+      best = &lane.events[lane.head];
+      from = i;
+    }
+  }
+  if (!best) return false;
+  if (from < 0) {
+    e = pop();
+  } else if (from == kLanes) {
     e = ready_[ready_head_++];
     if (ready_head_ == ready_.size()) {
       ready_.clear();
       ready_head_ = 0;
     }
-    return true;
+  } else {
+    e = *best;
+    ++lanes_[from].head;
   }
-  if (heap_.empty()) return false;
-  e = pop();
   return true;
+}
+
+// Whether an event is queued for now (the instant is not over).
+bool EventQueue::pending_now() const {
+  if (ready_head_ < ready_.size()) return true;
+  if (!heap_.empty() && heap_.front().time <= now_) return true;
+  for (int i = 0; i < lanes_used_; ++i) {
+    const Lane& lane = lanes_[i];
+    if (lane.head < lane.events.size() && lane.events[lane.head].time <= now_) return true;
+  }
+  return false;
 }
 
 double EventQueue::run() {
   for (;;) {
     // Rates change only between instants: every start and finish of this instant is in before
     // the network is solved, so one resolve serves them all.
-    if (net_ && net_->dirty() && ready_head_ == ready_.size() &&
-        (heap_.empty() || heap_.front().time > now_)) {
+    if (net_ && net_->dirty() && !pending_now()) {
       net_->end_instant();
       continue;
     }
@@ -249,8 +302,16 @@ void Network::touch(const Flow& f) {
   }
 }
 
+void Network::reserve_homes(int n) {
+  UBEP_CHECK_ARG(n >= 0 && flows_.empty(), "reserve_homes(", n, ") after flows started");
+  homes_ = n;
+  flows_.resize(static_cast<size_t>(n));
+  done_.resize(static_cast<size_t>(n));
+  fstate_.resize(static_cast<size_t>(n));
+}
+
 void Network::start_flow(const std::vector<int>& path, double bytes, double latency_ns,
-                         Action done) {
+                         Action done, int home) {
   UBEP_CHECK_ARG(path.size() <= 4, "flow path longer than 4 links: ", path.size());
   UBEP_CHECK_ARG(bytes >= 0 && latency_ns >= 0, "negative flow bytes ", bytes, " or latency ",
                  latency_ns);
@@ -261,7 +322,9 @@ void Network::start_flow(const std::vector<int>& path, double bytes, double late
     return;
   }
   int id;
-  if (!free_ids_.empty()) {
+  if (home >= 0 && home < homes_ && !flows_[static_cast<size_t>(home)].active) {
+    id = home;
+  } else if (!free_ids_.empty()) {
     id = free_ids_.back();
     free_ids_.pop_back();
   } else {
@@ -342,7 +405,7 @@ void Network::finish(int id) {
   trace_ = (trace_ ^ bits ^ (static_cast<uint64_t>(f.path[0]) << 52)) * 0x100000001b3ull;
   touch(f);
   Action done = std::move(done_[static_cast<size_t>(id)]);
-  free_ids_.push_back(id);
+  if (id >= homes_) free_ids_.push_back(id);
   q_.after(f.latency, std::move(done));
 }
 

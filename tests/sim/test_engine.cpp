@@ -59,6 +59,48 @@ TEST(EventQueue, ZeroDelayEventsKeepTheOrder) {
   }
 }
 
+// Lanes (engine.hpp): closures of one fixed delay skip the heap. More delays than lanes, some
+// that round (now + 0.1), zero delays and absolute times, all interleaved: every event must run
+// at the time it was given (now + delay, to the bit), in (time, scheduling order).
+TEST(EventQueue, LanesKeepTheOrder) {
+  EventQueue q;
+  std::mt19937_64 rng(28);
+  const double delays[] = {0, 0.1, 0.7, 1.3, 2.9, 1e-3, 5, 0.1 + 0.2};
+  struct Ran {
+    double want, time;
+    int seq;
+  };
+  std::vector<Ran> ran;
+  int scheduled = 0;
+  std::function<void(int)> schedule = [&](int depth) {
+    const int seq = scheduled++;
+    const bool absolute = rng() % 5 == 0;
+    const double delay = absolute ? static_cast<double>(rng() % 7) * 0.25 : delays[rng() % 8];
+    const double want = q.now() + delay;
+    auto action = [&, seq, want, depth] {
+      ran.push_back({want, q.now(), seq});
+      if (depth < 7)
+        for (int k = static_cast<int>(rng() % 4); k > 0; --k) schedule(depth + 1);
+    };
+    if (absolute)
+      q.at(want, action);
+    else
+      q.after(delay, action);
+  };
+  for (int i = 0; i < 100; ++i) schedule(0);
+  q.run();
+  ASSERT_EQ(static_cast<int>(ran.size()), scheduled);
+  EXPECT_GT(scheduled, 1000);
+  for (size_t i = 0; i < ran.size(); ++i) {
+    ASSERT_EQ(ran[i].time, ran[i].want) << i;
+    if (i == 0) continue;
+    ASSERT_LE(ran[i - 1].time, ran[i].time) << i;
+    if (ran[i - 1].time == ran[i].time) {
+      ASSERT_LT(ran[i - 1].seq, ran[i].seq) << i;
+    }
+  }
+}
+
 TEST(EventQueue, RejectsThePast) {
   EventQueue q;
   q.at(10, [&] { EXPECT_THROW(q.at(5, [] {}), ubep::InvalidArgument); });
