@@ -8,7 +8,7 @@
 //  * reduce: B over ubep's combine (the owners reduce the experts' rows in place);
 //  * copy: B over bsp combine's "row send" stage (plain stores into the owners' staging);
 //  * staged reduce: B over the rest of bsp's combine (its flag round is microseconds);
-// and the same on a plain-store call of 2 MiB (the cache regime of small calls). Machine figures:
+// and the same on a small call of 2 MiB (the cache regime of small calls). Machine figures:
 //  * handoff: two threads bounce a cache line; one-way latency = round trip / 2 (what a flag
 //    or an epoch tag costs to become visible);
 //  * L2 (sysfs), the reuse capacity of the shared cache and the scheduler's makespan with more
@@ -95,10 +95,12 @@ double handoff_ns(int iters) {
 }  // namespace
 
 int cmd_calibrate(const Options& o) {
-  // The library's calls on the two calibrated shapes, and the plain-store call of half the
-  // non-temporal threshold (dispatch_call.hpp kStreamBytes / 2 = 2 MiB: 18 tokens x 8 rows; the
-  // regime of small calls, whose rows the library writes with plain stores because they stay in
-  // cache). Each rate is the call's bytes per rank over its time (calibrate_calls.hpp).
+  // The library's calls on the two calibrated shapes, and a small call of 2 MiB (18 tokens x 8
+  // rows; the regime of small calls, whose sources and outputs stay in cache). Until 2026-12-03
+  // the library wrote a small dispatch's rows with plain stores; it streams them at every size
+  // now (dispatch_call.hpp), so a calibration made before that holds the plain-store rate for
+  // small dispatches and must be made again. Each rate is the call's bytes per rank over its
+  // time (calibrate_calls.hpp).
   struct Named {
     const char* name;
     CallShape shape;

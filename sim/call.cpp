@@ -134,8 +134,8 @@ void apply_memory_streams(CostParams& c, const CallConfig& cfg, const Traffic& t
     if (c.cache_reduce_GBps > 0) c.reduce_GBps = c.cache_reduce_GBps;
     if (c.cache_staged_reduce_GBps > 0) c.staged_reduce_GBps = c.cache_staged_reduce_GBps;
     if (c.cache_copy_GBps > 0) c.worker_GBps = c.local_copy_GBps = c.cache_copy_GBps;
-    // Below the non-temporal threshold a dispatch places its rows with plain stores, as the
-    // 2 MiB call's dispatch did.
+    // Below 4 MiB a dispatch places its rows at the rate the library's own 2 MiB call reached
+    // in calibrate (plain stores before 2026-12-03, streamed since: dispatch_call.hpp).
     if (cfg.op == Op::kDispatch && bytes < c.stream_threshold_bytes && c.cache_dispatch_GBps > 0)
       c.worker_GBps = c.cache_dispatch_GBps;
     c.rate_set += "+resident";

@@ -242,7 +242,9 @@ Preset local_preset(int ranks, const std::string& file) {
   src(c, "window", "1: a CPU thread copies one row at a time");
   c.stream_threshold_bytes = 4.0 * (1 << 20);
   src(c, "stream_threshold_bytes",
-      "4 MiB [impl]: dispatches moving more use non-temporal stores (buffer_impl.hpp)");
+      "4 MiB: dispatches moving more copy at the large call's streamed rate, smaller ones at "
+      "calibrate's 2 MiB call's rate (the library streams rows at every size since 2026-12-03, "
+      "dispatch_call.hpp; calibrations made before hold the plain-store rate)");
   c.dispatch_reorder = false;
   src(c, "dispatch_reorder",
       "false [impl]: senders write rows into their final place; no receive-side copy");
