@@ -266,8 +266,9 @@ void CallSim::start_item(int slot, int idx) {
   const double bytes = in_place() ? 0.0 : static_cast<double>(it.bytes);
   const double hold = in_place() ? static_cast<double>(it.rows()) * c_.tag_ns : 0.0;
   res_.wire_bytes += bytes;
-  net_.start_flow(machine_->path(r, w, it.dest_rank), bytes, hold,
-                  [this, slot, idx] { item_sent(slot, idx); }, slot);
+  net_.start_flow(
+      machine_->path(r, w, it.dest_rank), bytes, hold, [this, slot, idx] { item_sent(slot, idx); },
+      slot);
 }
 
 void CallSim::item_sent(int slot, int idx) {

@@ -310,8 +310,8 @@ void Network::reserve_homes(int n) {
   fstate_.resize(static_cast<size_t>(n));
 }
 
-void Network::start_flow(const std::vector<int>& path, double bytes, double latency_ns,
-                         Action done, int home) {
+void Network::start_flow(const std::vector<int>& path, double bytes, double latency_ns, Action done,
+                         int home) {
   UBEP_CHECK_ARG(path.size() <= 4, "flow path longer than 4 links: ", path.size());
   UBEP_CHECK_ARG(bytes >= 0 && latency_ns >= 0, "negative flow bytes ", bytes, " or latency ",
                  latency_ns);

@@ -11,10 +11,10 @@
 #include <thread>
 
 #include "bootstrap/flag_barrier.hpp"
+#include "bootstrap/group_hooks.hpp"
 #include "core/wait.hpp"
 #include "transport/inproc/inproc_remote.hpp"
 #include "ubep/error.hpp"
-#include "bootstrap/group_hooks.hpp"
 #include "ubep/group.hpp"
 
 namespace ubep {

@@ -128,15 +128,28 @@ TEST(SimRates, CacheResidencyAndOversubscriptionFormulas) {
 TEST(SimRates, ResidentCapacityFromTheReReadCurve) {
   const double M = 1 << 20;
   // Zen 4 guest, 2026-12-01 (EXPERIMENTS.md section 6.4): 59 up to 3 MiB, 55 at 5, 49 at 7.
-  EXPECT_DOUBLE_EQ(resident_capacity({{1 * M, 59}, {1.5 * M, 59}, {2 * M, 59}, {3 * M, 59},
-                                      {5 * M, 55}, {7 * M, 49}, {64 * M, 12}}),
+  EXPECT_DOUBLE_EQ(resident_capacity({{1 * M, 59},
+                                      {1.5 * M, 59},
+                                      {2 * M, 59},
+                                      {3 * M, 59},
+                                      {5 * M, 55},
+                                      {7 * M, 49},
+                                      {64 * M, 12}}),
                    5 * M);
   // Zen 3 guest under load, 2026-12-03: a shallow curve with one high point (17.4 at 6 MiB).
   // Against the best point every size missed (capacity 0); against the small sizes' median
   // (15.2) the range ends at 12 MiB's 11.8.
-  EXPECT_DOUBLE_EQ(resident_capacity({{1 * M, 14.5}, {1.5 * M, 15.7}, {2 * M, 14.4}, {3 * M, 15.2},
-                                      {4 * M, 15.2}, {5 * M, 14.1}, {6 * M, 17.4}, {7 * M, 17.0},
-                                      {8 * M, 16.1}, {12 * M, 11.8}, {64 * M, 10.3}}),
+  EXPECT_DOUBLE_EQ(resident_capacity({{1 * M, 14.5},
+                                      {1.5 * M, 15.7},
+                                      {2 * M, 14.4},
+                                      {3 * M, 15.2},
+                                      {4 * M, 15.2},
+                                      {5 * M, 14.1},
+                                      {6 * M, 17.4},
+                                      {7 * M, 17.0},
+                                      {8 * M, 16.1},
+                                      {12 * M, 11.8},
+                                      {64 * M, 10.3}}),
                    8 * M);
   EXPECT_DOUBLE_EQ(resident_capacity({{1 * M, 10}, {2 * M, 30}, {3 * M, 31}, {4 * M, 8}}), 0);
   EXPECT_DOUBLE_EQ(resident_capacity({}), 0);
