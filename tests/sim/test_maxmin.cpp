@@ -36,6 +36,23 @@ std::vector<double> engine_finish(const std::vector<double>& capacity,
   return finish;
 }
 
+// Random link capacities 1..20 and a random path of 1-4 distinct links: the draws both
+// randomized tests share, in the order they make them.
+std::vector<double> random_capacities(std::mt19937_64& rng, int links) {
+  std::vector<double> capacity;
+  for (int l = 0; l < links; ++l) capacity.push_back(1.0 + static_cast<double>(rng() % 20));
+  return capacity;
+}
+std::vector<int> random_path(std::mt19937_64& rng, int links) {
+  std::vector<int> path;
+  const int hops = 1 + static_cast<int>(rng() % std::min(4, links));
+  while (static_cast<int>(path.size()) < hops) {
+    const int l = static_cast<int>(rng() % static_cast<uint64_t>(links));
+    if (std::find(path.begin(), path.end(), l) == path.end()) path.push_back(l);
+  }
+  return path;
+}
+
 }  // namespace
 
 TEST(MaxMin, IncrementalSolverMatchesFromScratch) {
@@ -43,15 +60,10 @@ TEST(MaxMin, IncrementalSolverMatchesFromScratch) {
   for (int set = 0; set < 60; ++set) {
     const int links = 2 + static_cast<int>(rng() % 10);
     const int n = 1 + static_cast<int>(rng() % 40);
-    std::vector<double> capacity;
-    for (int l = 0; l < links; ++l) capacity.push_back(1.0 + static_cast<double>(rng() % 20));
+    const std::vector<double> capacity = random_capacities(rng, links);
     std::vector<RefFlow> flows(static_cast<size_t>(n));
     for (auto& f : flows) {
-      const int hops = 1 + static_cast<int>(rng() % std::min(4, links));
-      while (static_cast<int>(f.path.size()) < hops) {
-        const int l = static_cast<int>(rng() % static_cast<uint64_t>(links));
-        if (std::find(f.path.begin(), f.path.end(), l) == f.path.end()) f.path.push_back(l);
-      }
+      f.path = random_path(rng, links);
       f.bytes = 1.0 + static_cast<double>(rng() % 100);
       f.start = static_cast<double>(rng() % 4) * 5.0;  // shared instants: batched resolves
     }
@@ -141,15 +153,10 @@ TEST(MaxMin, HomeIdsChangeNothing) {
   for (int set = 0; set < 40; ++set) {
     const int links = 2 + static_cast<int>(rng() % 10);
     const int n = 1 + static_cast<int>(rng() % 60);
-    std::vector<double> capacity;
-    for (int l = 0; l < links; ++l) capacity.push_back(1.0 + static_cast<double>(rng() % 20));
+    const std::vector<double> capacity = random_capacities(rng, links);
     std::vector<RefFlow> flows(static_cast<size_t>(n));
     for (auto& f : flows) {
-      const int hops = 1 + static_cast<int>(rng() % std::min(4, links));
-      while (static_cast<int>(f.path.size()) < hops) {
-        const int l = static_cast<int>(rng() % static_cast<uint64_t>(links));
-        if (std::find(f.path.begin(), f.path.end(), l) == f.path.end()) f.path.push_back(l);
-      }
+      f.path = random_path(rng, links);
       f.bytes = 1.0 + static_cast<double>(rng() % 100) / 7.0;
       f.start = static_cast<double>(rng() % 8) * 1.5;
     }
