@@ -311,7 +311,23 @@ void def_view_methods(C& c) {
        "__dlpack__",
        // stream: results are complete when the call returns (the CUDA backend synchronises
        // before returning), so there is nothing to order on the consumer's stream.
-       [](const T& a, pb::object /*stream*/, pb::kwargs) {
+       // dl_device / copy (DLPack 1.0, the array API): a consumer that asks for this memory on
+       // another device (NumPy asks for the CPU) or for a copy gets BufferError, never a
+       // pointer it would misread.
+       [](const T& a, pb::object /*stream*/, pb::kwargs kw) {
+         const dl::Device d = dl_device(a.view.device);
+         if (kw.contains("dl_device") && !kw["dl_device"].is_none()) {
+           const auto want = kw["dl_device"].cast<std::pair<int, int>>();
+           if (want.first != int(d.device_type) || want.second != int(d.device_id))
+             throw pb::buffer_error(detail::concat(
+                 "__dlpack__: ", a.view.describe(), " is in ", a.view.device.describe(),
+                 (a.view.device.type == DeviceType::kCuda ? " GPU memory" : " memory"),
+                 " and cannot be exported to DLPack device (", want.first, ", ", want.second,
+                 "): ubep does not copy; take it with torch.from_dlpack or cupy"));
+         }
+         if (kw.contains("copy") && !kw["copy"].is_none() && kw["copy"].cast<bool>())
+           throw pb::buffer_error(detail::concat("__dlpack__: copy=True is not supported for ",
+                                                 a.view.describe(), " (ubep exports views)"));
          return export_capsule(a.view, a.owner);
        },
        pb::arg("stream") = pb::none())

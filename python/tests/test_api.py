@@ -98,3 +98,26 @@ def test_bench_json(tmp_path):
         assert r["median_us"] > 0 and r["p99_us"] >= r["median_us"] and r["gbps"] > 0
     assert {(b["impl"], b["op"]) for b in rep["binding"]} == {
         (i, o) for i in ("ubep", "bsp") for o in ("dispatch", "combine")}
+
+
+def test_dlpack_export_refuses_another_device_and_a_copy():
+    """__dlpack__ honours DLPack 1.0's dl_device and copy: the buffer's own device exports,
+    another device or copy=True gets BufferError naming the view (never a misread pointer)."""
+    from ubep import _arrays
+
+    def body(g):
+        buf = ubep.Buffer(g, hidden=8, num_experts=2, max_tokens_per_rank=2, max_topk=1,
+                          dtype="fp32")
+        r = buf.dispatch(np.ones((1, 8), np.float32), np.zeros((1, 1), np.int64),
+                         layout="latency")
+        view = buf._window.view("combine_buffer", r.handle.id, _arrays.DLPACK)
+        assert view.__dlpack_device__() == (1, 0)
+        np.testing.assert_array_equal(np.from_dlpack(view).shape, view.shape)
+        view.__dlpack__(dl_device=(1, 0))
+        with pytest.raises(BufferError, match="cannot be exported to DLPack device"):
+            view.__dlpack__(dl_device=(2, 0))
+        with pytest.raises(BufferError, match="copy=True"):
+            view.__dlpack__(copy=True)
+        return True
+
+    assert ubep.run_on_threads(1, body, timeout=30) == [True]

@@ -6,11 +6,15 @@
 //
 // Device memory of a case is allocated before its first call and freed after its Buffer is
 // gone: cudaFree synchronises the whole device, so a rank freeing memory while a peer thread's
-// kernel waits for this rank's next call would stall both until the kernel's timeout.
+// kernel waits for this rank's next call would stall both until the kernel's timeout. The
+// Buffer's destructor does not wait for its peers (a Buffer may go on any thread), so every
+// rank meets the others (Group::barrier) after its last call, before anything is freed.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <exception>
 #include <functional>
 #include <iostream>
 #include <memory>
@@ -73,10 +77,33 @@ inline constexpr std::chrono::milliseconds kCaseTimeout = std::chrono::seconds(1
 #else
 inline constexpr std::chrono::milliseconds kCaseTimeout = std::chrono::seconds(10);
 #endif
-inline GroupOptions test_group(std::chrono::milliseconds timeout = kCaseTimeout) {
+// UBEP_GPU_TEST_TIMEOUT_S replaces kCaseTimeout (compute-sanitizer slows the kernels' waits).
+inline std::chrono::milliseconds case_timeout() {
+  const char* env = std::getenv("UBEP_GPU_TEST_TIMEOUT_S");
+  const double s = env ? std::atof(env) : 0.0;
+  return s > 0 ? std::chrono::milliseconds(static_cast<int64_t>(s * 1000)) : kCaseTimeout;
+}
+inline GroupOptions test_group(std::chrono::milliseconds timeout = case_timeout()) {
   GroupOptions o;
   o.timeout = timeout;
   return o;
+}
+
+// run_on_threads, and every rank's own error printed as it happens: the case's error is the
+// earliest one that is not a timeout, often a peer's echo; the cause may be another rank's
+// (a kernel timeout or a CUDA error under compute-sanitizer).
+inline void run_ranks(int ranks, const std::function<void(Group&)>& fn, GroupOptions options) {
+  run_on_threads(
+      ranks,
+      [&](Group& g) {
+        try {
+          fn(g);
+        } catch (const std::exception& e) {
+          std::cout << "    rank " << g.rank() << ": " << e.what() << std::endl;
+          throw;
+        }
+      },
+      options);
 }
 
 // One rank's device memory for all calls of a case: its inputs per call, and room for its
@@ -140,7 +167,7 @@ inline void run_checked(const Case& c) {
     delay_us.emplace_back();
     for (int r = 0; r < c.ranks; ++r) delay_us.back().push_back(static_cast<int>(rng() % 200));
   }
-  run_on_threads(
+  run_ranks(
       c.ranks,
       [&](Group& g) {
         const int me = g.rank();
@@ -152,6 +179,7 @@ inline void run_checked(const Case& c) {
                 std::chrono::microseconds(delay_us[call][static_cast<size_t>(me)]));
           run_call(c, problems[call], buf, me, *mem.inputs[call], *mem.combine_in);
         }
+        g.barrier();
       },
       test_group());
 }
@@ -162,7 +190,7 @@ inline void run_back_to_back(const Case& c) {
   const std::vector<int64_t> tokens(static_cast<size_t>(c.ranks), c.tokens);
   const test::Problem p = test::make_problem(c.ranks, c.ranks * c.experts_per_rank, c.hidden,
                                              c.dtype, tokens, c.topk, c.routing, 99);
-  run_on_threads(
+  run_ranks(
       c.ranks,
       [&](Group& g) {
         const int me = g.rank();
@@ -180,6 +208,7 @@ inline void run_back_to_back(const Case& c) {
         if (me == 0)
           std::cout << "    rank 0: " << c.calls << " calls in " << ms.count() << " ms\n";
         check_combine(p, me, y, expected_identity(p, me, c.layout));
+        g.barrier();
       },
       test_group());
 }
@@ -205,7 +234,7 @@ inline void run_timeout_error() {
   Case c;
   const test::Problem p = test::make_problem(2, 8, c.hidden, c.dtype, {8, 8}, c.topk, c.routing, 5);
   std::atomic<bool> late_rank_done{false};
-  run_on_threads(
+  run_ranks(
       2,
       [&](Group& g) {
         RankInputs in(p, g.rank(), c.layout);
@@ -235,7 +264,7 @@ inline void run_timeout_error() {
 inline void run_bad_expert_error() {
   Case c;
   const test::Problem p = test::make_problem(2, 8, c.hidden, c.dtype, {8, 8}, c.topk, c.routing, 5);
-  run_on_threads(
+  run_ranks(
       2,
       [&](Group& g) {
         const int me = g.rank();
@@ -252,8 +281,62 @@ inline void run_bad_expert_error() {
         Case one_shot = c;
         one_shot.split = false;
         run_call(one_shot, p, buf, me, good, combine_in);
+        g.barrier();
       },
       test_group());
+}
+
+// Buffers destroyed after their rank threads have ended, one after another on one thread and not
+// in rank order: what Python's garbage collector does with thread ranks' Buffers. No rank may
+// wait for a peer at tear-down then (local_windows.hpp), so it takes far less than the group's
+// timeout; new Buffers on the same groups then run a checked call.
+inline void run_late_teardown() {
+  Case c;
+  c.ranks = 4;
+  c.layout = Layout::kLatency;
+  const std::vector<test::Problem> problems{
+      test::make_problem(c.ranks, c.ranks * c.experts_per_rank, c.hidden, c.dtype,
+                         std::vector<int64_t>(4, c.tokens), c.topk, c.routing, 7)};
+  const GroupOptions opt = test_group();
+  ThreadWorld world(c.ranks, opt);
+  std::vector<std::unique_ptr<Group>> groups;
+  for (int r = 0; r < c.ranks; ++r) groups.push_back(world.group(r));
+  const auto on_ranks = [&](const std::function<void(int)>& fn) {
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(c.ranks));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < c.ranks; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          fn(r);
+        } catch (...) {
+          errors[static_cast<size_t>(r)] = std::current_exception();
+        }
+      });
+    for (std::thread& t : threads) t.join();
+    for (const std::exception_ptr& e : errors)
+      if (e) std::rethrow_exception(e);
+  };
+  std::vector<std::unique_ptr<Buffer>> bufs(static_cast<size_t>(c.ranks));
+  std::vector<std::unique_ptr<RankMemory>> mems(static_cast<size_t>(c.ranks));
+  on_ranks([&](int r) {
+    const auto i = static_cast<size_t>(r);
+    mems[i] = std::make_unique<RankMemory>(problems, c, r);
+    bufs[i] = std::make_unique<Buffer>(*groups[i], config_for(c));
+    run_call(c, problems[0], *bufs[i], r, *mems[i]->inputs[0], *mems[i]->combine_in);
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  for (size_t r : {2, 0, 3, 1}) bufs[r].reset();
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - t0;
+  std::cout << "    4 Buffers destroyed on one thread in " << took.count() * 1e3 << " ms\n";
+  const double timeout_s = std::chrono::duration<double>(opt.timeout).count();
+  if (took.count() > 0.5 * timeout_s)
+    fail("tear-down on one thread took " + std::to_string(took.count()) +
+         " s: a rank waited for its peers (group timeout " + std::to_string(timeout_s) + " s)");
+  on_ranks([&](int r) {
+    const auto i = static_cast<size_t>(r);
+    Buffer buf(*groups[i], config_for(c));
+    run_call(c, problems[0], buf, r, *mems[i]->inputs[0], *mems[i]->combine_in);
+  });
 }
 
 }  // namespace ubep::gpu_test

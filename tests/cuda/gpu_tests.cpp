@@ -204,6 +204,8 @@ int main(int argc, char** argv) {
   for (Layout l : {Layout::kThroughput, Layout::kLatency}) add_special(cases, sel, l);
   add_placement(cases, sel);
   cases.emplace_back("errors: a late rank's timeout names it", run_timeout_error);
+  cases.emplace_back("tear-down: Buffers destroyed on one thread after their rank threads",
+                     run_late_teardown);
 #if !defined(UBEP_GPU_TESTS_ON_SIM)
   // A GPU's behaviour: the kernels route the id nowhere. The simulation device reads ids on the
   // host and rejects the call before launching it (its peers then fail too, as on the CPU).

@@ -135,6 +135,7 @@ void time_buffer(const Workload& w, Placement placement, int warmup, int iters,
     Buffer buf(g, bench_config(w, placement));
     time_rank(g, buf, Algorithm::kUbep, in.args, warmup, iters, ubep_t);
     time_rank(g, buf, Algorithm::kBsp, in.args, warmup, iters, bsp_t);
+    g.barrier();  // nobody frees its inputs (cudaFree waits for the device) while a peer calls
   });
   report(w, pl, "ubep", "dispatch", ubep_t.dispatch.slowest(), out);
   report(w, pl, "ubep", "combine", ubep_t.combine.slowest(), out);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backend/cuda/host_logic.hpp"
+#include "backend/cuda/local_windows.hpp"
 #include "protocol/call_checks.hpp"
 #include "ubep/error.hpp"
 
@@ -49,6 +50,14 @@ KernelEngine::KernelEngine(Group& group, const BufferConfig& cfg, std::unique_pt
     window_ = static_cast<char*>(shared_->local());
   } else {
     window_ = static_cast<char*>(ops_->alloc_device(map.total));
+    // Released with the window, by whichever rank of this process lets go of it last. The owner
+    // fills `allocs` in its destructor before it drops its reference; the release runs after
+    // the last reference is dropped (shared_ptr's count is acquire-release), so it sees them.
+    own_window_ = share_local_window(window_, [ops = ops_, allocs = allocs_](char* p) {
+      ops->free_device(p);
+      for (void* d : allocs->device) ops->free_device(d);
+      for (void* m : allocs->mapped) ops->free_mapped(m);
+    });
   }
   scratch_ = static_cast<char*>(ops_->alloc_device(smap.total));
   y_ = static_cast<char*>(ops_->alloc_device(std::max<size_t>(y_bytes, 16)));
@@ -105,8 +114,15 @@ void KernelEngine::map_peers() {
       bases_[static_cast<size_t>(r)] = window_;
     } else if (p.pid == mine.pid) {
       if (p.device != mine.device) ops_->enable_peer(p.device);
-      bases_[static_cast<size_t>(r)] = reinterpret_cast<char*>(p.window);
+      char* base = reinterpret_cast<char*>(p.window);
+      // The owner published it before the allgather and waits at the barrier below.
+      std::shared_ptr<char> ref = find_local_window(base);
+      UBEP_CHECK(ref, SystemError, "rank ", r, "'s window (this process, device ", p.device,
+                 ") is not published; every rank of a group must use the same ubep library");
+      local_peers_.push_back(std::move(ref));
+      bases_[static_cast<size_t>(r)] = base;
     } else {
+      remote_peers_ = true;
       void* opened = ops_->open_memory(std::vector<char>(p.handle, p.handle + p.handle_bytes));
       opened_.push_back(opened);
       bases_[static_cast<size_t>(r)] = static_cast<char*>(opened);
@@ -118,18 +134,30 @@ void KernelEngine::map_peers() {
 }
 
 // Departure: as the host backend (ep::HostEngine), peers waiting in a call this rank will never
-// make learn it from its failure word. Device windows: then a barrier, so no peer still reads
-// this window (a combine reads rows in place) when it is freed -- bounded by the group's timeout
-// when a peer is gone. Windows from the group live as long as the group: no barrier.
+// make learn it from its failure word. Peers of this process: their windows and this one are
+// freed when the last of them lets go (local_windows.hpp), so no collective -- a Buffer may go
+// on any thread (Python's garbage collector frees thread ranks' Buffers one after another on
+// one thread). Peers in other processes: a barrier, so none still reads this window (a combine
+// reads rows in place) when it is freed -- bounded by the group's timeout when a peer is gone.
+// Windows from the group live as long as the group: no barrier.
 KernelEngine::~KernelEngine() {
   try {
-    ops_->synchronize();
+    ops_->synchronize();  // this rank's kernels are done with every window it references
     machine_.depart();
-    if (!shared_) group_.barrier();
+    if (remote_peers_) group_.barrier();
   } catch (...) {  // a dead peer: nothing more to agree on
   }
   for (void* p : opened_) ops_->close_memory(p);
-  if (!shared_) ops_->free_device(window_);
+  if (own_window_) {
+    // cudaFree waits for the whole device: freed now, it would stall a peer thread's kernel
+    // until a call this thread never makes times out. So the last rank of this process to let
+    // go frees every rank's memory, once no rank here has a kernel left.
+    allocs_->device = {scratch_, y_, compact_, bases_dev_, claim_};
+    allocs_->mapped = {error_, recv_rows_};
+    local_peers_.clear();
+    own_window_.reset();
+    return;
+  }
   ops_->free_device(scratch_);
   ops_->free_device(y_);
   ops_->free_device(compact_);

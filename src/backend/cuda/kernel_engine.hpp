@@ -70,7 +70,9 @@ class KernelEngine final : public backend::Engine {
 
   Group& group_;
   BufferConfig cfg_;
-  std::unique_ptr<DeviceOps> ops_;
+  // Shared with the release of this rank's device window, which may outlive the engine
+  // (local_windows.hpp).
+  std::shared_ptr<DeviceOps> ops_;
   Sequencer seq_;
   LaunchResources res_;
   int rank_, ranks_, threads_ = 0, bpr_ = 0;
@@ -86,6 +88,15 @@ class KernelEngine final : public backend::Engine {
   int64_t* recv_rows_ = nullptr;         // host side of the mapped row count
   std::vector<char*> bases_;
   std::vector<void*> opened_;  // peers' windows opened through IPC handles
+  // Device windows: this rank's, and a reference to each peer's of this process, so no window
+  // is freed while a rank of this process may still read or write it (local_windows.hpp).
+  struct Allocations {  // this rank's other device memory, released with its window
+    std::vector<void*> device, mapped;
+  };
+  std::shared_ptr<Allocations> allocs_ = std::make_shared<Allocations>();
+  std::shared_ptr<char> own_window_;
+  std::vector<std::shared_ptr<char>> local_peers_;
+  bool remote_peers_ = false;  // a peer in another process: tear-down meets at a barrier
   // Windows in host memory (the simulation device) come from the Group, like the CPU backend's:
   // every local peer is mapped by it, and they live as long as the group, so no rank can free
   // memory a peer still reads.
