@@ -74,7 +74,8 @@ double slowest_rank_stage(const JsonValue& row, const std::string& stage, const 
   if (const JsonValue* ranks = row.find("ranks"); ranks && ranks->kind == Kind::kArray)
     for (const JsonValue& r : ranks->array)
       if (const JsonValue* st = r.find("stages_us"))
-        if (const JsonValue* v = number_member(*st, stage, path)) slowest = std::max(slowest, v->number);
+        if (const JsonValue* v = number_member(*st, stage, path))
+          slowest = std::max(slowest, v->number);
   if (slowest > 0) return slowest;
   if (const JsonValue* st = row.find("stages_us"))
     if (const JsonValue* v = number_member(*st, stage, path)) return v->number;

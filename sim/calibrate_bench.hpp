@@ -28,8 +28,7 @@ std::string calibrated_shape_name(int ranks, int64_t tokens, int hidden, int top
 // combine's row send, staged reduce = B / the rest of bsp's combine; and the times themselves.
 std::vector<std::pair<std::string, double>> shape_rate_fields(const std::string& shape,
                                                               double bytes, double tokens,
-                                                              double row_bytes,
-                                                              const CallTimes& t);
+                                                              double row_bytes, const CallTimes& t);
 
 // The calibrated shapes' call times from ubep-bench --json runs of them (several runs of a shape
 // are rounds: each time is the least disturbed run's median, as `validate` reads a measurement;

@@ -35,7 +35,8 @@ struct BenchRun {
 
 // A ubep-bench --json file as the bench writes it (the fields the rates need, and others).
 std::string bench_file(const std::string& name, const BenchRun& r) {
-  auto row = [](const char* impl, const char* op, double us, double bytes, const std::string& more) {
+  auto row = [](const char* impl, const char* op, double us, double bytes,
+                const std::string& more) {
     std::ostringstream s;
     s << "{\"impl\": \"" << impl << "\", \"op\": \"" << op << "\", \"dtype\": \"bf16\", "
       << "\"median_us\": " << us << ", \"p99_us\": " << 2 * us << ", \"bytes_per_rank\": " << bytes
@@ -45,8 +46,9 @@ std::string bench_file(const std::string& name, const BenchRun& r) {
   std::ostringstream send;
   send << ", \"stages_us\": {\"row send\": " << (r.send_rank0 + r.send_rank1) / 2
        << ", \"reduce\": 1}, \"ranks\": [{\"rank\": 0, \"stages_us\": {\"row send\": "
-       << r.send_rank0 << ", \"reduce\": 1}}, {\"rank\": 1, \"stages_us\": {\"row send\": "
-       << r.send_rank1 << ", \"reduce\": 1}}]";
+       << r.send_rank0
+       << ", \"reduce\": 1}}, {\"rank\": 1, \"stages_us\": {\"row send\": " << r.send_rank1
+       << ", \"reduce\": 1}}]";
   std::ostringstream s;
   s << "{\"config\": {\"workload\": \"decode\", \"group\": \"mpi\", \"ranks\": " << r.ranks
     << ", \"tokens\": " << r.tokens << ", \"hidden\": 7168, \"topk\": 8, \"experts\": 256, "
@@ -128,7 +130,8 @@ TEST(SimCalibrateBench, RatesAreBytesOverTheLeastDisturbedRunsTimes) {
 TEST(SimCalibrateBench, AnUnseenShapesRunIsRefused) {
   BenchRun unseen;
   unseen.tokens = 32;
-  const std::string seen = bench_file("seen.json", BenchRun{}), bad = bench_file("t32.json", unseen);
+  const std::string seen = bench_file("seen.json", BenchRun{}),
+                    bad = bench_file("t32.json", unseen);
   try {
     shape_times_from_bench({seen, bad});
     ADD_FAILURE() << "an unseen shape's run was accepted";
@@ -145,7 +148,8 @@ TEST(SimCalibrateBench, AnUnseenShapesRunIsRefused) {
       "{\"config\": {\"group\": \"mpi\", \"ranks\": 2, \"tokens\": 128, \"hidden\": 7168, "
       "\"topk\": 8, \"experts\": 256, \"dtype\": \"bf16\", \"layout\": \"latency\"}, \"results\": "
       "[{\"impl\": \"bsp\", \"op\": \"dispatch\", \"median_us\": 1}, {\"impl\": \"bsp\", \"op\": "
-      "\"combine\", \"median_us\": 1}, {\"impl\": \"ubep\", \"op\": \"dispatch\", \"median_us\": 1, "
+      "\"combine\", \"median_us\": 1}, {\"impl\": \"ubep\", \"op\": \"dispatch\", \"median_us\": "
+      "1, "
       "\"bytes_per_rank\": 5}, {\"impl\": \"ubep\", \"op\": \"combine\", \"median_us\": 1}]}");
   EXPECT_THROW(shape_times_from_bench({no_send}), InvalidArgument);
 }
@@ -157,8 +161,7 @@ TEST(SimCalibrateBench, UnseenPredictionsDoNotDependOnUnseenMeasurements) {
     BenchRun d;
     d.bsp_dispatch = d.ubep_dispatch = decode_dispatch_us;
     const std::string cal = calibration_file(), out = write_file("cal-e2e.json", "");
-    write_calibration_with_bench_rates(cal, shape_times_from_bench({bench_file("d.json", d)}),
-                                       out);
+    write_calibration_with_bench_rates(cal, shape_times_from_bench({bench_file("d.json", d)}), out);
     BenchRun u;
     u.tokens = 256;  // 29 MB per rank: a large call, at the calibrated shapes' rates
     u.bsp_dispatch = u.ubep_dispatch = unseen_dispatch_us;
