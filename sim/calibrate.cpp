@@ -27,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "sim/calibrate_bench.hpp"
 #include "sim/calibrate_calls.hpp"
 #include "sim/experiments.hpp"
 #include "sim/json.hpp"
@@ -95,6 +96,26 @@ double handoff_ns(int iters) {
 }  // namespace
 
 int cmd_calibrate(const Options& o) {
+  if (!o.measured.empty()) {
+    // `calibrate --calibration FILE --measured RUNS --out OUT`: FILE with the calibrated shapes'
+    // rates taken from ubep-bench runs of those shapes (calibrate_bench.hpp); nothing is timed.
+    std::vector<std::string> files;
+    std::stringstream ss(o.measured);
+    for (std::string f; std::getline(ss, f, ',');)
+      if (!f.empty()) files.push_back(f);
+    const std::vector<BenchShapeTimes> bench = shape_times_from_bench(files);
+    write_calibration_with_bench_rates(
+        o.calibration.empty() ? "sim-calibration.json" : o.calibration, bench, o.out);
+    std::printf("rates of the calibrated shapes from ubep-bench runs (us; least disturbed run):\n");
+    std::printf("%-8s %5s %12s %12s %12s %12s %12s\n", "shape", "runs", "bsp disp", "ubep disp",
+                "bsp comb", "(row send)", "ubep comb");
+    for (const BenchShapeTimes& s : bench)
+      std::printf("%-8s %5d %12.1f %12.1f %12.1f %12.1f %12.1f\n", s.shape.c_str(), s.runs,
+                  s.times.bsp_dispatch_us, s.times.ubep_dispatch_us, s.times.bsp_combine_us,
+                  s.times.bsp_combine_send_us, s.times.ubep_combine_us);
+    std::printf("wrote %s\n", o.out.c_str());
+    return 0;
+  }
   // The library's calls on the two calibrated shapes, and a small call of 2 MiB (18 tokens x 8
   // rows; the regime of small calls, whose sources and outputs stay in cache). Until 2026-12-03
   // the library wrote a small dispatch's rows with plain stores; it streams them at every size
@@ -117,24 +138,10 @@ int cmd_calibrate(const Options& o) {
     progress(o, 1, 1, std::string(n.name) + " calls");
     const CallTimes t = time_library_calls(n.shape);
     got[n.name] = t;
-    const std::string k = n.name;
     const double bytes = t.dispatch_rows * static_cast<double>(kRow);
-    // bsp and ubep place the rows alike (one copy into the final place): the faster of the two
-    // is the less disturbed reading of the same placement.
-    const double place_us = std::min(t.bsp_dispatch_us, t.ubep_dispatch_us);
-    j.kv((k + "_bytes").c_str(), bytes)
-        .kv((k + "_copy_GBps").c_str(), bytes / t.bsp_combine_send_us / 1e3)
-        .kv((k + "_stream_GBps").c_str(), bytes / place_us / 1e3)
-        .kv((k + "_reduce_GBps").c_str(), bytes / t.ubep_combine_us / 1e3)
-        .kv((k + "_staged_reduce_GBps").c_str(),
-            bytes / std::max(1.0, t.bsp_combine_us - t.bsp_combine_send_us) / 1e3)
-        .kv((k + "_source_bytes").c_str(), static_cast<double>(n.shape.tokens) * kRow)
-        .kv((k + "_output_bytes").c_str(), static_cast<double>(n.shape.tokens) * kRow)
-        .kv((k + "_bsp_dispatch_us").c_str(), t.bsp_dispatch_us)
-        .kv((k + "_ubep_dispatch_us").c_str(), t.ubep_dispatch_us)
-        .kv((k + "_bsp_combine_us").c_str(), t.bsp_combine_us)
-        .kv((k + "_bsp_combine_send_us").c_str(), t.bsp_combine_send_us)
-        .kv((k + "_ubep_combine_us").c_str(), t.ubep_combine_us);
+    for (const auto& [key, value] :
+         shape_rate_fields(n.name, bytes, static_cast<double>(n.shape.tokens), kRow, t))
+      j.kv(key, value);
   }
   progress(o, 1, 1, "reuse capacity");
   std::vector<std::pair<double, double>> curve;

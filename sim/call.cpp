@@ -130,10 +130,24 @@ void apply_memory_streams(CostParams& c, const CallConfig& cfg, const Traffic& t
   // bsp's staging copy, by the previous call on these window halves); when a rank's rows fit
   // the measured reuse capacity they are read from cache, at the rates the library's calls
   // reached on the 2 MiB plain-store call (rates.hpp cache_resident).
+  // When a calibrated shape itself fits (decode's 14.7 MB under a 16 MiB capacity), its measured
+  // rates are already of this regime: the rates then move with log(bytes) from the small call's
+  // (at its size) to this call's own rates above (at that shape's size, and beyond), so the
+  // calibrated shape reproduces its own measurement (before, decode took the 2 MiB call's
+  // rates and missed its own combine by 45%; EXPERIMENTS.md section 6.5).
   if (cache_resident(c.reuse_bytes, c.cache_bytes, bytes)) {
-    if (c.cache_reduce_GBps > 0) c.reduce_GBps = c.cache_reduce_GBps;
-    if (c.cache_staged_reduce_GBps > 0) c.staged_reduce_GBps = c.cache_staged_reduce_GBps;
-    if (c.cache_copy_GBps > 0) c.worker_GBps = c.local_copy_GBps = c.cache_copy_GBps;
+    double resident_set = 0;  // the largest calibrated shape that fits, 0 if none does
+    for (const CostParams::RateSet& s : c.rate_sets)
+      if (s.bytes <= c.reuse_bytes && s.bytes > c.cache_bytes)
+        resident_set = std::max(resident_set, s.bytes);
+    auto resident = [&](double cache_rate, double call_rate) {
+      if (cache_rate <= 0) return call_rate;
+      if (resident_set <= 0) return cache_rate;
+      return log_interpolate({{c.cache_bytes, cache_rate}, {resident_set, call_rate}}, bytes);
+    };
+    c.reduce_GBps = resident(c.cache_reduce_GBps, c.reduce_GBps);
+    c.staged_reduce_GBps = resident(c.cache_staged_reduce_GBps, c.staged_reduce_GBps);
+    c.worker_GBps = c.local_copy_GBps = resident(c.cache_copy_GBps, c.local_copy_GBps);
     // Below 4 MiB a dispatch places its rows at the rate the library's own 2 MiB call reached
     // in calibrate (plain stores before 2026-12-03, streamed since: dispatch_call.hpp).
     if (cfg.op == Op::kDispatch && bytes < c.stream_threshold_bytes && c.cache_dispatch_GBps > 0)

@@ -220,7 +220,9 @@ Preset local_preset(int ranks, const std::string& file) {
   src(c, "reuse_bytes",
       "[MEAS] per-core bytes re-read from the shared cache after being written (write, then "
       "re-read, every core at once, within 10% of the in-cache rate): a call whose rows per rank "
-      "fit runs at the 2 MiB plain-store call's rates; a placement source that fits is read once");
+      "fit runs at the 2 MiB call's rates, or, when a calibrated shape fits too, at rates moving "
+      "with log(bytes) from those to its own (call.cpp); a placement source that fits is read "
+      "once");
   src(c, "oversubscribed_ratio",
       "[MEAS] makespan of cores + 1 equal threads / one thread's time (spin loops as long as a "
       "decode call): nearer whole rounds than fair sharing -> a call with R > cores ranks takes "

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "sim/calibrate_bench.hpp"
 #include "sim/experiments.hpp"
 #include "sim/json.hpp"
 #include "sim/json_read.hpp"
@@ -49,12 +50,10 @@ BenchCase read_case(const std::string& path) {
   return c;
 }
 
-// The two shapes `calibrate` times (calibrate.cpp, cmd_calibrate).
+// The two shapes `calibrate` times (calibrate_bench.hpp).
 bool calibrated_shape(const BenchCase& c) {
-  const bool common =
-      c.ranks == 2 && c.hidden == 7168 && c.topk == 8 && c.experts == 256 && c.dtype == "bf16";
-  return common && ((c.tokens == 128 && c.layout == "latency") ||
-                    (c.tokens == 4096 && c.layout == "throughput"));
+  return !calibrated_shape_name(c.ranks, c.tokens, c.hidden, c.topk, c.experts, c.dtype, c.layout)
+              .empty();
 }
 
 std::string case_name(const BenchCase& c) {

@@ -7,7 +7,16 @@
 #                               UBEP_VALIDATE_REPEATS rounds (default 3) over all cases, so a
 #                               neighbour's load burst hits one round of a case, not all
 #                               (validate takes a case's least disturbed run)
-#   3. ubep-sim validate        (one row per case, algo and op: measured, predicted, calibrated?)
+#   3. the calibrated shapes' rates (UBEP_VALIDATE_RATES=bench, the default): from step 2's runs of
+#                               the two calibrated shapes (decode, prefill) only, made in the same
+#                               rounds and under the same load as the unseen shapes; `calibrate`'s
+#                               other figures (small calls, reuse capacity, oversubscription,
+#                               handoff) stay. ubep-sim refuses any run of another shape there
+#                               (sim/calibrate_bench.hpp), so no unseen measurement reaches the
+#                               model. UBEP_VALIDATE_RATES=calibrate keeps calibrate's own rates.
+#   4. ubep-sim validate        (one row per case, algo and op: measured, predicted, calibrated?)
+#                               and, for comparison, the same with the other rate source
+#                               ($out/validate-<other>.txt)
 # Writes docs/sim/validate/*.json and docs/sim/validate.json; prints the validate table.
 # Needs build/ (Release) with ubep-bench and ubep-sim. Run on a quiet machine: check `uptime`.
 set -euo pipefail
@@ -56,5 +65,22 @@ for k in best:
     best[k] = min(vals) if low else max(vals) if high else vals[0]
 json.dump(best, open(sys.argv[1] + "/calibration.json", "w"))
 PY
-$sim validate --calibration "$out/calibration.json" --measured "$(IFS=,; echo "${files[*]}")" \
+calibrated_runs=()
+for f in "${files[@]}"; do
+  case $(basename "$f") in decode_r*|prefill_r*) calibrated_runs+=("$f") ;; esac
+done
+$sim calibrate --calibration "$out/calibration.json" \
+  --measured "$(IFS=,; echo "${calibrated_runs[*]}")" --out "$out/calibration-bench.json" >&2
+rates=${UBEP_VALIDATE_RATES:-bench}
+case $rates in
+  bench) main=calibration-bench.json other=calibration.json other_name=calibrate ;;
+  calibrate) main=calibration.json other=calibration-bench.json other_name=bench ;;
+  *) echo "UBEP_VALIDATE_RATES must be bench or calibrate, got '$rates'" >&2; exit 2 ;;
+esac
+measured=$(IFS=,; echo "${files[*]}")
+$sim validate --calibration "$out/$other" --measured "$measured" \
+  --json "$out/validate-$other_name.json" > "$out/validate-$other_name.txt"
+echo "rates of the calibrated shapes: $rates ($out/$main); with $other_name's instead:" \
+  "$(tail -2 "$out/validate-$other_name.txt" | head -1)" >&2
+$sim validate --calibration "$out/$main" --measured "$measured" \
   --json "${UBEP_VALIDATE_JSON:-docs/sim/validate.json}"

@@ -159,13 +159,13 @@ namespace {
 
 // stream_calibration() with an L2 of 0.5 O, a reuse capacity of 4 O, the rates of a 2 MiB-like
 // plain-store call (O bytes) and the 3-thread makespan.
-std::string resident_calibration(double ratio3) {
-  const std::string path = testing::TempDir() + "cal_resident.json";
+std::string resident_calibration(double ratio3, double reuse = 4 * kO) {
+  const std::string path = testing::TempDir() + "cal_resident" + std::to_string(reuse) + ".json";
   std::ifstream in(stream_calibration());
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   text.pop_back();  // the closing brace
   std::ostringstream extra;
-  extra << std::setprecision(17) << ", \"reuse_capacity_bytes\": " << 4 * kO
+  extra << std::setprecision(17) << ", \"reuse_capacity_bytes\": " << reuse
         << ", \"cache_stream_GBps\": 25, \"cache_reduce_GBps\": 40"
         << ", \"cache_staged_reduce_GBps\": 30, \"oversubscribed_ratio_3\": " << ratio3 << "}";
   std::ofstream(path) << std::regex_replace(text, std::regex("\"l2_bytes\": 2097152"),
@@ -174,8 +174,9 @@ std::string resident_calibration(double ratio3) {
   return path;
 }
 
-CostParams resident_rates(Op op, Algo algo, int ranks, int64_t tokens, double ratio3 = 2.02) {
-  const Preset p = make_preset("local", ranks, resident_calibration(ratio3));
+CostParams resident_rates(Op op, Algo algo, int ranks, int64_t tokens, double ratio3 = 2.02,
+                          double reuse = 4 * kO) {
+  const Preset p = make_preset("local", ranks, resident_calibration(ratio3, reuse));
   CallConfig cc;
   cc.op = op;
   cc.algo = algo;
@@ -200,6 +201,30 @@ TEST(SimRates, ResidentCallsRunAtTheSmallCallsRates) {
   // Out of cache (100 tokens = 6.25 O), plain copies stay at decode's rate below decode's size:
   // no blend from the small call once the capacity is measured.
   EXPECT_NEAR(resident_rates(Op::kCombine, Algo::kBsp, 2, 100).local_copy_GBps, 8, 1e-9);
+}
+
+// A reuse capacity that holds decode's rows too (16 O > 8 O): decode's measured rates are of the
+// resident regime already, so decode keeps them (it reproduces its own calibration), a call of
+// the small call's size (16 tokens = O) takes the small call's rates, and one between them moves
+// with log(bytes): 32 tokens (2 O) is a third of the way (log 2 / log 8) from the small call's
+// rates to the ones it has without residency (reuse capacity 0, the same calibration otherwise).
+TEST(SimRates, AResidentCalibratedShapeKeepsItsOwnRates) {
+  const double reuse = 16 * kO;
+  const CostParams decode = resident_rates(Op::kCombine, Algo::kUbep, 2, 128, 2.02, reuse);
+  const CostParams plain = resident_rates(Op::kCombine, Algo::kUbep, 2, 128, 2.02, 0);
+  EXPECT_NEAR(decode.reduce_GBps, plain.reduce_GBps, 1e-9);
+  EXPECT_NEAR(decode.reduce_GBps, 10, 1e-9);  // decode_reduce_GBps as measured
+  EXPECT_NE(decode.rate_set.find("+resident"), std::string::npos) << decode.rate_set;
+  const CostParams at_cache = resident_rates(Op::kCombine, Algo::kUbep, 2, 16, 2.02, reuse);
+  EXPECT_NEAR(at_cache.reduce_GBps, 40, 1e-9);
+  EXPECT_NEAR(at_cache.staged_reduce_GBps, 30, 1e-9);
+  const CostParams mid = resident_rates(Op::kCombine, Algo::kUbep, 2, 32, 2.02, reuse);
+  const CostParams mid_plain = resident_rates(Op::kCombine, Algo::kUbep, 2, 32, 2.02, 0);
+  EXPECT_NEAR(mid.reduce_GBps, 40 + (mid_plain.reduce_GBps - 40) / 3, 1e-9);
+  EXPECT_NEAR(mid.staged_reduce_GBps, 30 + (mid_plain.staged_reduce_GBps - 30) / 3, 1e-9);
+  // Plain copies: from the small call's 20 towards decode's 8 (a measured capacity keeps the
+  // out-of-cache copy rate at decode's below decode's size, ResidentCallsRunAtTheSmallCallsRates).
+  EXPECT_NEAR(mid.local_copy_GBps, 20 + (8 - 20) / 3.0, 1e-9);
 }
 
 // The source lives in the larger of L2 (0.5 O here) and the reuse capacity (4 O): decode's

@@ -1,5 +1,6 @@
 // ubep-sim validate: one row per (case, algo, op) with the measured and predicted medians and
-// whether `calibrate` timed the shape; the local preset's core sharing; the calibration file.
+// whether `calibrate` timed the shape; the local preset's core sharing; the calibration file;
+// the calibrated shapes' rates from ubep-bench runs of them (calibrate --measured).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -8,8 +9,10 @@
 #include <sstream>
 #include <string>
 
+#include "sim/calibrate_bench.hpp"
 #include "sim/call.hpp"
 #include "sim/experiments.hpp"
+#include "sim/json_read.hpp"
 #include "ubep/error.hpp"
 
 using namespace ubep;
@@ -190,6 +193,159 @@ TEST(SimValidate, RanksBeyondTheCoresShareThem) {
   // A calibration written before cores were recorded: every rank has a core.
   const Preset old4 = make_preset("local", 4, calibration(false));
   EXPECT_DOUBLE_EQ(effective_preset(old4, cc, t4).cost.core_share, 1.0);
+}
+
+// ---- The calibrated shapes' rates from ubep-bench runs of those shapes (sim/calibrate_bench.hpp),
+// and the separation that keeps `validate` a test of predictions: no unseen shape's run may
+// reach the model.
+
+struct BenchRun {
+  int tokens = 128;
+  const char* layout = "latency";
+  int ranks = 2;
+  double bsp_dispatch = 2000, ubep_dispatch = 1800, bsp_combine = 6000, ubep_combine = 1700;
+  double send_rank0 = 3000, send_rank1 = 3500;  // bsp combine's row send per rank
+  double bytes = 1.468e7;
+};
+
+// A ubep-bench --json file as the bench writes it (the fields the rates need, and others).
+std::string bench_file(const std::string& name, const BenchRun& r) {
+  auto row = [](const char* impl, const char* op, double us, double bytes,
+                const std::string& more) {
+    std::ostringstream s;
+    s << "{\"impl\": \"" << impl << "\", \"op\": \"" << op << "\", \"dtype\": \"bf16\", "
+      << "\"median_us\": " << us << ", \"p99_us\": " << 2 * us << ", \"bytes_per_rank\": " << bytes
+      << more << "}";
+    return s.str();
+  };
+  std::ostringstream send;
+  send << ", \"stages_us\": {\"row send\": " << (r.send_rank0 + r.send_rank1) / 2
+       << ", \"reduce\": 1}, \"ranks\": [{\"rank\": 0, \"stages_us\": {\"row send\": "
+       << r.send_rank0
+       << ", \"reduce\": 1}}, {\"rank\": 1, \"stages_us\": {\"row send\": " << r.send_rank1
+       << ", \"reduce\": 1}}]";
+  std::ostringstream s;
+  s << "{\"config\": {\"workload\": \"decode\", \"group\": \"mpi\", \"ranks\": " << r.ranks
+    << ", \"tokens\": " << r.tokens << ", \"hidden\": 7168, \"topk\": 8, \"experts\": 256, "
+    << "\"dtype\": \"bf16\", \"layout\": \"" << r.layout << "\"},\n \"results\": [\n  "
+    << row("bsp", "dispatch", r.bsp_dispatch, r.bytes, "") << ",\n  "
+    << row("bsp", "combine", r.bsp_combine, r.bytes, send.str()) << ",\n  "
+    << row("ubep", "dispatch", r.ubep_dispatch, r.bytes, "") << ",\n  "
+    << row("ubep", "combine", r.ubep_combine, r.bytes, "") << "\n]}\n";
+  return write_file(name, s.str());
+}
+
+double number(const std::string& path, const std::string& key) {
+  const JsonValue doc = read_json_file(path, "test");
+  const JsonValue* v = number_member(doc, key, path);
+  return v ? v->number : -1;
+}
+
+TEST(SimCalibrateBench, OnlyTheTwoCalibratedShapesAreNamed) {
+  EXPECT_EQ(calibrated_shape_name(2, 128, 7168, 8, 256, "bf16", "latency"), "decode");
+  EXPECT_EQ(calibrated_shape_name(2, 4096, 7168, 8, 256, "bf16", "throughput"), "prefill");
+  EXPECT_EQ(calibrated_shape_name(2, 128, 7168, 8, 256, "bf16", "throughput"), "");
+  EXPECT_EQ(calibrated_shape_name(2, 32, 7168, 8, 256, "bf16", "latency"), "");
+  EXPECT_EQ(calibrated_shape_name(4, 128, 7168, 8, 256, "bf16", "latency"), "");
+  EXPECT_EQ(calibrated_shape_name(2, 128, 4096, 8, 256, "bf16", "latency"), "");
+  EXPECT_EQ(calibrated_shape_name(2, 128, 7168, 4, 256, "bf16", "latency"), "");
+  EXPECT_EQ(calibrated_shape_name(2, 128, 7168, 8, 256, "fp32", "latency"), "");
+}
+
+// Each time is the least disturbed run's; the row send is the slowest rank's in the run whose
+// bsp combine was taken; the rates are bytes over those times (the same arithmetic as
+// `calibrate`'s, written out here independently).
+TEST(SimCalibrateBench, RatesAreBytesOverTheLeastDisturbedRunsTimes) {
+  BenchRun a, b;
+  b.bsp_dispatch = 1500;  // a faster bsp placement than either ubep one: the stream rate's
+  b.ubep_dispatch = 2500;
+  b.bsp_combine = 5000;  // run b's combine is taken, with run b's slowest row send
+  b.send_rank0 = 2900;
+  b.send_rank1 = 2000;
+  a.ubep_combine = 1600;
+  const std::vector<BenchShapeTimes> t =
+      shape_times_from_bench({bench_file("a.json", a), bench_file("b.json", b)});
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0].shape, "decode");
+  EXPECT_EQ(t[0].runs, 2);
+  EXPECT_DOUBLE_EQ(t[0].times.bsp_dispatch_us, 1500);
+  EXPECT_DOUBLE_EQ(t[0].times.ubep_dispatch_us, 1800);
+  EXPECT_DOUBLE_EQ(t[0].times.bsp_combine_us, 5000);
+  EXPECT_DOUBLE_EQ(t[0].times.bsp_combine_send_us, 2900);
+  EXPECT_DOUBLE_EQ(t[0].times.ubep_combine_us, 1600);
+
+  const std::string cal = calibration(true), out = write_file("cal-bench.json", "");
+  write_calibration_with_bench_rates(cal, t, out);
+  const double B = 1.468e7;  // bytes per ns = GB/s
+  EXPECT_NEAR(number(out, "decode_stream_GBps"), B / 1500e3, 1e-4);
+  EXPECT_NEAR(number(out, "decode_reduce_GBps"), B / 1600e3, 1e-4);
+  EXPECT_NEAR(number(out, "decode_copy_GBps"), B / 2900e3, 1e-4);
+  EXPECT_NEAR(number(out, "decode_staged_reduce_GBps"), B / 2100e3, 1e-4);
+  EXPECT_DOUBLE_EQ(number(out, "decode_rates_from_bench_runs"), 2);
+  // Shapes without runs and the machine figures stay calibrate's.
+  EXPECT_DOUBLE_EQ(number(out, "prefill_stream_GBps"), 10);
+  EXPECT_DOUBLE_EQ(number(out, "handoff_ns"), 100);
+  EXPECT_DOUBLE_EQ(number(out, "cores"), 2);
+  EXPECT_NO_THROW(make_preset("local", 2, out));
+}
+
+// The separation: a run of any other shape is refused, naming the file, even among calibrated
+// ones (it would otherwise set the rates its own prediction is judged with).
+TEST(SimCalibrateBench, AnUnseenShapesRunIsRefused) {
+  BenchRun unseen;
+  unseen.tokens = 32;
+  const std::string seen = bench_file("seen.json", BenchRun{}),
+                    bad = bench_file("t32.json", unseen);
+  try {
+    shape_times_from_bench({seen, bad});
+    ADD_FAILURE() << "an unseen shape's run was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("t32.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not a run of a calibrated shape"), std::string::npos);
+  }
+  BenchRun four;
+  four.ranks = 4;
+  EXPECT_THROW(shape_times_from_bench({bench_file("r4.json", four)}), InvalidArgument);
+  // A run without bsp's row send stage cannot give the copy rate: an error, not a zero rate.
+  const std::string no_send = write_file(
+      "nosend.json",
+      "{\"config\": {\"group\": \"mpi\", \"ranks\": 2, \"tokens\": 128, \"hidden\": 7168, "
+      "\"topk\": 8, \"experts\": 256, \"dtype\": \"bf16\", \"layout\": \"latency\"}, \"results\": "
+      "[{\"impl\": \"bsp\", \"op\": \"dispatch\", \"median_us\": 1}, {\"impl\": \"bsp\", \"op\": "
+      "\"combine\", \"median_us\": 1}, {\"impl\": \"ubep\", \"op\": \"dispatch\", \"median_us\": "
+      "1, "
+      "\"bytes_per_rank\": 5}, {\"impl\": \"ubep\", \"op\": \"combine\", \"median_us\": 1}]}");
+  EXPECT_THROW(shape_times_from_bench({no_send}), InvalidArgument);
+}
+
+// End to end, as sim/validate.sh runs it: the prediction of an unseen shape moves with the
+// calibrated shape's runs and not at all with its own measurement.
+TEST(SimCalibrateBench, UnseenPredictionsDoNotDependOnUnseenMeasurements) {
+  auto predicted = [](double decode_dispatch_us, double unseen_dispatch_us) {
+    BenchRun d;
+    d.bsp_dispatch = d.ubep_dispatch = decode_dispatch_us;
+    const std::string cal = calibration(true), out = write_file("cal-e2e.json", "");
+    write_calibration_with_bench_rates(cal, shape_times_from_bench({bench_file("d.json", d)}), out);
+    BenchRun u;
+    u.tokens = 256;  // 29 MB per rank: a large call, at the calibrated shapes' rates
+    u.bsp_dispatch = u.ubep_dispatch = unseen_dispatch_us;
+    Options o;
+    o.calibration = out;
+    o.measured = bench_file("d.json", d) + "," + bench_file("u.json", u);
+    o.json = write_file("validate-e2e.json", "");
+    EXPECT_EQ(cmd_validate(o), 0);
+    const JsonValue doc = read_json_file(o.json, "validate");
+    for (const JsonValue& row : doc.find("rows")->array)
+      if (row.find("tokens")->number == 256 && row.find("algo")->text == "ubep" &&
+          row.find("op")->text == "dispatch")
+        return row.find("predicted_us")->number;
+    ADD_FAILURE() << "no unseen ubep dispatch row";
+    return 0.0;
+  };
+  const double base = predicted(2000, 500);
+  EXPECT_GT(base, 0);
+  EXPECT_DOUBLE_EQ(predicted(2000, 900), base);  // the unseen run's own time: no effect
+  EXPECT_GT(predicted(4000, 500), 1.2 * base);   // the calibrated run's time: the rates move
 }
 
 }  // namespace
