@@ -148,8 +148,8 @@ int rank_process(const std::vector<int>& ports, int host, int local, bool rejoin
     cfg.mask_dead_ranks = true;
     Buffer buf_a(*g, cfg), buf_b(*g, cfg);  // the same config: only the tag tells them apart
     Stream a{"Buffer A", buf_a, pa}, b{"Buffer B", buf_b, pb};
-    std::string wrong = rejoin ? replacement_rank(*g, c, a, b)
-                               : live_rank(*g, c, a, b, host == 2, ready);
+    std::string wrong =
+        rejoin ? replacement_rank(*g, c, a, b) : live_rank(*g, c, a, b, host == 2, ready);
     if (wrong.empty()) wrong = allgathers_right(*g, {8, 40000}, 5);  // every rank, in one view
     if (!wrong.empty()) return std::fprintf(stderr, "rank %d: %s\n", me, wrong.c_str()), 3;
     std::printf("rank %d%s: A failed %d, B failed %d calls at the kill (first: %s)\n", me,
