@@ -18,6 +18,7 @@
 
 #include "bootstrap/tcp_bootstrap.hpp"
 #include "group_checks.hpp"
+#include "loopback_ports.hpp"
 #include "ubep/error.hpp"
 #include "ubep/tcp_group.hpp"
 
@@ -248,28 +249,11 @@ pid_t fork_rank(const std::vector<int>& ports, int host, int local, bool rejoin,
   return pid;
 }
 
-// n distinct free ports on 127.0.0.1 (all held while probing, so none comes twice).
-std::vector<int> free_ports(int n) {
-  std::vector<int> fds, ports;
-  for (int i = 0; i < n; ++i) {
-    sockaddr_in at{};
-    at.sin_family = AF_INET;
-    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    fds.push_back(socket(AF_INET, SOCK_STREAM, 0));
-    bind(fds.back(), reinterpret_cast<sockaddr*>(&at), sizeof at);
-    socklen_t len = sizeof at;
-    getsockname(fds.back(), reinterpret_cast<sockaddr*>(&at), &len);
-    ports.push_back(ntohs(at.sin_port));
-  }
-  for (int fd : fds) close(fd);
-  return ports;
-}
-
 // The loopback twin of vhosts_tcp_host_rejoin's collectives (no namespaces needed): 3 launchers'
 // worth of ranks on 127.0.0.1, host 2 SIGKILLed, the survivors' barriers fail named until a
 // replacement host 2 joins, then barrier and allgather of all 6 ranks are right.
 TEST(TcpGroupRejoin, GroupCollectivesAfterAHostIsReplaced) {
-  const std::vector<int> ports = free_ports(3);  // the rendezvous, then hosts 1 and 2's doors
+  const std::vector<int> ports = test::free_ports(3);  // the rendezvous, then hosts 1 and 2's doors
   int ready[2], go[2];
   ASSERT_EQ(pipe(ready), 0);
   ASSERT_EQ(pipe(go), 0);

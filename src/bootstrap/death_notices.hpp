@@ -18,7 +18,8 @@ namespace ubep::bootstrap {
 
 class DeathNotices {
  public:
-  static constexpr int kTag = 7103;  // beside the relay's (8192 up) and membership records (7104)
+  // Beside the mesh's (7105-7106), the relay's (8192 up) and the membership records' (24576 up).
+  static constexpr int kTag = 7103;
   DeathNotices(transport::Remote& remote, DeathWatch& watch, int rank,
                const std::vector<int>& host_of);
   ~DeathNotices();

@@ -44,6 +44,12 @@ class GroupHooks {
   // than being made collectively by every rank. A TCP group's replacement host mirrors until its
   // first group barrier or allgather, then makes new Buffers with the others (issue 32).
   virtual bool mirrors_buffers() const { return rejoining(); }
+  // The number of the next Buffer this process makes on the group: 0, 1, 2, ... in the order it
+  // makes them. Every rank makes the same Buffers in the same order (a replacement makes its
+  // predecessor's), so a number names the same Buffer on every rank, and a Buffer's messages
+  // between hosts that stay posted across calls (MemberLink's records) carry it in their tag:
+  // two Buffers of one group never take each other's. 0 in groups that never need it.
+  virtual int next_buffer_number() { return 0; }
 };
 
 }  // namespace ubep::bootstrap

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
-#include <thread>
 
 #include "ubep/error.hpp"
 
@@ -192,7 +191,7 @@ void MeshCollective::Call::take_current(Channel& ch, const Header& h, size_t n) 
 // A request's test, its failure named with this call.
 bool MeshCollective::Call::tested(int req, size_t* n) {
   try {
-    return c_.remote_.test(req, n);
+    return c_.remote_.test_moved(req, n);  // step() moved the transport once for all
   } catch (const PeerFailedError& e) {
     throw PeerFailedError(detail::concat(e.what(), " in ", name()));
   }
@@ -226,6 +225,7 @@ void MeshCollective::Call::forward() {
 }
 
 bool MeshCollective::Call::step() {
+  c_.remote_.progress();
   bool all = true;
   for (Channel& ch : round1_) all = advance(ch) && all;
   if (all && !forwarded_) forward();
@@ -342,31 +342,32 @@ void MeshCollective::run(const char* what, const void* in, void* out, size_t byt
 }
 
 // Until the call completes (true) or the view changes (false); throws when a rank it waits for
-// is lost or dead, or at the deadline.
+// is lost or dead, or at the deadline. Between steps it blocks in the transport until bytes
+// arrive (Remote::wait_for_progress), at most kCheckEvery, so deaths, the door and the deadline
+// are looked at every kCheckEvery at least. It used to yield for 2 ms, then nap 20 us doubling to
+// 500 us: each of the call's two hops then waited out a nap (and the yielding ranks took the CPU
+// their peers needed, 6 ranks on 2 cores), so a barrier of 3x2 took about 1 ms against the star's
+// 0.17 ms (docs/ELASTIC.md, "Latency: the mesh against the star").
 bool MeshCollective::wait(Call& call, Clock::time_point deadline) {
-  const auto start = Clock::now();
-  auto nap = std::chrono::microseconds(20);
-  for (unsigned n = 0;; ++n) {
+  constexpr auto kCheckEvery = std::chrono::microseconds(1000);
+  auto checked = Clock::now() - kCheckEvery;  // look at once
+  for (;;) {
     if (call.step()) return true;
-    const bool sleeping = Clock::now() - start > std::chrono::milliseconds(2);
-    if (sleeping || (n & 31u) == 0) {
+    const auto now = Clock::now();
+    if (now - checked >= kCheckEvery) {
+      checked = now;
       if (hooks_.deaths)
         for (int r : call.awaited()) hooks_.deaths->check(r, [&] { return call.name(); });
       if (hooks_.pump) {
         hooks_.pump();
         if (!(view() == call.view())) return false;
       }
-      UBEP_CHECK(Clock::now() <= deadline, TimeoutError, "rank ", rank_, " timed out after ",
+      UBEP_CHECK(now <= deadline, TimeoutError, "rank ", rank_, " timed out after ",
                  std::chrono::duration<double>(timeout_).count(), " s in ", call.name(),
                  " waiting for ", call.missing(),
                  " (is that rank alive and making the same group call?)");
     }
-    if (sleeping) {
-      std::this_thread::sleep_for(nap);
-      nap = std::min(nap * 2, std::chrono::microseconds(500));
-    } else {
-      std::this_thread::yield();
-    }
+    remote_.wait_for_progress(kCheckEvery);
   }
 }
 

@@ -61,7 +61,7 @@ struct MeshHooks {
 
 class MeshCollective {
  public:
-  static constexpr int kTagGather = 7105;   // round 1 (beside DeathNotices' 7103, records' 7104)
+  static constexpr int kTagGather = 7105;   // round 1 (beside DeathNotices' 7103)
   static constexpr int kTagForward = 7106;  // round 2
   MeshCollective(int rank, std::vector<int> host_of, transport::Remote& remote, MeshHooks hooks,
                  std::chrono::milliseconds timeout);

@@ -11,6 +11,7 @@ MemberLink::MemberLink(Group& group, const Window& win, int words)
       remote_(group.single_host() ? nullptr : bootstrap::hooks_of(group).remote()),
       me_(group.rank()),
       words_(words),
+      tag_(kTagBase + bootstrap::hooks_of(group).next_buffer_number() % kTags),
       inbox_(static_cast<size_t>(group.size())),
       recv_(static_cast<size_t>(group.size()), -1),
       epoch_(static_cast<size_t>(group.size()), 0) {
@@ -37,7 +38,7 @@ void MemberLink::post(int r) {
   auto& in = inbox_[static_cast<size_t>(r)];
   epoch_[static_cast<size_t>(r)] = remote_->epoch(r);
   try {
-    recv_[static_cast<size_t>(r)] = remote_->irecv(r, kTag, in.data(), in.size() * 4);
+    recv_[static_cast<size_t>(r)] = remote_->irecv(r, tag_, in.data(), in.size() * 4);
   } catch (const PeerFailedError&) {
     recv_[static_cast<size_t>(r)] = -1;  // gone: its records stop where they are
   }
@@ -47,7 +48,7 @@ void MemberLink::send(int r) {
   Out o;
   o.msg = last_;
   try {
-    o.request = remote_->isend(r, kTag, o.msg.data(), o.msg.size() * 4);
+    o.request = remote_->isend(r, tag_, o.msg.data(), o.msg.size() * 4);
   } catch (const PeerFailedError&) {
     return;
   }

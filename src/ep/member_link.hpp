@@ -9,6 +9,8 @@
 // it sent them, so the slot only moves forward through records the peer really published, as
 // a shared-memory slot does; arriving later is the same as being read a little later.
 //
+// Tags: one per Buffer (kTagBase + its number), so two Buffers of one group keep apart.
+//
 // Threads: only the caller's thread of the buffer calls publish() and pump() (between calls:
 // Membership::agree, HostEngine::settle_membership), as it is the only one that touches the
 // Remote; role threads read the stored slots through the window's seqlock (FailureWatch).
@@ -26,7 +28,14 @@ namespace ubep::ep {
 
 class MemberLink {
  public:
-  static constexpr int kTag = 7104;  // beside the relay's and the death notices' tags
+  // Each Buffer's records have their own tag, kTagBase + the Buffer's number on the group
+  // (GroupHooks::next_buffer_number, the same on every rank) modulo kTags: the receives stay
+  // posted between calls, and a shared tag let one Buffer's receive take another Buffer's
+  // record (two Buffers on one group: records given to the wrong agreement). Above the relay's
+  // tags (8192 up to 24575) and the group's own (7103 to 7106), below MPI's least tag bound.
+  static constexpr int kTagBase = 24576;
+  static constexpr int kTags = 8192;
+  static_assert(kTagBase + kTags - 1 <= 32767, "record tags within MPI's least tag bound");
   // words: a record's words after its stamp. Posts one receive per rank of another host.
   MemberLink(Group& group, const Window& win, int words);
   ~MemberLink();
@@ -54,6 +63,7 @@ class MemberLink {
   const Window& win_;
   transport::Remote* remote_;
   int me_, words_;
+  int tag_;                                   // this Buffer's (kTagBase + its number)
   std::vector<std::vector<uint32_t>> inbox_;  // [rank] version, then the record's words
   std::vector<int> recv_;                     // [rank] posted receive, -1: none (gone)
   std::vector<uint32_t> epoch_;               // [rank] the connection it was posted on

@@ -317,9 +317,10 @@ struct WindowLayout {
 // token with an expert on that host. Combine sends back one fp32 partial [tokens, hidden].
 namespace relay_wire {
 // Transport tags of the two message kinds: kDispatchTag + 2 * (dispatch seq mod kTagSeqs), + 1
-// for its combine, all below MPI's least tag bound 32767 and above the other users' (death
-// notices 7103, membership records 7104). The arithmetic lives here only: HostRelay sends and
-// receives with these, and drops unmatched messages of other calls with is_relay_tag.
+// for its combine: above the death notices' 7103 and the mesh's 7105-7106, below the membership
+// records' (24576 up, one tag per Buffer) and MPI's least tag bound 32767. The arithmetic lives
+// here only: HostRelay sends and receives with these, and drops unmatched messages of other
+// calls with is_relay_tag.
 inline constexpr int kDispatchTag = 8192;
 inline constexpr int kTagSeqs = 8192;
 inline constexpr int dispatch_tag(uint64_t seq) {

@@ -9,9 +9,11 @@
 // protocol inside its host.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <thread>
 
 namespace ubep::transport {
 
@@ -41,6 +43,20 @@ class Remote {
   // (TcpRemote::replace_peer), so an object whose receive from it failed knows when to post
   // again. Constant (0) where peers are never replaced.
   virtual uint32_t epoch(int /*peer*/) const { return 0; }
+  // Moves whatever the transport holds or can take now, without blocking (TcpRemote: its
+  // sockets). Then test_moved() tests requests without moving anything again: a caller that
+  // tests many requests in one pass (MeshCollective) moves the transport once per pass, not once
+  // per request. The default moves nothing and test_moved() is test().
+  virtual void progress() {}
+  virtual bool test_moved(int request, size_t* bytes) { return test(request, bytes); }
+  // Blocks until a request may have moved on (bytes arrived from a peer, room for a queued
+  // send, a peer's connection ended) or `max` passed; spurious returns are allowed. For a wait
+  // that polls its requests (MeshCollective): woken by the data itself, so no nap's length is
+  // added to each hop and no CPU is spun that the peers' processes need. The default, for a
+  // transport with nothing to wait on, sleeps.
+  virtual void wait_for_progress(std::chrono::microseconds max) {
+    std::this_thread::sleep_for(max);
+  }
 };
 
 }  // namespace ubep::transport

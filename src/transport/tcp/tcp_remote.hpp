@@ -14,15 +14,18 @@
 // last frame of a peer that ends cleanly (its group destroyed): after it, EOF is a departure,
 // not a loss.
 //
-// Progress and threads: there is no progress thread. Every call (isend, irecv, test, cancel)
-// first moves whatever the sockets accept or hold, without blocking (non-blocking sockets,
-// MSG_NOSIGNAL). The object is used by one thread at a time (the Remote contract: the caller's
-// thread of the group), so no state is shared between threads and nothing needs a lock.
+// Progress and threads: there is no progress thread. Every call (isend, irecv, cancel, and test
+// of a request not yet complete) first moves whatever the sockets accept or hold, without
+// blocking (non-blocking sockets, MSG_NOSIGNAL; one poll finds the connections to read). The object
+// is used by one thread at a time (the Remote contract: the caller's thread of the group), so no
+// state is shared between threads and nothing needs a lock.
 //
 // Matching (MPI's non-overtaking rule): messages from one peer arrive in the order it sent them.
 // A message of (peer, tag) goes to the oldest receive posted for (peer, tag); with none posted
 // it is kept whole as unexpected, and a later receive for (peer, tag) takes the oldest one.
 #pragma once
+
+#include <poll.h>
 
 #include <chrono>
 #include <cstdint>
@@ -55,6 +58,8 @@ class TcpRemote : public Remote {
   void abandon(int request) override { cancel(request); }
   void drop_unexpected(const std::function<bool(int, int)>& stale) override;
   bool withdraws() const override { return true; }
+  // ppoll on every live connection (readable; writable where sends are queued).
+  void wait_for_progress(std::chrono::microseconds max) override;
 
   // The peer is no longer reachable (another judge said so: the host heartbeat): its
   // connection is closed and its requests fail with `why`.
@@ -72,8 +77,9 @@ class TcpRemote : public Remote {
   // fn(peer, why) runs on the calling thread, inside a call of this object, once per peer whose
   // connection broke without a goodbye (not for fail_peer, nor for a clean departure).
   void on_peer_lost(std::function<void(int, const std::string&)> fn) { on_lost_ = std::move(fn); }
-  // Moves data on every socket without blocking (every call does this first).
-  void progress();
+  // Moves data on every socket without blocking (every call does this first, but test_moved).
+  void progress() override;
+  bool test_moved(int request, size_t* bytes) override;
   // How long the destructor tries to deliver queued sends.
   std::chrono::milliseconds linger{1000};
 
@@ -131,6 +137,8 @@ class TcpRemote : public Remote {
   std::vector<Request> requests_;
   std::vector<int> free_;
   std::function<void(int, const std::string&)> on_lost_;
+  std::vector<pollfd> poll_fds_;  // progress()'s, kept to spare an allocation per call
+  std::vector<int> poll_peers_;   // the peer of each poll_fds_ entry
 };
 
 }  // namespace ubep::transport
