@@ -1,10 +1,13 @@
-// Free ports on 127.0.0.1 for tests that launch a TCP group's hosts as local processes (issue 32:
+// Free ports on 127.0.0.1 (and the reaping of their rank processes) for tests that launch a TCP group's hosts as local processes (issue 32:
 // test_tcp_doors, test_tcp_two_buffers): the rendezvous and every host's door, probed so that
 // no door meets another socket's port.
 #pragma once
 
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <vector>
@@ -26,6 +29,22 @@ inline std::vector<int> free_ports(int n) {
   }
   for (int fd : fds) close(fd);
   return ports;
+}
+
+// Reaps the rank processes of a 3 x 2 test whose host 2 (ranks 4 and 5) the test SIGKILLed:
+// those two must have died by a signal, every other rank and each replacement (listed after the
+// first 6) must have exited 0.
+inline void expect_host2_killed_others_passed(const std::vector<pid_t>& ranks) {
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    int status = 0;
+    waitpid(ranks[i], &status, 0);
+    if (i == 4 || i == 5) {
+      EXPECT_TRUE(WIFSIGNALED(status)) << "host 2's rank " << i << " was not killed";
+      continue;
+    }
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << (i < 6 ? "rank " : "replacement rank ") << (i < 6 ? i : i - 2) << ": status " << status;
+  }
 }
 
 }  // namespace ubep::test

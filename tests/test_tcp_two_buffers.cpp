@@ -186,16 +186,7 @@ TEST(TcpTwoBuffers, BothMaskAndTakeBackAReplacedHost) {
   for (int r : kHost2) kill(ranks[static_cast<size_t>(r)], SIGKILL);
   for (int r = 0; r < 4; ++r) ASSERT_EQ(read(ready[0], &c, 1), 1) << "a survivor ended early";
   for (int r : kHost2) ranks.push_back(fork_rank(ports, 2, r % kRanksPerHost, true, ready[1]));
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    int status = 0;
-    waitpid(ranks[i], &status, 0);
-    if (i == 4 || i == 5) {
-      EXPECT_TRUE(WIFSIGNALED(status)) << "host 2's rank " << i << " was not killed";
-      continue;
-    }
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << (i < 6 ? "rank " : "replacement rank ") << (i < 6 ? i : i - 2) << ": status " << status;
-  }
+  expect_host2_killed_others_passed(ranks);
   close(ready[0]);
   close(ready[1]);
 }
