@@ -1,6 +1,6 @@
-// Free ports on 127.0.0.1 (and the reaping of their rank processes) for tests that launch a TCP group's hosts as local processes (issue 32:
-// test_tcp_doors, test_tcp_two_buffers): the rendezvous and every host's door, probed so that
-// no door meets another socket's port.
+// Free ports on 127.0.0.1 (and the reaping of their rank processes) for tests that launch a TCP
+// group's hosts as local processes (issue 32: test_tcp_doors, test_tcp_two_buffers): the rendezvous
+// and every host's door, probed so that no door meets another socket's port.
 #pragma once
 
 #include <gtest/gtest.h>
