@@ -48,10 +48,6 @@ if [ "${UBEP_SKIP_ONECCL:-0}" != 1 ]; then
     echo "test.sh: no oneCCL venv (scripts/venv.sh --oneccl failed): the oneCCL tests skip"
   fi
 fi
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${oneccl[@]}" >/dev/null
-phase "release build"
-cmake --build build -j"$jobs"
-
 # The sanitizer and fuzz trees (UBEP_SKIP_SANITIZERS=1 skips them, UBEP_SKIP_FUZZ=1 the fuzz
 # run). AddressSanitizer + UndefinedBehaviorSanitizer: one build, MPI on, so the process-rank
 # suites run under mpirun with sanitized binaries (Open MPI's own leaks at exit are suppressed,
@@ -66,23 +62,29 @@ sanitizer_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEB
                  -DUBEP_UNITY_LIBS=ON)
 sanitizers=$([ "${UBEP_SKIP_SANITIZERS:-0}" = 1 ] || echo 1)
 fuzz=$([ "${UBEP_SKIP_FUZZ:-0}" = 1 ] || echo 1)
-if [ -n "$sanitizers" ]; then
-  cmake -S . -B build-asan -G Ninja "${sanitizer_flags[@]}" -DUBEP_SANITIZE=address,undefined \
-        -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=ON -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF \
-        -DUBEP_VHOSTS_PROGRAMS=OFF >/dev/null
-  cmake -S . -B build-thread -G Ninja "${sanitizer_flags[@]}" -DUBEP_SANITIZE=thread \
-        -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null
-fi
-if [ -n "$fuzz" ]; then
-  CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja "${sanitizer_flags[@]}" \
-        -DUBEP_FUZZ=ON -DUBEP_BUILD_TESTS=OFF -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF \
-        -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null
-fi
-# Those trees are built in the background, one after the other, while the tests of the trees
-# before them run: the tests leave a core idle much of the time (ranks waiting on each other, on a
-# killed rank's detection, mpirun's start-up; a test that needs more ranks than cores runs alone),
-# and the builds take only that idle time: SCHED_IDLE (chrt --idle; nice 19 where chrt cannot set
-# it) runs only when no test wants the core, so the tests' timing is as it was without the build.
+configure_tree() {
+  case $1 in
+    build-asan)
+      cmake -S . -B build-asan -G Ninja "${sanitizer_flags[@]}" -DUBEP_SANITIZE=address,undefined \
+            -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=ON -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF \
+            -DUBEP_VHOSTS_PROGRAMS=OFF >/dev/null ;;
+    build-thread)
+      cmake -S . -B build-thread -G Ninja "${sanitizer_flags[@]}" -DUBEP_SANITIZE=thread \
+            -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF \
+            >/dev/null ;;
+    build-fuzz)
+      CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja "${sanitizer_flags[@]}" \
+            -DUBEP_FUZZ=ON -DUBEP_BUILD_TESTS=OFF -DUBEP_BUILD_TOOLS=OFF -DUBEP_WITH_MPI=OFF \
+            -DUBEP_WITH_PYTHON=OFF -DUBEP_WITH_CUDA=OFF >/dev/null ;;
+  esac
+}
+# Those trees are configured and built in the background, one after the other, from the start of
+# the release build on. The release build leaves a core idle much of its time (nvcc's serial
+# steps, links: 538 CPU s here for a build that took 443 s on CI's 2 cores), and the tests leave
+# one idle much of theirs (ranks waiting on each other, on a killed rank's detection, mpirun's
+# start-up; a test that needs more ranks than cores runs alone). The background builds take only
+# that idle time: SCHED_IDLE (chrt --idle; nice 19 where chrt cannot set it) runs only when no
+# build step or test of the foreground wants the core, so their timing is as it was.
 # A tree's build output goes to its build.log; the foreground build after the wait for that tree
 # is then a no-op, or shows the error. The background builds are one process group (set -m),
 # killed with their compilers if this script stops first.
@@ -97,13 +99,16 @@ build_in_background() {
   local tree rc
   for tree in "$@"; do
     rc=0
+    mkdir -p "$tree"
     # shellcheck disable=SC2046  # the targets are words
-    ninja -C "$tree" -j"$jobs" $(tree_targets "$tree") > "$tree/build.log" 2>&1 || rc=$?
+    { configure_tree "$tree" && ninja -C "$tree" -j"$jobs" $(tree_targets "$tree"); } \
+      > "$tree/build.log" 2>&1 || rc=$?
     echo "$rc" > "$tree/.background-build-done"
   done
 }
 finish_build() {  # tree: waits for its background build, then shows the result
   while [ ! -e "$1/.background-build-done" ] && kill -0 "$builder" 2>/dev/null; do sleep 1; done
+  [ -f "$1/build.ninja" ] || configure_tree "$1"
   # shellcheck disable=SC2046
   cmake --build "$1" -j"$jobs" --target $(tree_targets "$1")
 }
@@ -116,6 +121,9 @@ if [ ${#background_trees[@]} -gt 0 ]; then
   set +m
   trap 'kill -- -"$builder" 2>/dev/null || true' EXIT
 fi
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "${oneccl[@]}" >/dev/null
+phase "release build"
+cmake --build build -j"$jobs"
 
 phase "release ctest"
 (cd build && ctest --output-on-failure -j"$jobs" -LE venv)
