@@ -4,8 +4,8 @@
 # wait, a 10,000-call soak), the multi-host suites on 2 and 3 virtual hosts (ctest label vhosts:
 # network namespaces, scripts/vhosts.sh; SKIPPED with the reason where they cannot be made), the
 # Python package's pytest suite (ctest "python"), transformers' and vLLM's MoE expert-parallel
-# over ubep in the pinned PyPI venv (ctest label venv; the venv is made during the release
-# build); then every suite but Python and vhosts again under
+# over ubep in the pinned PyPI venv (ctest label venv; the venv is made in the background, and
+# they run after the other release tests); then every suite but Python and vhosts again under
 # AddressSanitizer + UndefinedBehaviorSanitizer (the mpirun suites included), the thread-rank
 # suites under ThreadSanitizer, and a short libFuzzer run (docs/FUZZING.md). The Buffer-level suites
 # also run on the CUDA simulation device (ctest label cuda_sim; not repeated under the sanitizers:
