@@ -10,7 +10,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <string>
 #include <vector>
+
+#include "ubep/tcp_group.hpp"
 
 namespace ubep::test {
 
@@ -29,6 +32,22 @@ inline std::vector<int> free_ports(int n) {
   }
   for (int fd : fds) close(fd);
   return ports;
+}
+
+// An elastic launch of host `host`'s rank `local` on 127.0.0.1: ports[0] the rendezvous, every
+// host's door from `ports` (probed: no door meets another socket's port).
+inline TcpLaunch loopback_launch(const std::vector<int>& ports, int hosts, int host,
+                                 int ranks_per_host, int local, bool rejoin) {
+  TcpLaunch l;
+  l.rendezvous = "127.0.0.1:" + std::to_string(ports[0]);
+  l.door_ports = ports;
+  l.hosts = hosts;
+  l.host = host;
+  l.ranks_per_host = ranks_per_host;
+  l.local_rank = local;
+  l.elastic = true;
+  l.rejoin = rejoin;
+  return l;
 }
 
 // Reaps the rank processes of a 3 x 2 test whose host 2 (ranks 4 and 5) the test SIGKILLed:

@@ -190,15 +190,7 @@ int rank_process(const std::vector<int>& ports, int host, int local, bool rejoin
                  int go) {
   const int me = host * 2 + local;
   try {
-    TcpLaunch l;
-    l.rendezvous = detail::concat("127.0.0.1:", ports[0]);
-    l.door_ports = ports;  // probed: no door meets another socket's port
-    l.hosts = 3;
-    l.host = host;
-    l.ranks_per_host = 2;
-    l.local_rank = local;
-    l.elastic = true;
-    l.rejoin = rejoin;
+    const TcpLaunch l = test::loopback_launch(ports, 3, host, 2, local, rejoin);
     GroupOptions opts;
     opts.timeout = std::chrono::seconds(5);
     std::unique_ptr<Group> g = make_tcp_group(l, opts);

@@ -130,15 +130,7 @@ std::string replacement_rank(Group& g, const Case& c, Stream& a, Stream& b) {
 int rank_process(const std::vector<int>& ports, int host, int local, bool rejoin, int ready) {
   const int me = host * kRanksPerHost + local;
   try {
-    TcpLaunch l;
-    l.rendezvous = detail::concat("127.0.0.1:", ports[0]);
-    l.door_ports = ports;
-    l.hosts = kHosts;
-    l.host = host;
-    l.ranks_per_host = kRanksPerHost;
-    l.local_rank = local;
-    l.elastic = true;
-    l.rejoin = rejoin;
+    const TcpLaunch l = loopback_launch(ports, kHosts, host, kRanksPerHost, local, rejoin);
     GroupOptions opts;
     opts.timeout = std::chrono::seconds(5);
     std::unique_ptr<Group> g = make_tcp_group(l, opts);
