@@ -284,10 +284,11 @@ TEST(KernelsOnCpuErrors, LateRankTimesOutNamingIt) {
   cfg.max_topk = 2;
   for (bool ipc : {false, true}) {
     SimBuffer b(2, cfg, ipc);
-    // 0.5 s: long enough that rank 0's own blocks meet in time even under ThreadSanitizer on a
-    // loaded machine (0.1 s flaked at load average 150), far shorter than rank 1's delay.
-    b.timeout_ns = 500'000'000;
-    b.set_start_delay(1, 2'500'000'000u);
+    // 1.5 s: long enough that rank 0's own blocks meet in time even under ThreadSanitizer on a
+    // loaded machine (0.1 s flaked at load average 150; 0.5 s once in CI, as the binary's first
+    // test beside the Python suite), far shorter than rank 1's delay.
+    b.timeout_ns = 1'500'000'000;
+    b.set_start_delay(1, 4'000'000'000u);
     const test::Problem p =
         test::make_problem(2, 4, 16, cfg.dtype, {6, 6}, 2, test::Routing::kUniform, 1);
     std::vector<std::unique_ptr<gpu_test::RankInputs>> in;

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -78,7 +79,16 @@ class ExpertLayerLoop {
         TensorView(const_cast<float*>(r.topk_weights.data()), DType::kFP32, {kTokens, kTopk});
     a.layout = Layout::kThroughput;
     DispatchResult d = buffer_.dispatch(a);
-    if (victim) kill_self(dir);
+    // The victim dies only where its death must meet the layer's own waits: after every rank's
+    // dispatch has returned (the barrier), and in a call whose routing (the same on every rank:
+    // seeded by i) sends tokens to the victim's experts, so every survivor waits for its
+    // outputs. Without both, a survivor could learn of the death in its dispatch, or in the next
+    // call's (seen in CI, and 1 of 25 runs here), and the layer's waits went untested.
+    const int last = g_.size() - 1;
+    const bool needs_last = std::any_of(r.topk_idx.begin(), r.topk_idx.end(),
+                                        [&](int64_t e) { return e >= 0 && e / 2 == last; });
+    g_.barrier();
+    if (victim && needs_last) kill_self(dir);
     const moe::TileFn copy = [](const moe::TileTask& t) {
       for (int64_t row = 0; row < t.rows; ++row)
         std::memcpy(t.out + row * t.out_ld, t.in + row * t.in_ld, kHidden * sizeof(float));
