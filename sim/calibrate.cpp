@@ -23,7 +23,6 @@
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <thread>
 #include <vector>
 
@@ -99,11 +98,7 @@ int cmd_calibrate(const Options& o) {
   if (!o.measured.empty()) {
     // `calibrate --calibration FILE --measured RUNS --out OUT`: FILE with the calibrated shapes'
     // rates taken from ubep-bench runs of those shapes (calibrate_bench.hpp); nothing is timed.
-    std::vector<std::string> files;
-    std::stringstream ss(o.measured);
-    for (std::string f; std::getline(ss, f, ',');)
-      if (!f.empty()) files.push_back(f);
-    const std::vector<BenchShapeTimes> bench = shape_times_from_bench(files);
+    const std::vector<BenchShapeTimes> bench = shape_times_from_bench(measured_files(o));
     write_calibration_with_bench_rates(
         o.calibration.empty() ? "sim-calibration.json" : o.calibration, bench, o.out);
     std::printf("rates of the calibrated shapes from ubep-bench runs (us; least disturbed run):\n");
@@ -190,13 +185,9 @@ int cmd_predict(const Options& o) {
   const int R = o.ranks.empty() ? 2 : o.ranks[0];
   const Preset p = make_preset("local", R, o.calibration);
   std::map<std::string, std::map<std::pair<std::string, std::string>, double>> measured;
-  if (!o.measured.empty()) {
-    std::stringstream ss(o.measured);
-    std::string f;
-    while (std::getline(ss, f, ',')) {
-      const BenchJson b = read_bench_json(f);
-      measured[b.workload()] = b.medians();
-    }
+  for (const std::string& f : measured_files(o)) {
+    const BenchJson b = read_bench_json(f);
+    measured[b.workload()] = b.medians();
   }
   struct Workload {
     const char* name;

@@ -52,6 +52,7 @@ struct BenchRun {
   std::map<std::pair<std::string, std::string>, double> median;  // (impl, op) -> µs
   double row_send_us = 0;  // bsp combine's row send, slowest rank (0: not reported)
   double bytes = 0;        // the dispatch's bytes_per_rank
+  double tokens = 0;       // per rank, from the run's config
 };
 
 // The result row of (impl, op) in the fused sync mode, or nullptr.
@@ -99,6 +100,7 @@ std::vector<BenchShapeTimes> shape_times_from_bench(const std::vector<std::strin
                    "prefill: 2 x 4096 throughput; hidden 7168, top-8, 256 experts, bf16): only "
                    "those may set the model's rates");
     BenchRun run;
+    run.tokens = b.config_num("tokens");
     run.median = b.medians();
     for (const char* impl : {"bsp", "ubep"})
       for (const char* op : {"dispatch", "combine"})
@@ -119,7 +121,7 @@ std::vector<BenchShapeTimes> shape_times_from_bench(const std::vector<std::strin
     BenchShapeTimes s;
     s.shape = shape;
     s.runs = static_cast<int>(rs.size());
-    s.tokens = shape == "decode" ? 128 : 4096;
+    s.tokens = rs.front().tokens;
     s.bytes = rs.front().bytes;
     auto least = [&](const char* impl, const char* op) {
       double m = std::numeric_limits<double>::infinity();

@@ -198,4 +198,12 @@ Options parse_options(int argc, char** argv) {
   return o;
 }
 
+std::vector<std::string> measured_files(const Options& o) {
+  std::vector<std::string> files;
+  std::stringstream ss(o.measured);
+  for (std::string f; std::getline(ss, f, ',');)
+    if (!f.empty()) files.push_back(f);
+  return files;
+}
+
 }  // namespace ubep::sim

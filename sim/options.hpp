@@ -46,5 +46,7 @@ struct Options {
 // Parses argv; throws InvalidArgument naming a bad flag or value. Prints help and exits on -h.
 Options parse_options(int argc, char** argv);
 void print_help();
+// The files of --measured (a comma list; empty items skipped).
+std::vector<std::string> measured_files(const Options& o);
 
 }  // namespace ubep::sim

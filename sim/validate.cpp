@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
-#include <sstream>
 #include <thread>
 
 #include "sim/calibrate_bench.hpp"
@@ -71,9 +70,7 @@ int cmd_validate(const Options& o) {
   // undisturbed, so the measured value is the least disturbed run: the smallest of the runs'
   // medians (the median over runs is kept too, and the spread is printed).
   std::vector<std::vector<BenchCase>> cases;
-  std::stringstream ss(o.measured);
-  for (std::string f; std::getline(ss, f, ',');) {
-    if (f.empty()) continue;
+  for (const std::string& f : measured_files(o)) {
     BenchCase c = read_case(f);
     auto it = std::find_if(cases.begin(), cases.end(),
                            [&](const auto& v) { return case_name(v[0]) == case_name(c); });

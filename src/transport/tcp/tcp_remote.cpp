@@ -259,8 +259,8 @@ void TcpRemote::lose(int p, const std::string& why, bool tell) {
 }
 
 void TcpRemote::wait_for_progress(std::chrono::microseconds max) {
-  std::vector<pollfd> fds;
-  fds.reserve(peers_.size());
+  std::vector<pollfd>& fds = poll_fds_;  // progress()'s buffer: neither runs inside the other
+  fds.clear();
   for (const Peer& peer : peers_)
     if (peer.fd >= 0) {
       const bool queued = !peer.sends.empty() || peer.bye_queued;

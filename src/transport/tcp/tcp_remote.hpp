@@ -137,7 +137,7 @@ class TcpRemote : public Remote {
   std::vector<Request> requests_;
   std::vector<int> free_;
   std::function<void(int, const std::string&)> on_lost_;
-  std::vector<pollfd> poll_fds_;  // progress()'s, kept to spare an allocation per call
+  std::vector<pollfd> poll_fds_;  // progress()'s and wait_for_progress()'s: no allocation a call
   std::vector<int> poll_peers_;   // the peer of each poll_fds_ entry
 };
 
