@@ -126,6 +126,31 @@ TEST(RowKernels, VectorReductionDeclinesWhatItCannotDo) {
   EXPECT_EQ(out, std::vector<uint16_t>(64, 0));
 }
 
+// A streamed copy (whole lines non-temporal, partial end lines plain) writes exactly the span:
+// every destination offset within a line and sizes around the line boundaries, against memcpy
+// into a copy of the same guard-filled destination.
+TEST(RowKernels, StreamedCopyWritesExactlyItsSpanAtEveryAlignment) {
+  std::mt19937 rng(7);
+  std::vector<char> src(2048);
+  for (char& c : src) c = static_cast<char>(rng());
+  alignas(64) char dst[2304], want[2304];
+  int streamed = 0;
+  for (size_t offset = 0; offset < 64; ++offset)
+    for (size_t bytes : {size_t{1}, size_t{63}, size_t{64}, size_t{127}, size_t{128}, size_t{224},
+                         size_t{1000}, size_t{1024}, size_t{2047}}) {
+      std::memset(dst, 0x5a, sizeof dst);
+      std::memset(want, 0x5a, sizeof want);
+      std::memcpy(want + 64 + offset, src.data(), bytes);
+      streamed += kernels::stream_row_to_peer(dst + 64 + offset, src.data(), bytes);
+      kernels::store_fence();
+      ASSERT_EQ(std::memcmp(dst, want, sizeof dst), 0) << "offset " << offset << " bytes " << bytes;
+    }
+#if defined(__x86_64__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__) && \
+    !defined(__SANITIZE_ADDRESS__)  // row_kernels.cpp streams in these builds
+  EXPECT_GT(streamed, 0) << "no span took the streaming path";
+#endif
+}
+
 // Bounded wait for a reader outside the data path's roles.
 bool wait_tag(const cpu::CpuDataPath& dp, const protocol::Tag* tag, uint32_t value) {
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
@@ -142,9 +167,11 @@ bool wait_tag(const cpu::CpuDataPath& dp, const protocol::Tag* tag, uint32_t val
 // behind it, then acknowledges the epoch. Member 0 waits for that acknowledgement inside its
 // role, so its held-back tags must be released before it waits (else the reader never sees
 // them and the wait times out); the other members' tags are released when their role ends.
-// Row counts are not multiples of the batch, sizes both take and skip the streaming copy.
+// Row counts are not multiples of the batch. Sizes: whole lines (4096), partial lines at
+// both ends of most rows, shared by neighbours that other members write (1000; 224, an fp8
+// row's scales), and no whole line at all (40: plain stores only).
 TEST(CpuDataPathStress, BatchedFencesReleaseEveryTagAfterItsRow) {
-  for (size_t row_bytes : {size_t{4096}, size_t{1000}}) {
+  for (size_t row_bytes : {size_t{4096}, size_t{1000}, size_t{224}, size_t{40}}) {
     constexpr int kMembersRows = 37, kEpochs = 300;
     cpu::CpuDataPath writer(2), reader_dp(0);
     const int members = writer.members();

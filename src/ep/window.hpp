@@ -78,10 +78,15 @@ class Window {
   // A dispatch row: its payload into x_dst and its scales (if the codec has any) into scale_dst;
   // both are ordered before the row's tag like any put_row.
   void put_dispatch_row(char* x_dst, char* scale_dst, RowRef row, bool stream) const {
-    // The scales' lines (plain stores, a partial line at each end) are fetched while the
-    // payload streams, so their stores do not wait for them: fp8 decode dispatch 463-481 ->
-    // 420-431 us on 2 process ranks (docs/PERFORMANCE.md, fp8).
-    if (map_.codec.scale_bytes) dp_.prepare_put(scale_dst, map_.codec.scale_bytes);
+    // The scales' lines that take plain stores are fetched while the payload streams, so their
+    // stores do not wait for them: fp8 decode dispatch 463-481 -> 420-431 us on 2 process ranks
+    // (docs/PERFORMANCE.md, fp8). Streamed, only the partial line at each end takes them.
+    if (const size_t sb = map_.codec.scale_bytes; sb && !stream) {
+      dp_.prepare_put(scale_dst, sb);
+    } else if (sb) {
+      dp_.prepare_put(scale_dst, 1);
+      dp_.prepare_put(scale_dst + sb - 1, 1);
+    }
     dp_.put_row(x_dst, row.payload, map_.codec.payload_bytes, stream);
     if (map_.codec.scale_bytes) dp_.put_row(scale_dst, row.scales, map_.codec.scale_bytes, stream);
   }

@@ -177,14 +177,20 @@ struct BoundHarness::Impl {
     return row_at(d, 0, 0) + 4 * region + static_cast<size_t>(half) * scale_region +
            static_cast<size_t>(pos) * scale_bytes;
   }
-  // Scales (fp8) with plain stores, as the call writes rows under 1 KiB.
+  // Scales (fp8): their whole lines with the kernel's stores, a partial line at either end with
+  // plain ones, as the call writes them (row_kernels.cpp).
   void dispatch(const Kernel& k, const RowPlaces& pl, int half) const {
     for (size_t r = 0; r < sends.size(); ++r) {
       const auto t = static_cast<size_t>(sends[r].token);
       k.copy(row_at(sends[r].dest, half, pl.pos[r]), x + t * row_bytes, row_bytes);
-      if (scale_bytes)
-        std::memcpy(scale_at(sends[r].dest, half, pl.pos[r]), scales + t * scale_bytes,
-                    scale_bytes);
+      if (!scale_bytes) continue;
+      char* sd = scale_at(sends[r].dest, half, pl.pos[r]);
+      const char* ss = scales + t * scale_bytes;
+      const size_t head =
+          k.nt ? std::min(scale_bytes, (64 - reinterpret_cast<uintptr_t>(sd) % 64) % 64)
+               : scale_bytes;
+      std::memcpy(sd, ss, head);
+      if (head < scale_bytes) k.copy(sd + head, ss + head, scale_bytes - head);
     }
     if (k.nt) fence_nt();
   }

@@ -150,17 +150,24 @@ const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
 
 bool stream_row_to_peer(void* dst, const void* src, size_t bytes) {
 #ifdef UBEP_STREAM_STORES
-  if ((reinterpret_cast<uintptr_t>(dst) & 63) == 0 && bytes >= 1024) {
-    const size_t n64 = bytes / 64;
+  // The whole lines inside [dst, dst + bytes) stream; a partial line at either end takes plain
+  // stores (a non-temporal store of part of a line costs a partial write to memory). So short
+  // spans that are not line-aligned stream too: an fp8 row's 224 bytes of scales are 3 whole
+  // lines and one half line, where plain stores would each first fetch the line from the core
+  // that last read it (its receiver).
+  const size_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
+  if (bytes >= head + 64) {
+    auto* d = static_cast<char*>(dst);
+    const auto* s = static_cast<const char*>(src);
+    const size_t n64 = (bytes - head) / 64, tail = (bytes - head) % 64;
+    if (head) std::memcpy(d, s, head);
     if (kHaveAvx512)
-      stream_avx512(dst, src, n64);
+      stream_avx512(d + head, s + head, n64);
     else if (kHaveAvx2)
-      stream_avx2(dst, src, n64);
+      stream_avx2(d + head, s + head, n64);
     else
-      stream_sse2(dst, src, n64);
-    if (bytes % 64)
-      std::memcpy(static_cast<char*>(dst) + n64 * 64, static_cast<const char*>(src) + n64 * 64,
-                  bytes % 64);
+      stream_sse2(d + head, s + head, n64);
+    if (tail) std::memcpy(d + head + n64 * 64, s + head + n64 * 64, tail);
     return true;
   }
 #endif

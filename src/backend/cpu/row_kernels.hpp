@@ -18,7 +18,8 @@ void store_row(void* dst, const float* acc, DType dtype, int64_t hidden);
 // Copies a row into another rank's memory with non-temporal stores (no read-for-ownership of
 // lines the writer will never read), then an sfence, so that on return the row is globally
 // visible before any later store -- in particular before the release store of its epoch tag.
-// Falls back to memcpy for unaligned rows and in sanitizer builds.
+// Partial lines at either end take plain stores; memcpy for spans without a whole line and in
+// sanitizer builds.
 void copy_row_to_peer(void* dst, const void* src, size_t bytes);
 // The same stores without the fence: returns true if it used non-temporal stores, which are
 // ordered before later stores only after a store_fence() (CpuDataPath fences once per batch).
