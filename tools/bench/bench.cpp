@@ -245,6 +245,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     std::function<void()> prepare;  // before each slice (sync mode of a shared buffer)
     Buffer* buf = nullptr;
     std::vector<double> td, tc, te;  // dispatch, combine, the expert step between them
+    std::vector<double> ty;          // the caller's read of y after the combine
     OpBreakdown dparts, cparts;      // dispatch's and combine's stages, waits and start times
     double barriers = 0, dbytes = 0, net_bytes = 0, net_rows = 0;
     int done = 0;         // iterations run, warm-up included
@@ -328,6 +329,11 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
       const double c = us_since(t1);
       g.barrier();
       if (record) m.cparts.add(m.stats(), t1);
+      if (y.device.type == DeviceType::kCpu) {
+        const auto ty = Clock::now();
+        read_every_line(y.data, y.bytes());
+        if (record) m.ty.push_back(us_since(ty));
+      }
       if (record) {
         m.td.push_back(d);
         m.tc.push_back(c);
@@ -351,6 +357,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
     m.dparts.finish(g, m.td, &rd);
     rows.push_back(rd);
     BenchRow rc = make_row(g, m.impl, m.variant, "combine", m.tc, cbytes);
+    rc.caller_read_us = mean_over_ranks(g, m.ty.empty() ? 0.0 : percentile(m.ty, 0.5));
     m.cparts.finish(g, m.tc, &rc);
     rows.push_back(std::move(rc));
   };

@@ -70,6 +70,9 @@ struct BenchRow {
   // over ranks. Where a call leaves its rows decides what the expert's first read costs (from
   // the sender's cache or from memory), so a store policy is judged by both numbers.
   double expert_read_us = 0;
+  // Combine: the caller's first read of y right after the op (outside its timing; CPU outputs),
+  // median µs, mean over ranks: the same check for the output's store policy.
+  double caller_read_us = 0;
   // Median over the bound of the same op (0 when there is none), and over floor + bound: what a
   // call cannot beat (data must be copied, and a peer must see a flag).
   double x_bound = 0, x_floor_bound = 0;

@@ -141,6 +141,9 @@ void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchR
     for (auto& [n, us] : r.stages) std::printf("  %s %.1f", n.c_str(), us);
     if (r.op == "dispatch" && r.expert_read_us > 0)
       std::printf("  | then the expert's read (median, outside the op) %.1f", r.expert_read_us);
+    if (r.op == "combine" && r.caller_read_us > 0)
+      std::printf("  | then the caller's read of y (median, outside the op) %.1f",
+                  r.caller_read_us);
     std::printf("\n");
   }
   for (const auto& r : rows)
@@ -201,6 +204,7 @@ void write_row(std::ofstream& f, const BenchOptions& o, const BenchRow& r, int r
       << ", \"expected_network_rows\": " << r.expected_network_rows
       << ", \"network_bytes\": " << r.network_bytes;
   if (r.expert_read_us > 0) f << ", \"expert_read_us\": " << r.expert_read_us;
+  if (r.caller_read_us > 0) f << ", \"caller_read_us\": " << r.caller_read_us;
   if (!r.stages.empty()) {
     f << ", \"stages_us\": {";
     for (size_t s = 0; s < r.stages.size(); ++s)

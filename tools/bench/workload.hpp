@@ -25,6 +25,9 @@ Input make_input(const Group& g, const BenchOptions& o);
 // The expert (untimed): the identity, written into buf's zero-copy combine buffer (nullptr: the
 // baseline, which combines recv_x itself); fp8 dequantizes its valid rows into bf16.
 CombineArgs expert_identity(const DispatchResult& r, Buffer* buf, size_t row_bytes);
+// Reads one word of every cache line of [data, data + bytes), as a caller's first pass over a
+// combine output does (the result is kept from the optimiser).
+void read_every_line(const void* data, size_t bytes);
 CombineArgs expert_fp8(const DispatchResult& r, Buffer* buf, Input& in, int64_t hidden);
 
 // Bytes a dispatch delivered to this rank, and the bytes its combine brings back to it.
