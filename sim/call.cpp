@@ -117,8 +117,8 @@ void apply_memory_streams(CostParams& c, const CallConfig& cfg, const Traffic& t
   // Plain copies: the share of the rows still in cache falls with the call's size; the rate
   // moves with log(bytes) between the sizes measured (a cache-resident small call, decode,
   // prefill), and stays at the end values outside them.
-  // With the reuse capacity measured, the cache regime is a step instead (below): a call that
-  // does not fit copies at the out-of-cache rates.
+  // With the reuse capacity measured, the cache's share comes from it instead (below), and this
+  // is the out-of-cache rate.
   std::vector<std::pair<double, double>> copy_points = {{a.bytes, a.copy_GBps},
                                                         {b.bytes, b.copy_GBps}};
   if (c.cache_copy_GBps > 0 && c.cache_bytes > 0 && c.reuse_bytes <= 0)
@@ -127,33 +127,25 @@ void apply_memory_streams(CostParams& c, const CallConfig& cfg, const Traffic& t
   c.worker_GBps = c.local_copy_GBps = copy;
   c.rate_set += "+streams";
   // Shared-cache residency: the rows a call reads were written just before (by the expert, by
-  // bsp's staging copy, by the previous call on these window halves); when a rank's rows fit
-  // the measured reuse capacity they are read from cache, at the rates the library's calls
-  // reached on the 2 MiB plain-store call (rates.hpp cache_resident).
-  // When a calibrated shape itself fits (decode's 14.7 MB under a 16 MiB capacity), its measured
-  // rates are already of this regime: the rates then move with log(bytes) from the small call's
-  // (at its size) to this call's own rates above (at that shape's size, and beyond), so the
-  // calibrated shape reproduces its own measurement (before, decode took the 2 MiB call's
-  // rates and missed its own combine by 45%; EXPERIMENTS.md section 6.5).
-  if (cache_resident(c.reuse_bytes, c.cache_bytes, bytes)) {
-    double resident_set = 0;  // the largest calibrated shape that fits, 0 if none does
-    for (const CostParams::RateSet& s : c.rate_sets)
-      if (s.bytes <= c.reuse_bytes && s.bytes > c.cache_bytes)
-        resident_set = std::max(resident_set, s.bytes);
-    auto resident = [&](double cache_rate, double call_rate) {
-      if (cache_rate <= 0) return call_rate;
-      if (resident_set <= 0) return cache_rate;
-      return log_interpolate({{c.cache_bytes, cache_rate}, {resident_set, call_rate}}, bytes);
-    };
-    c.reduce_GBps = resident(c.cache_reduce_GBps, c.reduce_GBps);
-    c.staged_reduce_GBps = resident(c.cache_staged_reduce_GBps, c.staged_reduce_GBps);
-    c.worker_GBps = c.local_copy_GBps = resident(c.cache_copy_GBps, c.local_copy_GBps);
-    // Below 4 MiB a dispatch places its rows at the rate the library's own 2 MiB call reached
-    // in calibrate (plain stores before 2026-12-03, streamed since: dispatch_call.hpp).
-    if (cfg.op == Op::kDispatch && bytes < c.stream_threshold_bytes && c.cache_dispatch_GBps > 0)
-      c.worker_GBps = c.cache_dispatch_GBps;
-    c.rate_set += "+resident";
-  }
+  // bsp's staging copy, by the previous call on these window halves); the share of them the
+  // cache still holds (rates.hpp resident_share, from the measured reuse capacity) is read at
+  // the rates the library's calls reached on the 2 MiB call, the rest at the call's own
+  // out-of-cache rates. Between the 2 MiB call and the smallest calibrated shape above it only:
+  // that shape's measured rates already hold its own share, and larger calls' rates come from
+  // it and the next. Non-temporal stores (every dispatch's rows: the library streams them at
+  // every size) skip the cache, so this applies to the reductions and plain copies; a
+  // placement's source is handled above (read once when it fits).
+  if (c.reuse_bytes <= 0 || c.cache_bytes <= 0) return;
+  double above = 0;  // the smallest calibrated shape larger than the 2 MiB call
+  for (const CostParams::RateSet& s : c.rate_sets)
+    if (s.bytes > c.cache_bytes && (above <= 0 || s.bytes < above)) above = s.bytes;
+  if (above <= 0 || bytes >= above) return;
+  const double cached = resident_share(c.reuse_bytes, c.cache_bytes, above, bytes);
+  c.reduce_GBps = blend_rate(cached, c.cache_reduce_GBps, c.reduce_GBps);
+  c.staged_reduce_GBps = blend_rate(cached, c.cache_staged_reduce_GBps, c.staged_reduce_GBps);
+  c.worker_GBps = c.local_copy_GBps = blend_rate(cached, c.cache_copy_GBps, c.local_copy_GBps);
+  if (cfg.op == Op::kCombine)
+    c.rate_set += detail::concat("+cached", std::lround(100 * cached), "%");
 }
 
 }  // namespace
