@@ -114,13 +114,21 @@ void apply_memory_streams(CostParams& c, const CallConfig& cfg, const Traffic& t
         two_stream_rate(stream, bytes, source_read_bytes(tokens_bytes, bytes, source_cache));
   if (reduce.valid) c.reduce_GBps = two_stream_rate(reduce, bytes, tokens_bytes);
   if (staged.valid) c.staged_reduce_GBps = two_stream_rate(staged, bytes, tokens_bytes);
-  // Plain copies: the share of the rows still in cache falls with the call's size; the rate
-  // moves with log(bytes) between the sizes measured (a cache-resident small call, decode,
-  // prefill), and stays at the end values outside them.
-  // With the reuse capacity measured, the cache's share comes from it instead (below), and this
-  // is the out-of-cache rate.
-  std::vector<std::pair<double, double>> copy_points = {{a.bytes, a.copy_GBps},
-                                                        {b.bytes, b.copy_GBps}};
+  // Plain copies (bsp's staging) out of cache run at the rate of the calibrated shape of the
+  // call's layout: a latency-layout call's rows sit one per slot of per-expert regions of ranks x
+  // max_tokens slots (dispatch_call.hpp), scattered over the window, a throughput-layout call's
+  // are contiguous per source, and a plain copy of scattered 14 KB rows runs slower than of
+  // contiguous ones at any size beyond the cache (ubep-bench's bsp "row send", 2026-12-04:
+  // latency 5.7-7.9 GB/s per core at 7-15 MB, throughput 7.7-11.5 at 15-117 MB, unseen shapes
+  // included: how the cause was found; the rates used are the calibrated shapes'). Without a set
+  // of the call's layout, by size between the two sets. Calibrations without a reuse capacity
+  // also blend in the small call's rate with log(bytes); with one, the cache's share comes from
+  // it (below).
+  std::vector<std::pair<double, double>> copy_points;
+  for (const CostParams::RateSet& s : c.rate_sets)
+    if (s.latency_layout == cfg.latency_layout) copy_points.emplace_back(s.bytes, s.copy_GBps);
+  if (copy_points.empty())
+    for (const CostParams::RateSet& s : c.rate_sets) copy_points.emplace_back(s.bytes, s.copy_GBps);
   if (c.cache_copy_GBps > 0 && c.cache_bytes > 0 && c.reuse_bytes <= 0)
     copy_points.emplace_back(c.cache_bytes, c.cache_copy_GBps);
   const double copy = log_interpolate(copy_points, bytes);

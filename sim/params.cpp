@@ -166,6 +166,7 @@ Calibration read_calibration(const std::string& path) {
     r.source_bytes = optional(n + "_source_bytes");
     r.output_bytes = optional(n + "_output_bytes");
     r.name = n;
+    r.latency_layout = n == "decode";
     r.bytes = get(n + "_bytes");
     r.copy_GBps = get(n + "_copy_GBps");
     r.stream_GBps = get(n + "_stream_GBps");

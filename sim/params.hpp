@@ -87,6 +87,9 @@ struct CostParams {
     // The set's other memory streams (rates.hpp; 0 = not recorded, old calibration files):
     double source_bytes = 0;  // distinct token bytes the placement copies from
     double output_bytes = 0;  // bytes the reduction writes (one row per token)
+    // The layout the set was measured in: decode latency (rows in slots of per-expert regions,
+    // ranks x max_tokens slots each: scattered), prefill throughput (rows contiguous per source).
+    bool latency_layout = true;
   };
   std::vector<RateSet> rate_sets;
   std::string rate_set;  // the set a call used (effective_preset)

@@ -96,9 +96,11 @@ TEST(SimRates, PlainCopiesByCacheRegime) {
   };
   EXPECT_NEAR(copy(16), 20, 1e-9);
   EXPECT_NEAR(copy(32), 16, 1e-9);
-  EXPECT_NEAR(copy(512), 8 - 2.0 * 2 / 3, 1e-9);
+  // Beyond decode's size a latency-layout call copies at decode's rate (its layout's), not
+  // towards prefill's: the rate follows the layout, not the size (call.cpp).
+  EXPECT_NEAR(copy(512), 8, 1e-9);
   EXPECT_NEAR(copy(8), 20, 1e-9);
-  EXPECT_NEAR(copy(4096), 6, 1e-9);
+  EXPECT_NEAR(copy(4096), 8, 1e-9);
   // A dispatch streams its rows at every size (the library does since 2026-12-03): 16 tokens
   // place at the two-stream placement rate, not at a plain-copy rate. Hand solution of the
   // placement from decode (8 O written, its O of source read once: it fits the 2 MiB L2) at
@@ -288,4 +290,25 @@ TEST(SimRates, CallsThatFitReadAtTheSmallCallsRates) {
   const double rows = 512.0 * (14336 + 8 + 96);
   EXPECT_NEAR(resident_rates(Op::kDispatch, Algo::kUbep, 2, 64).worker_GBps,
               rows / (rows * 3 / 56 + kO / 2 / 14), 1e-9);
+}
+
+// Plain copies out of cache follow the layout: a throughput-layout call copies at prefill's rate
+// (6; its rows are contiguous per source, as prefill's), a latency-layout one at decode's (8),
+// whatever its size: 600 tokens in the throughput layout move a little more than decode's bytes
+// (rows to both ranks for nearly every token) and still copy at 6; 2048 tokens at 6, not between.
+// (512 tokens move a little less than decode: a sliver of them counts as cached.)
+TEST(SimRates, PlainCopiesFollowTheLayout) {
+  auto copy = [](int64_t tokens, bool latency) {
+    const Preset p = make_preset("local", 2, resident_calibration(2.02));
+    CallConfig cc;
+    cc.op = Op::kCombine;
+    cc.algo = Algo::kBsp;
+    cc.latency_layout = latency;
+    return effective_preset(p, cc, draw_traffic(2, 256, 8, tokens, 0, 1.0, 1)).cost;
+  };
+  EXPECT_NEAR(copy(600, false).local_copy_GBps, 6, 1e-9);
+  EXPECT_NEAR(copy(2048, false).local_copy_GBps, 6, 1e-9);
+  EXPECT_NEAR(copy(4096, false).local_copy_GBps, 6, 1e-9);
+  EXPECT_NEAR(copy(128, true).local_copy_GBps, 8, 1e-9);
+  EXPECT_NEAR(copy(512, true).local_copy_GBps, 8, 1e-9);
 }
