@@ -140,20 +140,21 @@ void apply_memory_streams(CostParams& c, const CallConfig& cfg, const Traffic& t
   // the rates the library's calls reached on the 2 MiB call, the rest at the call's own
   // out-of-cache rates. Between the 2 MiB call and the smallest calibrated shape above it only:
   // that shape's measured rates already hold its own share, and larger calls' rates come from
-  // it and the next. Non-temporal stores (every dispatch's rows: the library streams them at
-  // every size) skip the cache, so this applies to the reductions and plain copies; a
-  // placement's source is handled above (read once when it fits).
+  // it and the next. The streamed dispatch too: non-temporal stores into lines the cache still
+  // holds are not those into lines it does not (the 2 MiB call's dispatch, 2026-12-04: 84-110
+  // us in the rounds whose combine ran 80-96, 150 us in those whose combine ran 52; ubep-bench's
+  // 32-token case alike, run to run), and the small call measured whichever held.
   if (c.reuse_bytes <= 0 || c.cache_bytes <= 0) return;
   double above = 0;  // the smallest calibrated shape larger than the 2 MiB call
   for (const CostParams::RateSet& s : c.rate_sets)
     if (s.bytes > c.cache_bytes && (above <= 0 || s.bytes < above)) above = s.bytes;
   if (above <= 0 || bytes >= above) return;
   const double cached = resident_share(c.reuse_bytes, c.cache_bytes, above, bytes);
+  c.stream_GBps = blend_rate(cached, c.cache_stream_GBps, c.stream_GBps);
   c.reduce_GBps = blend_rate(cached, c.cache_reduce_GBps, c.reduce_GBps);
   c.staged_reduce_GBps = blend_rate(cached, c.cache_staged_reduce_GBps, c.staged_reduce_GBps);
   c.worker_GBps = c.local_copy_GBps = blend_rate(cached, c.cache_copy_GBps, c.local_copy_GBps);
-  if (cfg.op == Op::kCombine)
-    c.rate_set += detail::concat("+cached", std::lround(100 * cached), "%");
+  c.rate_set += detail::concat("+cached", std::lround(100 * cached), "%");
 }
 
 }  // namespace

@@ -119,7 +119,7 @@ struct Calibration {
   double handoff_ns = 0;  // one-way cross-core latency of a flag (ping-pong / 2)
   int cores = 0;          // cores of the calibrated machine (0: not recorded)
   double l2_bytes = 0, cache_copy_GBps = 0, cache_bytes = 0;  // memory streams (0: not recorded)
-  double reuse_bytes = 0, cache_reduce_GBps = 0,
+  double reuse_bytes = 0, cache_stream_GBps = 0, cache_reduce_GBps = 0,
          cache_staged_reduce_GBps = 0;          // shared-cache residency (0: not recorded)
   std::vector<std::pair<int, double>> oversub;  // (ranks, makespan ratio)
   std::vector<CostParams::RateSet> sets;        // per measured shape
@@ -154,6 +154,7 @@ Calibration read_calibration(const std::string& path) {
   cal.cache_copy_GBps = optional("cache_copy_GBps");
   cal.cache_bytes = optional("cache_bytes");
   cal.reuse_bytes = optional("reuse_capacity_bytes");
+  cal.cache_stream_GBps = optional("cache_stream_GBps");  // the small call's dispatch
   cal.cache_reduce_GBps = optional("cache_reduce_GBps");
   cal.cache_staged_reduce_GBps = optional("cache_staged_reduce_GBps");
   for (int r = 2; r <= 256; ++r) {
@@ -213,6 +214,7 @@ Preset local_preset(int ranks, const std::string& file) {
   c.cache_copy_GBps = cal.cache_copy_GBps;
   c.cache_bytes = cal.cache_bytes;
   c.reuse_bytes = cal.reuse_bytes;
+  c.cache_stream_GBps = cal.cache_stream_GBps;
   c.cache_reduce_GBps = cal.cache_reduce_GBps;
   c.cache_staged_reduce_GBps = cal.cache_staged_reduce_GBps;
   c.oversubscribed_ratio = cal.oversub;

@@ -103,10 +103,10 @@ struct CostParams {
   // written (calibrate_calls.hpp reuse_capacity_bytes; 0 = off). A call below decode's size
   // reads the share of its rows the cache holds (all when they fit, capacity / bytes of more;
   // rates.hpp resident_share) at the rates the library's calls reached on the 2 MiB call (its
-  // reductions and bsp's staging copy; every dispatch streams its rows, so none reads them from
-  // cache); a placement source that fits is read from memory once.
+  // streamed dispatch, reductions and bsp's staging copy); a placement source that fits is read
+  // from memory once.
   double reuse_bytes = 0;
-  double cache_reduce_GBps = 0, cache_staged_reduce_GBps = 0;
+  double cache_stream_GBps = 0, cache_reduce_GBps = 0, cache_staged_reduce_GBps = 0;
   // More ranks than cores [MEAS]: the scheduler's makespan for cores + 1 equal threads, as a
   // multiple of one thread's time ((threads, ratio)); it selects whole rounds or fair sharing
   // (rates.hpp oversubscribed_ratio), and a call's rates are divided by the result.

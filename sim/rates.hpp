@@ -10,9 +10,9 @@
 //  * combine reduction (in place, or from bsp's staging): input rows read + output rows written
 //    (decode writes one row per 8 read, prefill one per 2; top-4 one per 4);
 //  * plain copies (bsp's staging): decode's and prefill's rates, log(bytes) between them.
-// Below decode's size the reductions and plain copies read part of their rows from cache: that
-// share (resident_share, from the measured reuse capacity) runs at the rates of a 2 MiB call
-// `calibrate` times (call.cpp).
+// Below decode's size a call's rows are partly still in cache: that share (resident_share, from
+// the measured reuse capacity) of its placement, reductions and plain copies runs at the rates
+// of the 2 MiB call `calibrate` (or ubep-bench, sim/validate.sh) times (call.cpp).
 // The two per-byte costs of each split are solved from the decode and prefill measurements
 // (two equations, two unknowns: exact on the calibrated shapes, nothing fitted to others).
 #pragma once

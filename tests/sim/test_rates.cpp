@@ -199,11 +199,8 @@ TEST(SimRates, ResidentCallsRunAtTheSmallCallsRates) {
   EXPECT_DOUBLE_EQ(small.reduce_GBps, 40);
   EXPECT_DOUBLE_EQ(small.staged_reduce_GBps, 30);
   EXPECT_DOUBLE_EQ(small.local_copy_GBps, 20);  // cache_copy_GBps
-  // The dispatch streams its rows (non-temporal stores skip the cache): the two-stream
-  // placement rate of SourceResidencyUsesTheSharedCache, not the small call's 25.
-  const double rows32 = 256.0 * (14336 + 8 + 96);
-  EXPECT_NEAR(resident_rates(Op::kDispatch, Algo::kBsp, 2, 32).worker_GBps,
-              rows32 / (rows32 * 3 / 56 + kO / 4 / 14), 1e-9);
+  // Its dispatch places rows at the small call's streamed rate (cache_stream_GBps).
+  EXPECT_NEAR(resident_rates(Op::kDispatch, Algo::kBsp, 2, 32).worker_GBps, 25, 1e-9);
   EXPECT_NEAR(resident_rates(Op::kCombine, Algo::kUbep, 2, 128).reduce_GBps, 10, 1e-9);
   // 100 tokens (6.25 O) exceed the capacity: the cache holds 4 / 6.25 = 0.64 of its rows,
   // decode 4 / 8 = 0.5, so (0.64 - 0.5) / (1 - 0.5) = 0.28 of it is read at the small call's
@@ -279,17 +276,24 @@ TEST(SimRates, CachedShareFromTheReuseCapacity) {
 }
 
 // With the capacity (4 O) between the small call (O) and decode (8 O), 32 tokens (2 O) fit: the
-// small call's rates; 48 tokens (3 O) fit too; 64 tokens (4 O) just fit; the dispatch streams
-// whatever the size, at the placement rate of SourceResidencyUsesTheSharedCache.
+// small call's rates; 48 tokens (3 O) fit too; 64 tokens (4 O) just fit. A dispatch of 100
+// tokens (6.25 O of rows; 6.25 x 14440 / 14336 O with the row records) places 0.28 of its rows
+// (as in ResidentCallsRunAtTheSmallCallsRates) at the small call's 25 GB/s and the rest at the
+// two-stream placement rate of SourceResidencyUsesTheSharedCache.
 TEST(SimRates, CallsThatFitReadAtTheSmallCallsRates) {
   for (int64_t tokens : {16, 32, 48, 64}) {
     const CostParams c = resident_rates(Op::kCombine, Algo::kUbep, 2, tokens);
     EXPECT_NEAR(c.reduce_GBps, 40, 1e-9) << tokens;
     EXPECT_NE(c.rate_set.find("+cached100%"), std::string::npos) << c.rate_set;
+    if (tokens < 64) {  // 64 tokens' dispatch rows carry 104 B of record each: just over 4 O
+      EXPECT_NEAR(resident_rates(Op::kDispatch, Algo::kUbep, 2, tokens).worker_GBps, 25, 1e-9);
+    }
   }
-  const double rows = 512.0 * (14336 + 8 + 96);
-  EXPECT_NEAR(resident_rates(Op::kDispatch, Algo::kUbep, 2, 64).worker_GBps,
-              rows / (rows * 3 / 56 + kO / 2 / 14), 1e-9);
+  const double rows = 800.0 * (14336 + 8 + 96);
+  const double held = 4 * kO / rows, f = (held - 0.5) / 0.5;
+  const double placement = rows / (rows * 3 / 56 + 100.0 * 14336 / 14);
+  EXPECT_NEAR(resident_rates(Op::kDispatch, Algo::kUbep, 2, 100).worker_GBps,
+              1 / (f / 25 + (1 - f) / placement), 1e-9);
 }
 
 // Plain copies out of cache follow the layout: a throughput-layout call copies at prefill's rate
