@@ -119,7 +119,7 @@ void apply_memory_streams(CostParams& c, const CallConfig& cfg, const Traffic& t
   // max_tokens slots (dispatch_call.hpp), scattered over the window, a throughput-layout call's
   // are contiguous per source, and a plain copy of scattered 14 KB rows runs slower than of
   // contiguous ones at any size beyond the cache (ubep-bench's bsp "row send", 2026-12-04:
-  // latency 5.7-7.9 GB/s per core at 7-15 MB, throughput 7.7-11.5 at 15-117 MB, unseen shapes
+  // latency 4.2-7.9 GB/s per core at 7-15 MB, throughput 7.7-11.5 at 15-117 MB, unseen shapes
   // included: how the cause was found; the rates used are the calibrated shapes'). Without a set
   // of the call's layout, by size between the two sets. Calibrations without a reuse capacity
   // also blend in the small call's rate with log(bytes); with one, the cache's share comes from
@@ -141,8 +141,8 @@ void apply_memory_streams(CostParams& c, const CallConfig& cfg, const Traffic& t
   // out-of-cache rates. Between the 2 MiB call and the smallest calibrated shape above it only:
   // that shape's measured rates already hold its own share, and larger calls' rates come from
   // it and the next. The streamed dispatch too: non-temporal stores into lines the cache still
-  // holds are not those into lines it does not (the 2 MiB call's dispatch, 2026-12-04: 84-110
-  // us in the rounds whose combine ran 80-96, 150 us in those whose combine ran 52; ubep-bench's
+  // holds are not those into lines it does not (the 2 MiB call's dispatch, 2026-12-04: 84-119
+  // us in the rounds whose combine ran 80-107, 150 us in those whose combine ran 52; ubep-bench's
   // 32-token case alike, run to run), and the small call measured whichever held.
   if (c.reuse_bytes <= 0 || c.cache_bytes <= 0) return;
   double above = 0;  // the smallest calibrated shape larger than the 2 MiB call
