@@ -121,8 +121,7 @@ int cmd_calibrate(const Options& o) {
     const char* name;
     CallShape shape;
   };
-  const int64_t cache_tokens =
-      std::max<int64_t>(1, static_cast<int64_t>(2.0 * (1 << 20) / kRow / 8));
+  const int64_t cache_tokens = cache_call_tokens();
   const Named shapes[] = {{"decode", {128, 8, true, 30, 5}},
                           {"prefill", {4096, 8, false, 8, 2}},
                           {"cache", {cache_tokens, 8, true, 60, 10}}};

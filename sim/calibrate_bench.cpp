@@ -12,12 +12,17 @@
 
 namespace ubep::sim {
 
+int64_t cache_call_tokens() {
+  return std::max<int64_t>(1, static_cast<int64_t>(2.0 * (1 << 20) / (7168 * 2) / 8));
+}
+
 std::string calibrated_shape_name(int ranks, int64_t tokens, int hidden, int topk, int experts,
                                   const std::string& dtype, const std::string& layout) {
   const bool common =
       ranks == 2 && hidden == 7168 && topk == 8 && experts == 256 && dtype == "bf16";
   if (common && tokens == 128 && layout == "latency") return "decode";
   if (common && tokens == 4096 && layout == "throughput") return "prefill";
+  if (common && tokens == cache_call_tokens() && layout == "latency") return "cache";
   return "";
 }
 
@@ -93,12 +98,14 @@ std::vector<BenchShapeTimes> shape_times_from_bench(const std::vector<std::strin
         static_cast<int>(b.config_num("ranks")), static_cast<int64_t>(b.config_num("tokens")),
         static_cast<int>(b.config_num("hidden")), static_cast<int>(b.config_num("topk")),
         static_cast<int>(b.config_num("experts")), b.config_str("dtype"), b.config_str("layout"));
-    // The separation that keeps `validate` a test of predictions: only runs of the two shapes
+    // The separation that keeps `validate` a test of predictions: only runs of the shapes
     // `calibrate` would time may set rates; an unseen shape's run must never reach the model.
     UBEP_CHECK_ARG(!shape.empty(), "'", f,
                    "' is not a run of a calibrated shape (decode: 2 ranks x 128 tokens latency, "
-                   "prefill: 2 x 4096 throughput; hidden 7168, top-8, 256 experts, bf16): only "
-                   "those may set the model's rates");
+                   "prefill: 2 x 4096 throughput, cache: 2 x ",
+                   cache_call_tokens(),
+                   " latency; hidden 7168, top-8, 256 experts, bf16): only those may set the "
+                   "model's rates");
     BenchRun run;
     run.tokens = b.config_num("tokens");
     run.median = b.medians();

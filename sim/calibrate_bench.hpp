@@ -1,4 +1,4 @@
-// The rates of the two calibrated shapes, from call times: `calibrate`'s own timings of the
+// The rates of the calibrated shapes, from call times: `calibrate`'s own timings of the
 // library's calls (calibrate_calls.hpp), or ubep-bench's runs of exactly those two shapes.
 //
 // Why the second source: on this shared 2-core machine `calibrate` (thread ranks, one process)
@@ -18,8 +18,13 @@
 
 namespace ubep::sim {
 
-// "decode" (2 ranks x 128 tokens, top-8, latency layout) or "prefill" (2 x 4096, throughput),
-// both hidden 7168 bf16 over 256 experts: the shapes `calibrate` times; "" for any other shape.
+// Tokens per rank of the small call `calibrate` times: rows of 2 MiB per rank (half the library's
+// streaming threshold of combine outputs) at 8 rows of 14336 B per token, i.e. 18.
+int64_t cache_call_tokens();
+
+// "decode" (2 ranks x 128 tokens, top-8, latency layout), "prefill" (2 x 4096, throughput) or
+// "cache" (2 x cache_call_tokens(), latency: the small call), all hidden 7168 bf16 over 256
+// experts: the shapes `calibrate` times; "" for any other shape.
 std::string calibrated_shape_name(int ranks, int64_t tokens, int hidden, int topk, int experts,
                                   const std::string& dtype, const std::string& layout);
 

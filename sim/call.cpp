@@ -114,46 +114,47 @@ void apply_memory_streams(CostParams& c, const CallConfig& cfg, const Traffic& t
         two_stream_rate(stream, bytes, source_read_bytes(tokens_bytes, bytes, source_cache));
   if (reduce.valid) c.reduce_GBps = two_stream_rate(reduce, bytes, tokens_bytes);
   if (staged.valid) c.staged_reduce_GBps = two_stream_rate(staged, bytes, tokens_bytes);
-  // Plain copies: the share of the rows still in cache falls with the call's size; the rate
-  // moves with log(bytes) between the sizes measured (a cache-resident small call, decode,
-  // prefill), and stays at the end values outside them.
-  // With the reuse capacity measured, the cache regime is a step instead (below): a call that
-  // does not fit copies at the out-of-cache rates.
-  std::vector<std::pair<double, double>> copy_points = {{a.bytes, a.copy_GBps},
-                                                        {b.bytes, b.copy_GBps}};
+  // Plain copies (bsp's staging) out of cache run at the rate of the calibrated shape of the
+  // call's layout: a latency-layout call's rows sit one per slot of per-expert regions of ranks x
+  // max_tokens slots (dispatch_call.hpp), scattered over the window, a throughput-layout call's
+  // are contiguous per source, and a plain copy of scattered 14 KB rows runs slower than of
+  // contiguous ones at any size beyond the cache (ubep-bench's bsp "row send", 2026-12-04:
+  // latency 4.2-7.9 GB/s per core at 7-15 MB, throughput 7.7-11.5 at 15-117 MB, unseen shapes
+  // included: how the cause was found; the rates used are the calibrated shapes'). Without a set
+  // of the call's layout, by size between the two sets. Calibrations without a reuse capacity
+  // also blend in the small call's rate with log(bytes); with one, the cache's share comes from
+  // it (below).
+  std::vector<std::pair<double, double>> copy_points;
+  for (const CostParams::RateSet& s : c.rate_sets)
+    if (s.latency_layout == cfg.latency_layout) copy_points.emplace_back(s.bytes, s.copy_GBps);
+  if (copy_points.empty())
+    for (const CostParams::RateSet& s : c.rate_sets) copy_points.emplace_back(s.bytes, s.copy_GBps);
   if (c.cache_copy_GBps > 0 && c.cache_bytes > 0 && c.reuse_bytes <= 0)
     copy_points.emplace_back(c.cache_bytes, c.cache_copy_GBps);
   const double copy = log_interpolate(copy_points, bytes);
   c.worker_GBps = c.local_copy_GBps = copy;
   c.rate_set += "+streams";
   // Shared-cache residency: the rows a call reads were written just before (by the expert, by
-  // bsp's staging copy, by the previous call on these window halves); when a rank's rows fit
-  // the measured reuse capacity they are read from cache, at the rates the library's calls
-  // reached on the 2 MiB plain-store call (rates.hpp cache_resident).
-  // When a calibrated shape itself fits (decode's 14.7 MB under a 16 MiB capacity), its measured
-  // rates are already of this regime: the rates then move with log(bytes) from the small call's
-  // (at its size) to this call's own rates above (at that shape's size, and beyond), so the
-  // calibrated shape reproduces its own measurement (before, decode took the 2 MiB call's
-  // rates and missed its own combine by 45%; EXPERIMENTS.md section 6.5).
-  if (cache_resident(c.reuse_bytes, c.cache_bytes, bytes)) {
-    double resident_set = 0;  // the largest calibrated shape that fits, 0 if none does
-    for (const CostParams::RateSet& s : c.rate_sets)
-      if (s.bytes <= c.reuse_bytes && s.bytes > c.cache_bytes)
-        resident_set = std::max(resident_set, s.bytes);
-    auto resident = [&](double cache_rate, double call_rate) {
-      if (cache_rate <= 0) return call_rate;
-      if (resident_set <= 0) return cache_rate;
-      return log_interpolate({{c.cache_bytes, cache_rate}, {resident_set, call_rate}}, bytes);
-    };
-    c.reduce_GBps = resident(c.cache_reduce_GBps, c.reduce_GBps);
-    c.staged_reduce_GBps = resident(c.cache_staged_reduce_GBps, c.staged_reduce_GBps);
-    c.worker_GBps = c.local_copy_GBps = resident(c.cache_copy_GBps, c.local_copy_GBps);
-    // Below 4 MiB a dispatch places its rows at the rate the library's own 2 MiB call reached
-    // in calibrate (plain stores before 2026-12-03, streamed since: dispatch_call.hpp).
-    if (cfg.op == Op::kDispatch && bytes < c.stream_threshold_bytes && c.cache_dispatch_GBps > 0)
-      c.worker_GBps = c.cache_dispatch_GBps;
-    c.rate_set += "+resident";
-  }
+  // bsp's staging copy, by the previous call on these window halves); the share of them the
+  // cache still holds (rates.hpp resident_share, from the measured reuse capacity) is read at
+  // the rates the library's calls reached on the 2 MiB call, the rest at the call's own
+  // out-of-cache rates. Between the 2 MiB call and the smallest calibrated shape above it only:
+  // that shape's measured rates already hold its own share, and larger calls' rates come from
+  // it and the next. The streamed dispatch too: non-temporal stores into lines the cache still
+  // holds are not those into lines it does not (the 2 MiB call's dispatch, 2026-12-04: 84-119
+  // us in the rounds whose combine ran 80-107, 150 us in those whose combine ran 52; ubep-bench's
+  // 32-token case alike, run to run), and the small call measured whichever held.
+  if (c.reuse_bytes <= 0 || c.cache_bytes <= 0) return;
+  double above = 0;  // the smallest calibrated shape larger than the 2 MiB call
+  for (const CostParams::RateSet& s : c.rate_sets)
+    if (s.bytes > c.cache_bytes && (above <= 0 || s.bytes < above)) above = s.bytes;
+  if (above <= 0 || bytes >= above) return;
+  const double cached = resident_share(c.reuse_bytes, c.cache_bytes, above, bytes);
+  c.stream_GBps = blend_rate(cached, c.cache_stream_GBps, c.stream_GBps);
+  c.reduce_GBps = blend_rate(cached, c.cache_reduce_GBps, c.reduce_GBps);
+  c.staged_reduce_GBps = blend_rate(cached, c.cache_staged_reduce_GBps, c.staged_reduce_GBps);
+  c.worker_GBps = c.local_copy_GBps = blend_rate(cached, c.cache_copy_GBps, c.local_copy_GBps);
+  c.rate_set += detail::concat("+cached", std::lround(100 * cached), "%");
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ Commands (each prints a table; --json FILE also writes it as JSON for sim/plot.p
   sched-sweep the ablation over hot 0/8/32 x weight 2/4/8 (default EP 64,256; BS 128)
   tpot        decode TPOT P50/P99 of a DeepSeek-V3-like model, BSP vs UBEP (default EP 64, BS 64)
   calibrate   measure this machine (memcpy GB/s, cross-core handoff) -> --out FILE; with
-              --measured FILES (ubep-bench runs of the two calibrated shapes only), copy
+              --measured FILES (ubep-bench runs of the calibrated shapes only), copy
               --calibration FILE with those shapes' rates taken from the runs instead
   predict     predict ubep-bench decode/prefill medians (local preset, 2 ranks); with
               --measured FILE (ubep-bench --json output) print the error

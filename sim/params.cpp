@@ -119,7 +119,7 @@ struct Calibration {
   double handoff_ns = 0;  // one-way cross-core latency of a flag (ping-pong / 2)
   int cores = 0;          // cores of the calibrated machine (0: not recorded)
   double l2_bytes = 0, cache_copy_GBps = 0, cache_bytes = 0;  // memory streams (0: not recorded)
-  double reuse_bytes = 0, cache_dispatch_GBps = 0, cache_reduce_GBps = 0,
+  double reuse_bytes = 0, cache_stream_GBps = 0, cache_reduce_GBps = 0,
          cache_staged_reduce_GBps = 0;          // shared-cache residency (0: not recorded)
   std::vector<std::pair<int, double>> oversub;  // (ranks, makespan ratio)
   std::vector<CostParams::RateSet> sets;        // per measured shape
@@ -154,7 +154,7 @@ Calibration read_calibration(const std::string& path) {
   cal.cache_copy_GBps = optional("cache_copy_GBps");
   cal.cache_bytes = optional("cache_bytes");
   cal.reuse_bytes = optional("reuse_capacity_bytes");
-  cal.cache_dispatch_GBps = optional("cache_stream_GBps");  // the plain-store call's dispatch
+  cal.cache_stream_GBps = optional("cache_stream_GBps");  // the small call's dispatch
   cal.cache_reduce_GBps = optional("cache_reduce_GBps");
   cal.cache_staged_reduce_GBps = optional("cache_staged_reduce_GBps");
   for (int r = 2; r <= 256; ++r) {
@@ -167,6 +167,7 @@ Calibration read_calibration(const std::string& path) {
     r.source_bytes = optional(n + "_source_bytes");
     r.output_bytes = optional(n + "_output_bytes");
     r.name = n;
+    r.latency_layout = n == "decode";
     r.bytes = get(n + "_bytes");
     r.copy_GBps = get(n + "_copy_GBps");
     r.stream_GBps = get(n + "_stream_GBps");
@@ -213,16 +214,16 @@ Preset local_preset(int ranks, const std::string& file) {
   c.cache_copy_GBps = cal.cache_copy_GBps;
   c.cache_bytes = cal.cache_bytes;
   c.reuse_bytes = cal.reuse_bytes;
-  c.cache_dispatch_GBps = cal.cache_dispatch_GBps;
+  c.cache_stream_GBps = cal.cache_stream_GBps;
   c.cache_reduce_GBps = cal.cache_reduce_GBps;
   c.cache_staged_reduce_GBps = cal.cache_staged_reduce_GBps;
   c.oversubscribed_ratio = cal.oversub;
   src(c, "reuse_bytes",
       "[MEAS] per-core bytes re-read from the shared cache after being written (write, then "
-      "re-read, every core at once, within 10% of the in-cache rate): a call whose rows per rank "
-      "fit runs at the 2 MiB call's rates, or, when a calibrated shape fits too, at rates moving "
-      "with log(bytes) from those to its own (call.cpp); a placement source that fits is read "
-      "once");
+      "re-read, every core at once, within 10% of the in-cache rate): a call below decode's "
+      "size reads the share of its rows the cache holds (all that fit, capacity / bytes of a "
+      "larger call; rates.hpp resident_share) at the 2 MiB call's rates, the rest at its own; a "
+      "placement source that fits is read once");
   src(c, "oversubscribed_ratio",
       "[MEAS] makespan of cores + 1 equal threads / one thread's time (spin loops as long as a "
       "decode call): nearer whole rounds than fair sharing -> a call with R > cores ranks takes "
@@ -242,11 +243,11 @@ Preset local_preset(int ranks, const std::string& file) {
       "1: ubep-bench's default on 2 cores with 2 ranks (cores / ranks - 1 helpers + the caller)");
   c.window = 1;
   src(c, "window", "1: a CPU thread copies one row at a time");
-  c.stream_threshold_bytes = 4.0 * (1 << 20);
+  c.stream_threshold_bytes = 1;
   src(c, "stream_threshold_bytes",
-      "4 MiB: dispatches moving more copy at the large call's streamed rate, smaller ones at "
-      "calibrate's 2 MiB call's rate (the library streams rows at every size since 2026-12-03, "
-      "dispatch_call.hpp; calibrations made before hold the plain-store rate)");
+      "1 B [impl]: every dispatch places its rows with non-temporal stores at the streamed rate "
+      "(the library streams them at every size since 2026-12-03, dispatch_call.hpp; 4 MiB "
+      "before, when smaller calls used plain stores)");
   c.dispatch_reorder = false;
   src(c, "dispatch_reorder",
       "false [impl]: senders write rows into their final place; no receive-side copy");

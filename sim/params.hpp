@@ -87,6 +87,9 @@ struct CostParams {
     // The set's other memory streams (rates.hpp; 0 = not recorded, old calibration files):
     double source_bytes = 0;  // distinct token bytes the placement copies from
     double output_bytes = 0;  // bytes the reduction writes (one row per token)
+    // The layout the set was measured in: decode latency (rows in slots of per-expert regions,
+    // ranks x max_tokens slots each: scattered), prefill throughput (rows contiguous per source).
+    bool latency_layout = true;
   };
   std::vector<RateSet> rate_sets;
   std::string rate_set;  // the set a call used (effective_preset)
@@ -97,12 +100,13 @@ struct CostParams {
   double cache_copy_GBps = 0;
   double cache_bytes = 0;  // bytes per rank of that call
   // Shared-cache residency [MEAS]: per-core bytes that are re-read from cache after being
-  // written (calibrate_calls.hpp reuse_capacity_bytes; 0 = off). A call whose rows per rank fit
-  // runs at the rates the library's calls reached on the 2 MiB plain-store call (its dispatch
-  // with plain stores, its reductions and bsp's staging copy); a placement source that fits is
-  // read from memory once.
+  // written (calibrate_calls.hpp reuse_capacity_bytes; 0 = off). A call below decode's size
+  // reads the share of its rows the cache holds (all when they fit, capacity / bytes of more;
+  // rates.hpp resident_share) at the rates the library's calls reached on the 2 MiB call (its
+  // streamed dispatch, reductions and bsp's staging copy); a placement source that fits is read
+  // from memory once.
   double reuse_bytes = 0;
-  double cache_dispatch_GBps = 0, cache_reduce_GBps = 0, cache_staged_reduce_GBps = 0;
+  double cache_stream_GBps = 0, cache_reduce_GBps = 0, cache_staged_reduce_GBps = 0;
   // More ranks than cores [MEAS]: the scheduler's makespan for cores + 1 equal threads, as a
   // multiple of one thread's time ((threads, ratio)); it selects whole rounds or fair sharing
   // (rates.hpp oversubscribed_ratio), and a call's rates are divided by the result.

@@ -23,10 +23,6 @@ double source_read_bytes(double distinct_source_bytes, double copied_bytes, doub
   return distinct_source_bytes <= l2_bytes ? distinct_source_bytes : copied_bytes;
 }
 
-bool cache_resident(double reuse_bytes, double cache_call_bytes, double call_bytes) {
-  return reuse_bytes > 0 && cache_call_bytes > 0 && call_bytes <= reuse_bytes;
-}
-
 double resident_capacity(const std::vector<std::pair<double, double>>& curve) {
   if (curve.empty()) return 0;
   std::vector<double> small;
@@ -39,6 +35,21 @@ double resident_capacity(const std::vector<std::pair<double, double>>& curve) {
     cap = bytes;
   }
   return cap;
+}
+
+double resident_share(double capacity, double small_bytes, double large_bytes, double bytes) {
+  if (bytes <= small_bytes) return 1;
+  if (bytes >= large_bytes) return 0;
+  auto held = [&](double b) { return b <= capacity ? 1.0 : capacity / b; };
+  const double span = held(small_bytes) - held(large_bytes);
+  if (!(span > 1e-12)) return std::log(large_bytes / bytes) / std::log(large_bytes / small_bytes);
+  return std::clamp((held(bytes) - held(large_bytes)) / span, 0.0, 1.0);
+}
+
+double blend_rate(double cached, double cache_GBps, double own_GBps) {
+  if (cache_GBps <= 0) return own_GBps;
+  if (own_GBps <= 0) return cache_GBps;
+  return 1 / (cached / cache_GBps + (1 - cached) / own_GBps);
 }
 
 double oversubscribed_ratio(const std::vector<std::pair<int, double>>& measured, int ranks,

@@ -2,16 +2,17 @@
 // timed. Each kernel's time is split into the memory streams it drives, each with its own cost
 // per byte, so a call whose streams are in other proportions than the calibrated shapes' is
 // predicted from the same two measurements (EXPERIMENTS.md §6):
-//  * dispatch placement (non-temporal stores): destination bytes written + source bytes read
-//    from beyond the core's L2 (a source that fits in L2 is read from memory once; a larger
-//    one once per row that copies it: the throughput layout streams its tokens once per
-//    destination rank, while decode's 1.8 MB of tokens stay in L2 for all their 8 copies);
+//  * dispatch placement (non-temporal stores, at every call size since the library streams
+//    every dispatch row): destination bytes written + source bytes read from beyond the cache
+//    (a source that fits is read from memory once; a larger one once per row that copies it:
+//    the throughput layout streams its tokens once per destination rank, while decode's 1.8 MB
+//    of tokens stay cached for all their 8 copies);
 //  * combine reduction (in place, or from bsp's staging): input rows read + output rows written
 //    (decode writes one row per 8 read, prefill one per 2; top-4 one per 4);
-//  * plain copies (bsp's staging, dispatches below the library's non-temporal threshold,
-//    dispatch_call.hpp kStreamBytes: small calls use plain stores because the rows are still in
-//    cache when read): the rate moves with log(bytes) from the rate `calibrate` measured for a
-//    plain-store call of half that threshold (cache-resident) to decode's and prefill's.
+//  * plain copies (bsp's staging): decode's and prefill's rates, log(bytes) between them.
+// Below decode's size a call's rows are partly still in cache: that share (resident_share, from
+// the measured reuse capacity) of its placement, reductions and plain copies runs at the rates
+// of the 2 MiB call `calibrate` (or ubep-bench, sim/validate.sh) times (call.cpp).
 // The two per-byte costs of each split are solved from the decode and prefill measurements
 // (two equations, two unknowns: exact on the calibrated shapes, nothing fitted to others).
 #pragma once
@@ -35,9 +36,24 @@ TwoStreamCost solve_two_stream(double f1, double s1, double t1_ns, double f2, do
 // once, then hit), else every row copy reads its row again.
 double source_read_bytes(double distinct_source_bytes, double copied_bytes, double l2_bytes);
 
-// Shared-cache residency: a call whose bytes per rank fit the measured reuse capacity reads its
-// rows from cache (needs the capacity and the small call's rates: both > 0).
-bool cache_resident(double reuse_bytes, double cache_call_bytes, double call_bytes);
+// The share of a call's re-read bytes that it reads from cache, for a cache that holds
+// `capacity` bytes per core of the rows just written (the measured reuse capacity): all of a call
+// that fits, and capacity / bytes of a larger one (the cache keeps that much of what was written
+// and replaces lines without regard to the order they will be read in; strict LRU would keep
+// none of a streamed re-read larger than itself, Zen's L3 is not strict LRU). Returned relative
+// to the two calls whose rates were measured: 1 at `small_bytes` (the 2 MiB call, whose rates are
+// the in-cache ones), 0 at `large_bytes` (the smallest calibrated shape above it, whose measured
+// rates already hold its own share), in between (s(bytes) - s(large)) / (s(small) - s(large)),
+// clamped to [0, 1]. When both fit, or neither, it is the position in log(bytes) between them
+// (the measured rates alone then say how the rate moves). A call's time per byte is then this
+// share x the small call's + the rest x its own out-of-cache one (blend_rate). Before
+// 2026-12-04 residency was a step at the capacity: a 3.5 MiB call (32 tokens) under a 3 MiB
+// capacity ran entirely at decode's out-of-cache rates (its combines +56%, +79%).
+double resident_share(double capacity, double small_bytes, double large_bytes, double bytes);
+
+// The rate of a call whose bytes come a share `cached` from cache at `cache_GBps` and the rest at
+// `own_GBps` (time per byte blended; either rate <= 0: the other).
+double blend_rate(double cached, double cache_GBps, double own_GBps);
 
 // The reuse capacity from a measured re-read curve ((bytes per core, GB/s per core), ascending
 // sizes): the largest size before the first one that runs more than 10% below the in-cache

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The local preset against shapes `calibrate` never timed (EXPERIMENTS.md §5):
-#   1. ubep-sim calibrate       (the library's kernels on the decode and prefill shapes, and a
-#                               2 MiB plain-store call), once per round; each figure is taken
+#   1. ubep-sim calibrate       (the library's calls on the decode and prefill shapes, and a
+#                               2 MiB call), once per round; each figure is taken
 #                               from its least disturbed round
-#   2. ubep-bench on 9 cases    (the two calibrated shapes and 7 unseen ones), bsp and ubep,
+#   2. ubep-bench on 10 cases   (the three calibrated shapes: decode, prefill and the 2 MiB
+#                               call, 18 tokens; and 7 unseen ones), bsp and ubep,
 #                               UBEP_VALIDATE_REPEATS rounds (default 3) over all cases, so a
 #                               neighbour's load burst hits one round of a case, not all
 #                               (validate takes a case's least disturbed run)
 #   3. the calibrated shapes' rates (UBEP_VALIDATE_RATES=bench, the default): from step 2's runs of
-#                               the two calibrated shapes (decode, prefill) only, made in the same
-#                               rounds and under the same load as the unseen shapes; `calibrate`'s
-#                               other figures (small calls, reuse capacity, oversubscription,
+#                               the calibrated shapes (decode, prefill, the 2 MiB call) only, made
+#                               in the same rounds and under the same load as the unseen shapes;
+#                               `calibrate`'s other figures (reuse capacity, oversubscription,
 #                               handoff) stay. ubep-sim refuses any run of another shape there
 #                               (sim/calibrate_bench.hpp), so no unseen measurement reaches the
 #                               model. UBEP_VALIDATE_RATES=calibrate keeps calibrate's own rates.
@@ -42,6 +43,7 @@ for round in $(seq 1 "${UBEP_VALIDATE_REPEATS:-3}"); do
 $sim calibrate --out "$out/calibration_r$round.json" >&2
 run decode $two --workload decode                     # calibrated shape
 run prefill $two --workload prefill                   # calibrated shape
+run cache $two --workload decode --tokens 18          # calibrated: calibrate's 2 MiB call
 run tokens32 $two --workload decode --tokens 32       # unseen from here on
 run tokens512 $two --workload prefill --tokens 512
 run tokens2048 $two --workload prefill --tokens 2048
@@ -67,7 +69,7 @@ json.dump(best, open(sys.argv[1] + "/calibration.json", "w"))
 PY
 calibrated_runs=()
 for f in "${files[@]}"; do
-  case $(basename "$f") in decode_r*|prefill_r*) calibrated_runs+=("$f") ;; esac
+  case $(basename "$f") in decode_r*|prefill_r*|cache_r*) calibrated_runs+=("$f") ;; esac
 done
 $sim calibrate --calibration "$out/calibration.json" \
   --measured "$(IFS=,; echo "${calibrated_runs[*]}")" --out "$out/calibration-bench.json" >&2

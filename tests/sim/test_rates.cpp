@@ -96,21 +96,25 @@ TEST(SimRates, PlainCopiesByCacheRegime) {
   };
   EXPECT_NEAR(copy(16), 20, 1e-9);
   EXPECT_NEAR(copy(32), 16, 1e-9);
-  EXPECT_NEAR(copy(512), 8 - 2.0 * 2 / 3, 1e-9);
+  // Beyond decode's size a latency-layout call copies at decode's rate (its layout's), not
+  // towards prefill's: the rate follows the layout, not the size (call.cpp).
+  EXPECT_NEAR(copy(512), 8, 1e-9);
   EXPECT_NEAR(copy(8), 20, 1e-9);
-  EXPECT_NEAR(copy(4096), 6, 1e-9);
-  // Below the non-temporal threshold a dispatch copies with plain stores at that rate too.
+  EXPECT_NEAR(copy(4096), 8, 1e-9);
+  // A dispatch streams its rows at every size (the library does since 2026-12-03): 16 tokens
+  // place at the two-stream placement rate, not at a plain-copy rate. Hand solution of the
+  // placement from decode (8 O written, its O of source read once: it fits the 2 MiB L2) at
+  // 16 GB/s and prefill (64 O written, 64 O of source read: 32 O does not fit) at 8 GB/s:
+  // 8x + y = 0.5 O ns, 64x + 64y = 8 O ns -> x = 3/56, y = 1/14 ns per byte (O = 1 byte/ns...);
+  // 16 tokens write 128 rows of 14440 B and read their O/8 of source once.
+  const double rows16 = 128.0 * (14336 + 8 + 96);
   EXPECT_NEAR(rates_for(Op::kDispatch, Algo::kBsp, 16, 8, true).worker_GBps,
-              log_interpolate({{kO, 20}, {8 * kO, 8}}, 128.0 * (14336 + 8 + 96)), 1e-9);
+              rows16 / (rows16 * 3 / 56 + kO / 8 / 14), 1e-9);
   EXPECT_NEAR(log_interpolate({{10, 1}, {1000, 3}}, 100), 2, 1e-12);
   EXPECT_NEAR(log_interpolate({{1000, 3}, {10, 1}}, 1), 1, 1e-12);
 }
 
-TEST(SimRates, CacheResidencyAndOversubscriptionFormulas) {
-  EXPECT_TRUE(cache_resident(4e6, 2e6, 3e6));
-  EXPECT_FALSE(cache_resident(4e6, 2e6, 5e6));
-  EXPECT_FALSE(cache_resident(0, 2e6, 1e6));  // not measured: off
-  EXPECT_FALSE(cache_resident(4e6, 0, 1e6));  // no small call's rates: off
+TEST(SimRates, OversubscriptionFormulas) {
   // 3 threads on 2 cores measured at 2.02x: nearer whole rounds (2) than fair sharing (1.5), so
   // every R goes in rounds: ceil(R / 2).
   const std::vector<std::pair<int, double>> rounds = {{3, 2.02}};
@@ -189,42 +193,47 @@ CostParams resident_rates(Op op, Algo algo, int ranks, int64_t tokens, double ra
 }  // namespace
 
 // A call whose rows per rank fit the reuse capacity (4 O): 32 tokens x 8 rows = 2 O. It reads
-// at the small call's rates, and its dispatch (below the 4 MiB threshold) places rows at the
-// small call's plain-store dispatch rate; 128 tokens (8 O) keeps the out-of-cache rates.
+// at the small call's rates; 128 tokens (8 O) keeps the out-of-cache rates.
 TEST(SimRates, ResidentCallsRunAtTheSmallCallsRates) {
   const CostParams small = resident_rates(Op::kCombine, Algo::kUbep, 2, 32);
   EXPECT_DOUBLE_EQ(small.reduce_GBps, 40);
   EXPECT_DOUBLE_EQ(small.staged_reduce_GBps, 30);
   EXPECT_DOUBLE_EQ(small.local_copy_GBps, 20);  // cache_copy_GBps
-  EXPECT_DOUBLE_EQ(resident_rates(Op::kDispatch, Algo::kBsp, 2, 32).worker_GBps, 25);
+  // Its dispatch places rows at the small call's streamed rate (cache_stream_GBps).
+  EXPECT_NEAR(resident_rates(Op::kDispatch, Algo::kBsp, 2, 32).worker_GBps, 25, 1e-9);
   EXPECT_NEAR(resident_rates(Op::kCombine, Algo::kUbep, 2, 128).reduce_GBps, 10, 1e-9);
-  // Out of cache (100 tokens = 6.25 O), plain copies stay at decode's rate below decode's size:
-  // no blend from the small call once the capacity is measured.
-  EXPECT_NEAR(resident_rates(Op::kCombine, Algo::kBsp, 2, 100).local_copy_GBps, 8, 1e-9);
+  // 100 tokens (6.25 O) exceed the capacity: the cache holds 4 / 6.25 = 0.64 of its rows,
+  // decode 4 / 8 = 0.5, so (0.64 - 0.5) / (1 - 0.5) = 0.28 of it is read at the small call's
+  // rates beyond what decode's own rates hold: copies 1 / (0.28 / 20 + 0.72 / 8).
+  EXPECT_NEAR(resident_rates(Op::kCombine, Algo::kBsp, 2, 100).local_copy_GBps,
+              1 / (0.28 / 20 + 0.72 / 8), 1e-9);
 }
 
 // A reuse capacity that holds decode's rows too (16 O > 8 O): decode's measured rates are of the
 // resident regime already, so decode keeps them (it reproduces its own calibration), a call of
-// the small call's size (16 tokens = O) takes the small call's rates, and one between them moves
-// with log(bytes): 32 tokens (2 O) is a third of the way (log 2 / log 8) from the small call's
-// rates to the ones it has without residency (reuse capacity 0, the same calibration otherwise).
+// the small call's size (16 tokens = O) takes the small call's rates, and one between them reads
+// the share given by its position in log(bytes) (both ends fit, so the capacity says nothing
+// between them): 32 tokens (2 O) reads log 4 / log 8 = 2/3 of its bytes at the small call's
+// rates and the rest at the ones it has without residency (reuse capacity 0, otherwise the same
+// calibration): time per byte blended.
 TEST(SimRates, AResidentCalibratedShapeKeepsItsOwnRates) {
   const double reuse = 16 * kO;
   const CostParams decode = resident_rates(Op::kCombine, Algo::kUbep, 2, 128, 2.02, reuse);
   const CostParams plain = resident_rates(Op::kCombine, Algo::kUbep, 2, 128, 2.02, 0);
   EXPECT_NEAR(decode.reduce_GBps, plain.reduce_GBps, 1e-9);
   EXPECT_NEAR(decode.reduce_GBps, 10, 1e-9);  // decode_reduce_GBps as measured
-  EXPECT_NE(decode.rate_set.find("+resident"), std::string::npos) << decode.rate_set;
   const CostParams at_cache = resident_rates(Op::kCombine, Algo::kUbep, 2, 16, 2.02, reuse);
   EXPECT_NEAR(at_cache.reduce_GBps, 40, 1e-9);
   EXPECT_NEAR(at_cache.staged_reduce_GBps, 30, 1e-9);
   const CostParams mid = resident_rates(Op::kCombine, Algo::kUbep, 2, 32, 2.02, reuse);
   const CostParams mid_plain = resident_rates(Op::kCombine, Algo::kUbep, 2, 32, 2.02, 0);
-  EXPECT_NEAR(mid.reduce_GBps, 40 + (mid_plain.reduce_GBps - 40) / 3, 1e-9);
-  EXPECT_NEAR(mid.staged_reduce_GBps, 30 + (mid_plain.staged_reduce_GBps - 30) / 3, 1e-9);
-  // Plain copies: from the small call's 20 towards decode's 8 (a measured capacity keeps the
-  // out-of-cache copy rate at decode's below decode's size, ResidentCallsRunAtTheSmallCallsRates).
-  EXPECT_NEAR(mid.local_copy_GBps, 20 + (8 - 20) / 3.0, 1e-9);
+  const double f = 2.0 / 3;
+  EXPECT_NEAR(mid.reduce_GBps, 1 / (f / 40 + (1 - f) / mid_plain.reduce_GBps), 1e-9);
+  EXPECT_NEAR(mid.staged_reduce_GBps, 1 / (f / 30 + (1 - f) / mid_plain.staged_reduce_GBps), 1e-9);
+  EXPECT_NE(mid.rate_set.find("+cached67%"), std::string::npos) << mid.rate_set;
+  // Plain copies: from the small call's 20 towards decode's 8 (out of cache, the copy rate below
+  // decode's size is decode's).
+  EXPECT_NEAR(mid.local_copy_GBps, 1 / (f / 20 + (1 - f) / 8), 1e-9);
 }
 
 // The source lives in the larger of L2 (0.5 O here) and the reuse capacity (4 O): decode's
@@ -245,4 +254,65 @@ TEST(SimRates, OversubscribedRanksShareCoresAsMeasured) {
   const CostParams full = resident_rates(Op::kCombine, Algo::kUbep, 2, 128);
   const CostParams three = resident_rates(Op::kCombine, Algo::kUbep, 3, 128);
   EXPECT_NEAR(three.reduce_GBps, full.reduce_GBps / 2, 1e-9);
+}
+
+// The cached share (rates.hpp resident_share), by hand: a cache holding 3 MB of what was just
+// written keeps all of a 2 MB call's rows, 3 / 4 of a 4 MB call's and 3 / 16 of a 16 MB one's;
+// relative to the small call (2 MB, all cached) and the calibrated shape (16 MB, whose own rates
+// hold its 3/16), 4 MB is (3/4 - 3/16) / (1 - 3/16) = 9/13 of the way.
+TEST(SimRates, CachedShareFromTheReuseCapacity) {
+  EXPECT_NEAR(resident_share(3e6, 2e6, 16e6, 4e6), 9.0 / 13, 1e-12);
+  EXPECT_DOUBLE_EQ(resident_share(3e6, 2e6, 16e6, 3e6), 1);  // fits
+  EXPECT_DOUBLE_EQ(resident_share(3e6, 2e6, 16e6, 1e6), 1);
+  EXPECT_DOUBLE_EQ(resident_share(3e6, 2e6, 16e6, 16e6), 0);
+  EXPECT_DOUBLE_EQ(resident_share(3e6, 2e6, 16e6, 64e6), 0);
+  // Both ends fit (or neither): the log position, log(16 / 4) / log(16 / 1) = 1/2.
+  EXPECT_NEAR(resident_share(32e6, 1e6, 16e6, 4e6), 0.5, 1e-12);
+  EXPECT_NEAR(resident_share(0.5e6, 1e6, 16e6, 4e6), (0.125 - 1.0 / 32) / (0.5 - 1.0 / 32),
+              1e-12);  // neither fits, but the cache holds a larger share of the smaller call
+  // 2/3 of the bytes at 40 GB/s, 1/3 at 10: 1 / (2/3 / 40 + 1/3 / 10) = 20 GB/s.
+  EXPECT_NEAR(blend_rate(2.0 / 3, 40, 10), 20, 1e-12);
+  EXPECT_DOUBLE_EQ(blend_rate(0.5, 0, 10), 10);
+}
+
+// With the capacity (4 O) between the small call (O) and decode (8 O), 32 tokens (2 O) fit: the
+// small call's rates; 48 tokens (3 O) fit too; 64 tokens (4 O) just fit. A dispatch of 100
+// tokens (6.25 O of rows; 6.25 x 14440 / 14336 O with the row records) places 0.28 of its rows
+// (as in ResidentCallsRunAtTheSmallCallsRates) at the small call's 25 GB/s and the rest at the
+// two-stream placement rate of SourceResidencyUsesTheSharedCache.
+TEST(SimRates, CallsThatFitReadAtTheSmallCallsRates) {
+  for (int64_t tokens : {16, 32, 48, 64}) {
+    const CostParams c = resident_rates(Op::kCombine, Algo::kUbep, 2, tokens);
+    EXPECT_NEAR(c.reduce_GBps, 40, 1e-9) << tokens;
+    EXPECT_NE(c.rate_set.find("+cached100%"), std::string::npos) << c.rate_set;
+    if (tokens < 64) {  // 64 tokens' dispatch rows carry 104 B of record each: just over 4 O
+      EXPECT_NEAR(resident_rates(Op::kDispatch, Algo::kUbep, 2, tokens).worker_GBps, 25, 1e-9);
+    }
+  }
+  const double rows = 800.0 * (14336 + 8 + 96);
+  const double held = 4 * kO / rows, f = (held - 0.5) / 0.5;
+  const double placement = rows / (rows * 3 / 56 + 100.0 * 14336 / 14);
+  EXPECT_NEAR(resident_rates(Op::kDispatch, Algo::kUbep, 2, 100).worker_GBps,
+              1 / (f / 25 + (1 - f) / placement), 1e-9);
+}
+
+// Plain copies out of cache follow the layout: a throughput-layout call copies at prefill's rate
+// (6; its rows are contiguous per source, as prefill's), a latency-layout one at decode's (8),
+// whatever its size: 600 tokens in the throughput layout move a little more than decode's bytes
+// (rows to both ranks for nearly every token) and still copy at 6; 2048 tokens at 6, not between.
+// (512 tokens move a little less than decode: a sliver of them counts as cached.)
+TEST(SimRates, PlainCopiesFollowTheLayout) {
+  auto copy = [](int64_t tokens, bool latency) {
+    const Preset p = make_preset("local", 2, resident_calibration(2.02));
+    CallConfig cc;
+    cc.op = Op::kCombine;
+    cc.algo = Algo::kBsp;
+    cc.latency_layout = latency;
+    return effective_preset(p, cc, draw_traffic(2, 256, 8, tokens, 0, 1.0, 1)).cost;
+  };
+  EXPECT_NEAR(copy(600, false).local_copy_GBps, 6, 1e-9);
+  EXPECT_NEAR(copy(2048, false).local_copy_GBps, 6, 1e-9);
+  EXPECT_NEAR(copy(4096, false).local_copy_GBps, 6, 1e-9);
+  EXPECT_NEAR(copy(128, true).local_copy_GBps, 8, 1e-9);
+  EXPECT_NEAR(copy(512, true).local_copy_GBps, 8, 1e-9);
 }

@@ -241,9 +241,14 @@ double number(const std::string& path, const std::string& key) {
   return v ? v->number : -1;
 }
 
-TEST(SimCalibrateBench, OnlyTheTwoCalibratedShapesAreNamed) {
+TEST(SimCalibrateBench, OnlyTheCalibratedShapesAreNamed) {
   EXPECT_EQ(calibrated_shape_name(2, 128, 7168, 8, 256, "bf16", "latency"), "decode");
   EXPECT_EQ(calibrated_shape_name(2, 4096, 7168, 8, 256, "bf16", "throughput"), "prefill");
+  // The small call: 2 MiB of rows per rank, 18 tokens x 8 rows of 14336 B (2,064,384 B).
+  EXPECT_EQ(cache_call_tokens(), 18);
+  EXPECT_EQ(calibrated_shape_name(2, 18, 7168, 8, 256, "bf16", "latency"), "cache");
+  EXPECT_EQ(calibrated_shape_name(2, 18, 7168, 8, 256, "bf16", "throughput"), "");
+  EXPECT_EQ(calibrated_shape_name(2, 16, 7168, 8, 256, "bf16", "latency"), "");
   EXPECT_EQ(calibrated_shape_name(2, 128, 7168, 8, 256, "bf16", "throughput"), "");
   EXPECT_EQ(calibrated_shape_name(2, 32, 7168, 8, 256, "bf16", "latency"), "");
   EXPECT_EQ(calibrated_shape_name(4, 128, 7168, 8, 256, "bf16", "latency"), "");
