@@ -19,7 +19,7 @@
 #   NICE (default 19): every run is `nice -n $NICE` (the machine is shared).
 #   VALIDATE_MEASURE=1: §5-6 re-measures this machine (sim/validate.sh: calibrate + ubep-bench,
 #           needs ubep-bench built and a quiet machine); by default `ubep-sim validate` re-scores
-#           the committed measurements in docs/sim/validate/ with the current model.
+#           the latest committed validate.sh run (VALIDATE_DIR) with the current model.
 #   SUPERPOD_EP (default "1024 2048 4096 8192"), SUPERPOD_BIG_BS (default none),
 #   TPOT_MOE_LAYERS (default 4): see below.
 #
@@ -82,11 +82,16 @@ validation() {  # §5-6: re-score the committed measurements, or re-measure (VAL
     echo "validate: sim/validate.sh (re-measured) | commit $commit | $begin -> $(stamp)" >>"$log"
     return 0
   fi
-  local dir=docs/sim/validate files
+  # The latest committed run of sim/validate.sh with the current library and model (VALIDATE_DIR
+  # picks another; EXPERIMENTS.md §6.6 lists every run), scored as validate.sh scores: the
+  # calibrated shapes' rates from its own bench rounds where it has them.
+  local dir=${VALIDATE_DIR:-docs/sim/validate-30k-run6} files cal
+  cal=$dir/calibration-bench.json
+  [ -f "$cal" ] || cal=$dir/calibration.json
   files=$(ls "$dir"/*_r[0-9]*.json | grep -v calibration_r | paste -sd, -)
   echo "== validate: ubep-sim validate on the committed measurements in $dir" >&2
-  { echo "# ubep-sim validate --calibration $dir/calibration.json --measured $dir/<case>_r<round>.json,... (re-scored, not re-measured)"
-    nice -n "$nice_n" "$sim" validate --calibration "$dir/calibration.json" --measured "$files" \
+  { echo "# ubep-sim validate --calibration $cal --measured $dir/<case>_r<round>.json,... (re-scored, not re-measured)"
+    nice -n "$nice_n" "$sim" validate --calibration "$cal" --measured "$files" \
       --json "$out/validate-rescored.json"; } >"$out/validate-rescored.txt"
   echo "validate: ubep-sim validate on $dir (re-scored) | commit $commit | $begin -> $(stamp)" >>"$log"
   cat "$out/validate-rescored.txt"
