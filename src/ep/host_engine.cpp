@@ -42,9 +42,15 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
       machine_(
           g.rank(), g.size(),
           [this](int r) {
-            return window_.peer(r) && !call_.masked(r) ? window_.failure_of(r) : 0u;
+            if (call_.masked(r)) return 0u;
+            return window_.peer(r) ? window_.failure_of(r) : members_.remote_failure(r);
           },
-          [this](uint32_t word) { window_.publish_failure(rank_, word); }),
+          // Host-mates through their windows, the other hosts by a notice (issue 32). The
+          // ledger calls these only after construction (members_ is made after machine_).
+          [this](uint32_t word) {
+            window_.publish_failure(rank_, word);
+            members_.tell_failure(word);
+          }),
       members_(g, window_, config_digest(cfg_)),
       watch_(window_, members_, g.rank()),
       relay_(make_relay(g, cfg_, window_)),

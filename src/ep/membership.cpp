@@ -35,6 +35,7 @@ Membership::Membership(Group& group, const Window& win, uint32_t config)
       agreed_(view_),
       masked_(static_cast<size_t>(group.size()), 0),
       link_(group, win, kFieldsBeforeView + group.size()),
+      failures_(group, link_.buffer_number()),
       refused_(static_cast<size_t>(group.size()), 0),
       partly_since_(static_cast<size_t>(group.size())) {
   // Ranks that are replacements already carry their incarnation; a replacement itself agrees
@@ -407,8 +408,10 @@ Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mas
   for (int r = 0; r < ranks_; ++r) {
     const auto ru = static_cast<size_t>(r);
     // A rank back as a new incarnation: its old failure word (kDeadWord) goes; it writes anew.
-    if (r != me_ && (view_[ru] >> 1) != (agreed_[ru] >> 1) && !(view_[ru] & 1u))
+    if (r != me_ && (view_[ru] >> 1) != (agreed_[ru] >> 1) && !(view_[ru] & 1u)) {
       win_.set_failure_of(r, 0);
+      failures_.clear(r);
+    }
   }
   agreed_ = view_;
   must_agree_ = false;

@@ -27,6 +27,7 @@
 
 #include "core/wait.hpp"
 #include "ep/member_link.hpp"
+#include "ep/remote_failures.hpp"
 #include "ep/window.hpp"
 #include "ubep/group.hpp"
 
@@ -53,6 +54,10 @@ class Membership {
 
   // Takes the records of ranks on other hosts that arrived (caller's thread, between calls).
   void pump() { link_.pump(); }
+  // The failure word of rank r of another host, as its last notice said (remote_failures.hpp);
+  // tell_failure: this rank's new word to the ranks of the other hosts (caller's thread).
+  uint32_t remote_failure(int r) const { return failures_.word(r); }
+  void tell_failure(uint32_t word) { failures_.tell(word); }
   // Whether lost hosts can be masked: one host, or the records cross hosts (a TCP group).
   bool can_mask_hosts() const { return group_.single_host() || link_.active(); }
 
@@ -136,6 +141,7 @@ class Membership {
   uint64_t calls_ = 0, seq_ = 0;  // of the last published record
   std::vector<uint32_t> fields_;  // staging for publish/read
   MemberLink link_;               // records to and from ranks of other hosts
+  RemoteFailures failures_;       // failure words of ranks of other hosts (numbered as link_)
   // [rank] the incarnation refused for its config (warned once); caller's thread only.
   mutable std::vector<uint32_t> refused_;
   // [rank] when this rank first saw r dead with a host-mate of r alive (check_partly_lost); the
