@@ -67,6 +67,13 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
   }
   stats_.stage_us.reserve(16);
   watch_deaths();
+  // Across hosts, with masking: one agreement with the group's other such Buffers, and a
+  // replacement host taken by this Buffer only once the others have its records too.
+  if (!g.single_host() && cfg_.mask_dead_ranks && members_.can_mask_hosts()) {
+    agreement_ = GroupAgreement::join(g, this);
+    members_.set_joint_replaced(
+        [this](int r) { return agreement_->replaced_elsewhere(r, this); });
+  }
   const ExchangeContext ctx{group_,  cfg_,     *data_path_,  window_,
                             waiter_, reducer_, relay_.get(), stats_};
   bsp_exchange_ = make_bsp(ctx);
@@ -93,6 +100,7 @@ void HostEngine::watch_deaths() {
 }
 
 HostEngine::~HostEngine() {
+  if (agreement_) agreement_->leave(this);
   if (death_subscription_ >= 0)
     bootstrap::hooks_of(group_).death_watch()->unsubscribe(death_subscription_);
   // Departure (CallLedger::depart says which call the word names). The peers' windows stay
