@@ -44,7 +44,7 @@ class GroupAgreement {
    public:
     virtual int buffer_number() const = 0;
     virtual bool between_calls() const = 0;  // no split-phase call outstanding
-    virtual void pump_records() = 0;  // takes its records from other hosts (caller's thread)
+    virtual void pump_records() = 0;         // takes its records from other hosts (caller's thread)
     virtual bool change_pending() const = 0;
     // The replacement of `rank`'s record of this Buffer arrived, or this Buffer took it already.
     virtual bool replaced_here(int rank) const = 0;

@@ -71,8 +71,7 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
   // replacement host taken by this Buffer only once the others have its records too.
   if (!g.single_host() && cfg_.mask_dead_ranks && members_.can_mask_hosts()) {
     agreement_ = GroupAgreement::join(g, this);
-    members_.set_joint_replaced(
-        [this](int r) { return agreement_->replaced_elsewhere(r, this); });
+    members_.set_joint_replaced([this](int r) { return agreement_->replaced_elsewhere(r, this); });
   }
   const ExchangeContext ctx{group_,  cfg_,     *data_path_,  window_,
                             waiter_, reducer_, relay_.get(), stats_};

@@ -137,8 +137,8 @@ class HostEngine final : public backend::Engine, private GroupAgreement::Member 
   // Phases, calls started, whether the buffer is broken, what the peers are told (shared with
   // the device engine): once the ranks are out of step no call may return data.
   protocol::CallMachine machine_;
-  Membership members_;                // masked ranks and their agreement (docs/ELASTIC.md)
-  int death_subscription_ = -1;       // the group's death watch writes kDeadWord for us
+  Membership members_;           // masked ranks and their agreement (docs/ELASTIC.md)
+  int death_subscription_ = -1;  // the group's death watch writes kDeadWord for us
   // Shared with this process's other Buffers of the group with mask_dead_ranks across hosts
   // (null otherwise: this Buffer agrees alone).
   std::shared_ptr<GroupAgreement> agreement_;

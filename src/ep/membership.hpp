@@ -167,7 +167,7 @@ class Membership {
   // [rank] when this rank first saw r dead with a host-mate of r alive (check_partly_lost); the
   // epoch (zero) while not so. Caller's thread only.
   std::vector<std::chrono::steady_clock::time_point> partly_since_;
-  Resume resume_;                             // of the agreement under way (begin .. end)
+  Resume resume_;                            // of the agreement under way (begin .. end)
   std::function<bool(int)> joint_replaced_;  // set_joint_replaced; empty: this Buffer alone
 };
 
