@@ -6,11 +6,14 @@
 // waited for a record its twin had consumed, or resumed at the twin's call numbers.
 //
 // The schedule keeps every rank's order of calls the same across the two Buffers (a collective
-// library's rule): interleaved calls A, B while nothing changes, and each Buffer alone while it
-// agrees on a change (the kill, the rejoin). Each Buffer agrees on its own, so a change met while
-// the calls of the two interleave can leave one rank waiting in A for a peer that waits in B
-// (docs/ELASTIC.md, "What is not supported"). Every call of both Buffers is checked bit for bit
-// against the reference of the ranks it ran with; each Buffer's inputs come from its own seeds.
+// library's rule): interleaved calls A, B while nothing changes; through the kill and the rejoin
+// either each Buffer alone (BothMask...) or still interleaved (InterleavedCalls...), which needs
+// the group's one agreement for its Buffers (ep/group_agreement.hpp: before, the live ranks took
+// the replacement in A and waited in A's next call while it waited in B's agreement). A step
+// whose A call failed starts again at A, and the dispatch at which the Buffers agreed fails
+// unsent on every rank (the contract, docs/ELASTIC.md). Every call of both Buffers is checked bit
+// for bit against the reference of the ranks it ran with; each Buffer's inputs come from its own
+// seeds.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -43,7 +46,7 @@ struct Stream {
   int failed = 0, masked_calls = 0, full = 0;
   bool last_failed = false;  // the last call failed (allowed, at the kill)
   bool redone = false;       // the replacement's first call ended at the agreement
-  std::string first_failure;
+  std::string first_failure{};
 
   const Problem& next() const {
     if (phase == 0) return problems[0];
