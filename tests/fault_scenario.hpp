@@ -120,7 +120,9 @@ inline void run_fault_scenario(Group& g, Algorithm algo, Fault fault, int victim
                                const std::function<bool(bool)>& any_rank) {
   const int me = g.rank();
   const Case c = fault_case(g.size(), layout);
-  const Problem p = all_ranks_problem(c, g.size(), 40 + static_cast<uint64_t>(fault));
+  Problem p = all_ranks_problem(c, g.size(), 40 + static_cast<uint64_t>(fault));
+  // A group that spans hosts: the reference combines in the relay's per-host order.
+  if (g.num_hosts() > 1) p.ranks_per_host = g.size() / g.num_hosts();
   const RankInput& in = p.inputs[static_cast<size_t>(me)];
   const DispatchArgs good = in.args(c.dtype, c.hidden, c.layout);
   SCOPED_TRACE(std::string(algorithm_name(algo)) + " " + fault_name(fault) + " victim " +
@@ -207,6 +209,11 @@ inline void run_fault_scenario(Group& g, Algorithm algo, Fault fault, int victim
     }
   }
   sync();
+  // Across hosts over MPI the fresh Buffer below is left out: the failed call's relay messages
+  // that its victim never received stay in MPI's unexpected queue (MPI cannot discard them), and
+  // a later Buffer's call with the same sequence number takes them (the relay's tags are the same
+  // arithmetic in every Buffer): a gap of its own (docs/ELASTIC.md, "What is not supported").
+  if (g.num_hosts() > 1) return;
   buf.reset();
   // A fresh Buffer on the same group: works, bit-identical to the reference (and to itself).
   Buffer fresh(g, config_for(c, algo));

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -32,8 +33,11 @@ void DeathNotices::post(size_t i) {
 DeathNotices::~DeathNotices() {
   for (int& r : recv_)
     if (r >= 0) remote_.cancel(r);
-  // Sends in flight: give them a moment (their peers may be gone), then leave them.
+  // Sends in flight: give them a moment (their peers may be gone), then leave them; a failure
+  // notice's message goes with this object, so a transport that can withdraw its send does.
   flush(std::chrono::milliseconds(100));
+  for (Outgoing& o : failures_out_)
+    if (o.request >= 0) remote_.abandon(o.request);
 }
 
 // A transport that outlives a host (TcpRemote) fails the requests to a lost peer: a notice to
@@ -58,6 +62,53 @@ void DeathNotices::flush(std::chrono::milliseconds bound) {
   for (int& s : send_)
     while (s >= 0 && std::chrono::steady_clock::now() < until)
       if (settle(s) == kPending) std::this_thread::yield();
+  for (Outgoing& o : failures_out_)
+    while (o.request >= 0 && std::chrono::steady_clock::now() < until)
+      if (settle(o.request) == kPending) std::this_thread::yield();
+}
+
+void DeathNotices::tell_call_failure(int buffer, uint32_t word) {
+  for (int peer : remotes_) {
+    Outgoing& o = failures_out_.emplace_back();
+    o.notice.rank = rank_;
+    o.notice.kind = kCallFailure;
+    o.notice.buffer = buffer;
+    o.notice.word = word;
+    try {
+      o.request = remote_.isend(peer, kTag, &o.notice, sizeof o.notice);
+    } catch (const PeerFailedError& e) {  // a lost peer (TcpRemote): nobody there to tell
+      log::debug("rank ", rank_, ": failure notice to rank ", peer, " dropped: ", e.what());
+      failures_out_.pop_back();
+    }
+  }
+  pump();
+  flush(std::chrono::milliseconds(100));
+}
+
+int DeathNotices::watch_call_failures(int buffer, std::function<void(int, uint32_t)> on) {
+  const std::lock_guard lock(watchers_mu_);
+  watchers_.push_back({next_watcher_, buffer, std::move(on)});
+  return next_watcher_++;
+}
+
+void DeathNotices::unwatch_call_failures(int id) {
+  const std::lock_guard lock(watchers_mu_);
+  std::erase_if(watchers_, [id](const Watcher& w) { return w.id == id; });
+}
+
+void DeathNotices::deliver(int from, const Notice& n) {
+  if (n.rank < 0 || n.rank >= static_cast<int>(host_of_.size())) return;
+  if (n.kind == kCallFailure) {
+    // The sender's own word (a rank only tells its own), for its Buffer of that number; a
+    // Buffer not (or no longer) made here has no watcher and the word goes.
+    if (n.rank != from) return;
+    const std::lock_guard lock(watchers_mu_);
+    for (const Watcher& w : watchers_)
+      if (w.buffer == n.buffer) w.on(n.rank, n.word);
+    return;
+  }
+  log::debug("rank ", rank_, ": rank ", n.rank, "'s death heard from rank ", from);
+  watch_.note_remote(n.rank, std::string(n.how, strnlen(n.how, sizeof n.how)));
 }
 
 void DeathNotices::pump() {
@@ -77,16 +128,18 @@ void DeathNotices::pump() {
   }
   for (int& s : send_)
     if (s >= 0) settle(s);
-  // Notices from the other hosts (none more from a lost peer: its receive is dropped).
+  std::erase_if(failures_out_,
+                [this](Outgoing& o) { return o.request < 0 || settle(o.request) != kPending; });
+  // Notices from the other hosts (none more from a lost peer: its receive is dropped), every
+  // one that arrived: a peer's notices come in the order it sent them.
   for (size_t i = 0; i < remotes_.size(); ++i) {
     // A lost peer's replacement connected (a new epoch): its notices are heard again.
     if (recv_[i] < 0 && remote_.epoch(remotes_[i]) != epoch_[i]) post(i);
-    if (recv_[i] < 0 || settle(recv_[i]) != kDone) continue;
-    const Notice n = inbox_[i];
-    log::debug("rank ", rank_, ": rank ", n.rank, "'s death heard from rank ", remotes_[i]);
-    if (n.rank >= 0 && n.rank < static_cast<int>(host_of_.size()))
-      watch_.note_remote(n.rank, std::string(n.how, strnlen(n.how, sizeof n.how)));
-    post(i);
+    while (recv_[i] >= 0 && settle(recv_[i]) == kDone) {
+      const Notice n = inbox_[i];
+      post(i);
+      deliver(remotes_[i], n);
+    }
   }
 }
 

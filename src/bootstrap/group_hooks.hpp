@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "ubep/group.hpp"
 
@@ -50,6 +51,18 @@ class GroupHooks {
   // between hosts that stay posted across calls (MemberLink's records) carry it in their tag:
   // two Buffers of one group never take each other's. 0 in groups that never need it.
   virtual int next_buffer_number() { return 0; }
+  // Groups that span hosts (issue 32): a Buffer's failure word (protocol.hpp) reaches its
+  // host-mates through their windows; these carry it to the ranks of the other hosts
+  // (DeathNotices), so that one waiting in the relay for a rank that rejected or failed the call
+  // stops at once instead of at the timeout. tell: this rank's word of Buffer number `buffer`
+  // (caller's thread; it also flushes, bounded). watch: `on(rank, word)` for each word of that
+  // Buffer from another host, called by whichever thread pumps the notices; returns an id for
+  // unwatch (-1: nothing to watch, one host). unwatch returns once no call of `on` is running.
+  virtual void tell_call_failure(int /*buffer*/, uint32_t /*word*/) {}
+  virtual int watch_call_failures(int /*buffer*/, std::function<void(int, uint32_t)> /*on*/) {
+    return -1;
+  }
+  virtual void unwatch_call_failures(int /*id*/) {}
 };
 
 }  // namespace ubep::bootstrap

@@ -5,7 +5,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "bootstrap/death_check.hpp"
@@ -47,6 +49,18 @@ class ShmGroup : public Group, private GroupHooks {
     notices_->pump();
     notices_->flush(std::chrono::milliseconds(100));
   }
+  // Counted per process from 0 (a replacement counts its mirrored Buffers from 0 as its
+  // predecessor did). Atomic: Buffers may be made by several threads of one process.
+  int next_buffer_number() override { return buffers_made_.fetch_add(1); }
+  void tell_call_failure(int buffer, uint32_t word) override {
+    if (notices_) notices_->tell_call_failure(buffer, word);
+  }
+  int watch_call_failures(int buffer, std::function<void(int, uint32_t)> on) override {
+    return notices_ ? notices_->watch_call_failures(buffer, std::move(on)) : -1;
+  }
+  void unwatch_call_failures(int id) override {
+    if (notices_ && id >= 0) notices_->unwatch_call_failures(id);
+  }
   const char* kind() const override { return "processes"; }
   // A replacement of `rank` (another host's) was taken (tcp_group.cpp): the heartbeat stops
   // judging its predecessor, so no late verdict names the replacement lost, and judges the
@@ -86,6 +100,7 @@ class ShmGroup : public Group, private GroupHooks {
   // far (their index there).
   std::unique_ptr<Rendezvous> rendezvous_;
   std::atomic<int> windows_{0};
+  std::atomic<int> buffers_made_{0};          // next_buffer_number
   std::unique_ptr<DeathNotices> notices_;     // across hosts: deaths forwarded over remote_
   std::unique_ptr<HostHeartbeat> heartbeat_;  // across hosts: a lost host named (host_liveness)
   std::vector<BeatAddr> beat_addrs_;          // by rank, from heartbeat_'s set-up

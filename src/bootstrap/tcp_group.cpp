@@ -90,9 +90,6 @@ class TcpGroup final : public bootstrap::ShmGroup {
   // are in their calls); once it took part in a group collective it is in step with the live
   // ranks, and new Buffers are made by every rank together, their windows over the mesh.
   bool mirrors_buffers() const override { return rejoining_ && !caught_up_; }
-  // Counted per process: a replacement counts its mirrored Buffers from 0 as its predecessor did.
-  // Atomic: Buffers may be made by several threads of one process.
-  int next_buffer_number() override { return buffers_made_.fetch_add(1); }
 
  protected:
   void barrier_impl() override {
@@ -153,7 +150,6 @@ class TcpGroup final : public bootstrap::ShmGroup {
   std::unique_ptr<bootstrap::MeshCollective> mesh_;  // made at the first group call
   std::unique_ptr<MeshBootstrap> mesh_boot_;         // over mesh_, for windows
   bool caught_up_ = false;  // a replacement's group collective completed (caller's thread only)
-  std::atomic<int> buffers_made_{0};
 };
 
 // Errors name a peer with its host; a connection that breaks without a goodbye is a lost rank

@@ -1,6 +1,7 @@
 // Ends a wait of call `call` as soon as the call cannot complete on this rank, naming why,
-// instead of at the timeout: a peer on this host published that it rejected that call or that
-// its buffer is broken; a peer's process died (the death watch wrote kDeadWord into this
+// instead of at the timeout: a peer published that it rejected that call or that its buffer is
+// broken (a host-mate in this rank's window; a rank of another host by a notice,
+// remote_failures.hpp); a peer's process died (the death watch wrote kDeadWord into this
 // rank's window on its behalf); or a peer abandoned the call to agree on a change of the group
 // (docs/ELASTIC.md). Masked ranks take no part in calls and are not watched.
 #pragma once
@@ -39,8 +40,9 @@ class FailureWatch final : public WaitAbort {
     }
     for (int r = 0; r < w_.map().ranks; ++r) {
       if (r == me_ || members_.masked(r)) continue;
-      const uint32_t v = w_.failure_of(r);
-      if (!w_.peer(r) || !failure_ends_call(v, call_)) continue;
+      // A host-mate's word is in this window; another host's came as a notice (issue 32).
+      const uint32_t v = w_.peer(r) ? w_.failure_of(r) : members_.remote_failure(r);
+      if (!failure_ends_call(v, call_)) continue;
       if (is_broken(v))
         throw PeerFailedError(detail::concat("rank ", r, " failed call ", marked_call(v, call_),
                                              " (its buffer is broken), so call ", call_,

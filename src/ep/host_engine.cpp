@@ -42,9 +42,15 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
       machine_(
           g.rank(), g.size(),
           [this](int r) {
-            return window_.peer(r) && !call_.masked(r) ? window_.failure_of(r) : 0u;
+            if (call_.masked(r)) return 0u;
+            return window_.peer(r) ? window_.failure_of(r) : members_.remote_failure(r);
           },
-          [this](uint32_t word) { window_.publish_failure(rank_, word); }),
+          // Host-mates through their windows, the other hosts by a notice (issue 32). The
+          // ledger calls these only after construction (members_ is made after machine_).
+          [this](uint32_t word) {
+            window_.publish_failure(rank_, word);
+            members_.tell_failure(word);
+          }),
       members_(g, window_, config_digest(cfg_)),
       watch_(window_, members_, g.rank()),
       relay_(make_relay(g, cfg_, window_)),
@@ -61,6 +67,12 @@ HostEngine::HostEngine(Group& g, const BufferConfig& c,
   }
   stats_.stage_us.reserve(16);
   watch_deaths();
+  // Across hosts, with masking: one agreement with the group's other such Buffers, and a
+  // replacement host taken by this Buffer only once the others have its records too.
+  if (!g.single_host() && cfg_.mask_dead_ranks && members_.can_mask_hosts()) {
+    agreement_ = GroupAgreement::join(g, this);
+    members_.set_joint_replaced([this](int r) { return agreement_->replaced_elsewhere(r, this); });
+  }
   const ExchangeContext ctx{group_,  cfg_,     *data_path_,  window_,
                             waiter_, reducer_, relay_.get(), stats_};
   bsp_exchange_ = make_bsp(ctx);
@@ -87,6 +99,7 @@ void HostEngine::watch_deaths() {
 }
 
 HostEngine::~HostEngine() {
+  if (agreement_) agreement_->leave(this);
   if (death_subscription_ >= 0)
     bootstrap::hooks_of(group_).death_watch()->unsubscribe(death_subscription_);
   // Departure (CallLedger::depart says which call the word names). The peers' windows stay

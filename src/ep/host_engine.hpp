@@ -28,6 +28,7 @@
 #include "core/local_array.hpp"
 #include "ep/dispatch_call.hpp"
 #include "ep/failure_watch.hpp"
+#include "ep/group_agreement.hpp"
 #include "ep/membership.hpp"
 #include "ep/reducer.hpp"
 #include "ep/relay.hpp"
@@ -39,7 +40,7 @@
 
 namespace ubep::ep {
 
-class HostEngine final : public backend::Engine {
+class HostEngine final : public backend::Engine, private GroupAgreement::Member {
  public:
   HostEngine(Group& g, const BufferConfig& c, std::unique_ptr<backend::DataPath> data_path);
   ~HostEngine() override;
@@ -104,6 +105,21 @@ class HostEngine final : public backend::Engine {
 
   // --- elastic EP (host_engine_membership.cpp) ---
   void settle_membership(const char* what, bool dispatch);
+  // The agreement's outcome (its own or the group's): where the next call starts, who is masked.
+  void adopt(const Membership::Resume& resume);
+  // GroupAgreement::Member: this Buffer's side of the agreement it shares with the group's other
+  // Buffers (group_agreement.hpp).
+  int buffer_number() const override { return members_.buffer_number(); }
+  bool between_calls() const override { return machine_.idle(); }
+  void pump_records() override { members_.pump(); }
+  bool change_pending() const override { return members_.change_pending(); }
+  bool replaced_here(int r) const override { return members_.knows_replacement(r); }
+  void begin_agreement(const char* what) override;
+  bool poll_agreement(const char* what) override;
+  void finish_agreement() override { adopt(members_.end_agreement()); }
+  std::string agreement_state(const char* what) const override {
+    return members_.agreement_state(what);
+  }
   bool lost_a_rank() const;  // an unmasked rank died in the group (not after breaking/leaving)
   void watch_deaths();
 
@@ -121,8 +137,11 @@ class HostEngine final : public backend::Engine {
   // Phases, calls started, whether the buffer is broken, what the peers are told (shared with
   // the device engine): once the ranks are out of step no call may return data.
   protocol::CallMachine machine_;
-  Membership members_;                // masked ranks and their agreement (docs/ELASTIC.md)
-  int death_subscription_ = -1;       // the group's death watch writes kDeadWord for us
+  Membership members_;           // masked ranks and their agreement (docs/ELASTIC.md)
+  int death_subscription_ = -1;  // the group's death watch writes kDeadWord for us
+  // Shared with this process's other Buffers of the group with mask_dead_ranks across hosts
+  // (null otherwise: this Buffer agrees alone).
+  std::shared_ptr<GroupAgreement> agreement_;
   FailureWatch watch_;                // every wait of this buffer polls the peers' failure words
   std::unique_ptr<HostRelay> relay_;  // cross-host relay, when the group spans hosts
   Waiter waiter_;

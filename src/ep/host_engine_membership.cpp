@@ -13,7 +13,10 @@ void HostEngine::settle_membership(const char* what, bool dispatch) {
     bootstrap::hooks_of(group_).pump_rejoins();  // a replacement host's connections (issue 32)
     members_.pump();                             // the records of other hosts' ranks (MemberLink)
   }
-  if (!members_.change_pending()) return;
+  // Across hosts with mask_dead_ranks the group's Buffers agree together (group_agreement.hpp):
+  // a change pending in any of them is agreed by all at this dispatch.
+  const bool shared = agreement_ && dispatch;
+  if (shared ? !agreement_->change_pending() : !members_.change_pending()) return;
   const uint64_t next = machine_.calls() + 1;
   // Across hosts a lost host is masked only with mask_dead_ranks (Buffer::mask takes ranks of
   // this host only) in a TCP group: otherwise a death ends the buffer's use, named.
@@ -38,8 +41,20 @@ void HostEngine::settle_membership(const char* what, bool dispatch) {
                  " hosts needs a TCP group (make_tcp_group, docs/ELASTIC.md)");
   WaitPolicy policy = waiter_.policy();
   policy.abort = nullptr;  // the agreement watches deaths and rounds itself
-  const Membership::Resume resume =
-      members_.agree(machine_.calls(), window_.seq(), cfg_.mask_dead_ranks, policy, what);
+  if (shared) return agreement_->agree(this, policy, what);
+  adopt(members_.agree(machine_.calls(), window_.seq(), cfg_.mask_dead_ranks, policy, what));
+}
+
+void HostEngine::begin_agreement(const char* what) {
+  members_.pump();  // this Buffer's records from other hosts (the caller pumped its own)
+  members_.begin_agreement(machine_.calls(), window_.seq(), cfg_.mask_dead_ranks, what);
+}
+
+bool HostEngine::poll_agreement(const char* what) {
+  return members_.poll(cfg_.mask_dead_ranks, what);
+}
+
+void HostEngine::adopt(const Membership::Resume& resume) {
   machine_.ledger().resume_after(resume.calls);
   // +1: a rank that died may have begun one dispatch past the highest live one (it needs the
   // live ranks' count records to finish a dispatch, not to begin one), and its messages of that

@@ -11,7 +11,8 @@ MemberLink::MemberLink(Group& group, const Window& win, int words)
       remote_(group.single_host() ? nullptr : bootstrap::hooks_of(group).remote()),
       me_(group.rank()),
       words_(words),
-      tag_(kTagBase + bootstrap::hooks_of(group).next_buffer_number() % kTags),
+      number_(bootstrap::hooks_of(group).next_buffer_number()),
+      tag_(kTagBase + number_ % kTags),
       inbox_(static_cast<size_t>(group.size())),
       recv_(static_cast<size_t>(group.size()), -1),
       epoch_(static_cast<size_t>(group.size()), 0) {

@@ -43,6 +43,8 @@ class MemberLink {
   MemberLink& operator=(const MemberLink&) = delete;
 
   bool active() const { return remote_ != nullptr; }
+  // This Buffer's number on the group (GroupHooks::next_buffer_number), taken once here.
+  int buffer_number() const { return number_; }
   bool remote(int r) const { return active() && !group_.same_host(r, me_); }
   // Sends this rank's record to every rank of another host that `to` selects (not the dead).
   template <typename To>
@@ -63,6 +65,7 @@ class MemberLink {
   const Window& win_;
   transport::Remote* remote_;
   int me_, words_;
+  int number_;                                // this Buffer's on the group
   int tag_;                                   // this Buffer's (kTagBase + its number)
   std::vector<std::vector<uint32_t>> inbox_;  // [rank] version, then the record's words
   std::vector<int> recv_;                     // [rank] posted receive, -1: none (gone)

@@ -35,6 +35,7 @@ Membership::Membership(Group& group, const Window& win, uint32_t config)
       agreed_(view_),
       masked_(static_cast<size_t>(group.size()), 0),
       link_(group, win, kFieldsBeforeView + group.size()),
+      failures_(group, link_.buffer_number()),
       refused_(static_cast<size_t>(group.size()), 0),
       partly_since_(static_cast<size_t>(group.size())) {
   // Ranks that are replacements already carry their incarnation; a replacement itself agrees
@@ -56,6 +57,15 @@ bool Membership::replaced(int r) const {
 // itself live at that incarnation with this buffer's config digest: until then the live ranks
 // go on masked, so a replacement still creating its buffers never holds up their calls.
 bool Membership::remote_replaced(int r) const {
+  return replaced_here(r) && (!joint_replaced_ || joint_replaced_(r));
+}
+
+bool Membership::knows_replacement(int r) const {
+  const uint32_t inc = bootstrap::hooks_of(group_).incarnation_of(r);
+  return (view_[static_cast<size_t>(r)] >> 1) >= inc || replaced_here(r);
+}
+
+bool Membership::replaced_here(int r) const {
   const uint32_t inc = bootstrap::hooks_of(group_).incarnation_of(r);
   const auto ru = static_cast<size_t>(r);
   if (inc <= (view_[ru] >> 1) || dead(r)) return false;
@@ -393,6 +403,13 @@ std::string Membership::agreement_state(const char* what) const {
 
 Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mask,
                                      const WaitPolicy& policy, const char* what) {
+  begin_agreement(calls, seq, auto_mask, what);
+  wait_until([&] { return poll_agreement(auto_mask, what, &resume_); }, policy,
+             [&] { return agreement_state(what); });
+  return end_agreement();
+}
+
+void Membership::begin_agreement(uint64_t calls, uint64_t seq, bool auto_mask, const char* what) {
   calls_ = calls;
   seq_ = seq;
   log::debug("rank ", me_, ": agreement at call ", calls + 1, " (must ", must_agree_, ", view ",
@@ -401,22 +418,29 @@ Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mas
   absorb_deaths(auto_mask, what);
   bump();
   publish(MemberRecord::kAgreeing | (abandoned_ ? MemberRecord::kAbandoned : 0));
-  Resume resume{calls, seq};
-  wait_until([&] { return poll_agreement(auto_mask, what, &resume); }, policy,
-             [&] { return agreement_state(what); });
+  resume_ = {calls, seq};
+}
+
+bool Membership::poll(bool auto_mask, const char* what) {
+  return poll_agreement(auto_mask, what, &resume_);
+}
+
+Membership::Resume Membership::end_agreement() {
   for (int r = 0; r < ranks_; ++r) {
     const auto ru = static_cast<size_t>(r);
     // A rank back as a new incarnation: its old failure word (kDeadWord) goes; it writes anew.
-    if (r != me_ && (view_[ru] >> 1) != (agreed_[ru] >> 1) && !(view_[ru] & 1u))
+    if (r != me_ && (view_[ru] >> 1) != (agreed_[ru] >> 1) && !(view_[ru] & 1u)) {
       win_.set_failure_of(r, 0);
+      failures_.clear(r);
+    }
   }
   agreed_ = view_;
   must_agree_ = false;
   abandoned_ = false;
   for (int r = 0; r < ranks_; ++r) masked_[static_cast<size_t>(r)] = agreed_[r] & 1u;
   log::info("rank ", me_, ": round ", round_, " agreed, ", masked_ranks().size(),
-            " masked, resuming after call ", resume.calls);
-  return resume;
+            " masked, resuming after call ", resume_.calls);
+  return resume_;
 }
 
 }  // namespace ubep::ep

@@ -22,11 +22,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/wait.hpp"
 #include "ep/member_link.hpp"
+#include "ep/remote_failures.hpp"
 #include "ep/window.hpp"
 #include "ubep/group.hpp"
 
@@ -53,6 +56,12 @@ class Membership {
 
   // Takes the records of ranks on other hosts that arrived (caller's thread, between calls).
   void pump() { link_.pump(); }
+  // This Buffer's number on the group (the same on every rank).
+  int buffer_number() const { return link_.buffer_number(); }
+  // The failure word of rank r of another host, as its last notice said (remote_failures.hpp);
+  // tell_failure: this rank's new word to the ranks of the other hosts (caller's thread).
+  uint32_t remote_failure(int r) const { return failures_.word(r); }
+  void tell_failure(uint32_t word) { failures_.tell(word); }
   // Whether lost hosts can be masked: one host, or the records cross hosts (a TCP group).
   bool can_mask_hosts() const { return group_.single_host() || link_.active(); }
 
@@ -76,6 +85,23 @@ class Membership {
   // PeerFailedError naming it.
   Resume agree(uint64_t calls, uint64_t seq, bool auto_mask, const WaitPolicy& policy,
                const char* what);
+  // The same in three steps, for an agreement shared by the Buffers of a group
+  // (group_agreement.hpp): begin (this rank's new round out), poll until true, end (the view
+  // agreed; where to resume).
+  void begin_agreement(uint64_t calls, uint64_t seq, bool auto_mask, const char* what);
+  bool poll(bool auto_mask, const char* what);
+  Resume end_agreement();
+  // What each rank last said, for a stuck agreement's timeout message.
+  std::string agreement_state(const char* what) const;
+
+  // A replacement of rank r of another host is taken only where `joint(r)` is true too: the
+  // Buffers of a shared agreement take it only once its records of each of them have arrived.
+  void set_joint_replaced(std::function<bool(int)> joint) { joint_replaced_ = std::move(joint); }
+  // Rank r's replacement has published this Buffer's first record, with this config (below).
+  bool replaced_here(int r) const;
+  // Its record arrived (replaced_here) or this Buffer has taken it already: what the joint check
+  // of another Buffer asks.
+  bool knows_replacement(int r) const;
 
  private:
   struct Record {
@@ -115,7 +141,6 @@ class Membership {
   void take_replacements();
   // agree's steps: one poll of the peers' records, and the state a stuck agreement reports.
   bool poll_agreement(bool auto_mask, const char* what, Resume* resume);
-  std::string agreement_state(const char* what) const;
 
   Group& group_;
   const Window& win_;
@@ -136,11 +161,14 @@ class Membership {
   uint64_t calls_ = 0, seq_ = 0;  // of the last published record
   std::vector<uint32_t> fields_;  // staging for publish/read
   MemberLink link_;               // records to and from ranks of other hosts
+  RemoteFailures failures_;       // failure words of ranks of other hosts (numbered as link_)
   // [rank] the incarnation refused for its config (warned once); caller's thread only.
   mutable std::vector<uint32_t> refused_;
   // [rank] when this rank first saw r dead with a host-mate of r alive (check_partly_lost); the
   // epoch (zero) while not so. Caller's thread only.
   std::vector<std::chrono::steady_clock::time_point> partly_since_;
+  Resume resume_;                            // of the agreement under way (begin .. end)
+  std::function<bool(int)> joint_replaced_;  // set_joint_replaced; empty: this Buffer alone
 };
 
 }  // namespace ubep::ep

@@ -72,6 +72,14 @@ class Waiter {
                 // this rank's window through the seqlock the failure watch reads them by.
                 if (members_) members_->pump();
                 next_pump = now + std::chrono::microseconds(100);
+                // The failure watch on this clock too, not only on wait_until's count (every 64
+                // polls while yielding, none in its first 256): under load a poll of the relay
+                // can take milliseconds (Open MPI yields inside each MPI_Test), and those
+                // hundreds of polls left a host-mate's death, or a peer's failure that a notice
+                // just brought, unseen for 0.8-3.3 s (issue 32, mpi_kill_2hosts_ubep with 8 busy
+                // loops). Same thread, same throw as the policy's check.
+                if (pred()) return true;
+                watch_.check();
               }
               return pred();
             },
