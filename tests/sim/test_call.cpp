@@ -2,6 +2,8 @@
 // the worker the plan gave it to, in the plan's order; and orchestration-level sanity.
 #include <gtest/gtest.h>
 
+#include "temp_files.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -183,7 +185,7 @@ TEST(SimCall, NamesRoundTrip) {
 // non-temporal rate for large calls, no receive-side reorder), bsp with 3 + 2 barriers, ubep's
 // combine reading the experts' rows in place (nothing on the wire) and reducing them.
 TEST(SimCall, LocalPresetModelsTheCpuImplementation) {
-  const std::string path = ::testing::TempDir() + "ubep-sim-test-calibration.json";
+  const std::string path = ubep::sim::test::temp_path("ubep-sim-test-calibration.json");
   {
     std::ofstream f(path);
     f << "{\"decode_bytes\": 14680064, \"decode_copy_GBps\": 10, \"decode_stream_GBps\": 20, "

@@ -2,6 +2,8 @@
 // errors a bad file gets (each names the field and the value).
 #include <gtest/gtest.h>
 
+#include "temp_files.hpp"
+
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -15,7 +17,7 @@ using namespace ubep::sim;
 namespace {
 
 std::string write_pod(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + name;
+  const std::string path = ubep::sim::test::temp_path(name);
   std::ofstream(path) << text;
   return path;
 }

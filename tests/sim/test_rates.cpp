@@ -2,6 +2,8 @@
 // calibrated shapes, and the rates a call of another shape gets, against hand computations.
 #include <gtest/gtest.h>
 
+#include "temp_files.hpp"
+
 #include <fstream>
 #include <iomanip>
 #include <iterator>
@@ -22,7 +24,7 @@ namespace {
 constexpr double kO = 128.0 * 14336;
 
 std::string stream_calibration() {
-  const std::string path = testing::TempDir() + "cal_streams.json";
+  const std::string path = ubep::sim::test::temp_path("cal_streams.json");
   std::ofstream(path) << std::setprecision(17) << "{\"decode_bytes\": " << 8 * kO
                       << ", \"decode_copy_GBps\": 8"
                       << ", \"decode_stream_GBps\": 16, \"decode_reduce_GBps\": 10"
@@ -164,7 +166,8 @@ namespace {
 // stream_calibration() with an L2 of 0.5 O, a reuse capacity of 4 O, the rates of a 2 MiB-like
 // plain-store call (O bytes) and the 3-thread makespan.
 std::string resident_calibration(double ratio3, double reuse = 4 * kO) {
-  const std::string path = testing::TempDir() + "cal_resident" + std::to_string(reuse) + ".json";
+  const std::string path =
+      ubep::sim::test::temp_path("cal_resident" + std::to_string(reuse) + ".json");
   std::ifstream in(stream_calibration());
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   text.pop_back();  // the closing brace

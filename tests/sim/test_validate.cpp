@@ -3,6 +3,8 @@
 // the calibrated shapes' rates from ubep-bench runs of them (calibrate --measured).
 #include <gtest/gtest.h>
 
+#include "temp_files.hpp"
+
 #include <unistd.h>
 #include <cstdio>
 #include <fstream>
@@ -23,7 +25,7 @@ namespace {
 // The process id in the name: ctest runs this binary's tests as parallel processes (and other
 // checkouts run them at the same time), which wrote and read each other's files in /tmp.
 std::string write_file(const std::string& name, const std::string& text) {
-  const std::string path = testing::TempDir() + std::to_string(getpid()) + "-" + name;
+  const std::string path = ubep::sim::test::temp_path(name);
   std::ofstream(path) << text;
   return path;
 }
@@ -75,7 +77,7 @@ TEST(SimValidate, OneRowPerMeasuredCallWithCalibrationFlag) {
   o.calibration = calibration(true);
   o.measured = bench_json("seen.json", 2, 128, "latency") + "," +
                bench_json("unseen.json", 2, 32, "latency");
-  o.json = testing::TempDir() + "validate.json";
+  o.json = ubep::sim::test::temp_path("validate.json");
   ASSERT_EQ(cmd_validate(o), 0);
   const std::string j = read_file(o.json);
   // Two measured (algo, op) pairs per file: bsp dispatch and ubep combine; bound is not a case.
@@ -104,7 +106,7 @@ TEST(SimValidate, RepeatsOfAShapeAreOneCaseAtTheLeastDisturbedRun) {
   o.measured = bench_json("r1.json", 2, 64, "latency", 1000) + "," +
                bench_json("r2.json", 2, 64, "latency", 9000) + "," +
                bench_json("r3.json", 2, 64, "latency", 2000);
-  o.json = testing::TempDir() + "validate_repeats.json";
+  o.json = ubep::sim::test::temp_path("validate_repeats.json");
   ASSERT_EQ(cmd_validate(o), 0);
   const std::string j = read_file(o.json);
   EXPECT_NE(j.find("\"unseen_cases\":2"), std::string::npos) << j;  // bsp dispatch, ubep combine
@@ -118,7 +120,7 @@ TEST(SimValidate, NeedsMeasuredFiles) {
   Options o;
   o.calibration = calibration(true);
   EXPECT_THROW(cmd_validate(o), InvalidArgument);
-  o.measured = testing::TempDir() + "does-not-exist.json";
+  o.measured = ubep::sim::test::temp_path("does-not-exist.json");
   EXPECT_THROW(cmd_validate(o), InvalidArgument);
   // A file without result rows (another format) is an error, never "0 of 0 within 25%".
   o.measured = write_file("no-rows.json",
@@ -143,7 +145,7 @@ TEST(SimValidate, OnlyFusedSyncRowsCount) {
       "\"sync\": \"fused\", \"stages_us\": {\"wait\": 1}},\n"
       "  {\"impl\": \"ubep\", \"op\": \"combine\", \"dtype\": \"bf16\", \"median_us\": 7777, "
       "\"sync\": \"stop-and-wait\", \"stages_us\": {\"wait\": 1}}\n]}\n");
-  o.json = testing::TempDir() + "validate_sync.json";
+  o.json = ubep::sim::test::temp_path("validate_sync.json");
   ASSERT_EQ(cmd_validate(o), 0);
   const std::string j = read_file(o.json);
   EXPECT_NE(j.find("\"measured_us\":2000,"), std::string::npos) << j;
