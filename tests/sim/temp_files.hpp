@@ -17,7 +17,8 @@ class TempFiles {
  public:
   static std::string path(const std::string& name) {
     static TempFiles files;
-    const std::string p = ::testing::TempDir() + "ubep-sim-" + std::to_string(getpid()) + "-" + name;
+    const std::string p =
+        ::testing::TempDir() + "ubep-sim-" + std::to_string(getpid()) + "-" + name;
     std::lock_guard<std::mutex> lock(files.mu_);
     files.paths_.insert(p);
     return p;
