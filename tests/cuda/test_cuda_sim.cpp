@@ -273,6 +273,21 @@ INSTANTIATE_TEST_SUITE_P(Cuda, KernelsOnCpu, ::testing::ValuesIn(cases()),
                                   std::to_string(c.hidden) + "_T" + std::to_string(c.tokens);
                          });
 
+// Both ranks' throughput-layout dispatch arguments for p, marked as on cfg's device (their
+// memory lives in `in`).
+std::vector<DispatchArgs> device_args(const test::Problem& p, const BufferConfig& cfg,
+                                      std::vector<std::unique_ptr<gpu_test::RankInputs>>& in) {
+  std::vector<DispatchArgs> args;
+  for (int r = 0; r < 2; ++r) {
+    in.push_back(std::make_unique<gpu_test::RankInputs>(p, r, Layout::kThroughput));
+    for (TensorView* v :
+         {&in.back()->args.x, &in.back()->args.topk_idx, &in.back()->args.topk_weights})
+      v->device = cfg.device;
+    args.push_back(in.back()->args);
+  }
+  return args;
+}
+
 // A rank that starts late past the timeout: the others' bounded waits report it, every other
 // spinning thread gives up, the launch ends, and the host gets a TimeoutError naming the rank.
 // Returns the error's text ("" when no timeout was reported).
@@ -283,14 +298,7 @@ std::string late_rank_error(const BufferConfig& cfg, bool ipc, uint64_t timeout_
   const test::Problem p =
       test::make_problem(2, 4, 16, cfg.dtype, {6, 6}, 2, test::Routing::kUniform, 1);
   std::vector<std::unique_ptr<gpu_test::RankInputs>> in;
-  std::vector<DispatchArgs> args;
-  for (int r = 0; r < 2; ++r) {
-    in.push_back(std::make_unique<gpu_test::RankInputs>(p, r, Layout::kThroughput));
-    for (TensorView* v :
-         {&in.back()->args.x, &in.back()->args.topk_idx, &in.back()->args.topk_weights})
-      v->device = cfg.device;
-    args.push_back(in.back()->args);
-  }
+  const std::vector<DispatchArgs> args = device_args(p, cfg, in);
   b.dispatch(args, cuda_hd::kSend | cuda_hd::kRecv);
   try {
     b.check_error();
@@ -398,14 +406,7 @@ TEST(KernelsOnCpuErrors, BadExpertIdsAreReportedAndRoutedNowhere) {
   p.inputs[1].topk_idx[3] = 99;
   p.inputs[0].topk_idx[5] = p.inputs[0].topk_idx[4];
   std::vector<std::unique_ptr<gpu_test::RankInputs>> in;
-  std::vector<DispatchArgs> args;
-  for (int r = 0; r < 2; ++r) {
-    in.push_back(std::make_unique<gpu_test::RankInputs>(p, r, Layout::kThroughput));
-    for (TensorView* v :
-         {&in.back()->args.x, &in.back()->args.topk_idx, &in.back()->args.topk_weights})
-      v->device = cfg.device;
-    args.push_back(in.back()->args);
-  }
+  const std::vector<DispatchArgs> args = device_args(p, cfg, in);
   b.dispatch(args, cuda_hd::kSend | cuda_hd::kRecv);
   EXPECT_THROW(b.check_error(), InvalidArgument);
   // What arrived is what the sanitized routing says: the reference with those ids dropped.
