@@ -4,8 +4,6 @@
 // once (a killed host: its kernel closes the sockets), named "lost with host H"; a silent host (a
 // cut cable) is named by the heartbeat (host_liveness), as for MPI groups.
 #include <unistd.h>
-
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 

@@ -326,9 +326,8 @@ void Membership::abandon(uint64_t calls, uint64_t seq, bool auto_mask) {
   publish(MemberRecord::kAbandoned);
 }
 
-// One poll of the agreement: merges the live peers' views; false while the round moves, true
-// (with where to resume) once every live rank agrees on this round and view.
-bool Membership::poll_agreement(bool auto_mask, const char* what, Resume* resume) {
+// One poll of the agreement: merges the live peers' views (and where they resume, into resume_).
+bool Membership::poll(bool auto_mask, const char* what) {
   // A replacement host's connections first (its ranks are alive again before anything reads
   // their records: a merge naming one live must not find it still dead here and mask it).
   bootstrap::hooks_of(group_).pump_rejoins();
@@ -370,7 +369,7 @@ bool Membership::poll_agreement(bool auto_mask, const char* what, Resume* resume
     publish(MemberRecord::kAgreeing | (abandoned_ ? MemberRecord::kAbandoned : 0));
     return false;
   }
-  *resume = {calls_, seq_};
+  resume_ = {calls_, seq_};
   for (int r = 0; r < ranks_; ++r) {
     if (r == me_ || !live_in_view(r)) continue;
     // A record not marked agreeing is only the news of a change (a rank that left a call): that
@@ -378,8 +377,8 @@ bool Membership::poll_agreement(bool auto_mask, const char* what, Resume* resume
     if (!linked(r) || !read(r, &rec) || rec.round != round_ || rec.view != view_ ||
         !(rec.flags & MemberRecord::kAgreeing))
       return false;
-    resume->calls = std::max(resume->calls, rec.calls);
-    resume->seq = std::max(resume->seq, rec.seq);
+    resume_.calls = std::max(resume_.calls, rec.calls);
+    resume_.seq = std::max(resume_.seq, rec.seq);
   }
   return true;
 }
@@ -404,8 +403,7 @@ std::string Membership::agreement_state(const char* what) const {
 Membership::Resume Membership::agree(uint64_t calls, uint64_t seq, bool auto_mask,
                                      const WaitPolicy& policy, const char* what) {
   begin_agreement(calls, seq, auto_mask, what);
-  wait_until([&] { return poll_agreement(auto_mask, what, &resume_); }, policy,
-             [&] { return agreement_state(what); });
+  wait_until([&] { return poll(auto_mask, what); }, policy, [&] { return agreement_state(what); });
   return end_agreement();
 }
 
@@ -419,10 +417,6 @@ void Membership::begin_agreement(uint64_t calls, uint64_t seq, bool auto_mask, c
   bump();
   publish(MemberRecord::kAgreeing | (abandoned_ ? MemberRecord::kAbandoned : 0));
   resume_ = {calls, seq};
-}
-
-bool Membership::poll(bool auto_mask, const char* what) {
-  return poll_agreement(auto_mask, what, &resume_);
 }
 
 Membership::Resume Membership::end_agreement() {

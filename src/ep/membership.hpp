@@ -89,6 +89,8 @@ class Membership {
   // (group_agreement.hpp): begin (this rank's new round out), poll until true, end (the view
   // agreed; where to resume).
   void begin_agreement(uint64_t calls, uint64_t seq, bool auto_mask, const char* what);
+  // One poll of the peers' records: false while the round moves, true once every live rank
+  // agrees on this round and view (where to resume is kept for end_agreement).
   bool poll(bool auto_mask, const char* what);
   Resume end_agreement();
   // What each rank last said, for a stuck agreement's timeout message.
@@ -139,8 +141,6 @@ class Membership {
   void check_config(int r, const Record& rec, const char* what) const;
   // Maps a replacement's window and watches its process; its records are then read like any.
   void take_replacements();
-  // agree's steps: one poll of the peers' records, and the state a stuck agreement reports.
-  bool poll_agreement(bool auto_mask, const char* what, Resume* resume);
 
   Group& group_;
   const Window& win_;
