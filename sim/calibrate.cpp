@@ -28,9 +28,11 @@
 
 #include "sim/calibrate_bench.hpp"
 #include "sim/calibrate_calls.hpp"
+#include "sim/calibrate_rounds.hpp"
 #include "sim/experiments.hpp"
 #include "sim/json.hpp"
 #include "sim/json_read.hpp"
+#include "sim/rates.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::sim {
@@ -95,6 +97,23 @@ double handoff_ns(int iters) {
 }  // namespace
 
 int cmd_calibrate(const Options& o) {
+  if (!o.rounds.empty()) {
+    // `calibrate --rounds R1,R2,... --out OUT`: OUT from the rounds' calibrate files, each figure
+    // from its least disturbed round, and OUT_round<N>.json, round N's own (calibrate_rounds.hpp).
+    const std::vector<std::string> names = comma_list(o.rounds);
+    std::vector<CalibrationFields> rounds;
+    for (const std::string& f : names) rounds.push_back(read_calibration_fields(f));
+    const CalibrationFields best = best_of_rounds(rounds, names);
+    write_calibration_fields(best, o.out);
+    const std::string stem = o.out.size() > 5 && o.out.compare(o.out.size() - 5, 5, ".json") == 0
+                                 ? o.out.substr(0, o.out.size() - 5)
+                                 : o.out;
+    for (size_t i = 0; i < rounds.size(); ++i)
+      write_calibration_fields(round_calibration(best, rounds[i]),
+                               stem + "_round" + std::to_string(i + 1) + ".json");
+    std::printf("wrote %s and %s_round1..%zu.json\n", o.out.c_str(), stem.c_str(), rounds.size());
+    return 0;
+  }
   if (!o.measured.empty()) {
     // `calibrate --calibration FILE --measured RUNS --out OUT`: FILE with the calibrated shapes'
     // rates taken from ubep-bench runs of those shapes (calibrate_bench.hpp); nothing is timed.
@@ -140,7 +159,10 @@ int cmd_calibrate(const Options& o) {
   progress(o, 1, 1, "reuse capacity");
   std::vector<std::pair<double, double>> curve;
   const double reuse = reuse_capacity_bytes(&curve);
-  j.kv("l2_bytes", l2_bytes()).kv("reuse_capacity_bytes", reuse);
+  // The curve's in-cache rate says which state the cache was in (calibrate_rounds.hpp).
+  j.kv("l2_bytes", l2_bytes())
+      .kv("reuse_capacity_bytes", reuse)
+      .kv("reuse_in_cache_GBps", resident_rate(curve));
   // More ranks than cores: the scheduler's makespan for cores + 1 equal threads released
   // together, spinning as long as a decode call takes (calibrate_calls.hpp): whole threads in
   // rounds, or fair sharing (params.cpp decides which the machine does).

@@ -22,5 +22,7 @@ int cmd_params(const Options& o);
 // Shared helpers.
 CallConfig call_config(const Options& o, Algo algo, Op op);
 void progress(const Options& o, int done, int total, const std::string& what);
+// validate: the round of a measured file named "<case>_r<N>.json" (sim/validate.sh), 0 if none.
+int round_of_file(const std::string& path);
 
 }  // namespace ubep::sim

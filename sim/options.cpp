@@ -68,6 +68,13 @@ Other:
                       every flow start and finish, exact; N > 0 trades bounded error for speed
                       on large pods, docs/sim/MODEL.md)
   --measured FILE     predict, validate: ubep-bench --json file(s), comma list
+  --rounds FILES      calibrate: combine calibrate files of several rounds into --out (each
+                      figure from its least disturbed round) and --out's _round<N>.json
+                      (round N's own small-call figures)
+  --round-calibrations FILES
+                      validate: one calibration per round (comma list, round 1 first); a
+                      measured file named *_r<N>.json is predicted with the N-th, so a row's
+                      least disturbed run is judged against the calibration of its own round
   --out FILE          calibrate: output file (default sim-calibration.json)
   --json FILE         write results as JSON
   --quiet             no progress lines on stderr
@@ -189,6 +196,10 @@ Options parse_options(int argc, char** argv) {
       o.json = v;
     else if (f == "--measured")
       o.measured = v;
+    else if (f == "--round-calibrations")
+      o.round_calibrations = v;
+    else if (f == "--rounds")
+      o.rounds = v;
     else if (f == "--out")
       o.out = v;
     else
@@ -198,12 +209,14 @@ Options parse_options(int argc, char** argv) {
   return o;
 }
 
-std::vector<std::string> measured_files(const Options& o) {
-  std::vector<std::string> files;
-  std::stringstream ss(o.measured);
+std::vector<std::string> comma_list(const std::string& list) {
+  std::vector<std::string> items;
+  std::stringstream ss(list);
   for (std::string f; std::getline(ss, f, ',');)
-    if (!f.empty()) files.push_back(f);
-  return files;
+    if (!f.empty()) items.push_back(f);
+  return items;
 }
+
+std::vector<std::string> measured_files(const Options& o) { return comma_list(o.measured); }
 
 }  // namespace ubep::sim

@@ -39,6 +39,8 @@ struct Options {
   int resolve_ns = 0;                        // Network::end_instant quantum (0 = exact)
   std::string json;                          // output file
   std::string measured;                      // predict: ubep-bench JSON to compare with
+  std::string round_calibrations;            // validate: round N's calibration file, comma list
+  std::string rounds;                        // calibrate: the rounds' calibrate files, comma list
   std::string out = "sim-calibration.json";  // calibrate
   bool quiet = false;
 };
@@ -46,7 +48,9 @@ struct Options {
 // Parses argv; throws InvalidArgument naming a bad flag or value. Prints help and exits on -h.
 Options parse_options(int argc, char** argv);
 void print_help();
-// The files of --measured (a comma list; empty items skipped).
+// The items of a comma list (empty items skipped).
+std::vector<std::string> comma_list(const std::string& list);
+// The files of --measured.
 std::vector<std::string> measured_files(const Options& o);
 
 }  // namespace ubep::sim

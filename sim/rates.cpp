@@ -23,12 +23,17 @@ double source_read_bytes(double distinct_source_bytes, double copied_bytes, doub
   return distinct_source_bytes <= l2_bytes ? distinct_source_bytes : copied_bytes;
 }
 
-double resident_capacity(const std::vector<std::pair<double, double>>& curve) {
+double resident_rate(const std::vector<std::pair<double, double>>& curve) {
   if (curve.empty()) return 0;
   std::vector<double> small;
   for (size_t i = 0; i < curve.size() && i < 3; ++i) small.push_back(curve[i].second);
   std::sort(small.begin(), small.end());
-  const double in_cache = small[small.size() / 2];
+  return small[small.size() / 2];
+}
+
+double resident_capacity(const std::vector<std::pair<double, double>>& curve) {
+  if (curve.empty()) return 0;
+  const double in_cache = resident_rate(curve);
   double cap = 0;
   for (const auto& [bytes, rate] : curve) {
     if (rate < 0.9 * in_cache) break;  // the first size that misses ends the resident range

@@ -65,6 +65,8 @@ double blend_rate(double cached, double cache_GBps, double own_GBps);
 // from 1 to 8 MiB, 10-12 beyond) one high point under load (17.4 at 6 MiB) put every size
 // below it "out of cache" and the capacity at 0 in 4 of 5 rounds.
 double resident_capacity(const std::vector<std::pair<double, double>>& curve);
+// That in-cache rate: the median of the curve's three smallest sizes (0 for an empty curve).
+double resident_rate(const std::vector<std::pair<double, double>>& curve);
 
 // More ranks than cores: how many times its time alone on a core a rank's call takes. Whole
 // rounds, ceil(ranks / cores), when the measured makespan of cores + 1 equal threads (in

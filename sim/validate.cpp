@@ -7,7 +7,18 @@
 // exactly those shapes are marked used_for_calibration; every other case (other token counts,
 // hidden sizes, top-k, rank counts) is a prediction of something never timed, and the summary
 // counts those separately. Nothing here changes a parameter to fit a measurement.
+//
+// --round-calibrations (sim/validate.sh): one calibration per round, each with the small call's
+// rates of that round's own run of it (calibrate_rounds.hpp). The small calls of this
+// machine run in one of two states that last minutes (EXPERIMENTS.md section 6.6: a fast combine
+// with a slow streamed dispatch, or the reverse), so a round's 32-token run is judged against the
+// 2 MiB call of the same minutes, not against the best of each field over all rounds (which
+// paired a combine of one state with a dispatch of the other). The row's measured value is still
+// its least disturbed run; that run's round picks the calibration. No unseen measurement enters
+// any calibration (calibrate_bench.hpp refuses them), so the prediction of a round is the same
+// whatever the unseen shape measured in it.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -22,10 +33,21 @@
 
 namespace ubep::sim {
 
+int round_of_file(const std::string& path) {
+  const std::string tail = ".json";
+  if (path.size() <= tail.size() || path.compare(path.size() - tail.size(), tail.size(), tail))
+    return 0;
+  size_t end = path.size() - tail.size(), begin = end;
+  while (begin > 0 && std::isdigit(static_cast<unsigned char>(path[begin - 1]))) --begin;
+  if (begin == end || begin < 2 || path.compare(begin - 2, 2, "_r") || end - begin > 6) return 0;
+  return std::stoi(path.substr(begin, end - begin));
+}
+
 namespace {
 
 struct BenchCase {
   std::string file, group, layout, dtype;
+  int round = 0;  // sim/validate.sh's round, from the file name (0: none)
   int ranks = 0, topk = 0, experts = 0, hidden = 0;
   int64_t tokens = 0;
   std::map<std::pair<std::string, std::string>, double> median;  // (impl, op) -> µs
@@ -35,6 +57,7 @@ BenchCase read_case(const std::string& path) {
   const BenchJson b = read_bench_json(path);
   BenchCase c;
   c.file = path;
+  c.round = round_of_file(path);
   c.group = b.config_str("group");
   c.layout = b.config_str("layout");
   c.dtype = b.config_str("dtype");
@@ -85,9 +108,21 @@ int cmd_validate(const Options& o) {
               "min_of_runs_us", "(..max, runs)", "predicted_us", "error", "rate set, core share");
   int unseen = 0, unseen_ok = 0, seen = 0, seen_ok = 0, unseen_ok_median = 0;
   double worst_unseen = 0;
+  const std::vector<std::string> round_cals = comma_list(o.round_calibrations);
+  for (const auto& runs : cases)
+    for (const BenchCase& r : runs)
+      UBEP_CHECK_ARG(round_cals.empty() || (r.round >= 1 && r.round <= int(round_cals.size())),
+                     "validate --round-calibrations: '", r.file, "' is ",
+                     r.round ? detail::concat("round ", r.round) : std::string("of no round"),
+                     " (a name ending in _r<N>.json, N from 1 to ", round_cals.size(), ")");
   for (const auto& runs : cases) {
     const BenchCase& c = runs[0];
-    const Preset p = make_preset("local", c.ranks, o.calibration);
+    // The preset of each run: its round's calibration, or the one --calibration.
+    std::vector<Preset> presets;
+    for (const BenchCase& r : runs)
+      presets.push_back(make_preset(
+          "local", c.ranks,
+          round_cals.empty() ? o.calibration : round_cals[static_cast<size_t>(r.round - 1)]));
     Options oc = o;
     oc.latency_layout = c.layout == "latency";
     oc.hidden = c.hidden;
@@ -98,12 +133,16 @@ int cmd_validate(const Options& o) {
     for (Algo a : {Algo::kBsp, Algo::kUbep}) {
       for (Op op : {Op::kDispatch, Op::kCombine}) {
         std::vector<double> meds;
-        for (const BenchCase& r : runs) {
-          auto it = r.median.find({algo_name(a), op_name(op)});
-          if (it != r.median.end()) meds.push_back(it->second);
+        size_t least = runs.size();  // the least disturbed run
+        for (size_t i = 0; i < runs.size(); ++i) {
+          auto it = runs[i].median.find({algo_name(a), op_name(op)});
+          if (it == runs[i].median.end()) continue;
+          if (meds.empty() || it->second < meds.front()) least = i;
+          meds.push_back(it->second);
+          std::sort(meds.begin(), meds.end());
         }
         if (meds.empty()) continue;
-        std::sort(meds.begin(), meds.end());
+        const Preset& p = presets[least];
         const double measured = meds.front();
         const double median_of_runs = meds.size() % 2
                                           ? meds[meds.size() / 2]
@@ -124,9 +163,12 @@ int cmd_validate(const Options& o) {
         if (!calib) worst_unseen = std::max(worst_unseen, std::abs(err));
         const std::string spread =
             detail::concat("(..", static_cast<int>(meds.back()), ", ", meds.size(), ")");
-        std::printf("%-40s %-5s %-9s %6s %12.1f %17s %12.1f %+7.1f%%  %s, %.2f\n",
+        const std::string round =
+            round_cals.empty() ? "" : detail::concat(", r", runs[least].round);
+        std::printf("%-40s %-5s %-9s %6s %12.1f %17s %12.1f %+7.1f%%  %s, %.2f%s\n",
                     case_name(c).c_str(), algo_name(a), op_name(op), calib ? "yes" : "no", measured,
-                    spread.c_str(), pred, err, eff.cost.rate_set.c_str(), eff.cost.core_share);
+                    spread.c_str(), pred, err, eff.cost.rate_set.c_str(), eff.cost.core_share,
+                    round.c_str());
         j.begin_object()
             .kv("case", case_name(c))
             .kv("group", c.group)
@@ -142,6 +184,8 @@ int cmd_validate(const Options& o) {
             .kv("runs", static_cast<int>(meds.size()))
             .kv("measured_median_of_runs_us", median_of_runs)
             .kv("measured_max_us", meds.back())
+            .kv("round", runs[least].round)
+            .kv("calibration_of_its_round", !round_cals.empty())
             .kv("predicted_us", pred)
             .kv("error_pct", err)
             .kv("error_vs_median_of_runs_pct", err_median)

@@ -5,7 +5,8 @@
 #                               from its least disturbed round
 #   2. ubep-bench on 10 cases   (the three calibrated shapes: decode, prefill and the 2 MiB
 #                               call, 18 tokens; and 7 unseen ones), bsp and ubep,
-#                               UBEP_VALIDATE_REPEATS rounds (default 3) over all cases, so a
+#                               UBEP_VALIDATE_REPEATS rounds (default 4; 3 before
+#                               session l) over all cases, so a
 #                               neighbour's load burst hits one round of a case, not all
 #                               (validate takes a case's least disturbed run)
 #   3. the calibrated shapes' rates (UBEP_VALIDATE_RATES=bench, the default): from step 2's runs of
@@ -17,7 +18,17 @@
 #                               model. UBEP_VALIDATE_RATES=calibrate keeps calibrate's own rates.
 #   4. ubep-sim validate        (one row per case, algo and op: measured, predicted, calibrated?)
 #                               and, for comparison, the same with the other rate source
-#                               ($out/validate-<other>.txt)
+#                               ($out/validate-<other>.txt). Each round also gets its own
+#                               calibration (calibration-bench_r<N>.json: the small call's
+#                               rates from that round's run of it; every other figure, the
+#                               reuse capacity included, from all rounds), and a row's
+#                               least disturbed run is predicted with its round's
+#                               (--round-calibrations): the small calls' two machine states last
+#                               minutes, so a round's 32-token run is judged against the 2 MiB
+#                               call of the same minutes (EXPERIMENTS.md section 6.6, session l).
+#                               UBEP_VALIDATE_PAIRING=off: one calibration for every round.
+# load.txt: loadavg and /proc/pressure/cpu at the start, before every round and at the end, so
+# a run (or a round) under load shows.
 # Writes docs/sim/validate/*.json and docs/sim/validate.json; prints the validate table.
 # Needs build/ (Release) with ubep-bench and ubep-sim. Run on a quiet machine: check `uptime`.
 set -euo pipefail
@@ -28,19 +39,31 @@ sim=build/sim/ubep-sim
 out=${UBEP_VALIDATE_DIR:-docs/sim/validate}
 mkdir -p "$out"
 load() { echo "$1: loadavg $(cut -d' ' -f1-3 /proc/loadavg); cpu pressure $(head -1 /proc/pressure/cpu 2>/dev/null)"; }
-load "start $(date -u +%FT%TZ)" | tee "$out/load.txt" >&2
+rounds=${UBEP_VALIDATE_REPEATS:-4}
 files=()
-rm -f "$out"/*_r[0-9]*.json
 run() {  # run <name> <command...>
   local name=${1}_r$round
   shift
-  echo "[validate] $name: $* --algo bsp,ubep --quiet --json $out/$name.json" >&2
-  "$@" --algo bsp,ubep --quiet --json "$out/$name.json" > /dev/null
+  if [[ $score_only == 1 ]]; then
+    [[ -f $out/$name.json ]] || { echo "UBEP_VALIDATE_SCORE_ONLY: no $out/$name.json" >&2; exit 2; }
+  else
+    echo "[validate] $name: $* --algo bsp,ubep --quiet --json $out/$name.json" >&2
+    "$@" --algo bsp,ubep --quiet --json "$out/$name.json" > /dev/null
+  fi
   files+=("$out/$name.json")
 }
+# UBEP_VALIDATE_SCORE_ONLY=1: no measurement; score the files already in $out (their rounds).
+score_only=${UBEP_VALIDATE_SCORE_ONLY:-0}
+if [[ $score_only != 1 ]]; then
+  load "start $(date -u +%FT%TZ)" | tee "$out/load.txt" >&2
+  rm -f "$out"/*_r[0-9]*.json
+fi
 two="mpirun -np 2 $bench"
-for round in $(seq 1 "${UBEP_VALIDATE_REPEATS:-3}"); do
-$sim calibrate --out "$out/calibration_r$round.json" >&2
+for round in $(seq 1 "$rounds"); do
+if [[ $score_only != 1 ]]; then
+  load "round $round $(date -u +%FT%TZ)" | tee -a "$out/load.txt" >&2
+  $sim calibrate --out "$out/calibration_r$round.json" >&2
+fi
 run decode $two --workload decode                     # calibrated shape
 run prefill $two --workload prefill                   # calibrated shape
 run cache $two --workload decode --tokens 18          # calibrated: calibrate's 2 MiB call
@@ -52,37 +75,58 @@ run top4 $two --workload decode --topk 4
 run threads3 $bench --ranks 3 --workload decode --experts 192
 run threads4 $bench --ranks 4 --workload decode
 done
-load "end $(date -u +%FT%TZ)" | tee -a "$out/load.txt" >&2
+[[ $score_only == 1 ]] || load "end $(date -u +%FT%TZ)" | tee -a "$out/load.txt" >&2
 # The model describes the undisturbed machine: as for the bench cases, each calibrated figure is
-# taken from its least disturbed round (the highest rate and reuse capacity; the shortest call,
-# handoff and oversubscribed makespan).
-/usr/bin/python3 - "$out" <<'PY'
-import glob, json, sys
-rounds = [json.load(open(f)) for f in sorted(glob.glob(sys.argv[1] + "/calibration_r*.json"))]
-best = dict(rounds[0])
-for k in best:
-    vals = [r[k] for r in rounds]
-    low = k == "handoff_ns" or k.endswith("_us") or k.startswith("oversubscribed_ratio")
-    high = k.endswith("GBps") or k == "reuse_capacity_bytes"
-    best[k] = min(vals) if low else max(vals) if high else vals[0]
-json.dump(best, open(sys.argv[1] + "/calibration.json", "w"))
-PY
+# taken from its least disturbed round (the highest rate; the shortest call, handoff and
+# oversubscribed makespan; the reuse capacity of the round whose re-read curve ran fastest in
+# cache), and calibration_round<N>.json is that with round N's own small-call figures
+# (sim/calibrate_rounds.hpp).
+cal_rounds=()
+for round in $(seq 1 "$rounds"); do cal_rounds+=("$out/calibration_r$round.json"); done
+$sim calibrate --rounds "$(IFS=,; echo "${cal_rounds[*]}")" --out "$out/calibration.json" >&2
 calibrated_runs=()
 for f in "${files[@]}"; do
   case $(basename "$f") in decode_r*|prefill_r*|cache_r*) calibrated_runs+=("$f") ;; esac
 done
 $sim calibrate --calibration "$out/calibration.json" \
   --measured "$(IFS=,; echo "${calibrated_runs[*]}")" --out "$out/calibration-bench.json" >&2
+large_runs=()
+for f in "${calibrated_runs[@]}"; do
+  case $(basename "$f") in decode_r*|prefill_r*) large_runs+=("$f") ;; esac
+done
+bench_rounds=() calibrate_rounds=()
+for round in $(seq 1 "$rounds"); do
+  $sim calibrate --calibration "$out/calibration_round$round.json" \
+    --measured "$(IFS=,; echo "${large_runs[*]}"),$out/cache_r$round.json" \
+    --out "$out/calibration-bench_r$round.json" >&2
+  bench_rounds+=("$out/calibration-bench_r$round.json")
+  calibrate_rounds+=("$out/calibration_round$round.json")
+done
 rates=${UBEP_VALIDATE_RATES:-bench}
 case $rates in
-  bench) main=calibration-bench.json other=calibration.json other_name=calibrate ;;
-  calibrate) main=calibration.json other=calibration-bench.json other_name=bench ;;
+  bench) main=calibration-bench.json other=calibration.json other_name=calibrate
+         main_rounds=("${bench_rounds[@]}") other_rounds=("${calibrate_rounds[@]}") ;;
+  calibrate) main=calibration.json other=calibration-bench.json other_name=bench
+         main_rounds=("${calibrate_rounds[@]}") other_rounds=("${bench_rounds[@]}") ;;
   *) echo "UBEP_VALIDATE_RATES must be bench or calibrate, got '$rates'" >&2; exit 2 ;;
 esac
+pairing=${UBEP_VALIDATE_PAIRING:-on}
+case $pairing in
+  on) main_pair=(--round-calibrations "$(IFS=,; echo "${main_rounds[*]}")")
+      other_pair=(--round-calibrations "$(IFS=,; echo "${other_rounds[*]}")")
+      unpaired=validate-unpaired ;;
+  off) main_pair=() other_pair=() unpaired= ;;
+  *) echo "UBEP_VALIDATE_PAIRING must be on or off, got '$pairing'" >&2; exit 2 ;;
+esac
 measured=$(IFS=,; echo "${files[*]}")
-$sim validate --calibration "$out/$other" --measured "$measured" \
+$sim validate --calibration "$out/$other" "${other_pair[@]}" --measured "$measured" \
   --json "$out/validate-$other_name.json" > "$out/validate-$other_name.txt"
 echo "rates of the calibrated shapes: $rates ($out/$main); with $other_name's instead:" \
   "$(tail -2 "$out/validate-$other_name.txt" | head -1)" >&2
-$sim validate --calibration "$out/$main" --measured "$measured" \
+if [[ -n $unpaired ]]; then  # the same rates, one calibration for all rounds (as before session l)
+  $sim validate --calibration "$out/$main" --measured "$measured" \
+    --json "$out/$unpaired.json" > "$out/$unpaired.txt"
+  echo "without pairing rounds: $(tail -2 "$out/$unpaired.txt" | head -1)" >&2
+fi
+$sim validate --calibration "$out/$main" "${main_pair[@]}" --measured "$measured" \
   --json "${UBEP_VALIDATE_JSON:-docs/sim/validate.json}"

@@ -355,4 +355,97 @@ TEST(SimCalibrateBench, UnseenPredictionsDoNotDependOnUnseenMeasurements) {
   EXPECT_GT(predicted(4000, 500), 1.2 * base);   // the calibrated run's time: the rates move
 }
 
+// --round-calibrations (sim/validate.sh): a row's least disturbed run is predicted with the
+// calibration of its own round, i.e. exactly what --calibration with that round's file alone
+// predicts; the unseen run's own times pick the round (the least disturbed) and nothing else.
+TEST(SimValidate, EachRowIsPredictedWithTheCalibrationOfItsLeastDisturbedRound) {
+  auto round_calibration = [](double decode_dispatch_us, const std::string& name) {
+    BenchRun d;
+    d.bsp_dispatch = d.ubep_dispatch = decode_dispatch_us;
+    const std::string out = write_file(name, "");
+    write_calibration_with_bench_rates(
+        calibration(true), shape_times_from_bench({bench_file(name + "-decode.json", d)}), out);
+    return out;
+  };
+  const std::string c1 = round_calibration(2000, "round1.json"),
+                    c2 = round_calibration(4000, "round2.json");
+  struct Row {
+    double measured = 0, predicted = 0, round = -1;
+  };
+  auto ubep_dispatch = [](const Options& o) {
+    EXPECT_EQ(cmd_validate(o), 0);
+    const JsonValue doc = read_json_file(o.json, "validate");
+    for (const JsonValue& row : doc.find("rows")->array)
+      if (row.find("algo")->text == "ubep" && row.find("op")->text == "dispatch") {
+        const JsonValue* round = row.find("round");
+        return Row{row.find("measured_us")->number, row.find("predicted_us")->number,
+                   round ? round->number : -1};
+      }
+    ADD_FAILURE() << "no ubep dispatch row";
+    return Row{};
+  };
+  auto unseen = [](double ubep_dispatch_us, const std::string& name) {
+    BenchRun u;
+    u.tokens = 256;
+    u.ubep_dispatch = ubep_dispatch_us;
+    return bench_file(name, u);
+  };
+  // The references: one calibration, one run (the path without rounds).
+  Options one;
+  one.json = write_file("validate-rounds-ref.json", "");
+  one.measured = unseen(700, "ref.json");
+  one.calibration = c1;
+  const double by_c1 = ubep_dispatch(one).predicted;
+  one.calibration = c2;
+  const double by_c2 = ubep_dispatch(one).predicted;
+  ASSERT_GT(by_c2, 1.2 * by_c1);  // decode's placement twice as slow: the rounds differ
+
+  Options o;
+  o.calibration = c1;
+  o.round_calibrations = c1 + "," + c2;
+  o.json = write_file("validate-rounds.json", "");
+  o.measured = unseen(900, "u_r1.json") + "," + unseen(700, "u_r2.json");
+  Row r = ubep_dispatch(o);
+  EXPECT_DOUBLE_EQ(r.measured, 700);
+  EXPECT_DOUBLE_EQ(r.round, 2);
+  EXPECT_DOUBLE_EQ(r.predicted, by_c2);
+  // Another time in the same round, still its least disturbed: the same prediction.
+  o.measured = unseen(900, "u_r1.json") + "," + unseen(650, "u_r2.json");
+  EXPECT_DOUBLE_EQ(ubep_dispatch(o).predicted, by_c2);
+  // Round 1 least disturbed: round 1's calibration.
+  o.measured = unseen(500, "u_r1.json") + "," + unseen(700, "u_r2.json");
+  r = ubep_dispatch(o);
+  EXPECT_DOUBLE_EQ(r.measured, 500);
+  EXPECT_DOUBLE_EQ(r.round, 1);
+  EXPECT_DOUBLE_EQ(r.predicted, by_c1);
+  // Without round calibrations, --calibration for every run, as before.
+  o.round_calibrations.clear();
+  o.measured = unseen(900, "u_r1.json") + "," + unseen(700, "u_r2.json");
+  EXPECT_DOUBLE_EQ(ubep_dispatch(o).predicted, by_c1);
+  // A run of no round, or of a round without a calibration: an error naming the file.
+  o.round_calibrations = c1 + "," + c2;
+  for (const std::string& bad : {unseen(700, "u.json"), unseen(700, "u_r3.json")}) {
+    o.measured = unseen(900, "u_r1.json") + "," + bad;
+    try {
+      cmd_validate(o);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(bad), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(SimValidate, TheRoundOfAFileIsTheNumberAfterItsLastUnderscoreR) {
+  EXPECT_EQ(round_of_file("docs/sim/v/tokens32_r3.json"), 3);
+  EXPECT_EQ(round_of_file("decode_r12.json"), 12);
+  EXPECT_EQ(round_of_file("cache_r1_r2.json"), 2);
+  EXPECT_EQ(round_of_file("dir_r4/tokens32.json"), 0);
+  EXPECT_EQ(round_of_file("tokens32_r.json"), 0);
+  EXPECT_EQ(round_of_file("tokens32_r3.json.bak"), 0);
+  EXPECT_EQ(round_of_file("tokens32_x3.json"), 0);
+  EXPECT_EQ(round_of_file("r3.json"), 0);
+  EXPECT_EQ(round_of_file("_r3.json"), 3);
+  EXPECT_EQ(round_of_file("a_r9999999.json"), 0);  // not a round number
+}
+
 }  // namespace
