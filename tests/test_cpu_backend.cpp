@@ -65,56 +65,108 @@ uint16_t random_bf16(std::mt19937& rng, bool specials) {
   }
 }
 
-TEST(RowKernels, VectorReductionIsBitIdenticalToTheFormula) {
+// One instance per vector kernel (1 AVX2, 2 AVX-512F, 3 AVX-512 + AVX512_BF16); a kernel this
+// CPU lacks is reported skipped, naming it.
+class ReduceLevel : public ::testing::TestWithParam<int> {
+ protected:
+  void SetUp() override {
+    if (GetParam() > kernels::reduce_bf16_level())
+      GTEST_SKIP() << "vector kernel level " << GetParam() << " needs "
+                   << (GetParam() == 1   ? "AVX2"
+                       : GetParam() == 2 ? "AVX-512F"
+                                         : "AVX-512 with AVX512_BF16")
+                   << "; this CPU has level " << kernels::reduce_bf16_level();
+  }
+};
+INSTANTIATE_TEST_SUITE_P(RowKernels, ReduceLevel, ::testing::Values(1, 2, 3));
+
+TEST_P(ReduceLevel, VectorReductionIsBitIdenticalToTheFormula) {
   std::mt19937 rng(7);
-  int checked_levels = 0;
-  for (int level = 1; level <= kernels::reduce_bf16_level(); ++level, ++checked_levels)
-    for (int64_t hidden : {1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 200, 7168})
-      for (int n : {0, 1, 2, 3, 5, 8, 9})
-        for (int mode = 0; mode < 4; ++mode) {
-          const bool weighted = mode & 1, specials = mode & 2;  // specials: mostly Inf/NaN
-          std::vector<std::vector<uint16_t>> rows(static_cast<size_t>(n));
-          std::vector<const void*> ptrs;
-          std::vector<float> w;
-          for (auto& r : rows) {
-            r.resize(static_cast<size_t>(hidden));
-            for (auto& v : r) v = random_bf16(rng, specials);
-            ptrs.push_back(r.data());
-            w.push_back(static_cast<float>(rng() % 1000) / 333.0f - 1.0f);
-          }
-          const float* wp = weighted ? w.data() : nullptr;
-          const auto want = expected_reduce(rows, wp, hidden);
-          std::vector<uint16_t> got(static_cast<size_t>(hidden) + 1, 0xABCD);  // + a sentinel
-          ASSERT_TRUE(kernels::reduce_bf16_vector(got.data(), hidden, ptrs.data(), wp, n, level));
-          EXPECT_EQ(got.back(), 0xABCD) << "wrote past the row";
-          got.pop_back();
-          ASSERT_EQ(canonical(got), canonical(want))
-              << "level " << level << " hidden " << hidden << " n " << n
-              << (weighted ? " weighted" : "") << (specials ? " specials" : "");
-          // Streamed (non-temporal) output: the same bits once fenced.
-          std::vector<uint16_t> streamed_storage(static_cast<size_t>(hidden) + 32);
-          uint16_t* streamed = streamed_storage.data();
-          while (reinterpret_cast<uintptr_t>(streamed) % 64) ++streamed;
-          ASSERT_TRUE(
-              kernels::reduce_bf16_vector(streamed, hidden, ptrs.data(), wp, n, level, true));
-          kernels::store_fence();
-          ASSERT_EQ(canonical(std::vector<uint16_t>(streamed, streamed + hidden)), canonical(want))
-              << "streamed";
-          std::vector<uint16_t> dispatched(static_cast<size_t>(hidden));
-          kernels::reduce_rows(dispatched.data(), DType::kBF16, hidden, ptrs.data(), wp, n);
-          ASSERT_EQ(canonical(dispatched), canonical(want));
-          // With the next token's rows as a prefetch hint (more rows than this one, and rows
-          // that are this token's own): the same bits.
-          std::vector<const void*> next(ptrs.rbegin(), ptrs.rend());
-          next.push_back(want.data());
-          std::vector<uint16_t> hinted(static_cast<size_t>(hidden) + 1, 0xABCD);
-          ASSERT_TRUE(kernels::reduce_bf16_vector(hinted.data(), hidden, ptrs.data(), wp, n, level,
-                                                  false, {next.data(), n + 1}));
-          EXPECT_EQ(hinted.back(), 0xABCD) << "wrote past the row";
-          hinted.pop_back();
-          ASSERT_EQ(canonical(hinted), canonical(want)) << "with next rows";
+  const int level = GetParam();
+  for (int64_t hidden : {1, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 200, 7168})
+    for (int n : {0, 1, 2, 3, 5, 8, 9})
+      for (int mode = 0; mode < 4; ++mode) {
+        const bool weighted = mode & 1, specials = mode & 2;  // specials: mostly Inf/NaN
+        std::vector<std::vector<uint16_t>> rows(static_cast<size_t>(n));
+        std::vector<const void*> ptrs;
+        std::vector<float> w;
+        for (auto& r : rows) {
+          r.resize(static_cast<size_t>(hidden));
+          for (auto& v : r) v = random_bf16(rng, specials);
+          ptrs.push_back(r.data());
+          w.push_back(static_cast<float>(rng() % 1000) / 333.0f - 1.0f);
         }
-  if (checked_levels == 0) GTEST_SKIP() << "no AVX2 on this CPU: the portable kernel only";
+        const float* wp = weighted ? w.data() : nullptr;
+        const auto want = expected_reduce(rows, wp, hidden);
+        std::vector<uint16_t> got(static_cast<size_t>(hidden) + 1, 0xABCD);  // + a sentinel
+        ASSERT_TRUE(kernels::reduce_bf16_vector(got.data(), hidden, ptrs.data(), wp, n, level));
+        EXPECT_EQ(got.back(), 0xABCD) << "wrote past the row";
+        got.pop_back();
+        ASSERT_EQ(canonical(got), canonical(want))
+            << "level " << level << " hidden " << hidden << " n " << n
+            << (weighted ? " weighted" : "") << (specials ? " specials" : "");
+        // Streamed (non-temporal) output: the same bits once fenced.
+        std::vector<uint16_t> streamed_storage(static_cast<size_t>(hidden) + 32);
+        uint16_t* streamed = streamed_storage.data();
+        while (reinterpret_cast<uintptr_t>(streamed) % 64) ++streamed;
+        ASSERT_TRUE(kernels::reduce_bf16_vector(streamed, hidden, ptrs.data(), wp, n, level, true));
+        kernels::store_fence();
+        ASSERT_EQ(canonical(std::vector<uint16_t>(streamed, streamed + hidden)), canonical(want))
+            << "streamed";
+        std::vector<uint16_t> dispatched(static_cast<size_t>(hidden));
+        kernels::reduce_rows(dispatched.data(), DType::kBF16, hidden, ptrs.data(), wp, n);
+        ASSERT_EQ(canonical(dispatched), canonical(want));
+        // With the next token's rows as a prefetch hint (more rows than this one, and rows
+        // that are this token's own): the same bits.
+        std::vector<const void*> next(ptrs.rbegin(), ptrs.rend());
+        next.push_back(want.data());
+        std::vector<uint16_t> hinted(static_cast<size_t>(hidden) + 1, 0xABCD);
+        ASSERT_TRUE(kernels::reduce_bf16_vector(hinted.data(), hidden, ptrs.data(), wp, n, level,
+                                                false, {next.data(), n + 1}));
+        EXPECT_EQ(hinted.back(), 0xABCD) << "wrote past the row";
+        hinted.pop_back();
+        ASSERT_EQ(canonical(hinted), canonical(want)) << "with next rows";
+        // Without software prefetch (the throughput layout's sequential rows): the same bits.
+        std::vector<uint16_t> unhinted(static_cast<size_t>(hidden));
+        ASSERT_TRUE(kernels::reduce_bf16_vector(unhinted.data(), hidden, ptrs.data(), wp, n, level,
+                                                false, {next.data(), n + 1}, false));
+        ASSERT_EQ(canonical(unhinted), canonical(want)) << "without prefetch";
+      }
+}
+
+// Sums in fp32's denormal range: level 3 rounds with VCVTNE2PS2BF16, which flushes denormal
+// inputs to zero, so a vector holding one must take the integer rounding instead. Rows of bf16
+// denormals and the smallest normals, weighted by [0.25, 2): most sums are denormal, some normal
+// and some zero, in every position of a vector, beside vectors with none.
+TEST_P(ReduceLevel, DenormalSumsRoundAsTheFormula) {
+  std::mt19937 rng(11);
+  const int level = GetParam();
+  for (int n : {1, 2, 3, 8})
+    for (int trial = 0; trial < 20; ++trial) {
+      constexpr int64_t kHidden = 96;  // vectors 0 and 2 tiny values, vector 1 ordinary ones
+      std::vector<std::vector<uint16_t>> rows(static_cast<size_t>(n));
+      std::vector<const void*> ptrs;
+      std::vector<float> w;
+      for (auto& r : rows) {
+        r.resize(kHidden);
+        for (int64_t h = 0; h < kHidden; ++h) {
+          const bool tiny = h < 32 || h >= 64;
+          const uint16_t magnitude = tiny ? static_cast<uint16_t>(rng() % 0x100)  // to 2^-125
+                                          : float_to_bf16(static_cast<float>(rng() % 64));
+          r[static_cast<size_t>(h)] = static_cast<uint16_t>(magnitude | (rng() % 2 ? 0x8000 : 0));
+        }
+        ptrs.push_back(r.data());
+        w.push_back(0.25f + static_cast<float>(rng() % 1000) / 571.0f);
+      }
+      for (const float* wp :
+           {static_cast<const float*>(w.data()), static_cast<const float*>(nullptr)}) {
+        const auto want = expected_reduce(rows, wp, kHidden);
+        std::vector<uint16_t> got(kHidden);
+        ASSERT_TRUE(kernels::reduce_bf16_vector(got.data(), kHidden, ptrs.data(), wp, n, level));
+        ASSERT_EQ(canonical(got), canonical(want))
+            << "level " << level << " n " << n << (wp ? " weighted" : "");
+      }
+    }
 }
 
 TEST(RowKernels, VectorReductionDeclinesWhatItCannotDo) {
@@ -216,6 +268,67 @@ TEST(CpuDataPathStress, BatchedFencesReleaseEveryTagAfterItsRow) {
     EXPECT_TRUE(acked) << "row " << row_bytes << ": the reader never acknowledged an epoch";
     EXPECT_EQ(lost.load(), 0) << "row " << row_bytes << ": a tag never became visible";
     EXPECT_EQ(bad_rows.load(), 0) << "row " << row_bytes << ": a tag was visible before its row";
+  }
+}
+
+// A combine's shape: a team (3 members) waits for each token's input rows behind their tags
+// (a tag test with no held tag of its own, which leaves the streamed outputs unfenced), reduces
+// them into a shared output with streamed stores, and the caller publishes the output once
+// run_roles returns. Another thread writes the inputs, waits for that publication and checks
+// every output row. The role's end must fence the streamed rows before the publication: a row
+// seen stale or torn fails. Both hint modes (prefetching, sequential), and outputs that are
+// and are not whole lines.
+TEST(CpuDataPathStress, StreamedReductionsAreVisibleWhenTheOutputIsPublished) {
+  for (int64_t hidden : {int64_t{1024}, int64_t{200}}) {
+    constexpr int kTokens = 39, kEpochs = 200, kRows = 2;
+    cpu::CpuDataPath team(2), other(0);
+    const size_t row_elems = static_cast<size_t>(hidden);
+    alignas(64) static uint16_t inputs[kTokens * kRows][1024], outputs[kTokens][1024];
+    std::vector<protocol::Tag> in_tags(kTokens, 0);
+    alignas(64) protocol::Tag out_tag = 0;
+    std::atomic<int> bad_rows{0}, lost{0};
+    auto value = [](uint32_t e, int token, int row, size_t h) {
+      return static_cast<float>((e + static_cast<uint32_t>(token * 3 + row) + h) % 61);
+    };
+    std::thread producer([&] {
+      for (uint32_t e = 1; e <= kEpochs && lost == 0; ++e) {
+        for (int t = 0; t < kTokens; ++t) {
+          for (int r = 0; r < kRows; ++r)
+            for (size_t h = 0; h < row_elems; ++h)
+              inputs[t * kRows + r][h] = float_to_bf16(value(e, t, r, h));
+          other.publish(&in_tags[static_cast<size_t>(t)], e, false);
+        }
+        if (!wait_tag(other, &out_tag, e)) {
+          lost = 1;
+          return;
+        }
+        for (int t = 0; t < kTokens; ++t)
+          for (size_t h = 0; h < row_elems; ++h)
+            if (outputs[t][h] != float_to_bf16(value(e, t, 0, h) + value(e, t, 1, h))) {
+              ++bad_rows;
+              break;
+            }
+      }
+    });
+    std::atomic<bool> waited{true};
+    for (uint32_t e = 1; e <= kEpochs && waited; ++e) {
+      team.run_roles([&](int m) {
+        for (int t = m; t < kTokens; t += team.members()) {
+          if (!wait_tag(team, &in_tags[static_cast<size_t>(t)], e)) {
+            waited = false;
+            return;
+          }
+          const void* rows[kRows] = {inputs[t * kRows], inputs[t * kRows + 1]};
+          team.reduce_rows(outputs[t], DType::kBF16, hidden, rows, nullptr, kRows, true, nullptr, 0,
+                           /*sequential=*/e % 2 == 0);
+        }
+      });
+      team.publish(&out_tag, e, false);
+    }
+    producer.join();
+    EXPECT_TRUE(waited.load()) << "hidden " << hidden << ": an input tag never became visible";
+    EXPECT_EQ(lost.load(), 0) << "hidden " << hidden << ": the output was never published";
+    EXPECT_EQ(bad_rows.load(), 0) << "hidden " << hidden << ": an output row was stale";
   }
 }
 

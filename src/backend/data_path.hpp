@@ -68,10 +68,12 @@ class DataPath {
   // stream: the output is large, skip caching it; it is visible to other threads once the
   // role function returns (inside run_roles) or when reduce_rows returns (outside).
   // next_rows[0..next_n): the rows this thread reduces next, a hint with no effect on results
-  // (nullptr, 0: none); a backend may start fetching them as this reduction ends.
+  // (nullptr, 0: none); a backend may start fetching them as this reduction ends. sequential:
+  // each row continues in memory where the same place's row of this thread's previous reduction
+  // ended (the throughput layout), so the hardware's own prefetchers already follow them.
   virtual void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
                            const float* weights, int n, bool stream, const void* const* next_rows,
-                           int next_n) const = 0;
+                           int next_n, bool sequential) const = 0;
   virtual void accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden,
                               const float* weight) const = 0;
   virtual void store_row(void* dst, const float* acc, DType dtype, int64_t hidden) const = 0;

@@ -191,7 +191,8 @@ struct AlltoallBaseline::Impl {
       }
       const bool weighted = !cs.empty() && cs.front().weight;
       dp->reduce_rows(out, cdtype, H, sc.rows.data(), weighted ? sc.weights.data() : nullptr,
-                      static_cast<int>(cs.size()), /*stream=*/false, nullptr, 0);
+                      static_cast<int>(cs.size()), /*stream=*/false, nullptr, 0,
+                      /*sequential=*/false);
       return;
     }
     bool first = true;

@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
       p[i] = &rows[static_cast<size_t>(i * hidden)];
       w[i] = 0.125f * static_cast<float>(i + 1);
     }
-    double t[3] = {0, 0, 0};
+    double t[4] = {0, 0, 0, 0};
     for (int round = 0; round < 5; ++round) {
       t[0] += time_us(iters / 5, [&] {
         kernels::reduce_rows_portable(out.data(), DType::kBF16, hidden, p, w, 8);
@@ -164,8 +164,9 @@ int main(int argc, char** argv) {
         t[level] += time_us(
             iters / 5, [&] { kernels::reduce_bf16_vector(out.data(), hidden, p, w, 8, level); });
     }
-    const char* names[3] = {"reduce 8 weighted rows: portable", "reduce 8 weighted rows: AVX2",
-                            "reduce 8 weighted rows: AVX-512F"};
+    const char* names[4] = {"reduce 8 weighted rows: portable", "reduce 8 weighted rows: AVX2",
+                            "reduce 8 weighted rows: AVX-512F",
+                            "reduce 8 weighted rows: AVX-512 + BF16"};
     for (int level = 0; level <= kernels::reduce_bf16_level(); ++level)
       std::printf("%-44s %10.2f\n", names[level], t[level] / 5);
   }

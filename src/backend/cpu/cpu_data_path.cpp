@@ -31,6 +31,11 @@ namespace {
 // count records of other ranks, which never wait for this call's rows (src/ep/ubep.cpp).
 // Outside roles every publish fences and stores at once.
 //
+// Streamed stores that no held tag waits for (a combine's streamed output) stay unfenced across
+// tag tests: nobody waits on them, and the next publish or the role's end fences them before
+// anything announces them. Fencing them at every tag test cost a prefill combine one sfence per
+// token, each waiting for that token's output row to drain to memory (docs/PERFORMANCE.md).
+//
 // The state is per thread (an sfence orders only its own thread's stores); members of a team
 // are distinct threads, and a thread rank's caller thread is its own member 0.
 constexpr int kMaxHeld = 16;
@@ -115,12 +120,12 @@ void CpuDataPath::publish(protocol::Tag* tag, uint32_t value, bool stop_and_wait
 }
 
 bool CpuDataPath::arrived(const protocol::Tag* tag, uint32_t value) const {
-  if (held.n > 0 || held.unfenced) held.release();
+  if (held.n > 0) held.release();
   return tag_arrived(tag, value);
 }
 
 uint32_t CpuDataPath::load(const protocol::Tag* tag) const {
-  if (held.n > 0 || held.unfenced) held.release();
+  if (held.n > 0) held.release();
   return load_tag(tag);
 }
 
@@ -131,8 +136,9 @@ void CpuDataPath::fence() const {
 
 void CpuDataPath::reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
                               const float* weights, int n, bool stream,
-                              const void* const* next_rows, int next_n) const {
-  kernels::reduce_rows(out, dtype, hidden, rows, weights, n, stream, next_rows, next_n);
+                              const void* const* next_rows, int next_n, bool sequential) const {
+  kernels::reduce_rows(out, dtype, hidden, rows, weights, n, stream, next_rows, next_n,
+                       /*prefetch=*/!sequential);
   if (!stream) return;
   held.unfenced = true;  // fenced when the role ends (run_roles' return publishes the output)
   if (held.in_role == 0) held.release();

@@ -26,7 +26,7 @@ class CpuDataPath final : public backend::DataPath {
   void fence() const override;
   void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
                    const float* weights, int n, bool stream, const void* const* next_rows,
-                   int next_n) const override;
+                   int next_n, bool sequential) const override;
   void accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden,
                       const float* weight) const override;
   void store_row(void* dst, const float* acc, DType dtype, int64_t hidden) const override;

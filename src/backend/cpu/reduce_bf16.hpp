@@ -8,7 +8,8 @@ namespace ubep::kernels {
 
 inline constexpr int kMaxVectorRows = 256;
 
-// The best instruction set this CPU has: 2 = AVX-512F, 1 = AVX2, 0 = none (or not x86-64).
+// The best instruction set this CPU has: 3 = AVX-512 with AVX512_BF16 (and BW, DQ), 2 =
+// AVX-512F, 1 = AVX2, 0 = none (or not x86-64).
 int reduce_bf16_level();
 
 // The rows a caller reduces next (a hint, no effect on results): the kernel starts fetching
@@ -22,8 +23,9 @@ struct NextRows {
 // returns true, or returns false (nothing written) when no vector kernel applies: level 0, or
 // more than kMaxVectorRows rows. weights == nullptr: unweighted. stream: write `out` with
 // non-temporal stores where it is 64-byte aligned (the caller fences: store_fence()).
+// prefetch = false: no software prefetch, neither ahead in the rows nor into `next`.
 bool reduce_bf16_vector(uint16_t* out, int64_t hidden, const void* const* rows,
                         const float* weights, int n, int level = -1, bool stream = false,
-                        NextRows next = {});
+                        NextRows next = {}, bool prefetch = true);
 
 }  // namespace ubep::kernels

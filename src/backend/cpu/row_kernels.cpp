@@ -193,10 +193,11 @@ void copy_row_to_peer(void* dst, const void* src, size_t bytes) {
 }
 
 void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
-                 const float* weights, int n, bool stream, const void* const* next_rows,
-                 int next_n) {
-  if (dtype == DType::kBF16 && reduce_bf16_vector(static_cast<uint16_t*>(out), hidden, rows,
-                                                  weights, n, -1, stream, {next_rows, next_n}))
+                 const float* weights, int n, bool stream, const void* const* next_rows, int next_n,
+                 bool prefetch) {
+  if (dtype == DType::kBF16 &&
+      reduce_bf16_vector(static_cast<uint16_t*>(out), hidden, rows, weights, n, -1, stream,
+                         {next_rows, next_n}, prefetch))
     return;
   reduce_rows_portable(out, dtype, hidden, rows, weights, n);
 }

@@ -34,9 +34,10 @@ void prefetch_for_write(const void* dst, size_t bytes);
 // stream: a large output, written with non-temporal stores where the kernel can (bf16); the
 // caller must store_fence() before another thread reads it. next_rows, next_n: the rows the
 // caller reduces next, a hint (their first lines are fetched as this reduction ends).
+// prefetch = false: no software prefetch at all (rows the hardware prefetchers already follow).
 void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
                  const float* weights, int n, bool stream = false,
-                 const void* const* next_rows = nullptr, int next_n = 0);
+                 const void* const* next_rows = nullptr, int next_n = 0, bool prefetch = true);
 // The same without the hand-vectorised bf16 kernels (reduce_bf16.hpp): compiler-vectorised,
 // for CPUs without AVX2 and to time against.
 void reduce_rows_portable(void* out, DType dtype, int64_t hidden, const void* const* rows,
