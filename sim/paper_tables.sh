@@ -85,7 +85,7 @@ validation() {  # §5-6: re-score the committed measurements, or re-measure (VAL
   # The latest committed run of sim/validate.sh with the current library and model (VALIDATE_DIR
   # picks another; EXPERIMENTS.md §6.6 lists every run), scored as validate.sh scores: the
   # calibrated shapes' rates from its own bench rounds where it has them.
-  local dir=${VALIDATE_DIR:-docs/sim/validate-30k-run6} files cal
+  local dir=${VALIDATE_DIR:-docs/sim/validate-30m-run3} files cal
   cal=$dir/calibration-bench.json
   [ -f "$cal" ] || cal=$dir/calibration.json
   files=$(ls "$dir"/*_r[0-9]*.json | grep -v calibration_r | paste -sd, -)
