@@ -105,9 +105,7 @@ int cmd_calibrate(const Options& o) {
     for (const std::string& f : names) rounds.push_back(read_calibration_fields(f));
     const CalibrationFields best = best_of_rounds(rounds, names);
     write_calibration_fields(best, o.out);
-    const std::string stem = o.out.size() > 5 && o.out.compare(o.out.size() - 5, 5, ".json") == 0
-                                 ? o.out.substr(0, o.out.size() - 5)
-                                 : o.out;
+    const std::string stem = o.out.ends_with(".json") ? o.out.substr(0, o.out.size() - 5) : o.out;
     for (size_t i = 0; i < rounds.size(); ++i)
       write_calibration_fields(round_calibration(best, rounds[i]),
                                stem + "_round" + std::to_string(i + 1) + ".json");

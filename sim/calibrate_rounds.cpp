@@ -32,14 +32,6 @@ void write_calibration_fields(const CalibrationFields& fields, const std::string
   j.write(path);
 }
 
-namespace {
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-}  // namespace
-
 CalibrationFields best_of_rounds(const std::vector<CalibrationFields>& rounds,
                                  const std::vector<std::string>& names) {
   UBEP_CHECK_ARG(!rounds.empty(), "calibrate --rounds: no calibration files");
@@ -68,10 +60,10 @@ CalibrationFields best_of_rounds(const std::vector<CalibrationFields>& rounds,
     if (key == "reuse_capacity_bytes" && curves) {
       const std::vector<double> fast = values(in_cache);
       x = v[static_cast<size_t>(std::max_element(fast.begin(), fast.end()) - fast.begin())];
-    } else if (ends_with(key, "GBps") || key == "reuse_capacity_bytes") {
+    } else if (key.ends_with("GBps") || key == "reuse_capacity_bytes") {
       x = *std::max_element(v.begin(), v.end());
-    } else if (ends_with(key, "_us") || key == "handoff_ns" ||
-               key.rfind("oversubscribed_ratio", 0) == 0) {
+    } else if (key.ends_with("_us") || key == "handoff_ns" ||
+               key.starts_with("oversubscribed_ratio")) {
       x = *std::min_element(v.begin(), v.end());
     }
     best.emplace_back(key, x);
@@ -83,7 +75,7 @@ CalibrationFields round_calibration(const CalibrationFields& best, const Calibra
   const std::map<std::string, double> own(round.begin(), round.end());
   CalibrationFields out = best;
   for (auto& [key, value] : out)
-    if (key.rfind("cache_", 0) == 0)
+    if (key.starts_with("cache_"))
       if (auto it = own.find(key); it != own.end()) value = it->second;
   return out;
 }

@@ -34,10 +34,8 @@
 namespace ubep::sim {
 
 int round_of_file(const std::string& path) {
-  const std::string tail = ".json";
-  if (path.size() <= tail.size() || path.compare(path.size() - tail.size(), tail.size(), tail))
-    return 0;
-  size_t end = path.size() - tail.size(), begin = end;
+  if (!path.ends_with(".json")) return 0;
+  size_t end = path.size() - 5, begin = end;
   while (begin > 0 && std::isdigit(static_cast<unsigned char>(path[begin - 1]))) --begin;
   if (begin == end || begin < 2 || path.compare(begin - 2, 2, "_r") || end - begin > 6) return 0;
   return std::stoi(path.substr(begin, end - begin));
