@@ -5,12 +5,16 @@
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ubep/tcp_group.hpp"
@@ -50,13 +54,64 @@ inline TcpLaunch loopback_launch(const std::vector<int>& ports, int hosts, int h
   return l;
 }
 
+// One byte from the ranks' ready pipe, bounded. The parent holds the pipe's write end itself
+// (later ranks inherit it), so a rank that dies before writing never gives EOF: without the
+// bound, a failed rank hung the test (CI, stop 45). Empty once read; else why not: a rank that
+// ended (not one of `may_end`, the ranks the test killed), named with its status, or the cap.
+inline std::string await_ready(int fd, const std::vector<pid_t>& ranks,
+                               const std::vector<size_t>& may_end, const std::string& what) {
+  const auto cap = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (std::chrono::steady_clock::now() < cap) {
+    pollfd p{fd, POLLIN, 0};
+    char c;
+    if (poll(&p, 1, 100) == 1 && read(fd, &c, 1) == 1) return "";
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      bool killed = false;
+      for (size_t k : may_end) killed |= k == r;
+      siginfo_t info{};  // WNOWAIT: left for the reaping below
+      if (!killed &&
+          waitid(P_PID, static_cast<id_t>(ranks[r]), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+          info.si_pid == ranks[r])
+        return what + ": process " + std::to_string(r) + " ended (" +
+               (info.si_code == CLD_EXITED ? "exit " : "signal ") + std::to_string(info.si_status) +
+               ") before it was ready";
+    }
+  }
+  return what + ": nothing after 120 s";
+}
+
+// Waits for `pid` up to `cap`, then SIGKILLs it (a hung rank must not hang the test, nor outlive
+// it); its status, and whether it had to be killed.
+inline int reap_within(pid_t pid, std::chrono::steady_clock::time_point cap, bool& hung) {
+  int status = 0;
+  hung = false;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() >= cap) {
+      hung = true;
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return status;
+}
+
+// Ends every rank of a test that failed early (SIGKILL, reaped): none outlives the test.
+inline void end_ranks(const std::vector<pid_t>& ranks) {
+  for (pid_t pid : ranks) kill(pid, SIGKILL);
+  for (pid_t pid : ranks) waitpid(pid, nullptr, 0);
+}
+
 // Reaps the rank processes of a 3 x 2 test whose host 2 (ranks 4 and 5) the test SIGKILLed:
 // those two must have died by a signal, every other rank and each replacement (listed after the
-// first 6) must have exited 0.
+// first 6) must have exited 0, all within 120 s (the ranks' own calls are capped far below).
 inline void expect_host2_killed_others_passed(const std::vector<pid_t>& ranks) {
+  const auto cap = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   for (size_t i = 0; i < ranks.size(); ++i) {
-    int status = 0;
-    waitpid(ranks[i], &status, 0);
+    bool hung = false;
+    const int status = reap_within(ranks[i], cap, hung);
+    EXPECT_FALSE(hung) << "process " << i << " still ran after 120 s: killed";
     if (i == 4 || i == 5) {
       EXPECT_TRUE(WIFSIGNALED(status)) << "host 2's rank " << i << " was not killed";
       continue;

@@ -86,9 +86,14 @@ TEST(DeathNoticesFailures, UnwatchedWatcherIsNeverCalledWhilePumping) {
     transport::TcpRemote t(0, p.fds[0]);
     DeathWatch w({0, 0});
     DeathNotices n(t, w, 0, kHosts);
+    // Paced: an unpaced teller under TSan on a loaded 2-core machine kept the pumper delivering
+    // (under the watchers' lock) without a gap, and watch/unwatch starved on that lock until
+    // ctest's 600 s timeout (CI, stop 45). A short pause every 32 words leaves the lock free
+    // between bursts; the bursts still overlap the watch/unwatch below (the race under test).
     for (uint32_t i = 1; !stop.load(); ++i) {
       n.tell_call_failure(7, i);
       n.pump();
+      if (i % 32 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   });
   transport::TcpRemote t(1, p.fds[1]);
@@ -104,8 +109,9 @@ TEST(DeathNoticesFailures, UnwatchedWatcherIsNeverCalledWhilePumping) {
   std::thread pumper([&] {
     while (pumping.load()) n.pump();
   });
-  int calls_seen = 0;
-  for (int k = 0; k < 1000; ++k) {
+  int calls_seen = 0, rounds = 0;
+  const auto cap = std::chrono::steady_clock::now() + std::chrono::seconds(60);  // a bound only
+  for (; rounds < 1000 && std::chrono::steady_clock::now() < cap; ++rounds) {
     struct State {
       std::atomic<bool> alive{true};
       std::atomic<int> calls{0};
@@ -129,7 +135,9 @@ TEST(DeathNoticesFailures, UnwatchedWatcherIsNeverCalledWhilePumping) {
   n.unwatch_call_failures(steady);
   EXPECT_FALSE(bad.load()) << "a watcher was called out of order or after unwatch";
   EXPECT_GT(last.load(), 0u) << "no word arrived";
-  std::printf("words received %u, calls to short-lived watchers %d\n", last.load(), calls_seen);
+  EXPECT_GE(rounds, 100) << "watch/unwatch starved while words were pumped";
+  std::printf("words received %u, rounds %d, calls to short-lived watchers %d\n", last.load(),
+              rounds, calls_seen);
 }
 
 }  // namespace

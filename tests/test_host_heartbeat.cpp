@@ -3,6 +3,10 @@
 // not crash or leak (the stress case). Times here are correctness caps; the detection times are
 // measured by tests/vhosts/host_loss_trials.sh on virtual hosts.
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -144,6 +148,59 @@ void await_verdicts(Cluster& c, size_t n) {
   auto deadline = std::chrono::steady_clock::now() + 2s;
   while (c.seen().size() < n && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(5ms);
+}
+
+// A stall of the judging host itself: the whole process (all three hosts, as virtual hosts on one
+// kernel or a VM whose vCPUs were stolen share a stall) is stopped for 4 thresholds. On waking,
+// nobody may be judged lost, since nobody could beat; and a host that dies after the stall is
+// still named. In a child process, which the parent stops and continues; the child reports in
+// its exit status (0: as expected, 1: a live host named, 2: no stall seen, 3: the loss not named).
+int run_stalled_cluster(int ready_fd) {
+  HostHeartbeat::Options opt;
+  opt.threshold = 100ms;
+  Cluster c(3, opt);
+  std::this_thread::sleep_for(200ms);  // every host heard
+  char one = 1;
+  if (write(ready_fd, &one, 1) != 1) return 4;
+  std::this_thread::sleep_for(700ms);  // the parent stops the process for 400 ms in here
+  if (!c.seen().empty()) return 1;
+  uint64_t stalls = 0;
+  for (auto& hb : c.hb) stalls += hb->own_stalls();
+  if (stalls == 0) return 2;
+  c.hb[2]->go_silent();
+  await_verdicts(c, 2);
+  return c.seen().size() == 2 ? 0 : 3;
+}
+
+TEST(HostHeartbeat, AStallOfTheJudgeItselfIsNotAnybodysSilence) {
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(ready[0]);
+    _exit(run_stalled_cluster(ready[1]));
+  }
+  close(ready[1]);
+  pollfd p{ready[0], POLLIN, 0};
+  char got = 0;
+  const bool started = poll(&p, 1, 10000) == 1 && read(ready[0], &got, 1) == 1;
+  close(ready[0]);
+  if (started) {
+    kill(child, SIGSTOP);
+    std::this_thread::sleep_for(400ms);
+    kill(child, SIGCONT);
+  } else {
+    kill(child, SIGKILL);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(started) << "the child's cluster never started";
+  ASSERT_TRUE(WIFEXITED(status)) << "child status " << status;
+  const char* why[] = {"", "a live host was judged lost after the stall",
+                       "no heartbeat thread saw its own stall", "the later loss was not named",
+                       "the child could not report"};
+  EXPECT_EQ(WEXITSTATUS(status), 0) << why[WEXITSTATUS(status) % 5];
 }
 
 // Issue 32: a replacement host taken by the live side is judged again (rearm), at its new

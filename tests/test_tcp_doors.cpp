@@ -252,9 +252,14 @@ TEST(TcpGroupRejoin, GroupCollectivesAfterAHostIsReplaced) {
   std::vector<pid_t> ranks;
   for (int r = 0; r < 6; ++r)
     ranks.push_back(fork_rank(ports, r / 2, r % 2, false, ready[1], go[0]));
-  char c;
-  for (int r = 0; r < 6; ++r)
-    ASSERT_EQ(read(ready[0], &c, 1), 1) << "a rank ended before its first collectives";
+  std::string wrong;
+  for (int r = 0; r < 6 && wrong.empty(); ++r)
+    wrong = test::await_ready(ready[0], ranks, {}, "the first collectives");
+  if (!wrong.empty()) {
+    test::end_ranks(ranks);
+    for (int fd : {ready[0], ready[1], go[0], go[1]}) close(fd);
+    FAIL() << wrong;
+  }
   for (int r = 4; r < 6; ++r) kill(ranks[static_cast<size_t>(r)], SIGKILL);
   for (int r = 0; r < 4; ++r) ASSERT_EQ(write(go[1], "g", 1), 1);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // their barriers fail meanwhile

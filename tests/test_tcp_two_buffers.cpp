@@ -226,11 +226,20 @@ void kill_and_replace_host2(bool interleave) {
   for (int r = 0; r < kHosts * kRanksPerHost; ++r)
     ranks.push_back(
         fork_rank(ports, r / kRanksPerHost, r % kRanksPerHost, false, ready[1], interleave));
-  char c;
-  for (int r = 0; r < kHosts * kRanksPerHost; ++r)
-    ASSERT_EQ(read(ready[0], &c, 1), 1) << "a rank ended before its first calls";
-  for (int r : kHost2) kill(ranks[static_cast<size_t>(r)], SIGKILL);
-  for (int r = 0; r < 4; ++r) ASSERT_EQ(read(ready[0], &c, 1), 1) << "a survivor ended early";
+  std::string wrong;
+  for (int r = 0; r < kHosts * kRanksPerHost && wrong.empty(); ++r)
+    wrong = await_ready(ready[0], ranks, {}, "the first calls");
+  if (wrong.empty()) {
+    for (int r : kHost2) kill(ranks[static_cast<size_t>(r)], SIGKILL);
+    for (int r = 0; r < 4 && wrong.empty(); ++r)
+      wrong = await_ready(ready[0], ranks, {4, 5}, "the calls with host 2 masked");
+  }
+  if (!wrong.empty()) {
+    end_ranks(ranks);
+    close(ready[0]);
+    close(ready[1]);
+    FAIL() << wrong;
+  }
   for (int r : kHost2)
     ranks.push_back(fork_rank(ports, 2, r % kRanksPerHost, true, ready[1], interleave));
   expect_host2_killed_others_passed(ranks);

@@ -8,7 +8,9 @@
 // `threshold` (before its first datagram: for `startup_grace`). Because the socket is drained
 // first, a late wake-up of *this* thread (a loaded machine) cannot make a live host look silent:
 // the datagrams sent meanwhile wait in the socket buffer. Only a sender that was silent longer
-// than the threshold counts. Detection time is threshold + at most one period + scheduling.
+// than the threshold counts. Nor can a stall of this host's own (a VM descheduled with all its
+// virtual hosts, a stopped process): time this thread did not run is not counted as anyone's
+// silence (run()). Detection time is threshold + at most one period + scheduling (+ any own stall).
 //
 // Side channel, not the data transport: UDP over the hosts' own network, so it works whatever
 // carries the data (MPI, UCX) and however that transport reacts to the loss.
@@ -74,6 +76,9 @@ class HostHeartbeat {
   void rearm(int host, const std::string& ip, uint16_t port, uint32_t incarnation);
   // Acquire load, any thread: true once a datagram from `host` has arrived (ever).
   bool heard(int host) const;
+  // Relaxed, any thread: how many times this thread found itself stalled (not run for more than
+  // two periods) and discounted that time from the peers' silence (see run()).
+  uint64_t own_stalls() const { return stalls_.load(std::memory_order_relaxed); }
 
  private:
   struct Rearm {
@@ -85,6 +90,8 @@ class HostHeartbeat {
   void apply_rearms(std::chrono::steady_clock::time_point now);
   void send_beats(uint32_t seq);
   void drain(std::chrono::steady_clock::time_point now);
+  void discount_own_stall(std::chrono::steady_clock::duration since_last_turn,
+                          std::chrono::steady_clock::time_point now);
 
   int self_;
   int hosts_;
@@ -102,8 +109,9 @@ class HostHeartbeat {
   std::unique_ptr<std::atomic<bool>[]> lost_;
   std::unique_ptr<std::atomic<bool>[]> heard_;
   std::atomic<bool> stop_{false};
-  bool silent_ = false;          // go_silent() ran: no goodbye (owner's thread only)
-  std::atomic<bool> rt_{false};  // the thread runs SCHED_FIFO (written once by it)
+  bool silent_ = false;              // go_silent() ran: no goodbye (owner's thread only)
+  std::atomic<bool> rt_{false};      // the thread runs SCHED_FIFO (written once by it)
+  std::atomic<uint64_t> stalls_{0};  // written by the heartbeat thread only
   LostFn on_lost_;
   std::mutex verdict_mu_;      // a verdict (lost_ set + on_lost) vs forget() and rearm()
   std::vector<Rearm> rearms_;  // under verdict_mu_: rearm() adds, the heartbeat thread applies
