@@ -6,9 +6,11 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -165,6 +167,79 @@ TEST_P(ReduceLevel, DenormalSumsRoundAsTheFormula) {
         ASSERT_TRUE(kernels::reduce_bf16_vector(got.data(), kHidden, ptrs.data(), wp, n, level));
         ASSERT_EQ(canonical(got), canonical(want))
             << "level " << level << " n " << n << (wp ? " weighted" : "");
+      }
+    }
+}
+
+// The reduction of `rows`, weighted by w (nullptr: unweighted), by the given kernel level.
+std::vector<uint16_t> vector_reduce(const std::vector<std::vector<uint16_t>>& rows, const float* w,
+                                    int64_t hidden, int level) {
+  std::vector<const void*> ptrs;
+  for (const auto& r : rows) ptrs.push_back(r.data());
+  std::vector<uint16_t> got(static_cast<size_t>(hidden));
+  EXPECT_TRUE(kernels::reduce_bf16_vector(got.data(), hidden, ptrs.data(), w,
+                                          static_cast<int>(rows.size()), level));
+  return got;
+}
+
+// Index and values of the first difference, for a readable failure.
+std::string first_difference(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i]) {
+      char text[64];
+      std::snprintf(text, sizeof text, "element %zu: 0x%04x, want 0x%04x", i, got[i], want[i]);
+      return text;
+    }
+  return "none";
+}
+
+// Sums at float_to_bf16's edges, compared bit for bit with NaNs too (the tests above let any NaN
+// equal any other): every element has at most one NaN operand, so which NaN comes out is fixed.
+// The AVX2 kernel rounds NaN-free calls with a shorter packing that is exact only for the NaNs
+// such sums can hold; a NaN weight whose low half is not zero must take the exact path.
+TEST_P(ReduceLevel, EdgeSumsAndNaNsRoundExactlyAsTheFormula) {
+  const int level = GetParam();
+  constexpr int64_t kHidden = 64 + 16 + 7;  // a 64-element step, a 16-element step and a tail
+  // Row 0's value and the other rows': unweighted pairs sum to a tie that stays (1 + 2^-8), a
+  // tie that rounds up (odd), up into the next exponent, the largest finite plus half and a
+  // quarter of its ulp (a tie to Inf; kept), Inf, -0 and an ordinary value.
+  const uint16_t pattern[][2] = {{0x3f80, 0x3b80}, {0x3f81, 0x3b80}, {0xbf81, 0xbb80},
+                                 {0x3f7f, 0x3b00}, {0x7f7f, 0x7b00}, {0x7f7f, 0x7a80},
+                                 {0x7f80, 0x3f80}, {0x8000, 0x8000}, {0x4049, 0x3e4d}};
+  constexpr int kPattern = sizeof pattern / sizeof pattern[0];
+  const uint16_t nans[] = {0x7fc1, 0x7f81, 0xffc0, 0xff81};  // quiet and signalling, both signs
+  const uint32_t nan_weights[] = {0x7fc0ffffu, 0x7fffffffu, 0xff80ffffu, 0x7f800001u};
+  for (int n : {1, 2, 3, 8})
+    for (int mode = 0; mode < 3; ++mode) {  // unweighted, weights 1, weights in [0.75, 2.9]
+      std::vector<std::vector<uint16_t>> rows(static_cast<size_t>(n));
+      std::vector<float> w;
+      for (int r = 0; r < n; ++r) {
+        for (int64_t h = 0; h < kHidden; ++h)
+          rows[static_cast<size_t>(r)].push_back(pattern[(h + h / kPattern) % kPattern][r > 0]);
+        w.push_back(mode == 1 ? 1.0f : 0.75f + 0.3f * static_cast<float>(r));
+      }
+      const float* wp = mode == 0 ? nullptr : w.data();
+      auto got = vector_reduce(rows, wp, kHidden, level), want = expected_reduce(rows, wp, kHidden);
+      ASSERT_EQ(got, want) << "n " << n << " mode " << mode << ": " << first_difference(got, want);
+      // One NaN among numbers, at every position of the vectors and the tail.
+      for (int64_t at = 0; at < kHidden; ++at)
+        for (uint16_t nan : nans) {
+          auto with_nan = rows;
+          with_nan[static_cast<size_t>(at % n)][static_cast<size_t>(at)] = nan;
+          got = vector_reduce(with_nan, wp, kHidden, level);
+          want = expected_reduce(with_nan, wp, kHidden);
+          ASSERT_EQ(got, want) << "n " << n << " mode " << mode << " NaN 0x" << std::hex << nan
+                               << " at " << std::dec << at << ": " << first_difference(got, want);
+        }
+      if (mode == 0) continue;
+      // A NaN weight, whose payload every sum takes: low halves that round differently.
+      for (uint32_t bits : nan_weights) {
+        auto nan_w = w;
+        std::memcpy(&nan_w[static_cast<size_t>(n - 1)], &bits, sizeof bits);
+        got = vector_reduce(rows, nan_w.data(), kHidden, level);
+        want = expected_reduce(rows, nan_w.data(), kHidden);
+        ASSERT_EQ(got, want) << "n " << n << " NaN weight 0x" << std::hex << bits << ": "
+                             << first_difference(got, want);
       }
     }
 }

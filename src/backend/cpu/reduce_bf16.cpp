@@ -5,9 +5,12 @@
 // then the same round-to-nearest-even to bf16 with NaNs kept quiet. What changes is only how
 // the bf16 values are widened: a 64-byte load holds 32 bf16; shifting each 32-bit lane left by
 // 16 gives the even elements as fp32 and masking off the low half gives the odd ones, so no
-// unpack is needed, and the two rounded halves are packed back with one shift and one mask.
+// unpack is needed, and the two rounded halves are packed back with one shift and one mask (the
+// AVX2 kernel packs first and rounds the packed halves: see pack_avx2).
 // The portable kernel widens with a zero-extension per 8 elements (about twice the operations).
 #include "backend/cpu/reduce_bf16.hpp"
+
+#include <cstring>
 
 #include "ubep/bf16.hpp"
 
@@ -130,6 +133,8 @@ __attribute__((target("avx512f"))) inline void store_avx512(uint16_t* out, __m51
 #define UBEP_AVX512_KERNEL reduce_avx512_bf16
 #include "backend/cpu/reduce_bf16_avx512.inl"
 
+// float_to_bf16 on 8 lanes, result in the high half of each lane, NaNs included: the exact
+// path, for calls whose sums may hold a NaN that the short packing below would round wrongly.
 __attribute__((target("avx2"))) inline __m256i round_hi_avx2(__m256 a) {
   const __m256i bits = _mm256_castps_si256(a);
   const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(a, a, _CMP_UNORD_Q));  // one FP compare
@@ -138,9 +143,37 @@ __attribute__((target("avx2"))) inline __m256i round_hi_avx2(__m256 a) {
   return _mm256_blendv_epi8(rounded, _mm256_or_si256(bits, _mm256_set1_epi32(0x400000)), nan);
 }
 
+// Even lanes' results to the low half, odd lanes' kept in the high half: the output's order.
+__attribute__((target("avx2"))) inline __m256i pack_avx2_nan(__m256 even, __m256 odd) {
+  return _mm256_blend_epi16(_mm256_srli_epi32(round_hi_avx2(even), 16), round_hi_avx2(odd), 0xAA);
+}
+
+// float_to_bf16 of 16 sums in 8 integer operations (16 in pack_avx2_nan, 17 in the packing
+// before, where the combine's few-row reductions spent most of their time on Zen 1), rounding
+// after packing: the high halves (hi, the truncated bf16) and the low halves (lo) each packed
+// into one vector, then hi + 1 where lo + (hi & 1) > 0x8000, the carry of float_to_bf16's
+// bits + 0x7fff + (hi & 1). That test is lo - (1 - (hi & 1)) >= 0x8000, subtracting with
+// unsigned saturation so that 0 - 1 stays 0. Bit-identical to float_to_bf16 for every number
+// (Inf, ties and the carry into the exponent included; checked over all 2^32 inputs) and for a
+// NaN that is quiet and has a zero low half, which it returns unchanged, as float_to_bf16 does;
+// it would round any other NaN. No sum here holds another unless a weight is one: x86's adds and
+// multiplies return one operand's NaN, quieted, or the default NaN 0xffc00000, and the operands
+// are widened bf16 (low half zero), the sums themselves and the weights. Calls with a NaN weight
+// therefore take pack_avx2_nan, and no step needs a NaN test.
 __attribute__((target("avx2"))) inline __m256i pack_avx2(__m256 even, __m256 odd) {
-  return _mm256_or_si256(_mm256_srli_epi32(round_hi_avx2(even), 16),
-                         _mm256_and_si256(round_hi_avx2(odd), _mm256_set1_epi32(-65536)));
+  const __m256i e = _mm256_castps_si256(even), o = _mm256_castps_si256(odd);
+  const __m256i hi = _mm256_blend_epi16(_mm256_srli_epi32(e, 16), o, 0xAA);
+  const __m256i lo = _mm256_blend_epi16(e, _mm256_slli_epi32(o, 16), 0xAA);
+  const __m256i rest = _mm256_subs_epu16(lo, _mm256_andnot_si256(hi, _mm256_set1_epi16(1)));
+  return _mm256_sub_epi16(hi, _mm256_cmpgt_epi16(_mm256_setzero_si256(), rest));  // -1: carry
+}
+
+template <bool NanWeights>
+__attribute__((target("avx2"))) inline __m256i pack_avx2_for(__m256 even, __m256 odd) {
+  if constexpr (NanWeights)
+    return pack_avx2_nan(even, odd);
+  else
+    return pack_avx2(even, odd);
 }
 
 __attribute__((target("avx2"))) inline void store_avx2(uint16_t* out, __m256i v, bool stream) {
@@ -168,7 +201,7 @@ __attribute__((target("avx2"))) inline void add_16(__m256& even, __m256& odd, co
 // 64 elements per step with eight accumulators: each accumulator's adds form a chain of n
 // dependent 3-cycle adds, so one 16-element group per step (two chains, the kernel before)
 // left the adders waiting on latency: 4.8 us per in-cache token of 8 rows against 3.5 now.
-template <bool Weighted>
+template <bool Weighted, bool NanWeights = false>
 __attribute__((target("avx2"))) void reduce_avx2(uint16_t* out, int64_t hidden,
                                                  const uint16_t* const* v, const float* w, int n,
                                                  bool stream, const uint16_t* const* next,
@@ -191,18 +224,28 @@ __attribute__((target("avx2"))) void reduce_avx2(uint16_t* out, int64_t hidden,
       add_16<Weighted>(e2, o2, p + 32, wr);
       add_16<Weighted>(e3, o3, p + 48, wr);
     }
-    store_avx2(out + h, pack_avx2(e0, o0), stream);
-    store_avx2(out + h + 16, pack_avx2(e1, o1), stream);
-    store_avx2(out + h + 32, pack_avx2(e2, o2), stream);
-    store_avx2(out + h + 48, pack_avx2(e3, o3), stream);
+    store_avx2(out + h, pack_avx2_for<NanWeights>(e0, o0), stream);
+    store_avx2(out + h + 16, pack_avx2_for<NanWeights>(e1, o1), stream);
+    store_avx2(out + h + 32, pack_avx2_for<NanWeights>(e2, o2), stream);
+    store_avx2(out + h + 48, pack_avx2_for<NanWeights>(e3, o3), stream);
   }
   for (; h + 16 <= hidden; h += 16) {
     __m256 e = _mm256_setzero_ps(), o = e;
     for (int r = 0; r < n; ++r)
       add_16<Weighted>(e, o, v[r] + h, Weighted ? _mm256_set1_ps(w[r]) : one);
-    store_avx2(out + h, pack_avx2(e, o), stream);
+    store_avx2(out + h, pack_avx2_for<NanWeights>(e, o), stream);
   }
   reduce_tail(out, h, hidden, v, Weighted ? w : nullptr, n);
+}
+
+// A bit test, not w != w, which -ffinite-math-only would fold away.
+bool has_nan(const float* w, int n) {
+  for (int r = 0; r < n; ++r) {
+    uint32_t bits;
+    std::memcpy(&bits, &w[r], sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return true;
+  }
+  return false;
 }
 
 const int kLevel = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
@@ -243,8 +286,12 @@ bool reduce_bf16_vector(uint16_t* out, int64_t hidden, const void* const* rows,
     weights ? reduce_avx512<true>(out, hidden, v, weights, n, stream, nv, next_n)
             : reduce_avx512<false>(out, hidden, v, nullptr, n, stream, nv, next_n);
   } else {
-    weights ? reduce_avx2<true>(out, hidden, v, weights, n, stream, nv, next_n)
-            : reduce_avx2<false>(out, hidden, v, nullptr, n, stream, nv, next_n);
+    if (!weights)
+      reduce_avx2<false>(out, hidden, v, nullptr, n, stream, nv, next_n);
+    else if (has_nan(weights, n))
+      reduce_avx2<true, true>(out, hidden, v, weights, n, stream, nv, next_n);
+    else
+      reduce_avx2<true>(out, hidden, v, weights, n, stream, nv, next_n);
   }
   return true;
 #else
