@@ -276,7 +276,15 @@ bool reduce_bf16_vector(uint16_t* out, int64_t hidden, const void* const* rows,
   const uint16_t* v[kMaxVectorRows];
   for (int r = 0; r < n; ++r) v[r] = static_cast<const uint16_t*>(rows[r]);
   const uint16_t* nv[kMaxVectorRows];
-  const int next_n = !prefetch ? -1 : next.n < kMaxVectorRows ? next.n : kMaxVectorRows;
+  // Rows the hardware prefetchers follow (prefetch false: a throughput layout's, contiguous in
+  // token order) are still fetched ahead within the token at level 1, never into the next
+  // token. The AVX-512 kernels, on the Zen 4 VM (bound harness, prefill), ran 2-5% slower with
+  // the within-token prefetch than without; the AVX2 kernel, on the Zen 1 VM, once its rounding
+  // had shrunk, 10% faster (the library's prefill combine, 3 alternated pairs: 1.122x -> 1.036x
+  // the bound; docs/PERFORMANCE.md, ninth session). An AVX2-only Intel CPU is unmeasured.
+  const int next_n = !prefetch                 ? (level == 1 ? 0 : -1)
+                     : next.n < kMaxVectorRows ? next.n
+                                               : kMaxVectorRows;
   for (int r = 0; r < next_n; ++r) nv[r] = static_cast<const uint16_t*>(next.rows[r]);
   stream = stream && reinterpret_cast<uintptr_t>(out) % 64 == 0;
   if (level == 3) {

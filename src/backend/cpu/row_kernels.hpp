@@ -34,7 +34,8 @@ void prefetch_for_write(const void* dst, size_t bytes);
 // stream: a large output, written with non-temporal stores where the kernel can (bf16); the
 // caller must store_fence() before another thread reads it. next_rows, next_n: the rows the
 // caller reduces next, a hint (their first lines are fetched as this reduction ends).
-// prefetch = false: no software prefetch at all (rows the hardware prefetchers already follow).
+// prefetch = false: rows the hardware prefetchers already follow: no software prefetch into
+// next_rows, nor ahead in the rows except where the AVX2 kernel runs (reduce_bf16.hpp).
 void reduce_rows(void* out, DType dtype, int64_t hidden, const void* const* rows,
                  const float* weights, int n, bool stream = false,
                  const void* const* next_rows = nullptr, int next_n = 0, bool prefetch = true);
