@@ -236,6 +236,11 @@ int main(int argc, char** argv) {
     for (const RankReport& rep : res.replacements) {
       wrong += rep.wrong;
       other += rep.other_errors;
+      // A replacement that died of a signal (it was not meant to) is an error, named.
+      if (rep.exit_signal != 0) {
+        ++other;
+        std::printf("#   cycle %d, replacement: died of signal %d\n", c, rep.exit_signal);
+      }
       // Always named, --quiet or not: an error that fails the run must be readable in its log.
       if (rep.other_errors) std::printf("#   cycle %d, replacement: %s\n", c, rep.last_error);
       serve = rep.first_call_us / 1000;
@@ -266,7 +271,19 @@ int main(int argc, char** argv) {
       if (!failed.empty()) failed += ' ';  // piecewise: GCC 12 -Wrestrict false positive
       failed += std::to_string(rep.failed);
       full_min = std::min(full_min, rep.full_calls_after_kill);
-      if (replace && rep.final_masked != 0) ++not_rejoined;
+      if (replace && rep.final_masked != 0) {
+        ++not_rejoined;
+        // Always named, as errors are: what the replacement did is what a reader needs (CI of
+        // stop 46 failed once with 3 survivors still masking, and the quiet log said no more).
+        for (const RankReport& rp : res.replacements)
+          std::printf(
+              "#   cycle %d, rank %d still masked %d rank(s) at its last call (%d completed, %d "
+              "masked, run %.1f ms); the replacement: first call %.2f ms, %d calls completed, "
+              "%d failed, signal %d, last error: %s\n",
+              c, r, rep.final_masked, rep.completed, rep.masked_calls, rep.run_us / 1000,
+              rp.first_call_us / 1000, rp.completed, rp.failed, rp.exit_signal,
+              rp.last_error[0] ? rp.last_error : "none");
+      }
       if (rep.other_errors) std::printf("#   cycle %d, rank %d: %s\n", c, r, rep.last_error);
     }
     leftover += res.leftover_segments;
