@@ -247,6 +247,7 @@ int main(int argc, char** argv) {
       if (rep.first_call_us >= 0) serve_ms.push_back(serve);
     }
     long cycle_wrong = 0;
+    int cycle_not_rejoined = 0;
     std::string failed;
     for (int r = 0; r < o.ranks; ++r) {
       const RankReport& rep = res.ranks[static_cast<size_t>(r)];
@@ -273,19 +274,23 @@ int main(int argc, char** argv) {
       full_min = std::min(full_min, rep.full_calls_after_kill);
       if (replace && rep.final_masked != 0) {
         ++not_rejoined;
-        // Always named, as errors are: what the replacement did is what a reader needs (CI of
-        // stop 46 failed once with 3 survivors still masking, and the quiet log said no more).
-        for (const RankReport& rp : res.replacements)
-          std::printf(
-              "#   cycle %d, rank %d still masked %d rank(s) at its last call (%d completed, %d "
-              "masked, run %.1f ms); the replacement: first call %.2f ms, %d calls completed, "
-              "%d failed, signal %d, last error: %s\n",
-              c, r, rep.final_masked, rep.completed, rep.masked_calls, rep.run_us / 1000,
-              rp.first_call_us / 1000, rp.completed, rp.failed, rp.exit_signal,
-              rp.last_error[0] ? rp.last_error : "none");
+        ++cycle_not_rejoined;
+        // Always named, as errors are (CI of stop 46 failed once with 3 survivors still
+        // masking, and the quiet log said no more); the replacement's side follows the loop.
+        std::printf(
+            "#   cycle %d, rank %d still masked %d rank(s) at its last call (%d completed, %d "
+            "masked, run %.1f ms)\n",
+            c, r, rep.final_masked, rep.completed, rep.masked_calls, rep.run_us / 1000);
       }
       if (rep.other_errors) std::printf("#   cycle %d, rank %d: %s\n", c, r, rep.last_error);
     }
+    if (cycle_not_rejoined > 0)
+      for (const RankReport& rp : res.replacements)
+        std::printf(
+            "#   cycle %d, its replacement: first call %.2f ms, %d calls completed, %d failed, "
+            "signal %d, last error: %s\n",
+            c, rp.first_call_us / 1000, rp.completed, rp.failed, rp.exit_signal,
+            rp.last_error[0] ? rp.last_error : "none");
     leftover += res.leftover_segments;
     if (!quiet)
       std::printf("| %d | %s | %.2f | %.2f | %.2f | %s | %d | %ld |\n", c, phase_name(ph), e, m,
