@@ -11,6 +11,11 @@
 // than the threshold counts. Nor can a stall of this host's own (a VM descheduled with all its
 // virtual hosts, a stopped process): time this thread did not run is not counted as anyone's
 // silence (run()). Detection time is threshold + at most one period + scheduling (+ any own stall).
+// A heartbeat runs per rank, and a rank is judged as part of its machine (start()'s group_of): it
+// is lost once it *and every rank of its machine* have been silent past the threshold. A rank
+// whose machine-mates still beat is not a lost host (its own death is the mates' to tell:
+// DeathNotices); and a sender that did not run for a while (its vCPU stolen by the hypervisor, a
+// page fault behind I/O) no longer names its whole machine lost while a mate of it beats.
 //
 // Side channel, not the data transport: UDP over the hosts' own network, so it works whatever
 // carries the data (MPI, UCX) and however that transport reacts to the loss.
@@ -58,8 +63,10 @@ class HostHeartbeat {
   uint16_t port() const { return port_; }
   // Stops beating without a goodbye, as a crash would (tests; the owner's thread only).
   void go_silent();
-  // Starts the thread. Once only; peers: every other host once.
-  void start(const std::vector<Peer>& peers, LostFn on_lost);
+  // Starts the thread. Once only; peers: every other host once. group_of (by host, values in
+  // [0, hosts), or empty: every host its own group): the machine each host runs on; a host is
+  // judged lost only once no heard, live host of its group has beaten within the threshold.
+  void start(const std::vector<Peer>& peers, LostFn on_lost, std::vector<int> group_of = {});
   // Acquire load, any thread: true once `host` was judged lost (before on_lost runs).
   bool lost(int host) const;
   // `host` is no longer judged (issue 32: a replacement took its place, and a late verdict on
@@ -90,6 +97,7 @@ class HostHeartbeat {
   void apply_rearms(std::chrono::steady_clock::time_point now);
   void send_beats(uint32_t seq);
   void drain(std::chrono::steady_clock::time_point now);
+  void find_vouched(std::chrono::steady_clock::time_point now);
   void discount_own_stall(std::chrono::steady_clock::duration since_last_turn,
                           std::chrono::steady_clock::time_point now);
 
@@ -105,6 +113,8 @@ class HostHeartbeat {
   std::vector<std::chrono::steady_clock::time_point> last_seen_;
   std::vector<bool> departed_;             // said goodbye (a clean end): never judged lost
   std::vector<uint32_t> min_incarnation_;  // by peer index: older beats are a predecessor's
+  std::vector<int> group_of_;              // by host (set in start())
+  std::vector<char> vouched_;              // by group: a host of it beat within the threshold
   // Written by the heartbeat thread (release), read by any thread (acquire); by host.
   std::unique_ptr<std::atomic<bool>[]> lost_;
   std::unique_ptr<std::atomic<bool>[]> heard_;

@@ -119,7 +119,7 @@ std::unique_ptr<HostHeartbeat> start_host_liveness(Bootstrap& bootstrap, int ran
     }
     peers.push_back({r, dotted({e.ip, 0, 0}), e.port});
   }
-  hb->start(peers, into(watch, host_of));
+  hb->start(peers, into(watch, host_of), host_of);
   return hb;
 }
 
@@ -157,7 +157,7 @@ void beat_to(HostHeartbeat& hb, int rank, const std::vector<int>& host_of,
     }
     peers.push_back({r, dotted(a), a.port});
   }
-  hb.start(peers, into(watch, host_of));
+  hb.start(peers, into(watch, host_of), host_of);
 }
 
 }  // namespace ubep::bootstrap
