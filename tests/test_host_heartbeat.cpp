@@ -36,10 +36,13 @@ struct Cluster {
       for (int o = 0; o < hosts; ++o)
         if (o != h && (group_of.empty() || group_of[o] != group_of[h]))  // as host_liveness
           peers.push_back({o, "127.0.0.1", hb[o]->port()});
-      hb[h]->start(peers, [this, h](int host, std::chrono::nanoseconds) {
-        std::lock_guard<std::mutex> lock(mu);
-        lost.emplace_back(h, host);
-      }, group_of);
+      hb[h]->start(
+          peers,
+          [this, h](int host, std::chrono::nanoseconds) {
+            std::lock_guard<std::mutex> lock(mu);
+            lost.emplace_back(h, host);
+          },
+          group_of);
     }
   }
   // The heartbeats first: their threads call back into mu and lost until joined.
@@ -137,7 +140,7 @@ TEST(HostHeartbeat, BadArgumentsAreNamed) {
   HostHeartbeat hb(0, 3, "127.0.0.1", 0, {});
   EXPECT_THROW(hb.start({{0, "127.0.0.1", 1}}, nullptr), ubep::InvalidArgument);  // itself
   EXPECT_THROW(hb.start({{1, "127.0.0.1", 1}, {1, "127.0.0.1", 2}}, nullptr),
-               ubep::InvalidArgument);  // twice
+               ubep::InvalidArgument);                                                    // twice
   EXPECT_THROW(hb.start({{1, "127.0.0.1", 1}}, nullptr, {0, 1}), ubep::InvalidArgument);  // 2 of 3
   EXPECT_THROW(hb.start({{1, "127.0.0.1", 1}}, nullptr, {0, 1, 3}), ubep::InvalidArgument);
 }
