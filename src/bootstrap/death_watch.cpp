@@ -123,6 +123,7 @@ void DeathWatch::watch_locked(int rank, pid_t pid) {
     close(p.pidfd);
     p.pidfd = -1;
   }
+  ++p.generation;  // the old watch's events no longer count (see below); wraps harmlessly
   p.pid = pid;
   p.how.clear();
   p.forwarded.store(false, std::memory_order_relaxed);
@@ -137,10 +138,12 @@ void DeathWatch::watch_locked(int rank, pid_t pid) {
   p.dead.store(false, std::memory_order_release);
   epoll_event ev{};
   ev.events = EPOLLIN;
-  // The event names the pidfd too: after a rewatch, an event of the old process that the
-  // thread already took must not count against the new one.
-  ev.data.u64 =
-      static_cast<uint64_t>(static_cast<uint32_t>(p.pidfd)) << 32 | static_cast<uint32_t>(rank);
+  // The event names this watch's generation: after a rewatch, an event of the old process that
+  // the thread already took must not count against the new one. (It named the pidfd before, and
+  // the new pidfd gets the old one's number: ubep-elastic, CI of fec9263, a replacement masked at
+  // its own incarnation and never served;
+  // DeathWatch.AnEventOfThePredecessorDoesNotKillTheReplacement.)
+  ev.data.u64 = static_cast<uint64_t>(p.generation) << 32 | static_cast<uint32_t>(rank);
   epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, p.pidfd, &ev);
 }
 
@@ -212,11 +215,11 @@ void DeathWatch::unsubscribe(int id) {
     }
 }
 
-void DeathWatch::record_death(int rank, int pidfd) {
+void DeathWatch::record_death(int rank, uint32_t generation) {
   {
     std::lock_guard<std::mutex> lock(info_mu_);
     Peer& p = peers_[rank];
-    if (p.pidfd < 0 || p.pidfd != pidfd || p.dead.load(std::memory_order_relaxed)) return;
+    if (p.pidfd < 0 || p.generation != generation || p.dead.load(std::memory_order_relaxed)) return;
     p.how = how_it_ended(p.pidfd, p.pid);
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, p.pidfd, nullptr);
     close(p.pidfd);
@@ -245,7 +248,7 @@ void DeathWatch::run() {
     for (int i = 0; i < n; ++i) {
       if (events[i].data.u64 == ~0ull) continue;  // the stop request: checked by the loop
       record_death(static_cast<int>(events[i].data.u64 & 0xFFFFFFFFu),
-                   static_cast<int>(events[i].data.u64 >> 32));
+                   static_cast<uint32_t>(events[i].data.u64 >> 32));
     }
   }
 }

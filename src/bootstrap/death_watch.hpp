@@ -71,7 +71,7 @@ class DeathWatch {
  private:
   void run();
   void watch_locked(int rank, pid_t pid);
-  void record_death(int rank, int pidfd);
+  void record_death(int rank, uint32_t generation);
 
   struct Peer {
     pid_t pid = 0;
@@ -79,6 +79,10 @@ class DeathWatch {
     std::atomic<bool> dead{false};
     std::atomic<bool> forwarded{false};
     std::string how;
+    // Which watch of this rank an epoll event belongs to (under info_mu_). Not the pidfd's
+    // number: closing the old pidfd and opening the new one gives the same number back, so an
+    // event of the dead predecessor that the thread already took would match the replacement.
+    uint32_t generation = 0;
   };
   std::unique_ptr<Peer[]> peers_;
   int ranks_ = 0;

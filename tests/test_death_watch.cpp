@@ -1,0 +1,109 @@
+// bootstrap::DeathWatch's rewatch (a replacement process takes a dead rank's place): an epoll
+// event of the dead predecessor that the watch thread already took must not count against the
+// replacement. The event named the pidfd's number, and the replacement's pidfd gets that number
+// back (the lowest free descriptor), so the stale event marked the live replacement dead: in
+// ubep-elastic (CI of fec9263, elastic_100_cycles) a survivor masked the replacement at its own
+// incarnation, and it never served. This test makes that interleaving happen every run.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "bootstrap/death_watch.hpp"
+
+namespace ubep::bootstrap {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A child that lives until killed.
+pid_t live_child() {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    for (;;) pause();
+  }
+  return pid;
+}
+
+// Waits until `pid` has ended (a zombie: its pidfd is readable), without reaping it.
+void await_end(pid_t pid) {
+  siginfo_t info{};
+  ASSERT_EQ(waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOWAIT), 0);
+}
+
+template <typename Pred>
+bool within(std::chrono::milliseconds limit, Pred&& pred) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+// Ranks 0 (b) and 1 (a) die together while the watch thread is held in a subscriber (of rank 2's
+// death), so one epoll_wait returns both events. Held again in the first of them (rank 1's: it
+// died first), the thread still holds rank 0's event when rank 0 is rewatched to a live process;
+// its pidfd then reuses the predecessor's number (rank 0's, the lowest). The stale event must
+// not kill the replacement; the replacement's own death must still be seen.
+TEST(DeathWatch, AnEventOfThePredecessorDoesNotKillTheReplacement) {
+  const pid_t b = live_child(), a = live_child(), d = live_child(), repl = live_child();
+  ASSERT_GT(b, 0);
+  ASSERT_GT(a, 0);
+  ASSERT_GT(d, 0);
+  ASSERT_GT(repl, 0);
+  DeathWatch watch({b, a, d});
+  std::mutex mu;
+  std::condition_variable cv;
+  int held = -1;       // the rank whose subscriber call is waiting, -1: none
+  bool go = false;     // releases it
+  int calls = 0;
+  const int id = watch.subscribe([&](int rank) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (++calls > 2) return;  // only the first two deaths are held
+    held = rank;
+    cv.notify_all();
+    cv.wait_for(lock, 10s, [&] { return go; });
+    go = false;
+    held = -1;
+    cv.notify_all();
+  });
+  auto wait_held = [&](int rank) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, 10s, [&] { return held == rank; });
+  };
+  auto release = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    go = true;
+    cv.notify_all();
+  };
+
+  kill(d, SIGKILL);
+  ASSERT_TRUE(wait_held(2)) << "rank 2's death was not seen";
+  kill(a, SIGKILL);
+  await_end(a);
+  kill(b, SIGKILL);
+  await_end(b);
+  release();  // the thread's next epoll_wait returns rank 1's and rank 0's events together
+  ASSERT_TRUE(wait_held(1)) << "rank 1's death was not the next seen";
+  EXPECT_FALSE(watch.dead(0)) << "rank 0's event came before rank 1's (one batch expected)";
+  watch.rewatch(0, repl);  // the replacement; its pidfd takes rank 0's old number
+  release();               // the thread goes on to rank 0's event, which is stale now
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(watch.dead(0)) << "the predecessor's death was counted against the replacement";
+  EXPECT_TRUE(watch.dead(1));
+
+  kill(repl, SIGKILL);
+  EXPECT_TRUE(within(5000ms, [&] { return watch.dead(0); }))
+      << "the replacement's own death was not seen";
+  watch.unsubscribe(id);
+  for (pid_t p : {a, b, d, repl}) waitpid(p, nullptr, 0);
+}
+
+}  // namespace
+}  // namespace ubep::bootstrap
