@@ -163,10 +163,12 @@ vmpirun() {
   # Every host is given per_host slots, so Open MPI does not know that the machine under them is
   # oversubscribed when hosts * per_host > its cores: tell it (idle ranks yield the core),
   # as it decides by itself for the same ranks on one host.
-  local yield=()
-  [ $((hosts * per_host)) -gt "$(nproc)" ] && yield=(--mca mpi_yield_when_idle 1)
+  local extra=()
+  [ $((hosts * per_host)) -gt "$(nproc)" ] && extra=(--mca mpi_yield_when_idle 1)
+  # The heartbeat's setting reaches every host's ranks (the tests set it: tests/vhosts/CMakeLists.txt).
+  [ -z "${UBEP_HOST_HEARTBEAT:-}" ] || extra+=(-x UBEP_HOST_HEARTBEAT)
   in_host "$name" 1 mpirun --allow-run-as-root --hostfile "$state/hostfile.$per_host" \
-    -np $((hosts * per_host)) "${yield[@]}" \
+    -np $((hosts * per_host)) "${extra[@]}" \
     --map-by slot --mca plm_rsh_agent "$state/agent" \
     --mca oob_tcp_if_include "$SUBNET.0/24" --mca btl_tcp_if_include "$SUBNET.0/24" \
     --mca btl tcp,vader,self "$@"
