@@ -60,8 +60,8 @@ TEST(DeathWatch, AnEventOfThePredecessorDoesNotKillTheReplacement) {
   DeathWatch watch({b, a, d});
   std::mutex mu;
   std::condition_variable cv;
-  int held = -1;       // the rank whose subscriber call is waiting, -1: none
-  bool go = false;     // releases it
+  int held = -1;    // the rank whose subscriber call is waiting, -1: none
+  bool go = false;  // releases it
   int calls = 0;
   const int id = watch.subscribe([&](int rank) {
     std::unique_lock<std::mutex> lock(mu);
