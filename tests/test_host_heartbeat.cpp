@@ -185,13 +185,15 @@ void await_verdicts(Cluster& c, size_t n) {
 // still named. In a child process, which the parent stops and continues; the child reports in
 // its exit status (0: as expected, 1: a live host named, 2: no stall seen, 3: the loss not named).
 int run_stalled_cluster(int ready_fd) {
+  // 250 ms: loopback datagrams were measured held up to 99 ms in this shared kernel under the
+  // suite's load (docs/ELASTIC.md), and at 100 ms a CI run (cf313ac) named a live host.
   HostHeartbeat::Options opt;
-  opt.threshold = 100ms;
+  opt.threshold = 250ms;
   Cluster c(3, opt);
-  std::this_thread::sleep_for(200ms);  // every host heard
+  std::this_thread::sleep_for(300ms);  // every host heard
   char one = 1;
   if (write(ready_fd, &one, 1) != 1) return 4;
-  std::this_thread::sleep_for(700ms);  // the parent stops the process for 400 ms in here
+  std::this_thread::sleep_for(1000ms);  // the parent stops the process for 700 ms in here
   if (!c.seen().empty()) return 1;
   uint64_t stalls = 0;
   for (auto& hb : c.hb) stalls += hb->own_stalls();
@@ -217,7 +219,7 @@ TEST(HostHeartbeat, AStallOfTheJudgeItselfIsNotAnybodysSilence) {
   close(ready[0]);
   if (started) {
     kill(child, SIGSTOP);
-    std::this_thread::sleep_for(400ms);
+    std::this_thread::sleep_for(700ms);  // > the threshold: without the discount, a verdict
     kill(child, SIGCONT);
   } else {
     kill(child, SIGKILL);
