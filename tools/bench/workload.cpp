@@ -8,6 +8,7 @@
 #include <fstream>
 #include <random>
 
+#include "backend/cpu/row_kernels.hpp"
 #include "npy.hpp"
 #include "ubep/bf16.hpp"
 #include "ubep/error.hpp"
@@ -74,8 +75,7 @@ CombineArgs expert_fp8(const DispatchResult& r, Buffer* buf, Input& in, int64_t 
     for (int64_t i = at; i < at + n; ++i) {
       fp8_dequantize_rows(r.recv_x.as<const uint8_t>() + i * hidden,
                           r.recv_x_scales.as<const float>() + i * nb, 1, hidden, row.data());
-      for (int64_t h = 0; h < hidden; ++h)
-        out.as<uint16_t>()[i * hidden + h] = float_to_bf16(row[static_cast<size_t>(h)]);
+      kernels::store_row(out.as<uint16_t>() + i * hidden, row.data(), DType::kBF16, hidden);
     }
   };
   for (int64_t e = 0; e < experts; ++e) {
