@@ -81,6 +81,19 @@ class DispatchCall {
   // 420 against 401 us (16 tokens). Combine outputs keep a threshold
   // (reducer.hpp: there the caller reads y right away, and streaming it did not pay).
   static constexpr double kStreamBytes = 4.0 * (1 << 20);  // combine outputs only
+  // A rank's rows to itself are the exception while they fit in a core's cache: their lines
+  // were last read by this rank's own expert, so a plain store finds them in its own cache (no
+  // fetch from another core), and the expert's read after the call finds its rows there
+  // instead of in memory. Zen 1 VM, 2 MPI ranks, alternated (docs/PERFORMANCE.md, eleventh
+  // session): 1 token (56 KiB to itself) dispatch 12.3 -> 10.5 us; 4 tokens (224 KiB) 44 -> 34
+  // us and the expert's read 80 -> 64 us; 16 tokens (900 KiB) 236 -> 305 us, a loss, hence the
+  // bound (half the smallest L2 the project runs on, Zen 1's 512 KiB).
+  static constexpr size_t kPlainSelfBytes = 256 << 10;
+  // Whether a row from `source` into `dest`'s window of `bytes` (payload and scales) streams.
+  bool streams_row(int dest, int source, size_t bytes) const {
+    return dest != rank || source != rank ||
+           static_cast<size_t>(rows_to_self_) * bytes > kPlainSelfBytes;
+  }
 
   // --- sender side: where this rank's rows start at each destination (from the count records
   // of the lower-ranked sources). Kept for combine, which reads the rows back there.
@@ -171,6 +184,7 @@ class DispatchCall {
   std::vector<std::atomic<uint64_t>> offsets_ready_;  // [R]
   std::vector<uint8_t> masked_;                       // [R]
   uint64_t send_generation_ = 0;
+  int64_t rows_to_self_ = 0;  // this call's rows from this rank into its own window
   std::atomic<int> topk_mismatch_{-1};
   std::atomic<int> shape_mismatch_{-1};
   // Visits every non-empty (expert or 0, source) range in compact order: fn(e, s, begin,
@@ -202,7 +216,8 @@ void DispatchCall::place_row(const Window& win, int dest, int source, int32_t t,
     const auto pos = row_off + slot;
     const auto p = static_cast<size_t>(pos);
     win.put_dispatch_row(win.at<char>(dest, m.tp_x) + p * xb,
-                         win.at<char>(dest, m.tp_scale) + p * sb, row, /*stream=*/true);
+                         win.at<char>(dest, m.tp_scale) + p * sb, row,
+                         streams_row(dest, source, xb + sb));
     const int64_t src[2] = {source, t};
     win.put(win.at<int64_t>(dest, m.tp_src) + 2 * pos, src, sizeof src);
     int32_t oidx[64];
@@ -224,7 +239,8 @@ void DispatchCall::place_row(const Window& win, int dest, int source, int32_t t,
       const int64_t pos = le * expert_slots() + expert_off[le] + expert_slot[j];
       const auto p = static_cast<size_t>(pos);
       win.put_dispatch_row(win.at<char>(dest, m.lat_x) + p * xb,
-                           win.at<char>(dest, m.lat_scale) + p * sb, row, /*stream=*/true);
+                           win.at<char>(dest, m.lat_scale) + p * sb, row,
+                           streams_row(dest, source, xb + sb));
       const int64_t src[2] = {source, t};
       win.put(win.at<int64_t>(dest, m.lat_src) + 2 * pos, src, sizeof src);
       const auto k = static_cast<int8_t>(j);

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "bench.hpp"
+#include "ep/dispatch_call.hpp"
 #include "or_reduce.hpp"
 #include "ubep/error.hpp"
 #if defined(__x86_64__)
@@ -134,6 +135,9 @@ struct Kernel {
   Copy copy;  // nullptr: the or-reduce combine
   bool nt;
   OrReduce how = {};  // the or-reduce's access pattern
+  // Dispatch: a rank's rows to itself with plain stores while they fit the library's bound
+  // (ep::DispatchCall::streams_row), the rest with `copy`.
+  bool self_plain = false;
 };
 
 }  // namespace
@@ -163,6 +167,7 @@ struct BoundHarness::Impl {
   std::vector<char> y;
   char* ya = nullptr;
   std::vector<std::vector<size_t>> of_token;  // each token's rows, in send order (k order)
+  size_t rows_to_self = 0;                    // sends into this rank's own window
   std::vector<Kernel> dk, ck;
   std::vector<std::vector<double>> td, tc;  // [layout * kernels + kernel]: samples
   int par = 0;                              // the window half of the last op
@@ -180,15 +185,19 @@ struct BoundHarness::Impl {
   // Scales (fp8): their whole lines with the kernel's stores, a partial line at either end with
   // plain ones, as the call writes them (row_kernels.cpp).
   void dispatch(const Kernel& k, const RowPlaces& pl, int half) const {
+    const bool self_plain = k.self_plain && rows_to_self * (row_bytes + scale_bytes) <=
+                                                ep::DispatchCall::kPlainSelfBytes;
     for (size_t r = 0; r < sends.size(); ++r) {
       const auto t = static_cast<size_t>(sends[r].token);
-      k.copy(row_at(sends[r].dest, half, pl.pos[r]), x + t * row_bytes, row_bytes);
+      const bool plain = !k.nt || (self_plain && sends[r].dest == g.rank());
+      (plain ? plain_copy : k.copy)(row_at(sends[r].dest, half, pl.pos[r]), x + t * row_bytes,
+                                    row_bytes);
       if (!scale_bytes) continue;
       char* sd = scale_at(sends[r].dest, half, pl.pos[r]);
       const char* ss = scales + t * scale_bytes;
       const size_t head =
-          k.nt ? std::min(scale_bytes, (64 - reinterpret_cast<uintptr_t>(sd) % 64) % 64)
-               : scale_bytes;
+          !plain ? std::min(scale_bytes, (64 - reinterpret_cast<uintptr_t>(sd) % 64) % 64)
+                 : scale_bytes;
       std::memcpy(sd, ss, head);
       if (head < scale_bytes) k.copy(sd + head, ss + head, scale_bytes - head);
     }
@@ -273,6 +282,16 @@ BoundHarness::BoundHarness(Group& g, const std::vector<SendRow>& sends, const ch
     if (or_reduce_has_avx2()) b.dk.push_back({"nt-store-32B", copy_nt32, true});
     b.ck.push_back({"nt-store-16B", copy_nt16, true});
   }
+  // Last, so that the combines' untimed dispatches (staging, run()) store as the library does:
+  // the widest non-temporal copy, and plain stores for a small call's rows to itself.
+  b.dk.push_back({kHaveAvx512            ? "nt-store-64B+self-plain"
+                  : or_reduce_has_avx2() ? "nt-store-32B+self-plain"
+                                         : "nt-store-16B+self-plain",
+                  b.dk.back().copy,
+                  true,
+                  {},
+                  true});
+  for (const SendRow& s : sends) b.rows_to_self += s.dest == me ? 1 : 0;
   if (vector_or) {  // outputs the library streams (4 MiB and more: prefill)
     b.ck.push_back({"or-reduce-stream", nullptr, true, {false, false, true}});
     b.ck.push_back({"or-reduce-128B-prefetch-stream", nullptr, true, {true, true, true}});
@@ -295,8 +314,8 @@ void BoundHarness::run(int iters, bool record) {
   const size_t L = b.layouts.size(), D = b.dk.size(), C = b.ck.size();
   // Every timed op starts from the memory state a call leaves its successor: the window half
   // flips at every op, as the epoch parity does, and each combine follows its own fresh
-  // dispatch (untimed, with the stores a call uses: non-temporal at every size,
-  // dispatch_call.hpp) and expert copy. Combines run back to back over the same rows instead
+  // dispatch (untimed, with the stores a call uses: ep::DispatchCall::streams_row) and expert
+  // copy. Combines run back to back over the same rows instead
   // find them in L3 from the previous candidate's copy: on the Zen 4 VM (2 ranks, decode) the
   // library's own reduction ran 25-40% faster there than inside a real combine -- a "bound"
   // no call can reach, because no call reads its rows twice.
