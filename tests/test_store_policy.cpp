@@ -1,14 +1,18 @@
 // ep::DispatchCall::streams_row: which dispatch rows go with non-temporal stores. A rank's rows to
-// itself take plain stores while all of the call's rows to itself fit kPlainSelfBytes; rows to a
-// peer, rows relayed from another source, and a large call's rows to itself stream. Counted from
-// the routing for both layouts (latency: one row per (token, expert) here; throughput: one per
-// token sent here). The results of either store are the same bits (test_dispatch_combine).
+// itself take plain stores while all of the call's rows to itself fit kPlainSelfBytes, and stream
+// beyond; counted from the routing for both layouts (latency: one row per (token, expert) here;
+// throughput: one per token sent here). Rows to peers, and rows relayed from another source,
+// take what ep::StoreTuner chose for the call's bytes to peers: it alternates both policies over
+// its probes (after a size class's warm-up calls), keeps the one with the lower median send time,
+// probes again after a run that doubles, and streams large calls untimed. The results of either
+// store are the same bits (test_dispatch_combine).
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <vector>
 
 #include "ep/dispatch_call.hpp"
+#include "ep/store_tuner.hpp"
 
 namespace ubep::ep {
 namespace {
@@ -69,6 +73,96 @@ TEST(StorePolicy, RowsToItselfStreamOnceTheyOutgrowTheBound) {
                    .call.streams_row(0, 0, kRowBytes));
   EXPECT_TRUE(Call(static_cast<int64_t>(limit_rows) + 1, 3, Layout::kThroughput)
                   .call.streams_row(0, 0, kRowBytes));
+}
+
+TEST(StorePolicy, RowsToPeersTakeTheTunersChoice) {
+  Call c(1, 4, Layout::kLatency);  // 4 rows to rank 1: 56 KiB
+  const RowCodec codec{kRowBytes, 0};
+  for (int i = 0; i < StoreTuner::kWarmupCalls; ++i) {
+    c.call.choose_stores(codec);
+    EXPECT_TRUE(c.call.streams_row(1, 0, kRowBytes)) << "warm-up calls stream";
+    c.call.sent(1.0);
+  }
+  // The tuner's first probe streams, its second stores plainly.
+  c.call.choose_stores(codec);
+  EXPECT_TRUE(c.call.streams_row(1, 0, kRowBytes));
+  c.call.sent(10.0);
+  c.call.choose_stores(codec);
+  EXPECT_FALSE(c.call.streams_row(1, 0, kRowBytes)) << "the second probe stores plainly";
+  EXPECT_FALSE(c.call.streams_row(0, 1, kRowBytes)) << "relayed rows follow the peers' policy";
+  EXPECT_FALSE(c.call.streams_row(0, 0, kRowBytes)) << "rows to itself keep their own rule";
+  c.call.sent(5.0);
+}
+
+// A size class's first calls stream, untimed (cold windows).
+void warm_up(StoreTuner& tuner, size_t bytes) {
+  for (int i = 0; i < StoreTuner::kWarmupCalls; ++i) {
+    EXPECT_TRUE(tuner.stream(bytes)) << "warm-up call " << i;
+    tuner.record(0.001);  // ignored
+  }
+}
+
+// Probes `tuner` through one round at `bytes`, the streamed calls taking stream_us and the plain
+// ones plain_us; returns the policy it then keeps (true: stream).
+bool probe_round(StoreTuner& tuner, size_t bytes, double stream_us, double plain_us) {
+  for (int i = 0; i < 2 * StoreTuner::kProbes; ++i) {
+    const bool s = tuner.stream(bytes);
+    EXPECT_EQ(s, i % 2 == 0) << "probe " << i << " alternates, streamed first";
+    tuner.record(s ? stream_us : plain_us);
+  }
+  return tuner.stream(bytes);
+}
+
+TEST(StoreTuner, KeepsTheFasterPolicyThenProbesAgain) {
+  StoreTuner tuner;
+  const size_t bytes = 100 << 10;
+  warm_up(tuner, bytes);
+  EXPECT_FALSE(probe_round(tuner, bytes, 10.0, 6.0)) << "plain was faster";
+  tuner.record(1000.0);  // a call on the chosen policy: not a probe, ignored
+  for (int i = 1; i < StoreTuner::kFirstExploitCalls; ++i) ASSERT_FALSE(tuner.stream(bytes)) << i;
+  // The machine changed: the next round finds streaming faster, and keeps it twice as long.
+  EXPECT_TRUE(probe_round(tuner, bytes, 6.0, 10.0)) << "streaming was faster in the new round";
+  for (int i = 1; i < 2 * StoreTuner::kFirstExploitCalls; ++i)
+    ASSERT_TRUE(tuner.stream(bytes)) << i;
+  EXPECT_FALSE(probe_round(tuner, bytes, 10.0, 6.0)) << "then probed again";
+}
+
+TEST(StoreTuner, OneSlowProbeDoesNotDecide) {
+  StoreTuner tuner;
+  warm_up(tuner, 64 << 10);
+  // Plain is faster in 3 of its 4 probes; one of them hit a descheduling (900 us).
+  const double plain[StoreTuner::kProbes] = {6.0, 900.0, 6.5, 6.2};
+  for (int i = 0; i < 2 * StoreTuner::kProbes; ++i) {
+    const bool s = tuner.stream(64 << 10);
+    tuner.record(s ? 10.0 : plain[i / 2]);
+  }
+  EXPECT_FALSE(tuner.stream(64 << 10)) << "the median, not the mean, decides";
+}
+
+TEST(StoreTuner, SizeClassesLearnApartAndLargeCallsAlwaysStream) {
+  StoreTuner tuner;
+  warm_up(tuner, 40 << 10);
+  EXPECT_FALSE(probe_round(tuner, 40 << 10, 10.0, 6.0));
+  // Another size class has not been probed: it warms up and starts its own round.
+  warm_up(tuner, 1 << 20);
+  EXPECT_TRUE(tuner.stream(1 << 20));
+  tuner.record(3.0);
+  EXPECT_FALSE(tuner.stream(1 << 20)) << "its second probe";
+  tuner.record(3.0);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(tuner.stream(StoreTuner::kAlwaysStreamBytes)) << "large calls stream";
+    tuner.record(0.001);  // not a probe: ignored
+  }
+  EXPECT_TRUE(tuner.stream(0)) << "nothing to peers";
+}
+
+TEST(StoreTuner, ACallThatFailedBeforeItsTimeLeavesTheRoundIntact) {
+  StoreTuner tuner;
+  const size_t bytes = 8 << 10;
+  warm_up(tuner, bytes);
+  EXPECT_TRUE(tuner.stream(bytes));  // probe 0 (streamed) fails: never recorded
+  // The round restarts at the same probe: streamed again, then alternating.
+  EXPECT_TRUE(probe_round(tuner, bytes, 5.0, 9.0));
 }
 
 }  // namespace

@@ -28,6 +28,11 @@ class StageTimer {
     stats_.stage_wait_us.push_back(static_cast<double>(w - last_wait_) / 1e3);
     last_wait_ = w;
   }
+  // The last lap's time less its waits on peers: the rank's own work in that stage (us).
+  double last_own_us() const {
+    const double lap = stats_.stage_us.back().second;
+    return waited_ ? lap - stats_.stage_wait_us.back() : lap;
+  }
 
  private:
   using Clock = std::chrono::steady_clock;

@@ -129,8 +129,10 @@ void Bsp::dispatch_send(DispatchCall& call) {
   timer.lap("layout");  // the engine routed (and validated) the call
   exchange_counts(call);
   timer.lap("count exchange");
+  call.choose_stores(ctx_.win.codec());
   send_tokens(call);
   timer.lap("token send");
+  call.sent(timer.last_own_us());
   set_flags_and_verify(ctx_, call, kDispatchOp);
   barrier(call, 2);
   timer.lap("set-flag & verify");

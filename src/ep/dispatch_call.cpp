@@ -25,12 +25,12 @@ void DispatchCall::build_routing(const DispatchArgs& a, const BufferConfig& cfg)
   weights_replaced_ = false;
   layout_ = a.layout;
   placement_ = cfg.placement == Placement::kAuto ? placement_for(layout_) : cfg.placement;
-  if (layout_ == Layout::kThroughput) {
-    rows_to_self_ = routing_.dest_rows[static_cast<size_t>(rank)];
-  } else {
-    const auto first = routing_.dest_expert_rows.begin() + rank * local_experts;
-    rows_to_self_ = std::accumulate(first, first + local_experts, int64_t{0});
-  }
+  const auto& rows =
+      layout_ == Layout::kThroughput ? routing_.dest_rows : routing_.dest_expert_rows;
+  const int per_rank = layout_ == Layout::kThroughput ? 1 : local_experts;
+  const auto self = rows.begin() + rank * per_rank;
+  rows_to_self_ = std::accumulate(self, self + per_rank, int64_t{0});
+  rows_to_peers_ = std::accumulate(rows.begin(), rows.end(), int64_t{0}) - rows_to_self_;
   topk_mismatch_.store(-1, std::memory_order_relaxed);
   shape_mismatch_.store(-1, std::memory_order_relaxed);
 }

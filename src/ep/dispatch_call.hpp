@@ -14,6 +14,7 @@
 
 #include "core/local_array.hpp"
 #include "ep/routing.hpp"
+#include "ep/store_tuner.hpp"
 #include "ep/window.hpp"
 #include "ubep/error.hpp"
 
@@ -87,13 +88,22 @@ class DispatchCall {
   // instead of in memory. Zen 1 VM, 2 MPI ranks, alternated (docs/PERFORMANCE.md, eleventh
   // session): 1 token (56 KiB to itself) dispatch 12.3 -> 10.5 us; 4 tokens (224 KiB) 44 -> 34
   // us and the expert's read 80 -> 64 us; 16 tokens (900 KiB) 236 -> 305 us, a loss, hence the
-  // bound (half the smallest L2 the project runs on, Zen 1's 512 KiB).
+  // bound (half the smallest L2 the project runs on, Zen 1's 512 KiB). And a small call's rows to
+  // peers take the stores this rank measured faster (StoreTuner: which one wins depends on the
+  // machine's state, not on a size).
   static constexpr size_t kPlainSelfBytes = 256 << 10;
   // Whether a row from `source` into `dest`'s window of `bytes` (payload and scales) streams.
   bool streams_row(int dest, int source, size_t bytes) const {
-    return dest != rank || source != rank ||
-           static_cast<size_t>(rows_to_self_) * bytes > kPlainSelfBytes;
+    if (dest == rank && source == rank)
+      return static_cast<size_t>(rows_to_self_) * bytes > kPlainSelfBytes;
+    return stream_to_peers_;
   }
+  // Around the send of this rank's rows: choose_stores() before, with the window's row codec;
+  // sent() after, with the send stage's own work (us), which the tuner learns from.
+  void choose_stores(const RowCodec& codec) {
+    stream_to_peers_ = store_tuner_.stream(static_cast<size_t>(rows_to_peers_) * codec.row_bytes());
+  }
+  void sent(double own_us) { store_tuner_.record(own_us); }
 
   // --- sender side: where this rank's rows start at each destination (from the count records
   // of the lower-ranked sources). Kept for combine, which reads the rows back there.
@@ -184,7 +194,10 @@ class DispatchCall {
   std::vector<std::atomic<uint64_t>> offsets_ready_;  // [R]
   std::vector<uint8_t> masked_;                       // [R]
   uint64_t send_generation_ = 0;
-  int64_t rows_to_self_ = 0;  // this call's rows from this rank into its own window
+  int64_t rows_to_self_ = 0;   // this call's rows from this rank into its own window
+  int64_t rows_to_peers_ = 0;  // and into other ranks' windows
+  bool stream_to_peers_ = true;
+  StoreTuner store_tuner_;
   std::atomic<int> topk_mismatch_{-1};
   std::atomic<int> shape_mismatch_{-1};
   // Visits every non-empty (expert or 0, source) range in compact order: fn(e, s, begin,

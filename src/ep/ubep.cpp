@@ -190,6 +190,7 @@ void Ubep::dispatch_send(DispatchCall& call) {
           ctx_.same_host(dest) ? call.routing().dest_rows[static_cast<size_t>(dest)] : 0;
     scheduler_->plan({ctx_.rank(), 0, plan_rows_, static_cast<int64_t>(ctx_.row_bytes())}, plan_);
   }
+  call.choose_stores(ctx_.win.codec());
   ctx_.dp.run_roles([&](int member) {
     if (member == 0) {
       // Remote hosts first: their data has furthest to go. Then the count records.
@@ -208,6 +209,7 @@ void Ubep::dispatch_send(DispatchCall& call) {
     ctx_.waiter.wait_for([&] { return ctx_.relay->counts_forwarded(); }, true,
                          [] { return std::string("relayed messages"); });
   timer.lap("send");
+  call.sent(timer.last_own_us());
 }
 
 Arrivals Ubep::dispatch_recv(DispatchCall& call) {
