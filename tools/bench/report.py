@@ -256,7 +256,8 @@ measured in the same run on the same ranks:
 * **bound**: every rank at once (the same start barrier before each op) copies the rows it sends from its
   tokens into their places in the destinations' shared windows, where the call's layout puts
   them (latency layout: each local expert's region, each source's part of it; dispatch;
-  candidates memcpy and 16- and 64-byte non-temporal store loops); then, after a fresh untimed
+  candidates memcpy and 16- and 64-byte non-temporal store loops, and the widest of those with
+  plain stores for a small call's rows to the rank itself, as the library stores them); then, after a fresh untimed
   dispatch and an untimed expert copy of the received rows into the combine input as the
   bench's expert does (so each candidate finds the rows where and as warm as a call does, and
   never in cache from the previous candidate), reads its tokens' rows back from there (combine;
