@@ -144,10 +144,10 @@ TEST(StoreTuner, SizeClassesLearnApartAndLargeCallsAlwaysStream) {
   warm_up(tuner, 40 << 10);
   EXPECT_FALSE(probe_round(tuner, 40 << 10, 10.0, 6.0));
   // Another size class has not been probed: it warms up and starts its own round.
-  warm_up(tuner, 1 << 20);
-  EXPECT_TRUE(tuner.stream(1 << 20));
+  warm_up(tuner, 200 << 10);
+  EXPECT_TRUE(tuner.stream(200 << 10));
   tuner.record(3.0);
-  EXPECT_FALSE(tuner.stream(1 << 20)) << "its second probe";
+  EXPECT_FALSE(tuner.stream(200 << 10)) << "its second probe";
   tuner.record(3.0);
   for (int i = 0; i < 3; ++i) {
     EXPECT_TRUE(tuner.stream(StoreTuner::kAlwaysStreamBytes)) << "large calls stream";

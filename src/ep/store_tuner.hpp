@@ -4,9 +4,11 @@
 // on the project's Zen 1 VM (2 MPI ranks, the bench's bound harness, same binary, minutes apart)
 // one token's 8 rows took 6.8 us with plain stores against 10.6 non-temporal in one state of
 // the machine, and 17.5-30 against 7.7-10.5 in another; an fp8 call of 4 tokens 11.0 against
-// 20.5 (docs/PERFORMANCE.md, eleventh session). Large calls always stream: there plain stores
-// read every line before writing it (3 bytes of traffic per byte instead of 2) and lost by
-// 1.7x in every run (decode, 128 tokens: 3,387 against 1,930 us).
+// 20.5 (docs/PERFORMANCE.md, eleventh session). Calls moving 512 KiB or more to peers always
+// stream: there plain stores read every line before writing it (3 bytes of traffic per byte
+// instead of 2) and lost in every run, by 1.9x at 16 tokens (about 900 KiB to the peer: 484-495
+// against 263-265 us) and 1.7x at 128 (3,387 against 1,930 us), while plain stores won some
+// runs up to 224 KiB (4 tokens). Probing there would cost its plain calls and gain nothing.
 //
 // Per size class (the bit width of the call's bytes to peers), the tuner streams the class's first
 // kWarmupCalls calls untimed (first touches of the window, cold caches: in a debug build the
@@ -30,7 +32,7 @@ namespace ubep::ep {
 class StoreTuner {
  public:
   // Calls moving this many bytes or more to peers always stream, and are not timed.
-  static constexpr size_t kAlwaysStreamBytes = size_t{4} << 20;
+  static constexpr size_t kAlwaysStreamBytes = size_t{512} << 10;
   static constexpr int kWarmupCalls = 2;         // per class: streamed, untimed
   static constexpr int kProbes = 4;              // samples of each policy per probing round
   static constexpr int kFirstExploitCalls = 32;  // calls on the choice after the first round,
