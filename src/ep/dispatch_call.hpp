@@ -196,6 +196,9 @@ class DispatchCall {
   uint64_t send_generation_ = 0;
   int64_t rows_to_self_ = 0;   // this call's rows from this rank into its own window
   int64_t rows_to_peers_ = 0;  // and into other ranks' windows
+  // Written by the calling thread in choose_stores() before run_roles() starts the senders, read
+  // by them during it: the team's start orders the write before their reads, as it does for the
+  // routing, and nothing writes it again until the team has joined.
   bool stream_to_peers_ = true;
   StoreTuner store_tuner_;
   std::atomic<int> topk_mismatch_{-1};
