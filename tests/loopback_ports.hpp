@@ -26,7 +26,8 @@ namespace ubep::test {
 // network stack, where datagrams were measured held up to 99 ms under the test suite's load
 // (docs/ELASTIC.md, "A lost host"), past the default 60 ms threshold (an ASan CI run of 58de464:
 // TcpTwoBuffers' host 0 judged both others lost). These tests check behaviour, not detection
-// time: 250 ms, set before any rank forks (an explicit setting in the environment wins).
+// time: 250 ms, set before any rank forks (an explicit setting in the environment wins). Under
+// ctest it is set already (cmake/test_environment.cmake); this covers the binaries run by hand.
 inline const int kSharedKernelHeartbeat = setenv("UBEP_HOST_HEARTBEAT", "10,250", 0);
 
 // n distinct free ports on 127.0.0.1 (all held while probing, so none comes twice).
