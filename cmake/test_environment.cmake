@@ -13,9 +13,10 @@
 # the default's detection time (tests/test_host_heartbeat.cpp sets its own thresholds); those
 # times come from tests/vhosts/host_loss_trials.sh run by hand on a quiet machine (ELASTIC.md).
 function(ubep_set_test_environment)
-  set(file ${CMAKE_BINARY_DIR}/ubep_test_environment.cmake)
+  set(file ${PROJECT_BINARY_DIR}/ubep_test_environment.cmake)
   file(WRITE ${file} "if(NOT DEFINED ENV{UBEP_HOST_HEARTBEAT})\n"
                      "  set(ENV{UBEP_HOST_HEARTBEAT} \"10,250\")\n"
                      "endif()\n")
-  set_property(DIRECTORY ${CMAKE_SOURCE_DIR} APPEND PROPERTY TEST_INCLUDE_FILES ${file})
+  # ubep's own top directory (PROJECT_*: also when ubep is a parent project's subdirectory)
+  set_property(DIRECTORY ${PROJECT_SOURCE_DIR} APPEND PROPERTY TEST_INCLUDE_FILES ${file})
 endfunction()
