@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <thread>
 
@@ -25,11 +26,40 @@
 namespace ubep {
 namespace {
 
+// A base port P below the kernel's ephemeral range (32768-60999 by default) with P, P+1, P+2,
+// P+100 and P+200 free on 127.0.0.1: the kernel never hands these to another test's socket, so a
+// door asked here is nobody's. Fixed ports at 39411+ were inside that range, and an ASan CI run
+// (d6213a6) met a concurrent test's socket on one of them: the replacement's ask reached it and
+// timed out instead of finding no door.
+int free_door_base() {
+  for (int base = 28411; base < 32000; base += 300) {
+    bool all_free = true;
+    std::vector<int> held;
+    for (int port : {base, base + 1, base + 2, base + 100, base + 200}) {
+      sockaddr_in at{};
+      at.sin_family = AF_INET;
+      at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      at.sin_port = htons(static_cast<uint16_t>(port));
+      const int fd = socket(AF_INET, SOCK_STREAM, 0);
+      held.push_back(fd);
+      all_free &= fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0;
+    }
+    for (int fd : held)
+      if (fd >= 0) close(fd);
+    if (all_free) return base;
+  }
+  return 0;
+}
+
+std::string at(int port) { return "127.0.0.1:" + std::to_string(port); }
+
 // Host 0 of 2 is refused (nobody is left once it is lost), a malformed host list is named, and
 // with no door answering the error names every door it asked, well within the timeout.
 TEST(TcpGroupSetUp, AReplacementNamesTheDoorsItAsked) {
+  const int p = free_door_base();
+  ASSERT_NE(p, 0) << "no free base port below the ephemeral range on 127.0.0.1";
   TcpLaunch l;
-  l.rendezvous = "127.0.0.1:39411";
+  l.rendezvous = at(p);
   l.hosts = 2;
   l.host = 0;
   l.rejoin = true;
@@ -50,13 +80,13 @@ TEST(TcpGroupSetUp, AReplacementNamesTheDoorsItAsked) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("host 1's 'no-ip'"), std::string::npos) << e.what();
   }
-  l.host_ips.clear();  // on loopback every host's door is known: ports 39412, 39413
+  l.host_ips.clear();  // on loopback every host's door is known: ports p + 1, p + 2
   const auto t0 = std::chrono::steady_clock::now();
   try {
     make_tcp_group(l, opts);
     ADD_FAILURE() << "joined without a live host";
   } catch (const PeerFailedError& e) {
-    EXPECT_NE(std::string(e.what()).find("asked 127.0.0.1:39412, 127.0.0.1:39413"),
+    EXPECT_NE(std::string(e.what()).find("asked " + at(p + 1) + ", " + at(p + 2)),
               std::string::npos)
         << e.what();
   }
@@ -65,18 +95,18 @@ TEST(TcpGroupSetUp, AReplacementNamesTheDoorsItAsked) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
   // Door ports passed in the launch (not the rendezvous' port + host): asked there; a list of
   // the wrong length, or a host 0 entry that is not the rendezvous', is named.
-  l.door_ports = {0, 39511, 39611};
+  l.door_ports = {0, p + 100, p + 200};
   try {
     make_tcp_group(l, opts);
     ADD_FAILURE() << "joined without a live host";
   } catch (const PeerFailedError& e) {
-    EXPECT_NE(std::string(e.what()).find("asked 127.0.0.1:39511, 127.0.0.1:39611"),
+    EXPECT_NE(std::string(e.what()).find("asked " + at(p + 100) + ", " + at(p + 200)),
               std::string::npos)
         << e.what();
   }
-  l.door_ports = {39411, 39511};
+  l.door_ports = {p, p + 100};
   EXPECT_THROW(make_tcp_group(l, opts), InvalidArgument);
-  l.door_ports = {1234, 39511, 39611};
+  l.door_ports = {1234, p + 100, p + 200};
   try {
     make_tcp_group(l, opts);
     ADD_FAILURE() << "host 0's door port other than the rendezvous' accepted";

@@ -79,9 +79,11 @@ void wait_ready(int fd, short events, Clock::time_point until, const DeathCheck*
     if (n > 0) return;
     if (n < 0 && errno != EINTR) sys_fail(detail::concat("poll (", what, ")"));
     if (deaths) deaths->check(peer, [&] { return std::string(what); });
-    if (Clock::now() > until)
-      throw TimeoutError(detail::concat("timed out waiting for rank ", peer, " in ", what,
-                                        " (is its host's launcher running?)"));
+    if (Clock::now() > until)  // peer -1: not known yet (a hello, or a door asked by address)
+      throw TimeoutError(
+          detail::concat("timed out waiting for ",
+                         peer < 0 ? std::string("a peer") : detail::concat("rank ", peer), " in ",
+                         what, " (is its host's launcher running?)"));
   }
 }
 
