@@ -5,6 +5,8 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <random>
+#include <string>
 #include <thread>
 
 #include "expect_invalid.hpp"
@@ -257,6 +259,52 @@ TEST(Placement, MismatchedLayoutIsNamed) {
       expect_invalid([&] { buf.dispatch(a); }, {"rank ", "made a different call"});
     });
   }
+}
+
+// One buffer, calls of changing size and layout: receive_counts rewrites only the ranges of
+// experts that received rows in a latency call or the one before (dispatch_call.cpp), so every
+// (expert, source) range and count must still be exact after a large call, a one-token call, an
+// empty call, a throughput call in between and a call that a peer made differently. The count
+// records themselves are written by the lines that changed (Window::publish_count).
+TEST(Placement, RangesStayExactAcrossCallsOfChangingSize) {
+  constexpr int R = 3;
+  for (Placement placement : {Placement::kAuto, Placement::kCompact, Placement::kPerSource})
+    for (Algorithm algo : {Algorithm::kBsp, Algorithm::kUbep}) {
+      SCOPED_TRACE(std::string(placement_name(placement)) + " " + algorithm_name(algo));
+      Case c;
+      c.experts = 3 * 40;  // 40 local experts: count records of 3 lines, written by line
+      c.hidden = 8;
+      c.capacity = 6;
+      c.topk = 2;
+      c.placement = placement;
+      run_on_threads(R, [&](Group& g) {
+        Buffer buf(g, config_for(c, algo));
+        std::mt19937_64 same_on_every_rank(91);
+        for (int call = 0; call < 24; ++call) {
+          Case k = c;
+          const uint64_t pick = same_on_every_rank();
+          k.layout = pick % 4 == 0 ? Layout::kThroughput : Layout::kLatency;
+          const int64_t sizes[4] = {0, 1, 2, c.capacity};
+          for (int r = 0; r < R; ++r) k.tokens.push_back(sizes[(pick >> (2 * r + 2)) % 4]);
+          k.routing = (pick >> 9) % 2 ? Routing::kHot : Routing::kUniform;
+          k.seed = pick;
+          SCOPED_TRACE(k.describe() + " call " + std::to_string(call));
+          if (call == 9) {  // rank 1 makes the other layout: named, and the next calls exact
+            const Problem p = make_problem(R, k.experts, k.hidden, k.dtype, {1, 1, 1}, k.topk,
+                                           Routing::kUniform, 5);
+            const Layout mine = g.rank() == 1 ? Layout::kThroughput : Layout::kLatency;
+            const DispatchArgs a = p.inputs[static_cast<size_t>(g.rank())].args(k.dtype, 8, mine);
+            expect_invalid([&] { buf.dispatch(a); }, {"made a different call"});
+            g.barrier();
+            continue;
+          }
+          const Problem p =
+              make_problem(R, k.experts, k.hidden, k.dtype, k.tokens, k.topk, k.routing, k.seed);
+          run_and_check(g, k, p, &buf, nullptr);
+          g.barrier();
+        }
+      });
+    }
 }
 
 }  // namespace

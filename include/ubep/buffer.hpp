@@ -96,7 +96,9 @@ struct DispatchArgs {
 };
 
 // Outputs of one dispatch. Views into memory owned by the Buffer (shared memory, written in
-// place by the senders): valid until the next dispatch on the same Buffer.
+// place by the senders): valid until the next dispatch on the same Buffer, and read-only
+// (recv_count and recv_range are updated in place from one call to the next: a view written
+// by the caller may show the write again in a later call).
 struct DispatchResult {
   Layout layout = Layout::kThroughput;
   int64_t num_recv_rows = 0;  // throughput: rows of recv_x

@@ -179,6 +179,11 @@ class DispatchCall {
 
  private:
   void build_routing(const DispatchArgs& a, const BufferConfig& cfg);
+  // receive_counts' two passes: every (expert, source) range, or (latency layout, between calls
+  // of one placement) only those of experts that received rows now or in the last call; false
+  // when a source made another call (the dense pass then names it).
+  void receive_all_counts(const Window& w);
+  bool receive_expert_counts(const Window& w);
 
   Routing routing_;
   RowArrays rows_;
@@ -187,10 +192,15 @@ class DispatchCall {
   Layout layout_ = Layout::kThroughput;
   Placement placement_ = Placement::kCompact;
   std::vector<int64_t> row_offset_at_;     // [R] throughput
-  std::vector<int64_t> expert_offset_at_;  // [R, El] latency
+  std::vector<int64_t> expert_offset_at_;  // [R, El] latency: set for the experts sent to only
   LocalArray recv_count_;                  // [El] int64
   LocalArray recv_range_;  // int64 (begin, count): latency [El, R, 2], throughput [R, 2]
   int64_t num_recv_rows_ = 0;
+  bool sparse_ranges_ = false;  // receive_counts' invariant holds (dispatch_call.cpp)
+  Placement ranges_placement_ = Placement::kCompact;  // the placement it holds for
+  std::vector<const int32_t*> sources_;               // [R] scratch: count records' expert rows
+  std::vector<int32_t> reached_;                      // [El] scratch: experts to rewrite
+  std::vector<int32_t> last_reached_;  // experts with rows in the last latency call (ascending)
   std::vector<std::atomic<uint64_t>> offsets_ready_;  // [R]
   std::vector<uint8_t> masked_;                       // [R]
   uint64_t send_generation_ = 0;
