@@ -264,15 +264,14 @@ TEST(Placement, MismatchedLayoutIsNamed) {
 // One buffer, calls of changing size and layout: receive_counts rewrites only the ranges of
 // experts that received rows in a latency call or the one before (dispatch_call.cpp), so every
 // (expert, source) range and count must still be exact after a large call, a one-token call, an
-// empty call, a throughput call in between and a call that a peer made differently. The count
-// records themselves are written by the lines that changed (Window::publish_count).
+// empty call, a throughput call in between and a call that a peer made differently.
 TEST(Placement, RangesStayExactAcrossCallsOfChangingSize) {
   constexpr int R = 3;
   for (Placement placement : {Placement::kAuto, Placement::kCompact, Placement::kPerSource})
     for (Algorithm algo : {Algorithm::kBsp, Algorithm::kUbep}) {
       SCOPED_TRACE(std::string(placement_name(placement)) + " " + algorithm_name(algo));
       Case c;
-      c.experts = 3 * 40;  // 40 local experts: count records of 3 lines, written by line
+      c.experts = 3 * 40;  // 40 local experts: count records of 3 cache lines
       c.hidden = 8;
       c.capacity = 6;
       c.topk = 2;

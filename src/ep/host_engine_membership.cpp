@@ -62,7 +62,6 @@ void HostEngine::adopt(const Membership::Resume& resume) {
   // keeps them from being taken for a new call's.
   window_.resume_after(resume.seq + 1);
   call_.set_masked(members_.masked_vector());
-  window_.forget_published_counts();   // a peer's window may be a replacement's now
   if (relay_) relay_->abandon_call();  // what the calls of the old view left posted or queued
   machine_.forget_dispatch();
 }

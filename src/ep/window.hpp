@@ -4,10 +4,8 @@
 // memory goes through the backend's data path.
 #pragma once
 
-#include <algorithm>
 #include <cstring>
 #include <memory>
-#include <vector>
 
 #include "backend/data_path.hpp"
 #include "core/wait.hpp"
@@ -22,12 +20,7 @@ using namespace ::ubep::protocol;
 class Window {
  public:
   Window(Group& group, const WindowLayout& map, backend::DataPath& dp, uint64_t initial_epoch)
-      : map_(map),
-        mem_(group.allocate_window(map.total)),
-        dp_(dp),
-        calls_(initial_epoch),
-        me_(group.rank()),
-        published_(static_cast<size_t>(2 * map.ranks)) {}
+      : map_(map), mem_(group.allocate_window(map.total)), dp_(dp), calls_(initial_epoch) {}
 
   const WindowLayout& map() const { return map_; }
   backend::DataPath& dp() const { return dp_; }
@@ -58,17 +51,13 @@ class Window {
   CountRecord count(int dest, int source) const { return map_.count(peer(dest), half(), source); }
 
   // --- messages ---
-  // Count record from `source` at `dest`, completed in the buffer's sync mode. This rank's own
-  // records are written as a delta: only the lines whose expert rows differ from what it wrote
-  // into the same record (dest, half) the last time (published_), since nobody else writes
-  // there. A small call changes a few of a record's lines (one token: at most 2 x topk entries
-  // of the 128 here), and the lines not written stay valid in the receiver's cache.
+  // Count record from `source` at `dest`, completed in the buffer's sync mode.
   void publish_count(int dest, int source, int32_t rows, int32_t topk, int32_t shape,
                      const int32_t* expert_rows) const {
     CountRecord rec = count(dest, source);
     const int32_t head[3] = {rows, topk, shape};
     dp_.put(rec.rows(), head, sizeof head);
-    put_expert_rows(rec, dest, source, expert_rows);
+    dp_.put(rec.expert_rows(), expert_rows, static_cast<size_t>(map_.local_experts) * 4);
     if (sync_ == SyncMode::kFused)
       dp_.publish(rec.tag(), tag());
     else  // stop-and-wait: fence, then a separate flag
@@ -149,12 +138,6 @@ class Window {
   uint32_t member_round(int src) const {
     return dp_.load(map_.member_record(local(), src).words + MemberRecord::kRound);
   }
-  // Forgets what this rank last wrote into its count records, so that the next call writes them
-  // whole: when the view changes (a peer's window may be a replacement's, mapped anew, perhaps
-  // at an address that held another), and on any path that may have left a record unknown.
-  void forget_published_counts() const {
-    for (PublishedCounts& p : published_) p.record = nullptr;
-  }
 
  private:
   WindowLayout map_;
@@ -162,41 +145,6 @@ class Window {
   backend::DataPath& dp_;
   SyncMode sync_ = SyncMode::kFused;
   CallSequence calls_;
-  const int me_;
-  // This rank's count record at (dest, half) as it last wrote it: the record's address (nullptr:
-  // unknown, write it whole) and its expert rows. One writer: the rank's offset role (member 0)
-  // in a call, the caller's thread between calls (forget_published_counts); calls do not overlap.
-  struct PublishedCounts {
-    const char* record = nullptr;
-    std::vector<int32_t> expert_rows;
-  };
-  mutable std::vector<PublishedCounts> published_;  // [R x 2]
-
-  void put_expert_rows(const CountRecord& rec, int dest, int source, const int32_t* rows) const {
-    const size_t El = static_cast<size_t>(map_.local_experts);
-    if (source != me_) {  // a relayed record: its source's own writer keeps no copy here
-      dp_.put(rec.expert_rows(), rows, El * 4);
-      return;
-    }
-    PublishedCounts& last = published_[static_cast<size_t>(2 * dest + half())];
-    if (last.record != rec.base) {
-      dp_.put(rec.expert_rows(), rows, El * 4);
-      last.expert_rows.assign(rows, rows + El);
-      last.record = rec.base;
-      return;
-    }
-    // By the record's cache lines: entry e sits at byte 12 + 4e (protocol.hpp CountRecord).
-    for (size_t e = 0; e < El;) {
-      const size_t line_end = ((12 + 4 * e) / kCacheLine + 1) * kCacheLine;
-      const size_t end = std::min(El, (line_end - 12) / 4);
-      const size_t bytes = (end - e) * 4;
-      if (std::memcmp(&last.expert_rows[e], rows + e, bytes) != 0) {
-        dp_.put(rec.expert_rows() + e, rows + e, bytes);
-        std::memcpy(&last.expert_rows[e], rows + e, bytes);
-      }
-      e = end;
-    }
-  }
 };
 
 }  // namespace ubep::ep
