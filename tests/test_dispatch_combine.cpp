@@ -224,5 +224,22 @@ TEST(DispatchCombineEdges, LargeCallsUseStreamingStores) {
     run_case(2, c, 1);
   }
 }
+
+// A throughput combine's rows take software prefetch or not as the reducer's tuner measured
+// faster (ep::TokenReducer, PolicyTuner): on one buffer, calls 3 to 10 of a size alternate both
+// ways (2 warm-up calls, then 4 probes of each). Every call's output must be the reference's
+// bits either way, for bsp and ubep. Rows of 2048 elements: the vector loops run, and their
+// prefetches reach into the next token's rows.
+TEST(DispatchCombineEdges, ThroughputCombinesStayExactWhileTheReducerProbesPrefetch) {
+  Case c;
+  c.experts = 12;
+  c.hidden = 2048;
+  c.dtype = DType::kBF16;
+  c.capacity = 7;
+  c.topk = 3;
+  c.layout = Layout::kThroughput;
+  c.tokens = {7, 5, 6};
+  run_case(3, c, 12);
+}
 }  // namespace
 }  // namespace ubep::test

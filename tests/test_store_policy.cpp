@@ -165,5 +165,37 @@ TEST(StoreTuner, ACallThatFailedBeforeItsTimeLeavesTheRoundIntact) {
   EXPECT_TRUE(probe_round(tuner, bytes, 5.0, 9.0));
 }
 
+// The tuner itself, as the combine's reduction uses it (TokenReducer: whether throughput rows
+// take software prefetch): no size limit, the first policy being the default.
+TEST(PolicyTuner, LargeSizesAreTunedToo) {
+  PolicyTuner tuner;
+  const size_t bytes = size_t{58} << 20;  // a prefill combine's output per rank
+  for (int i = 0; i < PolicyTuner::kWarmupCalls; ++i) {
+    EXPECT_FALSE(tuner.second(bytes)) << "warm-up call " << i << " takes the first policy";
+    tuner.record(0.001);  // ignored
+  }
+  for (int i = 0; i < 2 * PolicyTuner::kProbes; ++i) {
+    const bool second = tuner.second(bytes);
+    EXPECT_EQ(second, i % 2 == 1) << "probe " << i << " alternates, first policy first";
+    tuner.record(second ? 8'900.0 : 11'200.0);
+  }
+  for (int i = 0; i < PolicyTuner::kFirstExploitCalls; ++i)
+    ASSERT_TRUE(tuner.second(bytes)) << "the faster second policy is kept, call " << i;
+  EXPECT_FALSE(tuner.second(0)) << "an empty call takes the first policy";
+  tuner.record(1.0);  // not a probe: ignored
+  EXPECT_FALSE(tuner.second(size_t{1} << 63)) << "a new size class warms up first";
+}
+
+TEST(PolicyTuner, AnEqualMedianKeepsTheFirstPolicy) {
+  PolicyTuner tuner(size_t{1} << 20);
+  for (int i = 0; i < PolicyTuner::kWarmupCalls; ++i) tuner.second(4096);
+  for (int i = 0; i < 2 * PolicyTuner::kProbes; ++i) {
+    tuner.second(4096);
+    tuner.record(5.0);
+  }
+  EXPECT_FALSE(tuner.second(4096)) << "the second policy must be faster to be kept";
+  EXPECT_FALSE(tuner.second(size_t{1} << 20)) << "untuned from 1 MiB on";
+}
+
 }  // namespace
 }  // namespace ubep::ep

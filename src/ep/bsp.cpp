@@ -202,8 +202,10 @@ void Bsp::combine_send(const CombineCall& combine) {
   set_flags_and_verify(ctx_, combine.dispatch, kCombineOp);
   barrier(combine.dispatch, 4);
   timer.lap("set-flag & verify");
+  ctx_.reducer.begin(combine.dispatch);
   reduce_staged(combine);
   timer.lap("reduce");
+  ctx_.reducer.reduced(timer.last_own_us());
 }
 
 }  // namespace

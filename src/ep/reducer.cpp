@@ -18,6 +18,19 @@ TokenReducer::TokenReducer(const Group& g, const BufferConfig& cfg, backend::Dat
       part_(static_cast<size_t>(cfg.hidden)),
       acc_(static_cast<size_t>(dp.members()) * static_cast<size_t>(cfg.hidden)) {}
 
+void TokenReducer::begin(const DispatchCall& call) {
+  // Only the fused reduction (one host) prefetches at all.
+  timing_ = !relay_ && ranks_ <= kMaxFusedRows && call.layout() == Layout::kThroughput;
+  prefetch_sequential_ =
+      timing_ &&
+      prefetch_tuner_.second(static_cast<size_t>(call.routing().num_tokens) * row_bytes_);
+}
+
+void TokenReducer::reduced(double own_us) {
+  if (timing_) prefetch_tuner_.record(own_us);
+  timing_ = false;
+}
+
 const float* TokenReducer::remote_partial(int h, int64_t t) {
   if (!relay_->partial(h, t)) return nullptr;
   waiter_.wait_for([&] { return relay_->combine_partial_arrived(h); }, true,

@@ -11,6 +11,7 @@
 #include "backend/data_path.hpp"
 #include "core/local_array.hpp"
 #include "ep/dispatch_call.hpp"
+#include "ep/policy_tuner.hpp"
 #include "ep/waiter.hpp"
 #include "ep/window.hpp"
 
@@ -32,6 +33,13 @@ class TokenReducer {
   }
   // Member m's fp32 accumulator row [hidden] (a role team member reduces with its own).
   float* acc(int m) { return &acc_[static_cast<size_t>(m) * static_cast<size_t>(H_)]; }
+
+  // Around a combine's reduction of `call`, on the thread that runs the call: begin() before
+  // any reduce() (and before the worker team starts), reduced() after, with the stage's own
+  // work in microseconds (waits on peers excluded). They let prefetch_tuner_ choose whether a
+  // throughput call's rows take software prefetch (see prefetch_sequential_).
+  void begin(const DispatchCall& call);
+  void reduced(double own_us);
 
   // Reduces token t of `call` into y(out); acc_row is the caller's scratch; locate(t, j) -> the
   // row of the j-th contribution (throughput: j is the expert rank; latency: j is k), waited for.
@@ -62,6 +70,20 @@ class TokenReducer {
   LocalArray y_;
   std::vector<float> part_;  // [hidden] this host's partial (multi-host)
   std::vector<float> acc_;   // [members, hidden]
+  // Whether this call's throughput rows take the software prefetch (into L2, and the next
+  // token's rows as a token ends) that the latency layout's scattered rows always take. A
+  // throughput call's rows continue where the previous token's ended, so the hardware's
+  // prefetchers follow them; whether the hints still pay depends on the machine: on the Zen 4
+  // VM (prefill, 2 process ranks) the reduction took 6.7-7.3 ms with them against 5.4 without;
+  // on the Xeon VM of 2026-12-05 (Emerald Rapids) the whole combine 8.9 ms with them against
+  // 11.2 without (docs/PERFORMANCE.md, issue 31, fourteenth session). So prefetch_tuner_
+  // measures both on this rank (first policy: none). Written by begin() on the call's thread before
+  // the worker team starts, read by the members in reduce_fused(): the team's start
+  // (release/acquire) orders the write before every read, and nobody writes it again until the team
+  // has ended.
+  bool prefetch_sequential_ = false;
+  bool timing_ = false;  // this call's reduction is a sample for prefetch_tuner_
+  PolicyTuner prefetch_tuner_;
 };
 
 template <typename Locate, typename Where>
@@ -145,12 +167,9 @@ void TokenReducer::reduce_fused(const DispatchCall& call, char* out, int64_t t, 
     return n;
   };
   // Throughput rows lie in token order at each expert rank (a source's rows are contiguous),
-  // so the hardware prefetchers follow them; the software prefetches the latency layout's
-  // scattered rows need only compete with them here (2 process ranks, prefill, Zen 4 VM: this
-  // reduction alone in the bench's bound harness 6.7-7.3 ms with them, 5.4 ms without; the
-  // whole combine moved within its noise, docs/PERFORMANCE.md). Only the latency layout hints
-  // its next token's rows.
-  const bool sequential = layout == Layout::kThroughput;
+  // so the hardware prefetchers follow them; they take the software prefetches (and hint the
+  // next token's rows) only where this rank measured that faster (prefetch_sequential_).
+  const bool sequential = layout == Layout::kThroughput && !prefetch_sequential_;
   // The next token first: its gather overwrites `weights`, which t's gather then sets.
   const int next_n = next >= 0 && !sequential ? gather(next, where, next_rows) : 0;
   const int n = gather(t, locate, rows);

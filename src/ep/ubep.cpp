@@ -318,6 +318,7 @@ TensorView Ubep::combine_recv(const CombineCall& combine) {
   const int64_t tokens = call.routing().num_tokens;
   const SendStage send = last_send_stage();
   StageTimer timer(ctx_.stats, &ctx_.waiter.waited_ns());
+  ctx_.reducer.begin(call);
   if (ctx_.relay) {
     // Across hosts the caller's thread alone drives the transport, so it reduces alone too.
     for (int64_t t = 0; t < tokens; ++t)
@@ -341,6 +342,7 @@ TensorView Ubep::combine_recv(const CombineCall& combine) {
     });
   }
   timer.lap("receive + reduce");
+  ctx_.reducer.reduced(timer.last_own_us());
   keep_send_stage(send);
   return ctx_.reducer.y_view(tokens, combine.out);
 }
