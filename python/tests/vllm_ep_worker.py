@@ -130,6 +130,12 @@ def timed_again(kernel, layer, x, routes, untimed):
 def main():
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
+    # vLLM picks its AMX experts (X86CPUUnquantizedExperts) where CPUID shows AMX tiles, but
+    # Linux lets a process run tile instructions only once it has asked for the tile state
+    # (arch_prctl ARCH_REQ_XCOMP_PERM), and vLLM's MoE kernel does not ask: run alone, as here,
+    # its first `tilezero` died of SIGILL (Xeon Emerald Rapids VM, 2026-12-05). Ask for it.
+    if torch.cpu._is_amx_tile_supported() and not torch.cpu._init_amx():
+        raise RuntimeError("the CPU has AMX tiles but the kernel refused their state")
     dist.init_process_group("gloo", rank=rank, world_size=world)
     import vllm.model_executor.layers.fused_moe.modular_kernel as mk
     from vllm.model_executor.layers.fused_moe.prepare_finalize import (
