@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cstdlib>
 #include <vector>
 
 #include "core/local_array.hpp"
@@ -281,25 +280,6 @@ template <typename Done>
 void DispatchCall::send_rows(const Window& win, int dest, int64_t i, Done&& done) const {
   const int32_t t = routing_.dest_token(dest, i);
   const size_t tK = static_cast<size_t>(t) * static_cast<size_t>(routing_.topk);
-  static const bool xmeta = std::getenv("XMETA") != nullptr;
-  if (layout_ == Layout::kThroughput && xmeta) {
-    constexpr int64_t kAhead = 4;
-    if (i + kAhead < routing_.dest_rows[static_cast<size_t>(dest)]) {
-      const WindowLayout& m = win.map();
-      const auto a = static_cast<size_t>(row_offset_at_[static_cast<size_t>(dest)] + i + kAhead);
-      const size_t K = static_cast<size_t>(routing_.topk);
-      const backend::DataPath& dp = win.dp();
-      dp.prepare_put(win.at<int64_t>(dest, m.tp_src) + 2 * a, 16);
-      dp.prepare_put(win.at<int32_t>(dest, m.tp_idx) + a * K, 4 * K);
-      dp.prepare_put(win.at<float>(dest, m.tp_w) + a * K, 4 * K);
-      dp.prepare_put(win.at<Tag>(dest, m.tp_tag) + a, sizeof(Tag));
-      if (const size_t sb = m.codec.scale_bytes) {
-        char* sc = win.at<char>(dest, m.tp_scale) + a * sb;
-        dp.prepare_put(sc, 1);
-        dp.prepare_put(sc + sb - 1, 1);
-      }
-    }
-  }
   place_row(win, dest, rank, t, rows_.row(t), &routing_.topk_idx[tK], &routing_.topk_weights[tK],
             routing_.topk, i, &routing_.expert_slot[tK], row_offset_at_[static_cast<size_t>(dest)],
             &expert_offset_at_[static_cast<size_t>(dest * local_experts)],

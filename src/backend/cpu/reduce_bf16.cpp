@@ -10,7 +10,6 @@
 // The portable kernel widens with a zero-extension per 8 elements (about twice the operations).
 #include "backend/cpu/reduce_bf16.hpp"
 
-#include <cstdlib>
 #include <cstring>
 
 #include "ubep/bf16.hpp"
@@ -56,10 +55,8 @@ void reduce_tail(uint16_t* out, int64_t from, int64_t hidden, const uint16_t* co
 // process ranks). The distance shrinks with the number of rows so that about 4 KiB are in flight
 // in all: 512 B per row at 8 rows (256 B-1.5 KiB measured alike at 8 rows).
 inline int64_t prefetch_distance(int n) {
-  static const int64_t xpd = std::getenv("XPD") ? std::atoi(std::getenv("XPD")) : 2048;
-  static const int64_t xmax = std::getenv("XPDMAX") ? std::atoi(std::getenv("XPDMAX")) : 1024;
-  const int64_t per_row = n > 0 ? xpd / n : 1024;  // elements (2 bytes)
-  return per_row < 256 ? 256 : per_row > xmax ? xmax : per_row / 64 * 64;
+  const int64_t per_row = n > 0 ? 2048 / n : 1024;  // elements (2 bytes)
+  return per_row < 256 ? 256 : per_row > 1024 ? 1024 : per_row / 64 * 64;
 }
 inline void prefetch_128(const uint16_t* p) {
   _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1);
