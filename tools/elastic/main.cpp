@@ -284,6 +284,29 @@ int main(int argc, char** argv) {
       }
       if (rep.other_errors) std::printf("#   cycle %d, rank %d: %s\n", c, r, rep.last_error);
     }
+    // An error on one rank is often the echo of another's (a peer's broken buffer, CallLedger):
+    // in a cycle with one, every rank's first and last error is printed, so that the first
+    // cause can be read from the log (a CI of df8afcf: "rank 2's buffer broke (it failed
+    // call 59)" on rank 0, and nothing said why rank 2 had failed).
+    long cycle_other = 0;
+    for (int r = 0; r < o.ranks; ++r)
+      if (r != victim) cycle_other += res.ranks[static_cast<size_t>(r)].other_errors;
+    for (const RankReport& rp : res.replacements) cycle_other += rp.other_errors;
+    if (cycle_other > 0) {
+      for (int r = 0; r < o.ranks; ++r) {
+        const RankReport& rep = res.ranks[static_cast<size_t>(r)];
+        if (r == victim) continue;
+        std::printf(
+            "#   cycle %d, rank %d: %d completed, %d failed; first error (%.2f ms after the "
+            "kill): %s; last: %s\n",
+            c, r, rep.completed, rep.failed, rep.first_error_us / 1000,
+            rep.first_error[0] ? rep.first_error : "none",
+            rep.last_error[0] ? rep.last_error : "none");
+      }
+      for (const RankReport& rp : res.replacements)
+        std::printf("#   cycle %d, replacement: %d completed, %d failed; first error: %s\n", c,
+                    rp.completed, rp.failed, rp.first_error[0] ? rp.first_error : "none");
+    }
     if (cycle_not_rejoined > 0)
       for (const RankReport& rp : res.replacements)
         std::printf(
