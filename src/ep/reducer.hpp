@@ -77,10 +77,12 @@ class TokenReducer {
   // VM (prefill, 2 process ranks) the reduction took 6.7-7.3 ms with them against 5.4 without;
   // on the Xeon VM of 2026-12-05 (Emerald Rapids) the whole combine 8.9 ms with them against
   // 11.2 without (docs/PERFORMANCE.md, issue 31, fourteenth session). So prefetch_tuner_
-  // measures both on this rank (first policy: none). Written by begin() on the call's thread before
-  // the worker team starts, read by the members in reduce_fused(): the team's start
-  // (release/acquire) orders the write before every read, and nobody writes it again until the team
-  // has ended.
+  // measures both on this rank (first policy: none).
+  // Written by begin() on the call's thread before the worker team starts, read by the members
+  // in reduce_fused(): the team's start (release/acquire) orders the write before every read,
+  // and nobody writes it again until the team has ended. The stress test
+  // UbepStress.BackToBackCallsWithRandomDelays (throughput and latency calls, 0-2 workers,
+  // under ThreadSanitizer in CI) flips it while probing.
   bool prefetch_sequential_ = false;
   bool timing_ = false;  // this call's reduction is a sample for prefetch_tuner_
   PolicyTuner prefetch_tuner_;
