@@ -126,22 +126,7 @@ phase "release build"
 cmake --build build -j"$jobs"
 
 phase "release ctest"
-# A known, not yet fixed failure of elastic EP (docs/ELASTIC.md, "Known failure"): at the end of a
-# kill-and-replace loop a survivor's buffer can break on a peer's departure word, because the
-# ranks' call counts diverged in the agreement that let the replacement in. It fails
-# elastic_100_cycles or the Python elastic test in about half the CI runs on the fast Xeon VM.
-# When only those two fail, they run once more, saying so; anything else failing, or either of
-# them failing twice, fails CI.
-release_ctest() {
-  (cd build && ctest --output-on-failure -j"$jobs" -LE venv) && return 0
-  local others
-  others=$(cut -d: -f2 build/Testing/Temporary/LastTestsFailed.log |
-           grep -vxE 'elastic_100_cycles|python' || true)
-  [ -z "$others" ] || return 1
-  echo "test.sh: only the elastic tests with the known end-of-loop failure failed: once more"
-  (cd build && ctest --output-on-failure --rerun-failed)
-}
-release_ctest
+(cd build && ctest --output-on-failure -j"$jobs" -LE venv)
 if [ -n "$venv_pid" ]; then
   phase "waiting for the venv"
   if wait "$venv_pid"; then

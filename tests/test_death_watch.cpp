@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -103,6 +104,59 @@ TEST(DeathWatch, AnEventOfThePredecessorDoesNotKillTheReplacement) {
       << "the replacement's own death was not seen";
   watch.unsubscribe(id);
   for (pid_t p : {a, b, d, repl}) waitpid(p, nullptr, 0);
+}
+
+// The watch thread publishes a death in two steps: dead() turns true, then the subscribers run.
+// A rewatch between the two (the caller saw dead(), mapped the replacement, and an agreement
+// cleared the word a subscriber writes) must wait for the subscribers: a HostEngine's subscriber
+// that ran after it wrote kDeadWord for the live replacement, and that survivor then failed every
+// dispatch (ubep-elastic under load). Here the subscriber is held while rewatch is called: rewatch
+// must not return before it is released, and the replacement stays live.
+TEST(DeathWatch, RewatchWaitsForThePredecessorsSubscribers) {
+  const pid_t old_proc = live_child(), repl = live_child();
+  ASSERT_GT(old_proc, 0);
+  ASSERT_GT(repl, 0);
+  DeathWatch watch({old_proc});
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false, go = false, finished = false;
+  const int id = watch.subscribe([&](int) {
+    std::unique_lock<std::mutex> lock(mu);
+    if (entered) return;  // the replacement's own death, at the end
+    entered = true;
+    cv.notify_all();
+    cv.wait_for(lock, 10s, [&] { return go; });
+    finished = true;
+  });
+  kill(old_proc, SIGKILL);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, 10s, [&] { return entered; })) << "the death was not seen";
+  }
+  EXPECT_TRUE(watch.dead(0));
+  std::atomic<bool> rewatched{false};
+  std::thread caller([&] {
+    watch.rewatch(0, repl);
+    rewatched.store(true);
+  });
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(rewatched.load()) << "rewatch returned while the predecessor's subscriber ran";
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    go = true;
+    cv.notify_all();
+  }
+  caller.join();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_TRUE(finished);
+  }
+  EXPECT_FALSE(watch.dead(0)) << "the replacement counts as dead";
+  kill(repl, SIGKILL);
+  EXPECT_TRUE(within(5000ms, [&] { return watch.dead(0); }))
+      << "the replacement's own death was not seen";
+  watch.unsubscribe(id);
+  for (pid_t p : {old_proc, repl}) waitpid(p, nullptr, 0);
 }
 
 }  // namespace

@@ -148,6 +148,7 @@ void DeathWatch::watch_locked(int rank, pid_t pid) {
 }
 
 void DeathWatch::note_remote(int rank, const std::string& how, bool forwarded) {
+  const std::lock_guard publishing(peers_[rank].publish_mu);
   {
     std::lock_guard<std::mutex> lock(info_mu_);
     Peer& p = peers_[rank];
@@ -165,6 +166,7 @@ void DeathWatch::note_remote(int rank, const std::string& how, bool forwarded) {
 // the release store, so a reader that sees it alive (acquire) never reads the old death's how.
 // The rank has no pidfd here (another host's), so the watch thread never writes it.
 void DeathWatch::revive_remote(int rank) {
+  const std::lock_guard publishing(peers_[rank].publish_mu);  // see rewatch
   std::lock_guard<std::mutex> lock(info_mu_);
   Peer& p = peers_[rank];
   UBEP_CHECK_ARG(p.pidfd < 0, "revive_remote: rank ", rank, " is watched on this host");
@@ -177,8 +179,16 @@ bool DeathWatch::claim_forward(int rank) {
   return !peers_[rank].forwarded.exchange(true, std::memory_order_acq_rel);
 }
 
+// A death published just before (dead set, subscribers not yet run: the watch thread was
+// preempted between the two) must not reach the subscribers after the replacement is watched:
+// a HostEngine clears its kDeadWord for the rank once the replacement is agreed, and a
+// subscriber's late store put it back for good (a survivor then failed every dispatch naming
+// the live replacement dead: ubep-elastic, 1 of 5 runs under load). Holding the rank's
+// publish_mu makes this wait for such a publication to finish; one that has not taken the
+// lock yet finds the new generation and drops the stale event.
 void DeathWatch::rewatch(int rank, pid_t pid) {
   if (epoll_fd_ < 0) return;
+  const std::lock_guard publishing(peers_[rank].publish_mu);
   {
     std::lock_guard<std::mutex> lock(info_mu_);
     watch_locked(rank, pid);
@@ -216,6 +226,7 @@ void DeathWatch::unsubscribe(int id) {
 }
 
 void DeathWatch::record_death(int rank, uint32_t generation) {
+  const std::lock_guard publishing(peers_[rank].publish_mu);  // see rewatch
   {
     std::lock_guard<std::mutex> lock(info_mu_);
     Peer& p = peers_[rank];

@@ -52,6 +52,8 @@ class DeathWatch {
 
   // fn(rank) runs on the watch thread once per death, after dead(rank) is true. unsubscribe
   // returns only once fn is not running and will not run again (so fn may capture its owner).
+  // rewatch and revive_remote return only once every fn of the predecessor's death has returned,
+  // so whatever a subscriber wrote for that death is there for the caller to undo, never after.
   int subscribe(std::function<void(int)> fn);
   void unsubscribe(int id);
 
@@ -83,6 +85,9 @@ class DeathWatch {
     // number: closing the old pidfd and opening the new one gives the same number back, so an
     // event of the dead predecessor that the thread already took would match the replacement.
     uint32_t generation = 0;
+    // Held by a death's publication (dead set, subscribers run) and by rewatch/revive_remote:
+    // one rank's publication never overlaps its revival (lock order: this, subs_mu_, info_mu_).
+    std::mutex publish_mu;
   };
   std::unique_ptr<Peer[]> peers_;
   int ranks_ = 0;

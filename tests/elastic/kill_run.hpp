@@ -78,7 +78,10 @@ struct RunResult {
 // Forks opt.ranks processes and runs the loop; returns when all have ended.
 RunResult run_kill_loop(const RunOptions& opt);
 
-// Files named /dev/shm/ubep-<pid>-* right now, for any pid in `pids` (all when empty).
+// Files named /dev/shm/ubep-<pid>-* right now, for any pid in `pids` (all when empty). With
+// `pids`, those of a pid that a live process holds now are not counted: the pids are of ended
+// (reaped) processes, and with pid_max 32768 a concurrent test's process (ctest -j) can be
+// given one of them and make its own segments under it (ubep-elastic beside the MPI tests).
 int count_shm_segments(const std::vector<int>& pids = {});
 
 }  // namespace ubep::elastic
