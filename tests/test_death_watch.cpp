@@ -1,9 +1,13 @@
-// bootstrap::DeathWatch's rewatch (a replacement process takes a dead rank's place): an epoll
-// event of the dead predecessor that the watch thread already took must not count against the
-// replacement. The event named the pidfd's number, and the replacement's pidfd gets that number
-// back (the lowest free descriptor), so the stale event marked the live replacement dead: in
-// ubep-elastic (CI of fec9263, elastic_100_cycles) a survivor masked the replacement at its own
-// incarnation, and it never served. This test makes that interleaving happen every run.
+// bootstrap::DeathWatch when a replacement process takes a dead rank's place (rewatch): nothing
+// of the dead predecessor's death may reach the live replacement.
+// - AnEventOfThePredecessorDoesNotKillTheReplacement: an epoll event of the predecessor that the
+//   watch thread already took. The event named the pidfd's number, and the replacement's pidfd
+//   gets that number back (the lowest free descriptor), so the stale event marked the live
+//   replacement dead: in ubep-elastic (CI of fec9263, elastic_100_cycles) a survivor masked the
+//   replacement at its own incarnation, and it never served.
+// - RewatchWaitsForThePredecessorsSubscribers: a death whose subscribers had not run yet when the
+//   replacement was watched (ubep-elastic under load, 2026-12-06).
+// Both make their interleaving happen every run.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>

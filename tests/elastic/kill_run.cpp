@@ -421,6 +421,7 @@ RunResult run_kill_loop(const RunOptions& opt) {
       mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) throw SystemError("run_kill_loop: mmap");
   Shared* shared = new (mem) Shared();
+  const std::vector<std::string> before = shm_segments();  // not this run's, whatever their pid
   bootstrap::ForkMeeting meeting(o.ranks);
   std::vector<pid_t> pids;
   for (int r = 0; r < o.ranks; ++r) {
@@ -488,27 +489,35 @@ RunResult run_kill_loop(const RunOptions& opt) {
     result.replacements.push_back(rep);
     pids.push_back(pid);
   }
-  result.leftover_segments = count_shm_segments(std::vector<int>(pids.begin(), pids.end()));
+  result.pids.assign(pids.begin(), pids.end());
+  for (std::string& name : shm_segments(result.pids))
+    if (std::find(before.begin(), before.end(), name) == before.end())
+      result.leftover_names.push_back(std::move(name));
+  const std::string rdv = "ubep-rdv-" + o.elastic_name;
+  if (!o.elastic_name.empty() && access(("/dev/shm/" + rdv).c_str(), F_OK) == 0 &&
+      std::find(before.begin(), before.end(), rdv) == before.end())
+    result.leftover_names.push_back(rdv);
+  result.leftover_segments = static_cast<int>(result.leftover_names.size());
   shared->~Shared();
   munmap(mem, sizeof(Shared));
   return result;
 }
 
-int count_shm_segments(const std::vector<int>& pids) {
-  int n = 0;
+std::vector<std::string> shm_segments(const std::vector<int>& pids) {
+  std::vector<std::string> names;
   if (DIR* d = opendir("/dev/shm")) {
     while (dirent* e = readdir(d)) {
       if (std::strncmp(e->d_name, "ubep-", 5) != 0) continue;
-      const int pid = std::atoi(e->d_name + 5);
-      if (pids.empty()) {
-        ++n;
-      } else if (std::find(pids.begin(), pids.end(), pid) != pids.end()) {
-        if (kill(pid, 0) != 0 && errno == ESRCH) ++n;  // nobody holds the pid: ours, left
+      if (!pids.empty()) {
+        const int pid = std::atoi(e->d_name + 5);
+        if (std::find(pids.begin(), pids.end(), pid) == pids.end()) continue;
+        if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // a live process holds the pid now
       }
+      names.emplace_back(e->d_name);
     }
     closedir(d);
   }
-  return n;
+  return names;
 }
 
 }  // namespace ubep::elastic

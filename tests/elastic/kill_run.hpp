@@ -72,16 +72,23 @@ struct RunResult {
   std::vector<RankReport> ranks;
   std::vector<RankReport> replacements;  // one per replaced victim, in victims' order
   std::string error;                     // set-up failures
-  int leftover_segments = 0;  // /dev/shm/ubep-<pid>-* of this run's processes after they ended
+  // What this run left in /dev/shm after its processes ended: ubep-<pid>-* of its pids, and its
+  // rendezvous (ubep-rdv-<elastic name>); names there before the run are not counted.
+  int leftover_segments = 0;
+  std::vector<std::string> leftover_names;
+  std::vector<int> pids;  // ranks, then replacements: whose names leftover_names are
 };
 
 // Forks opt.ranks processes and runs the loop; returns when all have ended.
 RunResult run_kill_loop(const RunOptions& opt);
 
-// Files named /dev/shm/ubep-<pid>-* right now, for any pid in `pids` (all when empty). With
-// `pids`, those of a pid that a live process holds now are not counted: the pids are of ended
-// (reaped) processes, and with pid_max 32768 a concurrent test's process (ctest -j) can be
-// given one of them and make its own segments under it (ubep-elastic beside the MPI tests).
-int count_shm_segments(const std::vector<int>& pids = {});
+// Names /dev/shm/ubep-* right now: with `pids`, only ubep-<pid>-* of those pids that no live
+// process holds now. The pids are of ended (reaped) processes, and with pid_max 32768 a
+// concurrent test's process (ctest -j) can be given one of them and make its own segments
+// under it (ubep-elastic beside the MPI tests).
+std::vector<std::string> shm_segments(const std::vector<int>& pids = {});
+inline int count_shm_segments(const std::vector<int>& pids = {}) {
+  return static_cast<int>(shm_segments(pids).size());
+}
 
 }  // namespace ubep::elastic

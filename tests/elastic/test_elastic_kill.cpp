@@ -102,14 +102,18 @@ TEST(StoppedRank, IsNotDeclaredDead) {
   for (int r = 0; r < o.ranks; ++r) {
     const RankReport& rep = res.ranks[static_cast<size_t>(r)];
     SCOPED_TRACE("rank " + std::to_string(r) + " completed " + std::to_string(rep.completed) +
-                 " failed " + std::to_string(rep.failed) + " other " +
-                 std::to_string(rep.other_errors) + " masked " + std::to_string(rep.masked_calls) +
-                 " first: " + rep.first_error + " | last: " + rep.last_error);
+                 " failed " + std::to_string(rep.failed) + " tail " +
+                 std::to_string(rep.tail_failed) + " other " + std::to_string(rep.other_errors) +
+                 " masked " + std::to_string(rep.masked_calls) + " first: " + rep.first_error +
+                 " | last: " + rep.last_error);
     EXPECT_FALSE(rep.died) << "rank " << r;
     EXPECT_EQ(rep.wrong, 0) << "rank " << r;
     EXPECT_EQ(std::string(rep.first_error).find("died"), std::string::npos) << rep.first_error;
     if (r != 1) {
-      EXPECT_GE(rep.other_errors + rep.failed, 1) << "rank " << r;
+      // Its failed calls may all fall in the tail: the first survivor's buffer broke at the
+      // timeout, and it ran through its last calls (each failing at once) before this one
+      // read its word, so this one's echo ends its loop as a peer that finished (kill_run).
+      EXPECT_GE(rep.other_errors + rep.failed + rep.tail_failed, 1) << "rank " << r;
       EXPECT_EQ(rep.masked_calls, 0) << "rank " << r;
     }
   }

@@ -315,6 +315,13 @@ int main(int argc, char** argv) {
             c, rp.first_call_us / 1000, rp.completed, rp.failed, rp.exit_signal,
             rp.last_error[0] ? rp.last_error : "none");
     leftover += res.leftover_segments;
+    if (res.leftover_segments > 0) {  // named, --quiet or not, with whose pids they are
+      std::string names, pids;
+      for (const std::string& n : res.leftover_names) (names += ' ') += n;
+      for (const int p : res.pids) (pids += ' ') += std::to_string(p);
+      std::printf("#   cycle %d: left in /dev/shm:%s (pids of ranks 0..%d, then replacements:%s)\n",
+                  c, names.c_str(), o.ranks - 1, pids.c_str());
+    }
     if (!quiet)
       std::printf("| %d | %s | %.2f | %.2f | %.2f | %s | %d | %ld |\n", c, phase_name(ph), e, m,
                   serve, failed.c_str(), full_min, cycle_wrong);
