@@ -183,9 +183,9 @@ bool DeathWatch::claim_forward(int rank) {
 // preempted between the two) must not reach the subscribers after the replacement is watched:
 // a HostEngine clears its kDeadWord for the rank once the replacement is agreed, and a
 // subscriber's late store put it back for good (a survivor then failed every dispatch naming
-// the live replacement dead: ubep-elastic, 1 of 5 runs under load). Holding the rank's
-// publish_mu makes this wait for such a publication to finish; one that has not taken the
-// lock yet finds the new generation and drops the stale event.
+// the live replacement dead: 7,359 dispatches in 5 s, in 1 of 8 ubep-elastic runs under
+// load). Holding the rank's publish_mu makes this wait for such a publication to finish; one
+// that has not taken the lock yet finds the new generation and drops the stale event.
 void DeathWatch::rewatch(int rank, pid_t pid) {
   if (epoll_fd_ < 0) return;
   const std::lock_guard publishing(peers_[rank].publish_mu);
