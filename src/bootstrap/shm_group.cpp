@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 
 #include "core/log.hpp"
 #include "core/wait.hpp"
@@ -99,8 +101,27 @@ ShmGroup::~ShmGroup() {
 
 std::unique_ptr<SharedWindow> ShmGroup::allocate_window(size_t bytes) {
   Bootstrap& boot = control_ ? window_bootstrap() : *bootstrap_;  // the constructor's: its own
-  return std::make_unique<ShmWindow>(bytes, rank(), size(), host_vec_, boot, rendezvous_.get(),
-                                     windows_++, 0);
+  try {
+    return std::make_unique<ShmWindow>(bytes, rank(), size(), host_vec_, boot, rendezvous_.get(),
+                                       windows_++, 0);
+  } catch (const SystemError& e) {
+    // A peer's segment this rank could not map is most often a dead peer's: a survivor's death
+    // watch unlinks a dead rank's names before it publishes the death, so a slower rank can find
+    // the name gone before its own watch has seen the death (CI of 75bb10e,
+    // mpi_kill_wait_setup_local: "shm_open(/ubep-...): No such file or directory" instead of
+    // "rank 2 died (signal 9)"). Name the death once this rank's watch has it (it sees a death
+    // within milliseconds); otherwise the window's own error stands.
+    if (death_check_) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+      do {
+        death_check_->check(-1, [&] {
+          return detail::concat("its peers' shared-memory windows (", e.what(), ")");
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      } while (std::chrono::steady_clock::now() < until);
+    }
+    throw;
+  }
 }
 
 void ShmGroup::peer_replaced(int rank) {
