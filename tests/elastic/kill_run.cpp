@@ -497,7 +497,6 @@ RunResult run_kill_loop(const RunOptions& opt) {
   if (!o.elastic_name.empty() && access(("/dev/shm/" + rdv).c_str(), F_OK) == 0 &&
       std::find(before.begin(), before.end(), rdv) == before.end())
     result.leftover_names.push_back(rdv);
-  result.leftover_segments = static_cast<int>(result.leftover_names.size());
   shared->~Shared();
   munmap(mem, sizeof(Shared));
   return result;

@@ -74,9 +74,9 @@ struct RunResult {
   std::string error;                     // set-up failures
   // What this run left in /dev/shm after its processes ended: ubep-<pid>-* of its pids, and its
   // rendezvous (ubep-rdv-<elastic name>); names there before the run are not counted.
-  int leftover_segments = 0;
   std::vector<std::string> leftover_names;
   std::vector<int> pids;  // ranks, then replacements: whose names leftover_names are
+  int leftover_segments() const { return static_cast<int>(leftover_names.size()); }
 };
 
 // Forks opt.ranks processes and runs the loop; returns when all have ended.
@@ -87,8 +87,5 @@ RunResult run_kill_loop(const RunOptions& opt);
 // concurrent test's process (ctest -j) can be given one of them and make its own segments
 // under it (ubep-elastic beside the MPI tests).
 std::vector<std::string> shm_segments(const std::vector<int>& pids = {});
-inline int count_shm_segments(const std::vector<int>& pids = {}) {
-  return static_cast<int>(shm_segments(pids).size());
-}
 
 }  // namespace ubep::elastic

@@ -67,7 +67,7 @@ TEST_P(KillOneRank, SurvivorsMaskItAndGoOn) {
   const RunResult res = run_kill_loop(o);
   expect_survivors_went_on(res, o, 1);
   // Names are unlinked once every rank mapped them, so even a killed rank leaves none.
-  EXPECT_EQ(res.leftover_segments, 0);
+  EXPECT_EQ(res.leftover_segments(), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -160,7 +160,7 @@ TEST(KillAndReplace, ReplacementServesAndEveryCallIsRight) {
     EXPECT_EQ(s.other_errors, 0);
     EXPECT_EQ(s.final_masked, 0);  // unmasked again: its last calls ran with the replacement
   }
-  EXPECT_EQ(res.leftover_segments, 0);
+  EXPECT_EQ(res.leftover_segments(), 0);
 }
 
 // The replacement dies too, during its first (agreeing) dispatch: the survivors mask it again

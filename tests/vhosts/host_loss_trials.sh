@@ -53,8 +53,8 @@ for ((k = 1; k <= trials; ++k)); do
   # concurrent test's namespace teardown can hold for seconds under ctest -j2). A slow fault is
   # said.
   t1=$(date +%s.%N)
-  awk -v a="$t0" -v b="$t1" 'BEGIN {exit !(b - a > 0.1)}' &&
-    echo "trial $k: the fault took $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.0f", (b - a) * 1000}') ms to make; times from its end"
+  fault_ms=$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.0f", (b - a) * 1000}')
+  [ "$fault_ms" -gt 100 ] && echo "trial $k: the fault took $fault_ms ms to make; times from its end"
   t0=$t1
   victim=$((hosts - 1))
   for ((h = 0; h < victim; ++h)); do

@@ -314,8 +314,8 @@ int main(int argc, char** argv) {
             "signal %d, last error: %s\n",
             c, rp.first_call_us / 1000, rp.completed, rp.failed, rp.exit_signal,
             rp.last_error[0] ? rp.last_error : "none");
-    leftover += res.leftover_segments;
-    if (res.leftover_segments > 0) {  // named, --quiet or not, with whose pids they are
+    leftover += res.leftover_segments();
+    if (res.leftover_segments() > 0) {  // named, --quiet or not, with whose pids they are
       std::string names, pids;
       for (const std::string& n : res.leftover_names) (names += ' ') += n;
       for (const int p : res.pids) (pids += ' ') += std::to_string(p);
