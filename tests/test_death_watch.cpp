@@ -8,6 +8,9 @@
 // - RewatchWaitsForThePredecessorsSubscribers: a death whose subscribers had not run yet when the
 //   replacement was watched (ubep-elastic under load, 2026-12-06).
 // Both make their interleaving happen every run.
+// - ChurnOfDeathsAndRewatches: the stress test: three ranks killed and replaced 600 times, at
+//   random moments against the watch thread's publication; no subscriber may ever run for a
+//   rank whose live replacement is watched, and every replacement's death is seen.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -17,6 +20,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #include "bootstrap/death_watch.hpp"
@@ -161,6 +165,77 @@ TEST(DeathWatch, RewatchWaitsForThePredecessorsSubscribers) {
       << "the replacement's own death was not seen";
   watch.unsubscribe(id);
   for (pid_t p : {old_proc, repl}) waitpid(p, nullptr, 0);
+}
+
+
+TEST(DeathWatch, ChurnOfDeathsAndRewatches) {
+  constexpr int kRanks = 3, kCycles = 600;
+  std::vector<pid_t> procs;
+  for (int r = 0; r < kRanks; ++r) {
+    procs.push_back(live_child());
+    ASSERT_GT(procs.back(), 0);
+  }
+  DeathWatch watch(procs);
+  // word: what a Buffer's subscriber stores (kDeadWord), cleared by the agreement on the
+  // replacement. live: the rank's watched process is a live replacement (set after rewatch
+  // returns, cleared before it is killed), so no subscriber call may see it set.
+  std::atomic<int> word[kRanks] = {}, live[kRanks] = {}, late_calls{0};
+  for (auto& l : live) l.store(1);
+  std::atomic<int> calls{0};
+  const int id = watch.subscribe([&](int rank) {
+    // Every third call is slow, as a watch thread preempted mid-publication is.
+    if (calls.fetch_add(1) % 3 == 0) std::this_thread::sleep_for(1ms);
+    if (live[rank].load()) late_calls.fetch_add(1);
+    word[rank].store(1);
+  });
+  std::mt19937 rng(12345);
+  int waited = 0, raced = 0;
+  for (int c = 0; c < kCycles; ++c) {
+    const int r = static_cast<int>(rng() % kRanks);
+    const pid_t repl = live_child();
+    ASSERT_GT(repl, 0);
+    const pid_t old_proc = procs[static_cast<size_t>(r)];
+    live[r].store(0);
+    kill(old_proc, SIGKILL);
+    switch (rng() % 3) {
+      case 0: {  // the caller sees the death at once, as a survivor's call does
+        const auto until = std::chrono::steady_clock::now() + 5s;
+        while (!watch.dead(r) && std::chrono::steady_clock::now() < until)
+          std::this_thread::yield();
+        ASSERT_TRUE(watch.dead(r)) << "cycle " << c << ": the death was not seen";
+        ++waited;
+        break;
+      }
+      case 1:  // the replacement comes while the death is being published, or before
+        for (unsigned i = 0, n = rng() % 20000; i < n; ++i)
+          std::atomic_signal_fence(std::memory_order_seq_cst);  // a delay the compiler keeps
+        ++raced;
+        break;
+      default:
+        ++raced;
+        break;
+    }
+    watch.rewatch(r, repl);
+    word[r].store(0);  // the agreement clears the word for the replacement
+    live[r].store(1);
+    procs[static_cast<size_t>(r)] = repl;
+    EXPECT_FALSE(watch.dead(r)) << "cycle " << c << ": the live replacement counts as dead";
+    waitpid(old_proc, nullptr, 0);
+  }
+  std::this_thread::sleep_for(50ms);  // a late subscriber would write by now
+  for (int r = 0; r < kRanks; ++r) EXPECT_EQ(word[r].load(), 0) << "rank " << r;
+  EXPECT_EQ(late_calls.load(), 0) << "subscribers ran for live replacements";
+  EXPECT_GT(waited, 0);
+  EXPECT_GT(raced, 0);
+  for (int r = 0; r < kRanks; ++r) {
+    live[r].store(0);
+    kill(procs[static_cast<size_t>(r)], SIGKILL);
+  }
+  for (int r = 0; r < kRanks; ++r)
+    EXPECT_TRUE(within(5000ms, [&] { return watch.dead(r) && word[r].load() == 1; }))
+        << "rank " << r << ": the last replacement's death was not published";
+  watch.unsubscribe(id);
+  for (pid_t p : procs) waitpid(p, nullptr, 0);
 }
 
 }  // namespace
