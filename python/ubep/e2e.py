@@ -217,10 +217,27 @@ def print_table(rows, args, ranks):
 
 
 def worker(args):
+    import gc
+    import weakref
+
     import torch
     import torch.distributed as dist
+
+    # The default group should die at destroy_process_group: while it lives so do gloo's
+    # worker threads, which drop the last collective's tensors late, and one that does so once
+    # the interpreter is finalizing aborts the process ("terminate called without an active
+    # exception" in a gloo thread's AsyncAllgatherWork destructor, after every token was right:
+    # CI of 17a37dd; 1 of 1 local 4-rank runs). Three things kept it alive: importing
+    # torch.distributed.fsdp (transformers does) once the group exists takes 10 references to it
+    # that destroy_process_group does not drop (sys.getrefcount 9 -> 19), so it is imported
+    # first; the models' reference cycles hold the ubep Buffers (gc.collect below); and
+    # transformers' own EP (--impl hf) leaves DeviceMeshes holding it, which main() answers by
+    # leaving without finalizing.
+    import torch.distributed.fsdp  # noqa: F401
+    import transformers  # noqa: F401
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
+    world = weakref.ref(dist.group.WORLD)
     rank, ranks = dist.get_rank(), dist.get_world_size()
     rows, buffers = [], []
     for arch in args.arch:
@@ -233,14 +250,22 @@ def worker(args):
                                results=rows), f, indent=1)
     ok = all(r.get("tokens_equal") is not False for r in rows if r["impl"] != BROKEN)
     buffers.clear()
+    gc.collect()
     dist.destroy_process_group()
-    return ok
+    return ok, world() is not None
 
 
 def main(argv=None):
     args = parse_args(argv)
     if args.worker or "LOCAL_RANK" in os.environ:
-        sys.exit(0 if worker(args) else 1)
+        ok, group_lives = worker(args)
+        if group_lives:
+            # Results are written and ubep's Buffers are gone; finalizing now could meet a gloo
+            # thread still dropping tensors (see worker), so the process ends without it.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0 if ok else 1)
+        sys.exit(0 if ok else 1)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={args.ranks}", "-m", "ubep.e2e", "--worker"]
     cmd += sys.argv[1:] if argv is None else argv
