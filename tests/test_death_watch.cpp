@@ -167,7 +167,6 @@ TEST(DeathWatch, RewatchWaitsForThePredecessorsSubscribers) {
   for (pid_t p : {old_proc, repl}) waitpid(p, nullptr, 0);
 }
 
-
 TEST(DeathWatch, ChurnOfDeathsAndRewatches) {
   constexpr int kRanks = 3, kCycles = 600;
   std::vector<pid_t> procs;
