@@ -8,9 +8,9 @@
 // - RewatchWaitsForThePredecessorsSubscribers: a death whose subscribers had not run yet when the
 //   replacement was watched (ubep-elastic under load, 2026-12-06).
 // Both make their interleaving happen every run.
-// - ChurnOfDeathsAndRewatches: the stress test: three ranks killed and replaced 600 times, at
-//   random moments against the watch thread's publication; no subscriber may ever run for a
-//   rank whose live replacement is watched, and every replacement's death is seen.
+// - ChurnOfDeathsAndRewatches, the stress test of both: three ranks killed and replaced 600
+//   times at random moments against the watch thread's publication; no subscriber may ever run
+//   for a rank whose live replacement is watched, and every replacement's death is seen.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>

@@ -227,7 +227,7 @@ def worker(args):
     # worker threads, which drop the last collective's tensors late, and one that does so once
     # the interpreter is finalizing aborts the process ("terminate called without an active
     # exception" in a gloo thread's AsyncAllgatherWork destructor, after every token was right:
-    # CI of 17a37dd; 1 of 1 local 4-rank runs). Three things kept it alive: importing
+    # CI of 17a37dd; 1 of 7 local 4-rank runs). Three things kept it alive: importing
     # torch.distributed.fsdp (transformers does) once the group exists takes 10 references to it
     # that destroy_process_group does not drop (sys.getrefcount 9 -> 19), so it is imported
     # first; the models' reference cycles hold the ubep Buffers (gc.collect below); and
