@@ -18,8 +18,10 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "bootstrap/fork_bootstrap.hpp"
+#include "kill_run.hpp"  // shm_segments
 #include "ubep/bootstrap.hpp"
 #include "ubep/error.hpp"
 #include "ubep/group.hpp"
@@ -34,8 +36,9 @@ constexpr int kVictim = 2;
 constexpr int kSlow = 0;
 
 // What a child saw, written into memory the parent shares.
+enum class Seen { kNothing, kPeerFailed, kOtherError, kNoError };
 struct Outcome {
-  int kind = 0;  // 0: nothing reported, 1: PeerFailedError, 2: another ubep::Error, 3: no error
+  Seen seen = Seen::kNothing;
   char what[400] = {};
 };
 
@@ -107,12 +110,12 @@ void run_rank(ForkMeeting& meeting, Shared& shared, int rank) {
     auto group = make_bootstrap_group(boot, opts);
     boot->arm();
     auto window = group->allocate_window(4096);
-    out->kind = 3;
+    out->seen = Seen::kNoError;
   } catch (const PeerFailedError& e) {
-    out->kind = 1;
+    out->seen = Seen::kPeerFailed;
     std::snprintf(out->what, sizeof out->what, "%s", e.what());
   } catch (const Error& e) {
-    out->kind = 2;
+    out->seen = Seen::kOtherError;
     std::snprintf(out->what, sizeof out->what, "%s", e.what());
   }
   if (rank == kSlow && !boot->name_was_gone())
@@ -146,21 +149,12 @@ TEST(WindowSetupDeath, ASurvivorThatFindsTheDeadPeersNameGoneNamesTheDeath) {
     if (r == kVictim) continue;
     SCOPED_TRACE("rank " + std::to_string(r));
     EXPECT_TRUE(WIFEXITED(status[r]) && WEXITSTATUS(status[r]) == 0);
-    EXPECT_EQ(outcomes[r].kind, 1) << "expected PeerFailedError, got: " << outcomes[r].what;
+    EXPECT_EQ(outcomes[r].seen, Seen::kPeerFailed)
+        << "expected PeerFailedError, got: " << outcomes[r].what;
     EXPECT_NE(std::strstr(outcomes[r].what, "rank 2"), nullptr) << outcomes[r].what;
   }
   // Nothing of the three ranks is left in /dev/shm (the survivors unlinked the victim's names).
-  for (int r = 0; r < kRanks; ++r) {
-    const std::string prefix = "ubep-" + std::to_string(pids[r]) + "-";
-    std::string left;
-    if (FILE* ls = popen("ls /dev/shm", "r")) {
-      char line[512];
-      while (std::fgets(line, sizeof line, ls))
-        if (std::strncmp(line, prefix.c_str(), prefix.size()) == 0) left += line;
-      pclose(ls);
-    }
-    EXPECT_EQ(left, "") << "rank " << r << " left segments";
-  }
+  EXPECT_EQ(elastic::shm_segments({pids, pids + kRanks}), std::vector<std::string>{});
   munmap(mem, sizeof(Shared));
 }
 
