@@ -143,6 +143,9 @@ TEST(ConfigChecks, EveryFieldAndEveryComponentNamesTheValue) {
        "max_tokens_per_rank must be >= 1, got 0"},
       {[](BufferConfig& c) { c.max_tokens_per_rank = int64_t{1} << 30; },
        "max_tokens_per_rank must be < 2^30, got 1073741824"},
+      {[](BufferConfig& c) { c.max_tokens_per_rank = int64_t{1} << 24; },
+       "max_tokens_per_rank must be < 2^24 with enable_latency_layout (a latency row's record "
+       "holds its token in 24 bits), got 16777216"},
       {[](BufferConfig& c) { c.hidden = -3; }, "hidden must be >= 1, got -3"},
       {[](BufferConfig& c) { c.num_experts = 7; },
        "num_experts 7 must be a positive multiple of the group size 2"},
@@ -161,6 +164,11 @@ TEST(ConfigChecks, EveryFieldAndEveryComponentNamesTheValue) {
       EXPECT_EQ(got, std::string(who) + ": " + k.message);
     }
   }
+  BufferConfig throughput_only;  // the latency record's token limit binds only that layout
+  throughput_only.num_experts = 8;
+  throughput_only.enable_latency_layout = false;
+  throughput_only.max_tokens_per_rank = int64_t{1} << 24;
+  EXPECT_NO_THROW(protocol::check_buffer_config(throughput_only, 2, "Buffer"));
   BufferConfig fp8;
   fp8.num_experts = 8;
   fp8.dtype = DType::kFP8E4M3;

@@ -137,6 +137,7 @@ void Bsp::dispatch_send(DispatchCall& call) {
   barrier(call, 2);
   timer.lap("set-flag & verify");
   call.receive_counts(ctx_.win);
+  call.record_sources(ctx_.win);  // every row is here (the barrier): recv_src from the records
   timer.lap("prefix sum");
 }
 

@@ -216,11 +216,24 @@ void DispatchCall::row_owner(const Window& w, int max_topk, int64_t row, int* ow
     const int64_t* s = w.at<int64_t>(rank, w.map().tp_src) + 2 * row;
     *owner = static_cast<int>(s[0]);
     *push_slot = static_cast<int64_t>(rank) * max_tokens + s[1];
-  } else {
-    const int64_t* s = w.at<int64_t>(rank, w.map().lat_src) + 2 * row;
-    *owner = static_cast<int>(s[0]);
-    *push_slot = s[1] * max_topk + w.at<int8_t>(rank, w.map().lat_k)[row];
+  } else {  // the source as record_sources() noted it, token and k from the sender's record
+    *owner = static_cast<int>(w.at<int64_t>(rank, w.map().lat_src)[2 * row]);
+    const LatencyRecord& rec = w.at<LatencyRecord>(rank, w.map().lat_rec)[row];
+    *push_slot = rec.token() * max_topk + rec.k();
   }
+}
+
+DispatchCall::SourceNotes DispatchCall::source_notes(const Window& w) const {
+  if (layout_ != Layout::kLatency) return {};
+  return {w.at<LatencyRecord>(rank, w.map().lat_rec), w.at<int64_t>(rank, w.map().lat_src)};
+}
+
+void DispatchCall::record_sources(const Window& w) const {
+  const SourceNotes notes = source_notes(w);
+  if (!notes.src) return;
+  for_each_range([&](int, int s, int64_t begin, int64_t count, int64_t base) {
+    for (int64_t p = base + begin; p < base + begin + count; ++p) notes.note(p, s);
+  });
 }
 
 }  // namespace ubep::ep

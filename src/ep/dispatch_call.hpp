@@ -166,9 +166,27 @@ class DispatchCall {
   // This rank's token slot i for `dest`, read from `source`.
   template <typename Done>
   void send_rows(const Window& win, int dest, int64_t i, Done&& done) const;
-  // Receiver: the tag of every expected row, in order; visit(tag, row index in the output).
+  // Receiver: the tag of every expected row, in order; visit(tag, row index in the output,
+  // source rank).
   template <typename Visit>
   void for_each_expected_row(const Window& win, Visit&& visit) const;
+  // Latency layout, owner side: recv_src's (source, token) of received row `row` from
+  // `source`, noted once its tag was acquired (or a barrier ordered every row's stores before
+  // this) from the sender's record. Owner-only writes to this rank's own window, by the one
+  // thread that receives (ubep's dispatch_recv and receive hook, bsp after its last barrier):
+  // the sender's token_k store precedes its tag's release, so the read sees this call's word.
+  // Senders never write lat_src. Throughput rows carry theirs (tp_src): src is null there.
+  struct SourceNotes {
+    const LatencyRecord* recs = nullptr;
+    int64_t* src = nullptr;
+    void note(int64_t row, int source) const {
+      src[2 * row] = source;
+      src[2 * row + 1] = recs[row].token();
+    }
+  };
+  SourceNotes source_notes(const Window& win) const;
+  // Every received row's note (bsp: all of them are here after its last barrier).
+  void record_sources(const Window& win) const;
   // Combine, expert side: member m's equal share of the valid received rows, in compact order;
   // visit(row index in the dispatch output, index in compact order).
   template <typename Visit>
@@ -267,11 +285,10 @@ void DispatchCall::place_row(const Window& win, int dest, int source, int32_t t,
       win.put_dispatch_row(win.at<char>(dest, m.lat_x) + p * xb,
                            win.at<char>(dest, m.lat_scale) + p * sb, row,
                            streams_row(dest, source, xb + sb));
-      const int64_t src[2] = {source, t};
-      win.put(win.at<int64_t>(dest, m.lat_src) + 2 * pos, src, sizeof src);
-      const auto k = static_cast<int8_t>(j);
-      win.put(win.at<int8_t>(dest, m.lat_k) + pos, &k, 1);
-      done(win.at<Tag>(dest, m.lat_tag) + pos);
+      LatencyRecord* rec = win.at<LatencyRecord>(dest, m.lat_rec) + pos;
+      const uint32_t token_k = LatencyRecord::pack(t, j);
+      win.put(&rec->token_k, &token_k, sizeof token_k);
+      done(&rec->tag);
     }
   }
 }
@@ -288,10 +305,12 @@ void DispatchCall::send_rows(const Window& win, int dest, int64_t i, Done&& done
 
 template <typename Visit>
 void DispatchCall::for_each_expected_row(const Window& win, Visit&& visit) const {
-  const Tag* tags =
-      win.at<Tag>(rank, layout_ == Layout::kThroughput ? win.map().tp_tag : win.map().lat_tag);
-  for_each_range([&](int, int, int64_t begin, int64_t count, int64_t base) {
-    for (int64_t p = base + begin; p < base + begin + count; ++p) visit(tags + p, p);
+  const Tag* tp_tags = win.at<Tag>(rank, win.map().tp_tag);
+  const LatencyRecord* lat_recs = win.at<LatencyRecord>(rank, win.map().lat_rec);
+  const bool latency = layout_ == Layout::kLatency;
+  for_each_range([&](int, int s, int64_t begin, int64_t count, int64_t base) {
+    for (int64_t p = base + begin; p < base + begin + count; ++p)
+      visit(latency ? &lat_recs[p].tag : tp_tags + p, p, s);
   });
 }
 

@@ -228,13 +228,15 @@ Arrivals Ubep::dispatch_recv(DispatchCall& call) {
   // call n+2 only after call n+1's dispatch saw every peer's count record of call n+1 --
   // published after that peer's call-n sends were done. Call n's epoch tag differs from call
   // n+2's, so nothing of it is taken for new data (the argument at the top of this file).
+  const DispatchCall::SourceNotes notes = call.source_notes(ctx_.win);
   if (call.shape_mismatch() < 0)
-    call.for_each_expected_row(ctx_.win, [&](const Tag* tag, int64_t row) {
+    call.for_each_expected_row(ctx_.win, [&](const Tag* tag, int64_t row, int source) {
       ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tag); }, true,
                            [&] {
                              return detail::concat("dispatch row ", row, " (epoch tag ",
                                                    ctx_.win.tag(), ")");
                            });
+      if (notes.src) notes.note(row, source);
     });
   // A relay leaves only when what it relays is forwarded and its own sends are done.
   if (ctx_.relay)
@@ -254,15 +256,19 @@ std::array<int64_t, 2> Ubep::wait_recv_range(const DispatchCall& call, int sourc
   wait_counts(ctx_, call, ctx_.rank(), source + 1, true, call.first_range_source(source));
   const std::array<int64_t, 2> range = call.range_from_counts(ctx_.win, local_expert, source);
   const bool latency = call.layout() == Layout::kLatency;
-  const Tag* tags =
-      ctx_.win.at<Tag>(ctx_.rank(), latency ? ctx_.win.map().lat_tag : ctx_.win.map().tp_tag) +
-      (latency ? local_expert * call.expert_slots() : 0);
-  for (int64_t row = range[0]; row < range[0] + range[1]; ++row)
-    ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tags + row); }, true,
+  const int64_t base = latency ? local_expert * call.expert_slots() : 0;
+  const Tag* tp_tags = ctx_.win.at<Tag>(ctx_.rank(), ctx_.win.map().tp_tag);
+  const LatencyRecord* lat_recs = ctx_.win.at<LatencyRecord>(ctx_.rank(), ctx_.win.map().lat_rec);
+  const DispatchCall::SourceNotes notes = call.source_notes(ctx_.win);
+  for (int64_t row = base + range[0]; row < base + range[0] + range[1]; ++row) {
+    const Tag* tag = latency ? &lat_recs[row].tag : tp_tags + row;
+    ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tag); }, true,
                          [&] {
-                           return detail::concat("dispatch row ", row, " from rank ", source,
+                           return detail::concat("dispatch row ", row - base, " from rank ", source,
                                                  " (epoch tag ", ctx_.win.tag(), ")");
                          });
+    if (notes.src) notes.note(row, source);
+  }
   return range;
 }
 

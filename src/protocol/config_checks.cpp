@@ -1,5 +1,7 @@
 #include "protocol/config_checks.hpp"
 
+#include "protocol/protocol.hpp"
+
 #include "ubep/error.hpp"
 
 namespace ubep::protocol {
@@ -24,6 +26,10 @@ void check_shape(const ShapeFields& s, int ranks, const char* who, ConfigLimits 
 void check_buffer_config(const BufferConfig& c, int ranks, const char* who, ConfigLimits limits) {
   check_shape({c.max_tokens_per_rank, c.hidden, c.dtype, c.num_experts, c.max_topk}, ranks, who,
               limits);
+  UBEP_CHECK_ARG(!c.enable_latency_layout || c.max_tokens_per_rank < LatencyRecord::kMaxTokens, who,
+                 ": max_tokens_per_rank must be < 2^24 with enable_latency_layout (a latency "
+                 "row's record holds its token in 24 bits), got ",
+                 c.max_tokens_per_rank);
   UBEP_CHECK_ARG(c.num_workers >= -1 && c.num_workers <= 1024, who,
                  ": num_workers must be in [-1, 1024], got ", c.num_workers);
 }

@@ -197,13 +197,32 @@ UBEP_HD inline RowRef wire_row(const char* row, const RowCodec& c) {
   return {row, c.scale_bytes ? row + c.payload_bytes : nullptr};
 }
 
+// A latency row's metadata, in the owner's window next to the row's tag: the sender writes the
+// token and k word, then publishes the tag (release), so one line holds both, for up to 8 rows.
+// Three arrays (source pairs, k bytes, tags) made three lines a sender's store missed per group
+// of rows: ~70 ns a row, 8-10% of a decode dispatch (docs/PERFORMANCE.md, issue 31). The source
+// is not sent: the owner reads it off the (expert, source) range the row lies in.
+struct LatencyRecord {
+  Tag tag;
+  uint32_t token_k;  // token << 8 | k (k < 256 > any max_topk, token < kMaxTokens)
+  static constexpr int64_t kMaxTokens = int64_t{1} << 24;
+  UBEP_HD static constexpr uint32_t pack(int64_t token, int k) {
+    return static_cast<uint32_t>(token) << 8 | static_cast<uint32_t>(k);
+  }
+  UBEP_HD int64_t token() const { return static_cast<int64_t>(token_k >> 8); }
+  UBEP_HD int k() const { return static_cast<int>(token_k & 0xffu); }
+};
+static_assert(sizeof(LatencyRecord) == 8);
+
 // One rank's shared window. Each half holds, for the dispatch of that parity:
 //   counts  [R] count records (from every source)
 //   tp_*    throughput outputs, written by the senders at their final row:
 //           x [R*T, payload], scale [R*T, scales], src [R*T, 2] i64, idx [R*T, K] i32,
 //           w [R*T, K] f32, tag [R*T]
-//   lat_*   latency outputs: x [El, R*T, payload], scale [El, R*T, scales], src [El, R*T, 2]
-//           i64, k [El, R*T] i8, tag [El, R*T]
+//   lat_*   latency outputs: x [El, R*T, payload], scale [El, R*T, scales], rec [El, R*T]
+//           (LatencyRecord: tag, token and k, written by the senders), src [El, R*T, 2] i64
+//           (source rank and token, written by the owner itself from the records as their tags
+//           arrive: the sender's source is the range the row lies in)
 //   comb_*  the combine input of this rank (ubep's owners read it in place): rows shaped like
 //           the dispatch output, a tag per row
 //   push    bsp's combine staging on the owner: [max(R*T, T*K)] rows
@@ -225,8 +244,7 @@ struct WindowLayout {
   UBEP_HD int64_t push_rows() const { return max64(tp_rows(), max_tokens * max_topk); }
 
   size_t counts = 0, tp_x = 0, tp_scale = 0, tp_src = 0, tp_idx = 0, tp_w = 0, tp_tag = 0;
-  size_t lat_x = 0, lat_scale = 0, lat_src = 0, lat_k = 0, lat_tag = 0, comb_x = 0, comb_tag = 0,
-         push = 0;
+  size_t lat_x = 0, lat_scale = 0, lat_rec = 0, lat_src = 0, comb_x = 0, comb_tag = 0, push = 0;
   size_t half_bytes = 0, count_flags = 0, stage_flags = 0, fail_words = 0, members = 0, total = 0;
   // bsp's flag slots: 0 = dispatch verify, 1 = combine verify, 2.. = its stage barriers.
   static constexpr int kStageSlots = 8;
@@ -261,9 +279,8 @@ struct WindowLayout {
     tp_tag = take(TP * sizeof(Tag));
     lat_x = take(LAT * xb);
     lat_scale = take(LAT * sb);
+    lat_rec = take(LAT * sizeof(LatencyRecord));
     lat_src = take(LAT * 16);
-    lat_k = take(LAT);
-    lat_tag = take(LAT * sizeof(Tag));
     comb_x = take(static_cast<size_t>(comb_rows()) * rb);
     comb_tag = take(static_cast<size_t>(comb_rows()) * sizeof(Tag));
     push = take(static_cast<size_t>(push_rows()) * rb);

@@ -224,11 +224,10 @@ __device__ inline void send_rows(const RankCtx& c) {
           const int le = e % El;
           const int64_t pos = cuda_hd::lat_position(RT, le, eo[le], eslot[t * K + j]);
           warp_copy(c.win<char>(d, p.map.lat_x) + static_cast<size_t>(pos) * rb, row, rb, c.lane);
-          if (c.lane < 2) c.win<int64_t>(d, p.map.lat_src)[2 * pos + c.lane] = src;
-          if (c.lane == 0) c.win<int8_t>(d, p.map.lat_k)[pos] = static_cast<int8_t>(j);
+          protocol::LatencyRecord* rec = c.win<protocol::LatencyRecord>(d, p.map.lat_rec) + pos;
+          if (c.lane == 0) rec->token_k = protocol::LatencyRecord::pack(t, j);
           __syncwarp();
-          if (c.lane == 0)
-            publish_tag(c.win<uint32_t>(d, p.map.lat_tag) + pos, p.tag, p.stop_and_wait);
+          if (c.lane == 0) publish_tag(&rec->tag, p.tag, p.stop_and_wait);
         }
       }
     }
@@ -288,7 +287,9 @@ __device__ inline void receive(const RankCtx& c) {
   }
   const int64_t first = static_cast<int64_t>(c.gw) * 32 + c.lane,
                 step = static_cast<int64_t>(c.W) * 32;
-  const uint32_t* tags = c.win<uint32_t>(c.rank, p.latency ? p.map.lat_tag : p.map.tp_tag);
+  const uint32_t* tp_tags = c.win<uint32_t>(c.rank, p.map.tp_tag);
+  const protocol::LatencyRecord* lat_recs = c.win<protocol::LatencyRecord>(c.rank, p.map.lat_rec);
+  int64_t* lat_src = c.win<int64_t>(c.rank, p.map.lat_src);
   for (int le = 0; le < (p.latency ? El : 1); ++le) {
     int64_t before = 0;
     for (int s = 0; s < R; ++s) {
@@ -296,10 +297,17 @@ __device__ inline void receive(const RankCtx& c) {
       const int64_t at =
           (p.latency ? le * RT : 0) + cuda_hd::source_offset(p.per_source, s, T, before);
       before += n;
-      for (int64_t q = first; q < n; q += step)
-        if (!wait_tag<true>(tags + at + q, p.tag, p.timeout_cycles, p.error, c.rank, s,
-                            cuda_hd::kWaitDispatchRow, at + q))
+      for (int64_t q = first; q < n; q += step) {
+        const int64_t row = at + q;
+        if (!wait_tag<true>(p.latency ? &lat_recs[row].tag : tp_tags + row, p.tag, p.timeout_cycles,
+                            p.error, c.rank, s, cuda_hd::kWaitDispatchRow, row))
           return;
+        // The owner notes recv_src from the record its tag just published (LatencyRecord).
+        if (p.latency) {
+          lat_src[2 * row] = s;
+          lat_src[2 * row + 1] = lat_recs[row].token();
+        }
+      }
     }
   }
 }
