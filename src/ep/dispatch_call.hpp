@@ -173,7 +173,7 @@ class DispatchCall {
   // Latency layout, owner side: recv_src's (source, token) of received row `row` from
   // `source`, noted once its tag was acquired (or a barrier ordered every row's stores before
   // this) from the sender's record. Owner-only writes to this rank's own window, by the one
-  // thread that receives (ubep's dispatch_recv and receive hook, bsp after its last barrier):
+  // thread that receives (ubep's receive hook and dispatch_recv, bsp after its last barrier):
   // the sender's token_k store precedes its tag's release, so the read sees this call's word.
   // Senders never write lat_src. Throughput rows carry theirs (tp_src): src is null there.
   struct SourceNotes {
