@@ -199,12 +199,13 @@ UBEP_HD inline RowRef wire_row(const char* row, const RowCodec& c) {
 
 // A latency row's metadata, in the owner's window next to the row's tag: the sender writes the
 // token and k word, then publishes the tag (release), so one line holds both, for up to 8 rows.
-// Three arrays (source pairs, k bytes, tags) made three lines a sender's store missed per group
-// of rows: ~70 ns a row, 8-10% of a decode dispatch (docs/PERFORMANCE.md, issue 31). The source
-// is not sent: the owner reads it off the (expert, source) range the row lies in.
+// Three arrays (source pairs, k bytes, tags) made three lines a sender's stores missed per group
+// of rows to one expert; one record made a tiny dispatch 10% (bf16) and 18% (fp8) faster
+// (docs/PERFORMANCE.md, issue 31). The source is not sent: the owner reads it off the (expert,
+// source) range the row lies in.
 struct LatencyRecord {
   Tag tag;
-  uint32_t token_k;  // token << 8 | k (k < 256 > any max_topk, token < kMaxTokens)
+  uint32_t token_k;  // token << 8 | k (k < 256: max_topk is at most 64; token < kMaxTokens)
   static constexpr int64_t kMaxTokens = int64_t{1} << 24;
   UBEP_HD static constexpr uint32_t pack(int64_t token, int k) {
     return static_cast<uint32_t>(token) << 8 | static_cast<uint32_t>(k);
