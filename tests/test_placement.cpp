@@ -174,6 +174,7 @@ void receive_hook_case(Placement placement, Layout layout) {
     const int El = buf.num_local_experts();
     const Problem p = make_problem(R, c.experts, c.hidden, c.dtype, {16, 9, 0, 16}, c.topk,
                                    Routing::kUniform, 11);
+    const ExpectedDispatch want = expected_dispatch(p, g.rank());
     for (int call = 0; call < 3; ++call) {
       const DispatchArgs a =
           p.inputs[static_cast<size_t>(g.rank())].args(c.dtype, c.hidden, layout);
@@ -194,10 +195,17 @@ void receive_hook_case(Placement placement, Layout layout) {
           const std::array<int64_t, 2> range = buf.wait_recv_range(s, e);
           seen.push_back(range);
           if (!latency) continue;  // throughput views are known only after dispatch_recv
+          // The owner writes recv_src (LatencyRecord): the hook's rows must carry it already.
+          std::vector<int64_t> tokens;  // source s's tokens for expert e, in order
+          for (const auto& row : want.expert_rows[static_cast<size_t>(e)])
+            if (row[0] == s) tokens.push_back(row[1]);
+          ASSERT_EQ(range[1], static_cast<int64_t>(tokens.size())) << "expert " << e;
           for (int64_t i = 0; i < range[1]; ++i) {
             const auto* src =
                 pending.recv_src.as<const int64_t>() + 2 * (e * R * c.capacity + range[0] + i);
             EXPECT_EQ(src[0], s) << "expert " << e << " row " << range[0] + i;
+            EXPECT_EQ(src[1], tokens[static_cast<size_t>(i)])
+                << "expert " << e << " row " << range[0] + i;
           }
         }
       if (g.rank() != 0) hooks_done.fetch_add(1);
