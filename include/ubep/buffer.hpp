@@ -63,7 +63,8 @@ struct BufferConfig {
   // Worker threads per rank for the ubep roles, besides the caller. -1: sized for the machine
   // (cores / ranks on this host, minus the caller).
   int num_workers = -1;
-  // Allocate the combine staging for the latency layout (max_tokens * max_topk rows).
+  // Allocate the combine staging for the latency layout (max_tokens * max_topk rows). Needs
+  // max_tokens_per_rank < 2^24 (a latency row's record holds its token in 24 bits).
   bool enable_latency_layout = true;
   // Where received rows go; every rank must use the same (checked at construction).
   Placement placement = Placement::kAuto;
