@@ -223,6 +223,11 @@ void DispatchCall::row_owner(const Window& w, int max_topk, int64_t row, int* ow
   }
 }
 
+DispatchCall::RowTags DispatchCall::row_tags(const Window& w) const {
+  if (layout_ == Layout::kLatency) return {nullptr, w.at<LatencyRecord>(rank, w.map().lat_rec)};
+  return {w.at<Tag>(rank, w.map().tp_tag), nullptr};
+}
+
 DispatchCall::SourceNotes DispatchCall::source_notes(const Window& w) const {
   if (layout_ != Layout::kLatency) return {};
   return {w.at<LatencyRecord>(rank, w.map().lat_rec), w.at<int64_t>(rank, w.map().lat_src)};

@@ -170,6 +170,13 @@ class DispatchCall {
   // source rank).
   template <typename Visit>
   void for_each_expected_row(const Window& win, Visit&& visit) const;
+  // Where received row `row`'s tag is: in its LatencyRecord, or in the throughput tag array.
+  struct RowTags {
+    const Tag* tp = nullptr;
+    const LatencyRecord* lat = nullptr;
+    const Tag* at(int64_t row) const { return lat ? &lat[row].tag : tp + row; }
+  };
+  RowTags row_tags(const Window& win) const;
   // Latency layout, owner side: recv_src's (source, token) of received row `row` from
   // `source`, noted once its tag was acquired (or a barrier ordered every row's stores before
   // this) from the sender's record. Owner-only writes to this rank's own window, by the one
@@ -305,12 +312,9 @@ void DispatchCall::send_rows(const Window& win, int dest, int64_t i, Done&& done
 
 template <typename Visit>
 void DispatchCall::for_each_expected_row(const Window& win, Visit&& visit) const {
-  const Tag* tp_tags = win.at<Tag>(rank, win.map().tp_tag);
-  const LatencyRecord* lat_recs = win.at<LatencyRecord>(rank, win.map().lat_rec);
-  const bool latency = layout_ == Layout::kLatency;
+  const RowTags tags = row_tags(win);
   for_each_range([&](int, int s, int64_t begin, int64_t count, int64_t base) {
-    for (int64_t p = base + begin; p < base + begin + count; ++p)
-      visit(latency ? &lat_recs[p].tag : tp_tags + p, p, s);
+    for (int64_t p = base + begin; p < base + begin + count; ++p) visit(tags.at(p), p, s);
   });
 }
 

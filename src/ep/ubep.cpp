@@ -238,6 +238,7 @@ Arrivals Ubep::dispatch_recv(DispatchCall& call) {
     });
     // recv_src after every tag, in one pass: its stores then overlap each other, where noted
     // between the tag polls they cost 12 us of a 128-token decode against 4-8 (issue 31).
+    // Rows the receive hook returned were noted there already; this writes the same values.
     call.record_sources(ctx_.win);
   }
   // A relay leaves only when what it relays is forwarded and its own sends are done.
@@ -259,11 +260,10 @@ std::array<int64_t, 2> Ubep::wait_recv_range(const DispatchCall& call, int sourc
   const std::array<int64_t, 2> range = call.range_from_counts(ctx_.win, local_expert, source);
   const bool latency = call.layout() == Layout::kLatency;
   const int64_t base = latency ? local_expert * call.expert_slots() : 0;
-  const Tag* tp_tags = ctx_.win.at<Tag>(ctx_.rank(), ctx_.win.map().tp_tag);
-  const LatencyRecord* lat_recs = ctx_.win.at<LatencyRecord>(ctx_.rank(), ctx_.win.map().lat_rec);
+  const DispatchCall::RowTags tags = call.row_tags(ctx_.win);
   const DispatchCall::SourceNotes notes = call.source_notes(ctx_.win);
   for (int64_t row = base + range[0]; row < base + range[0] + range[1]; ++row) {
-    const Tag* tag = latency ? &lat_recs[row].tag : tp_tags + row;
+    const Tag* tag = tags.at(row);
     ctx_.waiter.wait_for([&] { return ctx_.win.arrived(tag); }, true,
                          [&] {
                            return detail::concat("dispatch row ", row - base, " from rank ", source,
