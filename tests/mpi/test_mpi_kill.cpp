@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "host_kill.hpp"
 #include "reference.hpp"
 #include "ubep/error.hpp"
 #include "ubep/mpi_group.hpp"
@@ -131,8 +132,7 @@ int main(int argc, char** argv) {
           << std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
                  .count()
           << "\n";
-      for (pid_t pid : mates) kill(pid, SIGKILL);
-      kill(getpid(), SIGKILL);
+      ubep_test::kill_host(mates);
     }).detach();
   }
   std::string result = "none";
@@ -169,6 +169,7 @@ int main(int argc, char** argv) {
       break;
     }
   }
+  ubep_test::hold_if_host_kill_started();  // the victim's own result: never written
   std::ofstream(dir + "/result." + std::to_string(me)) << result << "\n";
   // No MPI_Finalize: it would wait for the dead rank. The driver judges the result files.
   std::fflush(nullptr);

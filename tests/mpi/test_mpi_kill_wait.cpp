@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "host_kill.hpp"
 #include "ubep/buffer.hpp"
 #include "ubep/error.hpp"
 #ifdef UBEP_TEST_HAVE_MOE
@@ -191,8 +192,7 @@ int main(int argc, char** argv) {
       char t[64];
       std::snprintf(t, sizeof t, "%.3f\n", monotonic_ms());
       std::ofstream(dir + "/killed_at") << t << std::flush;
-      for (pid_t p : mates) kill(p, SIGKILL);
-      kill(getpid(), SIGKILL);
+      ubep_test::kill_host(mates);
     }).detach();
   }
   std::string result = "none";
@@ -218,6 +218,7 @@ int main(int argc, char** argv) {
     result = head + what;
     std::fprintf(stderr, "rank %d after %ld waits: %s\n", me, i, e.what());
   }
+  ubep_test::hold_if_host_kill_started();  // the victim's own result: never written
   {
     std::ofstream out(dir + "/result." + std::to_string(me) + ".tmp");
     out << result << "\n";
