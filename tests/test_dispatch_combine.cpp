@@ -225,6 +225,24 @@ TEST(DispatchCombineEdges, LargeCallsUseStreamingStores) {
   }
 }
 
+// A rank whose rows outgrow kTokenOrderBytes (4 MiB) sends them token by token
+// (DispatchCall::send_tokens), one under it destination by destination: here both in one call
+// (4.9 MB of fp32 rows on rank 0, 2.8 MB on rank 1), every layout and placement, bsp and ubep
+// against the reference, with 3 ranks so a token's destinations are rotated and deduplicated.
+TEST(DispatchCombineEdges, RowsPastTheCacheGoTokenByToken) {
+  for (Layout l : {Layout::kThroughput, Layout::kLatency}) {
+    Case c;
+    c.experts = 9;
+    c.hidden = 4096;
+    c.dtype = DType::kFP32;
+    c.capacity = 300;
+    c.topk = 4;
+    c.layout = l;
+    c.tokens = {300, 173, 0};
+    run_case(3, c, 1);
+  }
+}
+
 // A throughput combine's rows take software prefetch or not as the reducer's tuner measured
 // faster (ep::TokenReducer, PolicyTuner): on one buffer, calls 3 to 10 of a size alternate both
 // ways (2 warm-up calls, then 4 probes of each). Every call's output must be the reference's

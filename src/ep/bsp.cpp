@@ -101,18 +101,26 @@ void Bsp::exchange_counts(DispatchCall& call) {
   barrier(call, 0);
 }
 
-// Stage 2: the rows to each destination split over the worker team as ubep splits them (fair
-// baseline); the barrier after this stage orders them for the receivers. Destinations in
-// rotated order (as ubep does), so senders do not all start on the same rank.
+// Stage 2: the rows split over the worker team and sent in ubep's order (fair baseline;
+// DispatchCall::sends_by_token): equal slices of the tokens, token by token, or of each
+// destination's rows, destinations in rotated order (so senders do not all start on the same
+// rank). The barrier after this stage orders them for the receivers.
 void Bsp::send_tokens(DispatchCall& call) {
   for (int dest = 0; dest < ctx_.ranks(); ++dest)
     if (ctx_.reach(call, dest)) call.compute_offsets(ctx_.win, dest);
   const Routing& routing = call.routing();
+  const auto reach = [&](int dest) { return ctx_.reach(call, dest); };
   ctx_.dp.run_roles([&](int member) {
     const int members = ctx_.dp.members();
+    if (call.sends_by_token()) {
+      const int64_t n = routing.num_tokens;
+      call.send_tokens(ctx_.win, n * member / members, n * (member + 1) / members, reach,
+                       [](Tag*) {});
+      return;
+    }
     for (int k = 1; k <= ctx_.ranks(); ++k) {
       const int dest = (ctx_.rank() + k) % ctx_.ranks();
-      if (!ctx_.reach(call, dest)) continue;
+      if (!reach(dest)) continue;
       const int64_t n = routing.dest_rows[static_cast<size_t>(dest)];
       for (int64_t i = n * member / members; i < n * (member + 1) / members; ++i)
         call.send_rows(ctx_.win, dest, i, [](Tag*) {});

@@ -161,20 +161,29 @@ void Ubep::send_planned(DispatchCall& call, int member, uint64_t generation) {
   }
 }
 
-// Equal slices: each destination's rows split over the members; member 0 settles a
-// destination's offsets just before its own slice there.
+// Equal slices (DispatchCall::sends_by_token): of the tokens, each member sending its tokens'
+// rows token by token once every destination's offsets are settled; or of each destination's
+// rows, member 0 settling a destination's offsets just before its own slice there.
 void Ubep::send_equal_slices(DispatchCall& call, int member, uint64_t generation) {
   const int members = ctx_.dp.members();
+  const bool by_token = call.sends_by_token();
   for_each_destination(call, [&](int dest) {
     if (member == 0)
       settle_offsets(call, dest, generation);
     else
       wait_offsets(call, dest, generation);
+    if (by_token) return;
     int64_t begin, end;
     slice(call.routing().dest_rows[static_cast<size_t>(dest)], member, members, &begin, &end);
     for (int64_t i = begin; i < end; ++i)
       call.send_rows(ctx_.win, dest, i, [&](Tag* t) { ctx_.win.complete(t); });
   });
+  if (!by_token) return;
+  int64_t begin, end;
+  slice(call.routing().num_tokens, member, members, &begin, &end);
+  call.send_tokens(
+      ctx_.win, begin, end, [&](int dest) { return ctx_.reach(call, dest); },
+      [&](Tag* t) { ctx_.win.complete(t); });
 }
 
 void Ubep::dispatch_send(DispatchCall& call) {
