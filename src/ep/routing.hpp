@@ -27,6 +27,10 @@ struct Routing {
   std::vector<int32_t> dest_rows;         // [R] tokens going to rank r
   std::vector<int32_t> dest_tokens;       // [R, T] which tokens, in token order
   std::vector<int32_t> dest_expert_rows;  // [R, E_local] rows for each (rank, local expert)
+  // [E] each expert's rank and local index (expert / and % local_experts), so the per-entry
+  // loops look them up instead of dividing.
+  std::vector<int32_t> expert_rank, expert_local;
+  std::vector<int32_t> last_token;  // [E] the expert id check's scratch
 
   Routing(int r, int num_experts, int64_t t, int k);
 

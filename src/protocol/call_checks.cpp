@@ -1,5 +1,7 @@
 #include "protocol/call_checks.hpp"
 
+#include <vector>
+
 #include "ubep/error.hpp"
 #include "ubep/fp8.hpp"
 
@@ -63,18 +65,42 @@ void check_dispatch_args(const DispatchArgs& a, const BufferConfig& cfg) {
                  "dispatch: topk_weights has no data");
 }
 
-void check_expert_ids(const DispatchArgs& a, const BufferConfig& cfg) {
+namespace {
+// The error for a token check_expert_ids found wrong: walks it again to name the first bad id.
+[[noreturn]] void name_bad_expert_id(const int64_t* ids, int64_t t, int64_t k, int num_experts) {
+  for (int64_t j = 0; j < k; ++j) {
+    const int64_t e = ids[j];
+    UBEP_CHECK_ARG(e >= -1 && e < num_experts, "dispatch: expert id ", e, " at token ", t, ", k ",
+                   j, " is outside [-1, num_experts=", num_experts, ")");
+    for (int64_t j2 = 0; j2 < j; ++j2)
+      UBEP_CHECK_ARG(e < 0 || ids[j2] != e, "dispatch: expert id ", e, " appears twice for token ",
+                     t, " (k ", j2, " and ", j, ")");
+  }
+  throw InvalidArgument(detail::concat("dispatch: token ", t, " has a bad expert id"));
+}
+}  // namespace
+
+// One range test and one look at the last token that named the expert per id, so O(ids), not
+// O(ids x k): the pairwise test took 95-125 us of a prefill call's 210 us routing (4096 tokens
+// x 8, Xeon VM), this pass about a fifth of that (issue 31). A bad token is walked again for
+// its message.
+void check_expert_ids(const DispatchArgs& a, const BufferConfig& cfg,
+                      std::vector<int32_t>* scratch) {
   const int64_t n = a.x.dim(0), k = a.topk_idx.dim(1);
   const auto* idx = a.topk_idx.as<const int64_t>();
+  const int64_t experts = cfg.num_experts;
+  std::vector<int32_t> own;
+  std::vector<int32_t>& last_token = scratch ? *scratch : own;
+  last_token.assign(static_cast<size_t>(experts), -1);
+  int32_t* last = last_token.data();
   for (int64_t t = 0; t < n; ++t) {
+    const int64_t* ids = idx + t * k;
     for (int64_t j = 0; j < k; ++j) {
-      const int64_t e = idx[t * k + j];
-      UBEP_CHECK_ARG(e >= -1 && e < cfg.num_experts, "dispatch: expert id ", e, " at token ", t,
-                     ", k ", j, " is outside [-1, num_experts=", cfg.num_experts, ")");
+      const int64_t e = ids[j];
+      if (e < -1 || e >= experts) name_bad_expert_id(ids, t, k, cfg.num_experts);
       if (e < 0) continue;
-      for (int64_t j2 = 0; j2 < j; ++j2)
-        UBEP_CHECK_ARG(idx[t * k + j2] != e, "dispatch: expert id ", e, " appears twice for token ",
-                       t, " (k ", j2, " and ", j, ")");
+      if (last[e] == t) name_bad_expert_id(ids, t, k, cfg.num_experts);
+      last[e] = static_cast<int32_t>(t);
     }
   }
 }
