@@ -58,7 +58,8 @@ using ubep::store_value;
 
 std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffer* buffer,
                                 AlltoallBaseline* baseline, bool zero_copy_combine,
-                                const std::function<Problem()>& expect) {
+                                const std::function<Problem()>& expect,
+                                const std::function<void()>& before_combine) {
   const int me = g.rank();
   const int El = c.experts / g.size();
   const int64_t H = c.hidden;
@@ -198,6 +199,7 @@ std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffe
       std::memcpy(zc.data, comb_in.data(), std::min(zc.bytes(), comb_in.size()));
     ca.x = zc;
   }
+  if (before_combine) before_combine();
   TensorView y = buffer ? buffer->combine(ca) : baseline->combine(ca);
   EXPECT_EQ(y.dim(0), in.tokens);
   std::vector<float> want = expected_combine(checked, me, c.layout);

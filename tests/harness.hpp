@@ -36,10 +36,12 @@ std::vector<char> expert_outputs(const DispatchResult& r, const Buffer* buf_or_n
 // Uses `buffer` (bsp/ubep) or `baseline`. Failures are reported through GoogleTest.
 std::vector<char> run_and_check(Group& g, const Case& c, const Problem& p, Buffer* buffer,
                                 AlltoallBaseline* baseline, bool zero_copy_combine = false,
-                                const std::function<Problem()>& expect = {});
+                                const std::function<Problem()>& expect = {},
+                                const std::function<void()>& before_combine = {});
 // `expect`: the problem the results are checked against when it differs from the inputs', asked
 // for once dispatch returned (an elastic test's: the inputs with the ranks masked in that call
-// dropped).
+// dropped). `before_combine`: run between the dispatch's checks and the combine (a rejected
+// call in between, say).
 
 BufferConfig config_for(const Case& c, Algorithm algo);
 
