@@ -181,13 +181,10 @@ class DispatchCall {
   // This rank's token slot i for `dest`, read from `source`.
   template <typename Done>
   void send_rows(const Window& win, int dest, int64_t i, Done&& done) const;
-  // This rank's rows of tokens [begin, end), token by token: each token's rows to every
-  // destination it goes to and reach(dest) accepts (rotated to start after this rank, so senders
-  // spread over receivers), before the next token. A token's row is then read from x once for
-  // all its destinations, while still in cache; destination by destination read all of x once
-  // per destination, from memory where x outgrows the cache: a prefill dispatch (4096 tokens,
-  // 30-60 MB of x) went from 1.47x to 1.22x its bound (fp8) and from 1.07x to 0.83x (bf16),
-  // docs/PERFORMANCE.md, issue 31. Each destination still gets its rows in slot order.
+  // This rank's rows of tokens [begin, end), token by token (sends_by_token): each token's rows
+  // to every destination it goes to and reach(dest) accepts (rotated to start after this rank,
+  // so senders spread over receivers), before the next token, so its x row is read once, from
+  // cache after the first destination. Each destination still gets its rows in slot order.
   template <typename Reach, typename Done>
   void send_tokens(const Window& win, int64_t begin, int64_t end, Reach&& reach, Done&& done) const;
   // Receiver: the tag of every expected row, in order; visit(tag, row index in the output,
@@ -259,7 +256,7 @@ class DispatchCall {
   // by them during it: the team's start orders the write before their reads, as it does for the
   // routing, and nothing writes it again until the team has joined.
   bool stream_to_peers_ = true;
-  bool by_token_ = false;  // the same for choose_stores' order of the sends
+  bool by_token_ = false;  // the senders' order (sends_by_token): written and read as above
   StoreTuner store_tuner_;
   std::atomic<int> topk_mismatch_{-1};
   std::atomic<int> shape_mismatch_{-1};
@@ -300,8 +297,8 @@ void DispatchCall::place_row(const Window& win, int dest, int source, int32_t t,
     float ow[kMaxTopk];
     for (int j = 0; j < K; ++j) {
       const int32_t e = idx[j];
-      const bool here = e >= 0 && e / local_experts == dest;
-      oidx[j] = here ? e % local_experts : -1;
+      const bool here = e >= 0 && routing_.expert_rank[static_cast<size_t>(e)] == dest;
+      oidx[j] = here ? routing_.expert_local[static_cast<size_t>(e)] : -1;
       ow[j] = here ? w[j] : 0.0f;
     }
     win.put(win.at<int32_t>(dest, m.tp_idx) + pos * K, oidx, 4 * static_cast<size_t>(K));
@@ -310,8 +307,8 @@ void DispatchCall::place_row(const Window& win, int dest, int source, int32_t t,
   } else {
     for (int j = 0; j < K; ++j) {
       const int32_t e = idx[j];
-      if (e < 0 || e / local_experts != dest) continue;
-      const int le = e % local_experts;
+      if (e < 0 || routing_.expert_rank[static_cast<size_t>(e)] != dest) continue;
+      const int le = routing_.expert_local[static_cast<size_t>(e)];
       const int64_t pos = le * expert_slots() + expert_off[le] + expert_slot[j];
       const auto p = static_cast<size_t>(pos);
       win.put_dispatch_row(win.at<char>(dest, m.lat_x) + p * xb,
@@ -345,7 +342,7 @@ void DispatchCall::send_tokens(const Window& win, int64_t begin, int64_t end, Re
     int n = 0;
     for (int j = 0; j < K; ++j) {
       if (idx[j] < 0) continue;
-      const int dest = idx[j] / local_experts;
+      const int dest = routing_.expert_rank[static_cast<size_t>(idx[j])];
       const int key = (dest - rank - 1 + ranks) % ranks;
       int p = n;
       while (p > 0 && keys[p - 1] > key) --p;

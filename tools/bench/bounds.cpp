@@ -138,6 +138,10 @@ struct Kernel {
   // Dispatch: a rank's rows to itself with plain stores while they fit the library's bound
   // (ep::DispatchCall::streams_row), the rest with `copy`.
   bool self_plain = false;
+  // Dispatch: token by token (each token's rows to every destination, then the next token), as
+  // the library sends a large call (ep::DispatchCall::sends_by_token); else destination by
+  // destination.
+  bool by_token = false;
 };
 
 }  // namespace
@@ -167,6 +171,7 @@ struct BoundHarness::Impl {
   std::vector<char> y;
   char* ya = nullptr;
   std::vector<std::vector<size_t>> of_token;  // each token's rows, in send order (k order)
+  std::vector<size_t> token_order;            // the sends token by token (of_token in turn)
   size_t rows_to_self = 0;                    // sends into this rank's own window
   std::vector<Kernel> dk, ck;
   std::vector<std::vector<double>> td, tc;  // [layout * kernels + kernel]: samples
@@ -187,7 +192,8 @@ struct BoundHarness::Impl {
   void dispatch(const Kernel& k, const RowPlaces& pl, int half) const {
     const bool self_plain = k.self_plain && rows_to_self * (row_bytes + scale_bytes) <=
                                                 ep::DispatchCall::kPlainSelfBytes;
-    for (size_t r = 0; r < sends.size(); ++r) {
+    for (size_t i = 0; i < sends.size(); ++i) {
+      const size_t r = k.by_token ? token_order[i] : i;
       const auto t = static_cast<size_t>(sends[r].token);
       const bool plain = !k.nt || (self_plain && sends[r].dest == g.rank());
       (plain ? plain_copy : k.copy)(row_at(sends[r].dest, half, pl.pos[r]), x + t * row_bytes,
@@ -267,6 +273,8 @@ BoundHarness::BoundHarness(Group& g, const std::vector<SendRow>& sends, const ch
   b.of_token.resize(static_cast<size_t>(std::max<int64_t>(tokens, 0)));
   for (size_t r = 0; r < sends.size(); ++r)
     b.of_token[static_cast<size_t>(sends[r].token)].push_back(r);
+  for (const auto& rows : b.of_token)
+    b.token_order.insert(b.token_order.end(), rows.begin(), rows.end());
   b.dk = {{"memcpy", plain_copy, false}, {"nt-store-16B", copy_nt16, true}};
   b.ck = {{"memcpy", plain_copy, false},
           {"or-reduce", nullptr, false},
@@ -282,12 +290,33 @@ BoundHarness::BoundHarness(Group& g, const std::vector<SendRow>& sends, const ch
     if (or_reduce_has_avx2()) b.dk.push_back({"nt-store-32B", copy_nt32, true});
     b.ck.push_back({"nt-store-16B", copy_nt16, true});
   }
+  // The widest copy token by token too, with and without plain stores to itself: destination
+  // by destination, a prefill's x (30-60 MB) is read from memory once per destination, and the
+  // library's token-ordered send ran at 0.83-0.87x a bound without these (issue 31).
+  const Copy widest = b.dk.back().copy;
+  const bool w64 = kHaveAvx512, w32 = !w64 && or_reduce_has_avx2();
+  b.dk.push_back({w64   ? "nt-store-64B-by-token"
+                  : w32 ? "nt-store-32B-by-token"
+                        : "nt-store-16B-by-token",
+                  widest,
+                  true,
+                  {},
+                  false,
+                  true});
+  b.dk.push_back({w64   ? "nt-store-64B+self-plain-by-token"
+                  : w32 ? "nt-store-32B+self-plain-by-token"
+                        : "nt-store-16B+self-plain-by-token",
+                  widest,
+                  true,
+                  {},
+                  true,
+                  true});
   // Last, so that the combines' untimed dispatches (staging, run()) store as the library does:
   // the widest non-temporal copy, and plain stores for a small call's rows to itself.
   b.dk.push_back({kHaveAvx512            ? "nt-store-64B+self-plain"
                   : or_reduce_has_avx2() ? "nt-store-32B+self-plain"
                                          : "nt-store-16B+self-plain",
-                  b.dk.back().copy,
+                  widest,
                   true,
                   {},
                   true});
