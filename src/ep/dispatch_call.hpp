@@ -181,6 +181,9 @@ class DispatchCall {
   // This rank's token slot i for `dest`, read from `source`.
   template <typename Done>
   void send_rows(const Window& win, int dest, int64_t i, Done&& done) const;
+  // This rank's token t, its row(s) for `dest` at slot `slot` there (send_rows, send_tokens).
+  template <typename Done>
+  void place_token(const Window& win, int dest, int32_t t, int64_t slot, Done&& done) const;
   // This rank's rows of tokens [begin, end), token by token (sends_by_token): each token's rows
   // to every destination it goes to and reach(dest) accepts (rotated to start after this rank,
   // so senders spread over receivers), before the next token, so its x row is read once, from
@@ -324,12 +327,17 @@ void DispatchCall::place_row(const Window& win, int dest, int source, int32_t t,
 
 template <typename Done>
 void DispatchCall::send_rows(const Window& win, int dest, int64_t i, Done&& done) const {
-  const int32_t t = routing_.dest_token(dest, i);
+  place_token(win, dest, routing_.dest_token(dest, i), i, std::forward<Done>(done));
+}
+
+template <typename Done>
+void DispatchCall::place_token(const Window& win, int dest, int32_t t, int64_t slot,
+                               Done&& done) const {
   const size_t tK = static_cast<size_t>(t) * static_cast<size_t>(routing_.topk);
-  place_row(win, dest, rank, t, rows_.row(t), &routing_.topk_idx[tK], &routing_.topk_weights[tK],
-            routing_.topk, i, &routing_.expert_slot[tK], row_offset_at_[static_cast<size_t>(dest)],
-            &expert_offset_at_[static_cast<size_t>(dest * local_experts)],
-            std::forward<Done>(done));
+  place_row(
+      win, dest, rank, t, rows_.row(t), &routing_.topk_idx[tK], &routing_.topk_weights[tK],
+      routing_.topk, slot, &routing_.expert_slot[tK], row_offset_at_[static_cast<size_t>(dest)],
+      &expert_offset_at_[static_cast<size_t>(dest * local_experts)], std::forward<Done>(done));
 }
 
 template <typename Reach, typename Done>
@@ -355,15 +363,9 @@ void DispatchCall::send_tokens(const Window& win, int64_t begin, int64_t end, Re
       dests[p] = dest;
       ++n;
     }
-    for (int q = 0; q < n; ++q) {
-      if (!reach(dests[q])) continue;
-      const int dest = dests[q];
-      const size_t tK = static_cast<size_t>(t) * static_cast<size_t>(K);
-      place_row(win, dest, rank, static_cast<int32_t>(t), rows_.row(t), &routing_.topk_idx[tK],
-                &routing_.topk_weights[tK], K, routing_.slot_at(t, dest), &routing_.expert_slot[tK],
-                row_offset_at_[static_cast<size_t>(dest)],
-                &expert_offset_at_[static_cast<size_t>(dest * local_experts)], done);
-    }
+    for (int q = 0; q < n; ++q)
+      if (reach(dests[q]))
+        place_token(win, dests[q], static_cast<int32_t>(t), routing_.slot_at(t, dests[q]), done);
   }
 }
 
