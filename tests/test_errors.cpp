@@ -83,13 +83,12 @@ TEST_P(BadInput, RejectedWithTheValueAndBufferStaysUsable) {
     expect_invalid([&] { dispatch(a); }, "appears twice");
     run_and_check(g, c, p, buf.get(), base.get());
 
-    // A dispatch rejected for an id of its last token, between a dispatch and its combine: on
-    // the host engine the combine still matches the reference (Routing::build checks every id
-    // before any of its arrays change; filled first, the earlier tokens' routing would be the
-    // rejected call's). Not on kernel devices: their engine numbers the rejected call, so the
-    // earlier dispatch's combine is refused there, naming its handle (its own sequencing, not
-    // this routing).
-    if (test_device().type == DeviceType::kCpu || !buf) {
+    // A dispatch rejected for an id of its last token, between a dispatch and its combine: the
+    // combine still matches the reference. On the host engine Routing::build checks every id
+    // before any of its arrays change (filled first, the earlier tokens' routing would be the
+    // rejected call's); on kernel devices the ids are checked before the call takes a sequence
+    // number (taken first, the earlier dispatch's handle was stale and its combine refused).
+    {
       std::vector<int64_t> late_dup = in.topk_idx;
       late_dup[6] = late_dup[7] = 3;
       a = good;

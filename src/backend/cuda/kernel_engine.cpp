@@ -246,8 +246,8 @@ void KernelEngine::launch_dispatch(const DispatchArgs* args, uint32_t phases, co
   if (args) {
     machine_.start(what);
     machine_.accept(what, [&] {
-      p = seq_.dispatch({args, 1}, phases, res_);  // shapes, dtypes, devices, pointers
-      if (ops_->host_readable()) protocol::check_expert_ids(*args, cfg_);
+      // Shapes, dtypes, devices, pointers, and the ids where the host can read them.
+      p = seq_.dispatch({args, 1}, phases, res_, ops_->host_readable());
     });
     layout_ = args->layout;
     tokens_ = args->x.dim(0);

@@ -1,6 +1,7 @@
 #include "backend/cuda/sequencer.hpp"
 
 #include "backend/cuda/host_logic.hpp"
+#include "protocol/call_checks.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::cuda_host {
@@ -31,7 +32,7 @@ void Sequencer::set_start_delays(const std::vector<uint32_t>& ns) {
 }
 
 cuda_hd::LaunchParams Sequencer::dispatch(std::span<const DispatchArgs> args, uint32_t phases,
-                                          const LaunchResources& res) {
+                                          const LaunchResources& res, bool ids_on_host) {
   if (phases & cuda_hd::kSend) {
     UBEP_CHECK_ARG(static_cast<int>(args.size()) == local_, "dispatch: ", args.size(),
                    " argument sets for ", local_, " ranks");
@@ -43,6 +44,7 @@ cuda_hd::LaunchParams Sequencer::dispatch(std::span<const DispatchArgs> args, ui
       UBEP_CHECK_ARG(a.layout == args[0].layout, "dispatch: ranks disagree on the layout");
       UBEP_CHECK_ARG(a.layout == Layout::kThroughput || cfg_.enable_latency_layout,
                      "dispatch: latency layout needs BufferConfig::enable_latency_layout");
+      if (ids_on_host) protocol::check_expert_ids(a, cfg_);
     }
     seq_ = next_seq_++;
     if (++gen_ == 0) gen_ = 1;  // rank-local signals: a stale value never equals gen

@@ -38,9 +38,12 @@ class Sequencer {
   void set_start_delays(const std::vector<uint32_t>& ns);
 
   // Validates and records a dispatch launch (phases kSend and/or kRecv) and returns its kernel
-  // parameters. Throws InvalidArgument (nothing recorded) on a bad call.
+  // parameters. Throws InvalidArgument (nothing recorded) on a bad call. `ids_on_host`: the
+  // expert ids are in host-readable memory, so they are checked here too, before anything is
+  // recorded (a rejected call must not take a sequence number, or the dispatch before it could
+  // no longer be combined).
   cuda_hd::LaunchParams dispatch(std::span<const DispatchArgs> args, uint32_t phases,
-                                 const LaunchResources& res);
+                                 const LaunchResources& res, bool ids_on_host = false);
   // The same for a combine launch (kCombSend and/or kCombRecv).
   cuda_hd::LaunchParams combine(std::span<const CombineArgs> args, uint32_t phases,
                                 const LaunchResources& res);
