@@ -10,7 +10,6 @@ TokenReducer::TokenReducer(const Group& g, const BufferConfig& cfg, backend::Dat
       relay_(relay),
       rank_(g.rank()),
       ranks_(g.size()),
-      local_experts_(cfg.num_experts / g.size()),
       H_(cfg.hidden),
       cdtype_(combine_dtype(cfg)),
       row_bytes_(win.row_bytes()),

@@ -63,7 +63,7 @@ class TokenReducer {
   backend::DataPath& dp_;
   const Waiter& waiter_;
   HostRelay* relay_;
-  int rank_, ranks_, local_experts_;
+  int rank_, ranks_;
   int64_t H_;
   DType cdtype_;
   size_t row_bytes_;
@@ -107,7 +107,7 @@ void TokenReducer::reduce(const DispatchCall& call, char* y_out, int64_t t, int6
       for (int j = 0; j < K; ++j) {
         const size_t tk = static_cast<size_t>(t * K + j);
         const int32_t e = routing.topk_idx[tk];
-        if (e < 0 || !same_host(e / local_experts_)) continue;
+        if (e < 0 || !same_host(routing.expert_rank[static_cast<size_t>(e)])) continue;
         dp_.accumulate_row(p, locate(t, j), cdtype_, H, &routing.topk_weights[tk]);
       }
     }

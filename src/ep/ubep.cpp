@@ -72,8 +72,7 @@ std::unique_ptr<sched::Scheduler> make_scheduler(const ExchangeContext& ctx) {
 
 class Ubep final : public TokenExchange {
  public:
-  explicit Ubep(const ExchangeContext& ctx)
-      : ctx_(ctx), local_experts_(ctx.local_experts()), scheduler_(make_scheduler(ctx)) {
+  explicit Ubep(const ExchangeContext& ctx) : ctx_(ctx), scheduler_(make_scheduler(ctx)) {
     if (scheduler_) plan_rows_.resize(static_cast<size_t>(ctx.ranks()));
   }
   bool split_phase() const override { return true; }
@@ -123,7 +122,6 @@ class Ubep final : public TokenExchange {
   }
 
   ExchangeContext ctx_;
-  const int local_experts_;  // per rank: read per combine contribution, so computed once
   std::unique_ptr<sched::Scheduler> scheduler_;  // when cfg.research.schedule plans the send work
   sched::Plan plan_;
   std::vector<int64_t> plan_rows_;  // [R] rows per destination handed to the scheduler
@@ -305,7 +303,6 @@ void Ubep::combine_send(const CombineCall& combine) {
 const char* Ubep::combine_row(const DispatchCall& call, int64_t token, int j, bool caller,
                               bool wait) const {
   const Routing& routing = call.routing();
-  const int local_experts = local_experts_;
   int expert_rank;
   int64_t pos;
   if (call.layout() == Layout::kThroughput) {
@@ -313,9 +310,9 @@ const char* Ubep::combine_row(const DispatchCall& call, int64_t token, int j, bo
     pos = call.row_offset_at(expert_rank) + routing.slot_at(token, expert_rank);
   } else {
     const size_t tk = static_cast<size_t>(token * routing.topk + j);
-    const int expert = routing.topk_idx[tk];
-    const int local = expert % local_experts;
-    expert_rank = expert / local_experts;
+    const auto expert = static_cast<size_t>(routing.topk_idx[tk]);
+    const int local = routing.expert_local[expert];
+    expert_rank = routing.expert_rank[expert];
     pos = local * call.expert_slots() + call.expert_offset_at(expert_rank, local) +
           routing.expert_slot[tk];
   }
