@@ -87,15 +87,16 @@ TEST_P(BadInput, RejectedWithTheValueAndBufferStaysUsable) {
     // combine still matches the reference. On the host engine Routing::build checks every id
     // before any of its arrays change (filled first, the earlier tokens' routing would be the
     // rejected call's); on kernel devices the ids are checked before the call takes a sequence
-    // number (taken first, the earlier dispatch's handle was stale and its combine refused).
-    {
-      std::vector<int64_t> late_dup = in.topk_idx;
-      late_dup[6] = late_dup[7] = 3;
-      a = good;
-      a.topk_idx = on_test_device(TensorView(late_dup.data(), DType::kInt64, {4, 2}));
+    // number (taken first, the earlier dispatch's handle was stale and its combine refused,
+    // and the gap let a rank's next call overwrite a window half its peer still read: a hang in
+    // 2 of 4 runs). Repeated, so that calls run back to back through both window halves.
+    std::vector<int64_t> late_dup = in.topk_idx;
+    late_dup[6] = late_dup[7] = 3;
+    a = good;
+    a.topk_idx = on_test_device(TensorView(late_dup.data(), DType::kInt64, {4, 2}));
+    for (int round = 0; round < 8; ++round)
       run_and_check(g, c, p, buf.get(), base.get(), false, {},
                     [&] { expect_invalid([&] { dispatch(a); }, "appears twice for token 3"); });
-    }
 
     // Combine with the wrong shape or a stale handle.
     DispatchResult r = dispatch(good);

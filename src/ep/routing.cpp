@@ -60,7 +60,7 @@ void Routing::build(const DispatchArgs& a, const BufferConfig& cfg, const uint8_
   int32_t* __restrict tokens_of = dest_tokens.data();
   // Per entry a few stores and one counter: no library call per token (a memset of R bytes was
   // one), no per-entry weight copy (one memcpy above), no division. 4096 x 8, one thread, hot:
-  // 149-152 -> 121-131 us in the quiet pairs of rprobe (docs/PERFORMANCE.md, issue 31).
+  // best 144-148 -> 114-122 us in the quiet pairs of rprobe (docs/PERFORMANCE.md, issue 31).
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t* ids = idx + t * K;
     uint8_t* sent_row = sent + t * R;

@@ -40,8 +40,10 @@ class Sequencer {
   // Validates and records a dispatch launch (phases kSend and/or kRecv) and returns its kernel
   // parameters. Throws InvalidArgument (nothing recorded) on a bad call. `ids_on_host`: the
   // expert ids are in host-readable memory, so they are checked here too, before anything is
-  // recorded (a rejected call must not take a sequence number, or the dispatch before it could
-  // no longer be combined).
+  // recorded. A rejected call must not take a sequence number: the dispatch before it could no
+  // longer be combined, and the gap put this rank's next call in the window half of the call
+  // its peers might still be reading (seen: a peer waiting out the timeout for a count record
+  // already overwritten, in 2 of 4 runs of a BadInput variant on the CUDA simulation).
   cuda_hd::LaunchParams dispatch(std::span<const DispatchArgs> args, uint32_t phases,
                                  const LaunchResources& res, bool ids_on_host = false);
   // The same for a combine launch (kCombSend and/or kCombRecv).
