@@ -33,11 +33,12 @@ void check_config(const BufferConfig& cfg, int ranks, int local_ranks) {
                                 {.fp8 = false, .max_topk = cuda_hd::kMaxContributions});
 }
 
-void check_dispatch(const DispatchArgs& a, const BufferConfig& cfg, int rank) {
+void check_dispatch(const DispatchArgs& a, const BufferConfig& cfg, int rank, bool ids_on_host) {
   // The host backend's checks and messages; the rank is named too, since one launch of virtual
   // ranks checks the arguments of all of them.
   try {
     protocol::check_dispatch_args(a, cfg);
+    if (ids_on_host) protocol::check_expert_ids(a, cfg);
   } catch (const InvalidArgument& e) {
     throw InvalidArgument(detail::concat(e.what(), " (rank ", rank, ")"));
   }

@@ -12,9 +12,11 @@
 
 namespace ubep::cuda_host {
 
-// Validates a dispatch's shapes, dtypes and devices (not the expert ids: they live on the
-// device; the kernel checks them and reports kBadExpert). Throws InvalidArgument.
-void check_dispatch(const DispatchArgs& a, const BufferConfig& cfg, int rank);
+// Validates a dispatch's shapes, dtypes and devices, and its expert ids where they are in
+// host-readable memory (ids_on_host; otherwise the kernel checks them and reports kBadExpert).
+// Throws InvalidArgument naming the rank.
+void check_dispatch(const DispatchArgs& a, const BufferConfig& cfg, int rank,
+                    bool ids_on_host = false);
 // Validates a combine input against the last dispatch's recv_x. Throws InvalidArgument.
 void check_combine(const CombineArgs& a, const BufferConfig& cfg, const TensorView& recv_x,
                    uint64_t handle, int rank);

@@ -1,7 +1,6 @@
 #include "backend/cuda/sequencer.hpp"
 
 #include "backend/cuda/host_logic.hpp"
-#include "protocol/call_checks.hpp"
 #include "ubep/error.hpp"
 
 namespace ubep::cuda_host {
@@ -40,11 +39,10 @@ cuda_hd::LaunchParams Sequencer::dispatch(std::span<const DispatchArgs> args, ui
                    "dispatch: the previous split-phase call is still outstanding");
     for (int i = 0; i < local_; ++i) {
       const DispatchArgs& a = args[static_cast<size_t>(i)];
-      check_dispatch(a, cfg_, first_ + i);
+      check_dispatch(a, cfg_, first_ + i, ids_on_host);
       UBEP_CHECK_ARG(a.layout == args[0].layout, "dispatch: ranks disagree on the layout");
       UBEP_CHECK_ARG(a.layout == Layout::kThroughput || cfg_.enable_latency_layout,
                      "dispatch: latency layout needs BufferConfig::enable_latency_layout");
-      if (ids_on_host) protocol::check_expert_ids(a, cfg_);
     }
     seq_ = next_seq_++;
     if (++gen_ == 0) gen_ = 1;  // rank-local signals: a stale value never equals gen
