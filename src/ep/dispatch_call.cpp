@@ -18,20 +18,30 @@ DispatchCall::DispatchCall(int r, const BufferConfig& cfg, int R)
       recv_count_(static_cast<size_t>(cfg.num_experts / R) * 8),
       recv_range_(static_cast<size_t>(cfg.num_experts / R) * static_cast<size_t>(R) * 16),
       reached_(static_cast<size_t>(cfg.num_experts / R)),
+      per_source_offsets_(static_cast<size_t>(R), 0),
       offsets_ready_(static_cast<size_t>(R)),
       masked_(static_cast<size_t>(R), 0) {}
 
 void DispatchCall::build_routing(const DispatchArgs& a, const BufferConfig& cfg) {
   routing_.build(a, cfg, masked_.data());  // validates: throws before anything is sent
   weights_replaced_ = false;
+  reached_listed_ = false;  // until this call's receive_counts
   layout_ = a.layout;
   placement_ = cfg.placement == Placement::kAuto ? placement_for(layout_) : cfg.placement;
-  const auto& rows =
-      layout_ == Layout::kThroughput ? routing_.dest_rows : routing_.dest_expert_rows;
-  const int per_rank = layout_ == Layout::kThroughput ? 1 : local_experts;
-  const auto self = rows.begin() + rank * per_rank;
-  rows_to_self_ = std::accumulate(self, self + per_rank, int64_t{0});
-  rows_to_peers_ = std::accumulate(rows.begin(), rows.end(), int64_t{0}) - rows_to_self_;
+  // Rows to itself and to peers: O(R) for throughput (a row per token and destination); for
+  // latency the routing counted every row (num_entries), so only this rank's own experts are
+  // summed, not every rank's (a small call's fixed cost: docs/PERFORMANCE.md, issue 31).
+  if (layout_ == Layout::kThroughput) {
+    const auto& rows = routing_.dest_rows;
+    rows_to_self_ = rows[static_cast<size_t>(rank)];
+    rows_to_peers_ = std::accumulate(rows.begin(), rows.end(), int64_t{0}) - rows_to_self_;
+  } else {
+    const int32_t* self = &routing_.dest_expert_rows[static_cast<size_t>(rank * local_experts)];
+    int32_t to_self = 0;  // T x K < 2^30 at most (ConfigChecks: T < 2^24 here, K <= 64)
+    for (int e = 0; e < local_experts; ++e) to_self += self[e];
+    rows_to_self_ = to_self;
+    rows_to_peers_ = routing_.num_entries - rows_to_self_;
+  }
   topk_mismatch_.store(-1, std::memory_order_relaxed);
   shape_mismatch_.store(-1, std::memory_order_relaxed);
 }
@@ -51,8 +61,10 @@ void DispatchCall::use_combine_weights(const float* weights) {
 
 void DispatchCall::compute_offsets(const Window& w, int dest) {
   int64_t* eo = &expert_offset_at_[static_cast<size_t>(dest * local_experts)];
+  uint8_t& per_source = per_source_offsets_[static_cast<size_t>(dest)];
   if (placement_ == Placement::kPerSource) {
-    std::fill(eo, eo + local_experts, rank * max_tokens);
+    if (!per_source) std::fill(eo, eo + local_experts, rank * max_tokens);
+    per_source = 1;
     row_offset_at_[static_cast<size_t>(dest)] = rank * max_tokens;
     return;
   }
@@ -61,6 +73,7 @@ void DispatchCall::compute_offsets(const Window& w, int dest) {
     if (!masked(s)) rows += *w.count(dest, s).rows();  // a masked rank sends nothing
   row_offset_at_[static_cast<size_t>(dest)] = rows;
   if (layout_ != Layout::kLatency) return;
+  per_source = 0;
   // Only the experts this rank sends to at dest: nothing else reads their offsets (place_row and
   // combine_row look up the experts of this rank's own tokens), and a small call reaches few of
   // the local experts (one token: at most topk of them), while reading all of them is
@@ -77,8 +90,10 @@ void DispatchCall::compute_offsets(const Window& w, int dest) {
 
 void DispatchCall::receive_counts(const Window& w) {
   if (layout_ == Layout::kLatency && sparse_ranges_ && ranges_placement_ == placement_ &&
-      receive_expert_counts(w))
+      receive_expert_counts(w)) {
+    reached_listed_ = true;  // last_reached_: this call's experts with rows
     return;
+  }
   receive_all_counts(w);
   // The dense pass leaves every range of an expert that received nothing at its empty value,
   // which the sparse pass relies on, unless a source made another call (its ranges left as
@@ -92,6 +107,7 @@ void DispatchCall::receive_counts(const Window& w) {
         last_reached_.push_back(e);
         break;
       }
+  reached_listed_ = sparse_ranges_;
 }
 
 // Invariant between calls (sparse_ranges_): every range (e, s) of an expert not in last_reached_

@@ -250,6 +250,13 @@ class DispatchCall {
   std::vector<const int32_t*> sources_;               // [R] scratch: count records' expert rows
   std::vector<int32_t> reached_;                      // [El] scratch: experts to rewrite
   std::vector<int32_t> last_reached_;  // experts with rows in the last latency call (ascending)
+  // last_reached_ lists exactly this call's experts with rows (set by receive_counts, cleared
+  // by the next routing): for_each_range walks it instead of every local expert.
+  bool reached_listed_ = false;
+  // [R] the destination's expert_offset_at_ entries hold the per-source offsets (rank x
+  // max_tokens) everywhere, so compute_offsets need not write them again (they depend on
+  // nothing but the rank); compact placement's offsets overwrite some and clear it.
+  std::vector<uint8_t> per_source_offsets_;
   std::vector<std::atomic<uint64_t>> offsets_ready_;  // [R]
   std::vector<uint8_t> masked_;                       // [R]
   uint64_t send_generation_ = 0;
@@ -266,18 +273,25 @@ class DispatchCall {
   // Visits every non-empty (expert or 0, source) range in compact order: fn(e, s, begin,
   // count, base) where base is the output index of row 0 of expert e (latency) or 0. Experts
   // that received nothing are skipped whole: a small call (one token: 8 rows over 128 local
-  // experts x 2 sources) would otherwise walk hundreds of empty ranges per phase.
+  // experts x 2 sources) would otherwise walk hundreds of empty ranges per phase. Where
+  // receive_counts listed the experts that received rows (reached_listed_), only those are
+  // visited: a phase then costs O(rows), not O(local experts).
   template <typename Fn>
   void for_each_range(Fn&& fn) const {
     const bool latency = layout_ == Layout::kLatency;
-    const int64_t* counts = recv_count_.get<int64_t>();
-    for (int e = 0; e < (latency ? local_experts : 1); ++e) {
-      if (latency && counts[e] == 0) continue;
+    auto visit_expert = [&](int e) {
       for (int s = 0; s < ranks; ++s) {
         const int64_t* r = range(e, s);
         if (r[1] > 0) fn(e, s, r[0], r[1], latency ? e * expert_slots() : int64_t{0});
       }
+    };
+    if (latency && reached_listed_) {
+      for (int32_t e : last_reached_) visit_expert(e);
+      return;
     }
+    const int64_t* counts = recv_count_.get<int64_t>();
+    for (int e = 0; e < (latency ? local_experts : 1); ++e)
+      if (!latency || counts[e] != 0) visit_expert(e);
   }
 };
 

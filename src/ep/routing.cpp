@@ -61,6 +61,7 @@ void Routing::build(const DispatchArgs& a, const BufferConfig& cfg, const uint8_
   // Per entry a few stores and one counter: no library call per token (a memset of R bytes was
   // one), no per-entry weight copy (one memcpy above), no division. 4096 x 8, one thread, hot:
   // best 144-148 -> 114-122 us in the quiet pairs of rprobe (docs/PERFORMANCE.md, issue 31).
+  int64_t dropped = 0;  // a register count, not a per-rank array: no store per entry
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t* ids = idx + t * K;
     uint8_t* sent_row = sent + t * R;
@@ -72,6 +73,7 @@ void Routing::build(const DispatchArgs& a, const BufferConfig& cfg, const uint8_
       ids_out[tk] = e;
       if (e < 0) {
         slots[tk] = -1;
+        ++dropped;
         continue;
       }
       slots[tk] = expert_rows[e]++;
@@ -87,6 +89,7 @@ void Routing::build(const DispatchArgs& a, const BufferConfig& cfg, const uint8_
       tokens_of[r * max_tokens + slot_row[r]] = static_cast<int32_t>(t);
     }
   }
+  num_entries = static_cast<int64_t>(entries) - dropped;
 }
 
 }  // namespace ubep::ep

@@ -17,6 +17,7 @@ struct Routing {
 
   int64_t num_tokens = 0;
   int topk = 0;
+  int64_t num_entries = 0;          // (token, k) entries naming an expert: the latency rows
   std::vector<int32_t> topk_idx;    // [T, K] global expert ids (-1 = none), copied from input
   std::vector<float> topk_weights;  // [T, K]
   std::vector<int32_t>
