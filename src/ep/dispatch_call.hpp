@@ -241,7 +241,7 @@ class DispatchCall {
   Layout layout_ = Layout::kThroughput;
   Placement placement_ = Placement::kCompact;
   std::vector<int64_t> row_offset_at_;     // [R] throughput
-  std::vector<int64_t> expert_offset_at_;  // [R, El] latency: set for the experts sent to only
+  std::vector<int64_t> expert_offset_at_;  // [R, El] latency: compact sets the experts sent to
   LocalArray recv_count_;                  // [El] int64
   LocalArray recv_range_;  // int64 (begin, count): latency [El, R, 2], throughput [R, 2]
   int64_t num_recv_rows_ = 0;
