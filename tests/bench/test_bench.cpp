@@ -62,6 +62,36 @@ TEST(BenchFlags, RepeatIsParsedAndChecked) {
   expect_invalid([] { parse({"--repeat", "0"}); }, {"--repeat", "got 0"});
 }
 
+// Every slice of a run starts with the warm-up calls, not only the first; the timed calls add
+// up to --iters, spread as evenly as they divide. The bound harness warms up fully once, then
+// at most 2 iterations a slice. Reference: the counts worked out by hand.
+TEST(BenchSlices, EverySliceWarmsUpAndTheTimedCallsAddUpToIters) {
+  const std::vector<tools::Slice> s = tools::bench_slices(50, 5, 60);
+  ASSERT_EQ(s.size(), 5u);
+  for (const tools::Slice& x : s) {
+    EXPECT_EQ(x.warm, 60);
+    EXPECT_EQ(x.timed, 10);
+  }
+  const std::vector<tools::Slice> uneven = tools::bench_slices(7, 3, 1);
+  ASSERT_EQ(uneven.size(), 3u);
+  EXPECT_EQ(uneven[0].timed + uneven[1].timed + uneven[2].timed, 7);
+  for (const tools::Slice& x : uneven) {
+    EXPECT_EQ(x.warm, 1);
+    EXPECT_GE(x.timed, 2);
+    EXPECT_LE(x.timed, 3);
+  }
+  // More rounds than iterations: one slice per iteration; no iterations: one slice of warm-up.
+  EXPECT_EQ(tools::bench_slices(2, 5, 3).size(), 2u);
+  ASSERT_EQ(tools::bench_slices(0, 5, 3).size(), 1u);
+  EXPECT_EQ(tools::bench_slices(0, 5, 3)[0].timed, 0);
+  EXPECT_EQ(tools::bound_warmup(0, 60), 60);
+  EXPECT_EQ(tools::bound_warmup(1, 60), 2);
+  EXPECT_EQ(tools::bound_warmup(3, 1), 1);
+  EXPECT_EQ(tools::bound_warmup(2, 0), 0);
+  expect_invalid([] { tools::bench_slices(10, 0, 1); }, {"rounds 0"});
+  expect_invalid([] { tools::bench_slices(10, 2, -1); }, {"warmup -1"});
+}
+
 // --repeat's summary: the median of the runs' medians and their range; x_bound the median of each
 // run's own ratio (not the ratio of the medians); a bound whose winning kernel changed between
 // runs is still one row. Reference: the numbers worked out by hand.

@@ -31,6 +31,9 @@ void BenchOptions::apply_workload(const std::string& name) {
   if (name == "decode") {
     tokens = 128;
     layout = Layout::kLatency;
+    // Per slice: a combine's time came back to its steady state 30-80 calls after the bound
+    // harness's slice (bench_slices); 60 warm-up calls cost about 0.2 s a slice.
+    warmup = 60;
   } else if (name == "prefill") {
     tokens = 4096;
     layout = Layout::kThroughput;
@@ -195,6 +198,18 @@ void register_exchange(const std::string& name, ExchangeMaker make) {
   exchanges()[name] = std::move(make);
 }
 
+std::vector<Slice> bench_slices(int iters, int rounds, int warmup) {
+  UBEP_CHECK_ARG(iters >= 0 && rounds >= 1 && warmup >= 0, "bench slices: iters ", iters,
+                 ", rounds ", rounds, ", warmup ", warmup);
+  const int n = std::max(1, std::min(rounds, iters));
+  std::vector<Slice> out(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r)
+    out[static_cast<size_t>(r)] = {warmup, iters * (r + 1) / n - iters * r / n};
+  return out;
+}
+
+int bound_warmup(int slice, int warmup) { return slice == 0 ? warmup : std::min(warmup, 2); }
+
 std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   UBEP_CHECK_ARG(o.iters >= 1, "--iters must be >= 1, got ", o.iters);
   UBEP_CHECK_ARG(o.experts % g.size() == 0, "--experts ", o.experts,
@@ -294,10 +309,13 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   }
 
   StartBarrier start(g);
-  auto run = [&](Measurement& m, int iters) {
+  const std::vector<Slice> slices = bench_slices(o.iters, o.rounds, o.warmup);
+  int calls = 0;  // per implementation, warm-up included
+  for (const Slice& s : slices) calls += s.warm + s.timed;
+  auto run = [&](Measurement& m, const Slice& slice) {
     if (m.prepare) m.prepare();
-    for (int n = 0; n < iters; ++n, ++m.done) {
-      const bool record = m.done >= o.warmup;
+    for (int n = 0; n < slice.warm + slice.timed; ++n, ++m.done) {
+      const bool record = n >= slice.warm;
       // Every timed op runs on all ranks at once, alone: a start barrier before it (outside the
       // timing; one whose waiters never sleep, start_barrier.cpp), as the bound's ops have, and
       // a group barrier after it. Without the first, a rank's time
@@ -343,8 +361,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
         dump_call(g, o, in, r, y, m.impl);
         dumped = true;
       }
-      progress.update(m.impl + (m.variant.empty() ? "" : "/" + m.variant), m.done + 1,
-                      o.warmup + o.iters);
+      progress.update(m.impl + (m.variant.empty() ? "" : "/" + m.variant), m.done + 1, calls);
     }
   };
   auto finish = [&](Measurement& m) {
@@ -393,20 +410,17 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
   // Rounds: every implementation and the bound run a slice of their iterations in turn (the
   // order rotating), so a burst of load on this shared machine lands on all of them alike
   // instead of on whichever ran in that period: the x_bound ratios are then within one
-  // period of time, not across the run.
-  const int rounds = std::max(1, std::min(o.rounds, o.iters));
+  // period of time, not across the run. Each slice warms up first (bench_slices).
   const size_t parts = ms.size() + (bounds.empty() ? 0 : 1);
-  for (int r = 0; r < rounds; ++r) {
-    const int n = o.iters * (r + 1) / rounds - o.iters * r / rounds;
+  for (size_t r = 0; r < slices.size(); ++r) {
     for (size_t q = 0; q < parts; ++q) {
-      const size_t k = (q + static_cast<size_t>(r)) % parts;
-      const int warm = r == 0 ? o.warmup : 0;
+      const size_t k = (q + r) % parts;
       if (k < ms.size()) {
-        run(*ms[k], warm + n);
+        run(*ms[k], slices[r]);
       } else {
         for (auto& b : bounds) {
-          b->run(warm, false);
-          b->run(n, true);
+          b->run(bound_warmup(static_cast<int>(r), o.warmup), false);
+          b->run(slices[r].timed, true);
         }
       }
     }

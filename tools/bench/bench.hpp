@@ -34,9 +34,9 @@ struct BenchOptions {
   std::vector<SyncMode> syncs{SyncMode::kFused};  // variants of the ubep algorithm to run
   std::string routing = "uniform";                // uniform | hot
   int iters = 50;
-  int rounds = 5;  // iterations interleaved with the other implementations' in this many slices
-  int repeat = 1;  // whole runs, the implementations' order rotating; summary over their medians
-  int warmup = 5;
+  int rounds = 5;    // iterations interleaved with the other implementations' in this many slices
+  int repeat = 1;    // whole runs, the implementations' order rotating; summary over their medians
+  int warmup = 5;    // untimed iterations at the start of every slice (bench_slices)
   int workers = -1;  // worker threads per rank for ubep and the baseline (-1: cores / ranks - 1)
   std::string topology;  // preset/HxR/file for the scheduler report and the ubep schedule
   SendSchedule schedule = SendSchedule::kEqualSlices;
@@ -156,6 +156,22 @@ void print_policy_report(const Group& group, const BenchOptions& opt,
 // with oneCCL (tools/bench/oneccl_exchange.hpp); an unregistered one is an InvalidArgument.
 using ExchangeMaker = std::function<std::unique_ptr<BulkExchange>(Group&)>;
 void register_exchange(const std::string& name, ExchangeMaker make);
+
+// One slice of a run (--rounds): untimed calls, then timed ones.
+struct Slice {
+  int warm = 0, timed = 0;
+};
+// The slices of one implementation: `iters` timed calls spread over min(rounds, iters) slices,
+// each starting with `warmup` untimed calls. Every slice warms up, not only the first: the
+// bound harness or another implementation ran just before it, and a decode combine took 30-80
+// calls to come back to its steady time after the harness's slice (1,100 -> 655 us, 2 process
+// ranks; docs/PERFORMANCE.md, issue 31, twenty-first session), while its 10 timed calls came
+// right after it.
+std::vector<Slice> bench_slices(int iters, int rounds, int warmup);
+// The bound harness's untimed iterations before slice `slice`: `warmup` before the first, at
+// most 2 before the others. Each of its iterations runs every candidate over its own rows
+// (tens of passes over its memory), so it needs fewer than a call does.
+int bound_warmup(int slice, int warmup);
 
 // Collective over the group; every rank returns the same rows.
 std::vector<BenchRow> run_bench(Group& group, const BenchOptions& opt);

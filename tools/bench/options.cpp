@@ -43,7 +43,7 @@ Ranks: threads in this process (--ranks N), or processes when started by mpirun.
                        send time of each scheduling policy for this routing
   --schedule P         ubep send schedule: equal (default), naive, column_major, balanced
   --plan-workers N     workers assumed by the policy report (default 8)
-  --iters N --warmup N measured and warm-up iterations
+  --iters N --warmup N measured iterations, and untimed ones at the start of every slice
   --rounds N           run the implementations and the bound in N interleaved slices of
                        their iterations (default 5), so load bursts hit all of them alike
   --repeat N           N whole runs, the order of the implementations (and dtypes) rotating;
