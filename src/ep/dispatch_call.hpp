@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "core/local_array.hpp"
@@ -310,13 +312,21 @@ void DispatchCall::place_row(const Window& win, int dest, int source, int32_t t,
                          streams_row(dest, source, xb + sb));
     const int64_t src[2] = {source, t};
     win.put(win.at<int64_t>(dest, m.tp_src) + 2 * pos, src, sizeof src);
+    // The row's entries at `dest`, without a branch per entry (whether an entry is there is
+    // random with random routing): its local expert and weight where it is, -1 and 0 where not.
     int32_t oidx[kMaxTopk];
     float ow[kMaxTopk];
+    const int32_t* rank_of = routing_.expert_rank.data();
+    const int32_t* local_of = routing_.expert_local.data();
     for (int j = 0; j < K; ++j) {
       const int32_t e = idx[j];
-      const bool here = e >= 0 && routing_.expert_rank[static_cast<size_t>(e)] == dest;
-      oidx[j] = here ? routing_.expert_local[static_cast<size_t>(e)] : -1;
-      ow[j] = here ? w[j] : 0.0f;
+      const int32_t at = e < 0 ? 0 : e;  // a valid index to look up; `here` drops it
+      const int32_t here = -static_cast<int32_t>((e >= 0) & (rank_of[at] == dest));  // 0 or ~0
+      oidx[j] = (local_of[at] & here) | ~here;
+      uint32_t bits;
+      std::memcpy(&bits, &w[j], sizeof bits);
+      bits &= static_cast<uint32_t>(here);
+      std::memcpy(&ow[j], &bits, sizeof bits);
     }
     win.put(win.at<int32_t>(dest, m.tp_idx) + pos * K, oidx, 4 * static_cast<size_t>(K));
     win.put(win.at<float>(dest, m.tp_w) + pos * K, ow, 4 * static_cast<size_t>(K));
@@ -357,29 +367,17 @@ void DispatchCall::place_token(const Window& win, int dest, int32_t t, int64_t s
 template <typename Reach, typename Done>
 void DispatchCall::send_tokens(const Window& win, int64_t begin, int64_t end, Reach&& reach,
                                Done&& done) const {
-  const int K = routing_.topk;
-  int dests[kMaxTopk], keys[kMaxTopk];  // a token's destinations, by distance after this rank
+  // A token's destinations by distance after this rank: its row of sent_to (which the routing
+  // fills from the same entries) read in rotated order. Sorting its K entries' ranks instead
+  // took a data-dependent branch or more per entry, mispredicted about half the time with
+  // random routing, on a path that costs every row of a prefill.
   for (int64_t t = begin; t < end; ++t) {
-    const int32_t* idx = &routing_.topk_idx[static_cast<size_t>(t * K)];
-    int n = 0;
-    for (int j = 0; j < K; ++j) {
-      if (idx[j] < 0) continue;
-      const int dest = routing_.expert_rank[static_cast<size_t>(idx[j])];
-      const int key = (dest - rank - 1 + ranks) % ranks;
-      int p = n;
-      while (p > 0 && keys[p - 1] > key) --p;
-      if (p > 0 && keys[p - 1] == key) continue;  // another expert of a destination already in
-      for (int q = n; q > p; --q) {
-        keys[q] = keys[q - 1];
-        dests[q] = dests[q - 1];
-      }
-      keys[p] = key;
-      dests[p] = dest;
-      ++n;
+    const uint8_t* sent = &routing_.sent_to[static_cast<size_t>(t * ranks)];
+    for (int k = 1; k <= ranks; ++k) {
+      const int dest = rank + k < ranks ? rank + k : rank + k - ranks;
+      if (sent[dest] && reach(dest))
+        place_token(win, dest, static_cast<int32_t>(t), routing_.slot_at(t, dest), done);
     }
-    for (int q = 0; q < n; ++q)
-      if (reach(dests[q]))
-        place_token(win, dests[q], static_cast<int32_t>(t), routing_.slot_at(t, dests[q]), done);
   }
 }
 
