@@ -32,7 +32,7 @@ void BenchOptions::apply_workload(const std::string& name) {
     tokens = 128;
     layout = Layout::kLatency;
     // Per slice: a combine's time came back to its steady state 30-80 calls after the bound
-    // harness's slice (bench_slices); 60 warm-up calls cost about 0.2 s a slice.
+    // harness's slice (bench_slices); 60 warm-up calls cost 0.2-0.3 s a slice.
     warmup = 60;
   } else if (name == "prefill") {
     tokens = 4096;
