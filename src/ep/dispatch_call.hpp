@@ -368,10 +368,12 @@ template <typename Reach, typename Done>
 void DispatchCall::send_tokens(const Window& win, int64_t begin, int64_t end, Reach&& reach,
                                Done&& done) const {
   // A token's destinations by distance after this rank: its row of sent_to (which the routing
-  // fills from the same entries) read in rotated order, O(R) a token as the routing's own pass.
-  // Sorting its K entries' ranks instead took a data-dependent branch or more per entry, which
-  // random routing takes or not at random, on a path that every row of a prefill pays
-  // (without: prefill dispatch 8% faster fp8, 5% bf16; docs/PERFORMANCE.md, issue 31, 21st).
+  // fills from the same entries) read in rotated order. Sorting its K entries' ranks instead
+  // took a data-dependent branch or more per entry, which random routing takes or not at
+  // random, on a path that every row of a prefill pays (this way: prefill dispatch 8% faster
+  // fp8, 5% bf16, 2 ranks; docs/PERFORMANCE.md, issue 31, 21st session). The scan is O(R) a
+  // token: one more pass like the two the routing build already makes over every rank per
+  // token, so with many ranks it adds to a cost the call already has (unmeasured beyond 3).
   for (int64_t t = begin; t < end; ++t) {
     const uint8_t* sent = &routing_.sent_to[static_cast<size_t>(t * ranks)];
     for (int k = 1; k <= ranks; ++k) {
