@@ -22,6 +22,35 @@
 
 namespace ubep::backend {
 
+// A dispatch row to one destination, the senders' unit of work: its payload, its scales (fp8;
+// scale_bytes 0: none) and up to kMaxPieces small pieces of metadata (the row's source, expert
+// ids, weights...). A prefill sends thousands of rows a call, and a call per part cost each row
+// several indirect calls (DataPath::put_message).
+struct RowMessage {
+  static constexpr int kMaxPieces = 3;
+  struct Piece {
+    void* dst;
+    const void* src;  // read during put_message only (it may point at the caller's stack)
+    size_t bytes;
+  };
+  char* payload_dst = nullptr;
+  const void* payload = nullptr;
+  size_t payload_bytes = 0;
+  char* scale_dst = nullptr;
+  const void* scales = nullptr;
+  size_t scale_bytes = 0;
+  bool stream = false;  // as put_row's: the call is large, skip caching the destination
+  int num_pieces = 0;
+  Piece pieces[kMaxPieces];
+  void add(void* dst, const void* src, size_t bytes) { pieces[num_pieces++] = {dst, src, bytes}; }
+  // Lines this thread writes soon (a later row's metadata): a hint with no effect on results. A
+  // backend may start fetching them for writing, so that those stores do not wait for them.
+  static constexpr int kMaxSoon = 4;
+  int num_soon = 0;
+  const void* soon[kMaxSoon];
+  void writes_soon(const void* p) { soon[num_soon++] = p; }
+};
+
 class DataPath {
  public:
   virtual ~DataPath() = default;
@@ -44,10 +73,14 @@ class DataPath {
   virtual void put_row(void* dst, const void* src, size_t bytes, bool stream) const = 0;
   // Small metadata (or a local staging copy) with ordinary stores.
   virtual void put(void* dst, const void* src, size_t bytes) const = 0;
-  // A hint, with no effect on results: a put to [dst, dst + bytes) follows soon, after other
-  // work (an fp8 row's scales after its payload). A backend may start fetching those lines now
-  // so that the put does not wait for them.
-  virtual void prepare_put(void* /*dst*/, size_t /*bytes*/) const {}
+  // A dispatch row: the payload and scales as put_row's rows (streamed or not by m.stream), the
+  // pieces as put's metadata, all ordered before any later publish() of this thread. One call a
+  // row; this default composes it from the calls above.
+  virtual void put_message(const RowMessage& m) const {
+    put_row(m.payload_dst, m.payload, m.payload_bytes, m.stream);
+    if (m.scale_bytes) put_row(m.scale_dst, m.scales, m.scale_bytes, m.stream);
+    for (int i = 0; i < m.num_pieces; ++i) put(m.pieces[i].dst, m.pieces[i].src, m.pieces[i].bytes);
+  }
 
   // --- completion (data-as-flag) ---
   // Release store of an epoch tag: every put before it, by this thread, is visible to a reader

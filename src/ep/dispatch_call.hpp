@@ -119,6 +119,8 @@ class DispatchCall {
   // destinations' rows are complete early for their receive hooks (wait_recv_range), where by
   // token every destination's last row comes at the end of the send.
   static constexpr size_t kTokenOrderBytes = size_t{4} << 20;
+  // How far ahead of a throughput row its sender fetches the metadata lines it writes later.
+  static constexpr int64_t kMetadataAhead = 16;
   bool sends_by_token() const { return by_token_; }
   void sent(double own_us) { store_tuner_.record(own_us); }
 
@@ -173,13 +175,14 @@ class DispatchCall {
   }
 
   // Writes one token's row(s) for `dest` on behalf of `source` (itself or, on a relay, a rank
-  // of another host): idx/w/expert_slot are the token's K entries, slot its index among the
-  // source's rows for dest, row_off/expert_off where the source's rows start at dest; done(tag)
-  // completes each row.
+  // of another host): idx/w/expert_slot are the token's K entries, entry_rank their experts'
+  // ranks (the routing's; nullptr: looked up here), slot its index among the source's rows for
+  // dest, row_off/expert_off where the source's rows start at dest; done(tag) completes each row.
   template <typename Done>
   void place_row(const Window& win, int dest, int source, int32_t t, RowRef row, const int32_t* idx,
-                 const float* w, int K, int64_t slot, const int32_t* expert_slot, int64_t row_off,
-                 const int64_t* expert_off, Done&& done) const;
+                 const int32_t* entry_rank, const float* w, int K, int64_t slot,
+                 const int32_t* expert_slot, int64_t row_off, const int64_t* expert_off,
+                 Done&& done) const;
   // This rank's token slot i for `dest`, read from `source`.
   template <typename Done>
   void send_rows(const Window& win, int dest, int64_t i, Done&& done) const;
@@ -230,6 +233,20 @@ class DispatchCall {
 
  private:
   void build_routing(const DispatchArgs& a, const BufferConfig& cfg);
+  // A throughput row's K entries as `dest` receives them: the local expert id and weight of
+  // each entry at dest, -1 and 0 for the others.
+  static inline void entries_at_dest(int K, int dest, int32_t first_expert, const int32_t* idx,
+                                     const int32_t* entry_rank, const float* w, int32_t* out_idx,
+                                     float* out_w) {
+    for (int j = 0; j < K; ++j) {
+      const int32_t here = -static_cast<int32_t>(entry_rank[j] == dest);  // 0 or ~0
+      out_idx[j] = ((idx[j] - first_expert) & here) | ~here;
+      uint32_t bits;
+      std::memcpy(&bits, &w[j], sizeof bits);
+      bits &= static_cast<uint32_t>(here);
+      std::memcpy(&out_w[j], &bits, sizeof bits);
+    }
+  }
   // receive_counts' two passes: every (expert, source) range, or (latency layout, between calls
   // of one placement) only those of experts that received rows now or in the last call; false
   // when a source made another call (the dense pass then names it).
@@ -299,51 +316,65 @@ class DispatchCall {
 
 template <typename Done>
 void DispatchCall::place_row(const Window& win, int dest, int source, int32_t t, RowRef row,
-                             const int32_t* idx, const float* w, int K, int64_t slot,
-                             const int32_t* expert_slot, int64_t row_off, const int64_t* expert_off,
-                             Done&& done) const {
+                             const int32_t* idx, const int32_t* entry_rank, const float* w, int K,
+                             int64_t slot, const int32_t* expert_slot, int64_t row_off,
+                             const int64_t* expert_off, Done&& done) const {
   const WindowLayout& m = win.map();
   const size_t xb = m.codec.payload_bytes, sb = m.codec.scale_bytes;
+  int32_t looked_up[kMaxTopk];
+  if (!entry_rank) {  // a relayed token's entries (the routing's are this rank's tokens only)
+    for (int j = 0; j < K; ++j)
+      looked_up[j] = idx[j] < 0 ? -1 : routing_.expert_rank[static_cast<size_t>(idx[j])];
+    entry_rank = looked_up;
+  }
+  // An entry at dest names one of dest's experts: its local index is its id less this.
+  const int32_t first_expert = dest * local_experts;
   if (layout_ == Layout::kThroughput) {
     const auto pos = row_off + slot;
     const auto p = static_cast<size_t>(pos);
-    win.put_dispatch_row(win.at<char>(dest, m.tp_x) + p * xb,
-                         win.at<char>(dest, m.tp_scale) + p * sb, row,
-                         streams_row(dest, source, xb + sb));
+    backend::RowMessage msg = win.dispatch_message(win.at<char>(dest, m.tp_x) + p * xb,
+                                                   win.at<char>(dest, m.tp_scale) + p * sb, row,
+                                                   streams_row(dest, source, xb + sb));
     const int64_t src[2] = {source, t};
-    win.put(win.at<int64_t>(dest, m.tp_src) + 2 * pos, src, sizeof src);
+    msg.add(win.at<int64_t>(dest, m.tp_src) + 2 * pos, src, sizeof src);
+    // The metadata lines of the row kMetadataAhead slots on at dest (a sender's rows to a
+    // destination take consecutive slots), fetched for writing now: they were last read by the
+    // receiver, and a plain store that misses holds up every store after it, the row copies'
+    // included.
+    if (const int64_t a = pos + kMetadataAhead; a < m.tp_rows()) {
+      msg.writes_soon(win.at<int64_t>(dest, m.tp_src) + 2 * a);
+      msg.writes_soon(win.at<int32_t>(dest, m.tp_idx) + a * K);
+      msg.writes_soon(win.at<float>(dest, m.tp_w) + a * K);
+      msg.writes_soon(win.at<Tag>(dest, m.tp_tag) + a);
+    }
     // The row's entries at `dest`, without a branch per entry (whether an entry is there is
-    // random with random routing): its local expert and weight where it is, -1 and 0 where not.
+    // random with random routing) and without a lookup per entry (a gather: the loop then does
+    // not vectorize): its local expert and weight where it is, -1 and 0 where not.
+    // topk 8 (DeepSeek-V3's) with a fixed trip count: then the loop is two vector steps, where a
+    // run-time count pays for the vector loop's setup on every row.
     int32_t oidx[kMaxTopk];
     float ow[kMaxTopk];
-    const int32_t* rank_of = routing_.expert_rank.data();
-    const int32_t* local_of = routing_.expert_local.data();
-    for (int j = 0; j < K; ++j) {
-      const int32_t e = idx[j];
-      const int32_t at = e < 0 ? 0 : e;  // a valid index to look up; `here` drops it
-      const int32_t here = -static_cast<int32_t>((e >= 0) & (rank_of[at] == dest));  // 0 or ~0
-      oidx[j] = (local_of[at] & here) | ~here;
-      uint32_t bits;
-      std::memcpy(&bits, &w[j], sizeof bits);
-      bits &= static_cast<uint32_t>(here);
-      std::memcpy(&ow[j], &bits, sizeof bits);
-    }
-    win.put(win.at<int32_t>(dest, m.tp_idx) + pos * K, oidx, 4 * static_cast<size_t>(K));
-    win.put(win.at<float>(dest, m.tp_w) + pos * K, ow, 4 * static_cast<size_t>(K));
+    if (K == 8)
+      entries_at_dest(8, dest, first_expert, idx, entry_rank, w, oidx, ow);
+    else
+      entries_at_dest(K, dest, first_expert, idx, entry_rank, w, oidx, ow);
+    msg.add(win.at<int32_t>(dest, m.tp_idx) + pos * K, oidx, 4 * static_cast<size_t>(K));
+    msg.add(win.at<float>(dest, m.tp_w) + pos * K, ow, 4 * static_cast<size_t>(K));
+    win.put_message(msg);
     done(win.at<Tag>(dest, m.tp_tag) + pos);
   } else {
     for (int j = 0; j < K; ++j) {
-      const int32_t e = idx[j];
-      if (e < 0 || routing_.expert_rank[static_cast<size_t>(e)] != dest) continue;
-      const int le = routing_.expert_local[static_cast<size_t>(e)];
+      if (entry_rank[j] != dest) continue;
+      const int le = idx[j] - first_expert;
       const int64_t pos = le * expert_slots() + expert_off[le] + expert_slot[j];
       const auto p = static_cast<size_t>(pos);
-      win.put_dispatch_row(win.at<char>(dest, m.lat_x) + p * xb,
-                           win.at<char>(dest, m.lat_scale) + p * sb, row,
-                           streams_row(dest, source, xb + sb));
+      backend::RowMessage msg = win.dispatch_message(win.at<char>(dest, m.lat_x) + p * xb,
+                                                     win.at<char>(dest, m.lat_scale) + p * sb, row,
+                                                     streams_row(dest, source, xb + sb));
       LatencyRecord* rec = win.at<LatencyRecord>(dest, m.lat_rec) + pos;
       const uint32_t token_k = LatencyRecord::pack(t, j);
-      win.put(&rec->token_k, &token_k, sizeof token_k);
+      msg.add(&rec->token_k, &token_k, sizeof token_k);
+      win.put_message(msg);
       done(&rec->tag);
     }
   }
@@ -358,10 +389,11 @@ template <typename Done>
 void DispatchCall::place_token(const Window& win, int dest, int32_t t, int64_t slot,
                                Done&& done) const {
   const size_t tK = static_cast<size_t>(t) * static_cast<size_t>(routing_.topk);
-  place_row(
-      win, dest, rank, t, rows_.row(t), &routing_.topk_idx[tK], &routing_.topk_weights[tK],
-      routing_.topk, slot, &routing_.expert_slot[tK], row_offset_at_[static_cast<size_t>(dest)],
-      &expert_offset_at_[static_cast<size_t>(dest * local_experts)], std::forward<Done>(done));
+  place_row(win, dest, rank, t, rows_.row(t), &routing_.topk_idx[tK], &routing_.entry_rank[tK],
+            &routing_.topk_weights[tK], routing_.topk, slot, &routing_.expert_slot[tK],
+            row_offset_at_[static_cast<size_t>(dest)],
+            &expert_offset_at_[static_cast<size_t>(dest * local_experts)],
+            std::forward<Done>(done));
 }
 
 template <typename Reach, typename Done>

@@ -249,7 +249,7 @@ void HostRelay::forward(Relayed& s) {
   }
   walk(s, [&](int, const PackedToken& p, int d, int64_t slot, const int32_t* slots) {
     call_->place_row(win_, d, s.source, *p.token(), protocol::wire_row(p.row(), win_.codec()),
-                     p.idx(), p.w(), p.K, slot, slots, s.row_off[static_cast<size_t>(d)],
+                     p.idx(), nullptr, p.w(), p.K, slot, slots, s.row_off[static_cast<size_t>(d)],
                      &s.expert_off[static_cast<size_t>(d * El)],
                      [&](protocol::Tag* tag) { win_.complete(tag); });
   });

@@ -14,6 +14,7 @@ Routing::Routing(int r, int num_experts, int64_t t, int k)
   topk_idx.resize(T * K);
   topk_weights.resize(T * K);
   expert_slot.resize(T * K);
+  entry_rank.resize(T * K);
   sent_to.resize(T * R);
   dest_slot.resize(T * R);
   dest_rows.resize(R);
@@ -54,6 +55,7 @@ void Routing::build(const DispatchArgs& a, const BufferConfig& cfg, const uint8_
   int32_t* __restrict expert_rows = dest_expert_rows.data();
   int32_t* __restrict ids_out = topk_idx.data();
   int32_t* __restrict slots = expert_slot.data();
+  int32_t* __restrict entry_ranks = entry_rank.data();
   uint8_t* __restrict sent = sent_to.data();
   int32_t* __restrict dest_slots = dest_slot.data();
   int32_t* __restrict rows = dest_rows.data();
@@ -73,11 +75,14 @@ void Routing::build(const DispatchArgs& a, const BufferConfig& cfg, const uint8_
       ids_out[tk] = e;
       if (e < 0) {
         slots[tk] = -1;
+        entry_ranks[tk] = -1;
         ++dropped;
         continue;
       }
       slots[tk] = expert_rows[e]++;
-      sent_row[rank_of[e]] = 1;
+      const int32_t r = rank_of[e];
+      entry_ranks[tk] = r;
+      sent_row[r] = 1;
     }
     int32_t* slot_row = dest_slots + t * R;
     for (int r = 0; r < R; ++r) {

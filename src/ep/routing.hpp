@@ -22,6 +22,10 @@ struct Routing {
   std::vector<float> topk_weights;  // [T, K]
   std::vector<int32_t>
       expert_slot;  // [T, K] index of the token among this rank's tokens for that expert
+  // [T, K] the rank of each entry's expert (-1 = none): the senders test an entry against a
+  // destination with one compare, which vectorizes, where looking the rank up by expert id is
+  // a gather per entry (DispatchCall::place_row).
+  std::vector<int32_t> entry_rank;
   std::vector<uint8_t> sent_to;  // [T, R] 1 if the token goes to rank r
   std::vector<int32_t>
       dest_slot;  // [T, R] index of the token among those going to rank r (-1: not sent)

@@ -75,21 +75,23 @@ class Window {
     dp_.put_row(dst, src, row_bytes(), stream);
   }
   void put(void* dst, const void* src, size_t bytes) const { dp_.put(dst, src, bytes); }
-  // A dispatch row: its payload into x_dst and its scales (if the codec has any) into scale_dst;
-  // both are ordered before the row's tag like any put_row.
-  void put_dispatch_row(char* x_dst, char* scale_dst, RowRef row, bool stream) const {
-    // The scales' lines that take plain stores are fetched while the payload streams, so their
-    // stores do not wait for them: fp8 decode dispatch 463-481 -> 420-431 us on 2 process ranks
-    // (docs/PERFORMANCE.md, fp8). Streamed, only the partial line at each end takes them.
-    if (const size_t sb = map_.codec.scale_bytes; sb && !stream) {
-      dp_.prepare_put(scale_dst, sb);
-    } else if (sb) {
-      dp_.prepare_put(scale_dst, 1);
-      dp_.prepare_put(scale_dst + sb - 1, 1);
+  // A dispatch row's message: its payload into x_dst and its scales (if the codec has any) into
+  // scale_dst; the caller adds the row's metadata and puts it with put_message.
+  backend::RowMessage dispatch_message(char* x_dst, char* scale_dst, RowRef row,
+                                       bool stream) const {
+    backend::RowMessage m;
+    m.payload_dst = x_dst;
+    m.payload = row.payload;
+    m.payload_bytes = map_.codec.payload_bytes;
+    m.scale_bytes = map_.codec.scale_bytes;
+    if (m.scale_bytes) {
+      m.scale_dst = scale_dst;
+      m.scales = row.scales;
     }
-    dp_.put_row(x_dst, row.payload, map_.codec.payload_bytes, stream);
-    if (map_.codec.scale_bytes) dp_.put_row(scale_dst, row.scales, map_.codec.scale_bytes, stream);
+    m.stream = stream;
+    return m;
   }
+  void put_message(const backend::RowMessage& m) const { dp_.put_message(m); }
 
   // --- failures: a rank publishes into every local peer's window that it rejected a call or
   // that its buffer is broken; waits poll the words of their peers (FailureWatch).

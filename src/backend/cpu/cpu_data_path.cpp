@@ -46,8 +46,8 @@ struct HeldTags {
   int in_role = 0;        // depth of run_roles on this thread
   int n = 0;
   size_t bytes = 0;  // streamed row bytes since the last release
-  protocol::Tag* tag[kMaxHeld];
-  uint32_t value[kMaxHeld];
+  protocol::Tag* tag[kMaxHeld] = {};
+  uint32_t value[kMaxHeld] = {};
 
   void release() {
     if (unfenced) kernels::store_fence();
@@ -57,14 +57,27 @@ struct HeldTags {
     bytes = 0;
   }
 };
-thread_local HeldTags held;
+// In a shared object (the Python extension) every access of a thread_local is a call of
+// __tls_get_addr, and one that needs dynamic initialization also tests a guard first: publish()
+// made up to four such calls a row, and one more per tag it released. So the state is
+// constant-initialized and reached through held_here() once per function: the empty asm hides
+// where its pointer comes from, so the compiler keeps the pointer in a register rather than
+// computing the address again at each use (which it otherwise does, cheap as that is in an
+// executable).
+constinit thread_local HeldTags held;
+HeldTags& held_here() {
+  HeldTags* h = &held;
+  asm("" : "+r"(h));
+  return *h;
+}
 
 // Marks this thread as running a role function for its lifetime; releases on the way out.
 struct RoleScope {
-  RoleScope() { ++held.in_role; }
+  RoleScope() { ++held_here().in_role; }
   ~RoleScope() {
-    held.release();
-    --held.in_role;
+    HeldTags& h = held_here();
+    h.release();
+    --h.in_role;
   }
   RoleScope(const RoleScope&) = delete;
   RoleScope& operator=(const RoleScope&) = delete;
@@ -92,45 +105,91 @@ void CpuDataPath::put_row(void* dst, const void* src, size_t bytes, bool stream)
   // Also marked when the copy fell back to memcpy (unaligned rows, sanitizer builds), so the
   // batching logic runs -- and is checked by TSan -- the same way everywhere.
   kernels::stream_row_to_peer(dst, src, bytes);
-  held.unfenced = true;
-  held.bytes += bytes;
+  HeldTags& h = held_here();
+  h.unfenced = true;
+  h.bytes += bytes;
 }
 
 void CpuDataPath::put(void* dst, const void* src, size_t bytes) const {
   std::memcpy(dst, src, bytes);
 }
 
-void CpuDataPath::prepare_put(void* dst, size_t bytes) const {
-  kernels::prefetch_for_write(dst, bytes);
+namespace {
+// A message's metadata pieces are a few bytes each: copies of a size known here are a load and
+// a store, where memcpy of a run-time size is a library call.
+void copy_piece(void* dst, const void* src, size_t bytes) {
+  switch (bytes) {
+    case 4:
+      std::memcpy(dst, src, 4);
+      return;
+    case 8:
+      std::memcpy(dst, src, 8);
+      return;
+    case 16:
+      std::memcpy(dst, src, 16);
+      return;
+    case 32:
+      std::memcpy(dst, src, 32);
+      return;
+    default:
+      std::memcpy(dst, src, bytes);
+  }
+}
+}  // namespace
+
+void CpuDataPath::put_message(const backend::RowMessage& m) const {
+  for (int i = 0; i < m.num_soon; ++i) __builtin_prefetch(m.soon[i], 1);
+  // The scales' lines that take plain stores are fetched while the payload streams, so their
+  // stores do not wait for them: fp8 decode dispatch 463-481 -> 420-431 us on 2 process ranks
+  // (docs/PERFORMANCE.md, fp8). Streamed, only the partial line at each end takes them.
+  if (const size_t sb = m.scale_bytes; sb && !m.stream) {
+    kernels::prefetch_for_write(m.scale_dst, sb);
+  } else if (sb) {
+    __builtin_prefetch(m.scale_dst, 1);
+    __builtin_prefetch(m.scale_dst + sb - 1, 1);
+  }
+  if (m.stream) {
+    kernels::stream_row_to_peer(m.payload_dst, m.payload, m.payload_bytes);
+    if (m.scale_bytes) kernels::stream_row_to_peer(m.scale_dst, m.scales, m.scale_bytes);
+    HeldTags& h = held_here();  // as put_row: marked even where a copy fell back to memcpy
+    h.unfenced = true;
+    h.bytes += m.payload_bytes + m.scale_bytes;
+  } else {
+    std::memcpy(m.payload_dst, m.payload, m.payload_bytes);
+    if (m.scale_bytes) std::memcpy(m.scale_dst, m.scales, m.scale_bytes);
+  }
+  for (int i = 0; i < m.num_pieces; ++i)
+    copy_piece(m.pieces[i].dst, m.pieces[i].src, m.pieces[i].bytes);
 }
 
 void CpuDataPath::publish(protocol::Tag* tag, uint32_t value, bool stop_and_wait) const {
+  HeldTags& h = held_here();
   if (stop_and_wait) {
-    held.release();
+    h.release();
     std::atomic_thread_fence(std::memory_order_seq_cst);
-  } else if (held.unfenced && held.in_role > 0) {
-    held.tag[held.n] = tag;
-    held.value[held.n] = value;
-    if (++held.n == kMaxHeld || held.bytes >= kMaxHeldBytes) held.release();
+  } else if (h.unfenced && h.in_role > 0) {
+    h.tag[h.n] = tag;
+    h.value[h.n] = value;
+    if (++h.n == kMaxHeld || h.bytes >= kMaxHeldBytes) h.release();
     return;
   } else {
-    held.release();  // fences if a row is unfenced (no tag is held outside roles)
+    h.release();  // fences if a row is unfenced (no tag is held outside roles)
   }
   publish_tag(tag, value);
 }
 
 bool CpuDataPath::arrived(const protocol::Tag* tag, uint32_t value) const {
-  if (held.n > 0) held.release();
+  if (HeldTags& h = held_here(); h.n > 0) h.release();
   return tag_arrived(tag, value);
 }
 
 uint32_t CpuDataPath::load(const protocol::Tag* tag) const {
-  if (held.n > 0) held.release();
+  if (HeldTags& h = held_here(); h.n > 0) h.release();
   return load_tag(tag);
 }
 
 void CpuDataPath::fence() const {
-  held.release();
+  held_here().release();
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
@@ -140,8 +199,9 @@ void CpuDataPath::reduce_rows(void* out, DType dtype, int64_t hidden, const void
   kernels::reduce_rows(out, dtype, hidden, rows, weights, n, stream, next_rows, next_n,
                        /*prefetch=*/!sequential);
   if (!stream) return;
-  held.unfenced = true;  // fenced when the role ends (run_roles' return publishes the output)
-  if (held.in_role == 0) held.release();
+  HeldTags& h = held_here();
+  h.unfenced = true;  // fenced when the role ends (run_roles' return publishes the output)
+  if (h.in_role == 0) h.release();
 }
 
 void CpuDataPath::accumulate_row(float* acc, const void* row, DType dtype, int64_t hidden,

@@ -19,7 +19,7 @@ class CpuDataPath final : public backend::DataPath {
   int members() const override;
   void put_row(void* dst, const void* src, size_t bytes, bool stream) const override;
   void put(void* dst, const void* src, size_t bytes) const override;
-  void prepare_put(void* dst, size_t bytes) const override;
+  void put_message(const backend::RowMessage& m) const override;
   void publish(protocol::Tag* tag, uint32_t value, bool stop_and_wait) const override;
   bool arrived(const protocol::Tag* tag, uint32_t value) const override;
   uint32_t load(const protocol::Tag* tag) const override;
