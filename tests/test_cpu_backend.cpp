@@ -17,6 +17,7 @@
 #include "backend/cpu/cpu_data_path.hpp"
 #include "backend/cpu/reduce_bf16.hpp"
 #include "backend/cpu/row_kernels.hpp"
+#include "data_path_stress.hpp"
 #include "ubep/bf16.hpp"
 
 namespace ubep::test {
@@ -278,71 +279,42 @@ TEST(RowKernels, StreamedCopyWritesExactlyItsSpanAtEveryAlignment) {
 #endif
 }
 
-// Bounded wait for a reader outside the data path's roles.
-bool wait_tag(const cpu::CpuDataPath& dp, const protocol::Tag* tag, uint32_t value) {
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  for (unsigned spin = 0; !dp.arrived(tag, value); ++spin)
-    if (spin % 64 == 0) {
-      if (std::chrono::steady_clock::now() > give_up) return false;
-      std::this_thread::yield();
-    }
-  return true;
-}
-
 // Writers (a team of 3 members) stream rows into a shared "window" and complete each with its
-// tag, as a dispatch does; a reader on another thread waits for every tag and checks the row
-// behind it, then acknowledges the epoch. Member 0 waits for that acknowledgement inside its
-// role, so its held-back tags must be released before it waits (else the reader never sees
-// them and the wait times out); the other members' tags are released when their role ends.
-// Row counts are not multiples of the batch. Sizes: whole lines (4096), partial lines at
-// both ends of most rows, shared by neighbours that other members write (1000; 224, an fp8
-// row's scales), and no whole line at all (40: plain stores only).
+// tag, as a dispatch does; a reader on another thread checks every row behind its tag
+// (run_epochs, data_path_stress.hpp: member 0 waits for the reader inside its role, so its
+// held-back tags must be released before it waits). Row counts are not multiples of the batch.
+// Sizes: whole lines (4096), partial lines at both ends of most rows, shared by neighbours that
+// other members write (1000; 224, an fp8 row's scales), and no whole line at all (40: plain
+// stores only).
 TEST(CpuDataPathStress, BatchedFencesReleaseEveryTagAfterItsRow) {
   for (size_t row_bytes : {size_t{4096}, size_t{1000}, size_t{224}, size_t{40}}) {
     constexpr int kMembersRows = 37, kEpochs = 300;
-    cpu::CpuDataPath writer(2), reader_dp(0);
+    cpu::CpuDataPath writer(2);
     const int members = writer.members();
     const int rows = members * kMembersRows;
     std::vector<char> storage(static_cast<size_t>(rows) * row_bytes + 64);
     char* window = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
-    std::vector<protocol::Tag> tags(static_cast<size_t>(rows), 0);
-    alignas(64) protocol::Tag ack = 0;
-    std::atomic<int> bad_rows{0}, lost{0};
-    std::thread reader([&] {
-      for (uint32_t e = 1; e <= kEpochs && lost == 0; ++e) {
-        for (int i = 0; i < rows; ++i) {
-          if (!wait_tag(reader_dp, &tags[static_cast<size_t>(i)], e)) {
-            lost = i + 1;
-            return;
-          }
-          const char* row = window + static_cast<size_t>(i) * row_bytes;
-          const char want = static_cast<char>(e * 31 + static_cast<uint32_t>(i));
-          for (size_t b = 0; b < row_bytes; ++b)
-            if (row[b] != want) {
-              ++bad_rows;
-              break;
-            }
-        }
-        reader_dp.publish(&ack, e, false);
-      }
-    });
+    std::vector<protocol::Tag> tags;
+    auto value = [](uint32_t e, int i) {
+      return static_cast<char>(e * 31 + static_cast<uint32_t>(i));
+    };
     std::vector<std::vector<char>> src(static_cast<size_t>(members), std::vector<char>(row_bytes));
-    bool acked = true;
-    for (uint32_t e = 1; e <= kEpochs && acked; ++e) {
-      writer.run_roles([&](int m) {
-        std::vector<char>& s = src[static_cast<size_t>(m)];
-        for (int i = m * kMembersRows; i < (m + 1) * kMembersRows; ++i) {
-          std::memset(s.data(), static_cast<char>(e * 31 + static_cast<uint32_t>(i)), row_bytes);
+    const EpochStress r = run_epochs(
+        writer, kMembersRows, kEpochs, tags,
+        [&](uint32_t e, int m, int i) {
+          std::vector<char>& s = src[static_cast<size_t>(m)];
+          std::memset(s.data(), value(e, i), row_bytes);
           writer.put_row(window + static_cast<size_t>(i) * row_bytes, s.data(), row_bytes, true);
-          writer.publish(&tags[static_cast<size_t>(i)], e, false);
-        }
-        if (m == 0 && !wait_tag(writer, &ack, e)) acked = false;
-      });
-    }
-    reader.join();
-    EXPECT_TRUE(acked) << "row " << row_bytes << ": the reader never acknowledged an epoch";
-    EXPECT_EQ(lost.load(), 0) << "row " << row_bytes << ": a tag never became visible";
-    EXPECT_EQ(bad_rows.load(), 0) << "row " << row_bytes << ": a tag was visible before its row";
+        },
+        [&](uint32_t e, int i) {
+          const char* row = window + static_cast<size_t>(i) * row_bytes;
+          for (size_t b = 0; b < row_bytes; ++b)
+            if (row[b] != value(e, i)) return false;
+          return true;
+        });
+    EXPECT_TRUE(r.acked) << "row " << row_bytes << ": the reader never acknowledged an epoch";
+    EXPECT_EQ(r.lost, 0) << "row " << row_bytes << ": a tag never became visible";
+    EXPECT_EQ(r.bad, 0) << "row " << row_bytes << ": a tag was visible before its row";
   }
 }
 

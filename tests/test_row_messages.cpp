@@ -13,6 +13,7 @@
 
 #include "backend/cpu/cpu_data_path.hpp"
 #include "backend/cpu/row_kernels.hpp"
+#include "data_path_stress.hpp"
 
 namespace ubep::test {
 namespace {
@@ -95,36 +96,21 @@ TEST(RowMessage, AStreamedMessageHoldsItsTagForTheBatchFence) {
   EXPECT_EQ(look(tag_streamed), 7u) << "the role's end did not release the held tag";
 }
 
-bool wait_tag(const cpu::CpuDataPath& dp, const protocol::Tag* tag, uint32_t value) {
-  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  for (unsigned spin = 0; !dp.arrived(tag, value); ++spin)
-    if (spin % 64 == 0) {
-      if (std::chrono::steady_clock::now() > give_up) return false;
-      std::this_thread::yield();
-    }
-  return true;
-}
-
 // A team (3 members) writes messages -- streamed payload, an fp8 row's 224 bytes of scales
 // (partial lines shared with neighbours that other members write), three plain pieces into
 // arrays of many rows' metadata -- and publishes each row's tag, as a prefill dispatch does;
-// a reader on another thread waits for every tag and checks every part behind it, then
-// acknowledges the epoch. A part that is not ordered before its tag (a streamed store not yet
-// fenced when the held-back tags are released) is seen stale.
+// a reader on another thread checks every part behind each tag (run_epochs). A part that is not
+// ordered before its tag (a streamed store not yet fenced when the held-back tags are released) is
+// seen stale.
 TEST(RowMessageStress, EveryPartIsVisibleWhenTheTagIs) {
   for (bool stream : {true, false}) {
     constexpr int kMembersRows = 29, kEpochs = 200;
     constexpr size_t kPayload = 1024, kScales = 224, kIds = 32, kSource = 16;
-    cpu::CpuDataPath writer(2), reader_dp(0);
-    const int members = writer.members();
-    const int rows = members * kMembersRows;
-    const auto R = static_cast<size_t>(rows);
+    cpu::CpuDataPath writer(2);
     alignas(64) static char payload[87][kPayload], scales[87][kScales], ids[87][kIds],
         weights[87][kIds], source[87][kSource];
-    ASSERT_LE(rows, 87);
-    std::vector<protocol::Tag> tags(R, 0);
-    alignas(64) protocol::Tag ack = 0;
-    std::atomic<int> bad{0}, lost{0};
+    ASSERT_LE(writer.members() * kMembersRows, 87);
+    std::vector<protocol::Tag> tags;
     auto byte = [](uint32_t e, int i, int part) {
       return static_cast<char>(e * 31 + static_cast<uint32_t>(i) * 7 + static_cast<uint32_t>(part));
     };
@@ -133,26 +119,10 @@ TEST(RowMessageStress, EveryPartIsVisibleWhenTheTagIs) {
         if (p[b] != v) return false;
       return true;
     };
-    std::thread reader([&] {
-      for (uint32_t e = 1; e <= kEpochs && lost == 0; ++e) {
-        for (int i = 0; i < rows; ++i) {
-          if (!wait_tag(reader_dp, &tags[static_cast<size_t>(i)], e)) {
-            lost = i + 1;
-            return;
-          }
-          if (!all(payload[i], kPayload, byte(e, i, 0)) || !all(scales[i], kScales, byte(e, i, 1)) ||
-              !all(ids[i], kIds, byte(e, i, 2)) || !all(weights[i], kIds, byte(e, i, 3)) ||
-              !all(source[i], kSource, byte(e, i, 4)))
-            ++bad;
-        }
-        reader_dp.publish(&ack, e, false);
-      }
-    });
-    bool acked = true;
-    for (uint32_t e = 1; e <= kEpochs && acked; ++e) {
-      writer.run_roles([&](int m) {
-        char parts[5][kPayload];
-        for (int i = m * kMembersRows; i < (m + 1) * kMembersRows; ++i) {
+    const EpochStress r = run_epochs(
+        writer, kMembersRows, kEpochs, tags,
+        [&](uint32_t e, int, int i) {
+          char parts[5][kPayload];
           for (int p = 0; p < 5; ++p) std::memset(parts[p], byte(e, i, p), kPayload);
           backend::RowMessage msg;
           msg.payload_dst = payload[i];
@@ -166,15 +136,15 @@ TEST(RowMessageStress, EveryPartIsVisibleWhenTheTagIs) {
           msg.add(weights[i], parts[3], kIds);
           msg.add(source[i], parts[4], kSource);
           writer.put_message(msg);
-          writer.publish(&tags[static_cast<size_t>(i)], e, false);
-        }
-        if (m == 0 && !wait_tag(writer, &ack, e)) acked = false;
-      });
-    }
-    reader.join();
-    EXPECT_TRUE(acked) << "stream " << stream << ": the reader never acknowledged an epoch";
-    EXPECT_EQ(lost.load(), 0) << "stream " << stream << ": a tag never became visible";
-    EXPECT_EQ(bad.load(), 0) << "stream " << stream << ": a tag was visible before its row";
+        },
+        [&](uint32_t e, int i) {
+          return all(payload[i], kPayload, byte(e, i, 0)) &&
+                 all(scales[i], kScales, byte(e, i, 1)) && all(ids[i], kIds, byte(e, i, 2)) &&
+                 all(weights[i], kIds, byte(e, i, 3)) && all(source[i], kSource, byte(e, i, 4));
+        });
+    EXPECT_TRUE(r.acked) << "stream " << stream << ": the reader never acknowledged an epoch";
+    EXPECT_EQ(r.lost, 0) << "stream " << stream << ": a tag never became visible";
+    EXPECT_EQ(r.bad, 0) << "stream " << stream << ": a tag was visible before its row";
   }
 }
 
