@@ -74,7 +74,6 @@ class Window {
   void put_row(char* dst, const char* src, bool stream) const {
     dp_.put_row(dst, src, row_bytes(), stream);
   }
-  void put(void* dst, const void* src, size_t bytes) const { dp_.put(dst, src, bytes); }
   // A dispatch row's message: its payload into x_dst and its scales (if the codec has any) into
   // scale_dst; the caller adds the row's metadata and puts it with put_message.
   backend::RowMessage dispatch_message(char* x_dst, char* scale_dst, RowRef row,
