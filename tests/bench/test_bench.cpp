@@ -4,6 +4,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <string>
@@ -54,6 +55,13 @@ TEST(BenchFlags, GoodValuesAreKept) {
   EXPECT_EQ(c.opt.workers, 3);
   EXPECT_EQ(c.ranks, 4);
   EXPECT_TRUE(parse({"--help"}).help);
+}
+
+TEST(BenchFlags, BoundExpertIsMatchOrCopy) {
+  EXPECT_TRUE(parse({}).opt.bound_expert_match);
+  EXPECT_FALSE(parse({"--bound-expert", "copy"}).opt.bound_expert_match);
+  EXPECT_TRUE(parse({"--bound-expert", "match"}).opt.bound_expert_match);
+  expect_invalid([] { parse({"--bound-expert", "gemm"}); }, {"--bound-expert", "'gemm'"});
 }
 
 TEST(BenchFlags, RepeatIsParsedAndChecked) {
@@ -291,6 +299,41 @@ TEST(BenchBound, BoundAndFloorAreMeasuredOnEveryRank) {
     EXPECT_EQ(bounds, 2);
     EXPECT_EQ(floors, 1);
   }
+}
+
+// The harness's untimed expert step lasts as long as it is told (the calls' own step, which the
+// bench sets), every time: a run's expert steps together take at least that many times as long,
+// and its rows report the length.
+TEST(BenchBound, ExpertStepLastsAsLongAsSet) {
+  constexpr int64_t n = 2, K = 2, E = 4, R = 2, H = 256;
+  constexpr double kStepUs = 1000;
+  run_on_threads(R, [&](Group& g) {
+    const std::vector<int64_t> idx = {0, 3, 1, 2};  // every token to both ranks
+    std::vector<char> x(static_cast<size_t>(n * H * 2), 1);
+    const auto sends = tools::send_rows(idx, n, K, E, R, g.rank(), Layout::kLatency);
+    tools::BoundShape shape;
+    shape.layout = Layout::kLatency;
+    shape.placement = Placement::kPerSource;
+    shape.local_experts = E / R;
+    shape.max_tokens = n;
+    tools::BoundHarness h(g, sends, x.data(), H * 2, shape);
+    h.run(1, false);  // untimed first touches; no step set: the copy alone
+    h.set_expert_us(kStepUs);
+    const auto t0 = std::chrono::steady_clock::now();
+    h.run(1, true);
+    const double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+    const std::vector<tools::BenchRow> rows = h.rows();
+    // Per layout (this one and the packed one): 3 dispatch + expert + combine steps per dispatch
+    // candidate, 1 per combine candidate.
+    size_t steps = 0;
+    for (const auto& r : rows) {
+      EXPECT_DOUBLE_EQ(r.expert_step_us, kStepUs) << r.impl << " " << r.op;
+      steps += (r.op == "dispatch" ? 3 : 1) * r.candidates.size();
+    }
+    EXPECT_EQ(rows.size(), 4u);  // dispatch and combine, for each of the 2 layouts
+    EXPECT_GE(us, static_cast<double>(steps) * kStepUs) << steps << " steps";
+  });
 }
 
 // A bulk exchange plugged under the baseline (as ubep-bench's oneCCL one is): the in-process

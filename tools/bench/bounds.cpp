@@ -31,6 +31,16 @@ double us_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
 }
 
+// Work that touches no memory (multiply-adds, the clock read every ~2 us) until `us` have passed.
+void compute_until(Clock::time_point t0, double us) {
+  uint64_t x = 1;
+  while (us_since(t0) < us)
+    for (int i = 0; i < 4096; ++i) {
+      x = x * 3 + 1;
+      asm volatile("" : "+r"(x));  // kept, and not folded into one multiply
+    }
+}
+
 // Non-temporal stores: no read-for-ownership of destination lines the writer never reads, so a
 // copy moves 2 bytes of traffic per byte instead of 3. Three widths: 16-byte SSE2 stores (any
 // x86-64), 32-byte AVX2 stores (where the CPU has AVX2 but not AVX-512) and 64-byte AVX-512
@@ -176,7 +186,10 @@ struct BoundHarness::Impl {
   std::vector<Kernel> dk, ck;
   std::vector<std::vector<double>> td, tc;  // [layout * kernels + kernel]: samples
   int par = 0;                              // the window half of the last op
-  int64_t iterations = 0;                   // run so far, for rotating the candidates
+  // The untimed expert step's length (set_expert_us); its sum over the recorded iterations.
+  double expert_us = 0, expert_us_sum = 0;
+  int64_t recorded = 0;
+  int64_t iterations = 0;  // run so far, for rotating the candidates
 
   char* row_at(int d, int reg, int64_t pos) const {
     auto base = (reinterpret_cast<uintptr_t>(win->base(d)) + 63) & ~uintptr_t(63);
@@ -210,11 +223,16 @@ struct BoundHarness::Impl {
     if (k.nt) fence_nt();
   }
   // The bench's expert (untimed, as in the bench): each rank copies the rows it received into
-  // its combine input, so the combine finds them where and as warm as a real call does.
-  void expert(const RowPlaces& pl, int half) const {
+  // its combine input, so the combine finds them where and as warm as a real call does; then
+  // work that touches no memory, until the step is as long as the calls' (expert_us): on the
+  // project's VM ops after a longer step took longer (decode fp8, 3.5 ms more: the combine
+  // 1.20x, the dispatch 1.12-1.16x; docs/PERFORMANCE.md, twenty-third session).
+  void expert(const RowPlaces& pl, int half) {
+    const auto t0 = Clock::now();
     for (const auto& [pos, n] : pl.runs)
       std::memcpy(row_at(g.rank(), 2 + half, pos), row_at(g.rank(), half, pos),
                   static_cast<size_t>(n) * row_bytes);
+    compute_until(t0, expert_us);
   }
   void combine(const Kernel& k, const RowPlaces& pl, int half) {
     const char* ptrs[64];
@@ -337,6 +355,8 @@ BoundHarness::~BoundHarness() {
   if (!std::uncaught_exceptions()) impl_->g.barrier();
 }
 
+void BoundHarness::set_expert_us(double us) { impl_->expert_us = us; }
+
 void BoundHarness::run(int iters, bool record) {
   Impl& b = *impl_;
   Group& g = b.g;
@@ -349,6 +369,10 @@ void BoundHarness::run(int iters, bool record) {
   // library's own reduction ran 25-40% faster there than inside a real combine -- a "bound"
   // no call can reach, because no call reads its rows twice.
   const Kernel& staging = b.dk.back();
+  if (record) {
+    b.expert_us_sum += b.expert_us * iters;
+    b.recorded += iters;
+  }
   for (int i = 0; i < iters; ++i, ++b.iterations) {
     // Rotate the order of the candidates, so none always runs first (or last) in an iteration.
     const auto rot = static_cast<size_t>(b.iterations);
@@ -408,10 +432,13 @@ std::vector<BenchRow> BoundHarness::rows() {
     return best;
   };
   std::vector<BenchRow> out;
+  const double step_us =
+      mean_over_ranks(b.g, b.recorded ? b.expert_us_sum / static_cast<double>(b.recorded) : 0.0);
   for (size_t l = 0; l < b.layouts.size(); ++l) {
     out.push_back(fastest(b.dk, b.td, l, "dispatch", dispatch_bytes));
     out.push_back(fastest(b.ck, b.tc, l, "combine", bytes));
   }
+  for (BenchRow& r : out) r.expert_step_us = step_us;
   return out;
 }
 

@@ -54,6 +54,9 @@ Ranks: threads in this process (--ranks N), or processes when started by mpirun.
   --dump DIR           write one call's inputs and outputs per rank as .npy + meta.json
   --quiet              no progress line
   --timeout S          seconds before a wait on a peer fails (default 60, > 0)
+  --bound-expert E     the bound's untimed expert step: match (default: as long as the calls'
+                       own expert step, its copy then work that touches no memory) or copy
+                       (the copy alone)
 Every run also measures, on one host, the bound (every rank copying its rows at once, fastest
 of memcpy and non-temporal stores) and the latency floor (a flag round trip between ranks 0, 1).
 )";
@@ -168,7 +171,12 @@ BenchCommand parse_bench_args(int argc, const char* const* argv) {
       opt.iters = static_cast<int>(num(1, 10000000));
     else if (a == "--warmup")
       opt.warmup = static_cast<int>(num(0, 10000000));
-    else if (a == "--rounds")
+    else if (a == "--bound-expert") {
+      const std::string e = next();
+      UBEP_CHECK_ARG(e == "match" || e == "copy", "--bound-expert: expected match or copy, got '",
+                     e, "'");
+      opt.bound_expert_match = e == "match";
+    } else if (a == "--rounds")
       opt.rounds = static_cast<int>(num(1, 10000));
     else if (a == "--repeat")
       opt.repeat = static_cast<int>(num(1, 1000));

@@ -132,6 +132,8 @@ void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchR
     if (r.impl != "bound" || r.candidates.empty()) continue;
     std::printf("bound %s candidates (median us):", r.op.c_str());
     for (auto& [n, us] : r.candidates) std::printf("  %s %.1f", n.c_str(), us);
+    if (r.expert_step_us > 0)
+      std::printf("  | each after an expert step of %.1f (as the calls')", r.expert_step_us);
     std::printf("\n");
   }
   for (const auto& r : rows) {
@@ -204,6 +206,7 @@ void write_row(std::ofstream& f, const BenchOptions& o, const BenchRow& r, int r
       << ", \"expected_network_rows\": " << r.expected_network_rows
       << ", \"network_bytes\": " << r.network_bytes;
   if (r.expert_read_us > 0) f << ", \"expert_read_us\": " << r.expert_read_us;
+  if (r.expert_step_us > 0) f << ", \"expert_step_us\": " << r.expert_step_us;
   if (r.caller_read_us > 0) f << ", \"caller_read_us\": " << r.caller_read_us;
   if (!r.stages.empty()) {
     f << ", \"stages_us\": {";
