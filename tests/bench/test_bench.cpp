@@ -16,7 +16,9 @@
 #include "expect_invalid.hpp"
 #include "harness.hpp"
 #include "ubep/baseline.hpp"
+#include "ubep/bf16.hpp"
 #include "ubep/buffer.hpp"
+#include "ubep/fp8.hpp"
 #include "ubep/group.hpp"
 
 namespace ubep::test {
@@ -301,38 +303,60 @@ TEST(BenchBound, BoundAndFloorAreMeasuredOnEveryRank) {
   }
 }
 
-// The harness's untimed expert step lasts as long as it is told (the calls' own step, which the
-// bench sets), every time: a run's expert steps together take at least that many times as long,
-// and its rows report the length.
-TEST(BenchBound, ExpertStepLastsAsLongAsSet) {
+// With fp8, the harness's untimed expert step does the bench's fp8 expert's work: every row this
+// rank received, dequantized into a bf16 row (reference: the library's dequantizer and bf16
+// rounding, row by row) -- from codes with their scales (the dispatch bound's harness), or from
+// bf16 rows' first bytes with scales of one (the combine bound's) -- and its time is reported.
+TEST(BenchBound, Fp8ExpertStepDequantizesEveryReceivedRow) {
   constexpr int64_t n = 2, K = 2, E = 4, R = 2, H = 256;
-  constexpr double kStepUs = 1000;
+  const int64_t nb = fp8_scales_per_row(H);
+  std::vector<uint8_t> codes(static_cast<size_t>(n * H));
+  for (size_t i = 0; i < codes.size(); ++i)
+    codes[i] = static_cast<uint8_t>((i % static_cast<size_t>(H)) * 5 % 0x7e);  // no NaN codes
+  std::vector<float> scales(static_cast<size_t>(n * nb));
+  for (size_t i = 0; i < scales.size(); ++i)
+    scales[i] = 0.25f * static_cast<float>(i % static_cast<size_t>(nb) + 1);
+  // Every token's row is the same, so every received row has the same expected output.
+  auto reference = [&](const float* sc) {
+    std::vector<float> f(static_cast<size_t>(H));
+    fp8_dequantize_rows(codes.data(), sc, 1, H, f.data());
+    std::vector<uint16_t> out(static_cast<size_t>(H));
+    for (int64_t h = 0; h < H; ++h)
+      out[static_cast<size_t>(h)] = float_to_bf16(f[static_cast<size_t>(h)]);
+    return out;
+  };
+  const std::vector<float> ones(static_cast<size_t>(nb), 1.0f);
+  const std::vector<uint16_t> want_scaled = reference(scales.data()),
+                              want_ones = reference(ones.data());
+  std::vector<char> wide(static_cast<size_t>(n * H * 2));  // bf16-sized rows, codes first
+  for (int64_t t = 0; t < n; ++t)
+    std::memcpy(&wide[static_cast<size_t>(t * H * 2)], &codes[static_cast<size_t>(t * H)], H);
   run_on_threads(R, [&](Group& g) {
     const std::vector<int64_t> idx = {0, 3, 1, 2};  // every token to both ranks
-    std::vector<char> x(static_cast<size_t>(n * H * 2), 1);
     const auto sends = tools::send_rows(idx, n, K, E, R, g.rank(), Layout::kLatency);
     tools::BoundShape shape;
     shape.layout = Layout::kLatency;
     shape.placement = Placement::kPerSource;
     shape.local_experts = E / R;
     shape.max_tokens = n;
-    tools::BoundHarness h(g, sends, x.data(), H * 2, shape);
-    h.run(1, false);  // untimed first touches; no step set: the copy alone
-    h.set_expert_us(kStepUs);
-    const auto t0 = std::chrono::steady_clock::now();
-    h.run(1, true);
-    const double us =
-        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-    const std::vector<tools::BenchRow> rows = h.rows();
-    // Per layout (this one and the packed one): 3 dispatch + expert + combine steps per dispatch
-    // candidate, 1 per combine candidate.
-    size_t steps = 0;
-    for (const auto& r : rows) {
-      EXPECT_DOUBLE_EQ(r.expert_step_us, kStepUs) << r.impl << " " << r.op;
-      steps += (r.op == "dispatch" ? 3 : 1) * r.candidates.size();
-    }
-    EXPECT_EQ(rows.size(), 4u);  // dispatch and combine, for each of the 2 layouts
-    EXPECT_GE(us, static_cast<double>(steps) * kStepUs) << steps << " steps";
+    const tools::RowPlaces p = tools::place_rows(g, sends, shape);
+    ASSERT_FALSE(p.runs.empty());
+    tools::BoundHarness scaled(g, sends, reinterpret_cast<const char*>(codes.data()), H, shape,
+                               reinterpret_cast<const char*>(scales.data()),
+                               static_cast<size_t>(nb) * sizeof(float));
+    tools::BoundHarness plain(g, sends, wide.data(), H * 2, shape);
+    expect_invalid([&] { plain.set_fp8_expert(H + 1); }, {"set_fp8_expert", "hidden 257"});
+    scaled.set_fp8_expert(H);
+    plain.set_fp8_expert(H);
+    scaled.run(1, true);
+    plain.run(1, true);
+    for (const auto& [pos, count] : p.runs)
+      for (int64_t i = pos; i < pos + count; ++i) {
+        EXPECT_EQ(scaled.last_expert_row(i), want_scaled) << "rank " << g.rank() << " row " << i;
+        EXPECT_EQ(plain.last_expert_row(i), want_ones) << "rank " << g.rank() << " row " << i;
+      }
+    for (auto* h : {&scaled, &plain})
+      for (const auto& r : h->rows()) EXPECT_GT(r.expert_step_us, 0) << r.impl << " " << r.op;
   });
 }
 

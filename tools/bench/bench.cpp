@@ -405,22 +405,15 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
                                                     codec.scale_bytes));
     if (dispatch_row_bytes != row_bytes)
       bounds.push_back(std::make_unique<BoundHarness>(g, sends, in.x.data(), row_bytes, shape));
+    // The harness's expert does what the calls' expert does between the ops (fp8: dequantizes).
+    if (fp8 && o.bound_expert_match)
+      for (auto& b : bounds) b->set_fp8_expert(o.hidden);
   }
 
   // Rounds: every implementation and the bound run a slice of their iterations in turn (the
   // order rotating), so a burst of load on this shared machine lands on all of them alike
   // instead of on whichever ran in that period: the x_bound ratios are then within one
   // period of time, not across the run. Each slice warms up first (bench_slices).
-  // The calls' expert step so far on this rank (median over the timed calls of the
-  // implementations with a Buffer, whose expert writes its combine buffer; else of all): how
-  // long the bound's own step lasts. Round 0 runs every implementation before the bound.
-  auto calls_expert_us = [&] {
-    std::vector<double> all;
-    for (int with_buffer = 1; with_buffer >= 0 && all.empty(); --with_buffer)
-      for (auto& m : ms)
-        if (!with_buffer || m->buf) all.insert(all.end(), m->te.begin(), m->te.end());
-    return all.empty() || !o.bound_expert_match ? 0.0 : percentile(all, 0.5);
-  };
   const size_t parts = ms.size() + (bounds.empty() ? 0 : 1);
   for (size_t r = 0; r < slices.size(); ++r) {
     for (size_t q = 0; q < parts; ++q) {
@@ -428,9 +421,7 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
       if (k < ms.size()) {
         run(*ms[k], slices[r]);
       } else {
-        const double expert_us = calls_expert_us();
         for (auto& b : bounds) {
-          b->set_expert_us(expert_us);
           b->run(bound_warmup(static_cast<int>(r), o.warmup), false);
           b->run(slices[r].timed, true);
         }

@@ -27,8 +27,8 @@ struct BenchOptions {
   // fp8 only: pass bf16 x and let ubep cast on send ("fp8-cast"), instead of fp8 codes and
   // scales quantized before the timed calls ("fp8").
   bool fp8_cast = false;
-  // The bound's untimed expert step as long as the calls' (BoundHarness::set_expert_us), or
-  // its copy alone (--bound-expert copy).
+  // The bound's untimed expert step does the bench's expert's work (fp8: dequantizing,
+  // BoundHarness::set_fp8_expert), or copies the rows whatever the dtype (--bound-expert copy).
   bool bound_expert_match = true;
   // --dtype's list (bf16, fp32, fp8, fp8-cast): main runs the bench once per entry.
   std::vector<std::string> dtypes{"bf16"};
@@ -73,8 +73,8 @@ struct BenchRow {
   // over ranks. Where a call leaves its rows decides what the expert's first read costs (from
   // the sender's cache or from memory), so a store policy is judged by both numbers.
   double expert_read_us = 0;
-  // Bound: the length of the untimed expert step before its ops, µs, mean over ranks (the
-  // calls' own expert step's median, BoundHarness::set_expert_us; --bound-expert copy: 0).
+  // Bound: its untimed expert step (the copy, or the fp8 expert's work), mean µs over the
+  // recorded steps, mean over ranks: to set beside the calls' expert_read_us.
   double expert_step_us = 0;
   // Combine: the caller's first read of y right after the op (outside its timing; CPU outputs),
   // median µs, mean over ranks: the same check for the output's store policy.
@@ -259,9 +259,14 @@ class BoundHarness {
   ~BoundHarness();  // collective
   BoundHarness(const BoundHarness&) = delete;
   BoundHarness& operator=(const BoundHarness&) = delete;
-  // The untimed expert step between a dispatch and its combine lasts at least `us` (the calls'
-  // own expert step): after the copy, work that touches no memory fills the rest.
-  void set_expert_us(double us);
+  // The untimed expert step between a dispatch and its combine does the bench's fp8 expert's
+  // work (expert_fp8_row on every received row) instead of copying the rows. The rows: codes of
+  // `hidden` bytes with their scales, or bf16 rows of 2 * hidden bytes without (their first
+  // hidden bytes taken as codes).
+  void set_fp8_expert(int64_t hidden);
+  // For tests: the bf16 row the last fp8 expert step wrote for the row this rank received at
+  // `pos` (a RowPlaces position).
+  std::vector<uint16_t> last_expert_row(int64_t pos) const;
   // Collective: `iters` rounds of every candidate; record = keep the times (false: warm-up).
   // Calls may be spread over the run, between other implementations' iterations.
   void run(int iters, bool record);

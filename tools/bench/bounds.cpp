@@ -18,6 +18,8 @@
 #include "ep/dispatch_call.hpp"
 #include "or_reduce.hpp"
 #include "ubep/error.hpp"
+#include "ubep/fp8.hpp"
+#include "workload.hpp"
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -29,16 +31,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double us_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-}
-
-// Work that touches no memory (multiply-adds, the clock read every ~2 us) until `us` have passed.
-void compute_until(Clock::time_point t0, double us) {
-  uint64_t x = 1;
-  while (us_since(t0) < us)
-    for (int i = 0; i < 4096; ++i) {
-      x = x * 3 + 1;
-      asm volatile("" : "+r"(x));  // kept, and not folded into one multiply
-    }
 }
 
 // Non-temporal stores: no read-for-ownership of destination lines the writer never reads, so a
@@ -88,24 +80,6 @@ void fence_nt() {
 #if defined(__SSE2__)
   _mm_sfence();
 #endif
-}
-
-// Spins on a flag in shared memory until it reaches `want`, within the group's timeout.
-void wait_at_least(const uint64_t* p, uint64_t want, const Group& g, int peer) {
-  std::atomic_ref<const uint64_t> a(*p);
-  const auto deadline = Clock::now() + g.options().timeout;
-  for (uint64_t n = 1; a.load(std::memory_order_acquire) < want; ++n) {
-    if (n % 4096 == 0) {
-      UBEP_CHECK(Clock::now() < deadline, TimeoutError, "ubep-bench floor: rank ", g.rank(),
-                 " waited for rank ", peer, "'s flag ", want, " past the timeout");
-      // Oversubscribed ranks (more ranks than cores) must let the peer run.
-      std::this_thread::yield();
-    }
-  }
-}
-
-void publish(uint64_t* p, uint64_t v) {
-  std::atomic_ref<uint64_t>(*p).store(v, std::memory_order_release);
 }
 
 }  // namespace
@@ -186,9 +160,12 @@ struct BoundHarness::Impl {
   std::vector<Kernel> dk, ck;
   std::vector<std::vector<double>> td, tc;  // [layout * kernels + kernel]: samples
   int par = 0;                              // the window half of the last op
-  // The untimed expert step's length (set_expert_us); its sum over the recorded iterations.
-  double expert_us = 0, expert_us_sum = 0;
-  int64_t recorded = 0;
+  int64_t fp8_hidden = 0;  // set_fp8_expert: the expert dequantizes rows of this many codes
+  std::vector<float> scratch, ones;
+  std::vector<uint16_t> expert_out;  // its bf16 rows, where the combine region is too narrow
+  bool recording = false;            // the expert steps' time, for rows()
+  double expert_us_sum = 0;
+  int64_t expert_steps = 0;
   int64_t iterations = 0;  // run so far, for rotating the candidates
 
   char* row_at(int d, int reg, int64_t pos) const {
@@ -223,16 +200,35 @@ struct BoundHarness::Impl {
     if (k.nt) fence_nt();
   }
   // The bench's expert (untimed, as in the bench): each rank copies the rows it received into
-  // its combine input, so the combine finds them where and as warm as a real call does; then
-  // work that touches no memory, until the step is as long as the calls' (expert_us): on the
-  // project's VM ops after a longer step took longer (decode fp8, 3.5 ms more: the combine
-  // 1.20x, the dispatch 1.12-1.16x; docs/PERFORMANCE.md, twenty-third session).
+  // its combine input, so the combine finds them where and as warm as a real call does. With
+  // fp8 (set_fp8_expert) it does the bench's fp8 expert's work instead: each row's codes and
+  // scales dequantized into a bf16 row (expert_fp8_row). On the project's VM the fp8 calls,
+  // after that step, ran 1.16-1.20x slower than after a copy of the same rows, some periods
+  // (docs/PERFORMANCE.md, twenty-third session): a bound after the copy is not one for them.
   void expert(const RowPlaces& pl, int half) {
     const auto t0 = Clock::now();
-    for (const auto& [pos, n] : pl.runs)
-      std::memcpy(row_at(g.rank(), 2 + half, pos), row_at(g.rank(), half, pos),
-                  static_cast<size_t>(n) * row_bytes);
-    compute_until(t0, expert_us);
+    for (const auto& [pos, n] : pl.runs) {
+      if (fp8_hidden == 0) {
+        std::memcpy(row_at(g.rank(), 2 + half, pos), row_at(g.rank(), half, pos),
+                    static_cast<size_t>(n) * row_bytes);
+        continue;
+      }
+      // Rows of codes with their scales apart: bf16 rows into expert_out (the dispatch bound's
+      // harness; its combine is not reported). bf16 rows without scales: their first hidden
+      // bytes taken as codes, scales of one, into the combine input (the fp8 combine's bound).
+      for (int64_t i = pos; i < pos + n; ++i) {
+        const auto* codes = reinterpret_cast<const uint8_t*>(row_at(g.rank(), half, i));
+        const float* sc =
+            scale_bytes ? reinterpret_cast<const float*>(scale_at(g.rank(), half, i)) : ones.data();
+        uint16_t* out = scale_bytes ? expert_out.data() + static_cast<size_t>(i * fp8_hidden)
+                                    : reinterpret_cast<uint16_t*>(row_at(g.rank(), 2 + half, i));
+        expert_fp8_row(codes, sc, fp8_hidden, scratch.data(), out);
+      }
+    }
+    if (recording) {
+      expert_us_sum += us_since(t0);
+      ++expert_steps;
+    }
   }
   void combine(const Kernel& k, const RowPlaces& pl, int half) {
     const char* ptrs[64];
@@ -355,7 +351,27 @@ BoundHarness::~BoundHarness() {
   if (!std::uncaught_exceptions()) impl_->g.barrier();
 }
 
-void BoundHarness::set_expert_us(double us) { impl_->expert_us = us; }
+std::vector<uint16_t> BoundHarness::last_expert_row(int64_t pos) const {
+  const Impl& b = *impl_;
+  const auto* row = b.scale_bytes
+                        ? b.expert_out.data() + static_cast<size_t>(pos * b.fp8_hidden)
+                        : reinterpret_cast<const uint16_t*>(b.row_at(b.g.rank(), 2 + b.par, pos));
+  return {row, row + b.fp8_hidden};
+}
+
+void BoundHarness::set_fp8_expert(int64_t hidden) {
+  Impl& b = *impl_;
+  const auto nb = static_cast<size_t>(fp8_scales_per_row(hidden));
+  UBEP_CHECK_ARG(hidden > 0 && (b.scale_bytes ? b.row_bytes == static_cast<size_t>(hidden) &&
+                                                    b.scale_bytes == nb * sizeof(float)
+                                              : b.row_bytes == 2 * static_cast<size_t>(hidden)),
+                 "set_fp8_expert: hidden ", hidden, " does not fit rows of ", b.row_bytes,
+                 " bytes with scales of ", b.scale_bytes);
+  b.fp8_hidden = hidden;
+  b.scratch.assign(static_cast<size_t>(hidden), 0.0f);
+  b.ones.assign(nb, 1.0f);
+  if (b.scale_bytes) b.expert_out.assign(b.region / b.row_bytes * static_cast<size_t>(hidden), 0);
+}
 
 void BoundHarness::run(int iters, bool record) {
   Impl& b = *impl_;
@@ -369,10 +385,7 @@ void BoundHarness::run(int iters, bool record) {
   // library's own reduction ran 25-40% faster there than inside a real combine -- a "bound"
   // no call can reach, because no call reads its rows twice.
   const Kernel& staging = b.dk.back();
-  if (record) {
-    b.expert_us_sum += b.expert_us * iters;
-    b.recorded += iters;
-  }
+  b.recording = record;
   for (int i = 0; i < iters; ++i, ++b.iterations) {
     // Rotate the order of the candidates, so none always runs first (or last) in an iteration.
     const auto rot = static_cast<size_t>(b.iterations);
@@ -432,67 +445,13 @@ std::vector<BenchRow> BoundHarness::rows() {
     return best;
   };
   std::vector<BenchRow> out;
-  const double step_us =
-      mean_over_ranks(b.g, b.recorded ? b.expert_us_sum / static_cast<double>(b.recorded) : 0.0);
+  const double step_us = mean_over_ranks(
+      b.g, b.expert_steps ? b.expert_us_sum / static_cast<double>(b.expert_steps) : 0.0);
   for (size_t l = 0; l < b.layouts.size(); ++l) {
     out.push_back(fastest(b.dk, b.td, l, "dispatch", dispatch_bytes));
     out.push_back(fastest(b.ck, b.tc, l, "combine", bytes));
   }
   for (BenchRow& r : out) r.expert_step_us = step_us;
-  return out;
-}
-
-std::vector<BenchRow> measure_floor(Group& g, int iters) {
-  std::vector<BenchRow> out;
-  const int R = g.size(), me = g.rank();
-  if (R < 2) return out;
-  // Line 0 of each window: the ping-pong flag; line 1 + s: rank s's barrier flag.
-  auto win = g.allocate_window(64 * static_cast<size_t>(R + 2) + 64);
-  int shared = 1;
-  for (int d = 0; d < R; ++d) shared &= win->base(d) != nullptr;
-  std::vector<int> all(static_cast<size_t>(R));
-  g.allgather(&shared, all.data(), sizeof shared);
-  if (std::find(all.begin(), all.end(), 0) != all.end()) return out;
-  auto line = [&](int d, int i) {
-    auto base = (reinterpret_cast<uintptr_t>(win->base(d)) + 63) & ~uintptr_t(63);
-    return reinterpret_cast<uint64_t*>(base + 64 * static_cast<size_t>(i));
-  };
-  const int warmup = std::max(10, iters / 10);
-  // Ping-pong: each side polls a line in its own memory and writes the peer's, as a receiver
-  // polls its window for the tag a sender wrote.
-  std::vector<double> rt;
-  g.barrier();
-  if (me <= 1) {
-    const int peer = 1 - me;
-    for (int i = 1; i <= warmup + iters; ++i) {
-      const auto v = static_cast<uint64_t>(i);
-      if (me == 0) {
-        const auto t0 = Clock::now();
-        publish(line(peer, 0), v);
-        wait_at_least(line(me, 0), v, g, peer);
-        if (i > warmup) rt.push_back(us_since(t0));
-      } else {
-        wait_at_least(line(me, 0), v, g, peer);
-        publish(line(peer, 0), v);
-      }
-    }
-  }
-  if (me != 0) rt.assign(static_cast<size_t>(iters), 0.0);  // rank 0's times are the ones
-  g.barrier();
-  out.push_back(make_row(g, "floor", "", "roundtrip", rt, 64));
-  // All-to-all flag barrier: post my epoch to every peer, wait for every peer's.
-  std::vector<double> bt;
-  for (int i = 1; i <= warmup + iters; ++i) {
-    const auto v = static_cast<uint64_t>(i);
-    const auto t0 = Clock::now();
-    for (int d = 0; d < R; ++d)
-      if (d != me) publish(line(d, 1 + me), v);
-    for (int s = 0; s < R; ++s)
-      if (s != me) wait_at_least(line(me, 1 + s), v, g, s);
-    if (i > warmup) bt.push_back(us_since(t0));
-  }
-  g.barrier();
-  out.push_back(make_row(g, "barrier", "", "flag", bt, 0));
   return out;
 }
 

@@ -132,8 +132,7 @@ void print_table(const Group& g, const BenchOptions& o, const std::vector<BenchR
     if (r.impl != "bound" || r.candidates.empty()) continue;
     std::printf("bound %s candidates (median us):", r.op.c_str());
     for (auto& [n, us] : r.candidates) std::printf("  %s %.1f", n.c_str(), us);
-    if (r.expert_step_us > 0)
-      std::printf("  | each after an expert step of %.1f (as the calls')", r.expert_step_us);
+    if (r.expert_step_us > 0) std::printf("  | after an expert step of %.1f", r.expert_step_us);
     std::printf("\n");
   }
   for (const auto& r : rows) {

@@ -58,6 +58,12 @@ Input make_input(const Group& g, const BenchOptions& o) {
 // reads the rows where they are.
 // fp8 (the combine dtype is bf16): the expert dequantizes its valid rows into bf16, written
 // into the combine buffer (Buffer) or a bf16 copy shaped like recv_x (the baseline).
+void expert_fp8_row(const uint8_t* codes, const float* scales, int64_t hidden, float* scratch,
+                    uint16_t* out) {
+  fp8_dequantize_rows(codes, scales, 1, hidden, scratch);
+  kernels::store_row(out, scratch, DType::kBF16, hidden);
+}
+
 CombineArgs expert_fp8(const DispatchResult& r, Buffer* buf, Input& in, int64_t hidden) {
   TensorView out = r.recv_x;
   out.dtype = DType::kBF16;
@@ -72,11 +78,10 @@ CombineArgs expert_fp8(const DispatchResult& r, Buffer* buf, Input& in, int64_t 
   const int64_t nb = fp8_scales_per_row(hidden);
   std::vector<float> row(static_cast<size_t>(hidden));
   auto convert = [&](int64_t at, int64_t n) {
-    for (int64_t i = at; i < at + n; ++i) {
-      fp8_dequantize_rows(r.recv_x.as<const uint8_t>() + i * hidden,
-                          r.recv_x_scales.as<const float>() + i * nb, 1, hidden, row.data());
-      kernels::store_row(out.as<uint16_t>() + i * hidden, row.data(), DType::kBF16, hidden);
-    }
+    for (int64_t i = at; i < at + n; ++i)
+      expert_fp8_row(r.recv_x.as<const uint8_t>() + i * hidden,
+                     r.recv_x_scales.as<const float>() + i * nb, hidden, row.data(),
+                     out.as<uint16_t>() + i * hidden);
   };
   for (int64_t e = 0; e < experts; ++e) {
     if (r.recv_range.ndim == 0) {  // the baseline: rows packed from 0

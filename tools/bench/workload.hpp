@@ -29,6 +29,10 @@ CombineArgs expert_identity(const DispatchResult& r, Buffer* buf, size_t row_byt
 // combine output does (the result is kept from the optimiser).
 void read_every_line(const void* data, size_t bytes);
 CombineArgs expert_fp8(const DispatchResult& r, Buffer* buf, Input& in, int64_t hidden);
+// The fp8 expert's work on one row: its codes and scales dequantized (through `scratch`, hidden
+// floats) into a bf16 row. The bound harness's expert step does the same (BoundHarness).
+void expert_fp8_row(const uint8_t* codes, const float* scales, int64_t hidden, float* scratch,
+                    uint16_t* out);
 
 // Bytes a dispatch delivered to this rank, and the bytes its combine brings back to it.
 double dispatch_bytes(const DispatchResult& r, size_t row_bytes);
