@@ -202,9 +202,10 @@ struct BoundHarness::Impl {
   // The bench's expert (untimed, as in the bench): each rank copies the rows it received into
   // its combine input, so the combine finds them where and as warm as a real call does. With
   // fp8 (set_fp8_expert) it does the bench's fp8 expert's work instead: each row's codes and
-  // scales dequantized into a bf16 row (expert_fp8_row). On the project's VM the fp8 calls,
-  // after that step, ran 1.16-1.20x slower than after a copy of the same rows, some periods
-  // (docs/PERFORMANCE.md, twenty-third session): a bound after the copy is not one for them.
+  // scales dequantized into a bf16 row (expert_fp8_row). On the project's VM what this step
+  // does moves the ops after it (and, through the interleaved slices, the calls' ops: decode
+  // fp8 ran 1.2-1.4x slower beside a copy-only harness; docs/PERFORMANCE.md, twenty-third
+  // session): a bound after a different step than the calls' is not one for them.
   void expert(const RowPlaces& pl, int half) {
     const auto t0 = Clock::now();
     for (const auto& [pos, n] : pl.runs) {
