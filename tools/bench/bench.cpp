@@ -405,9 +405,11 @@ std::vector<BenchRow> run_bench(Group& g, const BenchOptions& o) {
                                                     codec.scale_bytes));
     if (dispatch_row_bytes != row_bytes)
       bounds.push_back(std::make_unique<BoundHarness>(g, sends, in.x.data(), row_bytes, shape));
-    // The harness's expert does what the calls' expert does between the ops (fp8: dequantizes).
-    if (fp8 && o.bound_expert_match)
-      for (auto& b : bounds) b->set_fp8_expert(o.hidden);
+    // The fp8 combine bound's expert does what the calls' expert does before their combine: it
+    // dequantizes. (The dispatch bound's harness keeps its copy: its combine rows are the codes'
+    // size, so the state a dequantizing step leaves before its next dispatch would not be the
+    // calls'; docs/PERFORMANCE.md, issue 31, twenty-third session.)
+    if (fp8 && o.bound_expert_match && bounds.size() > 1) bounds[1]->set_fp8_expert(o.hidden);
   }
 
   // Rounds: every implementation and the bound run a slice of their iterations in turn (the

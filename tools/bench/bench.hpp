@@ -27,8 +27,8 @@ struct BenchOptions {
   // fp8 only: pass bf16 x and let ubep cast on send ("fp8-cast"), instead of fp8 codes and
   // scales quantized before the timed calls ("fp8").
   bool fp8_cast = false;
-  // The bound's untimed expert step does the bench's expert's work (fp8: dequantizing,
-  // BoundHarness::set_fp8_expert), or copies the rows whatever the dtype (--bound-expert copy).
+  // The fp8 combine bound's untimed expert step does the bench's expert's work (dequantizing,
+  // BoundHarness::set_fp8_expert), or copies the rows (--bound-expert copy).
   bool bound_expert_match = true;
   // --dtype's list (bf16, fp32, fp8, fp8-cast): main runs the bench once per entry.
   std::vector<std::string> dtypes{"bf16"};
@@ -260,13 +260,13 @@ class BoundHarness {
   BoundHarness(const BoundHarness&) = delete;
   BoundHarness& operator=(const BoundHarness&) = delete;
   // The untimed expert step between a dispatch and its combine does the bench's fp8 expert's
-  // work (expert_fp8_row on every received row) instead of copying the rows. The rows: codes of
-  // `hidden` bytes with their scales, or bf16 rows of 2 * hidden bytes without (their first
-  // hidden bytes taken as codes).
+  // work (expert_fp8_row on every received row, its first hidden bytes taken as codes, scales
+  // of one) instead of copying the rows: for the harness of bf16 rows (2 * hidden bytes, no
+  // scales) that bounds an fp8 call's combine.
   void set_fp8_expert(int64_t hidden);
-  // For tests: the bf16 row the last fp8 expert step wrote for the row this rank received at
-  // `pos` (a RowPlaces position).
-  std::vector<uint16_t> last_expert_row(int64_t pos) const;
+  // For tests: the bf16 row the last fp8 expert step wrote for the k-th row this rank received
+  // (in the order of its RowPlaces runs); empty past the last.
+  std::vector<uint16_t> last_expert_row(size_t k) const;
   // Collective: `iters` rounds of every candidate; record = keep the times (false: warm-up).
   // Calls may be spread over the run, between other implementations' iterations.
   void run(int iters, bool record);

@@ -162,8 +162,8 @@ struct BoundHarness::Impl {
   int par = 0;                              // the window half of the last op
   int64_t fp8_hidden = 0;  // set_fp8_expert: the expert dequantizes rows of this many codes
   std::vector<float> scratch, ones;
-  std::vector<uint16_t> expert_out;  // its bf16 rows, where the combine region is too narrow
-  bool recording = false;            // the expert steps' time, for rows()
+  const RowPlaces* last_pl = nullptr;  // the last expert step's rows
+  bool recording = false;              // the expert steps' time, for rows()
   double expert_us_sum = 0;
   int64_t expert_steps = 0;
   int64_t iterations = 0;  // run so far, for rotating the candidates
@@ -201,30 +201,22 @@ struct BoundHarness::Impl {
   }
   // The bench's expert (untimed, as in the bench): each rank copies the rows it received into
   // its combine input, so the combine finds them where and as warm as a real call does. With
-  // fp8 (set_fp8_expert) it does the bench's fp8 expert's work instead: each row's codes and
-  // scales dequantized into a bf16 row (expert_fp8_row). On the project's VM what this step
-  // does moves the ops after it (and, through the interleaved slices, the calls' ops: decode
-  // fp8 ran 1.2-1.4x slower beside a copy-only harness; docs/PERFORMANCE.md, twenty-third
-  // session): a bound after a different step than the calls' is not one for them.
+  // set_fp8_expert (the fp8 combine's bound, bf16 rows) it does the bench's fp8 expert's work
+  // instead: each row's first hidden bytes as codes, scales of one, dequantized into the bf16
+  // combine input (expert_fp8_row), the reads and writes of the calls' step before their combine.
   void expert(const RowPlaces& pl, int half) {
     const auto t0 = Clock::now();
+    last_pl = &pl;
     for (const auto& [pos, n] : pl.runs) {
       if (fp8_hidden == 0) {
         std::memcpy(row_at(g.rank(), 2 + half, pos), row_at(g.rank(), half, pos),
                     static_cast<size_t>(n) * row_bytes);
         continue;
       }
-      // Rows of codes with their scales apart: bf16 rows into expert_out (the dispatch bound's
-      // harness; its combine is not reported). bf16 rows without scales: their first hidden
-      // bytes taken as codes, scales of one, into the combine input (the fp8 combine's bound).
-      for (int64_t i = pos; i < pos + n; ++i) {
-        const auto* codes = reinterpret_cast<const uint8_t*>(row_at(g.rank(), half, i));
-        const float* sc =
-            scale_bytes ? reinterpret_cast<const float*>(scale_at(g.rank(), half, i)) : ones.data();
-        uint16_t* out = scale_bytes ? expert_out.data() + static_cast<size_t>(i * fp8_hidden)
-                                    : reinterpret_cast<uint16_t*>(row_at(g.rank(), 2 + half, i));
-        expert_fp8_row(codes, sc, fp8_hidden, scratch.data(), out);
-      }
+      for (int64_t i = pos; i < pos + n; ++i)
+        expert_fp8_row(reinterpret_cast<const uint8_t*>(row_at(g.rank(), half, i)), ones.data(),
+                       fp8_hidden, scratch.data(),
+                       reinterpret_cast<uint16_t*>(row_at(g.rank(), 2 + half, i)));
     }
     if (recording) {
       expert_us_sum += us_since(t0);
@@ -352,26 +344,29 @@ BoundHarness::~BoundHarness() {
   if (!std::uncaught_exceptions()) impl_->g.barrier();
 }
 
-std::vector<uint16_t> BoundHarness::last_expert_row(int64_t pos) const {
+std::vector<uint16_t> BoundHarness::last_expert_row(size_t k) const {
   const Impl& b = *impl_;
-  const auto* row = b.scale_bytes
-                        ? b.expert_out.data() + static_cast<size_t>(pos * b.fp8_hidden)
-                        : reinterpret_cast<const uint16_t*>(b.row_at(b.g.rank(), 2 + b.par, pos));
-  return {row, row + b.fp8_hidden};
+  if (!b.last_pl) return {};
+  size_t first = 0;  // the index of the run's first row
+  for (const auto& [pos, n] : b.last_pl->runs) {
+    if (k < first + static_cast<size_t>(n)) {
+      const auto* row = reinterpret_cast<const uint16_t*>(
+          b.row_at(b.g.rank(), 2 + b.par, pos + static_cast<int64_t>(k - first)));
+      return {row, row + b.fp8_hidden};
+    }
+    first += static_cast<size_t>(n);
+  }
+  return {};
 }
 
 void BoundHarness::set_fp8_expert(int64_t hidden) {
   Impl& b = *impl_;
-  const auto nb = static_cast<size_t>(fp8_scales_per_row(hidden));
-  UBEP_CHECK_ARG(hidden > 0 && (b.scale_bytes ? b.row_bytes == static_cast<size_t>(hidden) &&
-                                                    b.scale_bytes == nb * sizeof(float)
-                                              : b.row_bytes == 2 * static_cast<size_t>(hidden)),
-                 "set_fp8_expert: hidden ", hidden, " does not fit rows of ", b.row_bytes,
-                 " bytes with scales of ", b.scale_bytes);
+  UBEP_CHECK_ARG(hidden > 0 && b.scale_bytes == 0 && b.row_bytes == 2 * static_cast<size_t>(hidden),
+                 "set_fp8_expert: hidden ", hidden, " does not fit bf16 rows of ", b.row_bytes,
+                 " bytes (scales ", b.scale_bytes, ")");
   b.fp8_hidden = hidden;
   b.scratch.assign(static_cast<size_t>(hidden), 0.0f);
-  b.ones.assign(nb, 1.0f);
-  if (b.scale_bytes) b.expert_out.assign(b.region / b.row_bytes * static_cast<size_t>(hidden), 0);
+  b.ones.assign(static_cast<size_t>(fp8_scales_per_row(hidden)), 1.0f);
 }
 
 void BoundHarness::run(int iters, bool record) {
