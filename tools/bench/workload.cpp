@@ -52,18 +52,18 @@ Input make_input(const Group& g, const BenchOptions& o) {
   return in;
 }
 
-// The bench's expert is the identity: its output is the received rows. With ubep::Buffer the
-// expert writes its output into the zero-copy combine buffer (as a real expert GEMM would write
-// its result there); that copy is the expert's work and is not timed. The baseline's combine
-// reads the rows where they are.
-// fp8 (the combine dtype is bf16): the expert dequantizes its valid rows into bf16, written
-// into the combine buffer (Buffer) or a bf16 copy shaped like recv_x (the baseline).
 void expert_fp8_row(const uint8_t* codes, const float* scales, int64_t hidden, float* scratch,
                     uint16_t* out) {
   fp8_dequantize_rows(codes, scales, 1, hidden, scratch);
   kernels::store_row(out, scratch, DType::kBF16, hidden);
 }
 
+// The bench's expert is the identity: its output is the received rows. With ubep::Buffer the
+// expert writes its output into the zero-copy combine buffer (as a real expert GEMM would write
+// its result there); that copy is the expert's work and is not timed. The baseline's combine
+// reads the rows where they are.
+// fp8 (the combine dtype is bf16): the expert dequantizes its valid rows into bf16, written
+// into the combine buffer (Buffer) or a bf16 copy shaped like recv_x (the baseline).
 CombineArgs expert_fp8(const DispatchResult& r, Buffer* buf, Input& in, int64_t hidden) {
   TensorView out = r.recv_x;
   out.dtype = DType::kBF16;
