@@ -7,12 +7,10 @@
 // prefill-sized one), and a single-core memcpy from a private buffer is not a bound for two
 // ranks sharing one memory system -- ubep beat that old "copy bound".
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <exception>
 #include <memory>
-#include <thread>
 
 #include "bench.hpp"
 #include "ep/dispatch_call.hpp"
@@ -162,8 +160,9 @@ struct BoundHarness::Impl {
   int par = 0;                              // the window half of the last op
   int64_t fp8_hidden = 0;  // set_fp8_expert: the expert dequantizes rows of this many codes
   std::vector<float> scratch, ones;
-  const RowPlaces* last_pl = nullptr;  // the last expert step's rows
-  bool recording = false;              // the expert steps' time, for rows()
+  const RowPlaces* last_pl = nullptr;  // the last expert step's rows and window half
+  int last_half = 0;
+  bool recording = false;  // the expert steps' time, for rows()
   double expert_us_sum = 0;
   int64_t expert_steps = 0;
   int64_t iterations = 0;  // run so far, for rotating the candidates
@@ -207,16 +206,17 @@ struct BoundHarness::Impl {
   void expert(const RowPlaces& pl, int half) {
     const auto t0 = Clock::now();
     last_pl = &pl;
-    for (const auto& [pos, n] : pl.runs) {
-      if (fp8_hidden == 0) {
+    last_half = half;
+    if (fp8_hidden == 0) {
+      for (const auto& [pos, n] : pl.runs)
         std::memcpy(row_at(g.rank(), 2 + half, pos), row_at(g.rank(), half, pos),
                     static_cast<size_t>(n) * row_bytes);
-        continue;
-      }
-      for (int64_t i = pos; i < pos + n; ++i)
-        expert_fp8_row(reinterpret_cast<const uint8_t*>(row_at(g.rank(), half, i)), ones.data(),
-                       fp8_hidden, scratch.data(),
-                       reinterpret_cast<uint16_t*>(row_at(g.rank(), 2 + half, i)));
+    } else {
+      for (const auto& [pos, n] : pl.runs)
+        for (int64_t i = pos; i < pos + n; ++i)
+          expert_fp8_row(reinterpret_cast<const uint8_t*>(row_at(g.rank(), half, i)), ones.data(),
+                         fp8_hidden, scratch.data(),
+                         reinterpret_cast<uint16_t*>(row_at(g.rank(), 2 + half, i)));
     }
     if (recording) {
       expert_us_sum += us_since(t0);
@@ -351,7 +351,7 @@ std::vector<uint16_t> BoundHarness::last_expert_row(size_t k) const {
   for (const auto& [pos, n] : b.last_pl->runs) {
     if (k < first + static_cast<size_t>(n)) {
       const auto* row = reinterpret_cast<const uint16_t*>(
-          b.row_at(b.g.rank(), 2 + b.par, pos + static_cast<int64_t>(k - first)));
+          b.row_at(b.g.rank(), 2 + b.last_half, pos + static_cast<int64_t>(k - first)));
       return {row, row + b.fp8_hidden};
     }
     first += static_cast<size_t>(n);
