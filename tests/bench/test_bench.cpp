@@ -16,9 +16,7 @@
 #include "expect_invalid.hpp"
 #include "harness.hpp"
 #include "ubep/baseline.hpp"
-#include "ubep/bf16.hpp"
 #include "ubep/buffer.hpp"
-#include "ubep/fp8.hpp"
 #include "ubep/group.hpp"
 
 namespace ubep::test {
@@ -301,53 +299,6 @@ TEST(BenchBound, BoundAndFloorAreMeasuredOnEveryRank) {
     EXPECT_EQ(bounds, 2);
     EXPECT_EQ(floors, 1);
   }
-}
-
-// The fp8 combine bound's harness (bf16 rows), its untimed expert step doing the bench's fp8
-// expert's work: every row this rank received, its first hidden bytes dequantized as codes with
-// scales of one into the combine input (reference: the library's dequantizer and bf16 rounding,
-// row by row), and its time reported. A harness of codes with scales is refused, naming why.
-TEST(BenchBound, Fp8ExpertStepDequantizesEveryReceivedRow) {
-  constexpr int64_t n = 2, K = 2, E = 4, R = 2, H = 256;
-  const int64_t nb = fp8_scales_per_row(H);
-  std::vector<uint8_t> codes(static_cast<size_t>(H));
-  for (size_t i = 0; i < codes.size(); ++i)
-    codes[i] = static_cast<uint8_t>(i * 5 % 0x7e);  // no NaN codes
-  const std::vector<float> ones(static_cast<size_t>(nb), 1.0f);
-  std::vector<float> f(static_cast<size_t>(H));
-  fp8_dequantize_rows(codes.data(), ones.data(), 1, H, f.data());
-  std::vector<uint16_t> want(static_cast<size_t>(H));
-  for (size_t h = 0; h < want.size(); ++h) want[h] = float_to_bf16(f[h]);
-  // Every token's bf16-sized row starts with the same codes: every received row has `want`.
-  std::vector<char> rows(static_cast<size_t>(n * H * 2));
-  for (int64_t t = 0; t < n; ++t)
-    std::memcpy(&rows[static_cast<size_t>(t * H * 2)], codes.data(), H);
-  const std::vector<float> scales(static_cast<size_t>(n * nb), 1.0f);
-  run_on_threads(R, [&](Group& g) {
-    const std::vector<int64_t> idx = {0, 3, 1, 2};  // every token to both ranks
-    const auto sends = tools::send_rows(idx, n, K, E, R, g.rank(), Layout::kLatency);
-    tools::BoundShape shape;
-    shape.layout = Layout::kLatency;
-    shape.placement = Placement::kPerSource;
-    shape.local_experts = E / R;
-    shape.max_tokens = n;
-    const tools::RowPlaces p = tools::place_rows(g, sends, shape);
-    ASSERT_FALSE(p.runs.empty());
-    tools::BoundHarness bf16_rows(g, sends, rows.data(), H * 2, shape);
-    tools::BoundHarness with_scales(g, sends, rows.data(), H, shape,
-                                    reinterpret_cast<const char*>(scales.data()),
-                                    static_cast<size_t>(nb) * sizeof(float));
-    expect_invalid([&] { bf16_rows.set_fp8_expert(H + 1); }, {"set_fp8_expert", "hidden 257"});
-    expect_invalid([&] { with_scales.set_fp8_expert(H); }, {"set_fp8_expert", "scales 8"});
-    bf16_rows.set_fp8_expert(H);
-    bf16_rows.run(1, true);
-    size_t received = 0;
-    for (const auto& run : p.runs) received += static_cast<size_t>(run.second);
-    for (size_t k = 0; k < received; ++k)
-      EXPECT_EQ(bf16_rows.last_expert_row(k), want) << "rank " << g.rank() << " row " << k;
-    EXPECT_TRUE(bf16_rows.last_expert_row(received).empty());
-    for (const auto& r : bf16_rows.rows()) EXPECT_GT(r.expert_step_us, 0) << r.impl << " " << r.op;
-  });
 }
 
 // A bulk exchange plugged under the baseline (as ubep-bench's oneCCL one is): the in-process

@@ -264,6 +264,12 @@ class BoundHarness {
   // of one) instead of copying the rows: for the harness of bf16 rows (2 * hidden bytes, no
   // scales) that bounds an fp8 call's combine.
   void set_fp8_expert(int64_t hidden);
+  // For the harness of an fp8 call's dispatch rows (codes and scales): its expert step
+  // dequantizes each received row with its scales (expert_fp8_row) into `bf16_rows`' combine
+  // input, and the combine after it is `bf16_rows`' (plain or-reduce): the calls' own sequence
+  // before their next dispatch. It then bounds the dispatch only. `bf16_rows` holds the same
+  // sends as rows of 2x the bytes without scales, and outlives this harness's runs.
+  void set_fp8_expert_into(BoundHarness& bf16_rows);
   // For tests: the bf16 row the last fp8 expert step wrote for the k-th row this rank received
   // (in the order of its RowPlaces runs); empty past the last.
   std::vector<uint16_t> last_expert_row(size_t k) const;

@@ -159,6 +159,9 @@ struct BoundHarness::Impl {
   std::vector<std::vector<double>> td, tc;  // [layout * kernels + kernel]: samples
   int par = 0;                              // the window half of the last op
   int64_t fp8_hidden = 0;  // set_fp8_expert: the expert dequantizes rows of this many codes
+  // set_fp8_expert_into: the expert dequantizes this harness's received fp8 rows (codes and
+  // scales) into that harness's combine input, and the combine runs there.
+  Impl* fp8_into = nullptr;
   std::vector<float> scratch, ones;
   const RowPlaces* last_pl = nullptr;  // the last expert step's rows and window half
   int last_half = 0;
@@ -203,11 +206,21 @@ struct BoundHarness::Impl {
   // set_fp8_expert (the fp8 combine's bound, bf16 rows) it does the bench's fp8 expert's work
   // instead: each row's first hidden bytes as codes, scales of one, dequantized into the bf16
   // combine input (expert_fp8_row), the reads and writes of the calls' step before their combine.
+  // With set_fp8_expert_into (the fp8 dispatch's bound) it dequantizes the fp8 rows it received,
+  // with their scales, into the bf16 harness's combine input, as the calls' expert does.
   void expert(const RowPlaces& pl, int half) {
     const auto t0 = Clock::now();
     last_pl = &pl;
     last_half = half;
-    if (fp8_hidden == 0) {
+    if (fp8_into) {
+      const auto hidden = static_cast<int64_t>(row_bytes);
+      for (const auto& [pos, n] : pl.runs)
+        for (int64_t i = pos; i < pos + n; ++i)
+          expert_fp8_row(reinterpret_cast<const uint8_t*>(row_at(g.rank(), half, i)),
+                         reinterpret_cast<const float*>(scale_at(g.rank(), half, i)), hidden,
+                         scratch.data(),
+                         reinterpret_cast<uint16_t*>(fp8_into->row_at(g.rank(), 2 + half, i)));
+    } else if (fp8_hidden == 0) {
       for (const auto& [pos, n] : pl.runs)
         std::memcpy(row_at(g.rank(), 2 + half, pos), row_at(g.rank(), half, pos),
                     static_cast<size_t>(n) * row_bytes);
@@ -350,9 +363,10 @@ std::vector<uint16_t> BoundHarness::last_expert_row(size_t k) const {
   size_t first = 0;  // the index of the run's first row
   for (const auto& [pos, n] : b.last_pl->runs) {
     if (k < first + static_cast<size_t>(n)) {
+      const Impl& out = b.fp8_into ? *b.fp8_into : b;  // where the expert wrote
       const auto* row = reinterpret_cast<const uint16_t*>(
-          b.row_at(b.g.rank(), 2 + b.last_half, pos + static_cast<int64_t>(k - first)));
-      return {row, row + b.fp8_hidden};
+          out.row_at(b.g.rank(), 2 + b.last_half, pos + static_cast<int64_t>(k - first)));
+      return {row, row + (b.fp8_into ? static_cast<int64_t>(b.row_bytes) : b.fp8_hidden)};
     }
     first += static_cast<size_t>(n);
   }
@@ -367,6 +381,21 @@ void BoundHarness::set_fp8_expert(int64_t hidden) {
   b.fp8_hidden = hidden;
   b.scratch.assign(static_cast<size_t>(hidden), 0.0f);
   b.ones.assign(static_cast<size_t>(fp8_scales_per_row(hidden)), 1.0f);
+}
+
+void BoundHarness::set_fp8_expert_into(BoundHarness& bf16_rows) {
+  Impl& b = *impl_;
+  Impl& o = *bf16_rows.impl_;
+  UBEP_CHECK_ARG(b.scale_bytes > 0 && o.scale_bytes == 0 && o.fp8_into == nullptr &&
+                     o.row_bytes == 2 * b.row_bytes && &o != &b,
+                 "set_fp8_expert_into: rows of ", b.row_bytes, " bytes with scales ", b.scale_bytes,
+                 " need a harness of bf16 rows (", 2 * b.row_bytes, " bytes, no scales), not ",
+                 o.row_bytes, " bytes with scales ", o.scale_bytes);
+  bool same = o.sends.size() == b.sends.size() && o.layouts.size() == b.layouts.size();
+  for (size_t l = 0; same && l < b.layouts.size(); ++l) same = o.layouts[l].pos == b.layouts[l].pos;
+  UBEP_CHECK_ARG(same, "set_fp8_expert_into: the harnesses place different rows");
+  b.fp8_into = &o;
+  b.scratch.assign(b.row_bytes, 0.0f);
 }
 
 void BoundHarness::run(int iters, bool record) {
@@ -403,10 +432,15 @@ void BoundHarness::run(int iters, bool record) {
         g.barrier();  // every row is placed before its owner's expert copies it
         b.expert(pl, b.par);
         g.barrier();  // every expert output is written before anyone reads it back
-        b.combine(b.ck[1], pl, b.par);  // ck[1]: plain or-reduce
+        // Chained (fp8): the calls' combine, of the expert's bf16 rows (the same places).
+        if (b.fp8_into)
+          b.fp8_into->combine(b.fp8_into->ck[1], b.fp8_into->layouts[c / D], b.par);
+        else
+          b.combine(b.ck[1], pl, b.par);  // ck[1]: plain or-reduce
       }
     }
-    for (size_t n = 0; n < L * C; ++n) {
+    // Chained to a bf16 harness, this one bounds the dispatch only (the combine is the other's).
+    for (size_t n = 0; n < (b.fp8_into ? 0 : L * C); ++n) {
       const size_t c = (n + rot) % (L * C);
       const RowPlaces& pl = b.layouts[c / C];
       b.par ^= 1;
@@ -445,7 +479,7 @@ std::vector<BenchRow> BoundHarness::rows() {
       b.g, b.expert_steps ? b.expert_us_sum / static_cast<double>(b.expert_steps) : 0.0);
   for (size_t l = 0; l < b.layouts.size(); ++l) {
     out.push_back(fastest(b.dk, b.td, l, "dispatch", dispatch_bytes));
-    out.push_back(fastest(b.ck, b.tc, l, "combine", bytes));
+    if (!b.fp8_into) out.push_back(fastest(b.ck, b.tc, l, "combine", bytes));
   }
   for (BenchRow& r : out) r.expert_step_us = step_us;
   return out;

@@ -54,8 +54,9 @@ Ranks: threads in this process (--ranks N), or processes when started by mpirun.
   --dump DIR           write one call's inputs and outputs per rank as .npy + meta.json
   --quiet              no progress line
   --timeout S          seconds before a wait on a peer fails (default 60, > 0)
-  --bound-expert E     the fp8 combine bound's untimed expert step: match (default: the
-                       bench's expert's work, dequantizing every received row) or copy
+  --bound-expert E     the fp8 bounds' untimed expert step: match (default: the bench's
+                       expert's work, dequantizing every received row, before the combine
+                       of its bf16 rows) or copy
 Every run also measures, on one host, the bound (every rank copying its rows at once, fastest
 of memcpy and non-temporal stores) and the latency floor (a flag round trip between ranks 0, 1).
 )";
