@@ -22,11 +22,28 @@ fail() { echo "FAIL: $*"; exit 1; }
 # OpenMPI 4.1: orte_enable_recovery keeps the job alive when a process dies,
 # orte_abort_on_non_zero_status=0 does not abort it when one exits abnormally.
 recovery=(--mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0)
+# Open MPI 4.1's mpirun itself crashed once here (CI of f60370e, the ASan suite, 1 run in
+# hundreds): SIGSEGV in its PMIx log handler (pmix_server_log_fn -> orte_rml_oob_send_buffer_nb)
+# after the kill, before a survivor wrote its result. That is the launcher's crash, not the
+# library's, so such a run is made once more in an emptied directory; every other outcome is
+# judged as it is (the frame is mpirun's server side: no rank runs it).
+run_mpirun() {
+  "$@" 2>&1 | tee "$dir/mpirun.out"
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ] && grep -q pmix_server_log_fn "$dir/mpirun.out"; then
+    echo "mpirun itself crashed in Open MPI's PMIx log handler (a launcher bug): running again"
+    rm -rf "${dir:?}"/*
+    "$@" 2>&1 | tee "$dir/mpirun.out"
+    rc=${PIPESTATUS[0]}
+  fi
+  return "$rc"
+}
+
 IFS=: read -r kind a b <<< "$launch"
 case $kind in
   local) ranks=$a
-    timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe -np "$ranks" "${recovery[@]}" \
-      "$binary" "$dir" "$mode" "$timeout_ms" ;;
+    run_mpirun timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe -np "$ranks" \
+      "${recovery[@]}" "$binary" "$dir" "$mode" "$timeout_ms" ;;
   forced) ranks=$a
     # One rank of a live host is killed: its death reaches the survivors through the death watch
     # and the host's forwarding, and the heartbeat must name nobody. The suite's 250 ms threshold
@@ -34,8 +51,8 @@ case $kind in
     # machine stalled ~1.4 s beside the venv install; this test judges which death is named, not
     # how soon a host loss is seen (tests/vhosts' whole-host runs do), so 2 s here.
     [ "${UBEP_HOST_HEARTBEAT:-10,250}" = 10,250 ] && export UBEP_HOST_HEARTBEAT=10,2000
-    timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe -np "$ranks" --mca btl tcp,self \
-      "${recovery[@]}" "$binary" "$dir" "$mode" "$timeout_ms" "$b" ;;
+    run_mpirun timeout 120 "$mpiexec" --allow-run-as-root --oversubscribe -np "$ranks" \
+      --mca btl tcp,self "${recovery[@]}" "$binary" "$dir" "$mode" "$timeout_ms" "$b" ;;
   vhosts) ranks=$((a * b))
     "$here/../../scripts/vhosts.sh" check || exit 77
     # Open MPI 4.1 with recovery on and daemons on other hosts does not end the job once every
