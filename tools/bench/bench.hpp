@@ -27,8 +27,8 @@ struct BenchOptions {
   // fp8 only: pass bf16 x and let ubep cast on send ("fp8-cast"), instead of fp8 codes and
   // scales quantized before the timed calls ("fp8").
   bool fp8_cast = false;
-  // The fp8 combine bound's untimed expert step does the bench's expert's work (dequantizing,
-  // BoundHarness::set_fp8_expert), or copies the rows (--bound-expert copy).
+  // The fp8 bounds' untimed expert steps do the bench's expert's work (dequantizing,
+  // BoundHarness::set_fp8_expert and set_fp8_expert_into), or copy the rows (--bound-expert copy).
   bool bound_expert_match = true;
   // --dtype's list (bf16, fp32, fp8, fp8-cast): main runs the bench once per entry.
   std::vector<std::string> dtypes{"bf16"};

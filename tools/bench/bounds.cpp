@@ -208,28 +208,28 @@ struct BoundHarness::Impl {
   // combine input (expert_fp8_row), the reads and writes of the calls' step before their combine.
   // With set_fp8_expert_into (the fp8 dispatch's bound) it dequantizes the fp8 rows it received,
   // with their scales, into the bf16 harness's combine input, as the calls' expert does.
+  // The fp8 expert's codes per row (0: the expert copies), and where its bf16 rows go.
+  int64_t dequantized_values() const {
+    return fp8_into ? static_cast<int64_t>(row_bytes) : fp8_hidden;
+  }
+  const Impl& expert_output() const { return fp8_into ? *fp8_into : *this; }
   void expert(const RowPlaces& pl, int half) {
     const auto t0 = Clock::now();
     last_pl = &pl;
     last_half = half;
-    if (fp8_into) {
-      const auto hidden = static_cast<int64_t>(row_bytes);
-      for (const auto& [pos, n] : pl.runs)
-        for (int64_t i = pos; i < pos + n; ++i)
-          expert_fp8_row(reinterpret_cast<const uint8_t*>(row_at(g.rank(), half, i)),
-                         reinterpret_cast<const float*>(scale_at(g.rank(), half, i)), hidden,
-                         scratch.data(),
-                         reinterpret_cast<uint16_t*>(fp8_into->row_at(g.rank(), 2 + half, i)));
-    } else if (fp8_hidden == 0) {
+    if (dequantized_values() == 0) {
       for (const auto& [pos, n] : pl.runs)
         std::memcpy(row_at(g.rank(), 2 + half, pos), row_at(g.rank(), half, pos),
                     static_cast<size_t>(n) * row_bytes);
     } else {
+      const Impl& out = expert_output();
       for (const auto& [pos, n] : pl.runs)
         for (int64_t i = pos; i < pos + n; ++i)
-          expert_fp8_row(reinterpret_cast<const uint8_t*>(row_at(g.rank(), half, i)), ones.data(),
-                         fp8_hidden, scratch.data(),
-                         reinterpret_cast<uint16_t*>(row_at(g.rank(), 2 + half, i)));
+          expert_fp8_row(
+              reinterpret_cast<const uint8_t*>(row_at(g.rank(), half, i)),
+              fp8_into ? reinterpret_cast<const float*>(scale_at(g.rank(), half, i)) : ones.data(),
+              dequantized_values(), scratch.data(),
+              reinterpret_cast<uint16_t*>(out.row_at(g.rank(), 2 + half, i)));
     }
     if (recording) {
       expert_us_sum += us_since(t0);
@@ -363,10 +363,9 @@ std::vector<uint16_t> BoundHarness::last_expert_row(size_t k) const {
   size_t first = 0;  // the index of the run's first row
   for (const auto& [pos, n] : b.last_pl->runs) {
     if (k < first + static_cast<size_t>(n)) {
-      const Impl& out = b.fp8_into ? *b.fp8_into : b;  // where the expert wrote
-      const auto* row = reinterpret_cast<const uint16_t*>(
-          out.row_at(b.g.rank(), 2 + b.last_half, pos + static_cast<int64_t>(k - first)));
-      return {row, row + (b.fp8_into ? static_cast<int64_t>(b.row_bytes) : b.fp8_hidden)};
+      const auto* row = reinterpret_cast<const uint16_t*>(b.expert_output().row_at(
+          b.g.rank(), 2 + b.last_half, pos + static_cast<int64_t>(k - first)));
+      return {row, row + b.dequantized_values()};
     }
     first += static_cast<size_t>(n);
   }
@@ -387,7 +386,7 @@ void BoundHarness::set_fp8_expert_into(BoundHarness& bf16_rows) {
   Impl& b = *impl_;
   Impl& o = *bf16_rows.impl_;
   UBEP_CHECK_ARG(b.scale_bytes > 0 && o.scale_bytes == 0 && o.fp8_into == nullptr &&
-                     o.row_bytes == 2 * b.row_bytes && &o != &b,
+                     o.row_bytes == 2 * b.row_bytes,
                  "set_fp8_expert_into: rows of ", b.row_bytes, " bytes with scales ", b.scale_bytes,
                  " need a harness of bf16 rows (", 2 * b.row_bytes, " bytes, no scales), not ",
                  o.row_bytes, " bytes with scales ", o.scale_bytes);
