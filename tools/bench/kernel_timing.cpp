@@ -148,14 +148,19 @@ int main(int argc, char** argv) {
                 }));
   }
   {
-    // The 8-row reduction of combine by each kernel, interleaved so load affects all alike.
+    // The 8-row reduction of combine by each kernel, interleaved so load affects all alike, and
+    // beside them the combine bound's loop (an OR of the same rows, no arithmetic): their
+    // difference is what the reduction's arithmetic costs on this CPU with the rows in cache
+    // (a tiny combine's 8 rows; with hidden 1024 they fit L1).
     const void* p[8];
+    const char* bytes[8];
     float w[8];
     for (int i = 0; i < 8; ++i) {
       p[i] = &rows[static_cast<size_t>(i * hidden)];
+      bytes[i] = static_cast<const char*>(p[i]);
       w[i] = 0.125f * static_cast<float>(i + 1);
     }
-    double t[4] = {0, 0, 0, 0};
+    double t[4] = {0, 0, 0, 0}, t_or = 0;
     for (int round = 0; round < 5; ++round) {
       t[0] += time_us(iters / 5, [&] {
         kernels::reduce_rows_portable(out.data(), DType::kBF16, hidden, p, w, 8);
@@ -163,12 +168,17 @@ int main(int argc, char** argv) {
       for (int level = 1; level <= kernels::reduce_bf16_level(); ++level)
         t[level] += time_us(
             iters / 5, [&] { kernels::reduce_bf16_vector(out.data(), hidden, p, w, 8, level); });
+      t_or += time_us(iters / 5, [&] {
+        tools::or_reduce(reinterpret_cast<char*>(out.data()), bytes, 8, row, tools::OrReduce{},
+                         nullptr, 0);
+      });
     }
     const char* names[4] = {"reduce 8 weighted rows: portable", "reduce 8 weighted rows: AVX2",
                             "reduce 8 weighted rows: AVX-512F",
                             "reduce 8 weighted rows: AVX-512 + BF16"};
     for (int level = 0; level <= kernels::reduce_bf16_level(); ++level)
       std::printf("%-44s %10.2f\n", names[level], t[level] / 5);
+    std::printf("%-44s %10.2f\n", "or of the same 8 rows (the bound's loop)", t_or / 5);
   }
   std::vector<char> dst(8 * row + 64);
   char* d = dst.data() + (64 - reinterpret_cast<uintptr_t>(dst.data()) % 64) % 64;
