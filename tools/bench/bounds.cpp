@@ -223,12 +223,13 @@ struct BoundHarness::Impl {
                     static_cast<size_t>(n) * row_bytes);
     } else {
       const Impl& out = expert_output();
+      const int64_t codes = dequantized_values();
       for (const auto& [pos, n] : pl.runs)
         for (int64_t i = pos; i < pos + n; ++i)
           expert_fp8_row(
               reinterpret_cast<const uint8_t*>(row_at(g.rank(), half, i)),
               fp8_into ? reinterpret_cast<const float*>(scale_at(g.rank(), half, i)) : ones.data(),
-              dequantized_values(), scratch.data(),
+              codes, scratch.data(),
               reinterpret_cast<uint16_t*>(out.row_at(g.rank(), 2 + half, i)));
     }
     if (recording) {

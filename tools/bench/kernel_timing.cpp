@@ -153,11 +153,9 @@ int main(int argc, char** argv) {
     // difference is what the reduction's arithmetic costs on this CPU with the rows in cache
     // (a tiny combine's 8 rows; with hidden 1024 they fit L1).
     const void* p[8];
-    const char* bytes[8];
     float w[8];
     for (int i = 0; i < 8; ++i) {
       p[i] = &rows[static_cast<size_t>(i * hidden)];
-      bytes[i] = static_cast<const char*>(p[i]);
       w[i] = 0.125f * static_cast<float>(i + 1);
     }
     double t[4] = {0, 0, 0, 0}, t_or = 0;
@@ -169,7 +167,8 @@ int main(int argc, char** argv) {
         t[level] += time_us(
             iters / 5, [&] { kernels::reduce_bf16_vector(out.data(), hidden, p, w, 8, level); });
       t_or += time_us(iters / 5, [&] {
-        tools::or_reduce(reinterpret_cast<char*>(out.data()), bytes, 8, row, tools::OrReduce{},
+        tools::or_reduce(reinterpret_cast<char*>(out.data()),
+                         reinterpret_cast<const char* const*>(p), 8, row, tools::OrReduce{},
                          nullptr, 0);
       });
     }
