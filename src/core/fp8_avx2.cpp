@@ -58,17 +58,15 @@ __attribute__((target("avx2"))) inline __m256i encode(__m256 v) {
 }
 
 // float_to_e4m3's normal branch only, for lanes with 2^-6 <= |v| < 448, where its other
-// branches do not apply (codes 0x08..0x7e, and the sign). Lanes outside that range get their bits
-// set in `outside`: lo <= mag < hi as one unsigned compare, (mag - lo) < (hi - lo), done signed
-// on both sides xor 2^31.
-__attribute__((target("avx2"))) inline __m256i encode_normal(__m256 v, __m256i& outside) {
+// branches do not apply (codes 0x08..0x7e, and the sign). The magnitudes' running minimum and
+// maximum over a group go to lo and hi (signed compares order them: every magnitude is below
+// 2^31), so one test per group finds a lane outside that range (outside_normal), two operations
+// per vector instead of a range test's five.
+__attribute__((target("avx2"))) inline __m256i encode_normal(__m256 v, __m256i& lo, __m256i& hi) {
   const __m256i bits = _mm256_castps_si256(v);
   const __m256i mag = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
-  const __m256i shifted = _mm256_xor_si256(_mm256_sub_epi32(mag, _mm256_set1_epi32(0x3c800000)),
-                                           _mm256_set1_epi32(INT32_MIN));
-  const __m256i inside = _mm256_cmpgt_epi32(
-      _mm256_set1_epi32(static_cast<int32_t>((0x43e00000u - 0x3c800000u) ^ 0x80000000u)), shifted);
-  outside = _mm256_or_si256(outside, _mm256_xor_si256(inside, _mm256_set1_epi32(-1)));
+  lo = _mm256_min_epi32(lo, mag);
+  hi = _mm256_max_epi32(hi, mag);
   const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(mag, 20), _mm256_set1_epi32(1));
   const __m256i normal = _mm256_sub_epi32(
@@ -76,6 +74,13 @@ __attribute__((target("avx2"))) inline __m256i encode_normal(__m256 v, __m256i& 
                         20),
       _mm256_set1_epi32(120 << 3));
   return _mm256_or_si256(normal, sign);
+}
+
+// Whether a magnitude in [lo, hi] (per lane) lies outside [2^-6, 448): NaN and Inf are above.
+__attribute__((target("avx2"))) inline bool outside_normal(__m256i lo, __m256i hi) {
+  const __m256i out = _mm256_or_si256(below(lo, 0x3c800000),
+                                      _mm256_cmpgt_epi32(hi, _mm256_set1_epi32(0x43dfffff)));
+  return !_mm256_testz_si256(out, out);
 }
 
 // Four vectors of codes (each 0..0xff in the low byte of its lanes) to 32 bytes in order: the
@@ -135,14 +140,14 @@ __attribute__((target("avx2"))) void encode_block_avx2(const void* src, bool bf1
   for (int g = 0; g < kSteps; g += kGroup) {
     __m256 v[kGroup];
     __m256i c[kGroup];
-    __m256i outside = _mm256_setzero_si256();
+    __m256i lo = _mm256_set1_epi32(INT32_MAX), hi = _mm256_setzero_si256();
     for (int s = 0; s < kGroup; ++s) {
       v[s] = _mm256_mul_ps(load_values(src, bf16, g + s), inv);
-      c[s] = encode_normal(v[s], outside);
+      c[s] = encode_normal(v[s], lo, hi);
     }
     // A lane outside the normal range (zero, subnormal, saturating, NaN): the whole group again
     // with every branch of float_to_e4m3. Rare in activations, so the branch predicts well.
-    if (!_mm256_testz_si256(outside, outside))
+    if (outside_normal(lo, hi))
       for (int s = 0; s < kGroup; ++s) c[s] = encode(v[s]);
     store_group(codes + g * kLanes, c);
   }
