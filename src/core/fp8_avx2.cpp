@@ -78,8 +78,8 @@ __attribute__((target("avx2"))) inline __m256i encode_normal(__m256 v, __m256i& 
 
 // Whether a magnitude in [lo, hi] (per lane) lies outside [2^-6, 448): NaN and Inf are above.
 __attribute__((target("avx2"))) inline bool outside_normal(__m256i lo, __m256i hi) {
-  const __m256i out = _mm256_or_si256(below(lo, 0x3c800000),
-                                      _mm256_cmpgt_epi32(hi, _mm256_set1_epi32(0x43dfffff)));
+  const __m256i out =
+      _mm256_or_si256(below(lo, 0x3c800000), _mm256_cmpgt_epi32(hi, _mm256_set1_epi32(0x43dfffff)));
   return !_mm256_testz_si256(out, out);
 }
 
