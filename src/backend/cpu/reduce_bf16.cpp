@@ -6,7 +6,8 @@
 // the bf16 values are widened: a 64-byte load holds 32 bf16; shifting each 32-bit lane left by
 // 16 gives the even elements as fp32 and masking off the low half gives the odd ones, so no
 // unpack is needed, and the two rounded halves are packed back with one shift and one mask (the
-// AVX2 kernel packs first and rounds the packed halves: see pack_avx2).
+// AVX2 kernel packs first and rounds the packed halves: see pack_avx2; and past a row's first
+// step it takes the even elements from a masked load one element earlier: see add_16).
 // The portable kernel widens with a zero-extension per 8 elements (about twice the operations).
 #include "backend/cpu/reduce_bf16.hpp"
 
@@ -186,10 +187,11 @@ __attribute__((target("avx2"))) inline void store_avx2(uint16_t* out, __m256i v,
 // acc_even/acc_odd += w * (the 16 bf16 at p, widened): one row's share of a 16-element group.
 // FromBefore: the even elements come from a second load one element earlier, masked (its 32-bit
 // lane j holds p[2j - 1] low and p[2j] high, so the mask leaves p[2j] widened), instead of a
-// shift of the first load. Two loads fused with ANDs, which all four of Zen 3's vector pipes run,
-// instead of a load, a shift (two pipes, shared with the multiplies and the adds) and an AND: 8%
-// off an 8-row token in cache on the Zen 3 VM (docs/PERFORMANCE.md, twenty-sixth session). Reads
-// p[-1], so only where that is inside the row (every step but a row's first).
+// shift of the first load: two loads folded into ANDs, which any vector pipe runs, instead of a
+// load, a shift (fewer pipes, shared with the arithmetic) and an AND. 6-11% off an 8-row token
+// in cache on the Zen 3 VM, nothing out of cache (docs/PERFORMANCE.md, twenty-sixth session);
+// unmeasured on other AVX2-only CPUs. Reads p[-1], so only where that is inside the row (every
+// step but a row's first).
 template <bool Weighted, bool FromBefore = false>
 __attribute__((target("avx2"))) inline void add_16(__m256& even, __m256& odd, const uint16_t* p,
                                                    __m256 wr) {
