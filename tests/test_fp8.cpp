@@ -251,6 +251,25 @@ TEST_F(Fp8VectorKernels, QuantizeRandomFp32RowsLikeThePortableKernel) {
     }
 }
 
+// The AVX2 encoder's short path covers magnitudes up to 464 (the normal branch's code there is
+// the saturated 0x7e): every fp32 value around that bound, the block's other lanes normal, and
+// the values just past it, which must take the full encoding (0x7e, not the 0x7f NaN code).
+TEST_F(Fp8VectorKernels, EncodesAroundTheSaturationBoundLikeTheReference) {
+  std::vector<float> around;
+  for (float v = 440.0f; v <= 480.0f; v = std::nextafter(v, 1e9f)) around.push_back(v);
+  for (size_t at = 0; at < around.size(); at += 64) {
+    std::vector<float> block(kFp8BlockSize, 1.5f);
+    for (size_t i = 0; i < 64 && at + i < around.size(); ++i)
+      block[2 * i] = (i % 3 == 0 ? -1.0f : 1.0f) * around[at + i];
+    for (float inv : {1.0f, 0.5f}) {
+      std::vector<uint8_t> codes(kFp8BlockSize);
+      fp8_blocks::encode_block_avx2(block.data(), false, inv, codes.data());
+      for (size_t i = 0; i < block.size(); ++i)
+        ASSERT_EQ(codes[i], float_to_e4m3(block[i] * inv)) << block[i] << " x " << inv;
+    }
+  }
+}
+
 // quantize_rows takes full blocks several at a time (amax and scale of each first): row widths
 // whose full blocks do not fill the last group, blocks with zeros or one NaN/Inf lane among
 // normal values, and bf16 sources, bit for bit against the portable kernel.
