@@ -58,10 +58,10 @@ __attribute__((target("avx2"))) inline __m256i encode(__m256 v) {
 }
 
 // float_to_e4m3's normal branch only, for lanes with 2^-6 <= |v| <= 464, where its other
-// branches give the same code (codes 0x08..0x7e, and the sign; see outside_normal). The magnitudes' running minimum and
-// maximum over a group go to lo and hi (signed compares order them: every magnitude is below
-// 2^31), so one test per group finds a lane outside that range (outside_normal), two operations
-// per vector instead of a range test's five.
+// branches give the same code (codes 0x08..0x7e, and the sign; see outside_normal). The magnitudes'
+// running minimum and maximum over a group go to lo and hi (signed compares order them: every
+// magnitude is below 2^31), so one test per group finds a lane outside that range (outside_normal),
+// two operations per vector instead of a range test's five.
 __attribute__((target("avx2"))) inline __m256i encode_normal(__m256 v, __m256i& lo, __m256i& hi) {
   const __m256i bits = _mm256_castps_si256(v);
   const __m256i mag = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
