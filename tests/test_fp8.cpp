@@ -270,6 +270,33 @@ TEST_F(Fp8VectorKernels, EncodesAroundTheSaturationBoundLikeTheReference) {
   }
 }
 
+// bf16 blocks whose values span up to 2^16 below their amax, with random signs: the AVX2
+// quantizer's normal-range encoder takes the blocks whose smallest value, scaled, is at least
+// 2^-6 and the general one the rest; blocks placed exactly at that bound and one step under it.
+TEST_F(Fp8VectorKernels, QuantizesBf16BlocksAcrossTheNormalRangeLikeThePortableKernel) {
+  std::mt19937 rng(41);
+  const int64_t blocks = 3000;
+  std::vector<uint16_t> x(static_cast<size_t>(blocks * kFp8BlockSize));
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float top = std::ldexp(1.0f, static_cast<int>(rng() % 41) - 20);
+    const float span = static_cast<float>(rng() % 17);  // binades below the top
+    for (int64_t i = 0; i < kFp8BlockSize; ++i) {
+      const float e = -span * static_cast<float>(rng() % 10001) / 10000.0f;
+      const float v = top * std::exp2(e) * (rng() % 2 ? -1.0f : 1.0f);
+      x[static_cast<size_t>(b * kFp8BlockSize + i)] = float_to_bf16(v);
+    }
+  }
+  // The amax 448 (scale 1) and a lane of 2^-6, or the bf16 value just under it.
+  for (int64_t b : {int64_t{0}, int64_t{1}}) {
+    uint16_t* block = &x[static_cast<size_t>(b * kFp8BlockSize)];
+    block[5] = float_to_bf16(448.0f);
+    for (int64_t i = 0; i < kFp8BlockSize; ++i)
+      if (i != 5) block[i] = float_to_bf16(i % 2 ? 1.0f : -3.0f);
+    block[77] = static_cast<uint16_t>(float_to_bf16(0.015625f) - b);
+  }
+  for (bool pow2 : {false, true}) expect_same_quantization(x.data(), true, 100, 30 * 128, pow2);
+}
+
 // quantize_rows takes full blocks several at a time (amax and scale of each first): row widths
 // whose full blocks do not fill the last group, blocks with zeros or one NaN/Inf lane among
 // normal values, and bf16 sources, bit for bit against the portable kernel.

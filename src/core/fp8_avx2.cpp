@@ -165,6 +165,73 @@ __attribute__((target("avx2"))) float quantize_block_avx2(const void* src, bool 
   return scale;
 }
 
+// The largest and smallest bf16 magnitude of a block, as bit patterns (which order
+// magnitudes as their values do): one pass of three operations per 16 values, from which
+// quantize_rows takes the block's amax when every value is finite, and whether every value lies,
+// scaled, in float_to_e4m3's normal range (encode_block_bf16_normal_avx2's condition).
+__attribute__((target("avx2"))) void block_range_bf16_avx2(const uint16_t* src, uint16_t* max,
+                                                           uint16_t* min) {
+  __m256i hi = _mm256_setzero_si256(), lo = _mm256_set1_epi16(0x7fff);
+  for (int s = 0; s < kSteps / 2; ++s) {
+    const __m256i h =
+        _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + s * 2 * kLanes)),
+                         _mm256_set1_epi16(0x7fff));
+    hi = _mm256_max_epu16(hi, h);
+    lo = _mm256_min_epu16(lo, h);
+  }
+  // PHMINPOSUW finds the minimum of 8 words; the maximum is the complement of the complements'.
+  const __m128i ones = _mm_set1_epi16(-1);
+  const __m128i h = _mm_max_epu16(_mm256_castsi256_si128(hi), _mm256_extracti128_si256(hi, 1));
+  const __m128i l = _mm_min_epu16(_mm256_castsi256_si128(lo), _mm256_extracti128_si256(lo, 1));
+  *max = static_cast<uint16_t>(~_mm_extract_epi16(_mm_minpos_epu16(_mm_xor_si128(h, ones)), 0));
+  *min = static_cast<uint16_t>(_mm_extract_epi16(_mm_minpos_epu16(l), 0));
+}
+
+namespace {
+// float_to_e4m3's normal branch for positive lanes in [2^-6, 464]: the code in the low byte.
+__attribute__((target("avx2"))) inline __m256i normal_code(__m256 v) {
+  const __m256i mag = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(mag, 20), _mm256_set1_epi32(1));
+  return _mm256_sub_epi32(
+      _mm256_srli_epi32(_mm256_add_epi32(mag, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7ffff))),
+                        20),
+      _mm256_set1_epi32(120 << 3));
+}
+// 16 bf16 magnitudes (a) times inv to codes, each 32-bit lane holding its two elements' codes in
+// order in its low 16 bits: lane j holds elements 2j (low half) and 2j + 1 (high half), so a
+// shift widens the even ones and a mask the odd ones, and no unpack is needed.
+__attribute__((target("avx2"))) inline __m256i pair_codes(__m256i a, __m256 inv) {
+  const __m256 even = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), inv);
+  const __m256 odd =
+      _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(a, _mm256_set1_epi32(-65536))), inv);
+  return _mm256_or_si256(normal_code(even), _mm256_slli_epi32(normal_code(odd), 8));
+}
+}  // namespace
+
+// A bf16 block whose every value v has 2^-6 <= |v * inv_scale| <= 464 (quantize_rows checks it
+// from block_range_bf16_avx2): the normal branch alone, on magnitudes, 32 values a step. The
+// signs are the bf16 sign bits (a positive scale keeps them), packed beside the codes in the
+// same lane order; one permute puts the four 8-byte runs in place. Same operations on each
+// value as float_to_e4m3 (the product, then the integer rounding), so the same codes.
+__attribute__((target("avx2"))) void encode_block_bf16_normal_avx2(const uint16_t* src,
+                                                                   float inv_scale,
+                                                                   uint8_t* codes) {
+  const __m256 inv = _mm256_set1_ps(inv_scale);
+  const __m256i magnitude = _mm256_set1_epi16(0x7fff);
+  for (int g = 0; g < static_cast<int>(kFp8BlockSize); g += 32) {
+    const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + g));
+    const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + g + 16));
+    const __m256i c0 = pair_codes(_mm256_and_si256(x0, magnitude), inv);
+    const __m256i c1 = pair_codes(_mm256_and_si256(x1, magnitude), inv);
+    const __m256i signs =
+        _mm256_and_si256(_mm256_packus_epi16(_mm256_srli_epi16(x0, 8), _mm256_srli_epi16(x1, 8)),
+                         _mm256_set1_epi8(static_cast<char>(0x80)));
+    const __m256i bytes = _mm256_or_si256(_mm256_packus_epi32(c0, c1), signs);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + g),
+                        _mm256_permute4x64_epi64(bytes, 0xd8));
+  }
+}
+
 __attribute__((target("avx2"))) void dequantize_block_avx2(const uint8_t* codes, float scale,
                                                            float* out) {
   const __m256 s = _mm256_set1_ps(scale);

@@ -34,5 +34,9 @@ void dequantize_block_avx2(const uint8_t* codes, float scale, float* out);
 // 1 / scale (quantize_rows runs them over several blocks at a time).
 float block_amax_avx2(const void* src, bool bf16);
 void encode_block_avx2(const void* src, bool bf16, float inv_scale, uint8_t* codes);
+// bf16 blocks: the largest and smallest magnitude's bit pattern in one pass, and the codes of a
+// block whose every value, scaled, lies in e4m3's normal range (2^-6 to 464), on that branch alone.
+void block_range_bf16_avx2(const uint16_t* src, uint16_t* max, uint16_t* min);
+void encode_block_bf16_normal_avx2(const uint16_t* src, float inv_scale, uint8_t* codes);
 
 }  // namespace ubep::fp8_blocks
