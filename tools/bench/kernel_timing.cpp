@@ -124,6 +124,32 @@ void fp8_levels(int64_t hidden, int iters) {
   }
 }
 
+// An fp8-cast dispatch quantizes its rows as a call finds them: not in cache (the caller's x was
+// last read a call earlier, with a dispatch's, an expert's and a combine's traffic since). 128
+// rows of bf16 and their codes in 24 copies used in turn (more than an L3 of 32 MiB), one
+// thread, the median over the calls, beside the same in cache (the line above it).
+void fp8_quantize_out_of_cache(int64_t hidden, int calls) {
+  const int64_t rows = 128;
+  constexpr int kCopies = 24;
+  const size_t n = static_cast<size_t>(rows * hidden);
+  std::vector<uint16_t> x(kCopies * n);
+  std::mt19937 rng(5);
+  for (auto& v : x) v = float_to_bf16(static_cast<float>(rng() % 2001) / 100.0f - 10.0f);
+  std::vector<uint8_t> codes(kCopies * n);
+  std::vector<float> scales(static_cast<size_t>(rows * fp8_scales_per_row(hidden)));
+  std::vector<double> t;
+  for (int c = 0; c < calls + kCopies; ++c) {
+    const size_t at = static_cast<size_t>(c % kCopies) * n;
+    const auto t0 = Clock::now();
+    fp8_blocks::quantize_rows(&x[at], true, rows, hidden, false, &codes[at], scales.data(),
+                              fp8_blocks::best_level());
+    if (c >= kCopies)
+      t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  std::printf("%-44s %10.2f\n", "fp8 quantize 128 bf16 rows, out of cache", t[t.size() / 2]);
+}
+
 int main(int argc, char** argv) {
   const int64_t hidden = argc > 1 ? std::atoll(argv[1]) : 7168;
   const int iters = argc > 2 ? std::atoi(argv[2]) : 20000;
@@ -189,6 +215,7 @@ int main(int argc, char** argv) {
                                             row);
               }));
   fp8_levels(hidden, std::max(20, iters / 200));
+  fp8_quantize_out_of_cache(hidden, std::max(20, iters / 200));
   combine_out_of_cache(hidden, std::max(10, iters / 500));
 #if defined(__x86_64__)
   if (__builtin_cpu_supports("avx512f")) {
