@@ -126,12 +126,12 @@ void fp8_levels(int64_t hidden, int iters) {
 
 // An fp8-cast dispatch quantizes its rows as a call finds them: not in cache (the caller's x was
 // last read a call earlier, with a dispatch's, an expert's and a combine's traffic since). 128
-// rows of bf16 and their codes in 24 copies used in turn (more than an L3 of 32 MiB), one
-// thread, the median over the calls, beside the same in cache (the line above it).
+// rows of bf16 and their codes in as many copies, used in turn, as take 64 MiB (more than an L3
+// of 32 MiB), one thread, the median over the calls, beside the same in cache (the line above).
 void fp8_quantize_out_of_cache(int64_t hidden, int calls) {
   const int64_t rows = 128;
-  constexpr int kCopies = 24;
   const size_t n = static_cast<size_t>(rows * hidden);
+  const int kCopies = static_cast<int>((size_t{64} << 20) / (3 * n) + 2);
   std::vector<uint16_t> x(kCopies * n);
   std::mt19937 rng(5);
   for (auto& v : x) v = float_to_bf16(static_cast<float>(rng() % 2001) / 100.0f - 10.0f);
