@@ -79,9 +79,10 @@ __attribute__((target("avx2"))) inline __m256i encode_normal(__m256 v, __m256i& 
 // Whether a magnitude in [lo, hi] (per lane) lies outside [2^-6, 464]: NaN and Inf are above.
 // The normal branch also gives float_to_e4m3's saturated 0x7e from 448 up to 464 (1.1101b x 2^8
 // rounds down to 1.110b x 2^8, the tie at 464 to the even 448), so a block's largest value, which
-// its scale maps to 448 or one rounding step above, stays on the short path: with 448 as the
-// bound, about one group in four (the one holding the block's amax) took the full encoding, and
-// 128 rows of 7168 took 530-630 us against 356-422 now (Zen 3 VM, docs/PERFORMANCE.md).
+// its scale maps to 448 or a rounding step off it, stays on the short path: with 448 as the
+// bound, up to one group in four (the one holding the block's amax, when that came out at 448 or
+// above) took the full encoding, and 128 rows of 7168 took 530-630 us against 356-422 now (Zen 3
+// VM, docs/PERFORMANCE.md).
 __attribute__((target("avx2"))) inline bool outside_normal(__m256i lo, __m256i hi) {
   const __m256i out =
       _mm256_or_si256(below(lo, 0x3c800000), _mm256_cmpgt_epi32(hi, _mm256_set1_epi32(0x43e80000)));
