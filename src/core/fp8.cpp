@@ -71,7 +71,10 @@ void dequantize_block(const uint8_t* codes, float scale, float* out, int level) 
 
 namespace {
 
-// m <= 8 full bf16 blocks with the AVX2 kernels. A block's range pass gives its largest and
+// Blocks the AVX2 path takes at a time (quantize_full_blocks).
+constexpr int64_t kChunk = 8;
+
+// m <= kChunk full bf16 blocks with the AVX2 kernels. A block's range pass gives its largest and
 // smallest magnitude; when every value is finite the largest is the amax (the same bits as the
 // finite-only amax), and when the smallest, scaled, is at least 2^-6 every value is in e4m3's
 // normal range (a product with the same factor is monotonic in the other, and the largest
@@ -80,8 +83,8 @@ namespace {
 // 128 rows of 7168 on one core of the Zen 3 VM (ubep-kernel-timing, 6 alternations, fastest):
 // 347 us with the general encoder alone, 253 us so (docs/PERFORMANCE.md, issue 31).
 void quantize_bf16_chunk(const char* src, int64_t m, bool pow2, uint8_t* codes, float* scales) {
-  float inv[8];
-  bool normal[8];
+  float inv[kChunk];
+  bool normal[kChunk];
   for (int64_t i = 0; i < m; ++i) {
     const auto* block = reinterpret_cast<const uint16_t*>(src) + i * kFp8BlockSize;
     // The source 2 KiB on (the next chunk of 8 blocks, or the next row's: rows are contiguous),
@@ -125,7 +128,6 @@ void quantize_full_blocks(const char* src, size_t elem, bool bf16, int64_t n, bo
           quantize_block(src + b * block_bytes, bf16, pow2, codes + b * kFp8BlockSize, level);
     return;
   }
-  constexpr int64_t kChunk = 8;
   for (int64_t b0 = 0; b0 < n; b0 += kChunk) {
     const int64_t m = n - b0 < kChunk ? n - b0 : kChunk;
     float inv[kChunk];

@@ -34,17 +34,24 @@ __attribute__((target("avx2"))) inline __m256i below(__m256i a, int32_t b) {  //
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(b), a);
 }
 
+// float_to_e4m3's normal branch on magnitudes (sign cleared): drop 20 mantissa bits with
+// round-to-nearest-even, rebias the exponent; the code in the low byte, meaningful for
+// magnitudes in [2^-6, 464].
+__attribute__((target("avx2"))) inline __m256i normal_code(__m256i mag) {
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(mag, 20), _mm256_set1_epi32(1));
+  return _mm256_sub_epi32(
+      _mm256_srli_epi32(_mm256_add_epi32(mag, _mm256_add_epi32(_mm256_set1_epi32(0x7ffff), odd)),
+                        20),
+      _mm256_set1_epi32(120 << 3));
+}
+
 // float_to_e4m3 on 8 lanes (same integer and float steps, same order); the codes in the low
 // byte of each lane.
 __attribute__((target("avx2"))) inline __m256i encode(__m256 v) {
   const __m256i bits = _mm256_castps_si256(v);
   const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
   const __m256i mag = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(mag, 20), _mm256_set1_epi32(1));
-  const __m256i normal = _mm256_sub_epi32(
-      _mm256_srli_epi32(_mm256_add_epi32(mag, _mm256_add_epi32(_mm256_set1_epi32(0x7ffff), odd)),
-                        20),
-      _mm256_set1_epi32(120 << 3));
+  const __m256i normal = normal_code(mag);
   // min(f, 2^-6) picks 2^-6 for NaN (minps returns the second operand unless the first is
   // smaller), as `f < 2^-6 ? f : 2^-6` does.
   const __m256 clamped = _mm256_min_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(0.015625f));
@@ -68,12 +75,7 @@ __attribute__((target("avx2"))) inline __m256i encode_normal(__m256 v, __m256i& 
   lo = _mm256_min_epi32(lo, mag);
   hi = _mm256_max_epi32(hi, mag);
   const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(bits, 24), _mm256_set1_epi32(0x80));
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(mag, 20), _mm256_set1_epi32(1));
-  const __m256i normal = _mm256_sub_epi32(
-      _mm256_srli_epi32(_mm256_add_epi32(mag, _mm256_add_epi32(_mm256_set1_epi32(0x7ffff), odd)),
-                        20),
-      _mm256_set1_epi32(120 << 3));
-  return _mm256_or_si256(normal, sign);
+  return _mm256_or_si256(normal_code(mag), sign);
 }
 
 // Whether a magnitude in [lo, hi] (per lane) lies outside [2^-6, 464]: NaN and Inf are above.
@@ -189,15 +191,6 @@ __attribute__((target("avx2"))) void block_range_bf16_avx2(const uint16_t* src, 
 }
 
 namespace {
-// float_to_e4m3's normal branch for positive lanes in [2^-6, 464]: the code in the low byte.
-__attribute__((target("avx2"))) inline __m256i normal_code(__m256 v) {
-  const __m256i mag = _mm256_castps_si256(v);
-  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(mag, 20), _mm256_set1_epi32(1));
-  return _mm256_sub_epi32(
-      _mm256_srli_epi32(_mm256_add_epi32(mag, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7ffff))),
-                        20),
-      _mm256_set1_epi32(120 << 3));
-}
 // 16 bf16 magnitudes (a) times inv to codes, each 32-bit lane holding its two elements' codes in
 // order in its low 16 bits: lane j holds elements 2j (low half) and 2j + 1 (high half), so a
 // shift widens the even ones and a mask the odd ones, and no unpack is needed.
@@ -205,7 +198,8 @@ __attribute__((target("avx2"))) inline __m256i pair_codes(__m256i a, __m256 inv)
   const __m256 even = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), inv);
   const __m256 odd =
       _mm256_mul_ps(_mm256_castsi256_ps(_mm256_and_si256(a, _mm256_set1_epi32(-65536))), inv);
-  return _mm256_or_si256(normal_code(even), _mm256_slli_epi32(normal_code(odd), 8));
+  return _mm256_or_si256(normal_code(_mm256_castps_si256(even)),
+                         _mm256_slli_epi32(normal_code(_mm256_castps_si256(odd)), 8));
 }
 }  // namespace
 
