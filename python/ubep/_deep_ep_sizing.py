@@ -13,6 +13,7 @@ _LINE = 64      # kCacheLine
 _TAG = 4        # sizeof(Tag)
 _PAGE = 4096    # halves are page-aligned
 _STAGE_SLOTS = 8
+_LATENCY_RECORD = 8  # sizeof(LatencyRecord): its tag and token_k
 
 # The top-k the low-latency size hint covers (DeepEP's hint takes no top-k; DeepEP's kernels
 # support up to 9 selections for low latency).
@@ -45,7 +46,7 @@ def window_bytes(dtype, hidden, ranks, local_experts, topk, max_tokens, latency)
     count_record = _up(_up(12 + 4 * local_experts, 8) + _TAG, _LINE)
     take(ranks * count_record)
     for n in (tp * xb, tp * sb, tp * 16, tp * topk * 4, tp * topk * 4, tp * _TAG,
-              lat * xb, lat * sb, lat * 16, lat, lat * _TAG):
+              lat * xb, lat * sb, lat * _LATENCY_RECORD, lat * 16):
         take(n)
     comb = max(tp, lat)
     take(comb * rb)
