@@ -2,7 +2,9 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -124,25 +126,29 @@ std::string move_hint(const Device& got, const Device& want) {
   return "host arrays are cpu; a cuda-sim buffer takes host arrays as its own";
 }
 
-Borrowed borrow_impl(pb::handle obj, const char* what, DType expect, bool writable,
-                     const Device& device) {
-  Borrowed b;
-  b.capsule = take_capsule(obj, what);
-  PyObject* cap = b.capsule.ptr();
-  const dl::Tensor* t = nullptr;
-  bool read_only = false;
-  if (PyCapsule_IsValid(cap, "dltensor")) {
-    t = &static_cast<dl::ManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"))->dl_tensor;
-  } else if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+// The DLPack tensor in a capsule from take_capsule (and whether its producer marked it
+// read-only); throws InvalidArgument for anything else.
+const dl::Tensor* capsule_tensor(pb::handle capsule, const char* what, bool* read_only) {
+  PyObject* cap = capsule.ptr();
+  *read_only = false;
+  if (PyCapsule_IsValid(cap, "dltensor"))
+    return &static_cast<dl::ManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"))->dl_tensor;
+  if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
     auto* v =
         static_cast<dl::ManagedTensorVersioned*>(PyCapsule_GetPointer(cap, "dltensor_versioned"));
     UBEP_CHECK_ARG(v->version.major == 1, what, ": DLPack version ", v->version.major,
                    " is not supported (1 or 0.x)");
-    t = &v->dl_tensor;
-    read_only = (v->flags & dl::kFlagReadOnly) != 0;
-  } else {
-    throw InvalidArgument(detail::concat(what, ": __dlpack__ did not return a DLPack capsule"));
+    *read_only = (v->flags & dl::kFlagReadOnly) != 0;
+    return &v->dl_tensor;
   }
+  throw InvalidArgument(detail::concat(what, ": __dlpack__ did not return a DLPack capsule"));
+}
+
+// borrow()'s checks of the exported tensor t, and the view of it.
+Borrowed view_of(pb::object capsule, const dl::Tensor* t, bool read_only, const char* what,
+                 DType expect, bool writable, const Device& device) {
+  Borrowed b;
+  b.capsule = std::move(capsule);
   const std::optional<Device> on = device_of(t->device.device_type, t->device.device_id, device);
   UBEP_CHECK_ARG(on.has_value(), what, ": the array is on device ",
                  dl::device_name(t->device.device_type), ":", t->device.device_id,
@@ -180,6 +186,14 @@ Borrowed borrow_impl(pb::handle obj, const char* what, DType expect, bool writab
   v.ndim = t->ndim;
   for (int i = 0; i < t->ndim; ++i) v.shape[static_cast<size_t>(i)] = t->shape[i];
   return b;
+}
+
+Borrowed borrow_impl(pb::handle obj, const char* what, DType expect, bool writable,
+                     const Device& device) {
+  pb::object capsule = take_capsule(obj, what);
+  bool read_only = false;
+  const dl::Tensor* t = capsule_tensor(capsule, what, &read_only);
+  return view_of(std::move(capsule), t, read_only, what, expect, writable, device);
 }
 
 // What a capsule owns: the managed tensor, its shape, and the reference to the owner.
@@ -243,6 +257,39 @@ Borrowed borrow(pb::handle obj, const char* what, DType expect, const Device& de
 }
 Borrowed borrow_writable(pb::handle obj, const char* what, DType expect, const Device& device) {
   return borrow_impl(obj, what, expect, true, device);
+}
+
+std::optional<Borrowed> borrow_torch_matrix(pb::handle obj, const char* what, DType expect,
+                                            int64_t cols, const Device& device) {
+  if (!g_torch_to_dlpack || Py_TYPE(obj.ptr()) != g_torch_tensor_type) return std::nullopt;
+  pb::object capsule = take_capsule(obj, what);
+  bool read_only = false;
+  const dl::Tensor* t = capsule_tensor(capsule, what, &read_only);
+  const dl::DataType want = dl_type(expect);  // exactly: a uint16 tensor is not bf16 here
+  if (t->dtype.code != want.code || t->dtype.bits != want.bits || t->dtype.lanes != 1 ||
+      t->ndim != 2 || t->shape[1] != cols)
+    return std::nullopt;
+  const std::optional<Device> on = device_of(t->device.device_type, t->device.device_id, device);
+  if (!on || *on != device) return std::nullopt;
+  return view_of(std::move(capsule), t, read_only, what, expect, false, device);
+}
+
+namespace {
+constexpr const char* kHostBlockName = "ubep.host_block";
+constexpr std::align_val_t kHostBlockAlign{64};
+void free_host_block(PyObject* cap) {
+  ::operator delete(PyCapsule_GetPointer(cap, kHostBlockName), kHostBlockAlign);
+}
+}  // namespace
+
+HostBlock make_host_block(size_t bytes) {
+  void* p = ::operator new(std::max<size_t>(bytes, 64), kHostBlockAlign);
+  PyObject* cap = PyCapsule_New(p, kHostBlockName, free_host_block);
+  if (!cap) {
+    ::operator delete(p, kHostBlockAlign);
+    throw pb::error_already_set();
+  }
+  return {static_cast<char*>(p), pb::reinterpret_steal<pb::object>(cap)};
 }
 
 pb::object device_ones(int64_t n, int64_t k, pb::handle like) {

@@ -35,6 +35,22 @@ Borrowed borrow(pb::handle obj, const char* what, DType expect, const Device& de
 // Same, for an output the module will write (rejects read-only exports).
 Borrowed borrow_writable(pb::handle obj, const char* what, DType expect, const Device& device);
 
+// For a fast path set up for one call shape: `obj` borrowed as borrow() does if it is an exact
+// torch.Tensor (the fast exporter's type) of exactly `expect`'s DLPack type (a uint16 tensor is
+// not bf16 here), 2-D with `cols` columns, on `device`; otherwise nullopt, with nothing thrown
+// (the caller's full path then checks it). A match that is not contiguous throws, as borrow().
+std::optional<Borrowed> borrow_torch_matrix(pb::handle obj, const char* what, DType expect,
+                                            int64_t cols, const Device& device);
+
+// Host memory made for the caller (not a view of Buffer memory): a 64-byte aligned block of at
+// least `bytes`, and its owner, a capsule that frees it. Arrays exported with that owner
+// (export_capsule, to_array) keep it alive; the last one to go frees it.
+struct HostBlock {
+  char* data;
+  pb::object owner;
+};
+HostBlock make_host_block(size_t bytes);
+
 // The ubep device of a DLPack device (type, id) as a Buffer on `buffer_device` sees it (kDLCPU
 // is cuda-sim on a cuda-sim buffer); nullopt for devices ubep has no backend for.
 std::optional<Device> device_of(int32_t dl_type, int32_t dl_id, const Device& buffer_device);

@@ -82,6 +82,7 @@ pb::tuple PyBuffer::dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
     buf.dispatch_send(a);
     return buf.pending_dispatch();
   });
+  b.last_tokens_ = bi.view.dim(0);
   return b.result_tuple(self, r, kind);
 }
 
@@ -249,15 +250,13 @@ DeepEPLayout borrow_deep_ep_layout(const DispatchResult& r, const Device& dev, p
   return l;
 }
 
-// Fills DeepEP's formats from r (no GIL needed).
-void fill_deep_ep_layout(const DispatchResult& r, const DeepEPLayout& l) {
+// Fills DeepEP's formats from r (no GIL needed): count [El], src_info [El, rows] and
+// layout_range [El, R] as deep_ep_layout describes them.
+void fill_deep_ep_layout(const DispatchResult& r, int32_t* c, int32_t* si, int64_t* lr) {
   const int64_t El = r.recv_src.dim(0), rows = r.recv_src.dim(1), R = r.recv_range.dim(1);
   const auto* rc = r.recv_count.as<const int64_t>();
   const auto* src = r.recv_src.as<const int64_t>();
   const auto* rr = r.recv_range.as<const int64_t>();
-  auto* c = static_cast<int32_t*>(l.count.view.data);
-  auto* si = static_cast<int32_t*>(l.src_info.view.data);
-  auto* lr = static_cast<int64_t*>(l.layout_range.view.data);
   for (int64_t e = 0; e < El; ++e) c[e] = static_cast<int32_t>(rc[e]);
   // Only the received rows: the rest of src_info is undefined, as in DeepEP (a few hundred
   // rows of the 32K a decode window has).
@@ -268,6 +267,8 @@ void fill_deep_ep_layout(const DispatchResult& r, const DeepEPLayout& l) {
       si[p] = static_cast<int32_t>(src[2 * p + 1]);
   }
 }
+
+constexpr size_t line_up(size_t bytes) { return (bytes + 63) / 64 * 64; }
 }  // namespace
 
 void PyBuffer::deep_ep_layout(uint64_t handle, pb::handle count, pb::handle src_info,
@@ -279,54 +280,76 @@ void PyBuffer::deep_ep_layout(uint64_t handle, pb::handle count, pb::handle src_
   const DeepEPLayout l =
       borrow_deep_ep_layout(r, buf_->config().device, count, src_info, layout_range);
   without_gil([&] {
-    fill_deep_ep_layout(r, l);
+    fill_deep_ep_layout(r, static_cast<int32_t*>(l.count.view.data),
+                        static_cast<int32_t*>(l.src_info.view.data),
+                        static_cast<int64_t*>(l.layout_range.view.data));
     return 0;
   });
 }
 
-pb::tuple PyBuffer::deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle topk_idx, int kind,
-                                     pb::handle count, pb::handle src_info,
-                                     pb::handle layout_range) {
+pb::object PyBuffer::deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
+                                      int topk) {
   PyBuffer& b = self.cast<PyBuffer&>();
   Buffer& buf = *b.buf_;
   check_host_memory(buf, "deep_ep_dispatch");
-  const Device& dev = buf.config().device;
-  UBEP_CHECK_ARG(buf.config().dtype != DType::kFP8E4M3,
+  const BufferConfig& cfg = buf.config();
+  const Device& dev = cfg.device;
+  UBEP_CHECK_ARG(cfg.dtype != DType::kFP8E4M3,
                  "deep_ep_dispatch: bf16 and fp32 buffers only (fp8: dispatch)");
-  Borrowed bx = borrow(x, "dispatch: x", buf.config().dtype, dev);
-  Borrowed bi = borrow(topk_idx, "dispatch: topk_idx", DType::kInt64, dev);
+  // The call shape the caller set this path up for, or None before anything is done: another
+  // shape (or a tensor subclass, another device or dtype) is for its full path to check.
+  std::optional<Borrowed> bx = borrow_torch_matrix(x, "dispatch: x", cfg.dtype, cfg.hidden, dev);
+  if (!bx) return pb::none();
+  std::optional<Borrowed> bi =
+      borrow_torch_matrix(topk_idx, "dispatch: topk_idx", DType::kInt64, topk, dev);
+  if (!bi) return pb::none();
   DispatchArgs a;
-  a.x = bx.view;
-  a.topk_idx = bi.view;
+  a.x = bx->view;
+  a.topk_idx = bi->view;
   // The weights come with combine (DeepEP's low-latency API): ones meanwhile, as dispatch.
-  const size_t n = static_cast<size_t>(std::max<int64_t>(bi.view.numel(), 0));
+  const size_t n = static_cast<size_t>(bi->view.numel());
   if (b.ones_.size() < n) b.ones_.assign(n, 1.0f);
-  a.topk_weights = TensorView(b.ones_.data(), DType::kFP32, {bi.view.dim(0), bi.view.dim(1)});
+  a.topk_weights = TensorView(b.ones_.data(), DType::kFP32, {bi->view.dim(0), bi->view.dim(1)});
   a.topk_weights.device = dev;
-  if (bi.view.ndim != 2) a.topk_weights = bi.view;  // let validation name the bad topk_idx
   a.layout = Layout::kLatency;
   DispatchResult r = without_gil([&] { return buf.dispatch(a); });
   b.last_handle_ = r.handle;
   b.last_result_ = r;
-  const DeepEPLayout l = borrow_deep_ep_layout(r, dev, count, src_info, layout_range);
+  b.last_tokens_ = bi->view.dim(0);
+  // DeepEP's handle arrays, new at every call as DeepEP's (a handle may outlive later
+  // dispatches: a combine of it replays its dispatch), in one block made here: three
+  // torch.empty from Python cost more than the whole native call (docs/DEEPEP.md).
+  const int64_t El = r.recv_src.dim(0), rows = r.recv_src.dim(1), R = r.recv_range.dim(1);
+  const size_t count_bytes = line_up(static_cast<size_t>(El) * 4);
+  const size_t src_bytes = line_up(static_cast<size_t>(El * rows) * 4);
+  HostBlock block = make_host_block(count_bytes + src_bytes + static_cast<size_t>(El * R) * 8);
+  TensorView count(block.data, DType::kInt32, {El});
+  TensorView src_info(block.data + count_bytes, DType::kInt32, {El, rows});
+  TensorView layout_range(block.data + count_bytes + src_bytes, DType::kInt64, {El, R});
+  for (TensorView* v : {&count, &src_info, &layout_range}) v->device = dev;
   without_gil([&] {
-    fill_deep_ep_layout(r, l);
+    fill_deep_ep_layout(r, count.as<int32_t>(), src_info.as<int32_t>(), layout_range.as<int64_t>());
     return 0;
   });
-  return pb::make_tuple(to_array(r.recv_x, self, static_cast<Kind>(kind)), r.handle);
+  return pb::make_tuple(to_array(r.recv_x, self, Kind::kTorch),
+                        to_array(count, block.owner, Kind::kTorch),
+                        to_array(src_info, block.owner, Kind::kTorch),
+                        to_array(layout_range, block.owner, Kind::kTorch), r.handle);
 }
 
-void PyBuffer::combine_into(pb::handle x, uint64_t handle, pb::handle topk_weights,
-                            pb::handle out) {
-  Buffer& buf = *buf_;
+namespace {
+// Combine of `handle` into out() (a view of the caller's memory or of a block made for it),
+// taken after x and topk_weights; x None: the zero-copy combine buffer of the last dispatch.
+template <typename Out>
+void combine_to(Buffer& buf, uint64_t last_handle, pb::handle x, uint64_t handle,
+                pb::handle topk_weights, Out&& out) {
   const Device& dev = buf.config().device;
-  UBEP_CHECK_ARG(dev.type == DeviceType::kCpu, "combine_into: cpu buffers only (else combine)");
   CombineArgs a;
   a.handle = handle;
-  Borrowed bx, bw, bo;
+  Borrowed bx, bw;
   if (x.is_none()) {
-    UBEP_CHECK_ARG(handle == last_handle_, "combine_buffer: handle ", handle,
-                   " is not the last dispatch on this buffer (", last_handle_,
+    UBEP_CHECK_ARG(handle == last_handle, "combine_buffer: handle ", handle,
+                   " is not the last dispatch on this buffer (", last_handle,
                    "): its memory has been reused");
     a.x = buf.combine_buffer();
   } else {
@@ -337,12 +360,40 @@ void PyBuffer::combine_into(pb::handle x, uint64_t handle, pb::handle topk_weigh
     bw = borrow(topk_weights, "combine: topk_weights", DType::kFP32, dev);
     a.topk_weights = bw.view;
   }
-  bo = borrow_writable(out, "combine: out", combine_dtype(buf.config()), dev);
-  a.out = bo.view;
+  Borrowed bo;  // keeps a borrowed out alive until the call ends
+  a.out = out(bo);
   without_gil([&] {
     buf.combine(a);
     return 0;
   });
+}
+}  // namespace
+
+void PyBuffer::combine_into(pb::handle x, uint64_t handle, pb::handle topk_weights,
+                            pb::handle out) {
+  Buffer& buf = *buf_;
+  const Device& dev = buf.config().device;
+  UBEP_CHECK_ARG(dev.type == DeviceType::kCpu, "combine_into: cpu buffers only (else combine)");
+  combine_to(buf, last_handle_, x, handle, topk_weights, [&](Borrowed& bo) {
+    bo = borrow_writable(out, "combine: out", combine_dtype(buf.config()), dev);
+    return bo.view;
+  });
+}
+
+pb::object PyBuffer::combine_new(pb::handle x, uint64_t handle, pb::handle topk_weights) {
+  Buffer& buf = *buf_;
+  const BufferConfig& cfg = buf.config();
+  UBEP_CHECK_ARG(cfg.device.type == DeviceType::kCpu,
+                 "combine_new: cpu buffers only (else combine)");
+  UBEP_CHECK_ARG(handle == last_handle_, "combine_new: handle ", handle,
+                 " is not the last dispatch on this buffer (", last_handle_, ")");
+  const DType dt = combine_dtype(cfg);
+  HostBlock block =
+      make_host_block(static_cast<size_t>(last_tokens_ * cfg.hidden) * dtype_size(dt));
+  TensorView y(block.data, dt, {last_tokens_, cfg.hidden});
+  y.device = cfg.device;
+  combine_to(buf, last_handle_, x, handle, topk_weights, [&](Borrowed&) { return y; });
+  return to_array(y, block.owner, Kind::kTorch);
 }
 
 // The calls of a Python loop, timed in C++ with the GIL released throughout: dispatch, the
@@ -410,6 +461,7 @@ void bind_buffer(pb::module_& m) {
       .def("deep_ep_layout", &PyBuffer::deep_ep_layout)
       .def("deep_ep_dispatch", &PyBuffer::deep_ep_dispatch)
       .def("combine_into", &PyBuffer::combine_into)
+      .def("combine_new", &PyBuffer::combine_new)
       .def("expert_identity", &PyBuffer::expert_identity,
            "Benchmark helper: copies the last dispatch's received rows into the combine buffer.")
       .def("set_algorithm",

@@ -49,14 +49,19 @@ class PyBuffer {
   // layout_range [El, ranks] int64 (begin << 32 | count).
   void deep_ep_layout(uint64_t handle, pb::handle count, pb::handle src_info,
                       pb::handle layout_range);
-  // ubep.deep_ep's low-latency dispatch in one call (host memory, no split): dispatch with the
-  // weights to come at combine (ones meanwhile), then deep_ep_layout of it into count,
-  // src_info and layout_range. Returns (recv_x, handle); recv_count is in `count`.
-  static pb::tuple deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle topk_idx, int kind,
-                                    pb::handle count, pb::handle src_info, pb::handle layout_range);
+  // ubep.deep_ep's low-latency dispatch in one call (host memory, no split), for the call
+  // shape its caller has seen pass its checks: x an exact torch.Tensor [tokens, hidden] of the
+  // buffer's dtype, topk_idx int64 [tokens, topk], both on the cpu; any other shape returns
+  // None with nothing done. Dispatches with the weights to come at combine (ones meanwhile)
+  // and fills DeepEP's handle arrays (deep_ep_layout's), new for the call. Returns (recv_x,
+  // count, src_info, layout_range, handle), torch tensors.
+  static pb::object deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle topk_idx, int topk);
   // combine(x, handle, topk_weights, out=out) returning nothing (y is `out`, the cpu device):
   // no result array to convert. x None: the zero-copy combine buffer of the last dispatch.
   void combine_into(pb::handle x, uint64_t handle, pb::handle topk_weights, pb::handle out);
+  // The same into a new torch tensor [tokens, hidden] (DeepEP's combine returns a new one) of
+  // the last dispatch `handle`, made here: a torch.empty from Python costs more.
+  pb::object combine_new(pb::handle x, uint64_t handle, pb::handle topk_weights);
 
   // The receive hook per piece of the outstanding dispatch `handle`: (begin, count).
   pb::tuple wait_recv_range(uint64_t handle, int source, int local_expert);
@@ -72,6 +77,7 @@ class PyBuffer {
   std::vector<float> ones_;  // dispatch weights when None (they come with combine)
   uint64_t last_handle_ = ~uint64_t{0};
   DispatchResult last_result_;
+  int64_t last_tokens_ = 0;  // rows of the last dispatch's topk_idx (combine_new's y)
 };
 
 void bind_buffer(pb::module_& m);

@@ -14,7 +14,6 @@ from . import _fp8, _ubep
 from ._arrays import TORCH, copy_into, owned
 from ._deep_ep_sizing import HINT_TOPK, check_fits, topk_capacity, window_bytes
 
-_empty, _int32, _int64 = torch.empty, torch.int32, torch.int64
 
 
 class LowLatencyHandle(tuple):
@@ -33,10 +32,11 @@ class _Fast:
     without hook on a cpu window of one host, and its combines."""
 
     __slots__ = ("window", "native", "local_experts", "rows", "ranks", "max_tokens", "hidden",
-                 "num_experts", "out_dtype", "event")
+                 "num_experts", "topk", "out_dtype", "event")
 
-    def __init__(self, buf, w, max_tokens, hidden, num_experts, event):
+    def __init__(self, buf, w, max_tokens, hidden, num_experts, topk, event):
         self.window, self.native = w, w.native
+        self.topk = topk  # the exact top-k of the shape (the native call checks it)
         self.local_experts, self.ranks = w.num_local_experts, buf.group_size
         self.rows = max_tokens * self.ranks
         self.max_tokens, self.hidden, self.num_experts = max_tokens, hidden, num_experts
@@ -53,7 +53,7 @@ def _fast_key(max_tokens, num_experts, x, topk_idx):
 def dispatch(buf, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
              cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, use_fp8,
              round_scale, use_ue8m0, return_recv_hook):
-    # deep_ep.Buffer.low_latency_dispatch takes fast_dispatch for a registered shape.
+    # deep_ep.Buffer.low_latency_dispatch takes the native fast path for a registered shape.
     fastable = not (use_fp8 or use_ue8m0 or return_recv_hook) and \
         dispatch_wait_recv_cost_stats is None
     if dispatch_wait_recv_cost_stats is not None:
@@ -76,10 +76,11 @@ def dispatch(buf, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
     w = window(buf, dtype, bool(use_fp8 and round_scale), T, hidden, E, topk_idx.shape[1],
                buf._device_of(x))
     if fastable and w.device == "cpu" and buf._group.num_hosts == 1:
-        # Later calls of this shape take fast_dispatch (the checks above hold for them: the
+        # Later calls of this shape take the fast path (the checks above hold for them: the
         # key has the same T, E, dtype, hidden, top-k and device).
         key = _fast_key(num_max_dispatch_tokens_per_rank, num_experts, x, topk_idx)
-        buf._ll_fast[key] = _Fast(buf, w, T, hidden, E, buf._event_factory)
+        buf._ll_fast[key] = _Fast(buf, w, T, hidden, E, int(topk_idx.shape[1]),
+                                  buf._event_factory)
     return _dispatch_on(buf, w, x, topk_idx, T, hidden, E, cumulative_local_expert_recv_stats,
                         use_fp8, use_ue8m0, return_recv_hook)
 
@@ -122,14 +123,10 @@ def _new_handle(w, d, src_info, layout_range, T, hidden, E, replay):
     return handle
 
 
-def fast_dispatch(buf, f, x, topk_idx, stats):
-    """_dispatch_on for a registered shape (_Fast): the dispatch and DeepEP's handle tensors in
-    one native call, the same results."""
-    count = _empty(f.local_experts, dtype=_int32)
-    src_info = _empty((f.local_experts, f.rows), dtype=_int32)
-    layout_range = _empty((f.local_experts, f.ranks), dtype=_int64)
-    recv, dispatch_id = f.native.deep_ep_dispatch(x, topk_idx, TORCH, count, src_info,
-                                                  layout_range)
+def fast_result(f, got, x, topk_idx, stats):
+    """The results of a registered shape's native dispatch (_Fast; got: deep_ep_dispatch's
+    tuple, DeepEP's handle tensors made by it), as _dispatch_on returns them."""
+    recv, count, src_info, layout_range, dispatch_id = got
     d = _win.Dispatch(dispatch_id, topk_idx)
     f.window.last = d
     if stats is not None:

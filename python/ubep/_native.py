@@ -13,10 +13,11 @@ DLPACK, the framework results come back in):
 * ``combine(x, dispatch_id, topk_weights, kind, send_only, out)`` -> y;
   ``combine_recv(kind)``; ``combine_into(x | None, dispatch_id, topk_weights, out)`` (cpu, y
   into ``out``, nothing converted; x None: the zero-copy combine buffer);
+  ``combine_new(x | None, dispatch_id, topk_weights)`` (the same into a new torch tensor);
 * ``view(which, dispatch_id, kind)``: "combine_buffer", "recv_src" or "recv_range" of the last
   dispatch; ``wait_recv_range(dispatch_id, source, local_expert)``;
-* ``deep_ep_dispatch`` / ``deep_ep_layout``: DeepEP's low-latency handle tensors filled in C++
-  (python/src/buffer.hpp);
+* ``deep_ep_dispatch`` / ``deep_ep_layout``: DeepEP's low-latency handle tensors made (or
+  filled) in C++ (python/src/buffer.hpp);
 * ``mask``, ``masked_ranks``, ``rejoin``, ``config()``, ``last_stats()``, ``set_algorithm``,
   ``algorithm``, ``num_local_experts``, ``shared_bytes``; the benchmarks' ``time_calls`` and
   ``expert_identity``.

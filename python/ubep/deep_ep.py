@@ -74,8 +74,6 @@ class EventOverlap:
         return False
 
 
-_empty = torch.empty
-
 # EventOverlap() without its __init__ frame: an instance whose attributes are the defaults.
 _new_event = functools.partial(object.__new__, EventOverlap)
 
@@ -161,6 +159,7 @@ class Buffer:
         self._device = None if device is None else _arrays.device_name(device)
         self._windows = {}  # shape and wire format -> _deep_ep_window.Window
         self._ll_fast = {}  # low-latency call shape -> _deep_ep_ll._Fast (its checks passed)
+        self._ll_hot = None  # the _Fast of the last call that took it
         # DeepEP's C++ runtime; None once destroyed. Not `self`: a reference cycle would leave
         # the windows to the garbage collector, which may free every thread rank's buffer on one
         # thread (a CUDA-backend buffer's teardown waits for its peers: a hang).
@@ -199,6 +198,7 @@ class Buffer:
             w.last = None  # a handle's window no longer serves it (the fast combine checks)
         self._windows.clear()
         self._ll_fast.clear()
+        self._ll_hot = None
         self.runtime = None
 
     def is_available(self):
@@ -293,17 +293,31 @@ class Buffer:
                              dispatch_wait_recv_cost_stats=None, use_fp8=True, round_scale=False,
                              use_ue8m0=False, async_finish=False, return_recv_hook=False):
         """(recv_x or (codes, scales), recv_count int32, handle, event, hook)."""
-        if self._ll_fast and not (use_fp8 or use_ue8m0 or return_recv_hook) and \
+        if not (use_fp8 or use_ue8m0 or return_recv_hook) and \
                 dispatch_wait_recv_cost_stats is None:
             # A shape seen before (its checks passed then): _ll's cached path, here rather than
-            # behind two more calls (the per-call Python work is this layer's cost).
-            try:
-                f = self._ll_fast.get((num_max_dispatch_tokens_per_rank, num_experts, x.dtype,
-                                       x.shape[1:], topk_idx.shape[1:], x.is_cpu))
-            except (AttributeError, TypeError):
-                f = None
-            if f is not None:
-                return _ll.fast_dispatch(self, f, x, topk_idx, cumulative_local_expert_recv_stats)
+            # behind two more calls (the per-call Python work is this layer's cost). First the
+            # shape of the last such call, checked by the native call itself (None: another
+            # shape), then any registered one by its key.
+            f = self._ll_hot
+            if f is not None and num_max_dispatch_tokens_per_rank == f.max_tokens and \
+                    num_experts == f.num_experts:
+                got = f.native.deep_ep_dispatch(x, topk_idx, f.topk)
+                if got is not None:
+                    return _ll.fast_result(f, got, x, topk_idx,
+                                           cumulative_local_expert_recv_stats)
+            if self._ll_fast:
+                try:
+                    f = self._ll_fast.get((num_max_dispatch_tokens_per_rank, num_experts,
+                                           x.dtype, x.shape[1:], topk_idx.shape[1:], x.is_cpu))
+                except (AttributeError, TypeError):
+                    f = None
+                if f is not None:
+                    got = f.native.deep_ep_dispatch(x, topk_idx, f.topk)
+                    if got is not None:
+                        self._ll_hot = f
+                        return _ll.fast_result(f, got, x, topk_idx,
+                                               cumulative_local_expert_recv_stats)
         self._live("low_latency_dispatch")
         return _ll.dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
                             cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
@@ -324,9 +338,10 @@ class Buffer:
             # has a last dispatch: _ll.combine says the Buffer was destroyed.
             if not d.combined and topk_idx is d.topk_idx and f.window.last is d:
                 d.combined = True
-                if out is None:  # DeepEP returns a new tensor
-                    out = _empty((topk_idx.shape[0], f.hidden), dtype=f.out_dtype)
-                f.native.combine_into(None if zero_copy else x, d.id, topk_weights, out)
+                if out is None:  # DeepEP returns a new tensor: made by the native call
+                    out = f.native.combine_new(None if zero_copy else x, d.id, topk_weights)
+                else:
+                    f.native.combine_into(None if zero_copy else x, d.id, topk_weights, out)
                 return out, _new_event(), None
         self._live("low_latency_combine")
         return _ll.combine(self, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy,

@@ -1,0 +1,150 @@
+"""ubep.deep_ep's native fast path for a low-latency shape seen before (one native call makes
+the dispatch and DeepEP's handle tensors; a combine's new tensor is made natively): what it
+must keep from the general path. Received rows are checked against the senders' inputs
+(x_of: a row holds its rank and token), not against another run of the library."""
+import resource
+
+import pytest
+import torch
+
+import ubep
+import ubep.deep_ep as deep_ep
+
+T, H, E, K = 8, 256, 8, 2
+R, EL = 2, E // 2
+
+
+def x_of(rank, tokens=T, hidden=H, dtype=torch.bfloat16):
+    x = torch.full((tokens, hidden), float(rank + 1))
+    x[:, -1] = torch.arange(tokens, dtype=torch.float32)
+    return x.to(dtype)
+
+
+def routing(rank, seed=0, tokens=T, k=K):
+    g = torch.Generator().manual_seed(rank * 31 + seed)
+    return torch.topk(torch.rand((tokens, E), generator=g), k, dim=-1).indices
+
+
+def check_received(me, recv, count, handle, idx_of, tokens=T):
+    """Rank me's received rows are each its source's x row, at the place DeepEP's handle says,
+    and the counts are the routing's (idx_of(rank): every rank's topk_idx)."""
+    src_info, layout_range = handle[0], handle[1]
+    for e in range(EL):
+        expert = me * EL + e
+        want = sum(int((idx_of(s) == expert).sum()) for s in range(R))
+        assert int(count[e]) == want
+        for s in range(R):
+            packed = int(layout_range[e, s])
+            begin, n = packed >> 32, packed & 0xFFFFFFFF
+            assert n == int((idx_of(s) == expert).any(dim=1).sum())
+            for p in range(begin, begin + n):
+                t = int(src_info[e, p])
+                assert 0 <= t < tokens and bool((idx_of(s)[t] == expert).any())
+                assert torch.equal(recv[e, p], x_of(s, tokens, recv.shape[-1], recv.dtype)[t])
+
+
+def on_threads(fn):
+    return ubep.run_on_threads(R, fn, timeout=30.0)
+
+
+def test_other_shapes_leave_the_fast_path_and_keep_their_checks():
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(T, H, R, E)
+
+    def body(group):
+        r = group.rank
+        buf = deep_ep.Buffer(group, 0, 8 * hint, low_latency_mode=True, num_qps_per_rank=4)
+        for i in range(3):  # the first call registers the shape, the others take the fast path
+            recv, count, handle, _, _ = buf.low_latency_dispatch(
+                x_of(r), routing(r, i), T, E, use_fp8=False)
+            assert (handle.__dict__.get("_fast") is not None) == (i > 0)
+            check_received(r, recv, count, handle, lambda s, i=i: routing(s, i))
+        # fp32 x: its own window (a miss of the bf16 shape's native check), its own results.
+        for i in range(2):
+            recv, count, handle, _, _ = buf.low_latency_dispatch(
+                x_of(r, dtype=torch.float32), routing(r, 5), T, E, use_fp8=False)
+            assert recv.dtype == torch.float32
+            check_received(r, recv, count, handle, lambda s: routing(s, 5))
+        # Another top-k, another hidden size, a tensor subclass: the general path's results.
+        recv, count, handle, _, _ = buf.low_latency_dispatch(
+            x_of(r), routing(r, 6, k=1), T, E, use_fp8=False)
+        check_received(r, recv, count, handle, lambda s: routing(s, 6, k=1))
+        recv, count, handle, _, _ = buf.low_latency_dispatch(
+            x_of(r, hidden=2 * H), routing(r, 9), T, E, use_fp8=False)
+        check_received(r, recv, count, handle, lambda s: routing(s, 9))
+        param = torch.nn.Parameter(x_of(r), requires_grad=False)
+        recv, count, handle, _, _ = buf.low_latency_dispatch(param, routing(r, 7), T, E,
+                                                             use_fp8=False)
+        check_received(r, recv, count, handle, lambda s: routing(s, 7))
+        # The checks of the registered shape still hold on the fast path.
+        wide = torch.zeros((T, 2 * H), dtype=torch.bfloat16)
+        with pytest.raises(ubep.InvalidArgument, match="contiguous"):
+            buf.low_latency_dispatch(wide[:, :H], routing(r), T, E, use_fp8=False)
+        bad = routing(r).clone()
+        bad[0, 0] = E
+        with pytest.raises(ubep.InvalidArgument, match=str(E)):
+            buf.low_latency_dispatch(x_of(r), bad, T, E, use_fp8=False)
+        # And the fast path after all of that.
+        recv, count, handle, _, _ = buf.low_latency_dispatch(x_of(r), routing(r, 8), T, E,
+                                                             use_fp8=False)
+        assert handle.__dict__.get("_fast") is not None
+        check_received(r, recv, count, handle, lambda s: routing(s, 8))
+        return True
+    assert all(on_threads(body))
+
+
+def test_fast_handles_and_combines_are_new_tensors():
+    """DeepEP's handle tensors and combine outputs are new at every call: an older handle's
+    tensors and an older y keep their values through later calls."""
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(T, H, R, E)
+
+    def body(group):
+        r = group.rank
+        buf = deep_ep.Buffer(group, 0, hint, low_latency_mode=True, num_qps_per_rank=4)
+        w = torch.rand((T, K), generator=torch.Generator().manual_seed(r))
+        buf.low_latency_dispatch(x_of(r), routing(r), T, E, use_fp8=False)  # registers
+        kept = []
+        for i in range(3):
+            recv, count, handle, _, _ = buf.low_latency_dispatch(x_of(r), routing(r, i), T, E,
+                                                                 use_fp8=False)
+            assert handle.__dict__.get("_fast") is not None
+            y, _, _ = buf.low_latency_combine(recv, routing(r, i), w, handle)
+            kept.append((count, handle, y, [t.clone() for t in (count, handle[0], handle[1], y)]))
+        for count, handle, y, copies in kept:
+            for t, c in zip((count, handle[0], handle[1], y), copies):
+                assert torch.equal(t, c)
+        ptrs = [t.data_ptr() for count, handle, y, _ in kept for t in (count, handle[0], y)]
+        assert len(set(ptrs)) == len(ptrs)
+        # y against its definition: each token's rows come back unchanged (the identity
+        # expert), weighted: y[t] = sum_k w[t, k] * x[t] in fp32, rounded once to bf16.
+        want = (w.sum(dim=1, keepdim=True) * x_of(r).float()).to(torch.bfloat16)
+        y = kept[0][2]
+        assert torch.allclose(y.float(), want.float(), rtol=1e-2)
+        return True
+    assert all(on_threads(body))
+
+
+def test_fast_calls_free_what_they_make():
+    """The handle tensors and combine outputs the native calls make are freed with their last
+    tensor: 400 calls of a shape whose handle and y take 1.2 MB a call leave the process's
+    peak resident memory within 64 MB of where it was after the first 50."""
+    tokens = 2048
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(tokens, H, R, E)
+
+    def body(group):
+        r = group.rank
+        buf = deep_ep.Buffer(group, 0, hint, low_latency_mode=True, num_qps_per_rank=4)
+        x, idx = x_of(r, tokens), routing(r, 0, tokens)
+        w = torch.ones((tokens, K))
+        peak = 0
+        for i in range(450):
+            recv, _, handle, _, _ = buf.low_latency_dispatch(x, idx, tokens, E, use_fp8=False)
+            y, _, _ = buf.low_latency_combine(recv, idx, w, handle)
+            if i == 49:
+                group.barrier()  # both ranks' first 50 calls are in the peak
+                peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB
+        group.barrier()
+        grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
+        assert handle.__dict__.get("_fast") is not None and y.shape == (tokens, H)
+        return grown
+    for grown in on_threads(body):
+        assert grown < 64 * 1024, f"peak resident memory grew by {grown} KiB"
