@@ -287,18 +287,23 @@ void PyBuffer::deep_ep_layout(uint64_t handle, pb::handle count, pb::handle src_
   });
 }
 
-pb::object PyBuffer::deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
-                                      int topk) {
+pb::object PyBuffer::deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle topk_idx, int topk,
+                                      const std::string& x_dtype) {
   PyBuffer& b = self.cast<PyBuffer&>();
   Buffer& buf = *b.buf_;
   check_host_memory(buf, "deep_ep_dispatch");
   const BufferConfig& cfg = buf.config();
   const Device& dev = cfg.device;
-  UBEP_CHECK_ARG(cfg.dtype != DType::kFP8E4M3,
-                 "deep_ep_dispatch: bf16 and fp32 buffers only (fp8: dispatch)");
+  // x holds the buffer's values, or on an fp8 buffer the values it casts on send.
+  const bool fp8 = cfg.dtype == DType::kFP8E4M3;
+  UBEP_CHECK_ARG(fp8 != x_dtype.empty(), "deep_ep_dispatch: x_dtype '", x_dtype, "' given for a ",
+                 dtype_name(cfg.dtype), " buffer (an fp8 buffer's values only)");
+  const DType x_values = fp8 ? dtype_of(x_dtype) : cfg.dtype;
+  UBEP_CHECK_ARG(x_values == DType::kBF16 || x_values == DType::kFP32,
+                 "deep_ep_dispatch: x_dtype must be bf16 or fp32, got ", x_dtype);
   // The call shape the caller set this path up for, or None before anything is done: another
   // shape (or a tensor subclass, another device or dtype) is for its full path to check.
-  std::optional<Borrowed> bx = borrow_torch_matrix(x, "dispatch: x", cfg.dtype, cfg.hidden, dev);
+  std::optional<Borrowed> bx = borrow_torch_matrix(x, "dispatch: x", x_values, cfg.hidden, dev);
   if (!bx) return pb::none();
   std::optional<Borrowed> bi =
       borrow_torch_matrix(topk_idx, "dispatch: topk_idx", DType::kInt64, topk, dev);
@@ -332,6 +337,7 @@ pb::object PyBuffer::deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle 
     return 0;
   });
   return pb::make_tuple(to_array(r.recv_x, self, Kind::kTorch),
+                        fp8 ? to_array(r.recv_x_scales, self, Kind::kTorch) : pb::none(),
                         to_array(count, block.owner, Kind::kTorch),
                         to_array(src_info, block.owner, Kind::kTorch),
                         to_array(layout_range, block.owner, Kind::kTorch), r.handle);
@@ -459,7 +465,8 @@ void bind_buffer(pb::module_& m) {
       .def("config", &PyBuffer::config)
       .def("time_calls", &PyBuffer::time_calls)
       .def("deep_ep_layout", &PyBuffer::deep_ep_layout)
-      .def("deep_ep_dispatch", &PyBuffer::deep_ep_dispatch)
+      .def("deep_ep_dispatch", &PyBuffer::deep_ep_dispatch, pb::arg("x"), pb::arg("topk_idx"),
+           pb::arg("topk"), pb::arg("x_dtype") = "")
       .def("combine_into", &PyBuffer::combine_into)
       .def("combine_new", &PyBuffer::combine_new)
       .def("expert_identity", &PyBuffer::expert_identity,

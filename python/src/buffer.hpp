@@ -51,11 +51,13 @@ class PyBuffer {
                       pb::handle layout_range);
   // ubep.deep_ep's low-latency dispatch in one call (host memory, no split), for the call
   // shape its caller has seen pass its checks: x an exact torch.Tensor [tokens, hidden] of the
-  // buffer's dtype, topk_idx int64 [tokens, topk], both on the cpu; any other shape returns
-  // None with nothing done. Dispatches with the weights to come at combine (ones meanwhile)
-  // and fills DeepEP's handle arrays (deep_ep_layout's), new for the call. Returns (recv_x,
-  // count, src_info, layout_range, handle), torch tensors.
-  static pb::object deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle topk_idx, int topk);
+  // buffer's dtype (an fp8 buffer: of x_dtype, "bf16" or "fp32", cast on send), topk_idx int64
+  // [tokens, topk], both on the cpu; any other shape returns None with nothing done. Dispatches
+  // with the weights to come at combine (ones meanwhile) and fills DeepEP's handle arrays
+  // (deep_ep_layout's), new for the call. Returns (recv_x, recv_x_scales or None, count,
+  // src_info, layout_range, handle), torch tensors (fp8 codes as uint8).
+  static pb::object deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle topk_idx, int topk,
+                                     const std::string& x_dtype);
   // combine(x, handle, topk_weights, out=out) returning nothing (y is `out`, the cpu device):
   // no result array to convert. x None: the zero-copy combine buffer of the last dispatch.
   void combine_into(pb::handle x, uint64_t handle, pb::handle topk_weights, pb::handle out);

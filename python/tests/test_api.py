@@ -100,6 +100,25 @@ def test_bench_json(tmp_path):
         (i, o) for i in ("ubep", "bsp") for o in ("dispatch", "combine")}
 
 
+def test_bench_deep_ep_rows(tmp_path):
+    """The DeepEP-API rows: deep_ep (bf16) and deep_ep_fp8 (DeepEP's default use_fp8=True)."""
+    out = tmp_path / "b.json"
+    proc = subprocess.run([sys.executable, "-m", "ubep.bench", "--workload", "tiny", "--iters",
+                           "5", "--warmup", "1", "--no-ubep-bench", "--algo",
+                           "ubep,deep_ep,deep_ep_fp8", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rep = json.loads(out.read_text())
+    got = {(r["impl"], r["op"]): r for r in rep["results"]}
+    assert set(got) == {(i, o) for i in ("ubep", "deep_ep", "deep_ep_fp8")
+                        for o in ("dispatch", "combine")}
+    for r in got.values():
+        assert r["median_us"] > 0 and r["gbps"] > 0
+    # An fp8 row is about half a bf16 one: the GB/s use each row's own bytes.
+    fp8, bf16 = got[("deep_ep_fp8", "dispatch")], got[("ubep", "dispatch")]
+    assert 0.45 < fp8["bytes_per_rank"] / bf16["bytes_per_rank"] < 0.6
+
+
 def test_dlpack_export_refuses_another_device_and_a_copy():
     """__dlpack__ honours DLPack 1.0's dl_device and copy: the buffer's own device exports,
     another device or copy=True gets BufferError naming the view (never a misread pointer)."""

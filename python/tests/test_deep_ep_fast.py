@@ -7,6 +7,7 @@ import resource
 import pytest
 import torch
 
+import fp8_reference as f8
 import ubep
 import ubep.deep_ep as deep_ep
 
@@ -88,6 +89,56 @@ def test_other_shapes_leave_the_fast_path_and_keep_their_checks():
                                                              use_fp8=False)
         assert handle.__dict__.get("_fast") is not None
         check_received(r, recv, count, handle, lambda s: routing(s, 8))
+        return True
+    assert all(on_threads(body))
+
+
+@pytest.mark.parametrize("round_scale", [False, True])
+def test_fp8_calls_take_the_fast_path_with_the_same_codes(round_scale):
+    """DeepEP's default low-latency call (use_fp8=True: bf16 x cast on send) on the fast path:
+    every received row's codes and scales are the independent model's quantization of its
+    source's x row, on the first (checked) call and on the fast ones; its combine too."""
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(T, H, R, E)
+
+    def values(rank):  # per-block magnitudes that differ, so the scales do
+        return (x_of(rank).float() * torch.linspace(-3, 3, H)).to(torch.bfloat16)
+
+    refs = [f8.quantize(values(s).float().numpy(), round_scale) for s in range(R)]
+
+    def body(group):
+        r = group.rank
+        buf = deep_ep.Buffer(group, 0, 2 * hint, low_latency_mode=True, num_qps_per_rank=4)
+        w = torch.rand((T, K), generator=torch.Generator().manual_seed(r))
+        for i in range(3):
+            idx = routing(r, i)
+            (codes, scales), count, handle, _, hook = buf.low_latency_dispatch(
+                values(r), idx, T, E, use_fp8=True, round_scale=round_scale)
+            assert hook is None and (handle.__dict__.get("_fast") is not None) == (i > 0)
+            assert scales.dtype == torch.float32 and codes.shape == (EL, R * T, H)
+            codes = codes.view(torch.uint8)
+            src_info, layout_range = handle[0], handle[1]
+            for e in range(EL):
+                for s in range(R):
+                    packed = int(layout_range[e, s])
+                    begin, n = packed >> 32, packed & 0xFFFFFFFF
+                    assert n == int((routing(s, i) == r * EL + e).any(dim=1).sum())
+                    for p in range(begin, begin + n):
+                        t = int(src_info[e, p])
+                        assert (codes[e, p].numpy() == refs[s][0][t]).all()
+                        assert (scales[e, p].numpy() == refs[s][1][t]).all()
+            assert int(count.sum()) == sum(int((routing(s, i) // EL == r).sum()) for s in range(R))
+            # The expert: each row dequantized (the model's products), rounded to bf16.
+            out = buf.get_next_low_latency_combine_buffer(handle)
+            deq = f8.dequantize(codes.numpy(), scales.numpy())
+            out.copy_(torch.from_numpy(deq).to(torch.bfloat16))
+            y, _, _ = buf.low_latency_combine(out, idx, w, handle, zero_copy=True)
+            # y[t] = sum over k (ascending) of w[t, k] * row(t, k), fp32, one rounding; every
+            # row of token t is the same dequantized x row here.
+            row = torch.from_numpy(f8.dequantize(refs[r][0], refs[r][1])).to(torch.bfloat16)
+            acc = torch.zeros((T, H))
+            for k in range(K):
+                acc = acc + w[:, k:k + 1] * row.float()
+            assert torch.equal(y, acc.to(torch.bfloat16))
         return True
     assert all(on_threads(body))
 

@@ -23,10 +23,11 @@ def check_args(args):
     if args.tokens is not None and args.tokens < 1:
         sys.exit(f"--tokens {args.tokens}: must be >= 1")
     algos = [a for a in args.algo.split(",") if a]
-    unknown = [a for a in algos if a not in ("ubep", "bsp", "deep_ep", "torch", "mpi", "oneccl")]
+    unknown = [a for a in algos
+               if a not in ("ubep", "bsp", "deep_ep", "deep_ep_fp8", "torch", "mpi", "oneccl")]
     if unknown:
-        sys.exit(f"--algo: unknown {','.join(unknown)} (expected ubep, bsp, deep_ep, torch, mpi, "
-                 "oneccl)")
+        sys.exit(f"--algo: unknown {','.join(unknown)} (expected ubep, bsp, deep_ep, deep_ep_fp8, "
+                 "torch, mpi, oneccl)")
     if "oneccl" in algos and not _ubep.has_oneccl:
         sys.exit("--algo oneccl: this ubep extension was built without oneCCL (configure with "
                  "-DUBEP_ONECCL_ROOT=<prefix of oneccl-cpu-devel>, e.g. the venv of "
@@ -103,8 +104,11 @@ def torch_path(dist, x, idx, w, ranks, experts):
     return dispatch, combine
 
 
-def deep_ep_path(group, x, idx, w, T, E, latency, warmup, iters, sync):
-    """ubep.deep_ep's dispatch and combine (DeepEP's calls), the identity expert untimed."""
+def deep_ep_path(group, x, idx, w, T, E, latency, warmup, iters, sync, fp8=False):
+    """ubep.deep_ep's dispatch and combine (DeepEP's calls), the identity expert untimed. fp8
+    (low-latency only): DeepEP's default use_fp8=True, x cast on send; no expert step (the
+    combine reads the zero-copy buffer as the window left it: zeros, never fp8 codes read as
+    bf16, whose subnormal patterns would time the arithmetic instead)."""
     import time
 
     import ubep.deep_ep as deep_ep
@@ -123,14 +127,14 @@ def deep_ep_path(group, x, idx, w, T, E, latency, warmup, iters, sync):
             group.barrier()
         t0 = time.perf_counter()
         if latency:
-            rx, rc, h, _, _ = buf.low_latency_dispatch(x, idx, T, E, use_fp8=False)
+            rx, rc, h, _, _ = buf.low_latency_dispatch(x, idx, T, E, use_fp8=fp8)
         else:
             rx, _, rw, _, h, _ = buf.dispatch(x, num_tokens_per_rank=per_rank,
                                               is_token_in_rank=in_rank,
                                               num_tokens_per_expert=per_expert, topk_idx=idx,
                                               topk_weights=w)
         t1 = time.perf_counter()
-        if latency:  # the same memcpy as the native loop's identity expert
+        if latency and not fp8:  # the same memcpy as the native loop's identity expert
             copy_recv_to_combine_buffer(h)
         if sync:
             group.barrier()
@@ -254,13 +258,19 @@ def run_rank(ctx, args):
                     cpp_median_us=cc["median_us"], cpp_p99_us=cc["p99_us"],
                     overhead_us=py["median_us"] - cc["median_us"],
                     overhead_pct=100.0 * (py["median_us"] - cc["median_us"]) / cc["median_us"]))
-        if "deep_ep" in algos:
-            td, tc = deep_ep_path(group, x, idx, w, T, E, latency, warmup, iters, sync)
-            # The same bytes as the native rows (GB/s needs them; 0 without ubep or bsp).
+        for impl in (a for a in ("deep_ep", "deep_ep_fp8") if a in algos):
+            fp8 = impl == "deep_ep_fp8"
+            if fp8 and not latency:
+                continue  # DeepEP's normal mode takes fp8 codes the caller made: not timed here
+            td, tc = deep_ep_path(group, x, idx, w, T, E, latency, warmup, iters, sync, fp8)
+            # The same bytes as the native rows (GB/s needs them; 0 without ubep or bsp); an
+            # fp8 row is the codes and a 4-byte scale per 128 channels.
             nbytes = {d["op"]: d["bytes_per_rank"] for d in report["results"]
                       if d["workload"] == name and d["impl"] in ("ubep", "bsp")}
+            if fp8 and "dispatch" in nbytes:
+                nbytes["dispatch"] *= (H + 4 * -(-H // 128)) / (2 * H)
             for op, times in (("dispatch", td), ("combine", tc)):
-                report["results"].append(dict(impl="deep_ep", op=op, workload=name, **summary(
+                report["results"].append(dict(impl=impl, op=op, workload=name, **summary(
                     ctx.slowest(times), nbytes.get(op, 0.0))))
         for base_name in (b for b in ("mpi", "oneccl") if b in algos):
             # The C++ AlltoallBaseline timed in C++: over MPI_Alltoallv ("mpi", under mpirun) or
@@ -357,10 +367,10 @@ def print_report(rep):
         print(f"\n{w}: {cfg['ranks']} process ranks, tokens={cfg['tokens']} hidden={cfg['hidden']} "
               f"top-{cfg['topk']} of {cfg['experts']} experts, bf16, {cfg['layout']} layout, "
               f"iters={cfg['iters']}" + (f"; {cfg['group']}" if cfg.get("topology") else ""))
-        print(f"{'impl':<8} {'op':<9} {'median_us':>10} {'p99_us':>10} {'GB/s':>8}")
+        print(f"{'impl':<11} {'op':<9} {'median_us':>10} {'p99_us':>10} {'GB/s':>8}")
         rows = [r for r in rep["results"] if r["workload"] == w]
         for r in rows:
-            print(f"{r['impl']:<8} {r['op']:<9} {r['median_us']:>10.1f} {r['p99_us']:>10.1f} "
+            print(f"{r['impl']:<11} {r['op']:<9} {r['median_us']:>10.1f} {r['p99_us']:>10.1f} "
                   f"{r['gbps']:>8.2f}")
         tot = {}
         for r in rows:

@@ -28,34 +28,39 @@ def _not_supported(what, why):
 
 class _Fast:
     """What the common call of one shape needs, found once (the per-call Python work is most of
-    ubep.deep_ep's cost over the native API: docs/DEEPEP.md, Performance): a bf16/fp32 dispatch
-    without hook on a cpu window of one host, and its combines."""
+    ubep.deep_ep's cost over the native API: docs/DEEPEP.md, Performance): a dispatch without
+    hook or UE8M0 scales on a cpu window of one host (bf16, fp32, or fp8 cast on send), and its
+    combines."""
 
     __slots__ = ("window", "native", "local_experts", "rows", "ranks", "max_tokens", "hidden",
-                 "num_experts", "topk", "out_dtype", "event")
+                 "num_experts", "topk", "fp8", "pow2", "x_dtype", "out_dtype", "event")
 
-    def __init__(self, buf, w, max_tokens, hidden, num_experts, topk, event):
+    def __init__(self, buf, w, max_tokens, hidden, num_experts, topk, fp8, pow2, x_dtype,
+                 event):
         self.window, self.native = w, w.native
-        self.topk = topk  # the exact top-k of the shape (the native call checks it)
         self.local_experts, self.ranks = w.num_local_experts, buf.group_size
         self.rows = max_tokens * self.ranks
         self.max_tokens, self.hidden, self.num_experts = max_tokens, hidden, num_experts
+        self.topk = topk  # the exact top-k of the shape (the native call checks it)
+        # use_fp8 and round_scale as the window serves them, and what x holds on an fp8 window
+        # ("bf16" or "fp32", cast on send; "" otherwise: the window's dtype)
+        self.fp8, self.pow2, self.x_dtype = fp8, pow2, x_dtype
         self.out_dtype = w.combine_dtype
         self.event = event  # makes an EventOverlap (not a bound method of buf: no cycle)
 
 
-def _fast_key(max_tokens, num_experts, x, topk_idx):
-    # Only 2-D x and topk_idx were ever registered: other shapes miss and take the checks.
-    # deep_ep.Buffer.low_latency_dispatch builds the same key inline.
-    return (max_tokens, num_experts, x.dtype, x.shape[1:], topk_idx.shape[1:], x.is_cpu)
+def fast_key(max_tokens, num_experts, x, topk_idx, fp8, pow2):
+    """The registered shapes' key. Only 2-D x and topk_idx were ever registered: other shapes
+    miss and take the checks."""
+    return (max_tokens, num_experts, x.dtype, x.shape[1:], topk_idx.shape[1:], x.is_cpu, fp8,
+            pow2)
 
 
 def dispatch(buf, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
              cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, use_fp8,
              round_scale, use_ue8m0, return_recv_hook):
     # deep_ep.Buffer.low_latency_dispatch takes the native fast path for a registered shape.
-    fastable = not (use_fp8 or use_ue8m0 or return_recv_hook) and \
-        dispatch_wait_recv_cost_stats is None
+    fastable = not (use_ue8m0 or return_recv_hook) and dispatch_wait_recv_cost_stats is None
     if dispatch_wait_recv_cost_stats is not None:
         _not_supported("dispatch_wait_recv_cost_stats",
                        "ubep keeps no per-peer receive-wait timers")
@@ -72,15 +77,18 @@ def dispatch(buf, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
             f"low_latency_dispatch: topk_idx must be [num_tokens, num_topk], got "
             f"{tuple(topk_idx.shape)}")
     T, hidden, E = int(num_max_dispatch_tokens_per_rank), int(x.shape[1]), int(num_experts)
+    # fp8: what x holds, to cast on send (InvalidArgument for other dtypes, as the send's own
+    # check would raise, but before the shape is registered below)
+    x_dtype = _fp8.cast_dtype(x) if use_fp8 else ""
     dtype = "fp8" if use_fp8 else _value_dtype(x)
-    w = window(buf, dtype, bool(use_fp8 and round_scale), T, hidden, E, topk_idx.shape[1],
-               buf._device_of(x))
+    fp8, pow2 = bool(use_fp8), bool(use_fp8) and bool(round_scale)
+    w = window(buf, dtype, pow2, T, hidden, E, topk_idx.shape[1], buf._device_of(x))
     if fastable and w.device == "cpu" and buf._group.num_hosts == 1:
         # Later calls of this shape take the fast path (the checks above hold for them: the
-        # key has the same T, E, dtype, hidden, top-k and device).
-        key = _fast_key(num_max_dispatch_tokens_per_rank, num_experts, x, topk_idx)
-        buf._ll_fast[key] = _Fast(buf, w, T, hidden, E, int(topk_idx.shape[1]),
-                                  buf._event_factory)
+        # key has the same T, E, dtype, hidden, top-k, device and wire format).
+        key = fast_key(num_max_dispatch_tokens_per_rank, num_experts, x, topk_idx, fp8, pow2)
+        buf._ll_fast[key] = _Fast(buf, w, T, hidden, E, int(topk_idx.shape[1]), fp8, pow2,
+                                  x_dtype, buf._event_factory)
     return _dispatch_on(buf, w, x, topk_idx, T, hidden, E, cumulative_local_expert_recv_stats,
                         use_fp8, use_ue8m0, return_recv_hook)
 
@@ -126,13 +134,15 @@ def _new_handle(w, d, src_info, layout_range, T, hidden, E, replay):
 def fast_result(f, got, x, topk_idx, stats):
     """The results of a registered shape's native dispatch (_Fast; got: deep_ep_dispatch's
     tuple, DeepEP's handle tensors made by it), as _dispatch_on returns them."""
-    recv, count, src_info, layout_range, dispatch_id = got
+    recv, scales, count, src_info, layout_range, dispatch_id = got
+    if scales is not None:  # fp8: (codes, scales)
+        recv = (_fp8.codes_out(recv), scales)
     d = _win.Dispatch(dispatch_id, topk_idx)
     f.window.last = d
     if stats is not None:
         stats.add_(count.to(device=stats.device, dtype=stats.dtype))
     handle = LowLatencyHandle((src_info, layout_range, f.max_tokens, f.hidden, f.num_experts))
-    handle._window, handle._dispatch, handle._replay = f.window, d, (x, topk_idx, False)
+    handle._window, handle._dispatch, handle._replay = f.window, d, (x, topk_idx, f.fp8)
     handle._staging = None
     handle._fast = f
     return recv, count, handle, f.event(), None

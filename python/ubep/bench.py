@@ -8,6 +8,8 @@ On ``--ranks`` local processes (torch.multiprocessing, gloo for set-up), per wor
   zero-copy combine buffer, untimed, as ubep-bench does);
 * ``deep_ep``: the same calls through ``ubep.deep_ep`` (DeepEP's API: tuple handles, int32
   counts, a new combined tensor each call; compact placement, as DeepEP's packing);
+  ``deep_ep_fp8``: its low-latency calls with DeepEP's default ``use_fp8=True`` (x cast to
+  e4m3 on send; decode and tiny only);
 * ``torch``: permute (token, expert) rows by destination, ``all_to_all_single`` of counts, of
   rows (bf16 bytes as float16: gloo has no bf16) and of expert ids over gloo, un-permute by
   expert; back: re-permute,
@@ -48,7 +50,8 @@ def parse(argv=None):
     p.add_argument("--workload", default="decode", help="decode | prefill | tiny | all")
     p.add_argument("--ranks", type=int, default=2, help="local processes (default 2)")
     p.add_argument("--algo", default=None,
-                   help="comma list of ubep,bsp,deep_ep,torch,mpi,oneccl (mpi: the C++ "
+                   help="comma list of ubep,bsp,deep_ep,deep_ep_fp8,torch,mpi,oneccl "
+                        "(deep_ep_fp8: DeepEP's default use_fp8=True; mpi: the C++ "
                         "MPI_Alltoallv baseline, under mpirun; oneccl: the same baseline over "
                         "oneCCL's alltoallv, in an extension built with -DUBEP_ONECCL_ROOT; "
                         "default ubep,bsp,torch, and mpi under mpirun)")

@@ -293,27 +293,28 @@ class Buffer:
                              dispatch_wait_recv_cost_stats=None, use_fp8=True, round_scale=False,
                              use_ue8m0=False, async_finish=False, return_recv_hook=False):
         """(recv_x or (codes, scales), recv_count int32, handle, event, hook)."""
-        if not (use_fp8 or use_ue8m0 or return_recv_hook) and \
-                dispatch_wait_recv_cost_stats is None:
+        if not (use_ue8m0 or return_recv_hook) and dispatch_wait_recv_cost_stats is None:
             # A shape seen before (its checks passed then): _ll's cached path, here rather than
             # behind two more calls (the per-call Python work is this layer's cost). First the
             # shape of the last such call, checked by the native call itself (None: another
             # shape), then any registered one by its key.
+            fp8 = bool(use_fp8)
+            pow2 = fp8 and bool(round_scale)
             f = self._ll_hot
             if f is not None and num_max_dispatch_tokens_per_rank == f.max_tokens and \
-                    num_experts == f.num_experts:
-                got = f.native.deep_ep_dispatch(x, topk_idx, f.topk)
+                    num_experts == f.num_experts and fp8 is f.fp8 and pow2 is f.pow2:
+                got = f.native.deep_ep_dispatch(x, topk_idx, f.topk, f.x_dtype)
                 if got is not None:
                     return _ll.fast_result(f, got, x, topk_idx,
                                            cumulative_local_expert_recv_stats)
             if self._ll_fast:
                 try:
-                    f = self._ll_fast.get((num_max_dispatch_tokens_per_rank, num_experts,
-                                           x.dtype, x.shape[1:], topk_idx.shape[1:], x.is_cpu))
+                    f = self._ll_fast.get(_ll.fast_key(num_max_dispatch_tokens_per_rank,
+                                                       num_experts, x, topk_idx, fp8, pow2))
                 except (AttributeError, TypeError):
                     f = None
                 if f is not None:
-                    got = f.native.deep_ep_dispatch(x, topk_idx, f.topk)
+                    got = f.native.deep_ep_dispatch(x, topk_idx, f.topk, f.x_dtype)
                     if got is not None:
                         self._ll_hot = f
                         return _ll.fast_result(f, got, x, topk_idx,

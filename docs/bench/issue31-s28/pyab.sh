@@ -5,6 +5,6 @@ mkdir -p $out
 for i in $(seq 1 $rounds); do
   for d in $dirs; do
     n=$(basename $(dirname $d))
-    PYTHONPATH=$d/python ${PY:-/usr/bin/python3} -m ubep.bench --workload $wl --algo ubep,deep_ep --no-ubep-bench --iters $iters --json $out/$n-$i.json > $out/$n-$i.txt 2>&1
+    PYTHONPATH=$d/python ${PY:-/usr/bin/python3} -m ubep.bench --workload $wl --algo ${ALGO:-ubep,deep_ep} --no-ubep-bench --iters $iters --json $out/$n-$i.json > $out/$n-$i.txt 2>&1
   done
 done
