@@ -209,14 +209,14 @@ void identity_expert(Buffer& buf, const DispatchResult& r) {
     }
 }
 
-// The benchmark helpers copy rows with memcpy: host memory (cpu, cuda-sim) only.
+}  // namespace
+
 void check_host_memory(const Buffer& buf, const char* what) {
   UBEP_CHECK_ARG(buf.config().device.type != DeviceType::kCuda, what,
                  ": a host-memory benchmark helper, not available on a ",
                  buf.config().device.describe(),
                  " buffer (copy recv_x into the combine buffer with torch instead)");
 }
-}  // namespace
 
 void PyBuffer::expert_identity() {
   UBEP_CHECK_ARG(last_handle_ != ~uint64_t{0}, "expert_identity: no dispatch yet");
@@ -227,128 +227,12 @@ void PyBuffer::expert_identity() {
   });
 }
 
-// One call instead of the dozen torch ops it takes from Python (each dearer than the loops):
-// the per-call overhead of ubep.deep_ep over the native API (docs/DEEPEP.md, Performance).
-namespace {
-// deep_ep_layout's arrays, borrowed and checked against the dispatch r.
-struct DeepEPLayout {
-  Borrowed count, src_info, layout_range;
-};
-
-DeepEPLayout borrow_deep_ep_layout(const DispatchResult& r, const Device& dev, pb::handle count,
-                                   pb::handle src_info, pb::handle layout_range) {
-  UBEP_CHECK_ARG(r.layout == Layout::kLatency, "deep_ep_layout: not a latency-layout dispatch");
-  const int64_t El = r.recv_src.dim(0), rows = r.recv_src.dim(1), R = r.recv_range.dim(1);
-  DeepEPLayout l{borrow_writable(count, "deep_ep_layout: count", DType::kInt32, dev),
-                 borrow_writable(src_info, "deep_ep_layout: src_info", DType::kInt32, dev),
-                 borrow_writable(layout_range, "deep_ep_layout: layout_range", DType::kInt64, dev)};
-  UBEP_CHECK_ARG(l.count.view.numel() == El && l.src_info.view.numel() == El * rows &&
-                     l.layout_range.view.numel() == El * R,
-                 "deep_ep_layout: expected count [", El, "], src_info [", El, ", ", rows,
-                 "], layout_range [", El, ", ", R, "], got ", l.count.view.describe(), ", ",
-                 l.src_info.view.describe(), ", ", l.layout_range.view.describe());
-  return l;
-}
-
-// Fills DeepEP's formats from r (no GIL needed): count [El], src_info [El, rows] and
-// layout_range [El, R] as deep_ep_layout describes them.
-void fill_deep_ep_layout(const DispatchResult& r, int32_t* c, int32_t* si, int64_t* lr) {
-  const int64_t El = r.recv_src.dim(0), rows = r.recv_src.dim(1), R = r.recv_range.dim(1);
-  const auto* rc = r.recv_count.as<const int64_t>();
-  const auto* src = r.recv_src.as<const int64_t>();
-  const auto* rr = r.recv_range.as<const int64_t>();
-  for (int64_t e = 0; e < El; ++e) c[e] = static_cast<int32_t>(rc[e]);
-  // Only the received rows: the rest of src_info is undefined, as in DeepEP (a few hundred
-  // rows of the 32K a decode window has).
-  for (int64_t i = 0; i < El * R; ++i) {
-    lr[i] = (rr[2 * i] << 32) | rr[2 * i + 1];
-    const int64_t base = (i / R) * rows;
-    for (int64_t p = base + rr[2 * i]; p < base + rr[2 * i] + rr[2 * i + 1]; ++p)
-      si[p] = static_cast<int32_t>(src[2 * p + 1]);
-  }
-}
-
-constexpr size_t line_up(size_t bytes) { return (bytes + 63) / 64 * 64; }
-}  // namespace
-
-void PyBuffer::deep_ep_layout(uint64_t handle, pb::handle count, pb::handle src_info,
-                              pb::handle layout_range) {
-  UBEP_CHECK_ARG(handle == last_handle_, "deep_ep_layout: handle ", handle,
-                 " is not the last dispatch on this buffer (", last_handle_, ")");
-  check_host_memory(*buf_, "deep_ep_layout");
-  const DispatchResult& r = last_result_;
-  const DeepEPLayout l =
-      borrow_deep_ep_layout(r, buf_->config().device, count, src_info, layout_range);
-  without_gil([&] {
-    fill_deep_ep_layout(r, static_cast<int32_t*>(l.count.view.data),
-                        static_cast<int32_t*>(l.src_info.view.data),
-                        static_cast<int64_t*>(l.layout_range.view.data));
-    return 0;
-  });
-}
-
-pb::object PyBuffer::deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle topk_idx, int topk,
-                                      const std::string& x_dtype) {
-  PyBuffer& b = self.cast<PyBuffer&>();
-  Buffer& buf = *b.buf_;
-  check_host_memory(buf, "deep_ep_dispatch");
-  const BufferConfig& cfg = buf.config();
-  const Device& dev = cfg.device;
-  // x holds the buffer's values, or on an fp8 buffer the values it casts on send.
-  const bool fp8 = cfg.dtype == DType::kFP8E4M3;
-  UBEP_CHECK_ARG(fp8 != x_dtype.empty(), "deep_ep_dispatch: x_dtype '", x_dtype, "' given for a ",
-                 dtype_name(cfg.dtype), " buffer (an fp8 buffer's values only)");
-  const DType x_values = fp8 ? dtype_of(x_dtype) : cfg.dtype;
-  UBEP_CHECK_ARG(x_values == DType::kBF16 || x_values == DType::kFP32,
-                 "deep_ep_dispatch: x_dtype must be bf16 or fp32, got ", x_dtype);
-  // The call shape the caller set this path up for, or None before anything is done: another
-  // shape (or a tensor subclass, another device or dtype) is for its full path to check.
-  std::optional<Borrowed> bx = borrow_torch_matrix(x, "dispatch: x", x_values, cfg.hidden, dev);
-  if (!bx) return pb::none();
-  std::optional<Borrowed> bi =
-      borrow_torch_matrix(topk_idx, "dispatch: topk_idx", DType::kInt64, topk, dev);
-  if (!bi) return pb::none();
-  DispatchArgs a;
-  a.x = bx->view;
-  a.topk_idx = bi->view;
-  // The weights come with combine (DeepEP's low-latency API): ones meanwhile, as dispatch.
-  const size_t n = static_cast<size_t>(bi->view.numel());
-  if (b.ones_.size() < n) b.ones_.assign(n, 1.0f);
-  a.topk_weights = TensorView(b.ones_.data(), DType::kFP32, {bi->view.dim(0), bi->view.dim(1)});
-  a.topk_weights.device = dev;
-  a.layout = Layout::kLatency;
-  DispatchResult r = without_gil([&] { return buf.dispatch(a); });
-  b.last_handle_ = r.handle;
-  b.last_result_ = r;
-  b.last_tokens_ = bi->view.dim(0);
-  // DeepEP's handle arrays, new at every call as DeepEP's (a handle may outlive later
-  // dispatches: a combine of it replays its dispatch), in one block made here: three
-  // torch.empty from Python cost more than the whole native call (docs/DEEPEP.md).
-  const int64_t El = r.recv_src.dim(0), rows = r.recv_src.dim(1), R = r.recv_range.dim(1);
-  const size_t count_bytes = line_up(static_cast<size_t>(El) * 4);
-  const size_t src_bytes = line_up(static_cast<size_t>(El * rows) * 4);
-  HostBlock block = make_host_block(count_bytes + src_bytes + static_cast<size_t>(El * R) * 8);
-  TensorView count(block.data, DType::kInt32, {El});
-  TensorView src_info(block.data + count_bytes, DType::kInt32, {El, rows});
-  TensorView layout_range(block.data + count_bytes + src_bytes, DType::kInt64, {El, R});
-  for (TensorView* v : {&count, &src_info, &layout_range}) v->device = dev;
-  without_gil([&] {
-    fill_deep_ep_layout(r, count.as<int32_t>(), src_info.as<int32_t>(), layout_range.as<int64_t>());
-    return 0;
-  });
-  return pb::make_tuple(to_array(r.recv_x, self, Kind::kTorch),
-                        fp8 ? to_array(r.recv_x_scales, self, Kind::kTorch) : pb::none(),
-                        to_array(count, block.owner, Kind::kTorch),
-                        to_array(src_info, block.owner, Kind::kTorch),
-                        to_array(layout_range, block.owner, Kind::kTorch), r.handle);
-}
-
 namespace {
 // Combine of `handle` into out() (a view of the caller's memory or of a block made for it),
 // taken after x and topk_weights; x None: the zero-copy combine buffer of the last dispatch.
 template <typename Out>
 void combine_to(Buffer& buf, uint64_t last_handle, pb::handle x, uint64_t handle,
-                pb::handle topk_weights, Out&& out) {
+                pb::handle topk_weights, bool send_only, Out&& out) {
   const Device& dev = buf.config().device;
   CombineArgs a;
   a.handle = handle;
@@ -369,24 +253,28 @@ void combine_to(Buffer& buf, uint64_t last_handle, pb::handle x, uint64_t handle
   Borrowed bo;  // keeps a borrowed out alive until the call ends
   a.out = out(bo);
   without_gil([&] {
-    buf.combine(a);
+    if (send_only)
+      buf.combine_send(a);
+    else
+      buf.combine(a);
     return 0;
   });
 }
 }  // namespace
 
-void PyBuffer::combine_into(pb::handle x, uint64_t handle, pb::handle topk_weights,
-                            pb::handle out) {
+void PyBuffer::combine_into(pb::handle x, uint64_t handle, pb::handle topk_weights, pb::handle out,
+                            bool send_only) {
   Buffer& buf = *buf_;
   const Device& dev = buf.config().device;
   UBEP_CHECK_ARG(dev.type == DeviceType::kCpu, "combine_into: cpu buffers only (else combine)");
-  combine_to(buf, last_handle_, x, handle, topk_weights, [&](Borrowed& bo) {
+  combine_to(buf, last_handle_, x, handle, topk_weights, send_only, [&](Borrowed& bo) {
     bo = borrow_writable(out, "combine: out", combine_dtype(buf.config()), dev);
     return bo.view;
   });
 }
 
-pb::object PyBuffer::combine_new(pb::handle x, uint64_t handle, pb::handle topk_weights) {
+pb::object PyBuffer::combine_new(pb::handle x, uint64_t handle, pb::handle topk_weights,
+                                 bool send_only) {
   Buffer& buf = *buf_;
   const BufferConfig& cfg = buf.config();
   UBEP_CHECK_ARG(cfg.device.type == DeviceType::kCpu,
@@ -398,7 +286,7 @@ pb::object PyBuffer::combine_new(pb::handle x, uint64_t handle, pb::handle topk_
       make_host_block(static_cast<size_t>(last_tokens_ * cfg.hidden) * dtype_size(dt));
   TensorView y(block.data, dt, {last_tokens_, cfg.hidden});
   y.device = cfg.device;
-  combine_to(buf, last_handle_, x, handle, topk_weights, [&](Borrowed&) { return y; });
+  combine_to(buf, last_handle_, x, handle, topk_weights, send_only, [&](Borrowed&) { return y; });
   return to_array(y, block.owner, Kind::kTorch);
 }
 
@@ -466,9 +354,16 @@ void bind_buffer(pb::module_& m) {
       .def("time_calls", &PyBuffer::time_calls)
       .def("deep_ep_layout", &PyBuffer::deep_ep_layout)
       .def("deep_ep_dispatch", &PyBuffer::deep_ep_dispatch, pb::arg("x"), pb::arg("topk_idx"),
-           pb::arg("topk"), pb::arg("x_dtype") = "")
-      .def("combine_into", &PyBuffer::combine_into)
-      .def("combine_new", &PyBuffer::combine_new)
+           pb::arg("topk"), pb::arg("x_dtype") = "", pb::arg("send_only") = false)
+      .def("deep_ep_dispatch_recv", &PyBuffer::deep_ep_dispatch_recv)
+      .def("combine_into", &PyBuffer::combine_into, pb::arg("x"), pb::arg("handle"),
+           pb::arg("topk_weights"), pb::arg("out"), pb::arg("send_only") = false)
+      .def("combine_new", &PyBuffer::combine_new, pb::arg("x"), pb::arg("handle"),
+           pb::arg("topk_weights"), pb::arg("send_only") = false)
+      .def(
+          "combine_finish",
+          [](PyBuffer& b) { without_gil([&] { return b.buffer().combine_recv(); }); },
+          "Completes combine_into / combine_new with send_only=True (y is already theirs).")
       .def("expert_identity", &PyBuffer::expert_identity,
            "Benchmark helper: copies the last dispatch's received rows into the combine buffer.")
       .def("set_algorithm",

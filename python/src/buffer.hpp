@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,17 @@
 namespace ubep::python {
 
 namespace pb = pybind11;
+
+// The benchmark helpers and ubep.deep_ep's calls copy with memcpy: host memory (cpu, cuda-sim)
+// only; InvalidArgument naming `what` for a GPU buffer.
+void check_host_memory(const Buffer& buf, const char* what);
+
+// DeepEP's low-latency handle arrays of one dispatch (deep_ep.cpp): views of one block made for
+// the call, which `owner` keeps (and every tensor exported from them).
+struct DeepEPHandleArrays {
+  pb::object owner;
+  TensorView count, src_info, layout_range;
+};
 
 class PyBuffer {
  public:
@@ -49,21 +61,26 @@ class PyBuffer {
   // layout_range [El, ranks] int64 (begin << 32 | count).
   void deep_ep_layout(uint64_t handle, pb::handle count, pb::handle src_info,
                       pb::handle layout_range);
-  // ubep.deep_ep's low-latency dispatch in one call (host memory, no split), for the call
+  // ubep.deep_ep's low-latency dispatch in one call (host memory; deep_ep.cpp), for the call
   // shape its caller has seen pass its checks: x an exact torch.Tensor [tokens, hidden] of the
   // buffer's dtype (an fp8 buffer: of x_dtype, "bf16" or "fp32", cast on send), topk_idx int64
   // [tokens, topk], both on the cpu; any other shape returns None with nothing done. Dispatches
-  // with the weights to come at combine (ones meanwhile) and fills DeepEP's handle arrays
-  // (deep_ep_layout's), new for the call. Returns (recv_x, recv_x_scales or None, count,
-  // src_info, layout_range, handle), torch tensors (fp8 codes as uint8).
+  // with the weights to come at combine (ones meanwhile) and makes DeepEP's handle arrays
+  // (deep_ep_layout's), new for the call, filled now or, with send_only (the split phase), by
+  // deep_ep_dispatch_recv. Returns (recv_x, recv_x_scales or None, count, src_info,
+  // layout_range, handle), torch tensors (fp8 codes as uint8).
   static pb::object deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle topk_idx, int topk,
-                                     const std::string& x_dtype);
+                                     const std::string& x_dtype, bool send_only);
+  // Completes deep_ep_dispatch(send_only=True): the receive, then its handle arrays.
+  void deep_ep_dispatch_recv();
   // combine(x, handle, topk_weights, out=out) returning nothing (y is `out`, the cpu device):
   // no result array to convert. x None: the zero-copy combine buffer of the last dispatch.
-  void combine_into(pb::handle x, uint64_t handle, pb::handle topk_weights, pb::handle out);
+  // send_only: the split phase (combine_finish completes it; x and out must stay alive).
+  void combine_into(pb::handle x, uint64_t handle, pb::handle topk_weights, pb::handle out,
+                    bool send_only);
   // The same into a new torch tensor [tokens, hidden] (DeepEP's combine returns a new one) of
   // the last dispatch `handle`, made here: a torch.empty from Python costs more.
-  pb::object combine_new(pb::handle x, uint64_t handle, pb::handle topk_weights);
+  pb::object combine_new(pb::handle x, uint64_t handle, pb::handle topk_weights, bool send_only);
 
   // The receive hook per piece of the outstanding dispatch `handle`: (begin, count).
   pb::tuple wait_recv_range(uint64_t handle, int source, int local_expert);
@@ -80,6 +97,8 @@ class PyBuffer {
   uint64_t last_handle_ = ~uint64_t{0};
   DispatchResult last_result_;
   int64_t last_tokens_ = 0;  // rows of the last dispatch's topk_idx (combine_new's y)
+  // deep_ep_dispatch(send_only=True)'s arrays until deep_ep_dispatch_recv fills them
+  std::optional<DeepEPHandleArrays> pending_arrays_;
 };
 
 void bind_buffer(pb::module_& m);

@@ -143,6 +143,38 @@ def test_fp8_calls_take_the_fast_path_with_the_same_codes(round_scale):
     assert all(on_threads(body))
 
 
+@pytest.mark.parametrize("algorithm", ["ubep", "bsp"])
+def test_receive_hooks_on_the_fast_path(algorithm):
+    """return_recv_hook=True (DeepEP's overlap): the fast path's dispatch and combine hooks. The
+    received rows, counts, statistics and y are right once the hook has run (ubep: the split
+    phase; bsp: done in the call, the hook only returns)."""
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(T, H, R, E)
+
+    def body(group):
+        r = group.rank
+        buf = deep_ep.Buffer(group, 0, hint, low_latency_mode=True, num_qps_per_rank=4,
+                             algorithm=algorithm)
+        w = torch.rand((T, K), generator=torch.Generator().manual_seed(r))
+        for i in range(3):
+            idx = routing(r, i)
+            stats = torch.zeros(EL, dtype=torch.int32)
+            recv, count, handle, _, hook = buf.low_latency_dispatch(
+                x_of(r), idx, T, E, use_fp8=False, return_recv_hook=True,
+                cumulative_local_expert_recv_stats=stats)
+            assert (handle.__dict__.get("_fast") is not None) == (i > 0)
+            hook()
+            check_received(r, recv, count, handle, lambda s, i=i: routing(s, i))
+            assert torch.equal(stats, count)
+            y, _, chook = buf.low_latency_combine(recv, idx, w, handle, return_recv_hook=True)
+            chook()
+            want = torch.zeros((T, H))
+            for k in range(K):
+                want = want + w[:, k:k + 1] * x_of(r).float()
+            assert torch.equal(y, want.to(torch.bfloat16))
+        return True
+    assert all(on_threads(body))
+
+
 def test_fast_handles_and_combines_are_new_tensors():
     """DeepEP's handle tensors and combine outputs are new at every call: an older handle's
     tensors and an older y keep their values through later calls."""

@@ -29,8 +29,8 @@ def _not_supported(what, why):
 class _Fast:
     """What the common call of one shape needs, found once (the per-call Python work is most of
     ubep.deep_ep's cost over the native API: docs/DEEPEP.md, Performance): a dispatch without
-    hook or UE8M0 scales on a cpu window of one host (bf16, fp32, or fp8 cast on send), and its
-    combines."""
+    UE8M0 scales on a cpu window of one host (bf16, fp32, or fp8 cast on send; with or without
+    a receive hook), and its combines."""
 
     __slots__ = ("window", "native", "local_experts", "rows", "ranks", "max_tokens", "hidden",
                  "num_experts", "topk", "fp8", "pow2", "x_dtype", "out_dtype", "event")
@@ -60,7 +60,7 @@ def dispatch(buf, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
              cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, use_fp8,
              round_scale, use_ue8m0, return_recv_hook):
     # deep_ep.Buffer.low_latency_dispatch takes the native fast path for a registered shape.
-    fastable = not (use_ue8m0 or return_recv_hook) and dispatch_wait_recv_cost_stats is None
+    fastable = not use_ue8m0 and dispatch_wait_recv_cost_stats is None
     if dispatch_wait_recv_cost_stats is not None:
         _not_supported("dispatch_wait_recv_cost_stats",
                        "ubep keeps no per-peer receive-wait timers")
@@ -131,21 +131,43 @@ def _new_handle(w, d, src_info, layout_range, T, hidden, E, replay):
     return handle
 
 
-def fast_result(f, got, x, topk_idx, stats):
-    """The results of a registered shape's native dispatch (_Fast; got: deep_ep_dispatch's
-    tuple, DeepEP's handle tensors made by it), as _dispatch_on returns them."""
+def fast_dispatch(f, x, topk_idx, stats, hook):
+    """A registered shape's dispatch (_Fast f) in one native call that makes DeepEP's handle
+    tensors too, returned as _dispatch_on returns them; None when x or topk_idx are not of that
+    shape (nothing done then). hook: DeepEP's return_recv_hook (the receive and the handle
+    tensors' values come with the hook; with the bsp algorithm all of it is done already)."""
+    split = hook and f.native.algorithm == "ubep"
+    got = f.native.deep_ep_dispatch(x, topk_idx, f.topk, f.x_dtype, split)
+    if got is None:
+        return None
     recv, scales, count, src_info, layout_range, dispatch_id = got
     if scales is not None:  # fp8: (codes, scales)
         recv = (_fp8.codes_out(recv), scales)
     d = _win.Dispatch(dispatch_id, topk_idx)
     f.window.last = d
-    if stats is not None:
-        stats.add_(count.to(device=stats.device, dtype=stats.dtype))
     handle = LowLatencyHandle((src_info, layout_range, f.max_tokens, f.hidden, f.num_experts))
     handle._window, handle._dispatch, handle._replay = f.window, d, (x, topk_idx, f.fp8)
     handle._staging = None
     handle._fast = f
+    if hook:
+        native = f.native
+
+        def recv_hook(x=x, topk_idx=topk_idx):  # the inputs live until the call ends
+            if split:
+                native.deep_ep_dispatch_recv()
+            if stats is not None:
+                stats.add_(count.to(device=stats.device, dtype=stats.dtype))
+        return recv, count, handle, f.event(), recv_hook
+    if stats is not None:
+        stats.add_(count.to(device=stats.device, dtype=stats.dtype))
     return recv, count, handle, f.event(), None
+
+
+def combine_hook(native, x, out):
+    """The hook of a fast combine's split phase (x and out stay alive in it until then)."""
+    def hook(x=x, out=out):
+        native.combine_finish()
+    return hook
 
 
 def _dispatch_on(buf, w, x, topk_idx, T, hidden, E, stats, use_fp8, use_ue8m0,

@@ -293,20 +293,20 @@ class Buffer:
                              dispatch_wait_recv_cost_stats=None, use_fp8=True, round_scale=False,
                              use_ue8m0=False, async_finish=False, return_recv_hook=False):
         """(recv_x or (codes, scales), recv_count int32, handle, event, hook)."""
-        if not (use_ue8m0 or return_recv_hook) and dispatch_wait_recv_cost_stats is None:
+        if not use_ue8m0 and dispatch_wait_recv_cost_stats is None:
             # A shape seen before (its checks passed then): _ll's cached path, here rather than
             # behind two more calls (the per-call Python work is this layer's cost). First the
             # shape of the last such call, checked by the native call itself (None: another
             # shape), then any registered one by its key.
             fp8 = bool(use_fp8)
             pow2 = fp8 and bool(round_scale)
+            stats, hook = cumulative_local_expert_recv_stats, bool(return_recv_hook)
             f = self._ll_hot
             if f is not None and num_max_dispatch_tokens_per_rank == f.max_tokens and \
                     num_experts == f.num_experts and fp8 is f.fp8 and pow2 is f.pow2:
-                got = f.native.deep_ep_dispatch(x, topk_idx, f.topk, f.x_dtype)
+                got = _ll.fast_dispatch(f, x, topk_idx, stats, hook)
                 if got is not None:
-                    return _ll.fast_result(f, got, x, topk_idx,
-                                           cumulative_local_expert_recv_stats)
+                    return got
             if self._ll_fast:
                 try:
                     f = self._ll_fast.get(_ll.fast_key(num_max_dispatch_tokens_per_rank,
@@ -314,11 +314,10 @@ class Buffer:
                 except (AttributeError, TypeError):
                     f = None
                 if f is not None:
-                    got = f.native.deep_ep_dispatch(x, topk_idx, f.topk, f.x_dtype)
+                    got = _ll.fast_dispatch(f, x, topk_idx, stats, hook)
                     if got is not None:
                         self._ll_hot = f
-                        return _ll.fast_result(f, got, x, topk_idx,
-                                               cumulative_local_expert_recv_stats)
+                        return got
         self._live("low_latency_dispatch")
         return _ll.dispatch(self, x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts,
                             cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
@@ -330,8 +329,7 @@ class Buffer:
         """(combined_x, event, hook): combined_x[t] = sum over selected k of
         topk_weights[t, k] * x[expert, slot]; a new tensor, or ``out``."""
         f = handle.__dict__.get("_fast") if isinstance(handle, _ll.LowLatencyHandle) else None
-        if f is not None and not (use_logfmt or return_recv_hook) and \
-                combine_wait_recv_cost_stats is None:
+        if f is not None and not use_logfmt and combine_wait_recv_cost_stats is None:
             d = handle._dispatch
             # The first combine of the window's last dispatch (of a shape _ll cached: one host,
             # a cpu window), with the dispatch's topk_idx: what _ll.combine does for it, in one
@@ -339,11 +337,16 @@ class Buffer:
             # has a last dispatch: _ll.combine says the Buffer was destroyed.
             if not d.combined and topk_idx is d.topk_idx and f.window.last is d:
                 d.combined = True
+                split = return_recv_hook and f.native.algorithm == "ubep"
+                src = None if zero_copy else x
                 if out is None:  # DeepEP returns a new tensor: made by the native call
-                    out = f.native.combine_new(None if zero_copy else x, d.id, topk_weights)
+                    out = f.native.combine_new(src, d.id, topk_weights, split)
                 else:
-                    f.native.combine_into(None if zero_copy else x, d.id, topk_weights, out)
-                return out, _new_event(), None
+                    f.native.combine_into(src, d.id, topk_weights, out, split)
+                if not return_recv_hook:
+                    return out, _new_event(), None
+                return out, _new_event(), _ll.combine_hook(f.native, x, out) if split \
+                    else _ll._no_hook
         self._live("low_latency_combine")
         return _ll.combine(self, x, topk_idx, topk_weights, handle, use_logfmt, zero_copy,
                            return_recv_hook, out, combine_wait_recv_cost_stats)
