@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include "dlpack.hpp"
 #include "ubep/error.hpp"
 
@@ -277,18 +279,45 @@ std::optional<Borrowed> borrow_torch_matrix(pb::handle obj, const char* what, DT
 namespace {
 constexpr const char* kHostBlockName = "ubep.host_block";
 constexpr std::align_val_t kHostBlockAlign{64};
+constexpr size_t kHugePage = size_t{2} << 20;
+// The capsule's context: the mapped length of a block from map_huge (nullptr: operator new).
 void free_host_block(PyObject* cap) {
-  ::operator delete(PyCapsule_GetPointer(cap, kHostBlockName), kHostBlockAlign);
+  void* p = PyCapsule_GetPointer(cap, kHostBlockName);
+  if (const auto len = reinterpret_cast<size_t>(PyCapsule_GetContext(cap)))
+    munmap(p, len);
+  else
+    ::operator delete(p, kHostBlockAlign);
+}
+// A block of whole huge pages, aligned to one, asked for transparent huge pages: a large result
+// (a prefill's received rows, a combine's output: tens of MB) costs its first touch, which in
+// 4 KiB pages ran at ~1 GB/s on the project's VMs (docs/PERFORMANCE.md, issue 31, 28th
+// session). The hint is only a hint: without THP the block is ordinary memory.
+void* map_huge(size_t len) {
+  void* raw =
+      mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) throw std::bad_alloc();
+  const auto start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
+  if (aligned > start) munmap(raw, aligned - start);
+  if (const uintptr_t end = start + len + kHugePage; end > aligned + len)
+    munmap(reinterpret_cast<void*>(aligned + len), end - aligned - len);
+  madvise(reinterpret_cast<void*>(aligned), len, MADV_HUGEPAGE);
+  return reinterpret_cast<void*>(aligned);
 }
 }  // namespace
 
 HostBlock make_host_block(size_t bytes) {
-  void* p = ::operator new(std::max<size_t>(bytes, 64), kHostBlockAlign);
+  const size_t len = bytes >= kHugePage ? (bytes + kHugePage - 1) / kHugePage * kHugePage : 0;
+  void* p = len ? map_huge(len) : ::operator new(std::max<size_t>(bytes, 64), kHostBlockAlign);
   PyObject* cap = PyCapsule_New(p, kHostBlockName, free_host_block);
   if (!cap) {
-    ::operator delete(p, kHostBlockAlign);
+    if (len)
+      munmap(p, len);
+    else
+      ::operator delete(p, kHostBlockAlign);
     throw pb::error_already_set();
   }
+  PyCapsule_SetContext(cap, reinterpret_cast<void*>(len));  // a fresh capsule: cannot fail
   return {static_cast<char*>(p), pb::reinterpret_steal<pb::object>(cap)};
 }
 

@@ -227,6 +227,26 @@ void PyBuffer::expert_identity() {
   });
 }
 
+pb::tuple PyBuffer::owned_recv(uint64_t handle) {
+  UBEP_CHECK_ARG(handle == last_handle_, "owned_recv: handle ", handle,
+                 " is not the last dispatch on this buffer (", last_handle_, ")");
+  check_host_memory(*buf_, "owned_recv");
+  const DispatchResult& r = last_result_;
+  auto copy = [&](const TensorView& v) -> pb::object {
+    if (v.ndim == 0) return pb::none();
+    const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
+    HostBlock block = make_host_block(bytes);
+    TensorView out = v;
+    out.data = block.data;
+    without_gil([&] {
+      std::memcpy(block.data, v.data, bytes);
+      return 0;
+    });
+    return to_array(out, block.owner, Kind::kTorch);
+  };
+  return pb::make_tuple(copy(r.recv_x), copy(r.recv_x_scales));
+}
+
 namespace {
 // Combine of `handle` into out() (a view of the caller's memory or of a block made for it),
 // taken after x and topk_weights; x None: the zero-copy combine buffer of the last dispatch.
@@ -360,6 +380,7 @@ void bind_buffer(pb::module_& m) {
            pb::arg("topk_weights"), pb::arg("out"), pb::arg("send_only") = false)
       .def("combine_new", &PyBuffer::combine_new, pb::arg("x"), pb::arg("handle"),
            pb::arg("topk_weights"), pb::arg("send_only") = false)
+      .def("owned_recv", &PyBuffer::owned_recv)
       .def(
           "combine_finish",
           [](PyBuffer& b) { without_gil([&] { return b.buffer().combine_recv(); }); },

@@ -82,6 +82,10 @@ class PyBuffer {
   // the last dispatch `handle`, made here: a torch.empty from Python costs more.
   pb::object combine_new(pb::handle x, uint64_t handle, pb::handle topk_weights, bool send_only);
 
+  // New torch tensors holding the last dispatch's recv_x and recv_x_scales (None for bf16/fp32
+  // buffers), copied here (DeepEP's normal dispatch returns new tensors): (recv_x, scales).
+  pb::tuple owned_recv(uint64_t handle);
+
   // The receive hook per piece of the outstanding dispatch `handle`: (begin, count).
   pb::tuple wait_recv_range(uint64_t handle, int source, int local_expert);
 

@@ -1,6 +1,7 @@
-"""ubep.deep_ep's native fast path for a low-latency shape seen before (one native call makes
-the dispatch and DeepEP's handle tensors; a combine's new tensor is made natively): what it
-must keep from the general path. Received rows are checked against the senders' inputs
+"""ubep.deep_ep's native paths: the low-latency fast path for a shape seen before (one native
+call makes the dispatch and DeepEP's handle tensors; a combine's new tensor is made natively),
+and the normal mode's new result tensors made natively: what they must keep from the general
+path. Received rows are checked against the senders' inputs
 (x_of: a row holds its rank and token), not against another run of the library."""
 import resource
 
@@ -229,5 +230,53 @@ def test_fast_calls_free_what_they_make():
         grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
         assert handle.__dict__.get("_fast") is not None and y.shape == (tokens, H)
         return grown
+    for grown in on_threads(body):
+        assert grown < 64 * 1024, f"peak resident memory grew by {grown} KiB"
+
+
+def test_normal_mode_results_are_new_tensors_and_freed():
+    """DeepEP's normal dispatch and combine return new tensors (made natively, in huge pages
+    from 2 MiB): each holds its own call's rows after later calls, and 60 calls whose recv_x
+    and y take 2.5 MB each leave peak memory within 64 MB of where it was after the first 10."""
+    from ubep._deep_ep_sizing import topk_capacity, window_bytes
+    tokens, hidden = 384, 2048  # recv_x: up to 768 rows of 4 KiB (2-3 MiB), y: 1.5 MiB
+
+    def x_big(rank, seed):
+        x = torch.full((tokens, hidden), float(rank + 1 + seed))
+        x[:, -1] = torch.arange(tokens, dtype=torch.float32)
+        return x.to(torch.bfloat16)
+
+    def body(group):
+        r = group.rank
+        buf = deep_ep.Buffer(group, window_bytes("bf16", hidden, R, EL, topk_capacity(K, R),
+                                                 tokens, False))
+        kept, peak = [], 0
+        for i in range(70):
+            idx = routing(r, i % 3, tokens)
+            w = torch.ones((tokens, K))
+            per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+            recv, _, _, _, handle, _ = buf.dispatch(
+                x_big(r, i), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
+            y, _, _ = buf.combine(recv, handle)
+            # Each received row is its source's x row: (source + 1 + i) in all but the last
+            # channel, which holds the token; y is the sum over the token's ranks of its row.
+            src = handle[3]
+            begins = handle[2].view(-1).tolist() + [recv.shape[0]]
+            for s in range(R):
+                rows = recv[begins[s]:begins[s + 1]]
+                assert (rows[:, :-1] == float(s + 1 + i)).all()
+                assert torch.equal(rows[:, -1], src[begins[s]:begins[s + 1]].to(torch.bfloat16))
+            ranks = in_rank.sum(dim=1, keepdim=True).float()
+            assert torch.equal(y[:, :-1].float(), (ranks * float(r + 1 + i)).expand(-1, hidden - 1))
+            if i < 3:
+                kept.append((recv, y, recv.clone(), y.clone()))
+            if i == 9:
+                group.barrier()
+                peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for recv, y, recv0, y0 in kept:
+            assert torch.equal(recv, recv0) and torch.equal(y, y0)
+        group.barrier()
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
     for grown in on_threads(body):
         assert grown < 64 * 1024, f"peak resident memory grew by {grown} KiB"

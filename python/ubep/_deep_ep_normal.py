@@ -12,7 +12,7 @@ dispatch reuses). The handle is DeepEP's intranode 6-tuple:
 import numpy as np
 import torch
 
-from . import _arrays, _ubep
+from . import _arrays, _fp8, _ubep
 from . import _deep_ep_window as _win
 from ._arrays import kind_of
 from ._deep_ep_sizing import max_tokens_for, topk_capacity, window_bytes
@@ -100,8 +100,17 @@ def _route(E, R, is_token_in_rank):
                        torch.full((1, R), -1, dtype=torch.int64, device=dev))
 
 
-def _owned(recv_x, scales):
-    return (recv_x[0].clone(), recv_x[1].clone()) if scales else recv_x.clone()
+def _owned_recv(nb, d, recv_x):
+    """New tensors holding dispatch d's received rows recv_x (DeepEP returns new tensors). In
+    host memory the native layer copies them into memory it maps with huge pages where the
+    kernel offers them: a torch clone of a prefill's rows (~120 MB) ran at ~1 GB/s on the
+    project's VMs, faulting its pages in one by one (docs/PERFORMANCE.md, issue 31, 28th
+    session). GPU windows: a torch copy in GPU memory."""
+    if nb.device.startswith("cuda:"):
+        return (recv_x[0].clone(), recv_x[1].clone()) if isinstance(recv_x, tuple) \
+            else recv_x.clone()
+    values, scales = nb.native.owned_recv(d.id)
+    return values if scales is None else (_fp8.codes_out(values), scales)
 
 
 def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
@@ -123,7 +132,7 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
                     buf._device_of(values))
         recv_x, _, _, _, d = _win.dispatch(nb, values, route, latency=False, x_scales=scales)
         _remember(handle, nb, d, xin)
-        return _owned(recv_x, scales is not None), None, None, None, None, buf._event()
+        return _owned_recv(nb, d, recv_x), None, None, None, None, buf._event()
 
     if num_tokens_per_rank is None or is_token_in_rank is None or num_tokens_per_expert is None:
         _err("dispatch: without a handle, num_tokens_per_rank, is_token_in_rank and "
@@ -146,7 +155,7 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
     nb = window(buf, dtype, hidden, E, route.shape[1], route.shape[0], buf._device_of(values))
     recv_x, recv_idx, recv_w, _, d = _win.dispatch(nb, values, route, topk_weights,
                                                    latency=False, x_scales=scales)
-    recv_x = _owned(recv_x, scales is not None)
+    recv_x = _owned_recv(nb, d, recv_x)
     recv_src_idx = _win.view(nb, "recv_src", d)[:, 1].to(torch.int32)
     begins = _win.view(nb, "recv_range", d)[:, 0].to(torch.int32).view(R, 1)
     # The counts every rank sends (DeepEP's notify step): each rank's rank_prefix_matrix row
@@ -215,15 +224,20 @@ def combine(buf, x, handle, topk_weights, bias):
         d = _win.dispatch(nb, values, handle._route, latency=False, x_scales=scales)[4]
         handle._dispatch = d
     d.combined = True
-    y = nb.native.combine(x, d.id, None, _arrays.TORCH, False, None)
     biases = [b for b in (bias if isinstance(bias, (tuple, list)) else (bias,)) if b is not None]
-    if biases:  # added to the sum in fp32, one rounding
-        acc = y.to(torch.float32)
-        for b in biases:
-            acc = acc + b.to(torch.float32)
-        y = acc.to(y.dtype)
+    if not biases and nb.device == "cpu":
+        # A new tensor made natively (huge pages where offered; see _owned_recv), the
+        # reduction writing into it: no copy of a view, no 4 KiB page faults.
+        y = nb.native.combine_new(x, d.id, None)
     else:
-        y = y.clone()
+        y = nb.native.combine(x, d.id, None, _arrays.TORCH, False, None)
+        if biases:  # added to the sum in fp32, one rounding
+            acc = y.to(torch.float32)
+            for b in biases:
+                acc = acc + b.to(torch.float32)
+            y = acc.to(y.dtype)
+        else:
+            y = y.clone()
     weights = None
     if topk_weights is not None:
         weights = _combine_weights(buf, handle, topk_weights)
