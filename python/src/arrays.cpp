@@ -306,8 +306,9 @@ void* map_huge(size_t len) {
 }
 }  // namespace
 
-HostBlock make_host_block(size_t bytes) {
-  const size_t len = bytes >= kHugePage ? (bytes + kHugePage - 1) / kHugePage * kHugePage : 0;
+HostBlock make_host_block(size_t bytes, bool written_whole) {
+  const size_t len =
+      written_whole && bytes >= kHugePage ? (bytes + kHugePage - 1) / kHugePage * kHugePage : 0;
   void* p = len ? map_huge(len) : ::operator new(std::max<size_t>(bytes, 64), kHostBlockAlign);
   PyObject* cap = PyCapsule_New(p, kHostBlockName, free_host_block);
   if (!cap) {

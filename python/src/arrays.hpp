@@ -44,12 +44,16 @@ std::optional<Borrowed> borrow_torch_matrix(pb::handle obj, const char* what, DT
 
 // Host memory made for the caller (not a view of Buffer memory): a 64-byte aligned block of at
 // least `bytes`, and its owner, a capsule that frees it. Arrays exported with that owner
-// (export_capsule, to_array) keep it alive; the last one to go frees it.
+// (export_capsule, to_array) keep it alive; the last one to go frees it. written_whole: the
+// caller writes every byte at once (a copy, a combine's output): from 2 MiB the block is then
+// whole huge pages asked for transparent huge pages, whose first touch costs ~4x less here
+// than 4 KiB pages'; a block written sparsely (DeepEP's src_info) keeps ordinary pages, where
+// each huge page touched would be zeroed whole.
 struct HostBlock {
   char* data;
   pb::object owner;
 };
-HostBlock make_host_block(size_t bytes);
+HostBlock make_host_block(size_t bytes, bool written_whole = false);
 
 // The ubep device of a DLPack device (type, id) as a Buffer on `buffer_device` sees it (kDLCPU
 // is cuda-sim on a cuda-sim buffer); nullopt for devices ubep has no backend for.

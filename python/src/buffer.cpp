@@ -235,7 +235,7 @@ pb::tuple PyBuffer::owned_recv(uint64_t handle) {
   auto copy = [&](const TensorView& v) -> pb::object {
     if (v.ndim == 0) return pb::none();
     const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
-    HostBlock block = make_host_block(bytes);
+    HostBlock block = make_host_block(bytes, /*written_whole=*/true);
     TensorView out = v;
     out.data = block.data;
     without_gil([&] {
@@ -302,8 +302,8 @@ pb::object PyBuffer::combine_new(pb::handle x, uint64_t handle, pb::handle topk_
   UBEP_CHECK_ARG(handle == last_handle_, "combine_new: handle ", handle,
                  " is not the last dispatch on this buffer (", last_handle_, ")");
   const DType dt = combine_dtype(cfg);
-  HostBlock block =
-      make_host_block(static_cast<size_t>(last_tokens_ * cfg.hidden) * dtype_size(dt));
+  HostBlock block = make_host_block(static_cast<size_t>(last_tokens_ * cfg.hidden) * dtype_size(dt),
+                                    /*written_whole=*/true);
   TensorView y(block.data, dt, {last_tokens_, cfg.hidden});
   y.device = cfg.device;
   combine_to(buf, last_handle_, x, handle, topk_weights, send_only, [&](Borrowed&) { return y; });
