@@ -261,6 +261,18 @@ Borrowed borrow_writable(pb::handle obj, const char* what, DType expect, const D
   return borrow_impl(obj, what, expect, true, device);
 }
 
+Borrowed borrow_flags(pb::handle obj, const char* what, const Device& device) {
+  pb::object capsule = take_capsule(obj, what);
+  bool read_only = false;
+  const dl::Tensor* t = capsule_tensor(capsule, what, &read_only);
+  UBEP_CHECK_ARG((t->dtype.code == dl::kBool || t->dtype.code == dl::kUInt) && t->dtype.bits == 8 &&
+                     t->dtype.lanes == 1,
+                 what, " must be bool, got ", dl_type_name(t->dtype));
+  dl::Tensor bytes = *t;  // the same memory and shape, typed as the byte carrier
+  bytes.dtype = dl_type(DType::kFP8E4M3);
+  return view_of(std::move(capsule), &bytes, read_only, what, DType::kFP8E4M3, false, device);
+}
+
 std::optional<Borrowed> borrow_torch_matrix(pb::handle obj, const char* what, DType expect,
                                             int64_t cols, const Device& device) {
   if (!g_torch_to_dlpack || Py_TYPE(obj.ptr()) != g_torch_tensor_type) return std::nullopt;

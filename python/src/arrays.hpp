@@ -35,6 +35,10 @@ Borrowed borrow(pb::handle obj, const char* what, DType expect, const Device& de
 // Same, for an output the module will write (rejects read-only exports).
 Borrowed borrow_writable(pb::handle obj, const char* what, DType expect, const Device& device);
 
+// A flags array (bool, or uint8: torch exports bool as either, by version) borrowed as borrow()
+// does; the view carries one byte per element as kFP8E4M3 (a byte type, read as 0 / not 0).
+Borrowed borrow_flags(pb::handle obj, const char* what, const Device& device);
+
 // For a fast path set up for one call shape: `obj` borrowed as borrow() does if it is an exact
 // torch.Tensor (the fast exporter's type) of exactly `expect`'s DLPack type (a uint16 tensor is
 // not bf16 here), 2-D with `cols` columns, on `device`; otherwise nullopt, with nothing thrown

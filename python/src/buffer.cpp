@@ -22,6 +22,37 @@ DType dtype_of(const std::string& name) { return parse_dtype(name); }
 
 }  // namespace
 
+DispatchX borrow_dispatch_x(const BufferConfig& cfg, pb::handle x, pb::handle x_scales,
+                            const std::string& x_dtype) {
+  const DType dt = cfg.dtype;
+  // fp8 buffers take fp8 codes with their scales, or bf16/fp32 values that ubep casts on send
+  // (x_dtype says which, so the error for a wrong array names what was meant).
+  DType expect_x = dt;
+  if (dt == DType::kFP8E4M3 && x_scales.is_none())
+    expect_x = x_dtype.empty() ? DType::kBF16 : dtype_of(x_dtype);
+  UBEP_CHECK_ARG(x_scales.is_none() || dt == DType::kFP8E4M3,
+                 "dispatch: x_scales given (an fp8 x) but the buffer's dtype is ", dtype_name(dt),
+                 "; make the Buffer with dtype='fp8'");
+  DispatchX out;
+  out.x = borrow(x, "dispatch: x", expect_x, cfg.device);
+  if (!x_scales.is_none())
+    out.scales = borrow(x_scales, "dispatch: x_scales", DType::kFP32, cfg.device);
+  return out;
+}
+
+pb::object owned_copy(const TensorView& v) {
+  if (v.ndim == 0) return pb::none();
+  const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
+  HostBlock block = make_host_block(bytes, /*written_whole=*/true);
+  TensorView out = v;
+  out.data = block.data;
+  without_gil([&] {
+    std::memcpy(block.data, v.data, bytes);
+    return 0;
+  });
+  return to_array(out, block.owner, Kind::kTorch);
+}
+
 PyBuffer::PyBuffer(pb::object group_obj, BufferConfig cfg) : group_(std::move(group_obj)) {
   install_interrupt_hook();
   Group& g = group_.cast<Group&>();
@@ -39,24 +70,11 @@ pb::tuple PyBuffer::dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
   PyBuffer& b = self.cast<PyBuffer&>();
   Buffer& buf = *b.buf_;
   const Device& dev = buf.config().device;
-  const DType dt = buf.config().dtype;
-  // fp8 buffers take fp8 codes with their scales, or bf16/fp32 values that ubep casts on send
-  // (x_dtype says which, so the error for a wrong array names what was meant).
-  DType expect_x = dt;
-  if (dt == DType::kFP8E4M3 && x_scales.is_none())
-    expect_x = x_dtype.empty() ? DType::kBF16 : dtype_of(x_dtype);
-  UBEP_CHECK_ARG(x_scales.is_none() || dt == DType::kFP8E4M3,
-                 "dispatch: x_scales given (an fp8 x) but the buffer's dtype is ", dtype_name(dt),
-                 "; make the Buffer with dtype='fp8'");
-  Borrowed bx = borrow(x, "dispatch: x", expect_x, dev);
-  Borrowed bs;
+  const DispatchX bx = borrow_dispatch_x(buf.config(), x, x_scales, x_dtype);
   Borrowed bi = borrow(topk_idx, "dispatch: topk_idx", DType::kInt64, dev);
   DispatchArgs a;
-  a.x = bx.view;
-  if (!x_scales.is_none()) {
-    bs = borrow(x_scales, "dispatch: x_scales", DType::kFP32, dev);
-    a.x_scales = bs.view;
-  }
+  a.x = bx.x.view;
+  a.x_scales = bx.scales.view;
   a.topk_idx = bi.view;
   Borrowed bw;
   if (topk_weights.is_none() && dev.type == DeviceType::kCuda && bi.view.ndim == 2) {
@@ -232,19 +250,7 @@ pb::tuple PyBuffer::owned_recv(uint64_t handle) {
                  " is not the last dispatch on this buffer (", last_handle_, ")");
   check_host_memory(*buf_, "owned_recv");
   const DispatchResult& r = last_result_;
-  auto copy = [&](const TensorView& v) -> pb::object {
-    if (v.ndim == 0) return pb::none();
-    const size_t bytes = static_cast<size_t>(v.numel()) * dtype_size(v.dtype);
-    HostBlock block = make_host_block(bytes, /*written_whole=*/true);
-    TensorView out = v;
-    out.data = block.data;
-    without_gil([&] {
-      std::memcpy(block.data, v.data, bytes);
-      return 0;
-    });
-    return to_array(out, block.owner, Kind::kTorch);
-  };
-  return pb::make_tuple(copy(r.recv_x), copy(r.recv_x_scales));
+  return pb::make_tuple(owned_copy(r.recv_x), owned_copy(r.recv_x_scales));
 }
 
 namespace {
@@ -376,6 +382,10 @@ void bind_buffer(pb::module_& m) {
       .def("deep_ep_dispatch", &PyBuffer::deep_ep_dispatch, pb::arg("x"), pb::arg("topk_idx"),
            pb::arg("topk"), pb::arg("x_dtype") = "", pb::arg("send_only") = false)
       .def("deep_ep_dispatch_recv", &PyBuffer::deep_ep_dispatch_recv)
+      .def("deep_ep_normal_dispatch", &PyBuffer::deep_ep_normal_dispatch, pb::arg("counts"),
+           pb::arg("x"), pb::arg("x_scales"), pb::arg("x_dtype"), pb::arg("topk_idx"),
+           pb::arg("topk_weights"), pb::arg("is_token_in_rank"), pb::arg("num_tokens_per_rank"),
+           pb::arg("num_tokens_per_expert"), pb::arg("expert_alignment"))
       .def("combine_into", &PyBuffer::combine_into, pb::arg("x"), pb::arg("handle"),
            pb::arg("topk_weights"), pb::arg("out"), pb::arg("send_only") = false)
       .def("combine_new", &PyBuffer::combine_new, pb::arg("x"), pb::arg("handle"),
@@ -401,6 +411,8 @@ void bind_buffer(pb::module_& m) {
           "mask", [](PyBuffer& b, int rank) { b.buffer().mask(rank); }, pb::arg("rank"))
       .def("masked_ranks", [](PyBuffer& b) { return b.buffer().masked_ranks(); })
       .def("rejoin", [](PyBuffer& b) { b.buffer().rejoin(); });
+  m.def("deep_ep_dispatch_layout", &deep_ep_dispatch_layout, pb::arg("topk_idx"),
+        pb::arg("num_experts"), pb::arg("num_ranks"));
 }
 
 }  // namespace ubep::python

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "arrays.hpp"
 #include "interrupt.hpp"
 #include "ubep/buffer.hpp"
 
@@ -19,6 +20,18 @@ namespace pb = pybind11;
 // The benchmark helpers and ubep.deep_ep's calls copy with memcpy: host memory (cpu, cuda-sim)
 // only; InvalidArgument naming `what` for a GPU buffer.
 void check_host_memory(const Buffer& buf, const char* what);
+
+// dispatch's x (and, for fp8 codes, x_scales) borrowed as a buffer of `cfg` takes them: fp8
+// buffers take codes with scales, or x_dtype ("bf16"/"fp32", "" for bf16) values cast on send.
+struct DispatchX {
+  Borrowed x, scales;  // scales.view empty (ndim 0) without x_scales
+};
+DispatchX borrow_dispatch_x(const BufferConfig& cfg, pb::handle x, pb::handle x_scales,
+                            const std::string& x_dtype);
+
+// A new torch tensor holding a copy of host view `v` (None for an empty view), in a block made
+// for it (huge pages from 2 MiB: make_host_block's written_whole).
+pb::object owned_copy(const TensorView& v);
 
 // DeepEP's low-latency handle arrays of one dispatch (deep_ep.cpp): views of one block made for
 // the call, which `owner` keeps (and every tensor exported from them).
@@ -73,6 +86,21 @@ class PyBuffer {
                                      const std::string& x_dtype, bool send_only);
   // Completes deep_ep_dispatch(send_only=True): the receive, then its handle arrays.
   void deep_ep_dispatch_recv();
+  // ubep.deep_ep's normal dispatch in one call (host memory; deep_ep_normal.cpp): the layout
+  // arguments checked against the routing (topk_idx, or without it is_token_in_rank, bool
+  // [tokens, ranks]; num_tokens_per_rank and num_tokens_per_expert int32), the dispatch, the
+  // count exchange through `counts` (an fp32 window of ranks + experts columns over `ranks`
+  // experts) and DeepEP's results made new. Returns (recv_x, recv_x_scales | None,
+  // recv_topk_idx int64 | None, recv_topk_weights | None, num_recv_tokens_per_expert_list,
+  // rank_prefix_matrix, channel_prefix_matrix, recv_channel_prefix_matrix, recv_src_idx,
+  // send_head, the routing made from is_token_in_rank | None, dispatch handle).
+  static pb::tuple deep_ep_normal_dispatch(pb::handle self, PyBuffer& counts, pb::handle x,
+                                           pb::handle x_scales, const std::string& x_dtype,
+                                           pb::handle topk_idx, pb::handle topk_weights,
+                                           pb::handle is_token_in_rank,
+                                           pb::handle num_tokens_per_rank,
+                                           pb::handle num_tokens_per_expert,
+                                           int64_t expert_alignment);
   // combine(x, handle, topk_weights, out=out) returning nothing (y is `out`, the cpu device):
   // no result array to convert. x None: the zero-copy combine buffer of the last dispatch.
   // send_only: the split phase (combine_finish completes it; x and out must stay alive).
@@ -106,6 +134,11 @@ class PyBuffer {
 };
 
 void bind_buffer(pb::module_& m);
+
+// DeepEP's get_dispatch_layout for an int64 topk_idx [tokens, topk] in host memory
+// (deep_ep_normal.cpp): (num_tokens_per_rank int32 [ranks], num_tokens_per_expert int32
+// [experts], is_token_in_rank uint8 [tokens, ranks], 0 or 1, for the caller to view as bool).
+pb::tuple deep_ep_dispatch_layout(pb::handle topk_idx, int64_t num_experts, int64_t num_ranks);
 
 // ubep.bench's timing loop, for any implementation: `warmup` untimed then `iters` timed
 // dispatch + combine pairs, without the GIL; barrier: an untimed group barrier before each timed

@@ -12,7 +12,7 @@ dispatch reuses). The handle is DeepEP's intranode 6-tuple:
 import numpy as np
 import torch
 
-from . import _arrays, _fp8, _ubep
+from . import _arrays, _fp8, _native, _ubep
 from . import _deep_ep_window as _win
 from ._arrays import kind_of
 from ._deep_ep_sizing import max_tokens_for, topk_capacity, window_bytes
@@ -140,6 +140,12 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
     if (topk_idx is None) != (topk_weights is None):
         _err("dispatch: pass topk_idx and topk_weights together (or neither)")
     R, E = buf.group_size, int(num_tokens_per_expert.numel())
+    if buf._device_of(values) == "cpu":
+        k = R if topk_idx is None else int(topk_idx.shape[-1])
+        nb = window(buf, dtype, hidden, E, k, values.shape[0], "cpu")
+        return _native_dispatch(buf, nb, xin, topk_idx, topk_weights, is_token_in_rank,
+                                num_tokens_per_rank, num_tokens_per_expert, E, expert_alignment,
+                                num_worst_tokens)
     if tuple(is_token_in_rank.shape) != (values.shape[0], R):
         _err(f"dispatch: is_token_in_rank must be [{values.shape[0]}, {R}], got "
              f"{tuple(is_token_in_rank.shape)}")
@@ -183,6 +189,42 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
             recv_x, recv_topk_idx, recv_topk_weights, int(num_worst_tokens))
         counts = []
     return recv_x, recv_topk_idx, recv_topk_weights, counts, handle, buf._event()
+
+
+def _int32(a):
+    return a if a.dtype is torch.int32 else a.to(torch.int32)
+
+
+def _native_dispatch(buf, nb, xin, topk_idx, topk_weights, is_token_in_rank, per_rank, per_expert,
+                     E, alignment, num_worst_tokens):
+    """dispatch on a host window in one native call (PyBuffer::deep_ep_normal_dispatch): the
+    layout checks, the dispatch, the count exchange and DeepEP's results, made new."""
+    R = buf.group_size
+    x, x_scales, x_dtype = _native.x_args(xin[0], xin[1], nb.dtype, "dispatch")
+    in_rank = is_token_in_rank if is_token_in_rank.dtype is torch.bool else \
+        is_token_in_rank.to(torch.bool)
+    counts = _aux(buf, "allgather", R + E, 1, R, topk_capacity(R, R), "cpu")
+    # Should the call fail past its dispatch, the window's last dispatch is none of the handles'
+    # (each replays its own before a combine), never an older one combined in place.
+    nb.last = None
+    recv_x, scales, recv_idx, recv_w, per_expert_list, prefix, channel_prefix, begins, src_idx, \
+        send_head, route, dispatch_id = nb.native.deep_ep_normal_dispatch(
+            counts.native, x, x_scales, x_dtype, topk_idx, topk_weights,
+            in_rank.view(torch.uint8),  # torch < 2 exports no bool through DLPack
+            _int32(per_rank), _int32(per_expert), int(alignment))
+    if route is None:
+        route = topk_idx
+    d = _win.Dispatch(dispatch_id, route)
+    nb.last = d
+    if scales is not None:
+        recv_x = (_fp8.codes_out(recv_x), scales)
+    handle = NormalHandle((prefix, channel_prefix, begins, src_idx, in_rank, send_head))
+    handle._route, handle._E = route, E
+    _remember(handle, nb, d, xin)
+    if num_worst_tokens:
+        recv_x, recv_idx, recv_w = _pad(recv_x, recv_idx, recv_w, int(num_worst_tokens))
+        per_expert_list = []
+    return recv_x, recv_idx, recv_w, per_expert_list, handle, buf._event()
 
 
 def _remember(handle, w, d, xin):
@@ -261,10 +303,15 @@ def get_dispatch_layout(topk_idx, num_experts, num_ranks):
     """DeepEP's layout from topk_idx [tokens, k] (-1 = none): (num_tokens_per_rank [ranks],
     None, num_tokens_per_expert [experts], is_token_in_rank [tokens, ranks] bool), int32 counts,
     torch or NumPy like topk_idx. """
-    import numpy as np
     kind = kind_of(topk_idx)
-    if kind == _arrays.TORCH:  # on the tensor's device
-        return _arrays.dispatch_layout_torch(topk_idx, num_experts, num_ranks)
+    if kind == _arrays.TORCH:
+        if topk_idx.dtype is torch.int64 and topk_idx.device.type == "cpu" and \
+                type(topk_idx) is torch.Tensor and topk_idx.dim() == 2:
+            # One native pass (the torch ops took ~150 us for a handful of tokens)
+            per_rank, per_expert, in_rank = _ubep.deep_ep_dispatch_layout(
+                topk_idx, num_experts, num_ranks)
+            return per_rank, None, per_expert, in_rank.view(torch.bool)
+        return _arrays.dispatch_layout_torch(topk_idx, num_experts, num_ranks)  # its device
     idx = np.from_dlpack(topk_idx) if kind != _arrays.NUMPY else topk_idx
     idx = np.asarray(idx, dtype=np.int64)
     if num_experts % num_ranks:

@@ -1,0 +1,185 @@
+"""ubep.deep_ep's normal mode in one native call (get_dispatch_layout, dispatch): the layout and
+DeepEP's handle arrays against references computed here with plain loops from the routing,
+the layout arguments checked against the routing, and a failed call leaving earlier handles
+right."""
+import numpy as np
+import pytest
+import torch
+
+import ubep
+import ubep.deep_ep as deep_ep
+from ubep import _arrays
+from ubep._deep_ep_sizing import topk_capacity, window_bytes
+
+H, E, K, R = 256, 8, 3, 2
+EL = E // R
+
+
+def routing(rank, tokens, seed=0):
+    g = torch.Generator().manual_seed(rank * 101 + seed)
+    idx = torch.topk(torch.rand((tokens, E), generator=g), K, dim=-1).indices
+    if tokens > 2:
+        idx[1, 0] = -1  # a dropped choice
+        idx[2, :] = -1  # a token going nowhere
+    return idx
+
+
+def x_of(rank, tokens):
+    x = torch.full((tokens, H), float(rank + 1))
+    x[:, -1] = torch.arange(tokens, dtype=torch.float32)
+    return x.to(torch.bfloat16)
+
+
+def layout_reference(idx, experts, ranks):
+    """(tokens per rank, tokens per expert, ranks per token) by loops over topk_idx."""
+    per_rank, per_expert = [0] * ranks, [0] * experts
+    in_rank = [[False] * ranks for _ in range(idx.shape[0])]
+    for t, row in enumerate(idx.tolist()):
+        for e in row:
+            if e >= 0:
+                per_expert[e] += 1
+                in_rank[t][e // (experts // ranks)] = True
+        for r in range(ranks):
+            per_rank[r] += in_rank[t][r]
+    return per_rank, per_expert, in_rank
+
+
+@pytest.mark.parametrize("tokens", [0, 1, 5, 300])
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_layout_matches_the_loops_and_the_other_paths(tokens, ranks):
+    idx = routing(ranks, tokens, seed=tokens)
+    per_rank, none, per_expert, in_rank = deep_ep._normal.get_dispatch_layout(idx, E, ranks)
+    want_rank, want_expert, want_in = layout_reference(idx, E, ranks)
+    assert none is None
+    assert per_rank.dtype == torch.int32 and per_rank.tolist() == want_rank
+    assert per_expert.dtype == torch.int32 and per_expert.tolist() == want_expert
+    assert in_rank.dtype == torch.bool and in_rank.tolist() == want_in
+    assert tuple(in_rank.shape) == (tokens, ranks)
+    # the torch-ops path (CUDA tensors, other dtypes) and the NumPy path agree
+    for other in (_arrays.dispatch_layout_torch(idx.to(torch.int32), E, ranks),
+                  deep_ep._normal.get_dispatch_layout(idx.numpy(), E, ranks)):
+        assert [np.asarray(a).tolist() for a in (other[0], other[2], other[3])] == \
+            [want_rank, want_expert, want_in]
+
+
+def test_layout_names_a_bad_expert_id():
+    idx = routing(0, 6)
+    idx[4, 1] = E
+    with pytest.raises(ubep.InvalidArgument, match=rf"expert id {E} outside \[-1, {E}\)"):
+        deep_ep._normal.get_dispatch_layout(idx, E, R)
+    idx[4, 1] = -2
+    with pytest.raises(ubep.InvalidArgument, match=r"expert id -2 outside"):
+        deep_ep._normal.get_dispatch_layout(idx, E, R)
+    with pytest.raises(ubep.InvalidArgument, match="num_experts 8 is not a multiple of the 3"):
+        deep_ep._normal.get_dispatch_layout(routing(0, 6), E, 3)
+
+
+def buffer(group, tokens=16):
+    return deep_ep.Buffer(group, window_bytes("bf16", H, R, EL, topk_capacity(K, R), tokens,
+                                              False))
+
+
+@pytest.mark.parametrize("with_topk", [True, False])
+def test_handle_arrays_match_the_routing(with_topk):
+    """DeepEP's handle (rank_prefix_matrix, channel_prefix_matrix, recv_channel_prefix_matrix,
+    recv_src_idx, is_token_in_rank, send_head), the counts per expert (aligned) and the rows,
+    from every rank's routing; without topk_idx the rows go where is_token_in_rank says."""
+    tokens = {0: 7, 1: 5}
+    idx_of = {r: routing(r, tokens[r], seed=3) for r in range(R)}
+    lay = {r: layout_reference(idx_of[r], E, R) for r in range(R)}
+
+    def body(group):
+        me = group.rank
+        buf = buffer(group)
+        idx = idx_of[me]
+        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+        kw = dict(topk_idx=idx, topk_weights=torch.rand(idx.shape)) if with_topk else {}
+        recv, r_idx, r_w, counts, handle, _ = buf.dispatch(
+            x_of(me, tokens[me]), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert, expert_alignment=4, **kw)
+        prefix, channel, begins, src_idx, in_rank_h, send_head = handle
+        sent = [[t for t in range(tokens[s]) if lay[s][2][t][me]] for s in range(R)]
+        acc = [0] * R
+        want_prefix = []
+        for s in range(R):
+            acc = [acc[j] + lay[s][0][j] for j in range(R)]
+            want_prefix.append(list(acc))
+        assert prefix.dtype == torch.int32 and prefix.tolist() == want_prefix
+        assert channel.tolist() == [[0]] * R
+        starts = [sum(len(sent[j]) for j in range(s)) for s in range(R)]
+        assert begins.dtype == torch.int32 and begins.view(-1).tolist() == starts
+        assert src_idx.dtype == torch.int32 and src_idx.tolist() == sent[0] + sent[1]
+        assert torch.equal(in_rank_h, in_rank)
+        want_head = []
+        seen = [0] * R
+        for t in range(tokens[me]):
+            row = []
+            for r in range(R):
+                row.append(seen[r] if lay[me][2][t][r] else -1)
+                seen[r] += lay[me][2][t][r]
+            want_head.append(row)
+        assert send_head.dtype == torch.int32 and send_head.tolist() == want_head
+        per_local = [sum(lay[s][1][me * EL + e] for s in range(R)) for e in range(EL)]
+        if with_topk:
+            assert counts == [-(-c // 4) * 4 for c in per_local]
+            assert r_idx.dtype == torch.int64 and r_w.dtype == torch.float32
+        else:
+            assert counts == [-(-c // 4) * 4 for c in per_local] and r_idx is None
+        for s in range(R):
+            for p, t in enumerate(sent[s]):
+                assert torch.equal(recv[starts[s] + p], x_of(s, tokens[s])[t])
+                if with_topk:
+                    ids = idx_of[s][t].tolist()
+                    want = [e - me * EL if e >= 0 and e // EL == me else -1 for e in ids]
+                    assert r_idx[starts[s] + p].tolist() == want
+        # the combine sums each token's rows over its ranks
+        y, _, _ = buf.combine(recv, handle)
+        n = in_rank.sum(dim=1, keepdim=True).float()
+        assert torch.equal(y.float(), x_of(me, tokens[me]).float() * n)
+        return True
+    assert all(ubep.run_on_threads(R, body, timeout=30.0))
+
+
+def test_layout_arguments_are_checked_and_a_failed_call_leaves_handles_right():
+    def body(group):
+        me = group.rank
+        buf = buffer(group)
+        idx = routing(me, 8, seed=5)
+        w = torch.ones(idx.shape)
+        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+        good = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                    num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
+        recv, _, _, _, handle, _ = buf.dispatch(x_of(me, 8), **good)
+
+        def bad(match, **change):
+            with pytest.raises(ubep.InvalidArgument, match=match):
+                buf.dispatch(x_of(me, 8) * 3, **dict(good, **change))
+        flipped = in_rank.clone()
+        flipped[4, 1] = not bool(flipped[4, 1])
+        bad(r"is_token_in_rank row 4 marks ranks \[.*\], topk_idx row 4 goes to ranks",
+            is_token_in_rank=flipped)
+        pr = per_rank.clone()
+        pr[1] += 1
+        bad(rf"num_tokens_per_rank\[1\] is {int(pr[1])}, is_token_in_rank marks {int(per_rank[1])}",
+            num_tokens_per_rank=pr)
+        pe = per_expert.clone()
+        pe[6] += 2
+        bad(rf"num_tokens_per_expert\[6\] is {int(pe[6])}, topk_idx routes {int(per_expert[6])}",
+            num_tokens_per_expert=pe)
+        bad(r"is_token_in_rank must be \[8, 2\]", is_token_in_rank=in_rank[:7])
+        bad(r"topk_idx row \d+ has expert id \d outside \[-1, 4\) \(num_tokens_per_expert has 4",
+            num_tokens_per_expert=per_expert[:4])
+        bad(r"num_tokens_per_rank must have 2 entries", num_tokens_per_rank=per_rank[:1])
+        bad(r"topk_weights", topk_weights=torch.ones(idx.shape, dtype=torch.float64))
+        # int64 counts are taken as DeepEP's int32 ones
+        again, _, _, _, handle2, _ = buf.dispatch(
+            x_of(me, 8) * 2, **dict(good, num_tokens_per_rank=per_rank.long(),
+                                    num_tokens_per_expert=per_expert.long()))
+        # the older handle replays its own dispatch: its rows, not the failed calls' or the last
+        y, _, _ = buf.combine(recv, handle)
+        y2, _, _ = buf.combine(again, handle2)
+        n = in_rank.sum(dim=1, keepdim=True).float()
+        assert torch.equal(y.float(), x_of(me, 8).float() * n)
+        assert torch.equal(y2.float(), x_of(me, 8).float() * 2 * n)
+        return True
+    assert all(ubep.run_on_threads(R, body, timeout=30.0))
