@@ -3,6 +3,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <new>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include <sys/mman.h>
 
+#include "block_cache.hpp"
 #include "dlpack.hpp"
 #include "ubep/error.hpp"
 
@@ -292,11 +294,19 @@ namespace {
 constexpr const char* kHostBlockName = "ubep.host_block";
 constexpr std::align_val_t kHostBlockAlign{64};
 constexpr size_t kHugePage = size_t{2} << 20;
+// Blocks from map_huge, freed, for the next of about the same size: up to 8 and 1 GiB, which the
+// kernel may reclaim under pressure (block_cache.hpp). Never destroyed: capsules may be freed
+// during interpreter shutdown, after static destructors would have run.
+BlockCache& huge_block_cache() {
+  static auto* cache = new BlockCache(8, size_t{1} << 30);
+  return *cache;
+}
+std::atomic<uint64_t> g_huge_reuses{0};
 // The capsule's context: the mapped length of a block from map_huge (nullptr: operator new).
 void free_host_block(PyObject* cap) {
   void* p = PyCapsule_GetPointer(cap, kHostBlockName);
   if (const auto len = reinterpret_cast<size_t>(PyCapsule_GetContext(cap)))
-    munmap(p, len);
+    huge_block_cache().give(p, len);
   else
     ::operator delete(p, kHostBlockAlign);
 }
@@ -319,9 +329,18 @@ void* map_huge(size_t len) {
 }  // namespace
 
 HostBlock make_host_block(size_t bytes, bool written_whole) {
-  const size_t len =
+  size_t len =
       written_whole && bytes >= kHugePage ? (bytes + kHugePage - 1) / kHugePage * kHugePage : 0;
-  void* p = len ? map_huge(len) : ::operator new(std::max<size_t>(bytes, 64), kHostBlockAlign);
+  void* p = nullptr;
+  if (len) {
+    p = huge_block_cache().take(len, &len);
+    if (p)
+      g_huge_reuses.fetch_add(1, std::memory_order_relaxed);
+    else
+      p = map_huge(len);
+  } else {
+    p = ::operator new(std::max<size_t>(bytes, 64), kHostBlockAlign);
+  }
   PyObject* cap = PyCapsule_New(p, kHostBlockName, free_host_block);
   if (!cap) {
     if (len)
@@ -438,6 +457,13 @@ void def_view_methods(C& c) {
 }  // namespace
 
 void bind_arrays(pb::module_& m) {
+  m.def(
+      "_huge_block_cache",
+      [] {
+        BlockCache& c = huge_block_cache();
+        return pb::make_tuple(c.blocks(), c.bytes(), g_huge_reuses.load());
+      },
+      "(blocks kept, bytes kept, blocks reused so far) of the freed result blocks kept for reuse.");
   pb::class_<ArrayOut> host(m, "ArrayOut", pb::buffer_protocol(),
                             "A view of ubep host memory behind the DLPack protocol "
                             "(torch.utils.dlpack.from_dlpack, numpy.from_dlpack) and the buffer "

@@ -183,3 +183,42 @@ def test_layout_arguments_are_checked_and_a_failed_call_leaves_handles_right():
         assert torch.equal(y2.float(), x_of(me, 8).float() * 2 * n)
         return True
     assert all(ubep.run_on_threads(R, body, timeout=30.0))
+
+
+def test_reused_result_blocks_hold_only_their_own_call():
+    """recv_x and combined_x from 2 MiB up come from blocks freed by earlier calls (no page
+    zeroing): each call's results are its own rows, a token sent nowhere combines to zeros and
+    not to what an earlier call left in the block."""
+    tokens, hidden = 600, 2048  # recv_x ~4.5 MB, combined_x 2.4 MB
+    from ubep import _ubep
+
+    def x_big(rank, i):
+        x = torch.full((tokens, hidden), float(rank + 1 + i))
+        x[:, -1] = torch.arange(tokens, dtype=torch.float32)
+        return x.to(torch.bfloat16)
+
+    def body(group):
+        me = group.rank
+        buf = deep_ep.Buffer(group, window_bytes("bf16", hidden, R, EL, topk_capacity(K, R),
+                                                 tokens, False))
+        reused_before = _ubep._huge_block_cache()[2]
+        for i in range(5):
+            idx = routing(me, tokens, seed=i)
+            idx[5 + i, :] = -1  # sent nowhere (row 2 is too)
+            per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+            recv, _, _, _, handle, _ = buf.dispatch(
+                x_big(me, i), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=torch.ones(idx.shape))
+            begins = handle[2].view(-1).tolist() + [recv.shape[0]]
+            for s in range(R):
+                rows = recv[begins[s]:begins[s + 1]]
+                assert (rows[:, :-1] == float(s + 1 + i)).all()
+            y, _, _ = buf.combine(recv, handle)
+            n = in_rank.sum(dim=1, keepdim=True).float()
+            assert torch.equal(y[:, :-1].float(), (n * float(me + 1 + i)).expand(-1, hidden - 1))
+            assert (y[n.view(-1) == 0] == 0).all()
+            del recv, y, handle
+            group.barrier()
+        return _ubep._huge_block_cache()[2] - reused_before
+    # both ranks' blocks share the process's cache: reused at least once per later call
+    assert sum(ubep.run_on_threads(R, body, timeout=60.0)) >= 4
