@@ -255,6 +255,8 @@ def _deep_ep_rank(g, device, on="cpu"):
         num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
     out["n_x"], out["n_idx"], out["n_w"] = recv_x, recv_idx, recv_w
     out["n_counts"] = torch.tensor(counts, device=on)
+    # DeepEP's handle: made natively on the cpu, by torch ops for the simulated GPU
+    out["n_prefix"], out["n_begins"], out["n_src"], out["n_head"] = h[0], h[2], h[3], h[5]
     assert all(v.device == torch.device(on) for v in out.values())
     cy, cw, _ = buf.combine(recv_x, h, topk_weights=recv_w)
     out["n_y"], out["n_cw"] = cy, cw

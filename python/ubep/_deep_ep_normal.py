@@ -149,15 +149,21 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
     if tuple(is_token_in_rank.shape) != (values.shape[0], R):
         _err(f"dispatch: is_token_in_rank must be [{values.shape[0]}, {R}], got "
              f"{tuple(is_token_in_rank.shape)}")
+    given = is_token_in_rank.to(torch.bool)
     if topk_idx is not None:
         route = topk_idx
-        _, _, _, in_rank = get_dispatch_layout(topk_idx, E, R)
-        if not torch.equal(in_rank, is_token_in_rank.to(torch.bool)):
-            t = int((in_rank != is_token_in_rank.to(torch.bool)).any(dim=1).nonzero()[0])
-            _err(f"dispatch: is_token_in_rank row {t} ({is_token_in_rank[t].tolist()}) does not "
-                 f"match the ranks of topk_idx row {t} ({topk_idx[t].tolist()})")
+        _, _, want_expert, in_rank = get_dispatch_layout(topk_idx, E, R)
+        if not torch.equal(in_rank, given):
+            t = int((in_rank != given).any(dim=1).nonzero()[0])
+            _err(f"dispatch: is_token_in_rank row {t} marks ranks "
+                 f"{given[t].nonzero().view(-1).tolist()}, topk_idx row {t} goes to ranks "
+                 f"{in_rank[t].nonzero().view(-1).tolist()}")
+        _check_counts(num_tokens_per_expert, want_expert, "num_tokens_per_expert",
+                      "topk_idx routes {} tokens to expert {}")
     else:
-        route = _route(E, R, is_token_in_rank.to(device=values.device, dtype=torch.bool))
+        route = _route(E, R, given.to(device=values.device))
+    _check_counts(num_tokens_per_rank, given.sum(dim=0), "num_tokens_per_rank",
+                  "is_token_in_rank marks {} tokens for rank {}")
     nb = window(buf, dtype, hidden, E, route.shape[1], route.shape[0], buf._device_of(values))
     recv_x, recv_idx, recv_w, _, d = _win.dispatch(nb, values, route, topk_weights,
                                                    latency=False, x_scales=scales)
@@ -225,6 +231,16 @@ def _native_dispatch(buf, nb, xin, topk_idx, topk_weights, is_token_in_rank, per
         recv_x, recv_idx, recv_w = _pad(recv_x, recv_idx, recv_w, int(num_worst_tokens))
         per_expert_list = []
     return recv_x, recv_idx, recv_w, per_expert_list, handle, buf._event()
+
+
+def _check_counts(given, want, name, what):
+    """The layout's counts against the routing's (the native path's checks, for GPU windows)."""
+    if given.numel() != want.numel():
+        _err(f"dispatch: {name} must have {want.numel()} entries, got {tuple(given.shape)}")
+    given, want = given.view(-1).to(device=want.device, dtype=torch.int64), want.to(torch.int64)
+    if not torch.equal(given, want):
+        i = int((given != want).nonzero()[0])
+        _err(f"dispatch: {name}[{i}] is {int(given[i])}, " + what.format(int(want[i]), i))
 
 
 def _remember(handle, w, d, xin):

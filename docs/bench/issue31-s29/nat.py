@@ -1,0 +1,27 @@
+import time, torch, ubep, statistics, sys
+import ubep.deep_ep as deep_ep
+from ubep import _deep_ep_normal as N, _native
+T = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+def body(group):
+    H,E,K=7168,256,8
+    R = 1
+    buf = deep_ep.Buffer(group, num_nvl_bytes=deep_ep.Config().get_nvl_buffer_size_hint(2*H, 1))
+    x = torch.randn(T,H).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(E)[:K] for _ in range(T)]).to(torch.int64)
+    w = torch.rand(T,K)
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+    rx, _, rw, _, h, _ = buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
+    nb = h._window
+    counts = N._aux(buf, "allgather", R + E, 1, R, N.topk_capacity(R, R), "cpu")
+    u8 = in_rank.view(torch.uint8)
+    st = {}
+    def tm(name, f, n=2000):
+        for i in range(n):
+            t0 = time.perf_counter(); f(); t1 = time.perf_counter()
+            if i >= 200: st.setdefault(name, []).append(t1-t0)
+    tm("full", lambda: buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w))
+    tm("native", lambda: nb.native.deep_ep_normal_dispatch(counts.native, x, None, "", idx, w, u8, per_rank, per_expert, 1))
+    tm("plain_dispatch", lambda: nb.native.dispatch(x, idx, w, False, 0, False, None, ""))
+    tm("aux_dispatch", lambda: counts.native.dispatch(torch.zeros(1, R+E), torch.zeros(1,1,dtype=torch.int64), None, False, 0, False, None, ""))
+    print({k: round(statistics.median(v)*1e6, 1) for k, v in st.items()})
+ubep.run_on_threads(1, body)
