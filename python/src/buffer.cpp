@@ -404,6 +404,8 @@ void bind_buffer(pb::module_& m) {
       .def_property_readonly("num_local_experts",
                              [](PyBuffer& b) { return b.buffer().num_local_experts(); })
       .def_property_readonly("shared_bytes", [](PyBuffer& b) { return b.buffer().shared_bytes(); })
+      .def_property_readonly("last_dispatch", &PyBuffer::last_handle,
+                             "The id of the last dispatch on this window (~0: none yet).")
       .def_property_readonly("group", [](PyBuffer& b) { return b.group_object(); })
       // Elastic EP (docs/ELASTIC.md). mask/rejoin only publish a local change (the agreement
       // runs at the next dispatch), so they need no GIL release.

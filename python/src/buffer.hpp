@@ -118,6 +118,7 @@ class PyBuffer {
   pb::tuple wait_recv_range(uint64_t handle, int source, int local_expert);
 
   Buffer& buffer() { return *buf_; }
+  uint64_t last_handle() const { return last_handle_; }
   pb::object group_object() const { return group_; }
 
  private:

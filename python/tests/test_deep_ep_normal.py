@@ -174,6 +174,13 @@ def test_layout_arguments_are_checked_and_a_failed_call_leaves_handles_right(dev
         bad(r"expert id \d outside \[-1, 4\)", num_tokens_per_expert=per_expert[:4])
         bad(r"num_tokens_per_rank must have 2 entries", num_tokens_per_rank=per_rank[:1])
         bad(r"topk_weights", topk_weights=torch.ones(idx.shape, dtype=torch.float64))
+        # failed checks dispatched nothing: the handle's dispatch is still the window's last,
+        # combined in place (no replay)
+        first = handle._dispatch
+        y0, _, _ = buf.combine(recv, handle)
+        assert handle._dispatch is first
+        n = in_rank.sum(dim=1, keepdim=True).float()
+        assert torch.equal(y0.float(), x_of(me, 8).float() * n)
         # int64 counts are taken as DeepEP's int32 ones
         again, _, _, _, handle2, _ = buf.dispatch(
             x_of(me, 8) * 2, **dict(good, num_tokens_per_rank=per_rank.long(),
@@ -181,10 +188,9 @@ def test_layout_arguments_are_checked_and_a_failed_call_leaves_handles_right(dev
         # the older handle replays its own dispatch: its rows, not the failed calls' or the last
         y, _, _ = buf.combine(recv, handle)
         y2, _, _ = buf.combine(again, handle2)
-        n = in_rank.sum(dim=1, keepdim=True).float()
         assert torch.equal(y.float(), x_of(me, 8).float() * n)
         assert torch.equal(y2.float(), x_of(me, 8).float() * 2 * n)
-        del recv, again, handle, handle2, y, y2
+        del recv, again, handle, handle2, y, y0, y2
         buf.destroy()  # each rank on its own thread (a cuda-sim window's teardown meets its peers')
         return True
     assert all(ubep.run_on_threads(R, body, timeout=30.0))

@@ -198,7 +198,9 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
 
 
 def _int32(a):
-    return a if a.dtype is torch.int32 else a.to(torch.int32)
+    """DeepEP's int32 counts as the native call reads them (int64 ones converted)."""
+    return a if a.dtype is torch.int32 and a.is_contiguous() else \
+        a.to(torch.int32).contiguous()
 
 
 def _native_dispatch(buf, nb, xin, topk_idx, topk_weights, is_token_in_rank, per_rank, per_expert,
@@ -210,14 +212,19 @@ def _native_dispatch(buf, nb, xin, topk_idx, topk_weights, is_token_in_rank, per
     in_rank = is_token_in_rank if is_token_in_rank.dtype is torch.bool else \
         is_token_in_rank.to(torch.bool)
     counts = _aux(buf, "allgather", R + E, 1, R, topk_capacity(R, R), "cpu")
-    # Should the call fail past its dispatch, the window's last dispatch is none of the handles'
-    # (each replays its own before a combine), never an older one combined in place.
-    nb.last = None
-    recv_x, scales, recv_idx, recv_w, per_expert_list, prefix, channel_prefix, begins, src_idx, \
-        send_head, route, dispatch_id = nb.native.deep_ep_normal_dispatch(
-            counts.native, x, x_scales, x_dtype, topk_idx, topk_weights,
-            in_rank.view(torch.uint8),  # torch < 2 exports no bool through DLPack
-            _int32(per_rank), _int32(per_expert), int(alignment))
+    try:
+        recv_x, scales, recv_idx, recv_w, per_expert_list, prefix, channel_prefix, begins, \
+            src_idx, send_head, route, dispatch_id = nb.native.deep_ep_normal_dispatch(
+                counts.native, x, x_scales, x_dtype, topk_idx, topk_weights,
+                in_rank.contiguous().view(torch.uint8),  # torch < 2 exports no bool (DLPack)
+                _int32(per_rank), _int32(per_expert), int(alignment))
+    except BaseException:
+        if nb.last is not None and nb.native.last_dispatch != nb.last.id:
+            # Failed past its dispatch (the count exchange): the window's last dispatch is
+            # none of the handles', so each replays its own before a combine (never an older
+            # one combined in place). Failed checks leave the last dispatch as it was.
+            nb.last = None
+        raise
     if route is None:
         route = topk_idx
     d = _win.Dispatch(dispatch_id, route)
