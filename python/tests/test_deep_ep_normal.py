@@ -24,8 +24,9 @@ def routing(rank, tokens, seed=0):
     return idx
 
 
-def x_of(rank, tokens):
-    x = torch.full((tokens, H), float(rank + 1))
+def x_of(rank, tokens, hidden=H, shift=0):
+    """A rank's rows: rank + 1 + shift in every channel but the last, which holds the token."""
+    x = torch.full((tokens, hidden), float(rank + 1 + shift))
     x[:, -1] = torch.arange(tokens, dtype=torch.float32)
     return x.to(torch.bfloat16)
 
@@ -203,11 +204,6 @@ def test_reused_result_blocks_hold_only_their_own_call():
     tokens, hidden = 600, 2048  # recv_x ~4.5 MB, combined_x 2.4 MB
     from ubep import _ubep
 
-    def x_big(rank, i):
-        x = torch.full((tokens, hidden), float(rank + 1 + i))
-        x[:, -1] = torch.arange(tokens, dtype=torch.float32)
-        return x.to(torch.bfloat16)
-
     def body(group):
         me = group.rank
         buf = deep_ep.Buffer(group, window_bytes("bf16", hidden, R, EL, topk_capacity(K, R),
@@ -218,7 +214,7 @@ def test_reused_result_blocks_hold_only_their_own_call():
             idx[5 + i, :] = -1  # sent nowhere (row 2 is too)
             per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
             recv, _, _, _, handle, _ = buf.dispatch(
-                x_big(me, i), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                x_of(me, tokens, hidden, i), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
                 num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=torch.ones(idx.shape))
             begins = handle[2].view(-1).tolist() + [recv.shape[0]]
             for s in range(R):
