@@ -81,6 +81,107 @@ int64_t count_layout(const int64_t* idx, int64_t T, int64_t k, int64_t E, int64_
   return -1;
 }
 
+// One call's layout arguments as the native dispatch reads them.
+struct LayoutArgs {
+  const uint8_t* flags;       // is_token_in_rank [T, R], 0 or not
+  const int32_t* per_rank;    // num_tokens_per_rank [R]
+  const int32_t* per_expert;  // num_tokens_per_expert [E]
+  int64_t T, R, E;
+};
+
+// The layout arguments against the routing they describe (DeepEP trusts them; a mismatch there
+// sends rows where the counts say none go). With topk_idx (idx [T, k], else nullptr) the layout
+// is recomputed and compared whole; without it is_token_in_rank is the routing and the counts
+// per rank follow it.
+void check_layout(const LayoutArgs& l, const int64_t* idx, int64_t k) {
+  const int64_t T = l.T, R = l.R, E = l.E;
+  if (idx) {
+    std::vector<int32_t> want_rank(static_cast<size_t>(R)), want_expert(static_cast<size_t>(E));
+    std::vector<uint8_t> want_flags(static_cast<size_t>(T * R));
+    const int64_t bad =
+        count_layout(idx, T, k, E, R, want_rank.data(), want_expert.data(), want_flags.data());
+    UBEP_CHECK_ARG(bad < 0, "dispatch: topk_idx row ", bad / std::max<int64_t>(k, 1),
+                   " has expert id ", bad < 0 ? 0 : idx[bad], " outside [-1, ", E,
+                   ") (num_tokens_per_expert has ", E, " experts)");
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t r = 0; r < R; ++r)
+        UBEP_CHECK_ARG((l.flags[t * R + r] != 0) == (want_flags[t * R + r] != 0),
+                       "dispatch: is_token_in_rank row ", t, " marks ranks ",
+                       ranks_of_row(l.flags + t * R, R), ", topk_idx row ", t, " goes to ranks ",
+                       ranks_of_row(&want_flags[t * R], R));
+    for (int64_t e = 0; e < E; ++e)
+      UBEP_CHECK_ARG(l.per_expert[e] == want_expert[e], "dispatch: num_tokens_per_expert[", e,
+                     "] is ", l.per_expert[e], ", topk_idx routes ", want_expert[e],
+                     " tokens to expert ", e);
+  }
+  std::vector<int32_t> marked(static_cast<size_t>(R), 0);
+  for (int64_t i = 0; i < T * R; ++i) marked[static_cast<size_t>(i % R)] += l.flags[i] != 0;
+  for (int64_t r = 0; r < R; ++r)
+    UBEP_CHECK_ARG(l.per_rank[r] == marked[static_cast<size_t>(r)],
+                   "dispatch: num_tokens_per_rank[", r, "] is ", l.per_rank[r],
+                   ", is_token_in_rank marks ", marked[static_cast<size_t>(r)], " tokens for rank ",
+                   r);
+}
+
+// DeepEP's notify step: every rank's tokens per rank and per expert (R + E values), sent as one
+// fp32 row to every rank through the `counts` window (exact: counts are far below 2^24); a
+// masked rank sends none and counts as zeros. Returns its dispatch and the counts [source,
+// R + E].
+std::vector<int64_t> exchange_counts(Buffer& counts, const LayoutArgs& l, DispatchResult* g) {
+  const int64_t R = l.R, W = l.R + l.E;
+  const Device& dev = counts.config().device;
+  std::vector<float> mine(static_cast<size_t>(W)), ones(static_cast<size_t>(R), 1.0f);
+  std::vector<int64_t> everyone(static_cast<size_t>(R));
+  for (int64_t i = 0; i < R; ++i) mine[i] = static_cast<float>(l.per_rank[i]);
+  for (int64_t e = 0; e < l.E; ++e) mine[R + e] = static_cast<float>(l.per_expert[e]);
+  std::iota(everyone.begin(), everyone.end(), int64_t{0});
+  DispatchArgs a{TensorView(mine.data(), DType::kFP32, {1, W}),
+                 TensorView(everyone.data(), DType::kInt64, {1, R}),
+                 TensorView(ones.data(), DType::kFP32, {1, R}), Layout::kThroughput};
+  for (TensorView* v : {&a.x, &a.topk_idx, &a.topk_weights}) v->device = dev;
+  *g = without_gil([&] { return counts.dispatch(a); });
+  std::vector<int64_t> gathered(static_cast<size_t>(R * W), 0);
+  const auto* rows = g->recv_x.as<const float>();
+  const auto* src = g->recv_src.as<const int64_t>();
+  for (int64_t i = 0; i < g->num_recv_rows; ++i)
+    for (int64_t c = 0; c < W; ++c)
+      gathered[static_cast<size_t>(src[2 * i] * W + c)] = static_cast<int64_t>(rows[i * W + c]);
+  return gathered;
+}
+
+// The handle's arrays of dispatch r: rank_prefix_matrix [i][j] = tokens ranks 0..i send to j
+// (from the exchanged counts); channel_prefix_matrix zeros (one channel per rank);
+// recv_channel_prefix_matrix the first row of each source; send_head each token's position
+// among those sent to a rank (-1: not sent there).
+void fill_handle(const LayoutArgs& l, const DispatchResult& r, const std::vector<int64_t>& gathered,
+                 int32_t* prefix, int32_t* channel, int32_t* begins, int32_t* send_head) {
+  const int64_t R = l.R, W = l.R + l.E;
+  for (int64_t i = 0; i < R; ++i)
+    for (int64_t j = 0; j < R; ++j)
+      prefix[i * R + j] = static_cast<int32_t>(gathered[static_cast<size_t>(i * W + j)]) +
+                          (i ? prefix[(i - 1) * R + j] : 0);
+  std::memset(channel, 0, static_cast<size_t>(R) * sizeof(int32_t));
+  const auto* range = r.recv_range.as<const int64_t>();
+  for (int64_t i = 0; i < R; ++i) begins[i] = static_cast<int32_t>(range[2 * i]);
+  std::vector<int32_t> sent(static_cast<size_t>(R), 0);
+  for (int64_t i = 0; i < l.T * R; ++i)
+    send_head[i] = l.flags[i] ? sent[static_cast<size_t>(i % R)]++ : -1;
+}
+
+// DeepEP's num_recv_tokens_per_expert_list: per local expert of rank `me`, the tokens all ranks
+// send it, rounded up to `alignment`.
+pb::list per_local_expert(const LayoutArgs& l, const std::vector<int64_t>& gathered, int64_t me,
+                          int64_t alignment) {
+  const int64_t R = l.R, W = l.R + l.E, El = l.E / l.R;
+  pb::list out;
+  for (int64_t e = 0; e < El; ++e) {
+    int64_t c = 0;
+    for (int64_t s = 0; s < R; ++s) c += gathered[static_cast<size_t>(s * W + R + me * El + e)];
+    out.append((c + alignment - 1) / alignment * alignment);
+  }
+  return out;
+}
+
 }  // namespace
 
 pb::tuple deep_ep_dispatch_layout(pb::handle topk_idx, int64_t num_experts, int64_t num_ranks) {
@@ -139,13 +240,12 @@ pb::tuple PyBuffer::deep_ep_normal_dispatch(pb::handle self, PyBuffer& counts, p
                  " entries (one per rank), got ", per_rank.view.describe());
   UBEP_CHECK_ARG(expert_alignment >= 1, "dispatch: expert_alignment must be >= 1, got ",
                  expert_alignment);
-  const auto* flags = static_cast<const uint8_t*>(in_rank.view.data);
-  const auto* given_rank = per_rank.view.as<const int32_t>();
-  const auto* given_expert = per_expert.view.as<const int32_t>();
-
-  // The layout arguments against the routing they describe (DeepEP trusts them; a mismatch
-  // there sends rows where the counts say none go). With topk_idx the layout is recomputed
-  // and compared whole; without it is_token_in_rank is the routing and the counts follow it.
+  const LayoutArgs l{.flags = static_cast<const uint8_t*>(in_rank.view.data),
+                     .per_rank = per_rank.view.as<const int32_t>(),
+                     .per_expert = per_expert.view.as<const int32_t>(),
+                     .T = T,
+                     .R = R,
+                     .E = E};
   Borrowed bi, bw;
   const bool has_topk = !topk_idx.is_none();
   if (has_topk) {
@@ -153,36 +253,11 @@ pb::tuple PyBuffer::deep_ep_normal_dispatch(pb::handle self, PyBuffer& counts, p
     bw = borrow(topk_weights, "dispatch: topk_weights", DType::kFP32, dev);
     UBEP_CHECK_ARG(bi.view.ndim == 2 && bi.view.dim(0) == T, "dispatch: topk_idx must be [", T,
                    ", topk], got ", bi.view.describe());
-    const int64_t k = bi.view.dim(1);
-    std::vector<int32_t> want_rank(static_cast<size_t>(R)), want_expert(static_cast<size_t>(E));
-    std::vector<uint8_t> want_flags(static_cast<size_t>(T * R));
-    const auto* idx = bi.view.as<const int64_t>();
-    const int64_t bad =
-        count_layout(idx, T, k, E, R, want_rank.data(), want_expert.data(), want_flags.data());
-    UBEP_CHECK_ARG(bad < 0, "dispatch: topk_idx row ", bad / std::max<int64_t>(k, 1),
-                   " has expert id ", bad < 0 ? 0 : idx[bad], " outside [-1, ", E,
-                   ") (num_tokens_per_expert has ", E, " experts)");
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t r = 0; r < R; ++r)
-        UBEP_CHECK_ARG((flags[t * R + r] != 0) == (want_flags[t * R + r] != 0),
-                       "dispatch: is_token_in_rank row ", t, " marks ranks ",
-                       ranks_of_row(flags + t * R, R), ", topk_idx row ", t, " goes to ranks ",
-                       ranks_of_row(&want_flags[t * R], R));
-    for (int64_t e = 0; e < E; ++e)
-      UBEP_CHECK_ARG(given_expert[e] == want_expert[e], "dispatch: num_tokens_per_expert[", e,
-                     "] is ", given_expert[e], ", topk_idx routes ", want_expert[e],
-                     " tokens to expert ", e);
   } else {
     UBEP_CHECK_ARG(topk_weights.is_none(),
                    "dispatch: pass topk_idx and topk_weights together (or neither)");
   }
-  std::vector<int32_t> marked(static_cast<size_t>(R), 0);
-  for (int64_t i = 0; i < T * R; ++i) marked[static_cast<size_t>(i % R)] += flags[i] != 0;
-  for (int64_t r = 0; r < R; ++r)
-    UBEP_CHECK_ARG(given_rank[r] == marked[static_cast<size_t>(r)],
-                   "dispatch: num_tokens_per_rank[", r, "] is ", given_rank[r],
-                   ", is_token_in_rank marks ", marked[static_cast<size_t>(r)], " tokens for rank ",
-                   r);
+  check_layout(l, has_topk ? bi.view.as<const int64_t>() : nullptr, has_topk ? bi.view.dim(1) : 0);
   const BufferConfig& ccfg = counts.buffer().config();
   UBEP_CHECK_ARG(ccfg.hidden == R + E && ccfg.num_experts == R && ccfg.dtype == DType::kFP32,
                  "deep_ep_normal_dispatch: the counts window must be fp32 [", R + E, "] over ", R,
@@ -208,7 +283,7 @@ pb::tuple PyBuffer::deep_ep_normal_dispatch(pb::handle self, PyBuffer& counts, p
   } else {
     // One column per rank: its first expert where the token goes, else -1; weights ones.
     int64_t* rt = head.data<int64_t>(route);
-    for (int64_t i = 0; i < T * R; ++i) rt[i] = flags[i] ? (i % R) * (E / R) : -1;
+    for (int64_t i = 0; i < T * R; ++i) rt[i] = l.flags[i] ? (i % R) * (E / R) : -1;
     a.topk_idx = TensorView(rt, DType::kInt64, {T, R});
     a.topk_idx.device = dev;
     const auto n = static_cast<size_t>(T * R);
@@ -221,44 +296,13 @@ pb::tuple PyBuffer::deep_ep_normal_dispatch(pb::handle self, PyBuffer& counts, p
   b.last_result_ = r;
   b.last_tokens_ = T;
 
-  // DeepEP's notify step: every rank's tokens per rank and per expert, exchanged through the
-  // `counts` window (one row to every rank; a masked rank sends none and counts as zeros).
-  const int64_t W = R + E;
-  std::vector<float> mine(static_cast<size_t>(W)), ones(static_cast<size_t>(R), 1.0f);
-  std::vector<int64_t> everyone(static_cast<size_t>(R));
-  for (int64_t i = 0; i < R; ++i) mine[i] = static_cast<float>(given_rank[i]);  // exact < 2^24
-  for (int64_t e = 0; e < E; ++e) mine[R + e] = static_cast<float>(given_expert[e]);
-  std::iota(everyone.begin(), everyone.end(), int64_t{0});
-  DispatchArgs ca{TensorView(mine.data(), DType::kFP32, {1, W}),
-                  TensorView(everyone.data(), DType::kInt64, {1, R}),
-                  TensorView(ones.data(), DType::kFP32, {1, R}), Layout::kThroughput};
-  for (TensorView* v : {&ca.x, &ca.topk_idx, &ca.topk_weights}) v->device = ccfg.device;
-  const DispatchResult g = without_gil([&] { return counts.buffer().dispatch(ca); });
+  DispatchResult g;
+  const std::vector<int64_t> gathered = exchange_counts(counts.buffer(), l, &g);
   counts.last_handle_ = g.handle;
   counts.last_result_ = g;
   counts.last_tokens_ = 1;
-  std::vector<int64_t> gathered(static_cast<size_t>(R * W), 0);  // [source, W]
-  const auto* crows = g.recv_x.as<const float>();
-  const auto* csrc = g.recv_src.as<const int64_t>();
-  for (int64_t i = 0; i < g.num_recv_rows; ++i)
-    for (int64_t c = 0; c < W; ++c)
-      gathered[static_cast<size_t>(csrc[2 * i] * W + c)] = static_cast<int64_t>(crows[i * W + c]);
-
-  // rank_prefix_matrix [i][j] = tokens ranks 0..i send to j; channel_prefix_matrix zeros (one
-  // channel per rank); recv_channel_prefix_matrix the first row of each source; send_head each
-  // token's position among those sent to a rank (-1: not sent there).
-  int32_t* pm = head.data<int32_t>(prefix);
-  for (int64_t i = 0; i < R; ++i)
-    for (int64_t j = 0; j < R; ++j)
-      pm[i * R + j] = static_cast<int32_t>(gathered[static_cast<size_t>(i * W + j)]) +
-                      (i ? pm[(i - 1) * R + j] : 0);
-  std::memset(head.data<int32_t>(channel_prefix), 0, static_cast<size_t>(R) * 4);
-  const auto* range = r.recv_range.as<const int64_t>();
-  for (int64_t i = 0; i < R; ++i)
-    head.data<int32_t>(begins)[i] = static_cast<int32_t>(range[2 * i]);
-  int32_t* sh = head.data<int32_t>(send_head);
-  std::vector<int32_t> sent(static_cast<size_t>(R), 0);
-  for (int64_t i = 0; i < T * R; ++i) sh[i] = flags[i] ? sent[static_cast<size_t>(i % R)]++ : -1;
+  fill_handle(l, r, gathered, head.data<int32_t>(prefix), head.data<int32_t>(channel_prefix),
+              head.data<int32_t>(begins), head.data<int32_t>(send_head));
 
   // Per received row: its source token, and with topk_idx its top-k (int64 local expert ids or
   // -1) and weights, copied out of the window.
@@ -280,15 +324,7 @@ pb::tuple PyBuffer::deep_ep_normal_dispatch(pb::handle self, PyBuffer& counts, p
                 static_cast<size_t>(n * rk) * sizeof(float));
   }
 
-  // DeepEP's num_recv_tokens_per_expert_list: per local expert, the tokens all ranks send it,
-  // rounded up to expert_alignment.
-  const int64_t El = E / R;
-  pb::list per_local;
-  for (int64_t e = 0; e < El; ++e) {
-    int64_t c = 0;
-    for (int64_t s = 0; s < R; ++s) c += gathered[static_cast<size_t>(s * W + R + me * El + e)];
-    per_local.append((c + expert_alignment - 1) / expert_alignment * expert_alignment);
-  }
+  const pb::list per_local = per_local_expert(l, gathered, me, expert_alignment);
   pb::object none = pb::none();
   return pb::make_tuple(owned_copy(r.recv_x), owned_copy(r.recv_x_scales),
                         has_topk ? rows.tensor(recv_idx) : none,
