@@ -1,7 +1,7 @@
 """ubep.deep_ep's normal mode in one native call (get_dispatch_layout, dispatch): the layout and
 DeepEP's handle arrays against references computed here with plain loops from the routing,
-the layout arguments checked against the routing, and a failed call leaving earlier handles
-right."""
+the layout arguments checked against the routing, a failed call leaving earlier handles right,
+and result blocks reused from earlier calls holding only their own call's values."""
 import numpy as np
 import pytest
 import torch
