@@ -85,11 +85,8 @@ pb::tuple PyBuffer::dispatch(pb::handle self, pb::handle x, pb::handle topk_idx,
   } else if (topk_weights.is_none()) {
     // Weights that come later, with combine (DeepEP's low-latency API): ones meanwhile, without
     // an array to export from Python.
-    const size_t n = static_cast<size_t>(std::max<int64_t>(bi.view.numel(), 0));
-    if (b.ones_.size() < n) b.ones_.assign(n, 1.0f);
-    a.topk_weights = TensorView(b.ones_.data(), DType::kFP32, {bi.view.dim(0), bi.view.dim(1)});
-    a.topk_weights.device = dev;                      // host memory: cpu or the simulation device
-    if (bi.view.ndim != 2) a.topk_weights = bi.view;  // let validation name the bad topk_idx
+    // (host memory: cpu or the simulation device). Not 2-D: validation names the bad topk_idx.
+    a.topk_weights = bi.view.ndim == 2 ? b.ones(bi.view.dim(0), bi.view.dim(1)) : bi.view;
   } else {
     bw = borrow(topk_weights, "dispatch: topk_weights", DType::kFP32, dev);
     a.topk_weights = bw.view;
@@ -386,6 +383,10 @@ void bind_buffer(pb::module_& m) {
            pb::arg("x"), pb::arg("x_scales"), pb::arg("x_dtype"), pb::arg("topk_idx"),
            pb::arg("topk_weights"), pb::arg("is_token_in_rank"), pb::arg("num_tokens_per_rank"),
            pb::arg("num_tokens_per_expert"), pb::arg("expert_alignment"))
+      .def("deep_ep_cached_dispatch", &PyBuffer::deep_ep_cached_dispatch, pb::arg("x"),
+           pb::arg("x_scales"), pb::arg("x_dtype"), pb::arg("route"))
+      .def("deep_ep_normal_combine", &PyBuffer::deep_ep_normal_combine, pb::arg("x"),
+           pb::arg("handle"), pb::arg("weights"), pb::arg("route"), pb::arg("topk_weights"))
       .def("combine_into", &PyBuffer::combine_into, pb::arg("x"), pb::arg("handle"),
            pb::arg("topk_weights"), pb::arg("out"), pb::arg("send_only") = false)
       .def("combine_new", &PyBuffer::combine_new, pb::arg("x"), pb::arg("handle"),

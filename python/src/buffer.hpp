@@ -3,6 +3,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -117,12 +118,42 @@ class PyBuffer {
   // The receive hook per piece of the outstanding dispatch `handle`: (begin, count).
   pb::tuple wait_recv_range(uint64_t handle, int source, int local_expert);
 
+  // ubep.deep_ep's normal dispatch again with an earlier one's routing (DeepEP's cached
+  // dispatch, handle=; host memory; deep_ep_cached.cpp): x (and x_scales, x_dtype as dispatch)
+  // sent along `route` (int64 [tokens, k], the earlier dispatch's topk_idx or the routing made
+  // from its is_token_in_rank), its weights ones. Returns (recv_x, recv_x_scales | None,
+  // dispatch handle), the rows made new as DeepEP's.
+  static pb::tuple deep_ep_cached_dispatch(pb::handle self, pb::handle x, pb::handle x_scales,
+                                           const std::string& x_dtype, pb::handle route);
+  // ubep.deep_ep's normal combine with topk_weights (Megatron's backward of dispatch; host
+  // memory; deep_ep_cached.cpp): combine_new(x, handle), then the weights [received rows, k]
+  // fp32 summed per token over the ranks they come from, as DeepEP's combined_topk_weights:
+  // a dispatch along `route` and a combine on `weights` (an fp32 window of k columns). Returns
+  // (y, combined_topk_weights [tokens, k], the weights window's dispatch handle).
+  pb::tuple deep_ep_normal_combine(pb::handle x, uint64_t handle, PyBuffer& weights,
+                                   pb::handle route, pb::handle topk_weights);
+
   Buffer& buffer() { return *buf_; }
   uint64_t last_handle() const { return last_handle_; }
   pb::object group_object() const { return group_; }
 
  private:
   pb::tuple result_tuple(pb::handle self, const DispatchResult& r, int kind);
+  // Dispatch r of `tokens` tokens as this window's last (what combines and views refer to).
+  void remember(const DispatchResult& r, int64_t tokens) {
+    last_handle_ = r.handle;
+    last_result_ = r;
+    last_tokens_ = tokens;
+  }
+  // Ones [rows, cols] fp32 in host memory on this window's device: dispatch weights that come
+  // later with combine. Valid until the next call asks for more.
+  TensorView ones(int64_t rows, int64_t cols) {
+    const auto n = static_cast<size_t>(std::max<int64_t>(rows * cols, 0));
+    if (ones_.size() < n) ones_.assign(n, 1.0f);
+    TensorView v(ones_.data(), DType::kFP32, {rows, cols});
+    v.device = buf_->config().device;
+    return v;
+  }
 
   pb::object group_;  // keeps the Group (and its shared memory) alive as long as the Buffer
   std::unique_ptr<Buffer> buf_;

@@ -122,19 +122,14 @@ pb::object PyBuffer::deep_ep_dispatch(pb::handle self, pb::handle x, pb::handle 
   a.x = bx->view;
   a.topk_idx = bi->view;
   // The weights come with combine (DeepEP's low-latency API): ones meanwhile, as dispatch.
-  const size_t n = static_cast<size_t>(bi->view.numel());
-  if (b.ones_.size() < n) b.ones_.assign(n, 1.0f);
-  a.topk_weights = TensorView(b.ones_.data(), DType::kFP32, {bi->view.dim(0), bi->view.dim(1)});
-  a.topk_weights.device = dev;
+  a.topk_weights = b.ones(bi->view.dim(0), bi->view.dim(1));
   a.layout = Layout::kLatency;
   DispatchResult r = without_gil([&] {
     if (!send_only) return buf.dispatch(a);
     buf.dispatch_send(a);
     return buf.pending_dispatch();  // views: the counts fill in as the receive completes
   });
-  b.last_handle_ = r.handle;
-  b.last_result_ = r;
-  b.last_tokens_ = bi->view.dim(0);
+  b.remember(r, bi->view.dim(0));
   b.pending_arrays_.reset();  // a dispatch_send whose receive never came: its arrays stay unfilled
   // DeepEP's handle arrays, new at every call as DeepEP's (a handle may outlive later
   // dispatches: a combine of it replays its dispatch), made here: three torch.empty from Python

@@ -286,21 +286,14 @@ pb::tuple PyBuffer::deep_ep_normal_dispatch(pb::handle self, PyBuffer& counts, p
     for (int64_t i = 0; i < T * R; ++i) rt[i] = l.flags[i] ? (i % R) * (E / R) : -1;
     a.topk_idx = TensorView(rt, DType::kInt64, {T, R});
     a.topk_idx.device = dev;
-    const auto n = static_cast<size_t>(T * R);
-    if (b.ones_.size() < n) b.ones_.assign(n, 1.0f);
-    a.topk_weights = TensorView(b.ones_.data(), DType::kFP32, {T, R});
-    a.topk_weights.device = dev;
+    a.topk_weights = b.ones(T, R);
   }
   const DispatchResult r = without_gil([&] { return buf.dispatch(a); });
-  b.last_handle_ = r.handle;
-  b.last_result_ = r;
-  b.last_tokens_ = T;
+  b.remember(r, T);
 
   DispatchResult g;
   const std::vector<int64_t> gathered = exchange_counts(counts.buffer(), l, &g);
-  counts.last_handle_ = g.handle;
-  counts.last_result_ = g;
-  counts.last_tokens_ = 1;
+  counts.remember(g, 1);
   fill_handle(l, r, gathered, head.data<int32_t>(prefix), head.data<int32_t>(channel_prefix),
               head.data<int32_t>(begins), head.data<int32_t>(send_head));
 

@@ -1,7 +1,9 @@
-"""ubep.deep_ep's normal mode in one native call (get_dispatch_layout, dispatch): the layout and
-DeepEP's handle arrays against references computed here with plain loops from the routing,
-the layout arguments checked against the routing, a failed call leaving earlier handles right,
-and result blocks reused from earlier calls holding only their own call's values."""
+"""ubep.deep_ep's normal mode in one native call (get_dispatch_layout, dispatch, and Megatron's
+backward calls: the cached dispatch and the combine with topk_weights): the layout, DeepEP's
+handle arrays, the cached dispatch's rows and the combined weights against references computed
+here with plain loops from the routing, the layout arguments checked against the routing, a
+failed call leaving earlier handles right, and result blocks reused from earlier calls holding
+only their own call's values."""
 import numpy as np
 import pytest
 import torch
@@ -229,3 +231,110 @@ def test_reused_result_blocks_hold_only_their_own_call():
         return _ubep._huge_block_cache()[2] - reused_before
     # both ranks' blocks share the process's cache: reused at least once per later call
     assert sum(ubep.run_on_threads(R, body, timeout=60.0)) >= 4
+
+
+def fp8_of(rank, tokens, shift=0):
+    """fp8 codes and scales for DeepEP's (codes, scales) x: codes from the rank, the token and
+    the shift, one scale per 128 channels (the values do not matter, only that they arrive)."""
+    codes = (torch.arange(H).view(1, H) + torch.arange(tokens).view(-1, 1) * 7 + rank * 31 +
+             shift) % 112 + 8  # no NaN codes (0x7f / 0xff)
+    scales = torch.full((tokens, H // 128), float(rank + 1 + shift)) + \
+        torch.arange(tokens, dtype=torch.float32).view(-1, 1)
+    return codes.to(torch.uint8), scales
+
+
+def grad_weights(me, source, token, k):
+    """The weight gradient rank `me` passes back for `source`'s token: exact in fp32 when
+    summed."""
+    return [float(me * 1000 + source * 100 + token * 4 + j) for j in range(k)]
+
+
+@pytest.mark.parametrize("device", [None, "cuda-sim"])
+@pytest.mark.parametrize("with_topk", [True, False])
+def test_cached_dispatch_and_combine_with_weights_match_the_routing(device, with_topk):
+    """Megatron's backward calls: a cached dispatch (handle=) sends new rows (bf16, and fp8
+    codes through another window) along the handle's routing, and a combine with topk_weights
+    sums each token's weights over the ranks it went to (DeepEP's combined_topk_weights), for
+    the last dispatch and for an older one that a later dispatch replaced; references from
+    every rank's routing. The host path is one native call each, the simulated GPU's the torch
+    one: both must match."""
+    tokens = {0: 9, 1: 6}
+    idx_of = {r: routing(r, tokens[r], seed=7) for r in range(R)}
+    lay = {r: layout_reference(idx_of[r], E, R) for r in range(R)}
+
+    def body(group):
+        me = group.rank
+        buf = deep_ep.Buffer(group, 2 * window_bytes("bf16", H, R, EL, topk_capacity(K, R), 16,
+                                                     False), device=device,
+                             explicitly_destroy=True)
+        idx = idx_of[me]
+        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+        kw = dict(topk_idx=idx, topk_weights=torch.rand(idx.shape)) if with_topk else {}
+        layout = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                      num_tokens_per_expert=per_expert, **kw)
+        recv, _, _, _, handle, _ = buf.dispatch(x_of(me, tokens[me]), **layout)
+        sent = [[t for t in range(tokens[s]) if lay[s][2][t][me]] for s in range(R)]
+        order = [(s, t) for s in range(R) for t in sent[s]]  # the received rows
+        k = K if with_topk else R
+        n = in_rank.sum(dim=1, keepdim=True).float()
+
+        def check_weighted_combine(h, rows, shift):
+            gw = torch.tensor([grad_weights(me, s, t, k) for s, t in order]).view(-1, k)
+            y, cw, _ = buf.combine(rows, h, topk_weights=gw)
+            assert torch.equal(y.float(), x_of(me, tokens[me], shift=shift).float() * n)
+            want = [[sum(grad_weights(r, me, t, k)[j] for r in range(R) if lay[me][2][t][r])
+                     for j in range(k)] for t in range(tokens[me])]
+            assert cw.dtype == torch.float32 and cw.tolist() == want
+
+        for shift in (3, 4):  # twice: the second finds the windows as the first left them
+            again = buf.dispatch(x_of(me, tokens[me], shift=shift), handle=handle)[0]
+            assert again.shape == recv.shape
+            for i, (s, t) in enumerate(order):
+                assert torch.equal(again[i], x_of(s, tokens[s], shift=shift)[t])
+            check_weighted_combine(handle, again, shift)
+        if device is None:  # fp8 windows are the CPU's (the CUDA kernels send bf16 and fp32)
+            codes, scales = buf.dispatch(fp8_of(me, tokens[me]), handle=handle)[0]
+            for i, (s, t) in enumerate(order):
+                want_codes, want_scales = fp8_of(s, tokens[s])
+                assert torch.equal(codes[i].view(torch.uint8), want_codes[t])
+                assert torch.equal(scales[i], want_scales[t])
+        # A later dispatch replaced the handle's: its combine replays the handle's rows
+        recv2, _, _, _, handle2, _ = buf.dispatch(x_of(me, tokens[me], shift=9), **layout)
+        check_weighted_combine(handle, recv, 0)
+        check_weighted_combine(handle2, recv2, 9)
+        del recv, recv2, again, handle, handle2
+        buf.destroy()
+        return True
+    assert all(ubep.run_on_threads(R, body, timeout=60.0))
+
+
+def test_backward_calls_check_their_arguments_and_a_failed_call_leaves_them_right():
+    """A cached dispatch of another token count and a combine with topk_weights of the wrong
+    shape fail naming what they got, before any data moves: the calls after them return the
+    right rows and weights (float64 weights taken as fp32)."""
+    def body(group):
+        me = group.rank
+        buf = buffer(group)
+        idx = routing(me, 8, seed=11)
+        per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+        recv, _, r_w, _, handle, _ = buf.dispatch(
+            x_of(me, 8), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=torch.ones(idx.shape))
+        rows = recv.shape[0]
+        with pytest.raises(ubep.InvalidArgument,
+                           match="x has 7 tokens, the handle's dispatch had 8"):
+            buf.dispatch(x_of(me, 7), handle=handle)
+        with pytest.raises(ubep.InvalidArgument,
+                           match=rf"topk_weights must be \[received rows, k\], got \({rows},\)"):
+            buf.combine(recv, handle, topk_weights=torch.ones(rows))
+        with pytest.raises(ubep.InvalidArgument,
+                           match=rf"topk_weights must be \[{rows}, {K}\] .*got fp32\[{rows + 1}, "):
+            buf.combine(recv, handle, topk_weights=torch.ones((rows + 1, K)))
+        again = buf.dispatch(x_of(me, 8, shift=2), handle=handle)[0]
+        y, cw, _ = buf.combine(again, handle, topk_weights=r_w.double())  # float64: converted
+        n = in_rank.sum(dim=1, keepdim=True).float()
+        assert torch.equal(y.float(), x_of(me, 8, shift=2).float() * n)
+        # the weights came as dispatched (ones where the rank holds the expert), summed
+        assert torch.equal(cw, (idx >= 0).float())
+        return True
+    assert all(ubep.run_on_threads(R, body, timeout=30.0))

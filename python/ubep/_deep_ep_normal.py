@@ -127,12 +127,22 @@ def dispatch(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_p
         if topk_idx is not None or topk_weights is not None:
             _err("dispatch: a cached dispatch (handle=) takes no topk_idx/topk_weights "
                  "(as DeepEP)")
-        route = handle._route
-        nb = window(buf, dtype, hidden, handle._E, route.shape[1], route.shape[0],
-                    buf._device_of(values))
-        recv_x, _, _, _, d = _win.dispatch(nb, values, route, latency=False, x_scales=scales)
+        route, nb = handle._route, handle._window
+        if nb.dtype != dtype or nb.hidden != hidden or nb.device != buf._device_of(values):
+            nb = window(buf, dtype, hidden, handle._E, route.shape[1], route.shape[0],
+                        buf._device_of(values))
+        if nb.device == "cpu":  # one native call: the dispatch and its rows made new
+            x, x_scales, x_dtype = _native.x_args(values, scales, nb.dtype, "dispatch")
+            recv_x, recv_scales, dispatch_id = nb.native.deep_ep_cached_dispatch(
+                x, x_scales, x_dtype, route)
+            d = nb.last = _win.Dispatch(dispatch_id, route)
+            if recv_scales is not None:
+                recv_x = (_fp8.codes_out(recv_x), recv_scales)
+        else:
+            recv_x, _, _, _, d = _win.dispatch(nb, values, route, latency=False, x_scales=scales)
+            recv_x = _owned_recv(nb, d, recv_x)
         _remember(handle, nb, d, xin)
-        return _owned_recv(nb, d, recv_x), None, None, None, None, buf._event()
+        return recv_x, None, None, None, None, buf._event()
 
     if num_tokens_per_rank is None or is_token_in_rank is None or num_tokens_per_expert is None:
         _err("dispatch: without a handle, num_tokens_per_rank, is_token_in_rank and "
@@ -279,6 +289,8 @@ def _pad(recv_x, idx, w, n):
 def combine(buf, x, handle, topk_weights, bias):
     if not isinstance(handle, NormalHandle):
         _err(f"combine: handle must be the tuple dispatch returned, got {type(handle).__name__}")
+    if topk_weights is not None and topk_weights.dim() != 2:
+        _err(f"combine: topk_weights must be [received rows, k], got {tuple(topk_weights.shape)}")
     nb, d = handle._window, handle._dispatch
     if nb.last is not d or (d.combined and not nb.repeats):
         # ubep combines only the last dispatch (a later one reused the window), and on CUDA
@@ -292,17 +304,24 @@ def combine(buf, x, handle, topk_weights, bias):
     biases = [b for b in (bias if isinstance(bias, (tuple, list)) else (bias,)) if b is not None]
     if not biases and nb.device == "cpu":
         # A new tensor made natively (huge pages where offered; see _owned_recv), the
-        # reduction writing into it: no copy of a view, no 4 KiB page faults.
-        y = nb.native.combine_new(x, d.id, None)
+        # reduction writing into it: no copy of a view, no 4 KiB page faults. With topk_weights
+        # the weights' combine follows in the same native call.
+        if topk_weights is None:
+            return nb.native.combine_new(x, d.id, None), None, buf._event()
+        wnb = _weights_window(buf, handle, topk_weights)
+        y, weights, weights_id = nb.native.deep_ep_normal_combine(
+            x, d.id, wnb.native, handle._route, _fp32(topk_weights))
+        wnb.last = _win.Dispatch(weights_id, handle._route)
+        wnb.last.combined = True
+        return y, weights, buf._event()
+    y = nb.native.combine(x, d.id, None, _arrays.TORCH, False, None)
+    if biases:  # added to the sum in fp32, one rounding
+        acc = y.to(torch.float32)
+        for b in biases:
+            acc = acc + b.to(torch.float32)
+        y = acc.to(y.dtype)
     else:
-        y = nb.native.combine(x, d.id, None, _arrays.TORCH, False, None)
-        if biases:  # added to the sum in fp32, one rounding
-            acc = y.to(torch.float32)
-            for b in biases:
-                acc = acc + b.to(torch.float32)
-            y = acc.to(y.dtype)
-        else:
-            y = y.clone()
+        y = y.clone()
     weights = None
     if topk_weights is not None:
         weights = _combine_weights(buf, handle, topk_weights)
@@ -312,14 +331,25 @@ def combine(buf, x, handle, topk_weights, bias):
 def _combine_weights(buf, handle, topk_weights):
     """DeepEP's combined_topk_weights: per token, the sum over the ranks it went to of the
     weights each passed back (fp32, ascending rank order): a combine of the weights as rows."""
-    route, k = handle._route, int(topk_weights.shape[-1])
-    w = handle._window
-    nb = _aux(buf, "weights", k, w.max_tokens_per_rank, handle._E, w.max_topk, w.device)
+    route, nb = handle._route, _weights_window(buf, handle, topk_weights)
+    k = int(topk_weights.shape[-1])
     d = _win.dispatch(nb, torch.zeros((route.shape[0], k), dtype=torch.float32,
                                       device=route.device), route, latency=False)[4]
     d.combined = True
     return nb.native.combine(topk_weights.to(torch.float32).contiguous(), d.id, None,
                              _arrays.TORCH, False, None).clone()
+
+
+def _weights_window(buf, handle, topk_weights):
+    """The fp32 side window combining top-k weights [rows, k] of handle's dispatches."""
+    w, k = handle._window, int(topk_weights.shape[-1])
+    return _aux(buf, "weights", k, w.max_tokens_per_rank, handle._E, w.max_topk, w.device)
+
+
+def _fp32(a):
+    """a as the native call reads it: float32, contiguous."""
+    return a if a.dtype is torch.float32 and a.is_contiguous() else \
+        a.to(torch.float32).contiguous()
 
 
 def get_dispatch_layout(topk_idx, num_experts, num_ranks):
