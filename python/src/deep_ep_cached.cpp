@@ -2,7 +2,7 @@
 // (python/ubep/_deep_ep_normal.py): the cached dispatch (handle=) and the combine with
 // topk_weights. Megatron-LM's DeepEP path makes both in every backward pass (the backward of
 // combine is a cached dispatch, the backward of dispatch a combine with the weights' gradient);
-// from Python each took a dozen objects and two to four native calls around the data movement
+// from Python each took a dozen objects and two or three native calls around the data movement
 // (docs/DEEPEP.md, Performance). Part of the _ubep.Buffer binding (buffer.cpp binds them).
 #include <pybind11/pybind11.h>
 
