@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "arrays.hpp"
+#include "backend/cpu/row_kernels.hpp"
 #include "interrupt.hpp"
 #include "ubep/error.hpp"
 
@@ -46,8 +47,18 @@ pb::object owned_copy(const TensorView& v) {
   HostBlock block = make_host_block(bytes, /*written_whole=*/true);
   TensorView out = v;
   out.data = block.data;
+  // From 16 MiB with non-temporal stores: far larger than a cache holds, the copy skips reading
+  // every destination line first. glibc's memcpy switches by the L3 size the CPU reports, on
+  // the project's VMs the host's (256 MB), so it never did. 2 process ranks, Zen 3 VM, a cached
+  // dispatch then a read of its rows (docs/PERFORMANCE.md, thirtieth session): 1024 tokens (29
+  // MB) 10.4-11.9 -> 9.0-9.9 ms, 4096 tokens 47.1-47.9 -> 40.7-41.4 ms; at 256 tokens (7.3 MB)
+  // no gain (the caller's read then found fewer rows in cache).
+  constexpr size_t kStreamCopyBytes = size_t{16} << 20;
   without_gil([&] {
-    std::memcpy(block.data, v.data, bytes);
+    if (bytes >= kStreamCopyBytes)
+      kernels::copy_row_to_peer(block.data, v.data, bytes);  // non-temporal, then a fence
+    else
+      std::memcpy(block.data, v.data, bytes);
     return 0;
   });
   return to_array(out, block.owner, Kind::kTorch);

@@ -199,11 +199,13 @@ def test_layout_arguments_are_checked_and_a_failed_call_leaves_handles_right(dev
     assert all(ubep.run_on_threads(R, body, timeout=30.0))
 
 
-def test_reused_result_blocks_hold_only_their_own_call():
+@pytest.mark.parametrize("tokens,hidden", [(600, 2048), (700, 7168)])
+def test_reused_result_blocks_hold_only_their_own_call(tokens, hidden):
     """recv_x and combined_x from 2 MiB up come from blocks freed by earlier calls (no page
     zeroing): each call's results are its own rows, a token sent nowhere combines to zeros and
-    not to what an earlier call left in the block."""
-    tokens, hidden = 600, 2048  # recv_x ~4.5 MB, combined_x 2.4 MB
+    not to what an earlier call left in the block. 600 x 2048: recv_x ~4.5 MB, combined_x 2.4
+    MB; 700 x 7168: recv_x ~19 MB, copied out and staged for the combine with non-temporal
+    stores (from 16 MiB)."""
     from ubep import _ubep
 
     def body(group):

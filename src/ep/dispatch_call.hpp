@@ -88,6 +88,12 @@ class DispatchCall {
   // 420 against 401 us (16 tokens). Combine outputs keep a threshold
   // (reducer.hpp: there the caller reads y right away, and streaming it did not pay).
   static constexpr double kStreamBytes = 4.0 * (1 << 20);  // combine outputs only
+  // A combine's expert outputs staged into this rank's window (x not its combine buffer) take
+  // plain stores, for the owners that read them right away, until they are far larger than a
+  // cache holds: then the read-for-ownership of every line is a third of the traffic. 4096
+  // tokens (117 MB a rank; 2 process ranks, Zen 3 VM, DeepEP's combine, 3 alternated rounds):
+  // 35.5, 31.7, 31.6 -> 24.9, 28.2, 28.7 ms (docs/PERFORMANCE.md, thirtieth session).
+  static constexpr size_t kStreamStagedBytes = size_t{16} << 20;
   // A rank's rows to itself are the exception while they fit in a core's cache: their lines
   // were last read by this rank's own expert, so a plain store finds them in its own cache (no
   // fetch from another core), and the expert's read after the call finds its rows there

@@ -287,12 +287,17 @@ void Ubep::combine_send(const CombineCall& combine) {
   char* combine_rows = ctx_.win.at<char>(ctx_.rank(), ctx_.win.map().comb_x);
   Tag* tags = ctx_.win.at<Tag>(ctx_.rank(), ctx_.win.map().comb_tag);
   const size_t row_bytes = ctx_.row_bytes();
+  // Plain stores (the owners read these rows right away) unless far larger than a cache
+  // (DispatchCall::kStreamStagedBytes); streamed rows are fenced before their tags by the data
+  // path (publish), as a dispatch's.
+  const bool stream = static_cast<size_t>(combine.dispatch.num_recv_rows()) * row_bytes >=
+                      DispatchCall::kStreamStagedBytes;
   ctx_.dp.run_roles([&](int member) {
     combine.dispatch.for_each_output_row(member, members, [&](int64_t row, int64_t packed) {
       const int64_t from = combine.compacted ? packed : row;
-      if (!combine.zero_copy)  // plain stores: the owners read these rows right away
+      if (!combine.zero_copy)
         ctx_.win.put_row(combine_rows + static_cast<size_t>(row) * row_bytes,
-                         combine.x + static_cast<size_t>(from) * row_bytes, false);
+                         combine.x + static_cast<size_t>(from) * row_bytes, stream);
       ctx_.win.complete(tags + row);
     });
   });
