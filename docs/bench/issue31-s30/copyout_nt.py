@@ -12,11 +12,11 @@ w = torch.rand(T, K)
 per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
 rx, _, rw, _, h, _ = buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
 st={}
-def tm(name, f, n=200):
+def tm(name, f, n=int(__import__("os").environ.get("N", "200"))):
     for i in range(n):
         group.barrier()
         t0=time.perf_counter(); f(); t1=time.perf_counter()
-        if i>=40: st.setdefault(name,[]).append(t1-t0)
+        if i>=max(4, n // 5): st.setdefault(name,[]).append(t1-t0)
 import numpy as np
 def cr():
     gx = buf.dispatch(x, handle=h)[0]
