@@ -271,6 +271,11 @@ struct WindowLayout {
     };
     const auto R = static_cast<size_t>(r), TP = static_cast<size_t>(tp_rows()),
                LAT = static_cast<size_t>(lat_rows());
+    // The latency rows first, at the start of each half: a decode dispatch writing its rows
+    // there was faster than with them after the counts and throughput regions (3.5 MiB in, 2176
+    // bytes into a page) in 3 of 4 alternated pairs for bf16 and for fp8 (median pair ratio
+    // 0.92, 0.91; why, without counters, not known: docs/PERFORMANCE.md, issue 31, 31st session).
+    lat_x = take(LAT * xb);
     counts = take(R * CountRecord::bytes(el));
     tp_x = take(TP * xb);
     tp_scale = take(TP * sb);
@@ -278,7 +283,6 @@ struct WindowLayout {
     tp_idx = take(TP * static_cast<size_t>(k) * 4);
     tp_w = take(TP * static_cast<size_t>(k) * 4);
     tp_tag = take(TP * sizeof(Tag));
-    lat_x = take(LAT * xb);
     lat_scale = take(LAT * sb);
     lat_rec = take(LAT * sizeof(LatencyRecord));
     lat_src = take(LAT * 16);
